@@ -1,0 +1,88 @@
+"""Checkpoints: atomic `save` and safe `load` (`weights_only=True`), with a format version.
+
+A checkpoint holds only tensors and plain containers: model / optimizer / scaler state dicts, the
+train state, RNG states as tensors, the resolved config as a dict and the vocab as a list.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from charlm.config import RunConfig
+from charlm.errors import CharlmError
+from charlm.model import GPT
+from charlm.vocab import Vocab
+
+FORMAT = "charlm-checkpoint"
+VERSION = 1
+
+
+def save(state: dict[str, Any], path: Path) -> None:
+    """Write `state` to `path` atomically: temp file in the same dir, fsync, then os.replace,
+    so `path` is always either the old or the new complete file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save({"format": FORMAT, "version": VERSION, **state}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def resolve(path: str | Path) -> Path:
+    """A checkpoint file, or the best (else last) checkpoint of a run dir."""
+    path = Path(path)
+    if not path.exists():
+        raise CharlmError(f"no such run dir or checkpoint: {path}")
+    if path.is_dir():
+        for name in ("best.pt", "last.pt"):
+            if (path / name).is_file():
+                return path / name
+        raise CharlmError(f"no checkpoint (best.pt or last.pt) in {path}; train a model first")
+    return path
+
+
+def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a charlm checkpoint without executing any pickled code."""
+    path = Path(path)
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except (pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, EOFError, ValueError,
+            AttributeError, TypeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CharlmError(
+            f"cannot load checkpoint {path}: not a readable charlm checkpoint ({first[:200]})"
+        ) from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CharlmError(f"{path} is not a charlm checkpoint (it may come from another tool)")
+    if state.get("version") != VERSION:
+        raise CharlmError(
+            f"{path} has checkpoint format version {state.get('version')}, this charlm reads "
+            f"version {VERSION}"
+        )
+    return state
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu",
+               ) -> tuple[GPT, Vocab, RunConfig, dict[str, Any]]:
+    """(model in eval mode, vocab, config, checkpoint state) from a run dir or checkpoint."""
+    ckpt_path = resolve(path)
+    state = load(ckpt_path, map_location=device)
+    try:
+        cfg = RunConfig.from_dict(state["config"], f"{ckpt_path} config")
+        vocab = Vocab(state["vocab"])
+        model = GPT(cfg.model, len(vocab))
+        model.load_state_dict(state["model"])
+    except (KeyError, RuntimeError, CharlmError) as e:
+        raise CharlmError(f"checkpoint {ckpt_path} is damaged or incomplete: {e}") from None
+    return model.to(device).eval(), vocab, cfg, state

@@ -1,0 +1,297 @@
+"""Typed run configuration: the dataclasses, YAML loading, `--set` overrides and validation.
+
+Defaults live only here. YAML -> `--set section.key=value` overrides (values parsed as YAML) ->
+strict `from_dict` (unknown keys rejected with the nearest valid name, types checked) ->
+`__post_init__` validation. Precedence: CLI > YAML > defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from charlm.errors import CharlmError
+
+
+def _check(ok: bool, key: str, msg: str) -> None:
+    if not ok:
+        raise CharlmError(f"invalid config value {key}: {msg}")
+
+
+@dataclass
+class ModelConfig:
+    block_size: int = 128
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    n_ff: int | None = None  # hidden width of the MLP; None means 4 * n_embd
+    dropout: float = 0.0
+    bias: bool = False
+    tie_weights: bool = True
+
+    def __post_init__(self) -> None:
+        for key in ("block_size", "n_layer", "n_head", "n_embd"):
+            _check(getattr(self, key) >= 1, f"model.{key}", "must be >= 1")
+        _check(
+            self.n_embd % self.n_head == 0,
+            "model.n_embd",
+            f"{self.n_embd} is not divisible by model.n_head={self.n_head}; "
+            "choose n_embd as a multiple of n_head",
+        )
+        _check(self.n_ff is None or self.n_ff >= 1, "model.n_ff", "must be >= 1 or null")
+        _check(0.0 <= self.dropout < 1.0, "model.dropout", f"{self.dropout} is outside [0, 1)")
+
+    @property
+    def ff_width(self) -> int:
+        return self.n_ff if self.n_ff is not None else 4 * self.n_embd
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 2e-3
+    min_lr: float = 2e-4
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0  # 0 disables clipping
+    warmup_iters: int = 50
+    lr_decay_iters: int | None = None  # None means train.max_iters
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, "optim.lr", f"{self.lr} must be > 0")
+        _check(0 <= self.min_lr <= self.lr, "optim.min_lr", f"{self.min_lr} must be in [0, lr]")
+        _check(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+        for key in ("beta1", "beta2"):
+            value = getattr(self, key)
+            _check(0 <= value < 1, f"optim.{key}", f"{value} is outside [0, 1)")
+        _check(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (0 disables clipping)")
+        _check(self.warmup_iters >= 0, "optim.warmup_iters", "must be >= 0")
+        _check(
+            self.lr_decay_iters is None or self.lr_decay_iters >= 1,
+            "optim.lr_decay_iters",
+            "must be >= 1 or null",
+        )
+
+
+@dataclass
+class TrainConfig:
+    max_iters: int = 2000
+    batch_size: int = 32
+    grad_accum: int = 1
+    eval_interval: int = 250
+    eval_iters: int = 20
+    log_interval: int = 50
+    seed: int = 1337
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    compile: bool = False
+    out_dir: str = "runs/shakespeare_char_cpu"
+
+    def __post_init__(self) -> None:
+        for key in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters",
+                    "log_interval"):
+            _check(getattr(self, key) >= 1, f"train.{key}", "must be >= 1")
+        _check(bool(self.out_dir), "train.out_dir", "must not be empty")
+
+
+@dataclass
+class DataConfig:
+    path: str = "data/tinyshakespeare.txt"  # a text file, or a directory made by `charlm prepare`
+    val_fraction: float = 0.1
+
+    def __post_init__(self) -> None:
+        _check(bool(self.path), "data.path", "must not be empty")
+        _check(
+            0 < self.val_fraction < 1,
+            "data.val_fraction",
+            f"{self.val_fraction} is outside (0, 1)",
+        )
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str = "config") -> RunConfig:
+        """Build a validated config from plain data, rejecting unknown sections and keys."""
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise CharlmError(
+                f"{where} must be a mapping of sections (model, optim, train, data), "
+                f"got {type(raw).__name__}"
+            )
+        sections = {f.name: f.type for f in dataclasses.fields(cls)}
+        hints = typing.get_type_hints(cls)
+        kwargs = {}
+        for name, value in raw.items():
+            if name not in sections:
+                raise CharlmError(f"unknown section '{name}' in {where}{_suggest(name, sections)}")
+            kwargs[name] = _build_section(hints[name], name, value, where)
+        return cls(**kwargs)
+
+
+def _suggest(name: str, valid: typing.Iterable[str]) -> str:
+    valid = list(valid)
+    close = difflib.get_close_matches(str(name), valid, n=1, cutoff=0.5)
+    if close:
+        return f", did you mean '{close[0]}'?"
+    return f"; valid names are: {', '.join(valid)}"
+
+
+def _build_section(section_cls: type, section: str, raw: Any, where: str) -> Any:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise CharlmError(
+            f"section '{section}' in {where} must be a mapping of keys, got {type(raw).__name__}"
+        )
+    hints = typing.get_type_hints(section_cls)
+    kwargs = {}
+    for key, value in raw.items():
+        if key not in hints:
+            raise CharlmError(
+                f"unknown key '{section}.{key}' in {where}{_suggest(key, hints)}"
+            )
+        kwargs[key] = _coerce(value, hints[key], f"{section}.{key}", where)
+    return section_cls(**kwargs)
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(c) for c in typing.get_args(tp))
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    return {type(None): "null", int: "an integer", float: "a number", bool: "true/false",
+            str: "a string"}.get(tp, str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
+    """Return `value` as type `tp`, or raise a CharlmError that says what is allowed."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(value, arg, key, where)
+            except CharlmError:
+                continue
+    elif origin is Literal:
+        if value in typing.get_args(tp):
+            return value
+    elif tp is type(None):
+        if value is None:
+            return None
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    raise CharlmError(f"invalid value for {key} in {where}: {value!r}, expected {_type_name(tp)}")
+
+
+def _read_yaml(path: Path) -> Any:
+    if not path.exists():
+        raise CharlmError(f"config file not found: {path}")
+    if path.is_dir():
+        raise CharlmError(f"config path is a directory, not a YAML file: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise CharlmError(f"config file is not UTF-8 text: {path} (byte {e.start})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise CharlmError(f"YAML syntax error in {path}{at}: {problem}") from None
+
+
+def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dict[str, Any]:
+    """Apply `section.key=value` strings (value parsed as YAML) onto a raw config dict."""
+    for item in overrides:
+        dotted, sep, text = item.partition("=")
+        section, dot, key = dotted.strip().partition(".")
+        if not sep or not dot or not section or not key:
+            raise CharlmError(
+                f"--set expects section.key=value, got {item!r} (e.g. --set optim.lr=3e-4)"
+            )
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            value = text
+        section_raw = raw.setdefault(section, {})
+        if not isinstance(section_raw, dict):
+            raise CharlmError(f"cannot --set {dotted}: section '{section}' is not a mapping")
+        section_raw[key] = value
+    return raw
+
+
+def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> RunConfig:
+    """Defaults <- YAML file (if any) <- `--set` overrides, validated."""
+    raw: Any = {}
+    where = "the defaults"
+    if path is not None:
+        raw = _read_yaml(Path(path))
+        where = str(path)
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise CharlmError(
+                f"{path} must hold a mapping of sections (model, optim, train, data), "
+                f"got {type(raw).__name__}"
+            )
+    if overrides:
+        raw = apply_overrides(raw, overrides)
+        where = f"{where} with --set overrides" if path else "--set overrides"
+    return RunConfig.from_dict(raw, where)
+
+
+def save_config(cfg: RunConfig, path: Path) -> None:
+    path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), encoding="utf-8")
+
+
+@dataclass
+class SampleConfig:
+    """Options of `charlm sample` (and the `generate` API); not part of a run's YAML."""
+
+    max_new_tokens: int = 500
+    num_samples: int = 1
+    temperature: float = 0.8  # 0 means greedy
+    top_k: int | None = None
+    seed: int = 1337
+    use_cache: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 0:
+            raise CharlmError(f"--max-new-tokens must be >= 0, got {self.max_new_tokens}")
+        if self.num_samples < 1:
+            raise CharlmError(f"--num-samples must be >= 1, got {self.num_samples}")
+        if not self.temperature >= 0 or math.isinf(self.temperature):
+            raise CharlmError(
+                f"--temperature must be >= 0 (0 is greedy), got {self.temperature}"
+            )
+        if self.top_k is not None and self.top_k < 1:
+            raise CharlmError(f"--top-k must be >= 1, got {self.top_k}")

@@ -1,0 +1,302 @@
+"""Datasets: `prepare` (text files -> meta.json + train.bin + val.bin), loading them back, and
+the memmap batch sampler with its own `torch.Generator`.
+
+`prepare` reads each input twice in fixed-size chunks (pass 1: sha256, character count and the set
+of code points; pass 2: encode and write), so memory stays bounded whatever the file size, and
+every step is a numpy array operation, never a Python loop over characters.
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from charlm.errors import CharlmError
+from charlm.vocab import MAX_CODE_POINT, Vocab, code_points
+
+DATASET_FORMAT = "charlm-dataset"
+DATASET_VERSION = 1
+CHUNK_BYTES = 8 << 20
+PROGRESS_MIN_BYTES = 4 << 20
+
+
+def check_input_file(path: Path) -> None:
+    if not path.exists():
+        raise CharlmError(f"input file not found: {path}")
+    if path.is_dir():
+        raise CharlmError(f"input is a directory, not a text file: {path}")
+
+
+def _read_text_chunks(path: Path, bar: tqdm | None = None) -> Iterator[tuple[bytes, str]]:
+    """Yield (raw bytes, decoded text) per chunk, decoding strictly as UTF-8.
+
+    An invalid byte sequence is an error naming the file and the byte offset where it starts.
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    offset = 0  # bytes of the file handed to the decoder so far
+    with open(path, "rb") as f:
+        while True:
+            raw = f.read(CHUNK_BYTES)
+            final = not raw
+            pending = len(decoder.getstate()[0])
+            try:
+                text = decoder.decode(raw, final=final)
+            except UnicodeDecodeError as e:
+                at = offset - pending + e.start
+                raise CharlmError(
+                    f"{path} is not valid UTF-8 text (invalid byte 0x{e.object[e.start]:02x} at "
+                    f"byte offset {at}); charlm reads text files as UTF-8, convert it first"
+                ) from None
+            offset += len(raw)
+            if bar is not None:
+                bar.update(len(raw))
+            yield raw, text
+            if final:
+                return
+
+
+@dataclass
+class SourceStats:
+    path: Path
+    bytes: int
+    chars: int
+    sha256: str
+
+
+def _scan(path: Path, seen: np.ndarray, bar: tqdm | None) -> SourceStats:
+    """Pass 1: hash, count characters and mark every code point that occurs in `seen`."""
+    digest = hashlib.sha256()
+    n_bytes = n_chars = 0
+    for raw, text in _read_text_chunks(path, bar):
+        digest.update(raw)
+        n_bytes += len(raw)
+        if text:
+            cps = code_points(text)
+            n_chars += len(cps)
+            seen |= np.bincount(cps, minlength=MAX_CODE_POINT).astype(bool)
+    return SourceStats(path, n_bytes, n_chars, digest.hexdigest())
+
+
+def scan(paths: Sequence[Path], bar: tqdm | None = None) -> tuple[list[SourceStats], Vocab]:
+    """Pass 1 over every input: per-file stats and the vocabulary of all of them together."""
+    for p in paths:
+        check_input_file(p)
+    seen = np.zeros(MAX_CODE_POINT, dtype=bool)
+    stats = [_scan(p, seen, bar) for p in paths]
+    for s in stats:
+        if s.chars == 0:
+            raise CharlmError(f"input file is empty: {s.path}; give it some text to learn from")
+    vocab = Vocab.from_code_points(np.flatnonzero(seen))
+    if len(vocab) < 2:
+        raise CharlmError(
+            f"the input has only one distinct character ({vocab.chars[0]!r}); "
+            "a language model needs at least two"
+        )
+    return stats, vocab
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _tmp(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def prepare(
+    inputs: Sequence[str | Path], out: str | Path, val_fraction: float = 0.1,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Encode text files into a dataset directory; returns the metadata written to meta.json.
+
+    The validation split is the last `val_fraction` of each input, so the split of one file is the
+    same as nanoGPT's (`n_train = int(n * (1 - val_fraction))`).
+    """
+    if not 0 < val_fraction < 1:
+        raise CharlmError(f"--val-fraction must be in (0, 1), got {val_fraction}")
+    paths = [Path(p) for p in inputs]
+    if not paths:
+        raise CharlmError("no input files given")
+    for p in paths:
+        check_input_file(p)  # before reading any sizes
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise CharlmError(f"--out must be a directory, but {out} is a file")
+
+    total = sum(p.stat().st_size for p in paths)
+    bar = tqdm(total=2 * total, unit="B", unit_scale=True, desc="prepare",
+               disable=not progress or total < PROGRESS_MIN_BYTES)
+    try:
+        stats, vocab = scan(paths, bar)
+        out.mkdir(parents=True, exist_ok=True)
+        final = {split: out / f"{split}.bin" for split in ("train", "val")}
+        sizes = {"train": 0, "val": 0}
+        with open(_tmp(final["train"]), "wb") as ftrain, open(_tmp(final["val"]), "wb") as fval:
+            for s in stats:
+                n_train = int(s.chars * (1 - val_fraction))
+                done = 0  # characters of this source written so far
+                for _, text in _read_text_chunks(s.path, bar):
+                    if not text:
+                        continue
+                    ids = vocab.encode_array(text)
+                    cut = min(max(n_train - done, 0), len(ids))
+                    ids[:cut].tofile(ftrain)
+                    ids[cut:].tofile(fval)
+                    done += len(ids)
+                sizes["train"] += n_train
+                sizes["val"] += s.chars - n_train
+            for f in (ftrain, fval):
+                f.flush()
+                os.fsync(f.fileno())
+    except BaseException:
+        for split in ("train", "val"):
+            _tmp(out / f"{split}.bin").unlink(missing_ok=True)
+        raise
+    finally:
+        bar.close()
+
+    meta = {
+        "format": DATASET_FORMAT,
+        "version": DATASET_VERSION,
+        "vocab": vocab.chars,
+        "vocab_size": len(vocab),
+        "dtype": vocab.dtype.name,
+        "val_fraction": val_fraction,
+        "train_tokens": sizes["train"],
+        "val_tokens": sizes["val"],
+        "sources": [
+            {"path": str(s.path), "bytes": s.bytes, "chars": s.chars, "sha256": s.sha256}
+            for s in stats
+        ],
+    }
+    for split, path in final.items():
+        os.replace(_tmp(path), path)
+    meta_path = out / "meta.json"
+    _tmp(meta_path).write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
+    os.replace(_tmp(meta_path), meta_path)
+    return meta
+
+
+@dataclass
+class Dataset:
+    """A prepared dataset: its vocabulary and the two splits as read-only memmaps."""
+
+    path: Path
+    meta: dict[str, Any]
+    vocab: Vocab
+    train: np.ndarray
+    val: np.ndarray
+
+    def split(self, name: str) -> np.ndarray:
+        return self.train if name == "train" else self.val
+
+
+def load_dataset(path: str | Path) -> Dataset:
+    path = Path(path)
+    meta_path = path / "meta.json"
+    if not meta_path.is_file():
+        raise CharlmError(
+            f"{path} is not a prepared dataset (no meta.json); "
+            "give a text file or run `charlm prepare` first"
+        )
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        if meta.get("format") != DATASET_FORMAT:
+            raise ValueError("not a charlm dataset")
+        if meta.get("version") != DATASET_VERSION:
+            raise ValueError(f"dataset format version {meta.get('version')}")
+        vocab = Vocab(meta["vocab"])
+        splits = {}
+        for split in ("train", "val"):
+            n = meta[f"{split}_tokens"]
+            bin_path = path / f"{split}.bin"
+            if bin_path.stat().st_size != n * vocab.dtype.itemsize:
+                raise ValueError(f"{split}.bin does not match meta.json")
+            splits[split] = (
+                np.memmap(bin_path, dtype=vocab.dtype, mode="r") if n else
+                np.zeros(0, dtype=vocab.dtype)
+            )
+    except (ValueError, KeyError, TypeError, OSError, CharlmError) as e:
+        raise CharlmError(
+            f"cannot read dataset {path}: {e}; prepare it again with `charlm prepare`"
+        ) from None
+    return Dataset(path, meta, vocab, splits["train"], splits["val"])
+
+
+def dataset_for(data_path: str | Path, val_fraction: float, cache_dir: Path) -> Dataset:
+    """The dataset for `data.path`: a prepared directory as is, or a text file prepared into
+    `cache_dir` (reused while the file's sha256 and the val fraction are unchanged)."""
+    data_path = Path(data_path)
+    if data_path.is_dir():
+        return load_dataset(data_path)
+    check_input_file(data_path)
+    meta_path = cache_dir / "meta.json"
+    if meta_path.is_file():
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            cached = [s["sha256"] for s in meta["sources"]]
+            if cached == [sha256_file(data_path)] and meta["val_fraction"] == val_fraction:
+                return load_dataset(cache_dir)
+        except (ValueError, KeyError, TypeError):
+            pass  # an unreadable cache is simply rebuilt
+    prepare([data_path], cache_dir, val_fraction)
+    return load_dataset(cache_dir)
+
+
+def require_window(data: np.ndarray, block_size: int, split: str) -> None:
+    """A split must hold at least one window of block_size + 1 characters."""
+    if len(data) < block_size + 1:
+        raise CharlmError(
+            f"the {split} split is too short: {len(data)} characters, but one window needs "
+            f"block_size + 1 = {block_size + 1}; give more text, or lower model.block_size"
+            + (" or raise data.val_fraction" if split == "val" else "")
+        )
+
+
+class BatchSampler:
+    """Random (x, y) windows of one split, drawn with its own seeded generator.
+
+    All rows of a batch are gathered with one vectorised index into the memmap.
+    """
+
+    def __init__(self, data: np.ndarray, block_size: int, batch_size: int,
+                 device: torch.device, seed: int, name: str = "train"):
+        require_window(data, block_size, name)
+        self.data = data
+        self.block_size = block_size
+        self.batch_size = batch_size
+        self.device = device
+        self.generator = torch.Generator().manual_seed(seed)
+        self._arange = torch.arange(block_size + 1)
+
+    def batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, y of shape (B, T) as int64 on the device; y is x shifted left by one."""
+        starts = torch.randint(len(self.data) - self.block_size, (self.batch_size,),
+                               generator=self.generator)
+        index = (starts[:, None] + self._arange).numpy()  # (B, T+1)
+        windows = torch.from_numpy(self.data[index].astype(np.int64))
+        if self.device.type == "cuda":
+            windows = windows.pin_memory().to(self.device, non_blocking=True)
+        else:
+            windows = windows.to(self.device)
+        return windows[:, :-1], windows[:, 1:]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.generator.set_state(state["generator"])

@@ -1,0 +1,9 @@
+"""The one exception type that means "the user gave us something we cannot use".
+
+The CLI turns a `CharlmError` into a single `error: ...` line on stderr and exit code 2. Its
+message follows the house pattern: what is wrong, where, and what to do about it.
+"""
+
+
+class CharlmError(Exception):
+    """Bad input or an impossible request, reported to the user without a traceback."""

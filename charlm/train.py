@@ -1,0 +1,269 @@
+"""Training: `TrainState`, `train(cfg)`, `train_step`, `evaluate` and the schedule `lr_at`.
+
+Fresh and resumed runs build the same objects; a resume then loads model, optimizer, scaler,
+train state, the batch sampler's generator and the torch RNG states from `last.pt`. `step` always
+counts completed optimizer updates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from charlm import checkpoint
+from charlm.config import OptimConfig, RunConfig, apply_overrides, load_config, save_config
+from charlm.data import BatchSampler, Dataset, dataset_for, require_window
+from charlm.device import autocast, grad_scaler, resolve_device, resolve_dtype, seed_everything
+from charlm.errors import CharlmError
+from charlm.metrics import MetricsLogger
+from charlm.model import GPT
+
+LN2 = math.log(2)
+RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "tb", "config.yaml")
+
+
+@dataclass
+class TrainState:
+    step: int = 0  # completed optimizer updates
+    best_val: float = math.inf
+    tokens: int = 0  # training tokens consumed
+    elapsed_s: float = 0.0  # wall time spent in train(), summed over resumes
+
+    def state_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, state[f.name])
+
+
+def lr_at(step: int, optim: OptimConfig, max_iters: int) -> float:
+    """Linear warmup over `warmup_iters`, then cosine decay to `min_lr` at `lr_decay_iters`."""
+    decay_iters = optim.lr_decay_iters or max_iters
+    if step < optim.warmup_iters:
+        return optim.lr * (step + 1) / (optim.warmup_iters + 1)
+    if step >= decay_iters:
+        return optim.min_lr
+    ratio = (step - optim.warmup_iters) / max(decay_iters - optim.warmup_iters, 1)
+    return optim.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (optim.lr - optim.min_lr)
+
+
+def make_optimizer(model: GPT, optim: OptimConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices and embeddings (>= 2-D) only; fused on CUDA."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": optim.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    fast = {"fused": True} if device.type == "cuda" else {"foreach": True}
+    return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2), **fast)
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               scaler: torch.amp.GradScaler, sampler: BatchSampler, cfg: RunConfig,
+               device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimizer update over `grad_accum` micro-batches. Returns (mean loss, grad norm) as
+    tensors, so a step that does not log never waits for the device."""
+    accum = cfg.train.grad_accum
+    total = torch.zeros((), device=device)
+    for _ in range(accum):
+        x, y = sampler.batch()
+        with autocast(device, dtype):
+            _, loss = model(x, y)
+        loss = loss / accum
+        scaler.scale(loss).backward()
+        total += loss.detach()
+    scaler.unscale_(optimizer)
+    clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return total, norm
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, data: Dataset, cfg: RunConfig, device: torch.device,
+             dtype: torch.dtype) -> dict[str, float]:
+    """Mean loss (nats/char) over `eval_iters` batches of each split.
+
+    The batches come from a generator seeded afresh each time, so every evaluation of a run scores
+    the same windows (comparable across evals) and the training RNG is left alone.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        losses = {}
+        for split in ("train", "val"):
+            sampler = BatchSampler(data.split(split), cfg.model.block_size, cfg.train.batch_size,
+                                   device, seed=cfg.train.seed + 1, name=split)
+            total = torch.zeros((), device=device)
+            for _ in range(cfg.train.eval_iters):
+                x, y = sampler.batch()
+                with autocast(device, dtype):
+                    _, loss = model(x, y)
+                total += loss
+            losses[split] = (total / cfg.train.eval_iters).item()
+        return losses
+    finally:
+        model.train(was_training)
+
+
+def resume_config(run_dir: Path, config_path: str | Path | None,
+                  overrides: list[str]) -> RunConfig:
+    """The config of a resumed run: the checkpoint's (or CONFIG's) with overrides applied.
+
+    The architecture comes from the checkpoint: an override or CONFIG that changes it is an error.
+    """
+    ckpt_path = run_dir / "last.pt"
+    if not ckpt_path.is_file():
+        raise CharlmError(f"--resume: no checkpoint {ckpt_path}; start the run without --resume")
+    saved = checkpoint.load(ckpt_path)["config"]
+    if config_path is not None:
+        cfg = load_config(config_path, overrides)
+    else:
+        cfg = RunConfig.from_dict(apply_overrides(saved, overrides), f"{ckpt_path} config")
+    for key, value in saved["model"].items():
+        new = getattr(cfg.model, key)
+        if new != value:
+            raise CharlmError(
+                f"--resume: model.{key}={new!r} conflicts with the checkpoint's {value!r} in "
+                f"{ckpt_path}; the architecture of a run cannot change (drop the override, or "
+                "start a new run with another --out)"
+            )
+    return cfg
+
+
+def _prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
+    if run_dir.exists() and not run_dir.is_dir():
+        raise CharlmError(f"train.out_dir {run_dir} is a file; choose a directory")
+    existing = [n for n in ("last.pt", "best.pt") if (run_dir / n).exists()]
+    if existing and not resume:
+        if not overwrite:
+            raise CharlmError(
+                f"{run_dir} already holds a run ({', '.join(existing)}); continue it with "
+                "--resume, start over with --overwrite, or choose another --out"
+            )
+        for name in RUN_FILES:
+            path = run_dir / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-test-{id(run_dir)}"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise CharlmError(f"cannot write to run dir {run_dir}: {e.strerror}") from None
+
+
+def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
+          progress: bool | None = None) -> TrainState:
+    """Train (or resume) the run described by `cfg` in `cfg.train.out_dir`."""
+    t_start = time.perf_counter()
+    tc = cfg.train
+    run_dir = Path(tc.out_dir)
+    device = resolve_device(tc.device)
+    dtype = resolve_dtype(tc.dtype, device)
+    _prepare_run_dir(run_dir, resume, overwrite)
+    seed_everything(tc.seed)
+
+    data = dataset_for(cfg.data.path, cfg.data.val_fraction, run_dir / "dataset")
+    sampler = BatchSampler(data.train, cfg.model.block_size, tc.batch_size, device, tc.seed,
+                           name="train")
+    require_window(data.val, cfg.model.block_size, "val")
+    model = GPT(cfg.model, len(data.vocab)).to(device)
+    optimizer = make_optimizer(model, cfg.optim, device)
+    scaler = grad_scaler(device, dtype)
+    state = TrainState()
+
+    if resume:
+        ckpt = checkpoint.load(run_dir / "last.pt", map_location=device)
+        if ckpt["vocab"] != data.vocab.chars:
+            raise CharlmError(
+                f"--resume: the vocabulary of {cfg.data.path} differs from the run's checkpoint; "
+                "resume with the data the run was started on"
+            )
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scaler.load_state_dict(ckpt["scaler"])
+        state.load_state_dict(ckpt["train_state"])
+        sampler.load_state_dict(ckpt["sampler"])
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        if device.type == "cuda" and "cuda" in ckpt["rng"]:
+            torch.cuda.set_rng_state_all(list(ckpt["rng"]["cuda"]))
+    save_config(cfg, run_dir / "config.yaml")
+
+    step_model = model
+    if tc.compile:
+        try:
+            step_model = torch.compile(model)
+        except Exception as e:  # compile is an optimisation: fall back, say so once
+            print(f"warning: torch.compile unavailable ({e}); training without compile")
+
+    def snapshot() -> dict[str, Any]:
+        rng = {"torch": torch.get_rng_state()}
+        if device.type == "cuda":
+            rng["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
+        return {
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "scaler": scaler.state_dict(), "train_state": state.state_dict(),
+            "sampler": sampler.state_dict(), "rng": rng, "config": cfg.to_dict(),
+            "vocab": data.vocab.chars,
+        }
+
+    tokens_per_step = tc.batch_size * tc.grad_accum * cfg.model.block_size
+    elapsed_before = state.elapsed_s
+    log = MetricsLogger(run_dir, tc.max_iters, state.step, progress)
+    try:
+        model.train()
+        t_log, steps_since_log = time.perf_counter(), 0
+        while state.step < tc.max_iters:
+            lr = lr_at(state.step, cfg.optim, tc.max_iters)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss, norm = train_step(step_model, optimizer, scaler, sampler, cfg, device, dtype)
+            state.step += 1
+            state.tokens += tokens_per_step
+            steps_since_log += 1
+            log.advance()
+            last = state.step == tc.max_iters
+            if state.step % tc.log_interval == 0 or last:
+                now = time.perf_counter()
+                state.elapsed_s = elapsed_before + now - t_start
+                log.log("train", step=state.step, elapsed_s=round(state.elapsed_s, 3),
+                        tokens=state.tokens, lr=lr, train_loss=loss.item(),
+                        grad_norm=norm.item(),
+                        tokens_per_s=steps_since_log * tokens_per_step / (now - t_log))
+                t_log, steps_since_log = now, 0
+            if state.step % tc.eval_interval == 0 or last:
+                losses = evaluate(step_model, data, cfg, device, dtype)
+                state.elapsed_s = elapsed_before + time.perf_counter() - t_start
+                improved = losses["val"] < state.best_val
+                state.best_val = min(state.best_val, losses["val"])
+                log.log("eval", step=state.step, elapsed_s=round(state.elapsed_s, 3),
+                        tokens=state.tokens, lr=lr, train_loss=losses["train"],
+                        val_loss=losses["val"], val_bpc=losses["val"] / LN2,
+                        best_val_loss=state.best_val)
+                ckpt = snapshot()
+                checkpoint.save(ckpt, run_dir / "last.pt")
+                if improved:
+                    checkpoint.save(ckpt, run_dir / "best.pt")
+                log.message(
+                    f"step {state.step}: train {losses['train']:.4f}, val {losses['val']:.4f} "
+                    f"({losses['val'] / LN2:.3f} bpc), {state.elapsed_s:.1f}s"
+                    + (" *best" if improved else "")
+                )
+                t_log = time.perf_counter()  # tokens/s counts training time only
+    finally:
+        log.close()
+    return state

@@ -1,0 +1,71 @@
+"""`Vocab`: the character vocabulary, a sorted list of Unicode code points, stored as JSON."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from charlm.errors import CharlmError
+
+MAX_CODE_POINT = 0x110000
+
+
+def id_dtype(vocab_size: int) -> np.dtype:
+    """The smallest unsigned integer dtype that holds every id of a vocabulary this size."""
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if vocab_size - 1 <= np.iinfo(dtype).max:
+            return np.dtype(dtype)
+    raise CharlmError(f"vocabulary of {vocab_size} symbols is too large")
+
+
+def code_points(text: str) -> np.ndarray:
+    """The code points of `text` as a uint32 array, without a Python loop over characters."""
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+
+
+class Vocab:
+    """Maps characters to ids 0..V-1 in code point order, and back."""
+
+    def __init__(self, chars: Sequence[str]):
+        chars = list(chars)
+        if any(not isinstance(c, str) or len(c) != 1 for c in chars):
+            raise CharlmError("a vocabulary must be a list of single characters")
+        if chars != sorted(set(chars)):
+            raise CharlmError("a vocabulary must be sorted and free of duplicates")
+        self.chars = chars
+        self.index = {c: i for i, c in enumerate(chars)}
+        self.dtype = id_dtype(len(chars))
+        # Code point -> id lookup table for vectorised encoding; -1 marks unknown characters.
+        self._lut = np.full(MAX_CODE_POINT, -1, dtype=np.int64)
+        self._lut[code_points("".join(chars))] = np.arange(len(chars))
+        self._chars_array = np.array(chars)
+
+    def __len__(self) -> int:
+        return len(self.chars)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Vocab) and self.chars == other.chars
+
+    @classmethod
+    def from_code_points(cls, cps: np.ndarray) -> Vocab:
+        return cls("".join(map(chr, np.sort(cps))))
+
+    def unknown(self, text: str) -> list[tuple[int, str]]:
+        """(position, character) of each character of `text` outside the vocabulary."""
+        ids = self._lut[code_points(text)]
+        return [(int(i), text[i]) for i in np.flatnonzero(ids < 0)]
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """Ids of `text` as an array of `self.dtype`; unknown characters are an error."""
+        ids = self._lut[code_points(text)]
+        if (ids < 0).any():
+            bad = ", ".join(f"{c!r} at {i}" for i, c in self.unknown(text)[:10])
+            raise CharlmError(f"characters outside the vocabulary: {bad}")
+        return ids.astype(self.dtype)
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_array(text).astype(np.int64).tolist()
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        return "".join(self._chars_array[np.asarray(ids, dtype=np.int64)])
