@@ -67,7 +67,11 @@ def prepare(
 def train(
     config: Annotated[
         Path | None,
-        typer.Argument(metavar="CONFIG", help="YAML config (default: the built-in CPU recipe)."),
+        typer.Argument(
+            metavar="CONFIG_OR_TEXT",
+            help="A YAML config (default: the built-in CPU recipe), or a text file / dataset "
+            "dir to train the default recipe on (run dir runs/<name> unless --out).",
+        ),
     ] = None,
     data: Annotated[
         str | None, typer.Option(help="Text file or prepared dataset dir (sets data.path).")
@@ -88,6 +92,12 @@ def train(
     if resume and overwrite:
         raise CharlmError("--resume and --overwrite exclude each other; choose one")
     overrides = list(set_ or [])
+    if config is not None and config.suffix not in (".yaml", ".yml"):
+        if data is not None:
+            raise CharlmError(f"give the data either as {config} or as --data, not both")
+        data, config = str(config), None
+        if out is None:
+            out = str(Path("runs") / Path(data).stem)
     if data is not None:
         overrides.append(f"data.path={json.dumps(data)}")
     if out is not None:

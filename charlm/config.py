@@ -8,8 +8,9 @@ strict `from_dict` (unknown keys rejected with the nearest valid name, types che
 from __future__ import annotations
 
 import dataclasses
-import math
 import difflib
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -21,6 +22,21 @@ import yaml
 from charlm.errors import CharlmError
 
 
+class _Loader(yaml.SafeLoader):
+    """yaml.safe_load, plus YAML 1.2 floats: `3e-4` is a number, not the string '3e-4'."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+
+
 def _check(ok: bool, key: str, msg: str) -> None:
     if not ok:
         raise CharlmError(f"invalid config value {key}: {msg}")
@@ -28,7 +44,7 @@ def _check(ok: bool, key: str, msg: str) -> None:
 
 @dataclass
 class ModelConfig:
-    block_size: int = 128
+    block_size: int = 64
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 128
@@ -56,8 +72,8 @@ class ModelConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 2e-3
-    min_lr: float = 2e-4
+    lr: float = 4e-3
+    min_lr: float = 4e-4
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.99
@@ -83,8 +99,8 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    max_iters: int = 2000
-    batch_size: int = 32
+    max_iters: int = 1500
+    batch_size: int = 16
     grad_accum: int = 1
     eval_interval: int = 250
     eval_iters: int = 20
@@ -205,9 +221,8 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-    elif tp is str:
-        if isinstance(value, str):
-            return value
+    elif tp is str and isinstance(value, str):
+        return value
     raise CharlmError(f"invalid value for {key} in {where}: {value!r}, expected {_type_name(tp)}")
 
 
@@ -221,7 +236,7 @@ def _read_yaml(path: Path) -> Any:
     except UnicodeDecodeError as e:
         raise CharlmError(f"config file is not UTF-8 text: {path} (byte {e.start})") from None
     try:
-        return yaml.safe_load(text)
+        return parse_yaml(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -239,7 +254,7 @@ def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dic
                 f"--set expects section.key=value, got {item!r} (e.g. --set optim.lr=3e-4)"
             )
         try:
-            value = yaml.safe_load(text) if text.strip() else None
+            value = parse_yaml(text) if text.strip() else None
         except yaml.YAMLError:
             value = text
         section_raw = raw.setdefault(section, {})

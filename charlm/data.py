@@ -183,7 +183,7 @@ def prepare(
             for s in stats
         ],
     }
-    for split, path in final.items():
+    for path in final.values():
         os.replace(_tmp(path), path)
     meta_path = out / "meta.json"
     _tmp(meta_path).write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")

@@ -23,7 +23,7 @@ class MetricsLogger:
                  progress: bool | None = None):
         from torch.utils.tensorboard import SummaryWriter  # slow import, only when training
 
-        self.jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
+        self.jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
         self.tb = SummaryWriter(str(run_dir / "tb"))
         # progress=None: a bar only when stderr is a terminal.
         self.bar = tqdm(total=total_steps, initial=initial_step, desc="train", unit="step",

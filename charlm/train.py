@@ -7,6 +7,7 @@ counts completed optimizer updates.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import shutil
@@ -129,7 +130,8 @@ def resume_config(run_dir: Path, config_path: str | Path | None,
     if config_path is not None:
         cfg = load_config(config_path, overrides)
     else:
-        cfg = RunConfig.from_dict(apply_overrides(saved, overrides), f"{ckpt_path} config")
+        raw = apply_overrides(copy.deepcopy(saved), overrides)
+        cfg = RunConfig.from_dict(raw, f"{ckpt_path} config")
     for key, value in saved["model"].items():
         new = getattr(cfg.model, key)
         if new != value:

@@ -32,7 +32,7 @@ if ! "$py" -c "import torch" >/dev/null 2>&1; then
 fi
 
 # Reinstall charlm only when pyproject.toml or the extras changed (keeps a second run fast).
-stamp="$venv/.charlm-install"
+stamp="$venv/.charlm-install-${extras:-base}"
 want="$(sha256sum "$root/pyproject.toml" | cut -d' ' -f1) extras=$extras"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   spec="$root"

@@ -1,0 +1,136 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from charlm.config import load_config
+from charlm.train import train
+
+from .conftest import ROOT, SHAKESPEARE
+
+COMMANDS = ["prepare", "train", "sample", "info"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """One tiny trained run shared by the sample and info tests."""
+    tmp = tmp_path_factory.mktemp("cli")
+    corpus = tmp / "corpus.txt"
+    corpus.write_text(SHAKESPEARE.read_text(encoding="utf-8")[:40_000], encoding="utf-8")
+    cfg = load_config(ROOT / "configs" / "tiny.yaml",
+                      [f"train.out_dir={tmp / 'run'}", f"data.path={corpus}"])
+    train(cfg)
+    return tmp / "run"
+
+
+def test_python_m_charlm_help():
+    out = subprocess.run([sys.executable, "-m", "charlm", "--help"], capture_output=True,
+                         text=True, check=True).stdout
+    for command in COMMANDS:
+        assert command in out
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(cli, command):
+    result = cli(command, "--help")
+    assert result.code == 0
+    assert f"Usage: charlm {command}" in result.out
+
+
+def test_prepare_command(cli, tmp_path):
+    out = tmp_path / "ds"
+    result = cli("prepare", SHAKESPEARE, "--out", out)
+    assert result.code == 0
+    assert result.out.strip() == (
+        f"wrote {out}: 65 symbols (uint8), 1,003,854 train / 111,540 val characters")
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "val.bin"]
+
+
+def test_train_command_and_refusal_to_clobber(cli, tmp_path, corpus):
+    run = tmp_path / "run"
+    args = ["train", ROOT / "configs" / "tiny.yaml", "--data", corpus, "--out", run,
+            "--set", "train.max_iters=20"]
+    result = cli(*args)
+    assert result.code == 0, result.err
+    assert "step 20: train" in result.out and f"checkpoints in {run}" in result.out
+    assert load_config(run / "config.yaml").train.max_iters == 20
+    before = (run / "last.pt").read_bytes()
+    again = cli(*args)
+    assert again.code == 2
+    assert again.err.startswith(f"error: {run} already holds a run (last.pt, best.pt)")
+    assert (run / "last.pt").read_bytes() == before
+    resumed = cli("train", "--out", run, "--resume", "--set", "train.max_iters=30")
+    assert resumed.code == 0, resumed.err
+    assert "done: 30 steps" in resumed.out
+
+
+def test_sample_cached_equals_uncached_greedy(cli, run_dir):
+    args = ["sample", run_dir, "--prompt", "ROMEO:", "--temperature", "0",
+            "--max-new-tokens", "11"]  # block 16: the whole first window
+    cached, uncached = cli(*args), cli(*args, "--no-cache")
+    assert cached.code == 0 and cached.err == ""
+    assert cached.out == uncached.out
+    assert cached.out.startswith("ROMEO:") and len(cached.out) == len("ROMEO:") + 11 + 1
+
+
+def test_sample_seed_reproducible_and_num_samples(cli, run_dir):
+    args = ["sample", run_dir, "--max-new-tokens", "60", "--num-samples", "3"]
+    a, b = cli(*args, "--seed", "7"), cli(*args, "--seed", "7")
+    c = cli(*args, "--seed", "8")
+    assert a.out == b.out != c.out
+    samples = a.out.split("\n" + "-" * 40 + "\n")
+    assert len(samples) == 3
+    assert all(len(s.rstrip("\n")) >= 1 for s in samples)
+    assert len(cli("sample", run_dir, "--max-new-tokens", "100").out) == 1 + 100 + 1
+
+
+def test_sample_rejects_unknown_prompt_characters(cli, run_dir):
+    result = cli("sample", run_dir, "--prompt", "Hi ☃ there€")
+    assert result.code == 2
+    assert result.err == ("error: prompt has characters outside the model's vocabulary: "
+                          "'☃' at position 3, '€' at position 10\n")
+    assert result.out == ""
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--temperature", "-1"], "error: --temperature must be >= 0 (0 is greedy), got -1.0\n"),
+    (["--top-k", "0"], "error: --top-k must be >= 1, got 0\n"),
+])
+def test_sample_rejects_bad_options(cli, run_dir, args, message):
+    result = cli("sample", run_dir, *args)
+    assert (result.code, result.err) == (2, message)
+
+
+def test_sample_missing_checkpoint(cli, tmp_path):
+    result = cli("sample", tmp_path / "nope")
+    assert (result.code, result.err) == (
+        2, f"error: no such run dir or checkpoint: {tmp_path / 'nope'}\n")
+
+
+def test_info_on_run_dir_and_config(cli, run_dir):
+    result = cli("info", run_dir)
+    assert result.code == 0
+    assert "vocab size: " in result.out and "step: 60" in result.out
+    assert "total" in result.out and "n_layer: 2" in result.out
+    from_config = cli("info", ROOT / "configs" / "shakespeare_char.yaml")
+    assert from_config.code == 0
+    total = next(line for line in from_config.out.splitlines() if line.strip().startswith("total"))
+    assert total.split()[-1] == "10,745,088"
+
+
+def test_bad_config_gives_one_error_line(cli, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  n_embd: 30\n  n_head: 4\n")
+    result = cli("train", bad)
+    assert result.code == 2
+    assert result.err == ("error: invalid config value model.n_embd: 30 is not divisible by "
+                          "model.n_head=4; choose n_embd as a multiple of n_head\n")
+    assert "Traceback" not in result.err
+
+
+def test_train_on_missing_data_file(cli, tmp_path):
+    result = cli("train", ROOT / "configs" / "tiny.yaml", "--data", tmp_path / "none.txt",
+                 "--out", tmp_path / "run")
+    assert (result.code, result.err) == (
+        2, f"error: input file not found: {tmp_path / 'none.txt'}\n")

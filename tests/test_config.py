@@ -1,0 +1,132 @@
+from pathlib import Path
+
+import pytest
+
+from charlm.config import ModelConfig, RunConfig, SampleConfig, load_config
+from charlm.errors import CharlmError
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESETS = sorted((ROOT / "configs").glob("*.yaml"))
+
+
+def test_presets_exist():
+    names = {p.name for p in PRESETS}
+    assert {"shakespeare_char.yaml", "shakespeare_char_cpu.yaml", "tiny.yaml"} <= names
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.name)
+def test_every_preset_loads(preset):
+    cfg = load_config(preset)
+    assert isinstance(cfg, RunConfig)
+    assert cfg.model.n_embd % cfg.model.n_head == 0
+
+
+def test_baby_gpt_preset_matches_nanogpt():
+    cfg = load_config(ROOT / "configs" / "shakespeare_char.yaml")
+    m, o, t = cfg.model, cfg.optim, cfg.train
+    assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.dropout) == (6, 6, 384, 256, 0.2)
+    assert (t.batch_size, t.max_iters, o.lr, o.min_lr, o.warmup_iters, o.beta2) == (
+        64, 5000, 1e-3, 1e-4, 100, 0.99)
+
+
+def test_defaults_are_the_cpu_recipe_on_shakespeare():
+    assert load_config(None) == load_config(ROOT / "configs" / "shakespeare_char_cpu.yaml",
+                                            ["train.out_dir=runs/shakespeare_char_cpu"])
+    assert load_config(None).data.path == "data/tinyshakespeare.txt"
+
+
+def write(tmp_path, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_unknown_key_suggests_nearest(tmp_path):
+    path = write(tmp_path, "model:\n  n_layers: 3\n")
+    with pytest.raises(CharlmError) as e:
+        load_config(path)
+    assert str(e.value) == f"unknown key 'model.n_layers' in {path}, did you mean 'n_layer'?"
+
+
+def test_unknown_section_suggests_nearest(tmp_path):
+    path = write(tmp_path, "optimizer:\n  lr: 0.1\n")
+    with pytest.raises(CharlmError, match=r"unknown section 'optimizer' .* did you mean 'optim'"):
+        load_config(path)
+
+
+def test_wrong_type_says_what_is_allowed(tmp_path):
+    with pytest.raises(CharlmError) as e:
+        load_config(write(tmp_path, "model:\n  n_layer: four\n"))
+    assert "invalid value for model.n_layer" in str(e.value)
+    assert "'four', expected an integer" in str(e.value)
+    with pytest.raises(CharlmError, match="expected true/false"):
+        load_config(None, ["model.bias=1"])
+    with pytest.raises(CharlmError, match="expected one of 'auto', 'cpu', 'cuda', 'mps'"):
+        load_config(None, ["train.device=gpu"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.n_embd=130", "130 is not divisible by model.n_head=4"),
+    ("optim.lr=0", "invalid config value optim.lr: 0.0 must be > 0"),
+    ("optim.lr=-1e-3", "must be > 0"),
+    ("model.dropout=1.0", "model.dropout: 1.0 is outside [0, 1)"),
+    ("model.dropout=-0.1", "is outside [0, 1)"),
+    ("train.batch_size=0", "train.batch_size: must be >= 1"),
+    ("data.val_fraction=1.5", "data.val_fraction: 1.5 is outside (0, 1)"),
+])
+def test_impossible_values_rejected(override, message):
+    with pytest.raises(CharlmError) as e:
+        load_config(None, [override])
+    assert message in str(e.value)
+
+
+def test_overrides_take_precedence_and_parse_as_yaml(tmp_path):
+    path = write(tmp_path, "optim:\n  lr: 3e-4\ntrain:\n  max_iters: 7\n")
+    cfg = load_config(path, ["train.max_iters=9", "model.n_ff=null", "optim.min_lr=1e-5"])
+    assert cfg.optim.lr == 3e-4  # YAML 1.2 float syntax is a number, not a string
+    assert cfg.train.max_iters == 9
+    assert cfg.model.n_ff is None and cfg.model.ff_width == 4 * cfg.model.n_embd
+    assert cfg.optim.min_lr == 1e-5
+    assert cfg.train.batch_size == RunConfig().train.batch_size  # untouched default
+
+
+def test_set_without_equals():
+    with pytest.raises(CharlmError) as e:
+        load_config(None, ["optim.lr"])
+    assert str(e.value) == (
+        "--set expects section.key=value, got 'optim.lr' (e.g. --set optim.lr=3e-4)")
+
+
+def test_yaml_syntax_error_has_line_and_column(tmp_path):
+    path = write(tmp_path, "model:\n  n_layer: : 3\n")
+    with pytest.raises(CharlmError) as e:
+        load_config(path)
+    assert str(e.value) == (
+        f"YAML syntax error in {path} at line 2, column 12: mapping values are not allowed here")
+
+
+def test_yaml_not_a_mapping(tmp_path):
+    with pytest.raises(CharlmError, match="must hold a mapping of sections .* got list"):
+        load_config(write(tmp_path, "- 1\n- 2\n"))
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(CharlmError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_round_trip_through_dict():
+    cfg = load_config(None, ["model.n_layer=3"])
+    assert RunConfig.from_dict(cfg.to_dict()) == cfg
+    assert ModelConfig(n_ff=64).ff_width == 64
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"temperature": -0.5}, "--temperature must be >= 0"),
+    ({"top_k": 0}, "--top-k must be >= 1"),
+    ({"num_samples": 0}, "--num-samples must be >= 1"),
+    ({"max_new_tokens": -1}, "--max-new-tokens must be >= 0"),
+])
+def test_sample_options_validated(kwargs, message):
+    with pytest.raises(CharlmError, match=message):
+        SampleConfig(**kwargs)

@@ -1,0 +1,173 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from charlm import data as data_mod
+from charlm.data import BatchSampler, dataset_for, load_dataset, prepare
+from charlm.errors import CharlmError
+from charlm.vocab import Vocab, id_dtype
+
+from .conftest import SHAKESPEARE
+
+
+def test_vocab_round_trip_unicode():
+    text = "héllo, wörld — ☃ 𝄞\n"
+    vocab = Vocab(sorted(set(text)))
+    ids = vocab.encode(text)
+    assert vocab.decode(ids) == text
+    assert ids == [vocab.chars.index(c) for c in text]
+    assert vocab.chars == sorted(vocab.chars)
+
+
+def test_vocab_unknown_positions():
+    vocab = Vocab(list("abc"))
+    assert vocab.unknown("abXcY") == [(2, "X"), (4, "Y")]
+    with pytest.raises(CharlmError, match="characters outside the vocabulary: 'X' at 2"):
+        vocab.encode("abXc")
+
+
+def test_id_dtype_is_smallest_that_fits():
+    assert id_dtype(65) == np.uint8
+    assert id_dtype(256) == np.uint8
+    assert id_dtype(257) == np.uint16
+    assert id_dtype(65536) == np.uint16
+    assert id_dtype(65537) == np.uint32
+
+
+def test_tinyshakespeare_matches_nanogpt(tmp_path):
+    meta = prepare([SHAKESPEARE], tmp_path / "ds", 0.1, progress=False)
+    assert meta["vocab_size"] == 65
+    assert (meta["train_tokens"], meta["val_tokens"]) == (1_003_854, 111_540)
+    assert meta["dtype"] == "uint8"
+    ds = load_dataset(tmp_path / "ds")
+    text = SHAKESPEARE.read_text(encoding="utf-8")
+    assert ds.vocab.chars == sorted(set(text))
+    assert ds.vocab.decode(ds.train[:200]) == text[:200]
+    assert ds.vocab.decode(ds.val[-200:]) == text[-200:]
+    assert ds.vocab.decode(ds.val[:50]) == text[1_003_854:1_003_904]
+    saved = json.loads((tmp_path / "ds" / "meta.json").read_text(encoding="utf-8"))
+    assert saved["vocab"] == ds.vocab.chars  # a JSON list of strings
+    assert saved["sources"][0]["bytes"] == SHAKESPEARE.stat().st_size
+    assert len(saved["sources"][0]["sha256"]) == 64
+
+
+def test_split_is_last_fraction_of_each_input(tmp_path):
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("abcdefghij")  # 10 chars: 8 train, 2 val at 0.2
+    b.write_text("KLMNO")  # 5 chars: 4 train, 1 val
+    meta = prepare([a, b], tmp_path / "ds", 0.2, progress=False)
+    ds = load_dataset(tmp_path / "ds")
+    assert ds.vocab.decode(ds.train) == "abcdefghKLMN"
+    assert ds.vocab.decode(ds.val) == "ijO"
+    assert (meta["train_tokens"], meta["val_tokens"]) == (12, 3)
+
+
+def test_chunked_encoding_equals_whole_file(tmp_path, monkeypatch):
+    text = "añb€c𝄞" * 50 + "\n"
+    src = tmp_path / "u.txt"
+    src.write_text(text, encoding="utf-8")
+    prepare([src], tmp_path / "whole", 0.1, progress=False)
+    monkeypatch.setattr(data_mod, "CHUNK_BYTES", 7)  # split multi-byte characters
+    prepare([src], tmp_path / "chunked", 0.1, progress=False)
+    for split in ("train.bin", "val.bin"):
+        whole, chunked = (tmp_path / d / split for d in ("whole", "chunked"))
+        assert whole.read_bytes() == chunked.read_bytes()
+    ds = load_dataset(tmp_path / "chunked")
+    assert ds.vocab.decode(np.concatenate([ds.train, ds.val])) == text
+
+
+def test_uint16_ids_for_large_vocab(tmp_path):
+    src = tmp_path / "cjk.txt"
+    src.write_text("".join(chr(0x4E00 + i) for i in range(300)) * 3, encoding="utf-8")
+    meta = prepare([src], tmp_path / "ds", 0.1, progress=False)
+    assert meta["dtype"] == "uint16" and meta["vocab_size"] == 300
+    ds = load_dataset(tmp_path / "ds")
+    assert ds.train.dtype == np.uint16
+    assert ds.vocab.decode(ds.train[:300]) == src.read_text(encoding="utf-8")[:300]
+
+
+@pytest.mark.parametrize("chunk", [1 << 20, 5])
+def test_invalid_utf8_names_file_and_offset(tmp_path, monkeypatch, chunk):
+    monkeypatch.setattr(data_mod, "CHUNK_BYTES", chunk)
+    src = tmp_path / "bad.txt"
+    src.write_bytes("héllo wor".encode() + b"\xff" + b"ld")
+    out = tmp_path / "ds"
+    with pytest.raises(CharlmError) as e:
+        prepare([src], out, progress=False)
+    assert str(e.value) == (
+        f"{src} is not valid UTF-8 text (invalid byte 0xff at byte offset 10); "
+        "charlm reads text files as UTF-8, convert it first")
+    assert not out.exists()
+
+
+def test_empty_and_single_character_inputs(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with pytest.raises(CharlmError, match=f"input file is empty: {empty}"):
+        prepare([empty], tmp_path / "ds", progress=False)
+    same = tmp_path / "same.txt"
+    same.write_text("aaaaaaaa")
+    with pytest.raises(CharlmError, match=r"only one distinct character \('a'\)"):
+        prepare([same], tmp_path / "ds", progress=False)
+    with pytest.raises(CharlmError, match="input file not found"):
+        prepare([tmp_path / "missing.txt"], tmp_path / "ds", progress=False)
+    with pytest.raises(CharlmError, match="input is a directory"):
+        prepare([tmp_path], tmp_path / "ds", progress=False)
+
+
+def test_prepare_failure_leaves_existing_dataset_intact(tmp_path):
+    good = tmp_path / "good.txt"
+    good.write_text("hello world, hello world")
+    out = tmp_path / "ds"
+    prepare([good], out, progress=False)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"ok\xfe")
+    with pytest.raises(CharlmError):
+        prepare([bad], out, progress=False)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_batch_gather_equals_reference_slicing():
+    arr = np.arange(1000, dtype=np.uint16) % 251
+    sampler = BatchSampler(arr, block_size=8, batch_size=5, device=torch.device("cpu"), seed=3)
+    g = torch.Generator().manual_seed(3)
+    starts = torch.randint(len(arr) - 8, (5,), generator=g)
+    x, y = sampler.batch()
+    for row, s in enumerate(starts.tolist()):
+        assert x[row].tolist() == arr[s:s + 8].tolist()
+        assert y[row].tolist() == arr[s + 1:s + 9].tolist()
+    assert x.dtype == torch.int64 and x.shape == (5, 8)
+
+
+def test_sampler_state_round_trip():
+    arr = np.arange(500, dtype=np.uint8)
+    a = BatchSampler(arr, 4, 3, torch.device("cpu"), seed=1)
+    a.batch()
+    state = a.state_dict()
+    expected = a.batch()[0]
+    b = BatchSampler(arr, 4, 3, torch.device("cpu"), seed=99)
+    b.load_state_dict(state)
+    assert torch.equal(b.batch()[0], expected)
+
+
+def test_split_too_short_says_minimum():
+    with pytest.raises(CharlmError) as e:
+        BatchSampler(np.arange(10, dtype=np.uint8), 16, 2, torch.device("cpu"), 0, name="val")
+    assert "the val split is too short: 10 characters, but one window needs " \
+           "block_size + 1 = 17" in str(e.value)
+
+
+def test_text_file_is_prepared_once_and_rebuilt_when_changed(tmp_path):
+    src = tmp_path / "t.txt"
+    src.write_text("abcdefghij" * 20)
+    cache = tmp_path / "cache"
+    ds = dataset_for(src, 0.1, cache)
+    mtime = (cache / "train.bin").stat().st_mtime_ns
+    assert dataset_for(src, 0.1, cache).meta == ds.meta
+    assert (cache / "train.bin").stat().st_mtime_ns == mtime  # reused, not rewritten
+    src.write_text("xyz" * 50)
+    ds2 = dataset_for(src, 0.1, cache)
+    assert ds2.vocab.chars == ["x", "y", "z"]
