@@ -83,7 +83,7 @@ def _scan(path: Path, seen: np.ndarray, bar: tqdm | None) -> SourceStats:
         if text:
             cps = code_points(text)
             n_chars += len(cps)
-            seen |= np.bincount(cps, minlength=MAX_CODE_POINT).astype(bool)
+            seen[cps] = True
     return SourceStats(path, n_bytes, n_chars, digest.hexdigest())
 
 

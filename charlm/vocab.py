@@ -37,7 +37,7 @@ class Vocab:
         self.index = {c: i for i, c in enumerate(chars)}
         self.dtype = id_dtype(len(chars))
         # Code point -> id lookup table for vectorised encoding; -1 marks unknown characters.
-        self._lut = np.full(MAX_CODE_POINT, -1, dtype=np.int64)
+        self._lut = np.full(MAX_CODE_POINT, -1, dtype=np.int32)
         self._lut[code_points("".join(chars))] = np.arange(len(chars))
         self._chars_array = np.array(chars)
 
