@@ -227,3 +227,6 @@ def main(argv: list[str] | None = None) -> None:
         message = str(e) if isinstance(e, CharlmError) else f"{e.strerror or e}: {e.filename}"
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        sys.exit(130)

@@ -143,22 +143,17 @@ def resume_config(run_dir: Path, config_path: str | Path | None,
     return cfg
 
 
-def _prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
+def _check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
+    """Refuse to start a fresh run over an existing one unless told to; make sure the run dir
+    is writable. Removes nothing (see `_clear_run`)."""
     if run_dir.exists() and not run_dir.is_dir():
         raise CharlmError(f"train.out_dir {run_dir} is a file; choose a directory")
     existing = [n for n in ("last.pt", "best.pt") if (run_dir / n).exists()]
-    if existing and not resume:
-        if not overwrite:
-            raise CharlmError(
-                f"{run_dir} already holds a run ({', '.join(existing)}); continue it with "
-                "--resume, start over with --overwrite, or choose another --out"
-            )
-        for name in RUN_FILES:
-            path = run_dir / name
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink(missing_ok=True)
+    if existing and not resume and not overwrite:
+        raise CharlmError(
+            f"{run_dir} already holds a run ({', '.join(existing)}); continue it with "
+            "--resume, start over with --overwrite, or choose another --out"
+        )
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / f".write-test-{id(run_dir)}"
@@ -166,6 +161,16 @@ def _prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
         probe.unlink()
     except OSError as e:
         raise CharlmError(f"cannot write to run dir {run_dir}: {e.strerror}") from None
+
+
+def _clear_run(run_dir: Path) -> None:
+    """--overwrite: remove the previous run's files (the prepared dataset cache stays)."""
+    for name in RUN_FILES:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
@@ -176,7 +181,7 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
     run_dir = Path(tc.out_dir)
     device = resolve_device(tc.device)
     dtype = resolve_dtype(tc.dtype, device)
-    _prepare_run_dir(run_dir, resume, overwrite)
+    _check_run_dir(run_dir, resume, overwrite)
     seed_everything(tc.seed)
 
     data = dataset_for(cfg.data.path, cfg.data.val_fraction, run_dir / "dataset")
@@ -203,6 +208,8 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
         torch.set_rng_state(ckpt["rng"]["torch"])
         if device.type == "cuda" and "cuda" in ckpt["rng"]:
             torch.cuda.set_rng_state_all(list(ckpt["rng"]["cuda"]))
+    elif overwrite:  # only now that data, model and config are known to be good
+        _clear_run(run_dir)
     save_config(cfg, run_dir / "config.yaml")
 
     step_model = model

@@ -140,3 +140,14 @@ def test_bfloat16_loss_close_to_float32(tiny_cfg, tmp_path):
     fp32 = evaluate(model, data, tiny_cfg, dev, torch.float32)
     bf16 = evaluate(model, data, tiny_cfg, dev, torch.bfloat16)
     assert bf16["val"] == pytest.approx(fp32["val"], rel=0.02)
+
+
+def test_overwrite_with_bad_data_keeps_the_old_run(tiny_cfg, tmp_path):
+    cfg = with_(tiny_cfg, train={"max_iters": 20})
+    train(cfg)
+    run = Path(cfg.train.out_dir)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    bad = with_(cfg, data={"path": str(tmp_path / "missing.txt")})
+    with pytest.raises(CharlmError, match="input file not found"):
+        train(bad, overwrite=True)
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
