@@ -113,7 +113,13 @@ def train(
 @app.command()
 def sample(
     target: TargetArg,
-    prompt: Annotated[str, typer.Option(help="Text to continue.")] = "\n",
+    prompt: Annotated[
+        str | None, typer.Option(help="Text to continue; '-' reads it from stdin. [default: a "
+                                 "newline]", show_default=False),
+    ] = None,
+    prompt_file: Annotated[
+        Path | None, typer.Option(help="Read the prompt from this UTF-8 file.")
+    ] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Characters to generate per sample.")]
     = SampleConfig.max_new_tokens,
     num_samples: Annotated[int, typer.Option(help="Samples, generated as one batch.")]
@@ -122,47 +128,105 @@ def sample(
     = SampleConfig.temperature,
     top_k: Annotated[int | None, typer.Option(help="Sample only from the k likeliest.")]
     = SampleConfig.top_k,
+    top_p: Annotated[
+        float | None, typer.Option(help="Nucleus: sample from the smallest set with mass >= p.")
+    ] = SampleConfig.top_p,
+    min_p: Annotated[
+        float | None, typer.Option(help="Drop characters below min_p x the likeliest one's "
+                                   "probability.")
+    ] = SampleConfig.min_p,
+    repetition_penalty: Annotated[
+        float, typer.Option(help="> 1 discourages characters in the recent window; 1 is off.")
+    ] = SampleConfig.repetition_penalty,
+    repetition_window: Annotated[
+        int, typer.Option(help="Recent characters the repetition penalty looks at.")
+    ] = SampleConfig.repetition_window,
+    beams: Annotated[
+        int, typer.Option(help="Beam search with N beams; returns the best (1 = greedy).")
+    ] = SampleConfig.beams,
+    stop: Annotated[
+        list[str] | None, typer.Option(help="End a sample when it ends with this text; "
+                                       "repeatable.")
+    ] = None,
+    include_stop: Annotated[
+        bool, typer.Option(help="Print the stop string that ended a sample.")
+    ] = SampleConfig.include_stop,
+    unknown: Annotated[
+        str, typer.Option(help="Prompt characters outside the vocabulary: error or skip.")
+    ] = SampleConfig.unknown,
     seed: Annotated[int, typer.Option(help="Random seed; the same seed gives the same text.")]
     = SampleConfig.seed,
     no_cache: Annotated[
         bool, typer.Option("--no-cache", help="Recompute the whole context every step.")
     ] = False,
+    stream: Annotated[
+        bool, typer.Option(help="Print characters as they are generated.")
+    ] = True,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="One JSON object per sample: text, prompt, tokens, "
+                           "seconds.")
+    ] = False,
     device: DeviceOpt = "auto",
 ) -> None:
     """Generate text from a checkpoint, streamed to stdout as it is produced."""
-    import torch
-
     from charlm.checkpoint import load_model
     from charlm.device import resolve_device
-    from charlm.generate import generate
+    from charlm.generate import encode_prompt, sample_text
 
-    opts = SampleConfig(max_new_tokens, num_samples, temperature, top_k, seed, not no_cache)
-    dev = resolve_device(device)
-    model, vocab, _, _ = load_model(target, dev)
-    if not prompt:
-        raise CharlmError("--prompt is empty; give at least one character (default: newline)")
-    unknown = vocab.unknown(prompt)
-    if unknown:
-        listed = ", ".join(f"{c!r} at position {i}" for i, c in unknown)
-        raise CharlmError(f"prompt has characters outside the model's vocabulary: {listed}")
-    ids = torch.tensor(vocab.encode(prompt), device=dev)
-    batch = ids[None, :].repeat(opts.num_samples, 1)  # (K, T0)
-    generator = torch.Generator(device=dev).manual_seed(opts.seed)
+    opts = SampleConfig(
+        max_new_tokens=max_new_tokens, num_samples=num_samples, temperature=temperature,
+        top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
+        repetition_window=repetition_window, beams=beams, stop=tuple(stop or ()),
+        include_stop=include_stop, unknown=unknown, seed=seed, use_cache=not no_cache,
+    )
+    text = _read_prompt(prompt, prompt_file)
+    model, vocab, _, _ = load_model(target, resolve_device(device))
+    text, _, warnings = encode_prompt(vocab, text, opts.unknown, model.cfg.block_size)
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+
     out = sys.stdout
-    rest: list[list[int]] = [[] for _ in range(opts.num_samples - 1)]
-    out.write(prompt)
-    out.flush()
-    for step_ids in generate(model, batch, opts.max_new_tokens, opts.temperature, opts.top_k,
-                             generator, opts.use_cache):
-        row = step_ids.tolist()
-        out.write(vocab.chars[row[0]])  # stream the first sample, buffer the others
+    separator = "\n" + "-" * 40 + "\n"
+    live = stream and not json_out and opts.beams == 1
+
+    def show(i: int, piece: str) -> None:
+        if live and i == 0:  # the first sample streams; the others are printed when done
+            out.write(piece)
+            out.flush()
+
+    if live:
+        out.write(text)
         out.flush()
-        for buf, i in zip(rest, row[1:], strict=True):
-            buf.append(i)
-    for buf in rest:
-        out.write(f"\n{'-' * 40}\n{prompt}{vocab.decode(buf)}")
-    out.write("\n")
+    samples = sample_text(model, vocab, text, opts, show)
+    for i, s in enumerate(samples):
+        if json_out:
+            out.write(json.dumps({"text": s.text, "prompt": s.prompt, "tokens": s.tokens,
+                                  "seconds": round(s.seconds, 4)}, ensure_ascii=False) + "\n")
+            continue
+        if i > 0:
+            out.write(separator)
+        if not (live and i == 0):
+            out.write(s.prompt + s.text)
+    if not json_out:
+        out.write("\n")
     out.flush()
+
+
+def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
+    if prompt is not None and prompt_file is not None:
+        raise CharlmError("give the prompt either with --prompt or with --prompt-file, not both")
+    if prompt_file is not None:
+        if not prompt_file.is_file():
+            raise CharlmError(f"prompt file not found: {prompt_file}")
+        try:
+            return prompt_file.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise CharlmError(
+                f"prompt file {prompt_file} is not valid UTF-8 (byte offset {e.start})"
+            ) from None
+    if prompt == "-":
+        return sys.stdin.read()
+    return "\n" if prompt is None else prompt
 
 
 @app.command()

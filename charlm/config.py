@@ -290,23 +290,47 @@ def save_config(cfg: RunConfig, path: Path) -> None:
 
 @dataclass
 class SampleConfig:
-    """Options of `charlm sample` (and the `generate` API); not part of a run's YAML."""
+    """Options of `charlm sample` and of `generate.sample_text`; not part of a run's YAML.
+
+    Logits processors apply in this order: repetition penalty, temperature, top-k, top-p, min-p.
+    """
 
     max_new_tokens: int = 500
     num_samples: int = 1
     temperature: float = 0.8  # 0 means greedy
     top_k: int | None = None
+    top_p: float | None = None  # nucleus: the smallest set of ids with probability mass >= top_p
+    min_p: float | None = None  # drop ids less likely than min_p * the likeliest one
+    repetition_penalty: float = 1.0  # > 1 discourages characters seen in the recent window
+    repetition_window: int = 64
+    beams: int = 1
+    stop: tuple[str, ...] = ()
+    include_stop: bool = False
+    unknown: Literal["error", "skip"] = "error"
     seed: int = 1337
     use_cache: bool = True
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 0:
-            raise CharlmError(f"--max-new-tokens must be >= 0, got {self.max_new_tokens}")
-        if self.num_samples < 1:
-            raise CharlmError(f"--num-samples must be >= 1, got {self.num_samples}")
-        if not self.temperature >= 0 or math.isinf(self.temperature):
-            raise CharlmError(
-                f"--temperature must be >= 0 (0 is greedy), got {self.temperature}"
-            )
-        if self.top_k is not None and self.top_k < 1:
-            raise CharlmError(f"--top-k must be >= 1, got {self.top_k}")
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise CharlmError(msg)
+
+        need(self.max_new_tokens >= 0, f"--max-new-tokens must be >= 0, got {self.max_new_tokens}")
+        need(self.num_samples >= 1, f"--num-samples must be >= 1, got {self.num_samples}")
+        need(self.temperature >= 0 and not math.isinf(self.temperature),
+             f"--temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        need(self.top_k is None or self.top_k >= 1, f"--top-k must be >= 1, got {self.top_k}")
+        need(self.top_p is None or 0 < self.top_p <= 1,
+             f"--top-p must be in (0, 1], got {self.top_p}")
+        need(self.min_p is None or 0 <= self.min_p <= 1,
+             f"--min-p must be in [0, 1], got {self.min_p}")
+        need(self.repetition_penalty > 0 and not math.isinf(self.repetition_penalty),
+             f"--repetition-penalty must be > 0 (1 is off), got {self.repetition_penalty}")
+        need(self.repetition_window >= 1,
+             f"--repetition-window must be >= 1, got {self.repetition_window}")
+        need(self.beams >= 1, f"--beams must be >= 1, got {self.beams}")
+        need(self.beams == 1 or self.num_samples == 1,
+             "--beams returns the single best sequence; use --num-samples 1 with --beams")
+        need(all(self.stop), "--stop must not be empty")
+        need(self.unknown in ("error", "skip"),
+             f"--unknown must be 'error' or 'skip', got {self.unknown!r}")

@@ -1,32 +1,106 @@
-"""Generation: `prefill`, `decode_step`, logits processors, and `generate`, an iterator that
-streams one id per sample per step.
+"""Generation: decoders (KV-cached and uncached), logits processors, the `generate` iterator
+that streams one id per sample per step, `beam_search`, and `sample_text`, which turns a prompt
+string into finished samples with stop strings and streaming callbacks.
 
-Past the context window (cached path): when the cache is full, the last `block_size // 2` tokens
-are kept and re-prefilled in one forward, so the cost per new token stays O(1) forward passes
-amortised and memory stays bounded. Up to the first full window the tokens are identical to the
-uncached path, which crops the context to its last `block_size` tokens at every step.
+Past the context window (cached path): when the cache is full, the most recent
+`block_size // 2` tokens are kept and re-prefilled in one forward, so each new token costs O(1)
+forward passes amortised and memory stays bounded. Up to the first full window the tokens equal
+the uncached path's, which crops the context to its last `block_size` tokens at every step
+(nanoGPT's rule); past it the two see different contexts and may differ.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
-from charlm.model import GPT, KVCache
+from charlm.config import SampleConfig
+from charlm.errors import CharlmError
+from charlm.model import GPT
+from charlm.vocab import Vocab
 
 
-def prefill(model: GPT, cache: KVCache, idx: torch.Tensor) -> torch.Tensor:
-    """Run the prompt idx (B, T) through the model in one forward; logits (B, V) of its last
-    position."""
-    logits, _ = model(idx, cache=cache)
-    return logits[:, -1, :]
+class CachedDecoder:
+    """Feeds tokens through the model over a preallocated KV cache.
+
+    `window` mirrors the ids whose keys and values sit in the cache, so a full cache can be
+    re-prefilled from its most recent half without keeping the whole history.
+    """
+
+    def __init__(self, model: GPT, batch_size: int):
+        self.model = model
+        self.block = model.cfg.block_size
+        self.keep = max(self.block // 2, 1)
+        self.cache = model.new_cache(batch_size)
+        self.window = torch.empty(batch_size, self.block, dtype=torch.long,
+                                  device=model.wte.weight.device)
+
+    def prefill(self, idx: torch.Tensor) -> torch.Tensor:
+        """Start over from idx (B, T), T <= block_size, in one forward; logits (B, V)."""
+        self.cache.reset()
+        self.window[:, : idx.size(1)] = idx
+        logits, _ = self.model(idx, cache=self.cache)
+        return logits[:, -1, :]
+
+    def step(self, ids: torch.Tensor) -> torch.Tensor:
+        """Append one id per row, ids (B,); logits (B, V) for the next position."""
+        pos = self.cache.pos
+        if pos == self.block:  # full: keep the most recent tokens, re-prefill once
+            tail = torch.cat([self.window[:, pos - self.keep + 1:], ids[:, None]], dim=1)
+            return self.prefill(tail)
+        self.window[:, pos] = ids
+        logits, _ = self.model(ids[:, None], cache=self.cache)
+        return logits[:, -1, :]
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Make row i continue from row index[i] (beam search)."""
+        pos = self.cache.pos
+        for k, v in zip(self.cache.k, self.cache.v, strict=True):
+            k[:, :, :pos] = k[index, :, :pos]
+            v[:, :, :pos] = v[index, :, :pos]
+        self.window[:, :pos] = self.window[index, :pos]
 
 
-def decode_step(model: GPT, cache: KVCache, ids: torch.Tensor) -> torch.Tensor:
-    """Feed one new token per sample, ids (B,); logits (B, V) for the next one."""
-    logits, _ = model(ids[:, None], cache=cache)
-    return logits[:, -1, :]
+class UncachedDecoder:
+    """The reference path: recompute the whole (cropped) context at every step."""
+
+    def __init__(self, model: GPT, batch_size: int):
+        self.model = model
+        self.block = model.cfg.block_size
+        self.context = torch.empty(batch_size, 0, dtype=torch.long)
+
+    def prefill(self, idx: torch.Tensor) -> torch.Tensor:
+        self.context = idx
+        logits, _ = self.model(idx)
+        return logits[:, -1, :]
+
+    def step(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.prefill(torch.cat([self.context, ids[:, None]], dim=1)[:, -self.block:])
+
+    def reorder(self, index: torch.Tensor) -> None:
+        self.context = self.context[index]
+
+
+def make_decoder(model: GPT, batch_size: int, use_cache: bool) -> CachedDecoder | UncachedDecoder:
+    return (CachedDecoder if use_cache else UncachedDecoder)(model, batch_size)
+
+
+# Logits processors: each maps logits (B, V) to logits (B, V). `build_processors` composes them
+# in the documented order: repetition penalty, temperature, top-k, top-p, min-p.
+
+
+def apply_repetition_penalty(logits: torch.Tensor, recent: torch.Tensor,
+                             penalty: float) -> torch.Tensor:
+    """Make ids that occur in recent (B, W) less likely: positive logits are divided by
+    `penalty`, negative ones multiplied (CTRL, Keskar et al. 2019). Entries of -1 are empty."""
+    V = logits.size(-1)
+    seen = torch.zeros(logits.size(0), V + 1, dtype=torch.bool, device=logits.device)
+    seen.scatter_(1, recent.masked_fill(recent < 0, V), True)
+    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen[:, :V], penalised, logits)
 
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -41,53 +115,259 @@ def apply_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
-def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of likeliest ids whose probability mass is >= top_p."""
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = torch.cumsum(probs, dim=-1) - probs  # mass of the strictly likelier ids
+    drop_sorted = mass_before >= top_p  # the likeliest id always stays (mass_before = 0)
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Drop ids whose probability is below min_p times that of the likeliest id."""
+    probs = torch.softmax(logits, dim=-1)
+    threshold = min_p * probs.max(dim=-1, keepdim=True).values
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+Processor = Callable[[torch.Tensor], torch.Tensor]
+
+
+def build_processors(opts: SampleConfig) -> list[Processor]:
+    """The sampling warpers after the repetition penalty, in order; none for greedy."""
+    if opts.temperature == 0:
+        return []
+    procs: list[Processor] = []
+    if opts.temperature != 1.0:
+        procs.append(lambda x: apply_temperature(x, opts.temperature))
+    if opts.top_k is not None:
+        procs.append(lambda x: apply_top_k(x, opts.top_k))
+    if opts.top_p is not None and opts.top_p < 1.0:
+        procs.append(lambda x: apply_top_p(x, opts.top_p))
+    if opts.min_p:
+        procs.append(lambda x: apply_min_p(x, opts.min_p))
+    return procs
+
+
+def sample_next(logits: torch.Tensor, temperature: float, procs: Sequence[Processor] = (),
                 generator: torch.Generator | None = None) -> torch.Tensor:
-    """Pick the next id per row of logits (B, V): argmax for temperature 0, else a draw from
-    softmax(top_k(logits / temperature))."""
+    """The next id per row of logits (B, V): argmax for temperature 0, else a draw from the
+    softmax of the processed logits."""
     logits = logits.float()
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = apply_temperature(logits, temperature)
-    if top_k is not None:
-        logits = apply_top_k(logits, top_k)
+    for proc in procs:
+        logits = proc(logits)
     probs = torch.softmax(logits, dim=-1)
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
 
 @torch.inference_mode()
-def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-             top_k: int | None = None, generator: torch.Generator | None = None,
-             use_cache: bool = True) -> Iterator[torch.Tensor]:
+def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int,
+             opts: SampleConfig | None = None,
+             generator: torch.Generator | None = None) -> Iterator[torch.Tensor]:
     """Yield max_new_tokens tensors of ids (B,), one per step, continuing prompt (B, T0).
 
-    A prompt longer than block_size is cropped to its last block_size tokens.
+    A prompt longer than block_size is cropped to its last block_size tokens. One forward per
+    step for the whole batch; no forward is spent on a step that is never asked for.
+    """
+    opts = opts or SampleConfig()
+    model.eval()
+    B = prompt.size(0)
+    decoder = make_decoder(model, B, opts.use_cache)
+    procs = build_processors(opts)
+    penalty = opts.repetition_penalty != 1.0
+    if penalty:  # ring buffer of the last W ids per row (prompt included); -1 = empty
+        W = opts.repetition_window
+        recent = torch.full((B, W), -1, dtype=torch.long, device=prompt.device)
+        tail = prompt[:, -W:]
+        recent[:, : tail.size(1)] = tail
+        slot = tail.size(1) % W
+    nxt = None
+    for i in range(max_new_tokens):
+        logits = decoder.prefill(prompt[:, -decoder.block:]) if i == 0 else decoder.step(nxt)
+        if penalty:
+            logits = apply_repetition_penalty(logits.float(), recent, opts.repetition_penalty)
+        nxt = sample_next(logits, opts.temperature, procs, generator)
+        if penalty:
+            recent[:, slot] = nxt
+            slot = (slot + 1) % W
+        yield nxt
+
+
+def _ends_with_any(ids: list[int], stops: Sequence[list[int]]) -> bool:
+    return any(len(ids) >= len(s) and ids[-len(s):] == s for s in stops)
+
+
+@torch.inference_mode()
+def beam_search(model: GPT, prompt: torch.Tensor, max_new_tokens: int, beams: int,
+                stops: Sequence[list[int]] = (), use_cache: bool = True,
+                length_penalty: float = 1.0) -> list[int]:
+    """The best continuation of prompt (1, T0) under beam search.
+
+    Hypotheses are ranked by sum of log-probabilities / length**length_penalty, so beams that
+    end early at a stop sequence (`stops`, as id lists) compete fairly with longer ones.
+    beams=1 is greedy decoding.
     """
     model.eval()
-    block = model.cfg.block_size
-    context = prompt[:, -block:]
-    if not use_cache:
-        for _ in range(max_new_tokens):
-            logits, _ = model(context)
-            nxt = sample_next(logits[:, -1, :], temperature, top_k, generator)
-            yield nxt
-            context = torch.cat([context, nxt[:, None]], dim=1)[:, -block:]
-        return
-
-    B, T0 = context.shape
-    cache = model.new_cache(B)
-    window = torch.empty(B, block, dtype=torch.long, device=prompt.device)  # ids in the cache
-    window[:, :T0] = context
-    logits = prefill(model, cache, context)
-    keep = max(block // 2, 1)
-    for _ in range(max_new_tokens):
-        nxt = sample_next(logits, temperature, top_k, generator)
-        yield nxt
-        if cache.pos == block:  # full: keep the most recent tokens and re-prefill once
-            tail = torch.cat([window[:, block - keep + 1:], nxt[:, None]], dim=1)  # (B, keep)
-            window[:, :keep] = tail
-            cache.reset()
-            logits = prefill(model, cache, tail)
+    decoder = make_decoder(model, beams, use_cache)
+    device = prompt.device
+    scores = torch.full((beams,), float("-inf"), device=device)
+    scores[0] = 0.0  # all beams start identical: expand only the first
+    seqs: list[list[int]] = [[] for _ in range(beams)]
+    finished: list[tuple[float, list[int]]] = []
+    last = None
+    for t in range(max_new_tokens):
+        if t == 0:
+            logits = decoder.prefill(prompt[:, -decoder.block:].expand(beams, -1))
         else:
-            window[:, cache.pos] = nxt
-            logits = decode_step(model, cache, nxt)
+            logits = decoder.step(last)
+        logp = torch.log_softmax(logits.float(), dim=-1)  # (N, V)
+        V = logp.size(-1)
+        cand_scores, cand = (scores[:, None] + logp).view(-1).topk(min(2 * beams, beams * V))
+        keep_rows, keep_ids, keep_scores = [], [], []
+        for score, flat in zip(cand_scores.tolist(), cand.tolist(), strict=True):
+            if score == float("-inf"):
+                break
+            row, token = divmod(flat, V)
+            seq = seqs[row] + [token]
+            if stops and _ends_with_any(seq, stops):
+                finished.append((score / len(seq) ** length_penalty, seq))
+            elif len(keep_rows) < beams:
+                keep_rows.append(row)
+                keep_ids.append(token)
+                keep_scores.append(score)
+            if len(keep_rows) == beams:
+                break
+        if len(finished) >= beams or not keep_rows:
+            break
+        while len(keep_rows) < beams:  # pad with a dead beam
+            keep_rows.append(keep_rows[0])
+            keep_ids.append(keep_ids[0])
+            keep_scores.append(float("-inf"))
+        index = torch.tensor(keep_rows, device=device)
+        decoder.reorder(index)
+        seqs = [seqs[r] + [i] for r, i in zip(keep_rows, keep_ids, strict=True)]
+        scores = torch.tensor(keep_scores, device=device)
+        last = torch.tensor(keep_ids, device=device)
+    active = [(s / max(len(q), 1) ** length_penalty, q)
+              for s, q in zip(scores.tolist(), seqs, strict=True) if s != float("-inf")]
+    return max(finished + active, key=lambda h: h[0])[1] if finished or active else []
+
+
+class StopMatcher:
+    """Streams one sample's text while holding back what could be the start of a stop string.
+
+    `feed` returns the text that is safe to show; `done` turns true once the generated text ends
+    with a stop string, which is cut off unless `include_stop`.
+    """
+
+    def __init__(self, stops: Sequence[str], include_stop: bool):
+        self.stops = list(stops)
+        self.include_stop = include_stop
+        self.pending = ""
+        self.done = False
+
+    def feed(self, piece: str) -> str:
+        self.pending += piece
+        for s in self.stops:
+            if self.pending.endswith(s):
+                self.done = True
+                out = self.pending if self.include_stop else self.pending[: -len(s)]
+                self.pending = ""
+                return out
+        hold = max((n for s in self.stops for n in range(1, len(s))
+                    if self.pending.endswith(s[:n])), default=0)
+        out, self.pending = self.pending[: len(self.pending) - hold], self.pending[
+            len(self.pending) - hold:]
+        return out
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+@dataclass
+class Sample:
+    prompt: str  # the prompt as the model saw it (after --unknown skip and cropping)
+    text: str  # the generated text, without the prompt
+    tokens: int  # characters generated (stop string included)
+    seconds: float  # from the start of the call until this sample finished
+    stopped: bool  # ended by a stop string, not by max_new_tokens
+
+
+def encode_prompt(vocab: Vocab, prompt: str, unknown: str,
+                  block_size: int) -> tuple[str, list[int], list[str]]:
+    """(prompt as used, its ids, warnings). Unknown characters are an error listing each one
+    and its position, or dropped with `unknown='skip'`; a prompt longer than the context keeps
+    its last block_size characters."""
+    warnings = []
+    bad = vocab.unknown(prompt)
+    if bad:
+        listed = ", ".join(f"{c!r} at position {i}" for i, c in bad)
+        if unknown == "error":
+            raise CharlmError(
+                f"prompt has characters outside the model's vocabulary: {listed}; "
+                "remove them or pass --unknown skip"
+            )
+        drop = {i for i, _ in bad}
+        prompt = "".join(c for i, c in enumerate(prompt) if i not in drop)
+        warnings.append(f"skipped {len(bad)} prompt characters outside the vocabulary: {listed}")
+    if not prompt:
+        raise CharlmError("the prompt is empty; give at least one character the model knows")
+    if len(prompt) > block_size:
+        warnings.append(f"the prompt has {len(prompt)} characters, more than the context of "
+                        f"{block_size}; using its last {block_size}")
+        prompt = prompt[-block_size:]
+    return prompt, vocab.encode(prompt), warnings
+
+
+def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
+                on_text: Callable[[int, str], None] | None = None) -> list[Sample]:
+    """Generate opts.num_samples continuations of `prompt` (checked by `encode_prompt`), as
+    one batch, or the best beam with opts.beams > 1. on_text(sample index, text) is called as
+    each piece of text becomes final (stop strings are held back until they cannot match)."""
+    device = model.wte.weight.device
+    ids = torch.tensor([vocab.encode(prompt)], device=device)
+    t0 = time.perf_counter()
+    emit = on_text or (lambda i, s: None)
+    if opts.beams > 1:
+        stops = [vocab.encode(s) for s in opts.stop if not vocab.unknown(s)]
+        best = beam_search(model, ids, opts.max_new_tokens, opts.beams, stops, opts.use_cache)
+        matcher = StopMatcher(opts.stop, opts.include_stop)
+        text = matcher.feed(vocab.decode(best)) + matcher.flush()
+        emit(0, text)
+        return [Sample(prompt, text, len(best), time.perf_counter() - t0, matcher.done)]
+
+    K = opts.num_samples
+    generator = torch.Generator(device=device).manual_seed(opts.seed)
+    matchers = [StopMatcher(opts.stop, opts.include_stop) for _ in range(K)]
+    texts = [""] * K
+    counts = [0] * K
+    seconds = [0.0] * K
+    steps = generate(model, ids.expand(K, -1), opts.max_new_tokens, opts, generator)
+    for step_ids in steps:
+        for i, token in enumerate(step_ids.tolist()):
+            m = matchers[i]
+            if m.done:
+                continue
+            counts[i] += 1
+            piece = m.feed(vocab.chars[token])
+            if m.done:
+                seconds[i] = time.perf_counter() - t0
+            if piece:
+                texts[i] += piece
+                emit(i, piece)
+        if all(m.done for m in matchers):
+            steps.close()
+            break
+    for i, m in enumerate(matchers):
+        rest = m.flush()
+        if rest:
+            texts[i] += rest
+            emit(i, rest)
+        if not m.done:
+            seconds[i] = time.perf_counter() - t0
+    return [Sample(prompt, texts[i], counts[i], seconds[i], matchers[i].done) for i in range(K)]

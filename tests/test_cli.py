@@ -89,7 +89,8 @@ def test_sample_rejects_unknown_prompt_characters(cli, run_dir):
     result = cli("sample", run_dir, "--prompt", "Hi ☃ there€")
     assert result.code == 2
     assert result.err == ("error: prompt has characters outside the model's vocabulary: "
-                          "'☃' at position 3, '€' at position 10\n")
+                          "'☃' at position 3, '€' at position 10; remove them or pass "
+                          "--unknown skip\n")
     assert result.out == ""
 
 

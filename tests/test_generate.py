@@ -1,11 +1,27 @@
+import math
+
 import pytest
 import torch
 
-from charlm.config import ModelConfig
-from charlm.generate import apply_top_k, generate, sample_next
+from charlm.config import ModelConfig, SampleConfig
+from charlm.errors import CharlmError
+from charlm.generate import (
+    StopMatcher,
+    apply_min_p,
+    apply_repetition_penalty,
+    apply_top_k,
+    apply_top_p,
+    beam_search,
+    encode_prompt,
+    generate,
+    sample_next,
+    sample_text,
+)
 from charlm.model import GPT
+from charlm.vocab import Vocab
 
 V = 13
+GREEDY = SampleConfig(temperature=0)
 
 
 @pytest.fixture
@@ -18,18 +34,30 @@ def model() -> GPT:
     return model
 
 
-def run(model, prompt, n, **kw):
-    return torch.stack(list(generate(model, prompt, n, **kw)), dim=1)  # (B, n)
+def run(model, prompt, n, opts=GREEDY, generator=None):
+    return torch.stack(list(generate(model, prompt, n, opts, generator)), dim=1)  # (B, n)
+
+
+def uncached(opts: SampleConfig) -> SampleConfig:
+    return SampleConfig(**{**opts.__dict__, "use_cache": False})
 
 
 @pytest.mark.parametrize("batch, prompt_len", [(1, 1), (1, 5), (4, 1), (4, 7)])
 def test_cached_greedy_equals_uncached(model, batch, prompt_len):
     prompt = torch.randint(0, V, (batch, prompt_len))
     n = 16 - prompt_len + 1  # every step until the context window is full
-    cached = run(model, prompt, n, temperature=0, use_cache=True)
-    uncached = run(model, prompt, n, temperature=0, use_cache=False)
-    assert torch.equal(cached, uncached)
+    cached = run(model, prompt, n)
+    assert torch.equal(cached, run(model, prompt, n, uncached(GREEDY)))
     assert len(set(cached.flatten().tolist())) > 1  # not a degenerate constant stream
+
+
+def test_cached_sampling_equals_uncached_with_every_processor(model):
+    opts = SampleConfig(temperature=0.9, top_k=8, top_p=0.9, min_p=0.05,
+                        repetition_penalty=1.3, repetition_window=5)
+    prompt = torch.randint(0, V, (3, 4))
+    a = run(model, prompt, 13, opts, torch.Generator().manual_seed(2))
+    b = run(model, prompt, 13, uncached(opts), torch.Generator().manual_seed(2))
+    assert torch.equal(a, b)
 
 
 def test_generation_past_the_window_has_exact_length_and_bounded_cache(model, monkeypatch):
@@ -41,17 +69,57 @@ def test_generation_past_the_window_has_exact_length_and_bounded_cache(model, mo
         return caches[-1]
 
     monkeypatch.setattr(GPT, "new_cache", spy)
-    out = run(model, torch.zeros(2, 3, dtype=torch.long), 4 * 16, temperature=0)
+    out = run(model, torch.zeros(2, 3, dtype=torch.long), 4 * 16)
     assert out.shape == (2, 64)
     assert len(caches) == 1 and caches[0].k[0].shape[2] == 16  # allocated once, block_size long
     assert caches[0].pos <= 16
 
 
+def test_past_the_window_the_cache_restarts_from_the_last_half(model):
+    prompt = torch.randint(0, V, (1, 16))  # the window is full after the prompt
+    cached = run(model, prompt, 2)
+    # After the first new token the cache re-prefills the last 8 ids (7 old + the new one).
+    first = cached[:, :1]
+    context = torch.cat([prompt[:, -7:], first], dim=1)
+    logits, _ = model(context)
+    assert cached[0, 1].item() == logits[0, -1].argmax().item()
+
+
 def test_long_prompt_is_cropped_to_block_size(model):
     prompt = torch.randint(0, V, (1, 40))
-    a = run(model, prompt, 1, temperature=0)
-    b = run(model, prompt[:, -16:], 1, temperature=0)
-    assert torch.equal(a, b)
+    assert torch.equal(run(model, prompt, 1), run(model, prompt[:, -16:], 1))
+
+
+def test_beams_1_equals_greedy(model):
+    prompt = torch.randint(0, V, (1, 3))
+    greedy = run(model, prompt, 30)[0].tolist()
+    assert beam_search(model, prompt, 30, beams=1) == greedy
+    assert beam_search(model, prompt, 30, beams=1, use_cache=False) == run(
+        model, prompt, 30, uncached(GREEDY))[0].tolist()  # past the window the paths differ
+
+
+def sequence_logprob(model, prompt, seq):
+    full = torch.tensor([prompt[0].tolist() + seq])
+    logp = torch.log_softmax(model(full)[0][0, :-1].float(), dim=-1)
+    T0 = prompt.size(1)
+    return sum(logp[T0 - 1 + i, t].item() for i, t in enumerate(seq))
+
+
+def test_beam_search_finds_a_likelier_sequence_than_greedy(model):
+    prompt = torch.randint(0, V, (1, 2))
+    greedy = beam_search(model, prompt, 10, beams=1)
+    best = beam_search(model, prompt, 10, beams=6)
+    assert len(best) == 10
+    assert sequence_logprob(model, prompt, best) >= sequence_logprob(model, prompt, greedy) - 1e-4
+    assert beam_search(model, prompt, 10, beams=6, use_cache=False) == best
+
+
+def test_beam_search_stops_at_a_stop_sequence(model):
+    prompt = torch.randint(0, V, (1, 2))
+    free = beam_search(model, prompt, 12, beams=3)
+    stop = free[4:6]
+    out = beam_search(model, prompt, 12, beams=3, stops=[stop])
+    assert out[-2:] == stop and len(out) <= 12
 
 
 def test_temperature_zero_is_argmax():
@@ -64,16 +132,108 @@ def test_top_k_never_samples_outside_the_k_largest():
     logits = torch.randn(4, 50)
     allowed = torch.topk(logits, 5, dim=-1).indices
     g = torch.Generator().manual_seed(0)
+    procs = [lambda x: apply_top_k(x, 5)]
     for _ in range(200):
-        picks = sample_next(logits, temperature=2.0, top_k=5, generator=g)
+        picks = sample_next(logits, 2.0, procs, generator=g)
         assert all(p in allowed[i] for i, p in enumerate(picks.tolist()))
     masked = apply_top_k(torch.tensor([[1.0, 5.0, 3.0, 4.0]]), 2)
-    assert masked.tolist() == [[float("-inf"), 5.0, float("-inf"), 4.0]]
+    assert masked.tolist() == [[-math.inf, 5.0, -math.inf, 4.0]]
+
+
+def test_top_p_keeps_the_smallest_set_with_enough_mass():
+    probs = torch.tensor([[0.1, 0.5, 0.05, 0.3, 0.05]])
+    logits = probs.log()
+    keep = lambda p: (apply_top_p(logits, p) > -math.inf)[0].tolist()  # noqa: E731
+    assert keep(0.5) == [False, True, False, False, False]  # 0.5 alone reaches 0.5
+    assert keep(0.6) == [False, True, False, True, False]  # 0.5 + 0.3
+    assert keep(0.85) == [True, True, False, True, False]  # 0.5 + 0.3 + 0.1 = 0.9
+    assert keep(1.0) == [True] * 5
+    assert keep(0.01) == [False, True, False, False, False]  # the likeliest always stays
+
+
+def test_min_p_threshold():
+    probs = torch.tensor([[0.5, 0.3, 0.1, 0.06, 0.04]])
+    kept = apply_min_p(probs.log(), 0.1) > -math.inf  # threshold 0.05
+    assert kept[0].tolist() == [True, True, True, True, False]
+    assert (apply_min_p(probs.log(), 0.0) > -math.inf).all()
+
+
+def test_repetition_penalty_direction():
+    logits = torch.tensor([[2.0, -1.0, 3.0, 0.5]])
+    recent = torch.tensor([[0, 1, -1]])  # ids 0 and 1 were seen; -1 is an empty slot
+    out = apply_repetition_penalty(logits, recent, 2.0)
+    assert out.tolist() == [[1.0, -2.0, 3.0, 0.5]]  # both seen ids became less likely
+    assert apply_repetition_penalty(logits, recent, 1.0).tolist() == logits.tolist()
+
+
+def test_repetition_penalty_changes_greedy_output(model):
+    prompt = torch.zeros(1, 1, dtype=torch.long)
+    plain = run(model, prompt, 15)
+    penalised = run(model, prompt, 15, SampleConfig(temperature=0, repetition_penalty=5.0))
+    assert not torch.equal(plain, penalised)
+    distinct = lambda t: len(set(t[0].tolist()))  # noqa: E731
+    assert distinct(penalised) > distinct(plain)
 
 
 def test_same_seed_same_tokens(model):
     prompt = torch.zeros(2, 1, dtype=torch.long)
-    a = run(model, prompt, 40, temperature=1.0, generator=torch.Generator().manual_seed(5))
-    b = run(model, prompt, 40, temperature=1.0, generator=torch.Generator().manual_seed(5))
-    c = run(model, prompt, 40, temperature=1.0, generator=torch.Generator().manual_seed(6))
+    opts = SampleConfig(temperature=1.0)
+    a = run(model, prompt, 40, opts, torch.Generator().manual_seed(5))
+    b = run(model, prompt, 40, opts, torch.Generator().manual_seed(5))
+    c = run(model, prompt, 40, opts, torch.Generator().manual_seed(6))
     assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_stop_matcher_holds_back_and_cuts():
+    m = StopMatcher(["\n\n", "END"], include_stop=False)
+    assert [m.feed(c) for c in "ab\nc"] == ["a", "b", "", "\nc"]
+    assert [m.feed(c) for c in "xEN"] == ["x", "", ""]
+    assert m.feed("D") == "" and m.done
+    m2 = StopMatcher(["END"], include_stop=True)
+    assert "".join(m2.feed(c) for c in "aEND") == "aEND" and m2.done
+    m3 = StopMatcher(["END"], include_stop=False)
+    assert "".join(m3.feed(c) for c in "xEN") + m3.flush() == "xEN" and not m3.done
+
+
+VOCAB = Vocab([chr(ord("a") + i) for i in range(V)])  # 'a'..'m'
+
+
+def test_sample_text_stops_at_the_stop_string(model):
+    free = sample_text(model, VOCAB, "ab", SampleConfig(temperature=0, max_new_tokens=12))[0]
+    stop = free.text[5:7]
+    first = free.text.index(stop)
+    out = sample_text(model, VOCAB, "ab",
+                      SampleConfig(temperature=0, max_new_tokens=12, stop=(stop,)))[0]
+    assert out.text == free.text[:first] and out.stopped and out.tokens == first + 2
+    kept = sample_text(model, VOCAB, "ab", SampleConfig(temperature=0, max_new_tokens=12,
+                                                        stop=(stop,), include_stop=True))[0]
+    assert kept.text == free.text[:first + 2]
+
+
+def test_sample_text_batch_streams_in_order(model):
+    pieces: list[tuple[int, str]] = []
+    opts = SampleConfig(temperature=1.0, num_samples=3, max_new_tokens=20, seed=4)
+    samples = sample_text(model, VOCAB, "a", opts, lambda i, s: pieces.append((i, s)))
+    assert len(samples) == 3 and all(s.tokens == 20 and len(s.text) == 20 for s in samples)
+    for i, s in enumerate(samples):
+        assert "".join(p for j, p in pieces if j == i) == s.text
+    again = sample_text(model, VOCAB, "a", opts)  # the same seed: the same texts
+    assert [s.text for s in again] == [s.text for s in samples]
+    assert len({s.text for s in samples}) == 3
+
+
+def test_encode_prompt_unknown_policies():
+    with pytest.raises(CharlmError) as e:
+        encode_prompt(VOCAB, "abZcY", "error", 16)
+    assert str(e.value) == ("prompt has characters outside the model's vocabulary: 'Z' at "
+                            "position 2, 'Y' at position 4; remove them or pass --unknown skip")
+    text, ids, warnings = encode_prompt(VOCAB, "abZcY", "skip", 16)
+    assert (text, ids) == ("abc", [0, 1, 2])
+    assert warnings == ["skipped 2 prompt characters outside the vocabulary: 'Z' at position 2,"
+                        " 'Y' at position 4"]
+    text, _, warnings = encode_prompt(VOCAB, "abcdefghij" * 2, "error", 16)
+    assert text == ("abcdefghij" * 2)[-16:]
+    assert warnings == ["the prompt has 20 characters, more than the context of 16; using its "
+                        "last 16"]
+    with pytest.raises(CharlmError, match="the prompt is empty"):
+        encode_prompt(VOCAB, "ZZ", "skip", 16)

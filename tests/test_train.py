@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from charlm import checkpoint
-from charlm.config import OptimConfig, RunConfig
+from charlm.config import OptimConfig, RunConfig, SampleConfig
 from charlm.data import dataset_for
 from charlm.device import resolve_dtype
 from charlm.errors import CharlmError
@@ -75,7 +75,8 @@ def test_tiny_model_overfits_a_short_string(tmp_path):
     assert state.best_val < 0.1
     model, vocab, _, _ = checkpoint.load_model(tmp_path / "run")
     prompt = torch.tensor([vocab.encode("to be or ")])
-    out = vocab.decode(torch.cat(list(generate(model, prompt, 60, temperature=0))).tolist())
+    steps = generate(model, prompt, 60, SampleConfig(temperature=0))
+    out = vocab.decode(torch.cat(list(steps)).tolist())
     assert ("to be or " + out).startswith((text * 3)[:69])
 
 
