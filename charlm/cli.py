@@ -142,7 +142,7 @@ def sample(
         int, typer.Option(help="Recent characters the repetition penalty looks at.")
     ] = SampleConfig.repetition_window,
     beams: Annotated[
-        int, typer.Option(help="Beam search with N beams; returns the best (1 = greedy).")
+        int | None, typer.Option(help="Beam search with N beams; prints the best (1 = greedy).")
     ] = SampleConfig.beams,
     stop: Annotated[
         list[str] | None, typer.Option(help="End a sample when it ends with this text; "
@@ -187,7 +187,7 @@ def sample(
 
     out = sys.stdout
     separator = "\n" + "-" * 40 + "\n"
-    live = stream and not json_out and opts.beams == 1
+    live = stream and not json_out and opts.beams is None
 
     def show(i: int, piece: str) -> None:
         if live and i == 0:  # the first sample streams; the others are printed when done

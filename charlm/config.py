@@ -303,7 +303,7 @@ class SampleConfig:
     min_p: float | None = None  # drop ids less likely than min_p * the likeliest one
     repetition_penalty: float = 1.0  # > 1 discourages characters seen in the recent window
     repetition_window: int = 64
-    beams: int = 1
+    beams: int | None = None  # beam search with this many beams (1 = greedy); None samples
     stop: tuple[str, ...] = ()
     include_stop: bool = False
     unknown: Literal["error", "skip"] = "error"
@@ -328,8 +328,8 @@ class SampleConfig:
              f"--repetition-penalty must be > 0 (1 is off), got {self.repetition_penalty}")
         need(self.repetition_window >= 1,
              f"--repetition-window must be >= 1, got {self.repetition_window}")
-        need(self.beams >= 1, f"--beams must be >= 1, got {self.beams}")
-        need(self.beams == 1 or self.num_samples == 1,
+        need(self.beams is None or self.beams >= 1, f"--beams must be >= 1, got {self.beams}")
+        need(self.beams is None or self.num_samples == 1,
              "--beams returns the single best sequence; use --num-samples 1 with --beams")
         need(all(self.stop), "--stop must not be empty")
         need(self.unknown in ("error", "skip"),

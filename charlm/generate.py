@@ -327,13 +327,13 @@ def encode_prompt(vocab: Vocab, prompt: str, unknown: str,
 def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
                 on_text: Callable[[int, str], None] | None = None) -> list[Sample]:
     """Generate opts.num_samples continuations of `prompt` (checked by `encode_prompt`), as
-    one batch, or the best beam with opts.beams > 1. on_text(sample index, text) is called as
+    one batch, or the best beam when opts.beams is set. on_text(sample index, text) is called as
     each piece of text becomes final (stop strings are held back until they cannot match)."""
     device = model.wte.weight.device
     ids = torch.tensor([vocab.encode(prompt)], device=device)
     t0 = time.perf_counter()
     emit = on_text or (lambda i, s: None)
-    if opts.beams > 1:
+    if opts.beams is not None:
         stops = [vocab.encode(s) for s in opts.stop if not vocab.unknown(s)]
         best = beam_search(model, ids, opts.max_new_tokens, opts.beams, stops, opts.use_cache)
         matcher = StopMatcher(opts.stop, opts.include_stop)

@@ -1,3 +1,5 @@
+import io
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -135,3 +137,80 @@ def test_train_on_missing_data_file(cli, tmp_path):
                  "--out", tmp_path / "run")
     assert (result.code, result.err) == (
         2, f"error: input file not found: {tmp_path / 'none.txt'}\n")
+
+
+def test_sample_prompt_from_file_and_stdin(cli, run_dir, tmp_path, monkeypatch):
+    greedy = ["sample", run_dir, "--temperature", "0", "--max-new-tokens", "20"]
+    direct = cli(*greedy, "--prompt", "First Citizen:")
+    path = tmp_path / "prompt.txt"
+    path.write_text("First Citizen:", encoding="utf-8")
+    assert cli(*greedy, "--prompt-file", path).out == direct.out
+    monkeypatch.setattr("sys.stdin", io.StringIO("First Citizen:"))
+    assert cli(*greedy, "--prompt", "-").out == direct.out
+    both = cli(*greedy, "--prompt", "x", "--prompt-file", path)
+    assert (both.code, both.err) == (
+        2, "error: give the prompt either with --prompt or with --prompt-file, not both\n")
+
+
+def test_sample_unknown_skip_warns_and_continues(cli, run_dir):
+    args = ["sample", run_dir, "--temperature", "0", "--max-new-tokens", "10"]
+    skipped = cli(*args, "--prompt", "Hi ☃there", "--unknown", "skip")
+    assert skipped.code == 0
+    assert skipped.err == ("warning: skipped 1 prompt characters outside the vocabulary: "
+                           "'☃' at position 3\n")
+    assert skipped.out == cli(*args, "--prompt", "Hi there").out
+
+
+def test_sample_long_prompt_warns(cli, run_dir):
+    result = cli("sample", run_dir, "--prompt", "a" * 40, "--max-new-tokens", "3")
+    assert result.code == 0
+    assert result.err == ("warning: the prompt has 40 characters, more than the context of 16;"
+                          " using its last 16\n")
+    assert result.out.startswith("a" * 16 + result.out[16:]) and len(result.out) == 16 + 3 + 1
+
+
+def test_sample_json_and_no_stream(cli, run_dir):
+    args = ["sample", run_dir, "--max-new-tokens", "30", "--num-samples", "2", "--seed", "3"]
+    lines = cli(*args, "--json").out.splitlines()
+    objects = [json.loads(line) for line in lines]
+    assert len(objects) == 2
+    for o in objects:
+        assert set(o) == {"text", "prompt", "tokens", "seconds"}
+        assert o["prompt"] == "\n" and o["tokens"] == 30 and len(o["text"]) == 30
+    plain = cli(*args, "--no-stream").out
+    assert plain == "\n" + objects[0]["text"] + "\n" + "-" * 40 + "\n\n" + objects[1]["text"] + "\n"
+    assert cli(*args).out == plain  # streaming prints the same text
+
+
+def test_sample_stop_string(cli, run_dir):
+    args = ["sample", run_dir, "--temperature", "0", "--max-new-tokens", "200", "--prompt", "A"]
+    free = cli(*args).out
+    stop = free[6:8]
+    cut = free.index(stop, 1)
+    assert cli(*args, "--stop", stop).out == free[:cut] + "\n"
+    assert cli(*args, "--stop", stop, "--include-stop").out == free[:cut + 2] + "\n"
+
+
+def test_sample_beams(cli, run_dir):
+    args = ["sample", run_dir, "--max-new-tokens", "12", "--prompt", "The"]
+    assert cli(*args, "--beams", "1").out == cli(*args, "--temperature", "0").out
+    beam = cli(*args, "--beams", "3")
+    assert beam.code == 0 and beam.out.startswith("The") and len(beam.out) == 3 + 12 + 1
+    both = cli(*args, "--beams", "3", "--num-samples", "2")
+    assert (both.code, both.err) == (
+        2, "error: --beams returns the single best sequence; use --num-samples 1 with --beams\n")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--top-p", "0"], "error: --top-p must be in (0, 1], got 0.0\n"),
+    (["--top-p", "1.5"], "error: --top-p must be in (0, 1], got 1.5\n"),
+    (["--min-p", "-0.1"], "error: --min-p must be in [0, 1], got -0.1\n"),
+    (["--repetition-penalty", "0"],
+     "error: --repetition-penalty must be > 0 (1 is off), got 0.0\n"),
+    (["--beams", "0"], "error: --beams must be >= 1, got 0\n"),
+    (["--unknown", "drop"], "error: --unknown must be 'error' or 'skip', got 'drop'\n"),
+    (["--max-new-tokens", "-5"], "error: --max-new-tokens must be >= 0, got -5\n"),
+])
+def test_sample_rejects_more_bad_options(cli, run_dir, args, message):
+    result = cli("sample", run_dir, *args)
+    assert (result.code, result.err, result.out) == (2, message, "")
