@@ -1,0 +1,16 @@
+"""charlm: train character-level GPT language models on any text file, and sample from them.
+
+The Python API (`load`, `generate`, `sample`, `score`) lives in `charlm.api`; it is imported on
+first use so that `charlm --help` does not pay for importing torch.
+"""
+
+__version__ = "0.1.0"
+__all__ = ["load", "generate", "sample", "score", "LM"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        from charlm import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'charlm' has no attribute {name!r}")

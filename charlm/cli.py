@@ -36,7 +36,8 @@ DeviceOpt = Annotated[
 ]
 TargetArg = Annotated[
     Path, typer.Argument(metavar="RUN_DIR_OR_CKPT",
-                         help="A run dir (uses best.pt, else last.pt) or a .pt checkpoint."),
+                         help="A run dir (uses best.pt, else last.pt), a .pt checkpoint, or a "
+                         "directory from `charlm export --format safetensors`."),
 ]
 
 
@@ -169,9 +170,8 @@ def sample(
     device: DeviceOpt = "auto",
 ) -> None:
     """Generate text from a checkpoint, streamed to stdout as it is produced."""
-    from charlm.checkpoint import load_model
-    from charlm.device import resolve_device
-    from charlm.generate import encode_prompt, sample_text
+    from charlm.api import load
+    from charlm.sampling import encode_prompt, sample_text
 
     opts = SampleConfig(
         max_new_tokens=max_new_tokens, num_samples=num_samples, temperature=temperature,
@@ -180,7 +180,8 @@ def sample(
         include_stop=include_stop, unknown=unknown, seed=seed, use_cache=not no_cache,
     )
     text = _read_prompt(prompt, prompt_file)
-    model, vocab, _, _ = load_model(target, resolve_device(device))
+    lm = load(target, device)
+    model, vocab = lm.model, lm.vocab
     text, _, warnings = encode_prompt(vocab, text, opts.unknown, model.cfg.block_size)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
@@ -274,6 +275,64 @@ def info(
         print("  (head tied to token_embedding: counted once)")
     print("\nconfig:")
     print("  " + yaml.safe_dump(cfg.to_dict(), sort_keys=False).replace("\n", "\n  ").rstrip())
+
+
+@app.command("eval")
+def eval_(
+    target: TargetArg,
+    text_file: Annotated[Path, typer.Argument(help="UTF-8 text file to score.")],
+    stride: Annotated[
+        int | None, typer.Option(help="Minimum context of every scored character after the "
+                                 "first window; windows advance by block_size - stride. "
+                                 "[default: block_size // 2]", show_default=False),
+    ] = None,
+    unknown: Annotated[
+        str, typer.Option(help="Characters outside the vocabulary: error or skip.")
+    ] = "error",
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    device: DeviceOpt = "auto",
+) -> None:
+    """Score a text file: loss in nats/char, bits per char, perplexity (a full, deterministic
+    pass in overlapping windows)."""
+    from charlm.api import load
+    from charlm.data import read_text
+    from charlm.scoring import score_text
+
+    if unknown not in ("error", "skip"):
+        raise CharlmError(f"--unknown must be 'error' or 'skip', got {unknown!r}")
+    lm = load(target, device)
+    result = score_text(lm.model, lm.vocab, read_text(text_file), stride, unknown)
+    if result.skipped_unknown:
+        print(f"warning: skipped {result.skipped_unknown} characters outside the vocabulary",
+              file=sys.stderr)
+    if json_out:
+        print(json.dumps(result.as_dict()))
+        return
+    print(f"loss {result.loss:.4f} nats/char, {result.bpc:.4f} bits/char, perplexity "
+          f"{result.perplexity:.3f}, {result.chars_scored:,} characters scored")
+
+
+@app.command()
+def export(
+    target: TargetArg,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write.")],
+    format_: Annotated[
+        str, typer.Option("--format", help="safetensors (charlm, pickle-free) or hf "
+                          "(transformers GPT-2 + tokenizer).")
+    ] = "safetensors",
+) -> None:
+    """Export a model as safetensors, or as a Hugging Face GPT-2 directory."""
+    from charlm.api import load
+    from charlm.export import save_hf, save_safetensors
+
+    savers = {"safetensors": save_safetensors, "hf": save_hf}
+    if format_ not in savers:
+        raise CharlmError(f"--format must be safetensors or hf, got {format_!r}")
+    if out.exists() and not out.is_dir():
+        raise CharlmError(f"--out {out} is a file; give a directory")
+    lm = load(target, "cpu")
+    savers[format_](lm.model, lm.vocab, lm.config, out)
+    print(f"wrote {out} ({format_})")
 
 
 def main(argv: list[str] | None = None) -> None:

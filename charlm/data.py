@@ -65,6 +65,13 @@ def _read_text_chunks(path: Path, bar: tqdm | None = None) -> Iterator[tuple[byt
                 return
 
 
+def read_text(path: Path) -> str:
+    """A whole text file, read strictly as UTF-8 (with the same errors as `prepare`)."""
+    path = Path(path)
+    check_input_file(path)
+    return "".join(text for _, text in _read_text_chunks(path))
+
+
 @dataclass
 class SourceStats:
     path: Path
@@ -139,7 +146,7 @@ def prepare(
 
     total = sum(p.stat().st_size for p in paths)
     bar = tqdm(total=2 * total, unit="B", unit_scale=True, desc="prepare",
-               disable=not progress or total < PROGRESS_MIN_BYTES)
+               disable=True if not progress or total < PROGRESS_MIN_BYTES else None)
     try:
         stats, vocab = scan(paths, bar)
         out.mkdir(parents=True, exist_ok=True)

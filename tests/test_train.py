@@ -10,8 +10,8 @@ from charlm.config import OptimConfig, RunConfig, SampleConfig
 from charlm.data import dataset_for
 from charlm.device import resolve_dtype
 from charlm.errors import CharlmError
-from charlm.generate import generate
 from charlm.model import GPT
+from charlm.sampling import generate
 from charlm.train import evaluate, lr_at, resume_config, train
 
 

@@ -5,7 +5,8 @@ import torch
 
 from charlm.config import ModelConfig, SampleConfig
 from charlm.errors import CharlmError
-from charlm.generate import (
+from charlm.model import GPT
+from charlm.sampling import (
     StopMatcher,
     apply_min_p,
     apply_repetition_penalty,
@@ -17,7 +18,6 @@ from charlm.generate import (
     sample_next,
     sample_text,
 )
-from charlm.model import GPT
 from charlm.vocab import Vocab
 
 V = 13

@@ -1,0 +1,67 @@
+"""The Python API for notebooks and scripts:
+
+    import charlm
+    lm = charlm.load("runs/shakespeare_char_cpu")        # a run dir, a .pt, or an export dir
+    print(charlm.generate(lm, "ROMEO:", max_new_tokens=200, temperature=0.8))
+    print(charlm.score(lm, open("data/tinyshakespeare.txt").read()[-5000:]).bpc)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from charlm.config import RunConfig, SampleConfig
+from charlm.device import resolve_device
+from charlm.model import GPT
+from charlm.vocab import Vocab
+
+
+@dataclass
+class LM:
+    """A loaded model with its vocabulary and the config it was trained with."""
+
+    model: GPT
+    vocab: Vocab
+    config: RunConfig
+    source: Path
+    train_state: dict[str, Any] = field(default_factory=dict)  # empty for an export
+
+
+def load(path: str | Path, device: str = "auto") -> LM:
+    """Load a run dir (its best.pt, else last.pt), a checkpoint file, or a directory written by
+    `charlm export --format safetensors`."""
+    from charlm import checkpoint, export
+
+    path = Path(path)
+    dev = resolve_device(device)
+    if export.is_export_dir(path):
+        model, vocab, cfg = export.load_safetensors(path, dev)
+        return LM(model, vocab, cfg, path)
+    model, vocab, cfg, state = checkpoint.load_model(path, dev)
+    return LM(model, vocab, cfg, checkpoint.resolve(path), state["train_state"])
+
+
+def sample(lm: LM, prompt: str = "\n", **options: Any) -> list:
+    """Generate samples (`generate.Sample`: text, prompt, tokens, seconds, stopped); options are
+    those of `SampleConfig` (temperature, top_k, top_p, min_p, repetition_penalty, beams, stop,
+    num_samples, max_new_tokens, seed, ...)."""
+    from charlm.sampling import encode_prompt, sample_text
+
+    opts = SampleConfig(**{k: tuple(v) if k == "stop" else v for k, v in options.items()})
+    prompt, _, _ = encode_prompt(lm.vocab, prompt, opts.unknown, lm.model.cfg.block_size)
+    return sample_text(lm.model, lm.vocab, prompt, opts)
+
+
+def generate(lm: LM, prompt: str = "\n", **options: Any) -> str:
+    """The generated continuation of `prompt` (without the prompt) as one string."""
+    return sample(lm, prompt, **{**options, "num_samples": 1})[0].text
+
+
+def score(lm: LM, text: str, stride: int | None = None, unknown: str = "error",
+          progress: bool = False):
+    """Loss (nats/char), bits per char and perplexity of `text` (see `charlm.scoring`)."""
+    from charlm.scoring import score_text
+
+    return score_text(lm.model, lm.vocab, text, stride, unknown, progress)

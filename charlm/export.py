@@ -1,0 +1,153 @@
+"""Export a trained model: `safetensors` (charlm's own pickle-free format, which `charlm sample`
+and `charlm eval` load too) and `hf` (a directory that `transformers.GPT2LMHeadModel` and
+`AutoTokenizer` load, with a character-level tokenizer). Writing needs neither transformers nor
+tokenizers: the files are plain JSON and safetensors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from charlm.config import RunConfig
+from charlm.errors import CharlmError
+from charlm.model import GPT
+from charlm.vocab import Vocab
+
+EXPORT_FORMAT = "charlm-safetensors"
+EXPORT_VERSION = 1
+WEIGHTS = "model.safetensors"
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, ensure_ascii=False, indent=1), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _write_weights(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp), meta)
+    os.replace(tmp, path)
+
+
+def _own_state(model: GPT) -> dict[str, torch.Tensor]:
+    """The state dict without the tied head (safetensors stores each tensor once)."""
+    state = model.state_dict()
+    if model.cfg.tie_weights:
+        del state["head.weight"]
+    return state
+
+
+def save_safetensors(model: GPT, vocab: Vocab, cfg: RunConfig, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    _write_weights(out / WEIGHTS, _own_state(model), {"format": EXPORT_FORMAT})
+    _write_json(out / "config.json", {"format": EXPORT_FORMAT, "version": EXPORT_VERSION,
+                                      "config": cfg.to_dict()})
+    _write_json(out / "vocab.json", vocab.chars)
+
+
+def is_export_dir(path: Path) -> bool:
+    return path.is_dir() and (path / WEIGHTS).is_file() and (path / "vocab.json").is_file()
+
+
+def load_safetensors(path: Path, device: str | torch.device = "cpu",
+                     ) -> tuple[GPT, Vocab, RunConfig]:
+    """Load a directory written by `save_safetensors` (no pickle anywhere)."""
+    try:
+        meta = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        if meta.get("format") != EXPORT_FORMAT:
+            raise ValueError("config.json is not a charlm export (an `hf` export is for "
+                             "transformers, not for charlm)")
+        if meta.get("version") != EXPORT_VERSION:
+            raise ValueError(f"export format version {meta.get('version')}")
+        cfg = RunConfig.from_dict(meta["config"], f"{path / 'config.json'}")
+        vocab = Vocab(json.loads((path / "vocab.json").read_text(encoding="utf-8")))
+        model = GPT(cfg.model, len(vocab))
+        state = load_file(str(path / WEIGHTS))
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        allowed = {"head.weight"} if cfg.model.tie_weights else set()
+        if unexpected or set(missing) - allowed:
+            raise ValueError(f"weights do not match the config (missing {missing}, "
+                             f"unexpected {unexpected})")
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, CharlmError) as e:
+        raise CharlmError(f"cannot load exported model {path}: {e}") from None
+    return model.to(device).eval(), vocab, cfg
+
+
+def hf_unsupported(cfg: RunConfig) -> list[str]:
+    """The options of `cfg` that GPT-2 cannot express (empty when it can)."""
+    m = cfg.model
+    wanted = {"pos_encoding": "learned", "norm": "layernorm", "norm_placement": "pre",
+              "activation": "gelu"}
+    return [f"model.{k}={getattr(m, k)!r} (GPT-2 has {v!r})" for k, v in wanted.items()
+            if getattr(m, k, v) != v]
+
+
+def save_hf(model: GPT, vocab: Vocab, cfg: RunConfig, out: Path) -> None:
+    """A GPT-2 directory: config.json, model.safetensors (GPT-2 names, Conv1D layout) and a
+    character-level tokenizer (tokenizer.json for the `tokenizers` library)."""
+    bad = hf_unsupported(cfg)
+    if bad:
+        raise CharlmError(
+            "this model cannot be exported as GPT-2 (--format hf): " + ", ".join(bad)
+            + "; use --format safetensors"
+        )
+    m = cfg.model
+    state = model.state_dict()
+
+    def bias(key: str, size: int) -> torch.Tensor:
+        return state.get(key, torch.zeros(size))
+
+    hf: dict[str, torch.Tensor] = {
+        "transformer.wte.weight": state["wte.weight"],
+        "transformer.wpe.weight": state["wpe.weight"],
+        "transformer.ln_f.weight": state["ln_f.weight"],
+        "transformer.ln_f.bias": bias("ln_f.bias", m.n_embd),
+    }
+    for i in range(m.n_layer):
+        src, dst = f"blocks.{i}.", f"transformer.h.{i}."
+        # GPT-2's Conv1D keeps weights as (in, out): the transpose of nn.Linear's (out, in).
+        pairs = {"attn.c_attn": ("attn.qkv", 3 * m.n_embd), "attn.c_proj": ("attn.proj", m.n_embd),
+                 "mlp.c_fc": ("mlp.fc", m.ff_width), "mlp.c_proj": ("mlp.proj", m.n_embd)}
+        for hf_name, (name, out_features) in pairs.items():
+            hf[f"{dst}{hf_name}.weight"] = state[f"{src}{name}.weight"].t()
+            hf[f"{dst}{hf_name}.bias"] = bias(f"{src}{name}.bias", out_features)
+        for ln in ("ln_1", "ln_2"):
+            hf[f"{dst}{ln}.weight"] = state[f"{src}{ln}.weight"]
+            hf[f"{dst}{ln}.bias"] = bias(f"{src}{ln}.bias", m.n_embd)
+    if not m.tie_weights:
+        hf["lm_head.weight"] = state["head.weight"]
+
+    out.mkdir(parents=True, exist_ok=True)
+    _write_weights(out / WEIGHTS, hf, {"format": "pt"})
+    _write_json(out / "config.json", {
+        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": len(vocab), "n_positions": m.block_size, "n_ctx": m.block_size,
+        "n_embd": m.n_embd, "n_layer": m.n_layer, "n_head": m.n_head, "n_inner": m.ff_width,
+        "activation_function": "gelu",  # exact erf GELU, as F.gelu
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "layer_norm_epsilon": 1e-5,
+        "initializer_range": 0.02, "scale_attn_weights": True, "use_cache": True,
+        "tie_word_embeddings": m.tie_weights, "bos_token_id": None, "eos_token_id": None,
+        "pad_token_id": None,
+    })
+    _write_json(out / "tokenizer.json", {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+        "normalizer": None,
+        # Every character (newlines included) is its own token; the decoder joins them as is.
+        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "[\\s\\S]"},
+                          "behavior": "Isolated", "invert": False},
+        "post_processor": None,
+        "decoder": {"type": "Fuse"},
+        "model": {"type": "WordLevel", "vocab": {c: i for i, c in enumerate(vocab.chars)},
+                  "unk_token": "<unk>"},
+    })
+    _write_json(out / "tokenizer_config.json", {
+        "tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
+        "model_max_length": m.block_size,
+    })

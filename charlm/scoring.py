@@ -1,0 +1,118 @@
+"""Scoring a text file with a trained model: a full deterministic pass in overlapping windows,
+giving the loss in nats per character, bits per character and perplexity.
+
+Windows of `block_size` characters advance by `block_size - min_context`, and each window scores
+only the characters not scored before, so every character after the first is scored exactly
+once, and every one past the first window sees at least `min_context` characters of context.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from charlm.errors import CharlmError
+from charlm.model import GPT
+from charlm.vocab import Vocab
+
+PROGRESS_MIN_WINDOWS = 200
+
+
+@dataclass
+class Score:
+    loss: float  # mean negative log-likelihood, nats per character
+    bpc: float  # bits per character
+    perplexity: float
+    chars_scored: int
+    skipped_unknown: int
+
+    def as_dict(self) -> dict[str, float | int]:
+        return dict(self.__dict__)
+
+
+def windows(n_ids: int, block: int, min_context: int) -> list[tuple[int, int]]:
+    """(start, first new target offset) per window over n_ids ids.
+
+    Window k feeds ids[start : start + block] and predicts targets ids[start + 1 : ...]; of those
+    it scores the ones from `offset` on (earlier ones were scored by the previous window).
+    """
+    step = block - min_context
+    out, scored_to, start = [], 0, 0  # scored_to: targets 1..scored_to are done
+    while scored_to < n_ids - 1:
+        end = min(start + block, n_ids - 1)  # last target index of this window
+        out.append((start, scored_to - start))
+        scored_to = end
+        start += step
+    return out
+
+
+@torch.inference_mode()
+def score_ids(model: GPT, ids: torch.Tensor, min_context: int, batch_size: int = 32,
+              progress: bool = True) -> tuple[float, int]:
+    """(total negative log-likelihood in nats, characters scored) of ids (N,)."""
+    model.eval()
+    block = model.cfg.block_size
+    if not 0 <= min_context < block:
+        raise CharlmError(f"--stride must be in [0, {block - 1}] for block_size {block}, "
+                          f"got {min_context}")
+    plan = windows(len(ids), block, min_context)
+    # Windows of exactly `block` inputs come first; at most one shorter window ends the plan.
+    n_full = sum(1 for start, _ in plan if start + block <= len(ids) - 1)
+    full, tail = plan[:n_full], plan[n_full:]
+    total, count = 0.0, 0
+    arange = torch.arange(block + 1, device=ids.device)
+    # disable=None: tqdm shows the bar only on a terminal.
+    bar = tqdm(total=len(plan), desc="eval", unit="window",
+               disable=True if not progress or len(plan) < PROGRESS_MIN_WINDOWS else None)
+    for i in range(0, len(full), batch_size):
+        chunk = full[i:i + batch_size]
+        starts = torch.tensor([s for s, _ in chunk], device=ids.device)
+        rows = ids[starts[:, None] + arange]  # (B, block + 1)
+        nll = _nll(model, rows[:, :-1], rows[:, 1:])  # (B, block)
+        for row, (_, offset) in enumerate(chunk):
+            total += nll[row, offset:].sum(dtype=torch.float64).item()
+            count += block - offset
+        bar.update(len(chunk))
+    for start, offset in tail:
+        row = ids[start:][None, :]  # (1, n) with n - 1 < block + 1
+        nll = _nll(model, row[:, :-1], row[:, 1:])
+        total += nll[0, offset:].sum(dtype=torch.float64).item()
+        count += nll.size(1) - offset
+        bar.update(1)
+    bar.close()
+    return total, count
+
+
+def _nll(model: GPT, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-position negative log-likelihood (B, T) in float32."""
+    logits, _ = model(x)
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -logp.gather(-1, y[..., None])[..., 0]
+
+
+def score_text(model: GPT, vocab: Vocab, text: str, min_context: int | None = None,
+               unknown: str = "error", progress: bool = True) -> Score:
+    """Score `text`; characters outside the vocabulary are an error, or dropped with
+    unknown='skip' (and counted)."""
+    bad = vocab.unknown(text)
+    if bad and unknown == "error":
+        listed = ", ".join(f"{c!r} at {i}" for i, c in bad[:10])
+        more = f" and {len(bad) - 10} more" if len(bad) > 10 else ""
+        raise CharlmError(
+            f"the text has {len(bad)} characters outside the model's vocabulary ({listed}{more}); "
+            "pass --unknown skip to drop them"
+        )
+    if bad:
+        drop = {i for i, _ in bad}
+        text = "".join(c for i, c in enumerate(text) if i not in drop)
+    if len(text) < 2:
+        raise CharlmError("the text needs at least two characters the model knows to be scored")
+    block = model.cfg.block_size
+    ids = torch.from_numpy(vocab.encode_array(text).astype("int64")).to(model.wte.weight.device)
+    total, count = score_ids(model, ids, block // 2 if min_context is None else min_context,
+                             progress=progress)
+    loss = total / count
+    return Score(loss, loss / math.log(2), math.exp(loss), count, len(bad))

@@ -1,0 +1,106 @@
+import importlib.util
+import json
+import re
+
+import pytest
+import torch
+
+from charlm import checkpoint
+from charlm.config import load_config
+from charlm.export import load_safetensors, save_hf, save_safetensors
+from charlm.train import train
+
+from .conftest import ROOT, SHAKESPEARE
+
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("export")  # all of tiny-shakespeare: all 65 symbols
+    cfg = load_config(ROOT / "configs" / "tiny.yaml",
+                      [f"train.out_dir={tmp / 'run'}", f"data.path={SHAKESPEARE}",
+                       "train.max_iters=20"])
+    train(cfg)
+    return tmp / "run"
+
+
+def test_safetensors_round_trip_gives_identical_logits(run_dir, tmp_path):
+    model, vocab, cfg, _ = checkpoint.load_model(run_dir)
+    save_safetensors(model, vocab, cfg, tmp_path / "st")
+    assert sorted(p.name for p in (tmp_path / "st").iterdir()) == [
+        "config.json", "model.safetensors", "vocab.json"]
+    assert json.loads((tmp_path / "st" / "vocab.json").read_text(encoding="utf-8")) == vocab.chars
+    loaded, vocab2, cfg2 = load_safetensors(tmp_path / "st")
+    idx = torch.tensor([vocab.encode("First Citizen:")])
+    assert torch.equal(loaded(idx)[0], model(idx)[0])
+    assert vocab2 == vocab and cfg2 == cfg
+    assert loaded.head.weight is loaded.wte.weight  # still tied
+
+
+def test_cli_export_then_sample_and_eval_from_the_export(cli, run_dir, tmp_path):
+    out = tmp_path / "exported"
+    result = cli("export", run_dir, "--format", "safetensors", "--out", out)
+    assert (result.code, result.out) == (0, f"wrote {out} (safetensors)\n")
+    args = ["--temperature", "0", "--max-new-tokens", "30", "--prompt", "KING"]
+    assert cli("sample", out, *args).out == cli("sample", run_dir, *args).out
+    text = tmp_path / "t.txt"
+    text.write_text(SHAKESPEARE.read_text(encoding="utf-8")[10_000:13_000], encoding="utf-8")
+    a, b = cli("eval", out, text, "--json"), cli("eval", run_dir, text, "--json")
+    assert a.code == 0 and json.loads(a.out) == json.loads(b.out)
+    assert json.loads(a.out)["chars_scored"] == 2999
+
+
+def test_cli_export_rejects_unknown_format(cli, run_dir, tmp_path):
+    result = cli("export", run_dir, "--format", "onnx", "--out", tmp_path / "x")
+    assert (result.code, result.err) == (2, "error: --format must be safetensors or hf, got "
+                                            "'onnx'\n")
+    assert not (tmp_path / "x").exists()
+
+
+def test_hf_export_writes_gpt2_names_and_config(run_dir, tmp_path):
+    model, vocab, cfg, _ = checkpoint.load_model(run_dir)
+    save_hf(model, vocab, cfg, tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["model_type"] == "gpt2" and config["vocab_size"] == len(vocab)
+    assert (config["n_layer"], config["n_embd"], config["n_positions"]) == (2, 32, 16)
+    from safetensors.torch import load_file
+
+    weights = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    qkv = model.blocks[0].attn.qkv.weight
+    assert torch.equal(weights["transformer.h.0.attn.c_attn.weight"], qkv.t())
+    assert torch.equal(weights["transformer.h.0.attn.c_attn.bias"], torch.zeros(3 * 32))
+
+
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers not installed (the hf extra)")
+def test_hf_export_loads_in_transformers_with_matching_logits(run_dir, tmp_path):
+    from transformers import AutoTokenizer, GPT2LMHeadModel
+
+    model, vocab, cfg, _ = checkpoint.load_model(run_dir)
+    save_hf(model, vocab, cfg, tmp_path / "hf")
+    hf = GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    text = "ROMEO:\nWhat, ho! is there  a man , here?"
+    text = "".join(c for c in text if c in vocab.index)
+    ids = tok(text)["input_ids"]
+    assert ids == vocab.encode(text)
+    assert tok.decode(ids) == text
+    x = torch.tensor([ids[:16]])
+    with torch.no_grad():
+        diff = (hf(x).logits - model(x)[0]).abs().max().item()
+    assert diff <= 1e-4
+
+
+def test_readme_python_api_example_runs(run_dir, tmp_path, monkeypatch):
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Python API"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "shakespeare_char_cpu").symlink_to(run_dir)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "tinyshakespeare.txt").symlink_to(SHAKESPEARE)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert isinstance(namespace["text"], str) and len(namespace["text"]) == 200
+    assert namespace["result"].bpc > 0

@@ -1,0 +1,68 @@
+import math
+
+import pytest
+import torch
+
+from charlm.config import ModelConfig
+from charlm.errors import CharlmError
+from charlm.model import GPT
+from charlm.scoring import score_ids, score_text, windows
+from charlm.vocab import Vocab
+
+V = 7
+VOCAB = Vocab(list("abcdefg"))
+
+
+@pytest.fixture
+def model() -> GPT:
+    torch.manual_seed(0)
+    return GPT(ModelConfig(block_size=8, n_layer=1, n_head=2, n_embd=16), V).eval()
+
+
+@pytest.mark.parametrize("n, min_context", [(2, 4), (9, 4), (10, 4), (37, 4), (37, 0), (37, 7)])
+def test_every_character_after_the_first_is_scored_once_with_enough_context(n, min_context):
+    block = 8
+    scored = []
+    for start, offset in windows(n, block, min_context):
+        end = min(start + block, n - 1)
+        for target in range(start + 1 + offset, end + 1):
+            context = target - start
+            assert context >= min(min_context, target)  # the first window has what there is
+            scored.append(target)
+    assert scored == list(range(1, n))
+
+
+def test_score_equals_one_forward_when_the_text_fits(model):
+    ids = torch.randint(0, V, (9,))  # 8 inputs, 8 targets: one window
+    logits, _ = model(ids[None, :-1])
+    expected = -torch.log_softmax(logits[0], -1).gather(-1, ids[1:, None]).sum().item()
+    total, count = score_ids(model, ids, min_context=4, progress=False)
+    assert count == 8 and total == pytest.approx(expected, rel=1e-5)
+
+
+def test_long_text_matches_a_per_window_reference(model):
+    ids = torch.randint(0, V, (50,))
+    total, count = score_ids(model, ids, min_context=4, batch_size=3, progress=False)
+    ref = 0.0
+    for start, offset in windows(50, 8, 4):
+        x = ids[start:start + 9]
+        logp = torch.log_softmax(model(x[None, :-1])[0][0], -1)
+        ref -= logp.gather(-1, x[1:, None])[offset:].sum().item()
+    assert count == 49 and total == pytest.approx(ref, rel=1e-5)
+
+
+def test_score_text_units_and_unknown_policies(model):
+    text = "abcabcgfedcba" * 5
+    s = score_text(model, VOCAB, text, progress=False)
+    assert s.chars_scored == len(text) - 1
+    assert s.bpc == pytest.approx(s.loss / math.log(2))
+    assert s.perplexity == pytest.approx(math.exp(s.loss))
+    with pytest.raises(CharlmError) as e:
+        score_text(model, VOCAB, "abXcY" + text, progress=False)
+    assert str(e.value) == ("the text has 2 characters outside the model's vocabulary ('X' at 2,"
+                            " 'Y' at 4); pass --unknown skip to drop them")
+    skipped = score_text(model, VOCAB, "abXcY" + text, unknown="skip", progress=False)
+    assert skipped.skipped_unknown == 2
+    assert skipped.loss == score_text(model, VOCAB, "abc" + text, progress=False).loss
+    with pytest.raises(CharlmError, match="--stride must be in"):
+        score_text(model, VOCAB, text, min_context=8, progress=False)
