@@ -86,7 +86,7 @@ def train(
 ) -> None:
     """Train a GPT (or resume a run) and write checkpoints, metrics and TensorBoard logs."""
     from charlm.config import load_config
-    from charlm.train import resume_config
+    from charlm.train import Interrupted, resume_config
     from charlm.train import train as run_training
 
     if resume and overwrite:
@@ -105,7 +105,11 @@ def train(
     cfg = load_config(config, overrides)
     if resume:
         cfg = resume_config(Path(cfg.train.out_dir), config, overrides)
-    state = run_training(cfg, resume=resume, overwrite=overwrite)
+    try:
+        state = run_training(cfg, resume=resume, overwrite=overwrite)
+    except Interrupted as e:  # last.pt is saved; say where, exit 130 / 143
+        print(e, file=sys.stderr)
+        raise typer.Exit(e.exit_code) from None
     print(f"done: {state.step} steps, best val loss {state.best_val:.4f}, "
           f"checkpoints in {cfg.train.out_dir}")
 

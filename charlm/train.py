@@ -3,6 +3,9 @@
 Fresh and resumed runs build the same objects; a resume then loads model, optimizer, scaler,
 train state, the batch sampler's generator and the torch RNG states from `last.pt`. `step` always
 counts completed optimizer updates.
+
+SIGINT / SIGTERM during the loop finish the current step, save `last.pt` and raise `Interrupted`;
+a second signal aborts at once (`KeyboardInterrupt`; the atomic save leaves no partial file).
 """
 
 from __future__ import annotations
@@ -10,7 +13,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import os
 import shutil
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +34,45 @@ from charlm.model import GPT
 
 LN2 = math.log(2)
 RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "tb", "config.yaml")
+
+
+class Interrupted(KeyboardInterrupt):
+    """Training stopped on a signal after saving `last.pt`; the CLI exits with `exit_code`."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum  # the shell convention: 130 for SIGINT, 143 for SIGTERM
+
+
+class StopSignals:
+    """While active, the first SIGINT / SIGTERM only sets `signum`, so the loop can finish its step
+    and save; a second one raises KeyboardInterrupt at once. The previous handlers come back on
+    exit. Outside the main thread (where Python cannot install handlers) it does nothing."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            # None: the previous handler was not installed from Python; the default is closest.
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: object) -> None:
+        # os.write, not print: a handler may run in the middle of another write to stderr.
+        if self.signum is not None:
+            os.write(2, b"aborted: last.pt holds the last completed save\n")
+            raise KeyboardInterrupt
+        self.signum = signum
+        os.write(2, f"\n{signal.Signals(signum).name}: finishing this step and saving last.pt "
+                    "(press Ctrl-C again to abort without saving)\n".encode())
 
 
 @dataclass
@@ -233,46 +278,61 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
     tokens_per_step = tc.batch_size * tc.grad_accum * cfg.model.block_size
     elapsed_before = state.elapsed_s
     log = MetricsLogger(run_dir, tc.max_iters, state.step, progress)
+    stop = StopSignals()
     try:
-        model.train()
-        t_log, steps_since_log = time.perf_counter(), 0
-        while state.step < tc.max_iters:
-            lr = lr_at(state.step, cfg.optim, tc.max_iters)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            loss, norm = train_step(step_model, optimizer, scaler, sampler, cfg, device, dtype)
-            state.step += 1
-            state.tokens += tokens_per_step
-            steps_since_log += 1
-            log.advance()
-            last = state.step == tc.max_iters
-            if state.step % tc.log_interval == 0 or last:
-                now = time.perf_counter()
-                state.elapsed_s = elapsed_before + now - t_start
-                log.log("train", step=state.step, elapsed_s=round(state.elapsed_s, 3),
-                        tokens=state.tokens, lr=lr, train_loss=loss.item(),
-                        grad_norm=norm.item(),
-                        tokens_per_s=steps_since_log * tokens_per_step / (now - t_log))
-                t_log, steps_since_log = now, 0
-            if state.step % tc.eval_interval == 0 or last:
-                losses = evaluate(step_model, data, cfg, device, dtype)
-                state.elapsed_s = elapsed_before + time.perf_counter() - t_start
-                improved = losses["val"] < state.best_val
-                state.best_val = min(state.best_val, losses["val"])
-                log.log("eval", step=state.step, elapsed_s=round(state.elapsed_s, 3),
-                        tokens=state.tokens, lr=lr, train_loss=losses["train"],
-                        val_loss=losses["val"], val_bpc=losses["val"] / LN2,
-                        best_val_loss=state.best_val)
-                ckpt = snapshot()
-                checkpoint.save(ckpt, run_dir / "last.pt")
-                if improved:
-                    checkpoint.save(ckpt, run_dir / "best.pt")
-                log.message(
-                    f"step {state.step}: train {losses['train']:.4f}, val {losses['val']:.4f} "
-                    f"({losses['val'] / LN2:.3f} bpc), {state.elapsed_s:.1f}s"
-                    + (" *best" if improved else "")
-                )
-                t_log = time.perf_counter()  # tokens/s counts training time only
+        with stop:
+            model.train()
+            t_log, steps_since_log = time.perf_counter(), 0
+            while state.step < tc.max_iters:
+                lr = lr_at(state.step, cfg.optim, tc.max_iters)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                loss, norm = train_step(step_model, optimizer, scaler, sampler, cfg, device,
+                                        dtype)
+                state.step += 1
+                state.tokens += tokens_per_step
+                steps_since_log += 1
+                log.advance()
+                last = state.step == tc.max_iters
+                if state.step % tc.log_interval == 0 or last:
+                    now = time.perf_counter()
+                    state.elapsed_s = elapsed_before + now - t_start
+                    log.log("train", step=state.step, elapsed_s=round(state.elapsed_s, 3),
+                            tokens=state.tokens, lr=lr, train_loss=loss.item(),
+                            grad_norm=norm.item(),
+                            tokens_per_s=steps_since_log * tokens_per_step / (now - t_log))
+                    t_log, steps_since_log = now, 0
+                saved = False
+                if state.step % tc.eval_interval == 0 or last:
+                    losses = evaluate(step_model, data, cfg, device, dtype)
+                    state.elapsed_s = elapsed_before + time.perf_counter() - t_start
+                    improved = losses["val"] < state.best_val
+                    state.best_val = min(state.best_val, losses["val"])
+                    log.log("eval", step=state.step, elapsed_s=round(state.elapsed_s, 3),
+                            tokens=state.tokens, lr=lr, train_loss=losses["train"],
+                            val_loss=losses["val"], val_bpc=losses["val"] / LN2,
+                            best_val_loss=state.best_val)
+                    ckpt = snapshot()
+                    checkpoint.save(ckpt, run_dir / "last.pt")
+                    saved = True
+                    if improved:
+                        checkpoint.save(ckpt, run_dir / "best.pt")
+                    log.message(
+                        f"step {state.step}: train {losses['train']:.4f}, val "
+                        f"{losses['val']:.4f} ({losses['val'] / LN2:.3f} bpc), "
+                        f"{state.elapsed_s:.1f}s" + (" *best" if improved else "")
+                    )
+                    t_log = time.perf_counter()  # tokens/s counts training time only
+                if stop.signum is not None and not last:
+                    if not saved:
+                        state.elapsed_s = elapsed_before + time.perf_counter() - t_start
+                        checkpoint.save(snapshot(), run_dir / "last.pt")
+                    raise Interrupted(
+                        f"interrupted by {signal.Signals(stop.signum).name} at step "
+                        f"{state.step}: saved {run_dir / 'last.pt'}; continue with "
+                        f"`charlm train --out {run_dir} --resume`",
+                        stop.signum,
+                    )
     finally:
         log.close()
     return state

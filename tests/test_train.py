@@ -1,18 +1,23 @@
 import json
 import math
+import os
+import signal
 from pathlib import Path
 
 import pytest
 import torch
 
 from charlm import checkpoint
+from charlm import train as train_module
 from charlm.config import OptimConfig, RunConfig
 from charlm.data import dataset_for
 from charlm.device import resolve_dtype
 from charlm.errors import CharlmError
 from charlm.generate import generate
 from charlm.model import GPT
-from charlm.train import evaluate, lr_at, resume_config, train
+from charlm.train import Interrupted, evaluate, lr_at, resume_config, train
+
+from .conftest import ROOT
 
 
 def with_(cfg: RunConfig, **sections) -> RunConfig:
@@ -151,3 +156,77 @@ def test_overwrite_with_bad_data_keeps_the_old_run(tiny_cfg, tmp_path):
     with pytest.raises(CharlmError, match="input file not found"):
         train(bad, overwrite=True)
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+def signal_after_steps(monkeypatch, signals: dict[int, list[int]]) -> None:
+    """Make the training loop send itself `signals[n]` right after its n-th train_step."""
+    real, calls = train_module.train_step, [0]
+
+    def step(*args, **kwargs):
+        out = real(*args, **kwargs)
+        calls[0] += 1
+        for sig in signals.get(calls[0], []):
+            os.kill(os.getpid(), sig)
+        return out
+
+    monkeypatch.setattr(train_module, "train_step", step)
+
+
+def assert_same_weights(a_path: Path, b_path: Path) -> None:
+    a, b = checkpoint.load(a_path), checkpoint.load(b_path)
+    assert a["model"].keys() == b["model"].keys()
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+
+
+def test_sigterm_saves_last_then_resume_is_exact(tiny_cfg, tmp_path, monkeypatch):
+    base = with_(tiny_cfg, train={"max_iters": 30})
+    train(with_(base, train={"out_dir": str(tmp_path / "straight")}))
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    run = tmp_path / "split"
+    signal_after_steps(monkeypatch, {13: [signal.SIGTERM]})
+    with pytest.raises(Interrupted) as e:
+        train(with_(base, train={"out_dir": str(run)}))
+    assert str(e.value) == (f"interrupted by SIGTERM at step 13: saved {run / 'last.pt'}; "
+                            f"continue with `charlm train --out {run} --resume`")
+    assert e.value.exit_code == 143
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+    assert checkpoint.load(run / "last.pt")["train_state"]["step"] == 13
+    monkeypatch.undo()
+    assert train(resume_config(run, None, []), resume=True).step == 30
+    assert_same_weights(tmp_path / "straight" / "last.pt", run / "last.pt")
+
+
+def test_second_ctrl_c_aborts_without_partial_file(tiny_cfg, monkeypatch):
+    cfg = with_(tiny_cfg, train={"eval_interval": 2})
+    run = Path(cfg.train.out_dir)
+    saved: list[bytes] = []
+    real_save = torch.save
+
+    def save_then_ctrl_c(obj, f):  # the second Ctrl-C lands in the middle of the interrupt save
+        saved.append((run / "last.pt").read_bytes() if (run / "last.pt").exists() else b"")
+        if len(saved) == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        real_save(obj, f)
+
+    signal_after_steps(monkeypatch, {3: [signal.SIGINT]})
+    monkeypatch.setattr(torch, "save", save_then_ctrl_c)
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt) as e:
+        train(cfg)
+    assert not isinstance(e.value, Interrupted)
+    assert signal.getsignal(signal.SIGINT) == handler
+    assert len(saved) == 3  # last.pt and best.pt at step 2, then the aborted save at step 3
+    assert (run / "last.pt").read_bytes() == saved[-1]
+    assert checkpoint.load(run / "last.pt")["train_state"]["step"] == 2
+    assert not [p.name for p in run.iterdir() if ".tmp" in p.name]
+
+
+def test_cli_train_exits_130_on_ctrl_c(cli, tmp_path, corpus, monkeypatch):
+    signal_after_steps(monkeypatch, {4: [signal.SIGINT]})
+    run = tmp_path / "run"
+    result = cli("train", ROOT / "configs" / "tiny.yaml", "--data", corpus, "--out", run)
+    assert result.code == 130
+    assert result.err.endswith(f"interrupted by SIGINT at step 4: saved {run / 'last.pt'}; "
+                               f"continue with `charlm train --out {run} --resume`\n")
+    assert checkpoint.load(run / "last.pt")["train_state"]["step"] == 4
