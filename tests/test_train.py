@@ -2,6 +2,9 @@ import json
 import math
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -9,7 +12,7 @@ import torch
 
 from charlm import checkpoint
 from charlm import train as train_module
-from charlm.config import OptimConfig, RunConfig
+from charlm.config import OptimConfig, RunConfig, save_config
 from charlm.data import dataset_for
 from charlm.device import resolve_dtype
 from charlm.errors import CharlmError
@@ -230,3 +233,34 @@ def test_cli_train_exits_130_on_ctrl_c(cli, tmp_path, corpus, monkeypatch):
     assert result.err.endswith(f"interrupted by SIGINT at step 4: saved {run / 'last.pt'}; "
                                f"continue with `charlm train --out {run} --resume`\n")
     assert checkpoint.load(run / "last.pt")["train_state"]["step"] == 4
+
+
+def test_resume_after_sigkill_is_exact(cli, tiny_cfg, tmp_path):
+    """A real `charlm train` process killed between two checkpoints, resumed from its last.pt,
+    ends with the same weights as an uninterrupted run (same max_iters, so the same schedule)."""
+    cfg = with_(tiny_cfg, train={"max_iters": 80, "eval_interval": 10, "eval_iters": 1,
+                                 "log_interval": 1})
+    train(with_(cfg, train={"out_dir": str(tmp_path / "straight")}))
+    run = Path(cfg.train.out_dir)
+    config = tmp_path / "run.yaml"
+    save_config(cfg, config)
+    proc = subprocess.Popen([sys.executable, "-m", "charlm", "train", config],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    metrics, deadline = run / "metrics.jsonl", time.monotonic() + 60
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            lines = metrics.read_text().split("\n")[:-1] if metrics.exists() else []
+            steps = [json.loads(line)["step"] for line in lines]  # complete lines only
+            if (run / "last.pt").exists() and steps and steps[-1] % 10:  # between checkpoints
+                break
+            time.sleep(0.002)
+        proc.kill()
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()
+    killed_at = checkpoint.load(run / "last.pt")["train_state"]["step"]
+    assert killed_at % 10 == 0 and 10 <= killed_at < 80
+    result = cli("train", "--out", run, "--resume")
+    assert result.code == 0, result.err
+    assert "done: 80 steps" in result.out
+    assert_same_weights(tmp_path / "straight" / "last.pt", run / "last.pt")
