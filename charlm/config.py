@@ -105,6 +105,7 @@ class TrainConfig:
     eval_interval: int = 250
     eval_iters: int = 20
     log_interval: int = 50
+    checkpoint_interval: int | None = None  # steps between writes of last.pt; None: every eval
     seed: int = 1337
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -115,6 +116,8 @@ class TrainConfig:
         for key in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters",
                     "log_interval"):
             _check(getattr(self, key) >= 1, f"train.{key}", "must be >= 1")
+        _check(self.checkpoint_interval is None or self.checkpoint_interval >= 1,
+               "train.checkpoint_interval", "must be >= 1, or null to write last.pt at every eval")
         _check(bool(self.out_dir), "train.out_dir", "must not be empty")
 
 

@@ -276,6 +276,7 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
         }
 
     tokens_per_step = tc.batch_size * tc.grad_accum * cfg.model.block_size
+    last_interval = tc.checkpoint_interval or tc.eval_interval  # null: last.pt at every eval
     elapsed_before = state.elapsed_s
     log = MetricsLogger(run_dir, tc.max_iters, state.step, progress)
     stop = StopSignals()
@@ -302,7 +303,7 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
                             grad_norm=norm.item(),
                             tokens_per_s=steps_since_log * tokens_per_step / (now - t_log))
                     t_log, steps_since_log = now, 0
-                saved = False
+                improved = False
                 if state.step % tc.eval_interval == 0 or last:
                     losses = evaluate(step_model, data, cfg, device, dtype)
                     state.elapsed_s = elapsed_before + time.perf_counter() - t_start
@@ -312,21 +313,22 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
                             tokens=state.tokens, lr=lr, train_loss=losses["train"],
                             val_loss=losses["val"], val_bpc=losses["val"] / LN2,
                             best_val_loss=state.best_val)
-                    ckpt = snapshot()
-                    checkpoint.save(ckpt, run_dir / "last.pt")
-                    saved = True
-                    if improved:
-                        checkpoint.save(ckpt, run_dir / "best.pt")
                     log.message(
                         f"step {state.step}: train {losses['train']:.4f}, val "
                         f"{losses['val']:.4f} ({losses['val'] / LN2:.3f} bpc), "
                         f"{state.elapsed_s:.1f}s" + (" *best" if improved else "")
                     )
+                stopping = stop.signum is not None and not last
+                write_last = state.step % last_interval == 0 or last or stopping
+                if write_last or improved:
+                    state.elapsed_s = elapsed_before + time.perf_counter() - t_start
+                    ckpt = snapshot()
+                    if write_last:
+                        checkpoint.save(ckpt, run_dir / "last.pt")
+                    if improved:
+                        checkpoint.save(ckpt, run_dir / "best.pt")
                     t_log = time.perf_counter()  # tokens/s counts training time only
-                if stop.signum is not None and not last:
-                    if not saved:
-                        state.elapsed_s = elapsed_before + time.perf_counter() - t_start
-                        checkpoint.save(snapshot(), run_dir / "last.pt")
+                if stopping:
                     raise Interrupted(
                         f"interrupted by {signal.Signals(stop.signum).name} at step "
                         f"{state.step}: saved {run_dir / 'last.pt'}; continue with "

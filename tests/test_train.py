@@ -264,3 +264,22 @@ def test_resume_after_sigkill_is_exact(cli, tiny_cfg, tmp_path):
     assert result.code == 0, result.err
     assert "done: 80 steps" in result.out
     assert_same_weights(tmp_path / "straight" / "last.pt", run / "last.pt")
+
+
+def test_checkpoint_interval_sets_last_and_best_follows_evals(tiny_cfg, monkeypatch):
+    cfg = with_(tiny_cfg, train={"max_iters": 25, "eval_interval": 10, "checkpoint_interval": 4})
+    writes: list[tuple[str, int]] = []
+    real_save = checkpoint.save
+
+    def record(state, path):
+        writes.append((Path(path).name, state["train_state"]["step"]))
+        real_save(state, path)
+
+    monkeypatch.setattr(checkpoint, "save", record)
+    train(cfg)
+    assert [s for name, s in writes if name == "last.pt"] == [4, 8, 12, 16, 20, 24, 25]
+    lines = Path(cfg.train.out_dir, "metrics.jsonl").read_text().splitlines()
+    evals = [json.loads(line) for line in lines]
+    evals = [e for e in evals if e["event"] == "eval"]
+    improved = [e["step"] for e in evals if e["best_val_loss"] == e["val_loss"]]
+    assert [s for name, s in writes if name == "best.pt"] == improved and improved[0] == 10
