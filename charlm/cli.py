@@ -86,7 +86,8 @@ def train(
 ) -> None:
     """Train a GPT (or resume a run) and write checkpoints, metrics and TensorBoard logs."""
     from charlm.config import load_config
-    from charlm.train import Interrupted, resume_config
+    from charlm.faults import Interrupted
+    from charlm.train import resume_config
     from charlm.train import train as run_training
 
     if resume and overwrite:

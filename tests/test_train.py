@@ -16,9 +16,10 @@ from charlm.config import OptimConfig, RunConfig, save_config
 from charlm.data import dataset_for
 from charlm.device import resolve_dtype
 from charlm.errors import CharlmError
+from charlm.faults import Interrupted
 from charlm.generate import generate
 from charlm.model import GPT
-from charlm.train import Interrupted, evaluate, lr_at, resume_config, train
+from charlm.train import evaluate, lr_at, resume_config, step_if, train
 
 from .conftest import ROOT
 
@@ -283,3 +284,81 @@ def test_checkpoint_interval_sets_last_and_best_follows_evals(tiny_cfg, monkeypa
     evals = [e for e in evals if e["event"] == "eval"]
     improved = [e["step"] for e in evals if e["best_val_loss"] == e["val_loss"]]
     assert [s for name, s in writes if name == "best.pt"] == improved and improved[0] == 10
+
+
+def nan_loss_at_steps(monkeypatch, bad: set[int]) -> None:
+    """Make the training loss NaN at the given steps (1-based; grad_accum 1)."""
+    real, calls = GPT.forward, [0]
+
+    def forward(self, idx, targets=None, cache=None):
+        logits, loss = real(self, idx, targets, cache)
+        if targets is not None and self.training:
+            calls[0] += 1
+            if calls[0] in bad:
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(GPT, "forward", forward)
+
+
+def weights_after_each_step(monkeypatch) -> list[list[torch.Tensor]]:
+    real, weights = train_module.train_step, []
+
+    def step(model, *args):
+        out = real(model, *args)
+        weights.append([p.detach().clone() for p in model.parameters()])
+        return out
+
+    monkeypatch.setattr(train_module, "train_step", step)
+    return weights
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_step_if_leaves_a_skipped_update_out(fused):
+    p = torch.nn.Parameter(torch.ones(3, 2))
+    opt = torch.optim.AdamW([p], lr=0.1, weight_decay=0.1, fused=fused, foreach=not fused)
+    for ok, moved in [(True, True), (False, False), (True, True)]:
+        before = p.detach().clone()
+        p.grad = torch.ones_like(p)
+        step_if(opt, torch.tensor(ok))
+        assert (not torch.equal(before, p)) == moved
+    assert int(opt.state[p]["step"]) == 2
+
+
+def test_non_finite_loss_skips_the_update_and_is_counted(tiny_cfg, monkeypatch, capsys):
+    cfg = with_(tiny_cfg, train={"max_iters": 8, "log_interval": 1, "eval_interval": 100})
+    nan_loss_at_steps(monkeypatch, {3, 4})
+    weights = weights_after_each_step(monkeypatch)
+    state = train(cfg)
+    assert state.skipped_steps == 2
+    for step in (3, 4):  # weights after steps 3 and 4 are those after step 2
+        assert all(torch.equal(a, b) for a, b in zip(weights[1], weights[step - 1], strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(weights[1], weights[4], strict=True))
+    events = [json.loads(line) for line in
+              Path(cfg.train.out_dir, "metrics.jsonl").read_text().splitlines()]
+    assert [e["skipped_steps"] for e in events if e["event"] == "train"] == [0, 0, 1, 2, 2, 2, 2, 2]
+    assert "step 3: skipped 1 update(s) with a non-finite loss or gradient norm (1 so far)" \
+        in capsys.readouterr().out
+    last = checkpoint.load(Path(cfg.train.out_dir, "last.pt"))
+    assert last["train_state"]["skipped_steps"] == 2
+    assert int(last["optimizer"]["state"][0]["step"]) == 6  # 8 steps, 2 updates skipped
+
+
+def test_too_many_bad_steps_stop_the_run_and_keep_the_checkpoint(tiny_cfg, monkeypatch):
+    cfg = with_(tiny_cfg, train={"max_iters": 20, "log_interval": 1, "eval_interval": 2,
+                                 "max_bad_steps": 3})
+    nan_loss_at_steps(monkeypatch, set(range(4, 21)))
+    weights = weights_after_each_step(monkeypatch)
+    last_pt = Path(cfg.train.out_dir, "last.pt")
+    with pytest.raises(CharlmError) as e:
+        train(cfg)
+    assert str(e.value) == (
+        f"training stopped: 3 steps in a row, up to step 6, had a non-finite loss or gradient "
+        f"norm (their updates were skipped); the last checkpoint {last_pt} (step 4) is intact; "
+        "lower optim.lr, raise optim.warmup_iters or check the data, then resume or start over")
+    assert len(weights) == 6
+    last = checkpoint.load(last_pt)
+    assert last["train_state"]["step"] == 4
+    model = GPT(cfg.model, len(last["vocab"]))
+    model.load_state_dict(last["model"])
+    assert all(torch.equal(a, b) for a, b in zip(weights[2], model.parameters(), strict=True))
