@@ -77,6 +77,10 @@ def train(
         str | None, typer.Option(help="Text file or prepared dataset dir (sets data.path).")
     ] = None,
     out: Annotated[str | None, typer.Option(help="Run dir (sets train.out_dir).")] = None,
+    device: Annotated[
+        str | None, typer.Option(metavar="DEVICE",
+                                 help="auto, cpu, cuda or mps (sets train.device).")
+    ] = None,
     set_: SetOpt = None,
     resume: Annotated[bool, typer.Option(help="Continue the run in the run dir from last.pt.")]
     = False,
@@ -103,6 +107,8 @@ def train(
         overrides.append(f"data.path={json.dumps(data)}")
     if out is not None:
         overrides.append(f"train.out_dir={json.dumps(out)}")
+    if device is not None:
+        overrides.append(f"train.device={json.dumps(device)}")
     cfg = load_config(config, overrides)
     if resume:
         cfg = resume_config(Path(cfg.train.out_dir), config, overrides)
@@ -229,7 +235,8 @@ def main(argv: list[str] | None = None) -> None:
     except (CharlmError, OSError) as e:
         if "--debug" in argv:
             raise
-        message = str(e) if isinstance(e, CharlmError) else f"{e.strerror or e}: {e.filename}"
+        message = str(e) if isinstance(e, CharlmError) else (
+            f"{e.strerror or e}: {e.filename}" if e.filename else f"{e.strerror or e}")
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

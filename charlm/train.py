@@ -192,7 +192,9 @@ def _check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
         probe.touch()
         probe.unlink()
     except OSError as e:
-        raise CharlmError(f"cannot write to run dir {run_dir}: {e.strerror}") from None
+        raise CharlmError(
+            f"cannot write to run dir {run_dir}: {e.strerror}; choose another --out"
+        ) from None
 
 
 def _clear_run(run_dir: Path) -> None:
@@ -217,9 +219,10 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
     seed_everything(tc.seed)
 
     data = dataset_for(cfg.data.path, cfg.data.val_fraction, run_dir / "dataset")
+    for split in ("train", "val"):
+        require_window(data.split(split), cfg.model.block_size, split, cfg.data.path)
     sampler = BatchSampler(data.train, cfg.model.block_size, tc.batch_size, device, tc.seed,
                            name="train")
-    require_window(data.val, cfg.model.block_size, "val")
     model = GPT(cfg.model, len(data.vocab)).to(device)
     optimizer = make_optimizer(model, cfg.optim, device)
     scaler = grad_scaler(device, dtype)

@@ -30,7 +30,8 @@ def test_failed_save_keeps_previous_file(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(torch, "save", disk_full)
-    with pytest.raises(OSError):
+    with pytest.raises(CharlmError, match=f"cannot write checkpoint {path}: No space left on "
+                                          "device; the previous last.pt, if any, is unchanged"):
         checkpoint.save({"step": 2}, path)
     assert path.read_bytes() == before
     assert os.listdir(tmp_path) == ["last.pt"]
