@@ -60,7 +60,7 @@ def lr_at(step: int, optim: OptimConfig, max_iters: int) -> float:
     return optim.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (optim.lr - optim.min_lr)
 
 
-def make_optimizer(model: GPT, optim: OptimConfig, device: torch.device) -> torch.optim.AdamW:
+def make_optimizer(model: GPT, optim: OptimConfig) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices and embeddings (>= 2-D) only.
 
     Fused where torch has it for the device (CUDA; CPU since torch 2.4): besides speed, a fused
@@ -224,7 +224,7 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
     sampler = BatchSampler(data.train, cfg.model.block_size, tc.batch_size, device, tc.seed,
                            name="train")
     model = GPT(cfg.model, len(data.vocab)).to(device)
-    optimizer = make_optimizer(model, cfg.optim, device)
+    optimizer = make_optimizer(model, cfg.optim)
     scaler = grad_scaler(device, dtype)
     state = TrainState()
 
