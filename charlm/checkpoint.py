@@ -6,6 +6,7 @@ train state, RNG states as tensors, the resolved config as a dict and the vocab 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import zipfile
@@ -34,8 +35,15 @@ def save(state: dict[str, Any], path: Path) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):  # a full disk, a vanished or read-only run dir
+            raise CharlmError(
+                f"cannot write checkpoint {path}: {e.strerror or e}; the previous {path.name}, "
+                "if any, is unchanged; free disk space (or fix the run dir), then continue "
+                "with --resume"
+            ) from None
         raise
 
 

@@ -78,6 +78,10 @@ def train(
         str | None, typer.Option(help="Text file or prepared dataset dir (sets data.path).")
     ] = None,
     out: Annotated[str | None, typer.Option(help="Run dir (sets train.out_dir).")] = None,
+    device: Annotated[
+        str | None, typer.Option(metavar="DEVICE",
+                                 help="auto, cpu, cuda or mps (sets train.device).")
+    ] = None,
     set_: SetOpt = None,
     resume: Annotated[bool, typer.Option(help="Continue the run in the run dir from last.pt.")]
     = False,
@@ -87,6 +91,7 @@ def train(
 ) -> None:
     """Train a GPT (or resume a run) and write checkpoints, metrics and TensorBoard logs."""
     from charlm.config import load_config
+    from charlm.faults import Interrupted
     from charlm.train import resume_config
     from charlm.train import train as run_training
 
@@ -103,10 +108,16 @@ def train(
         overrides.append(f"data.path={json.dumps(data)}")
     if out is not None:
         overrides.append(f"train.out_dir={json.dumps(out)}")
+    if device is not None:
+        overrides.append(f"train.device={json.dumps(device)}")
     cfg = load_config(config, overrides)
     if resume:
         cfg = resume_config(Path(cfg.train.out_dir), config, overrides)
-    state = run_training(cfg, resume=resume, overwrite=overwrite)
+    try:
+        state = run_training(cfg, resume=resume, overwrite=overwrite)
+    except Interrupted as e:  # last.pt is saved; say where, exit 130 / 143
+        print(e, file=sys.stderr)
+        raise typer.Exit(e.exit_code) from None
     print(f"done: {state.step} steps, best val loss {state.best_val:.4f}, "
           f"checkpoints in {cfg.train.out_dir}")
 
@@ -347,7 +358,8 @@ def main(argv: list[str] | None = None) -> None:
     except (CharlmError, OSError) as e:
         if "--debug" in argv:
             raise
-        message = str(e) if isinstance(e, CharlmError) else f"{e.strerror or e}: {e.filename}"
+        message = str(e) if isinstance(e, CharlmError) else (
+            f"{e.strerror or e}: {e.filename}" if e.filename else f"{e.strerror or e}")
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import re
 import types
 import typing
@@ -105,6 +106,8 @@ class TrainConfig:
     eval_interval: int = 250
     eval_iters: int = 20
     log_interval: int = 50
+    checkpoint_interval: int | None = None  # steps between writes of last.pt; None: every eval
+    max_bad_steps: int = 5  # non-finite steps (updates skipped) in a row that stop the run
     seed: int = 1337
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -115,6 +118,9 @@ class TrainConfig:
         for key in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters",
                     "log_interval"):
             _check(getattr(self, key) >= 1, f"train.{key}", "must be >= 1")
+        _check(self.checkpoint_interval is None or self.checkpoint_interval >= 1,
+               "train.checkpoint_interval", "must be >= 1, or null to write last.pt at every eval")
+        _check(self.max_bad_steps >= 1, "train.max_bad_steps", "must be >= 1")
         _check(bool(self.out_dir), "train.out_dir", "must not be empty")
 
 
@@ -285,7 +291,14 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
 
 
 def save_config(cfg: RunConfig, path: Path) -> None:
-    path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), encoding="utf-8")
+    """Write the resolved config as YAML, atomically (a resume rewrites it)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 @dataclass

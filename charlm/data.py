@@ -106,8 +106,8 @@ def scan(paths: Sequence[Path], bar: tqdm | None = None) -> tuple[list[SourceSta
     vocab = Vocab.from_code_points(np.flatnonzero(seen))
     if len(vocab) < 2:
         raise CharlmError(
-            f"the input has only one distinct character ({vocab.chars[0]!r}); "
-            "a language model needs at least two"
+            f"{', '.join(str(p) for p in paths)} holds only one distinct character "
+            f"({vocab.chars[0]!r}); a language model needs at least two, give it real text"
         )
     return stats, vocab
 
@@ -264,11 +264,13 @@ def dataset_for(data_path: str | Path, val_fraction: float, cache_dir: Path) -> 
     return load_dataset(cache_dir)
 
 
-def require_window(data: np.ndarray, block_size: int, split: str) -> None:
+def require_window(data: np.ndarray, block_size: int, split: str,
+                   source: str | Path | None = None) -> None:
     """A split must hold at least one window of block_size + 1 characters."""
     if len(data) < block_size + 1:
+        of = f" of {source}" if source is not None else ""
         raise CharlmError(
-            f"the {split} split is too short: {len(data)} characters, but one window needs "
+            f"the {split} split{of} is too short: {len(data)} characters, but one window needs "
             f"block_size + 1 = {block_size + 1}; give more text, or lower model.block_size"
             + (" or raise data.val_fraction" if split == "val" else "")
         )

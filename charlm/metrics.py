@@ -13,7 +13,7 @@ from tqdm import tqdm
 # metrics.jsonl key -> TensorBoard tag, per event kind.
 TB_TAGS = {
     "train": {"train_loss": "train/loss", "lr": "lr", "grad_norm": "grad_norm",
-              "tokens_per_s": "tokens_per_s"},
+              "tokens_per_s": "tokens_per_s", "skipped_steps": "train/skipped_steps"},
     "eval": {"val_loss": "val/loss", "val_bpc": "val/bpc", "train_loss": "train/eval_loss"},
 }
 

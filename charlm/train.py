@@ -1,8 +1,9 @@
 """Training: `TrainState`, `train(cfg)`, `train_step`, `evaluate` and the schedule `lr_at`.
 
 Fresh and resumed runs build the same objects; a resume then loads model, optimizer, scaler,
-train state, the batch sampler's generator and the torch RNG states from `last.pt`. `step` always
-counts completed optimizer updates.
+train state, the batch sampler's generator and the torch RNG states from `last.pt`. `step` counts
+training steps; a step whose loss or gradient norm is not finite skips its update. SIGINT /
+SIGTERM finish the current step, save `last.pt` and raise `Interrupted` (see `charlm.faults`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import copy
 import dataclasses
 import math
 import shutil
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,7 @@ from charlm.config import OptimConfig, RunConfig, apply_overrides, load_config, 
 from charlm.data import BatchSampler, Dataset, dataset_for, require_window
 from charlm.device import autocast, grad_scaler, resolve_device, resolve_dtype, seed_everything
 from charlm.errors import CharlmError
+from charlm.faults import BadSteps, Interrupted, StopSignals
 from charlm.metrics import MetricsLogger
 from charlm.model import GPT
 
@@ -32,17 +35,18 @@ RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "tb", "config.yaml")
 
 @dataclass
 class TrainState:
-    step: int = 0  # completed optimizer updates
+    step: int = 0  # training steps done, skipped updates included (the schedule moves on)
     best_val: float = math.inf
     tokens: int = 0  # training tokens consumed
     elapsed_s: float = 0.0  # wall time spent in train(), summed over resumes
+    skipped_steps: int = 0  # steps whose update was skipped for a non-finite loss or grad norm
 
     def state_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for f in dataclasses.fields(self):
-            setattr(self, f.name, state[f.name])
+        for f in dataclasses.fields(self):  # a field added later takes its default
+            setattr(self, f.name, state.get(f.name, f.default))
 
 
 def lr_at(step: int, optim: OptimConfig, max_iters: int) -> float:
@@ -56,22 +60,47 @@ def lr_at(step: int, optim: OptimConfig, max_iters: int) -> float:
     return optim.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (optim.lr - optim.min_lr)
 
 
-def make_optimizer(model: GPT, optim: OptimConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices and embeddings (>= 2-D) only; fused on CUDA."""
+def make_optimizer(model: GPT, optim: OptimConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices and embeddings (>= 2-D) only.
+
+    Fused where torch has it for the device (CUDA; CPU since torch 2.4): besides speed, a fused
+    step can be skipped on the device without a host sync (see `step_if`)."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": optim.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    fast = {"fused": True} if device.type == "cuda" else {"foreach": True}
-    return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2), **fast)
+    try:
+        return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2),
+                                 fused=True)
+    except RuntimeError:  # no fused kernel for this device in this torch
+        return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2),
+                                 foreach=True)
+
+
+def step_if(optimizer: torch.optim.Optimizer, ok: torch.Tensor) -> None:
+    """`optimizer.step()` only if `ok` (a 0-d bool tensor on the device).
+
+    A fused optimizer takes `found_inf` as GradScaler hands it over and then leaves weights,
+    moments and step counts untouched, all on the device; any other optimizer waits for `ok`.
+    """
+    if getattr(optimizer, "_step_supports_amp_scaling", False):
+        optimizer.grad_scale, optimizer.found_inf = None, (~ok).float()
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.grad_scale, optimizer.found_inf
+    elif ok.item():
+        optimizer.step()
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                scaler: torch.amp.GradScaler, sampler: BatchSampler, cfg: RunConfig,
-               device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """One optimizer update over `grad_accum` micro-batches. Returns (mean loss, grad norm) as
-    tensors, so a step that does not log never waits for the device."""
+               device: torch.device, dtype: torch.dtype,
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One optimizer update over `grad_accum` micro-batches, skipped when the loss or the
+    gradient norm is not finite. Returns (mean loss, grad norm, ok) as tensors, so a step that
+    does not log never waits for the device."""
     accum = cfg.train.grad_accum
     total = torch.zeros((), device=device)
     for _ in range(accum):
@@ -84,10 +113,13 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     scaler.unscale_(optimizer)
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-    scaler.step(optimizer)
+    # The norm is taken after unscaling, so it is non-finite whenever GradScaler (fp16) would
+    # skip the step: `ok` covers its check, and its update() still lowers the scale.
+    ok = torch.isfinite(total) & torch.isfinite(norm)
+    step_if(optimizer, ok)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
-    return total, norm
+    return total, norm, ok
 
 
 @torch.no_grad()
@@ -160,7 +192,9 @@ def _check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
         probe.touch()
         probe.unlink()
     except OSError as e:
-        raise CharlmError(f"cannot write to run dir {run_dir}: {e.strerror}") from None
+        raise CharlmError(
+            f"cannot write to run dir {run_dir}: {e.strerror}; choose another --out"
+        ) from None
 
 
 def _clear_run(run_dir: Path) -> None:
@@ -185,11 +219,12 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
     seed_everything(tc.seed)
 
     data = dataset_for(cfg.data.path, cfg.data.val_fraction, run_dir / "dataset")
+    for split in ("train", "val"):
+        require_window(data.split(split), cfg.model.block_size, split, cfg.data.path)
     sampler = BatchSampler(data.train, cfg.model.block_size, tc.batch_size, device, tc.seed,
                            name="train")
-    require_window(data.val, cfg.model.block_size, "val")
     model = GPT(cfg.model, len(data.vocab)).to(device)
-    optimizer = make_optimizer(model, cfg.optim, device)
+    optimizer = make_optimizer(model, cfg.optim)
     scaler = grad_scaler(device, dtype)
     state = TrainState()
 
@@ -231,48 +266,79 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
         }
 
     tokens_per_step = tc.batch_size * tc.grad_accum * cfg.model.block_size
+    last_interval = tc.checkpoint_interval or tc.eval_interval  # null: last.pt at every eval
     elapsed_before = state.elapsed_s
     log = MetricsLogger(run_dir, tc.max_iters, state.step, progress)
+    bad = BadSteps(tc.max_bad_steps, state.skipped_steps, device)
+    saved_step = state.step if resume else None  # the step of the last.pt on disk
+    stop = StopSignals()
     try:
-        model.train()
-        t_log, steps_since_log = time.perf_counter(), 0
-        while state.step < tc.max_iters:
-            lr = lr_at(state.step, cfg.optim, tc.max_iters)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            loss, norm = train_step(step_model, optimizer, scaler, sampler, cfg, device, dtype)
-            state.step += 1
-            state.tokens += tokens_per_step
-            steps_since_log += 1
-            log.advance()
-            last = state.step == tc.max_iters
-            if state.step % tc.log_interval == 0 or last:
-                now = time.perf_counter()
-                state.elapsed_s = elapsed_before + now - t_start
-                log.log("train", step=state.step, elapsed_s=round(state.elapsed_s, 3),
-                        tokens=state.tokens, lr=lr, train_loss=loss.item(),
-                        grad_norm=norm.item(),
-                        tokens_per_s=steps_since_log * tokens_per_step / (now - t_log))
-                t_log, steps_since_log = now, 0
-            if state.step % tc.eval_interval == 0 or last:
-                losses = evaluate(step_model, data, cfg, device, dtype)
-                state.elapsed_s = elapsed_before + time.perf_counter() - t_start
-                improved = losses["val"] < state.best_val
-                state.best_val = min(state.best_val, losses["val"])
-                log.log("eval", step=state.step, elapsed_s=round(state.elapsed_s, 3),
-                        tokens=state.tokens, lr=lr, train_loss=losses["train"],
-                        val_loss=losses["val"], val_bpc=losses["val"] / LN2,
-                        best_val_loss=state.best_val)
-                ckpt = snapshot()
-                checkpoint.save(ckpt, run_dir / "last.pt")
-                if improved:
-                    checkpoint.save(ckpt, run_dir / "best.pt")
-                log.message(
-                    f"step {state.step}: train {losses['train']:.4f}, val {losses['val']:.4f} "
-                    f"({losses['val'] / LN2:.3f} bpc), {state.elapsed_s:.1f}s"
-                    + (" *best" if improved else "")
-                )
-                t_log = time.perf_counter()  # tokens/s counts training time only
+        with stop:
+            model.train()
+            t_log, steps_since_log = time.perf_counter(), 0
+            while state.step < tc.max_iters:
+                lr = lr_at(state.step, cfg.optim, tc.max_iters)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                loss, norm, ok = train_step(step_model, optimizer, scaler, sampler, cfg, device,
+                                            dtype)
+                state.step += 1
+                state.tokens += tokens_per_step
+                bad.record(ok, state.step)
+                steps_since_log += 1
+                log.advance()
+                last = state.step == tc.max_iters
+                log_now = state.step % tc.log_interval == 0 or last
+                eval_now = state.step % tc.eval_interval == 0 or last
+                stopping = stop.signum is not None and not last
+                write_last = state.step % last_interval == 0 or last or stopping
+                if log_now or eval_now or write_last:  # the only steps that wait for the device
+                    skipped_before = state.skipped_steps
+                    state.skipped_steps = bad.check(run_dir / "last.pt", saved_step)
+                    if state.skipped_steps > skipped_before:
+                        log.message(f"step {state.step}: skipped "
+                                    f"{state.skipped_steps - skipped_before} update(s) with a "
+                                    f"non-finite loss or gradient norm "
+                                    f"({state.skipped_steps} so far)")
+                if log_now:
+                    now = time.perf_counter()
+                    state.elapsed_s = elapsed_before + now - t_start
+                    log.log("train", step=state.step, elapsed_s=round(state.elapsed_s, 3),
+                            tokens=state.tokens, lr=lr, train_loss=loss.item(),
+                            grad_norm=norm.item(), skipped_steps=state.skipped_steps,
+                            tokens_per_s=steps_since_log * tokens_per_step / (now - t_log))
+                    t_log, steps_since_log = now, 0
+                improved = False
+                if eval_now:
+                    losses = evaluate(step_model, data, cfg, device, dtype)
+                    state.elapsed_s = elapsed_before + time.perf_counter() - t_start
+                    improved = losses["val"] < state.best_val
+                    state.best_val = min(state.best_val, losses["val"])
+                    log.log("eval", step=state.step, elapsed_s=round(state.elapsed_s, 3),
+                            tokens=state.tokens, lr=lr, train_loss=losses["train"],
+                            val_loss=losses["val"], val_bpc=losses["val"] / LN2,
+                            best_val_loss=state.best_val)
+                    log.message(
+                        f"step {state.step}: train {losses['train']:.4f}, val "
+                        f"{losses['val']:.4f} ({losses['val'] / LN2:.3f} bpc), "
+                        f"{state.elapsed_s:.1f}s" + (" *best" if improved else "")
+                    )
+                if write_last or improved:
+                    state.elapsed_s = elapsed_before + time.perf_counter() - t_start
+                    ckpt = snapshot()
+                    if write_last:
+                        checkpoint.save(ckpt, run_dir / "last.pt")
+                        saved_step = state.step
+                    if improved:
+                        checkpoint.save(ckpt, run_dir / "best.pt")
+                    t_log = time.perf_counter()  # tokens/s counts training time only
+                if stopping:
+                    raise Interrupted(
+                        f"interrupted by {signal.Signals(stop.signum).name} at step "
+                        f"{state.step}: saved {run_dir / 'last.pt'}; continue with "
+                        f"`charlm train --out {run_dir} --resume`",
+                        stop.signum,
+                    )
     finally:
         log.close()
     return state

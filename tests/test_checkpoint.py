@@ -1,5 +1,8 @@
 import os
 import pickle
+import random
+import signal
+import time
 
 import pytest
 import torch
@@ -27,7 +30,8 @@ def test_failed_save_keeps_previous_file(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(torch, "save", disk_full)
-    with pytest.raises(OSError):
+    with pytest.raises(CharlmError, match=f"cannot write checkpoint {path}: No space left on "
+                                          "device; the previous last.pt, if any, is unchanged"):
         checkpoint.save({"step": 2}, path)
     assert path.read_bytes() == before
     assert os.listdir(tmp_path) == ["last.pt"]
@@ -48,10 +52,17 @@ def test_pickle_payload_is_refused_and_never_runs(tmp_path, monkeypatch):
     assert not (tmp_path / "PWNED").exists()
 
 
-@pytest.mark.parametrize("content", [b"", b"\x00garbage" * 10, pickle.dumps([1, 2], protocol=2)])
+def _truncated_checkpoint(tmp_path) -> bytes:
+    checkpoint.save({"model": {"w": torch.zeros(1000)}}, tmp_path / "whole.pt")
+    whole = (tmp_path / "whole.pt").read_bytes()
+    return whole[: len(whole) // 2]
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00garbage" * 10, pickle.dumps([1, 2], protocol=2),
+                                     _truncated_checkpoint])
 def test_garbage_files_give_clear_errors(tmp_path, content):
     path = tmp_path / "bad.pt"
-    path.write_bytes(content)
+    path.write_bytes(content(tmp_path) if callable(content) else content)
     with pytest.raises(CharlmError, match="cannot load checkpoint|not a charlm checkpoint"):
         checkpoint.load(path)
 
@@ -76,3 +87,32 @@ def test_resolve_prefers_best_then_last(tmp_path):
     assert checkpoint.resolve(tmp_path) == tmp_path / "best.pt"
     with pytest.raises(CharlmError, match="no such run dir or checkpoint"):
         checkpoint.resolve(tmp_path / "nope")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_sigkill_at_random_moments_leaves_a_complete_checkpoint(tmp_path):
+    """A child process rewrites last.pt in a loop; killed at random moments, it must always
+    leave the old or the new complete file."""
+    path = tmp_path / "last.pt"
+    # Built before forking, so the child only serialises and writes (no torch thread pools).
+    states = [{"step": i, "model": {"w": torch.full((64, 1024), float(i))}} for i in range(4)]
+    checkpoint.save(states[0], path)
+    rng = random.Random(0)
+    for _ in range(25):
+        pid = os.fork()
+        if pid == 0:  # the writer; it never returns into pytest
+            try:
+                i = 0
+                while True:
+                    i += 1
+                    checkpoint.save(states[i % len(states)], path)
+            finally:
+                os._exit(1)
+        time.sleep(rng.uniform(0.0, 0.05))
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        state = checkpoint.load(path)
+        assert torch.equal(state["model"]["w"], states[state["step"]]["model"]["w"])
+    tmp_files = [p.name for p in tmp_path.iterdir() if p.name != "last.pt"]
+    assert tmp_files, "no kill landed in the middle of a save"
+    assert all(name.startswith(".last.pt.tmp-") for name in tmp_files)  # a killed writer's

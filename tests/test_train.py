@@ -1,18 +1,27 @@
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from charlm import checkpoint
-from charlm.config import OptimConfig, RunConfig, SampleConfig
+from charlm import train as train_module
+from charlm.config import OptimConfig, RunConfig, SampleConfig, save_config
 from charlm.data import dataset_for
 from charlm.device import resolve_dtype
 from charlm.errors import CharlmError
+from charlm.faults import Interrupted
 from charlm.model import GPT
 from charlm.sampling import generate
-from charlm.train import evaluate, lr_at, resume_config, train
+from charlm.train import evaluate, lr_at, resume_config, step_if, train
+
+from .conftest import ROOT
 
 
 def with_(cfg: RunConfig, **sections) -> RunConfig:
@@ -152,3 +161,205 @@ def test_overwrite_with_bad_data_keeps_the_old_run(tiny_cfg, tmp_path):
     with pytest.raises(CharlmError, match="input file not found"):
         train(bad, overwrite=True)
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+def signal_after_steps(monkeypatch, signals: dict[int, list[int]]) -> None:
+    """Make the training loop send itself `signals[n]` right after its n-th train_step."""
+    real, calls = train_module.train_step, [0]
+
+    def step(*args, **kwargs):
+        out = real(*args, **kwargs)
+        calls[0] += 1
+        for sig in signals.get(calls[0], []):
+            os.kill(os.getpid(), sig)
+        return out
+
+    monkeypatch.setattr(train_module, "train_step", step)
+
+
+def assert_same_weights(a_path: Path, b_path: Path) -> None:
+    a, b = checkpoint.load(a_path), checkpoint.load(b_path)
+    assert a["model"].keys() == b["model"].keys()
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+
+
+def test_sigterm_saves_last_then_resume_is_exact(tiny_cfg, tmp_path, monkeypatch):
+    base = with_(tiny_cfg, train={"max_iters": 30})
+    train(with_(base, train={"out_dir": str(tmp_path / "straight")}))
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    run = tmp_path / "split"
+    signal_after_steps(monkeypatch, {13: [signal.SIGTERM]})
+    with pytest.raises(Interrupted) as e:
+        train(with_(base, train={"out_dir": str(run)}))
+    assert str(e.value) == (f"interrupted by SIGTERM at step 13: saved {run / 'last.pt'}; "
+                            f"continue with `charlm train --out {run} --resume`")
+    assert e.value.exit_code == 143
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+    assert checkpoint.load(run / "last.pt")["train_state"]["step"] == 13
+    monkeypatch.undo()
+    assert train(resume_config(run, None, []), resume=True).step == 30
+    assert_same_weights(tmp_path / "straight" / "last.pt", run / "last.pt")
+
+
+def test_second_ctrl_c_aborts_without_partial_file(tiny_cfg, monkeypatch):
+    cfg = with_(tiny_cfg, train={"eval_interval": 2})
+    run = Path(cfg.train.out_dir)
+    saved: list[bytes] = []
+    real_save = torch.save
+
+    def save_then_ctrl_c(obj, f):  # the second Ctrl-C lands in the middle of the interrupt save
+        saved.append((run / "last.pt").read_bytes() if (run / "last.pt").exists() else b"")
+        if len(saved) == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        real_save(obj, f)
+
+    signal_after_steps(monkeypatch, {3: [signal.SIGINT]})
+    monkeypatch.setattr(torch, "save", save_then_ctrl_c)
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt) as e:
+        train(cfg)
+    assert not isinstance(e.value, Interrupted)
+    assert signal.getsignal(signal.SIGINT) == handler
+    assert len(saved) == 3  # last.pt and best.pt at step 2, then the aborted save at step 3
+    assert (run / "last.pt").read_bytes() == saved[-1]
+    assert checkpoint.load(run / "last.pt")["train_state"]["step"] == 2
+    assert not [p.name for p in run.iterdir() if ".tmp" in p.name]
+
+
+def test_cli_train_exits_130_on_ctrl_c(cli, tmp_path, corpus, monkeypatch):
+    signal_after_steps(monkeypatch, {4: [signal.SIGINT]})
+    run = tmp_path / "run"
+    result = cli("train", ROOT / "configs" / "tiny.yaml", "--data", corpus, "--out", run)
+    assert result.code == 130
+    assert result.err.endswith(f"interrupted by SIGINT at step 4: saved {run / 'last.pt'}; "
+                               f"continue with `charlm train --out {run} --resume`\n")
+    assert checkpoint.load(run / "last.pt")["train_state"]["step"] == 4
+
+
+def test_resume_after_sigkill_is_exact(cli, tiny_cfg, tmp_path):
+    """A real `charlm train` process killed between two checkpoints, resumed from its last.pt,
+    ends with the same weights as an uninterrupted run (same max_iters, so the same schedule)."""
+    cfg = with_(tiny_cfg, train={"max_iters": 80, "eval_interval": 10, "eval_iters": 1,
+                                 "log_interval": 1})
+    train(with_(cfg, train={"out_dir": str(tmp_path / "straight")}))
+    run = Path(cfg.train.out_dir)
+    config = tmp_path / "run.yaml"
+    save_config(cfg, config)
+    proc = subprocess.Popen([sys.executable, "-m", "charlm", "train", config],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    metrics, deadline = run / "metrics.jsonl", time.monotonic() + 60
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            lines = metrics.read_text().split("\n")[:-1] if metrics.exists() else []
+            steps = [json.loads(line)["step"] for line in lines]  # complete lines only
+            if (run / "last.pt").exists() and steps and steps[-1] % 10:  # between checkpoints
+                break
+            time.sleep(0.002)
+        proc.kill()
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()
+    killed_at = checkpoint.load(run / "last.pt")["train_state"]["step"]
+    assert killed_at % 10 == 0 and 10 <= killed_at < 80
+    result = cli("train", "--out", run, "--resume")
+    assert result.code == 0, result.err
+    assert "done: 80 steps" in result.out
+    assert_same_weights(tmp_path / "straight" / "last.pt", run / "last.pt")
+
+
+def test_checkpoint_interval_sets_last_and_best_follows_evals(tiny_cfg, monkeypatch):
+    cfg = with_(tiny_cfg, train={"max_iters": 25, "eval_interval": 10, "checkpoint_interval": 4})
+    writes: list[tuple[str, int]] = []
+    real_save = checkpoint.save
+
+    def record(state, path):
+        writes.append((Path(path).name, state["train_state"]["step"]))
+        real_save(state, path)
+
+    monkeypatch.setattr(checkpoint, "save", record)
+    train(cfg)
+    assert [s for name, s in writes if name == "last.pt"] == [4, 8, 12, 16, 20, 24, 25]
+    lines = Path(cfg.train.out_dir, "metrics.jsonl").read_text().splitlines()
+    evals = [json.loads(line) for line in lines]
+    evals = [e for e in evals if e["event"] == "eval"]
+    improved = [e["step"] for e in evals if e["best_val_loss"] == e["val_loss"]]
+    assert [s for name, s in writes if name == "best.pt"] == improved and improved[0] == 10
+
+
+def nan_loss_at_steps(monkeypatch, bad: set[int]) -> None:
+    """Make the training loss NaN at the given steps (1-based; grad_accum 1)."""
+    real, calls = GPT.forward, [0]
+
+    def forward(self, idx, targets=None, cache=None):
+        logits, loss = real(self, idx, targets, cache)
+        if targets is not None and self.training:
+            calls[0] += 1
+            if calls[0] in bad:
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(GPT, "forward", forward)
+
+
+def weights_after_each_step(monkeypatch) -> list[list[torch.Tensor]]:
+    real, weights = train_module.train_step, []
+
+    def step(model, *args):
+        out = real(model, *args)
+        weights.append([p.detach().clone() for p in model.parameters()])
+        return out
+
+    monkeypatch.setattr(train_module, "train_step", step)
+    return weights
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_step_if_leaves_a_skipped_update_out(fused):
+    p = torch.nn.Parameter(torch.ones(3, 2))
+    opt = torch.optim.AdamW([p], lr=0.1, weight_decay=0.1, fused=fused, foreach=not fused)
+    for ok, moved in [(True, True), (False, False), (True, True)]:
+        before = p.detach().clone()
+        p.grad = torch.ones_like(p)
+        step_if(opt, torch.tensor(ok))
+        assert (not torch.equal(before, p)) == moved
+    assert int(opt.state[p]["step"]) == 2
+
+
+def test_non_finite_loss_skips_the_update_and_is_counted(tiny_cfg, monkeypatch, capsys):
+    cfg = with_(tiny_cfg, train={"max_iters": 8, "log_interval": 1, "eval_interval": 100})
+    nan_loss_at_steps(monkeypatch, {3, 4})
+    weights = weights_after_each_step(monkeypatch)
+    state = train(cfg)
+    assert state.skipped_steps == 2
+    for step in (3, 4):  # weights after steps 3 and 4 are those after step 2
+        assert all(torch.equal(a, b) for a, b in zip(weights[1], weights[step - 1], strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(weights[1], weights[4], strict=True))
+    events = [json.loads(line) for line in
+              Path(cfg.train.out_dir, "metrics.jsonl").read_text().splitlines()]
+    assert [e["skipped_steps"] for e in events if e["event"] == "train"] == [0, 0, 1, 2, 2, 2, 2, 2]
+    assert "step 3: skipped 1 update(s) with a non-finite loss or gradient norm (1 so far)" \
+        in capsys.readouterr().out
+    last = checkpoint.load(Path(cfg.train.out_dir, "last.pt"))
+    assert last["train_state"]["skipped_steps"] == 2
+    assert int(last["optimizer"]["state"][0]["step"]) == 6  # 8 steps, 2 updates skipped
+
+
+def test_too_many_bad_steps_stop_the_run_and_keep_the_checkpoint(tiny_cfg, monkeypatch):
+    cfg = with_(tiny_cfg, train={"max_iters": 20, "log_interval": 1, "eval_interval": 2,
+                                 "max_bad_steps": 3})
+    nan_loss_at_steps(monkeypatch, set(range(4, 21)))
+    weights = weights_after_each_step(monkeypatch)
+    last_pt = Path(cfg.train.out_dir, "last.pt")
+    with pytest.raises(CharlmError) as e:
+        train(cfg)
+    assert str(e.value) == (
+        f"training stopped: 3 steps in a row, up to step 6, had a non-finite loss or gradient "
+        f"norm (their updates were skipped); the last checkpoint {last_pt} (step 4) is intact; "
+        "lower optim.lr, raise optim.warmup_iters or check the data, then resume or start over")
+    assert len(weights) == 6
+    last = checkpoint.load(last_pt)
+    assert last["train_state"]["step"] == 4
+    model = GPT(cfg.model, len(last["vocab"]))
+    model.load_state_dict(last["model"])
+    assert all(torch.equal(a, b) for a, b in zip(weights[2], model.parameters(), strict=True))

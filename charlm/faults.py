@@ -1,0 +1,93 @@
+"""Faults a training run survives: stop signals and non-finite steps.
+
+`StopSignals` turns the first SIGINT / SIGTERM into a request the loop honours after its current
+step (it saves `last.pt` and raises `Interrupted`); a second signal aborts at once. `BadSteps`
+counts steps whose update was skipped for a non-finite loss or gradient norm and stops a run that
+keeps producing them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from charlm.errors import CharlmError
+
+
+class Interrupted(KeyboardInterrupt):
+    """Training stopped on a signal after saving `last.pt`; the CLI exits with `exit_code`."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum  # the shell convention: 130 for SIGINT, 143 for SIGTERM
+
+
+class StopSignals:
+    """While active, the first SIGINT / SIGTERM only sets `signum`, so the loop can finish its step
+    and save; a second one raises KeyboardInterrupt at once. The previous handlers come back on
+    exit. Outside the main thread (where Python cannot install handlers) it does nothing."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            # None: the previous handler was not installed from Python; the default is closest.
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: object) -> None:
+        # os.write, not print: a handler may run in the middle of another write to stderr.
+        if self.signum is not None:
+            os.write(2, b"aborted: last.pt holds the last completed save\n")
+            raise KeyboardInterrupt
+        self.signum = signum
+        os.write(2, f"\n{signal.Signals(signum).name}: finishing this step and saving last.pt "
+                    "(press Ctrl-C again to abort without saving)\n".encode())
+
+
+class BadSteps:
+    """Counts steps with a non-finite loss or gradient norm, on the device: recording never
+    waits for it, and `check` (called only at log, eval and checkpoint steps) syncs once.
+
+    `tripped_at` is the step at which `limit` bad steps in a row were first reached (0: never).
+    """
+
+    def __init__(self, limit: int, skipped: int, device: torch.device):
+        self.limit = limit
+        self.streak = torch.zeros((), dtype=torch.int64, device=device)
+        self.total = torch.full((), skipped, dtype=torch.int64, device=device)
+        self.tripped_at = torch.zeros((), dtype=torch.int64, device=device)
+
+    def record(self, ok: torch.Tensor, step: int) -> None:
+        bad = (~ok).long()
+        self.streak = (self.streak + 1) * bad
+        self.total += bad
+        first = (self.streak == self.limit) & (self.tripped_at == 0)
+        self.tripped_at = torch.where(first, step, self.tripped_at)
+
+    def check(self, last_pt: Path, saved_step: int | None) -> int:
+        """Wait for the device once: the number of bad steps so far, or a CharlmError once
+        `limit` in a row were reached (`saved_step`: the step of the `last_pt` on disk)."""
+        step = int(self.tripped_at)
+        if step:
+            kept = ("no checkpoint was written" if saved_step is None else
+                    f"the last checkpoint {last_pt} (step {saved_step}) is intact")
+            raise CharlmError(
+                f"training stopped: {self.limit} steps in a row, up to step {step}, had a "
+                f"non-finite loss or gradient norm (their updates were skipped); {kept}; lower "
+                "optim.lr, raise optim.warmup_iters or check the data, then resume or start over"
+            )
+        return int(self.total)

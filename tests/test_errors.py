@@ -1,0 +1,212 @@
+"""Bad input through the CLI: one `error: ...` line on stderr, exit code 2, no traceback, and
+every file that existed before is left as it was. (`charlm sample` cases live in test_cli.py.)"""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+import torch
+
+from charlm import checkpoint
+
+from .conftest import ROOT
+
+TINY = ROOT / "configs" / "tiny.yaml"
+
+
+def files_under(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.fixture
+def fails(cli, tmp_path):
+    """Run charlm with ARGS, expect exactly `error: MESSAGE`, exit code 2 and no file under
+    tmp_path changed or removed (new files are allowed only where `new` says so)."""
+
+    def run(*args, message: str, new: bool = False):
+        before = files_under(tmp_path)
+        result = cli(*args)
+        assert (result.code, result.err) == (2, f"error: {message}\n")
+        after = files_under(tmp_path)
+        assert {k: after.get(k) for k in before} == before
+        if not new:
+            assert after.keys() == before.keys()
+        return result
+
+    return run
+
+
+def write(path: Path, content: str | bytes) -> Path:
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content, encoding="utf-8")
+    return path
+
+
+def test_missing_data_file(fails, tmp_path):
+    fails("train", TINY, "--data", tmp_path / "none.txt", "--out", tmp_path / "run",
+          message=f"input file not found: {tmp_path / 'none.txt'}")
+
+
+def test_missing_config_file(fails, tmp_path):
+    missing = tmp_path / "none.yaml"
+    fails("train", missing, message=f"config file not found: {missing}")
+
+
+def test_directory_where_a_text_file_is_expected(fails, tmp_path):
+    (tmp_path / "texts").mkdir()
+    fails("prepare", tmp_path / "texts", "--out", tmp_path / "ds",
+          message=f"input is a directory, not a text file: {tmp_path / 'texts'}")
+
+
+def test_directory_that_is_not_a_dataset(fails, tmp_path):
+    (tmp_path / "texts").mkdir()
+    fails("train", TINY, "--data", tmp_path / "texts", "--out", tmp_path / "run",
+          message=f"{tmp_path / 'texts'} is not a prepared dataset (no meta.json); give a text "
+                  "file or run `charlm prepare` first")
+
+
+def test_empty_file(fails, tmp_path):
+    empty = write(tmp_path / "empty.txt", "")
+    fails("train", TINY, "--data", empty, "--out", tmp_path / "run",
+          message=f"input file is empty: {empty}; give it some text to learn from")
+
+
+def test_single_distinct_character(fails, tmp_path):
+    same = write(tmp_path / "same.txt", "a" * 500)
+    fails("train", TINY, "--data", same, "--out", tmp_path / "run",
+          message=f"{same} holds only one distinct character ('a'); a language model needs at "
+                  "least two, give it real text")
+
+
+def test_text_too_short_for_a_training_window(fails, tmp_path):
+    short = write(tmp_path / "short.txt", "abcdefghij")  # 9 train characters, block 16
+    fails("train", TINY, "--data", short, "--out", tmp_path / "run", new=True,
+          message=f"the train split of {short} is too short: 9 characters, but one window "
+                  "needs block_size + 1 = 17; give more text, or lower model.block_size")
+
+
+def test_text_too_short_for_a_validation_window(fails, tmp_path):
+    text = write(tmp_path / "t.txt", "abcdefghij" * 10)  # 90 train, 10 val characters
+    fails("train", TINY, "--data", text, "--out", tmp_path / "run", new=True,
+          message=f"the val split of {text} is too short: 10 characters, but one window needs "
+                  "block_size + 1 = 17; give more text, or lower model.block_size or raise "
+                  "data.val_fraction")
+
+
+@pytest.mark.parametrize("content, byte, offset", [
+    ("café".encode("latin-1") + b" au lait", 0xE9, 3),  # Latin-1 text
+    (b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)), 0x80, 136),  # a binary
+])
+def test_file_that_is_not_utf8(fails, tmp_path, content, byte, offset):
+    bad = write(tmp_path / "bad.txt", content)
+    fails("train", TINY, "--data", bad, "--out", tmp_path / "run",
+          message=f"{bad} is not valid UTF-8 text (invalid byte 0x{byte:02x} at byte offset "
+                  f"{offset}); charlm reads text files as UTF-8, convert it first")
+
+
+def test_yaml_syntax_error_names_line_and_column(fails, tmp_path):
+    bad = write(tmp_path / "bad.yaml", "model:\n  n_layer: 2\n  n_head: [4, 8\ntrain:\n")
+    fails("train", bad, message=f"YAML syntax error in {bad} at line 4, column 6: expected ',' "
+                                "or ']', but got ':'")
+
+
+def test_yaml_that_is_not_a_mapping(fails, tmp_path):
+    bad = write(tmp_path / "list.yaml", "- model\n- train\n")
+    fails("train", bad, message=f"{bad} must hold a mapping of sections (model, optim, train, "
+                                "data), got list")
+
+
+def test_unknown_section_with_suggestion(fails, tmp_path):
+    bad = write(tmp_path / "typo.yaml", "modle:\n  n_layer: 2\n")
+    fails("train", bad, message=f"unknown section 'modle' in {bad}, did you mean 'model'?")
+
+
+def test_unknown_key_with_suggestion(fails):
+    fails("train", TINY, "--set", "optim.lrate=1e-3",
+          message=f"unknown key 'optim.lrate' in {TINY} with --set overrides, did you mean 'lr'?")
+
+
+def test_wrong_value_type(fails):
+    fails("train", TINY, "--set", "train.max_iters=many",
+          message=f"invalid value for train.max_iters in {TINY} with --set overrides: 'many', "
+                  "expected an integer")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("optim.lr=-0.1", "invalid config value optim.lr: -0.1 must be > 0"),
+    ("model.n_head=3", "invalid config value model.n_embd: 32 is not divisible by "
+                       "model.n_head=3; choose n_embd as a multiple of n_head"),
+    ("train.checkpoint_interval=0", "invalid config value train.checkpoint_interval: must be "
+                                    ">= 1, or null to write last.pt at every eval"),
+    ("train.max_bad_steps=0", "invalid config value train.max_bad_steps: must be >= 1"),
+])
+def test_impossible_values(fails, override, message):
+    fails("train", TINY, "--set", override, message=message)
+
+
+def test_set_without_equals(fails):
+    fails("train", TINY, "--set", "optim.lr",
+          message="--set expects section.key=value, got 'optim.lr' (e.g. --set optim.lr=3e-4)")
+
+
+def test_resume_without_a_checkpoint(fails, tmp_path):
+    fails("train", "--out", tmp_path / "run", "--resume",
+          message=f"--resume: no checkpoint {tmp_path / 'run' / 'last.pt'}; start the run "
+                  "without --resume")
+
+
+@pytest.fixture
+def trained(cli, tmp_path, corpus) -> Path:
+    """A run of 20 steps in tmp_path/run (checkpoints at steps 10 and 20)."""
+    run = tmp_path / "run"
+    result = cli("train", TINY, "--data", corpus, "--out", run, "--set", "train.max_iters=20",
+                 "--set", "train.eval_interval=10")
+    assert result.code == 0, result.err
+    return run
+
+
+def test_resume_with_a_conflicting_architecture(fails, trained):
+    fails("train", "--out", trained, "--resume", "--set", "model.n_embd=64",
+          message=f"--resume: model.n_embd=64 conflicts with the checkpoint's 32 in "
+                  f"{trained / 'last.pt'}; the architecture of a run cannot change (drop the "
+                  "override, or start a new run with another --out)")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_device_cuda_without_cuda(fails, tmp_path, corpus):
+    fails("train", TINY, "--data", corpus, "--out", tmp_path / "run", "--device", "cuda",
+          message="train.device is 'cuda' but no CUDA GPU is available to this torch build; "
+                  "use --set train.device=cpu (or auto), or install a CUDA build of torch")
+
+
+def test_out_dir_that_cannot_be_written(fails, tmp_path, corpus):
+    blocker = write(tmp_path / "file", "a regular file")  # root ignores chmod; ENOTDIR does not
+    fails("train", TINY, "--data", corpus, "--out", blocker / "run",
+          message=f"cannot write to run dir {blocker / 'run'}: Not a directory; choose another "
+                  "--out")
+
+
+def test_disk_full_during_a_save_keeps_the_previous_checkpoints(cli, trained, monkeypatch):
+    real_fsync, calls = checkpoint.os.fsync, []
+
+    def fsync_then_disk_full(fd):
+        calls.append(fd)
+        real_fsync(fd)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.os, "fsync", fsync_then_disk_full)
+    before = {name: (trained / name).read_bytes() for name in ("last.pt", "best.pt")}
+    # The resume rewrites config.yaml and appends to metrics.jsonl, as it should.
+    result = cli("train", "--out", trained, "--resume", "--set", "train.max_iters=40")
+    assert (result.code, result.err) == (
+        2, f"error: cannot write checkpoint {trained / 'last.pt'}: No space left on device; the "
+           "previous last.pt, if any, is unchanged; free disk space (or fix the run dir), then "
+           "continue with --resume\n")
+    assert len(calls) == 1
+    assert {name: (trained / name).read_bytes() for name in before} == before
+    assert not [p.name for p in trained.iterdir() if ".tmp" in p.name]
