@@ -5,17 +5,24 @@ from charlm.config import ModelConfig
 from charlm.generate import apply_top_k, generate, sample_next
 from charlm.model import GPT
 
+from .conftest import VARIANTS
+
 V = 13
 
 
-@pytest.fixture
-def model() -> GPT:
+def random_model(**options) -> GPT:
     torch.manual_seed(1)
-    model = GPT(ModelConfig(block_size=16, n_layer=2, n_head=2, n_embd=32), V).eval()
+    cfg = ModelConfig(block_size=16, n_layer=2, n_head=2, n_embd=32, **options)
+    model = GPT(cfg, V).eval()
     with torch.no_grad():  # larger weights than the init, so greedy output is not constant
         for p in model.parameters():
             p.normal_(0.0, 0.5)
     return model
+
+
+@pytest.fixture
+def model() -> GPT:
+    return random_model()
 
 
 def run(model, prompt, n, **kw):
@@ -30,6 +37,16 @@ def test_cached_greedy_equals_uncached(model, batch, prompt_len):
     uncached = run(model, prompt, n, temperature=0, use_cache=False)
     assert torch.equal(cached, uncached)
     assert len(set(cached.flatten().tolist())) > 1  # not a degenerate constant stream
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_cached_greedy_equals_uncached_for_every_variant(variant):
+    model = random_model(**VARIANTS[variant])
+    prompt = torch.randint(0, V, (3, 4))
+    cached = run(model, prompt, 13, temperature=0, use_cache=True)  # up to a full window
+    uncached = run(model, prompt, 13, temperature=0, use_cache=False)
+    assert torch.equal(cached, uncached)
+    assert len(set(cached.flatten().tolist())) > 1
 
 
 def test_generation_past_the_window_has_exact_length_and_bounded_cache(model, monkeypatch):
