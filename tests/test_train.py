@@ -7,12 +7,14 @@ import torch
 
 from charlm import checkpoint
 from charlm.config import OptimConfig, RunConfig
-from charlm.data import dataset_for
-from charlm.device import resolve_dtype
+from charlm.data import BatchSampler, dataset_for
+from charlm.device import grad_scaler, resolve_dtype
 from charlm.errors import CharlmError
 from charlm.generate import generate
 from charlm.model import GPT
-from charlm.train import evaluate, lr_at, resume_config, train
+from charlm.train import evaluate, lr_at, make_optimizer, resume_config, train, train_step
+
+from .conftest import VARIANTS
 
 
 def with_(cfg: RunConfig, **sections) -> RunConfig:
@@ -151,3 +153,20 @@ def test_overwrite_with_bad_data_keeps_the_old_run(tiny_cfg, tmp_path):
     with pytest.raises(CharlmError, match="input file not found"):
         train(bad, overwrite=True)
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_each_variant_learns_on_the_tiny_config(variant, tiny_cfg, tmp_path):
+    cfg = with_(tiny_cfg, model=VARIANTS[variant], train={"max_iters": 60, "eval_iters": 2})
+    dev, fp32 = torch.device("cpu"), torch.float32
+    data = dataset_for(cfg.data.path, cfg.data.val_fraction, tmp_path / "ds")
+    model = GPT(cfg.model, len(data.vocab))
+    optimizer = make_optimizer(model, cfg.optim, dev)
+    sampler = BatchSampler(data.train, cfg.model.block_size, cfg.train.batch_size, dev, 0)
+    before = evaluate(model, data, cfg, dev, fp32)["val"]
+    for step in range(cfg.train.max_iters):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, cfg.optim, cfg.train.max_iters)
+        train_step(model, optimizer, grad_scaler(dev, fp32), sampler, cfg, dev, fp32)
+    after = evaluate(model, data, cfg, dev, fp32)["val"]
+    assert after < before - 0.7, (before, after)
