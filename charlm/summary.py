@@ -149,8 +149,6 @@ def forward_shapes(cfg: ModelConfig, vocab_size: int, batch: int, seq_len: int) 
     watched = {"wte": "token embedding", "drop": "block 0 input (embeddings, dropout)"}
     if cfg.pos_encoding == "learned":
         watched["wpe"] = "position embedding"
-    elif cfg.pos_encoding == "sinusoidal":
-        watched["wte"] = "token embedding (scaled by sqrt(n_embd), plus the sinusoid table)"
     names = {"ln_1": f"{cfg.norm} ({cfg.norm_placement}, attention)", "attn.qkv": "q, k, v",
              "attn.proj": "attention output (o)", "ln_2": f"{cfg.norm} ({cfg.norm_placement}, mlp)",
              "mlp.fc": "mlp gate and up" if cfg.activation == "swiglu" else "mlp up",
@@ -161,6 +159,9 @@ def forward_shapes(cfg: ModelConfig, vocab_size: int, batch: int, seq_len: int) 
         watched["ln_f"] = "final norm"
     watched["head"] = "logits"
     after = {"blocks.0.attn.qkv": inside_attention, "blocks.0.mlp.fc": inside_mlp}
+    if cfg.pos_encoding == "sinusoidal":
+        after["wte"] = lambda: add("  sinusoid table", "added to tokens * sqrt(n_embd)",
+                                   (T, cfg.n_embd))
 
     def hook(name: str):
         def record(module, inputs, output) -> None:
@@ -232,14 +233,14 @@ def render_text(info: dict[str, Any]) -> str:
     line("total with the head untied", "", table["total_untied"])
 
     f = info["flops_per_token"]
-    decode = f"one decode step at full context (T = {f['context']}): 2N + 4 * n_layer * n_embd * T"
     lines += [
         "",
-        f"FLOPs per token, N = {f['N']:,} (parameters in matrix multiplies: all but the",
-        "embedding lookups, the head included even when tied):",
+        f"FLOPs per token, T = block_size = {f['context']}, N = {f['N']:,} (parameters in matrix",
+        "multiplies: all but the embedding lookups, the head included even when tied):",
         f"  {'training, forward + backward: 6N + 12 * n_layer * n_embd * T':<70}"
         f"{f['training']:>15,}",
-        f"  {decode:<70}{f['decode_step']:>15,}",
+        f"  {'one decode step at full context: 2N + 4 * n_layer * n_embd * T':<70}"
+        f"{f['decode_step']:>15,}",
     ]
     if "shapes" in info:
         lines += ["", f"{'forward pass':<36}{'shape':<20}what"]

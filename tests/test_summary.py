@@ -85,6 +85,12 @@ def test_forward_shapes_follow_one_forward_pass():
     assert stages[-1] == {"stage": "head", "what": "logits", "shape": [3, 10, V]}
 
 
+def test_forward_shapes_of_sinusoidal_positions():
+    shapes = stage_shapes(forward_shapes(tiny(pos_encoding="sinusoidal"), V, 2, 7))
+    assert shapes["wte"] == [2, 7, 32] and shapes["sinusoid table"] == [7, 32]
+    assert "wpe" not in shapes and "rope" not in shapes
+
+
 def test_forward_shapes_show_post_norm_order():
     names = [s["stage"] for s in forward_shapes(tiny(norm_placement="post"), V, 1, 4)]
     assert names.index("blocks.0.attn.proj") < names.index("blocks.0.ln_1")
