@@ -113,6 +113,26 @@ def test_resume_refuses_architecture_change_and_missing_checkpoint(tiny_cfg, tmp
     assert "--resume: model.n_layer=3 conflicts with the checkpoint's 2" in str(e.value)
 
 
+def test_checkpoint_from_before_the_architecture_options_loads_and_resumes(tiny_cfg):
+    """A checkpoint whose config has no pos_encoding/norm/... keys is the default GPT."""
+    train(with_(tiny_cfg, train={"max_iters": 20}))
+    last = Path(tiny_cfg.train.out_dir, "last.pt")
+    state = checkpoint.load(last)
+    new_keys = ("pos_encoding", "norm", "norm_placement", "activation")
+    state["config"]["model"] = {k: v for k, v in state["config"]["model"].items()
+                                if k not in new_keys}
+    checkpoint.save({k: v for k, v in state.items() if k not in ("format", "version")}, last)
+    model, _, cfg, _ = checkpoint.load_model(last)
+    assert (cfg.model.pos_encoding, cfg.model.norm, cfg.model.activation) == (
+        "learned", "layernorm", "gelu")
+    assert torch.equal(model.wpe.weight, state["model"]["wpe.weight"])
+    run = Path(tiny_cfg.train.out_dir)
+    with pytest.raises(CharlmError, match="model.norm='rmsnorm' conflicts with the checkpoint's "
+                                          "'layernorm'"):
+        resume_config(run, None, ["model.norm=rmsnorm"])
+    assert train(resume_config(run, None, ["train.max_iters=25"]), resume=True).step == 25
+
+
 def test_existing_run_is_not_clobbered(tiny_cfg):
     cfg = with_(tiny_cfg, train={"max_iters": 20})
     train(cfg)
