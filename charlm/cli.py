@@ -251,14 +251,25 @@ def info(
     vocab_size: Annotated[
         int | None, typer.Option(help="Vocab size for a config (default: from its data).")
     ] = None,
+    shapes: Annotated[
+        bool, typer.Option("--shapes", help="Also list the tensor shape at each forward stage.")
+    ] = False,
+    batch: Annotated[
+        int | None, typer.Option(help="Batch size for --shapes (default: train.batch_size).")
+    ] = None,
+    seq_len: Annotated[
+        int | None, typer.Option(help="Sequence length for --shapes (default: block_size).")
+    ] = None,
+    json_: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Parameter counts per component and the resolved config."""
+    """Parameter table per component, FLOPs per token, forward shapes and the resolved config."""
     from charlm.checkpoint import load_model
     from charlm.config import load_config
     from charlm.data import load_dataset, scan
-    from charlm.model import GPT, param_counts
+    from charlm.model import GPT
+    from charlm.summary import describe, render_text
 
-    extra: dict[str, object] = {}
+    train_state = None
     if target.suffix in (".yaml", ".yml") and not target.is_dir():
         cfg = load_config(target, list(set_ or []))
         if vocab_size is None:
@@ -270,22 +281,16 @@ def info(
     else:
         if set_:
             raise CharlmError("--set applies to a config file, not to a checkpoint")
-        model, vocab, cfg, state = load_model(target)
-        vocab_size = len(vocab)
-        ts = state["train_state"]
-        extra = {"step": ts["step"], "best val loss": f"{ts['best_val']:.4f}",
-                 "tokens seen": f"{ts['tokens']:,}"}
-    counts = param_counts(model)
-    print(f"vocab size: {vocab_size}")
-    for key, value in extra.items():
-        print(f"{key}: {value}")
-    print("\nparameters:")
-    for name, n in counts.items():
-        print(f"  {name:<20}{n:>12,}")
-    if cfg.model.tie_weights:
-        print("  (head tied to token_embedding: counted once)")
+        model, _, cfg, state = load_model(target)
+        train_state = state["train_state"]
+    size = (batch or cfg.train.batch_size, seq_len or cfg.model.block_size) if shapes else None
+    report = describe(model, cfg, size, train_state)
+    if json_:
+        print(json.dumps(report, indent=2))
+        return
+    print(render_text(report))
     print("\nconfig:")
-    print("  " + yaml.safe_dump(cfg.to_dict(), sort_keys=False).replace("\n", "\n  ").rstrip())
+    print("  " + yaml.safe_dump(report["config"], sort_keys=False).replace("\n", "\n  ").rstrip())
 
 
 @app.command("eval")

@@ -49,10 +49,14 @@ class ModelConfig:
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 128
-    n_ff: int | None = None  # hidden width of the MLP; None means 4 * n_embd
+    n_ff: int | None = None  # hidden width of the MLP; None: see `ff_width`
     dropout: float = 0.0
     bias: bool = False
     tie_weights: bool = True
+    pos_encoding: Literal["learned", "sinusoidal", "rope", "none"] = "learned"
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    norm_placement: Literal["pre", "post"] = "pre"
+    activation: Literal["gelu", "relu", "swiglu"] = "gelu"
 
     def __post_init__(self) -> None:
         for key in ("block_size", "n_layer", "n_head", "n_embd"):
@@ -65,10 +69,27 @@ class ModelConfig:
         )
         _check(self.n_ff is None or self.n_ff >= 1, "model.n_ff", "must be >= 1 or null")
         _check(0.0 <= self.dropout < 1.0, "model.dropout", f"{self.dropout} is outside [0, 1)")
+        _check(
+            self.pos_encoding != "rope" or self.head_dim % 2 == 0,
+            "model.pos_encoding",
+            f"rope rotates pairs of features and needs an even head size, but n_embd / n_head = "
+            f"{self.head_dim}; choose n_embd as a multiple of 2 * n_head",
+        )
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
 
     @property
     def ff_width(self) -> int:
-        return self.n_ff if self.n_ff is not None else 4 * self.n_embd
+        """Hidden width of the MLP: n_ff when set; else 4 * n_embd, or for swiglu 2/3 of that
+        rounded up to a multiple of 8 (LLaMA's rule), so its three projections hold about as
+        many parameters as the two of the 4 * n_embd MLP."""
+        if self.n_ff is not None:
+            return self.n_ff
+        if self.activation == "swiglu":
+            return 8 * ((self.n_embd + 2) // 3)  # = 8 * ceil((2/3 * 4 * n_embd) / 8)
+        return 4 * self.n_embd
 
 
 @dataclass

@@ -1,7 +1,11 @@
 """The decoder-only GPT, its blocks, and the attention that reads and writes a `KVCache`.
 
+One `Block` class covers the architecture family of `ModelConfig`: position encoding (learned
+table, Vaswani's fixed sinusoids, rotary on q and k, or none), LayerNorm or RMSNorm, pre- or
+post-norm residuals, and a GELU, ReLU or SwiGLU MLP. The defaults are GPT-2's.
+
 Shapes: B batch, T time (new tokens this forward), C n_embd, H n_head, D head_dim = C // H,
-V vocab size. No optimizer and no sampling policy live here.
+F MLP hidden width, V vocab size. No optimizer and no sampling policy live here.
 """
 
 from __future__ import annotations
@@ -34,6 +38,58 @@ class KVCache:
         self.pos = 0
 
 
+def sinusoidal_table(pos: torch.Tensor, dim: int) -> torch.Tensor:
+    """Vaswani et al. (2017): PE[p, 2i] = sin(p / 10000^(2i/dim)), PE[p, 2i+1] = cos(same).
+
+    pos (T,) integer positions -> (T, dim) float32. Computed per forward rather than stored, so it
+    is never in a `state_dict` and never rounded by `model.to(dtype)`.
+    """
+    even = torch.arange(0, dim, 2, device=pos.device, dtype=torch.float32)  # 2i
+    angles = pos.float()[:, None] / 10000.0 ** (even / dim)  # (T, ceil(dim / 2))
+    table = torch.empty(pos.numel(), dim, device=pos.device)
+    table[:, 0::2] = angles.sin()
+    table[:, 1::2] = angles.cos()[:, : dim // 2]
+    return table
+
+
+def rope_angles(pos: torch.Tensor, head_dim: int,
+                base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, each (T, D/2), of the rotary angles p * base^(-2i/D) (Su et al. 2021)."""
+    inv_freq = base ** -(torch.arange(0, head_dim, 2, device=pos.device).float() / head_dim)
+    angles = pos.float()[:, None] * inv_freq[None, :]  # (T, D/2)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x (B, H, T, D) by position: feature pair (i, i + D/2) of the token at position p
+    turns by angle p * theta_i. A rotation keeps norms, and the dot product of a query at m with
+    a key at n then depends only on m - n."""
+    x1, x2 = x.chunk(2, dim=-1)  # (B, H, T, D/2) each, the "rotate half" pairing of GPT-NeoX
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight (Zhang & Sennrich 2019): LayerNorm without centring, and never a bias
+    (so `bias: true` does not add one here)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()  # the mean of squares in float32, as LayerNorm does under autocast
+        xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return xf.type_as(x) * self.weight
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.norm == "rmsnorm":
+        return RMSNorm(cfg.n_embd)
+    return nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -43,12 +99,15 @@ class CausalSelfAttention(nn.Module):
         self.dropout = cfg.dropout
         self.resid_drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None,
-                layer: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C). rope: cos, sin (T, D/2) of the T tokens' positions."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)
         # (B, T, C) -> (B, H, T, D)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if rope is not None:  # rotate before caching: cached keys keep their absolute positions
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         dropout = self.dropout if self.training else 0.0
         if cache is None:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
@@ -71,28 +130,48 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
+    """proj(act(fc(x))) for gelu and relu; for swiglu (Shazeer 2020) proj(silu(gate(x)) * up(x)),
+    with gate and up fused into `fc` (C -> 2F) so it is one matmul."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.fc = nn.Linear(cfg.n_embd, cfg.ff_width, bias=cfg.bias)
-        self.proj = nn.Linear(cfg.ff_width, cfg.n_embd, bias=cfg.bias)
+        hidden = cfg.ff_width
+        self.activation = cfg.activation
+        self.fc = nn.Linear(cfg.n_embd, 2 * hidden if cfg.activation == "swiglu" else hidden,
+                            bias=cfg.bias)
+        self.proj = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.proj(F.gelu(self.fc(x))))
+        h = self.fc(x)  # (B, T, F), or (B, T, 2F) for swiglu
+        if self.activation == "swiglu":
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up  # (B, T, F)
+        elif self.activation == "relu":
+            h = F.relu(h)
+        else:
+            h = F.gelu(h)
+        return self.drop(self.proj(h))
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+    """A transformer block. Pre-norm (GPT-2): x + attn(ln_1(x)), then x + mlp(ln_2(x)).
+    Post-norm (Vaswani et al.): ln_1(x + attn(x)), then ln_2(x + mlp(x))."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.post_norm = cfg.norm_placement == "post"
+        self.ln_1 = make_norm(cfg)
         self.attn = CausalSelfAttention(cfg)
-        self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.ln_2 = make_norm(cfg)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None, layer: int) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), cache, layer)
+    def forward(self, x: torch.Tensor, cache: KVCache | None, layer: int,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        if self.post_norm:
+            x = self.ln_1(x + self.attn(x, cache, layer, rope))
+            return self.ln_2(x + self.mlp(x))
+        x = x + self.attn(self.ln_1(x), cache, layer, rope)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -102,10 +181,12 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.vocab_size = vocab_size
         self.wte = nn.Embedding(vocab_size, cfg.n_embd)
-        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        if cfg.pos_encoding == "learned":  # the only scheme with a position table to train
+            self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        # Post-norm blocks already end in a norm, so there is no final one (as in Vaswani et al.).
+        self.ln_f = nn.Identity() if cfg.norm_placement == "post" else make_norm(cfg)
         self.head = nn.Linear(cfg.n_embd, vocab_size, bias=False)
         if cfg.tie_weights:
             self.head.weight = self.wte.weight
@@ -128,6 +209,17 @@ class GPT(nn.Module):
         return KVCache(cfg.n_layer, batch_size, cfg.n_head, max_len or cfg.block_size,
                        cfg.n_embd // cfg.n_head, p.device, p.dtype)
 
+    def embed(self, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Token ids idx (B, T) at positions pos (T,) -> input vectors (B, T, C)."""
+        tok = self.wte(idx)  # (B, T, C)
+        scheme = self.cfg.pos_encoding
+        if scheme == "learned":
+            return tok + self.wpe(pos)
+        if scheme == "sinusoidal":  # scaled so the tokens are not drowned by the unit-size table
+            table = sinusoidal_table(pos, self.cfg.n_embd).to(tok.dtype)
+            return tok * math.sqrt(self.cfg.n_embd) + table
+        return tok  # rope turns q and k inside attention; none has no positions at all
+
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx (B, T) -> logits (B, T, V) and, with targets (B, T), the mean cross-entropy.
@@ -142,9 +234,10 @@ class GPT(nn.Module):
                 f"sequence of {start + T} positions exceeds block_size {self.cfg.block_size}"
             )
         pos = torch.arange(start, start + T, device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        x = self.drop(self.embed(idx, pos))  # (B, T, C)
+        rope = rope_angles(pos, self.cfg.head_dim) if self.cfg.pos_encoding == "rope" else None
         for i, block in enumerate(self.blocks):
-            x = block(x, cache, i)
+            x = block(x, cache, i, rope)
         if cache is not None:
             cache.pos += T
         logits = self.head(self.ln_f(x))  # (B, T, V)

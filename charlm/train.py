@@ -164,7 +164,9 @@ def resume_config(run_dir: Path, config_path: str | Path | None,
     else:
         raw = apply_overrides(copy.deepcopy(saved), overrides)
         cfg = RunConfig.from_dict(raw, f"{ckpt_path} config")
-    for key, value in saved["model"].items():
+    # Resolved, so a key missing from an older checkpoint's config counts as its default.
+    saved_model = RunConfig.from_dict({"model": saved["model"]}, f"{ckpt_path} config").model
+    for key, value in dataclasses.asdict(saved_model).items():
         new = getattr(cfg.model, key)
         if new != value:
             raise CharlmError(

@@ -9,7 +9,7 @@ import pytest
 from charlm.config import load_config
 from charlm.train import train
 
-from .conftest import ROOT, SHAKESPEARE
+from .conftest import ROOT, SHAKESPEARE, VARIANTS
 
 COMMANDS = ["prepare", "train", "sample", "info"]
 
@@ -116,10 +116,65 @@ def test_info_on_run_dir_and_config(cli, run_dir):
     assert result.code == 0
     assert "vocab size: " in result.out and "step: 60" in result.out
     assert "total" in result.out and "n_layer: 2" in result.out
+    assert "forward pass" not in result.out  # only with --shapes
     from_config = cli("info", ROOT / "configs" / "shakespeare_char.yaml")
     assert from_config.code == 0
-    total = next(line for line in from_config.out.splitlines() if line.strip().startswith("total"))
+    lines = from_config.out.splitlines()
+    total = next(line for line in lines if line.strip().startswith("total"))
     assert total.split()[-1] == "10,745,088"
+    assert "position embedding (learned)" in from_config.out
+    training = next(line for line in lines if line.strip().startswith("training"))
+    assert training.split()[-1] == f"{6 * 10_646_784 + 12 * 6 * 384 * 256:,}"
+
+
+def test_info_json_with_shapes(cli, run_dir):
+    result = cli("info", run_dir, "--json", "--shapes", "--batch", "3", "--seq-len", "5")
+    assert result.code == 0, result.err
+    info = json.loads(result.out)
+    vocab = info["vocab_size"]
+    assert info["checkpoint"]["step"] == 60
+    assert info["parameters"]["total"] == sum(
+        r["params"] for r in info["parameters"]["rows"] if r["section"] != "layer"
+    ) + 2 * info["parameters"]["per_layer"]
+    assert info["flops_per_token"]["context"] == 16
+    assert info["shapes"][0]["shape"] == [3, 5]
+    assert info["shapes"][-1] == {"stage": "head", "what": "logits", "shape": [3, 5, vocab]}
+    assert info["config"]["model"]["n_layer"] == 2
+    text = cli("info", run_dir, "--shapes")  # defaults: train.batch_size x block_size
+    assert "  head                              16 x 16 x " in text.out
+
+
+def test_info_set_overrides_the_architecture_of_a_config(cli):
+    result = cli("info", ROOT / "configs" / "tiny.yaml", "--vocab-size", "65", "--json",
+                 "--set", "model.activation=swiglu", "--set", "model.pos_encoding=rope")
+    rows = {r["component"]: r["params"] for r in json.loads(result.out)["parameters"]["rows"]}
+    assert rows["mlp gate weight"] == 88 * 32
+    assert rows["position encoding (rotary, applied to q and k)"] == 0
+    bad = cli("info", ROOT / "configs" / "tiny.yaml", "--vocab-size", "65", "--shapes",
+              "--seq-len", "17")
+    assert (bad.code, bad.err) == (2, "error: --seq-len 17 must be in 1..block_size (16)\n")
+    typo = cli("info", ROOT / "configs" / "tiny.yaml", "--set", "model.pos_encoding=alibi")
+    assert typo.code == 2 and "expected one of 'learned', 'sinusoidal', 'rope', 'none'" in typo.err
+
+
+def test_every_option_changed_trains_resumes_and_samples(cli, tmp_path, corpus):
+    run = tmp_path / "run"
+    arch = [f"model.{k}={v}" for k, v in VARIANTS["all_changed"].items()]
+    sets = [a for kv in arch for a in ("--set", kv)]
+    first = cli("train", ROOT / "configs" / "tiny.yaml", "--data", corpus, "--out", run, *sets,
+                "--set", "train.max_iters=10", "--set", "train.eval_interval=5")
+    assert first.code == 0, first.err
+    resumed = cli("train", "--out", run, "--resume", "--set", "train.max_iters=15")
+    assert resumed.code == 0 and "done: 15 steps" in resumed.out
+    conflict = cli("train", "--out", run, "--resume", "--set", "model.norm=layernorm")
+    assert conflict.code == 2 and "model.norm='layernorm' conflicts" in conflict.err
+    args = ["sample", run, "--prompt", "ROMEO:", "--temperature", "0", "--max-new-tokens", "11"]
+    cached, uncached = cli(*args), cli(*args, "--no-cache")
+    assert cached.code == 0 and cached.out == uncached.out
+    info = json.loads(cli("info", run, "--json").out)
+    assert info["config"]["model"]["pos_encoding"] == "rope"
+    assert info["checkpoint"]["step"] == 15
+    assert not info["parameters"]["tied"]
 
 
 def test_bad_config_gives_one_error_line(cli, tmp_path):

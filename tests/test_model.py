@@ -1,8 +1,14 @@
+import itertools
+import math
+
 import pytest
 import torch
 
 from charlm.config import ModelConfig
-from charlm.model import GPT, param_counts
+from charlm.errors import CharlmError
+from charlm.model import GPT, RMSNorm, apply_rope, param_counts, rope_angles, sinusoidal_table
+
+from .conftest import VARIANTS
 
 V = 11
 
@@ -38,26 +44,45 @@ def test_causality():
 
 
 def expected_params(cfg: ModelConfig, vocab: int) -> int:
-    C, F, L, T = cfg.n_embd, cfg.ff_width, cfg.n_layer, cfg.block_size
+    """The analytic count, written from the definitions rather than from the code."""
+    C, L, T = cfg.n_embd, cfg.n_layer, cfg.block_size
+    F = cfg.n_ff if cfg.n_ff is not None else (88 if cfg.activation == "swiglu" else 4 * C)
     b = 1 if cfg.bias else 0
+    ins = 2 if cfg.activation == "swiglu" else 1  # gate and up, or up alone
     attn = 4 * C * C + b * 4 * C
-    mlp = 2 * C * F + b * (F + C)
-    norms = 2 * C * (1 + b)
+    mlp = (ins + 1) * C * F + b * (ins * F + C)
+    norm = C * (1 + (b if cfg.norm == "layernorm" else 0))  # RMSNorm never has a bias
+    final = 0 if cfg.norm_placement == "post" else norm
+    pos = T * C if cfg.pos_encoding == "learned" else 0
     head = 0 if cfg.tie_weights else vocab * C
-    return vocab * C + T * C + L * (attn + mlp + norms) + C * (1 + b) + head
+    return vocab * C + pos + L * (attn + mlp + 2 * norm) + final + head
 
 
-@pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("tie", [False, True])
+@pytest.mark.parametrize("activation", ["gelu", "relu", "swiglu"])
 @pytest.mark.parametrize("n_ff", [None, 48])
-def test_parameter_count_matches_formula(bias, tie, n_ff):
-    cfg = tiny(bias=bias, tie_weights=tie, n_ff=n_ff)
-    model = GPT(cfg, V)
-    counts = param_counts(model)
-    assert counts["total"] == expected_params(cfg, V)
-    assert counts["total"] == sum(p.numel() for p in model.parameters())
-    assert counts["head"] == (0 if tie else V * cfg.n_embd)
-    assert counts["position_embedding"] == cfg.block_size * cfg.n_embd
+def test_parameter_count_matches_formula_for_every_combination(activation, n_ff):
+    for bias, tie, pos, norm, placement in itertools.product(
+            [False, True], [False, True], ["learned", "sinusoidal", "rope", "none"],
+            ["layernorm", "rmsnorm"], ["pre", "post"]):
+        cfg = tiny(bias=bias, tie_weights=tie, n_ff=n_ff, activation=activation,
+                   pos_encoding=pos, norm=norm, norm_placement=placement)
+        model = GPT(cfg, V)
+        where = f"{cfg}"
+        expected = expected_params(cfg, V)
+        assert sum(p.numel() for p in model.parameters()) == expected, where
+        assert param_counts(model)["total"] == expected, where
+        assert param_counts(model)["head"] == (0 if tie else V * cfg.n_embd), where
+        assert param_counts(model)["position_embedding"] == (
+            cfg.block_size * cfg.n_embd if pos == "learned" else 0), where
+
+
+def test_swiglu_hidden_size_rule():
+    assert tiny(activation="swiglu").ff_width == 88  # 2/3 * 4 * 32 = 85.3, up to a multiple of 8
+    assert ModelConfig(n_embd=384, activation="swiglu").ff_width == 1024
+    assert tiny(activation="swiglu", n_ff=40).ff_width == 40  # an explicit n_ff is honoured
+    model = GPT(tiny(activation="swiglu", n_ff=40), V)
+    assert model.blocks[0].mlp.fc.weight.shape == (80, 32)  # gate and up, fused
+    assert model.blocks[0].mlp.proj.weight.shape == (32, 40)
 
 
 def test_baby_gpt_has_10_7m_parameters():
@@ -74,8 +99,9 @@ def test_init_scales_residual_projections():
     assert model.head.weight is model.wte.weight
 
 
-def test_cached_forward_matches_full_forward():
-    model = GPT(tiny(), V).eval()
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_cached_forward_matches_full_forward(variant):
+    model = GPT(tiny(**VARIANTS[variant]), V).eval()
     idx = torch.randint(0, V, (2, 12))
     full, _ = model(idx)
     cache = model.new_cache(2)
@@ -85,3 +111,92 @@ def test_cached_forward_matches_full_forward():
     assert cache.pos == 12
     torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-5, atol=1e-5)
     assert not any("cache" in k for k in model.state_dict())
+
+
+def test_sinusoidal_table_values_at_known_positions():
+    table = sinusoidal_table(torch.tensor([0, 1, 5]), 4)
+    assert table.shape == (3, 4)
+    assert table[0].tolist() == [0.0, 1.0, 0.0, 1.0]  # sin 0, cos 0 in every pair
+    # pair i turns at rate 1 / 10000^(2i / dim): 1 for i = 0, 1/100 for i = 1 when dim = 4
+    expected = [math.sin(5), math.cos(5), math.sin(0.05), math.cos(0.05)]
+    torch.testing.assert_close(table[2], torch.tensor(expected))
+    odd = sinusoidal_table(torch.tensor([3]), 5)  # an odd width ends on a sine
+    assert odd.shape == (1, 5)
+    assert odd[0, 4].item() == pytest.approx(math.sin(3 / 10000 ** (4 / 5)))
+
+
+def test_sinusoidal_embedding_scales_tokens_and_adds_the_table():
+    model = GPT(tiny(pos_encoding="sinusoidal"), V)
+    assert not hasattr(model, "wpe") and not any("pe" in k for k in model.state_dict())
+    idx, pos = torch.randint(0, V, (2, 6)), torch.arange(3, 9)
+    expected = model.wte(idx) * math.sqrt(32) + sinusoidal_table(pos, 32)
+    torch.testing.assert_close(model.embed(idx, pos), expected)
+
+
+def test_rope_preserves_norms_and_depends_only_on_relative_position():
+    torch.manual_seed(0)
+    D = 16
+    q, k = torch.randn(1, 1, 1, D), torch.randn(1, 1, 1, D)
+
+    def at(x, p):
+        return apply_rope(x, *rope_angles(torch.tensor([p]), D))
+
+    for p in (0, 1, 7, 100):
+        torch.testing.assert_close(at(q, p).norm(), q.norm())
+    assert not torch.allclose(at(q, 3), q)  # it does rotate
+
+    def score(m, n):
+        return (at(q, m) * at(k, n)).sum().item()
+
+    assert score(3, 1) == pytest.approx(score(10, 8), abs=1e-5)
+    assert score(3, 1) == pytest.approx(score(60, 58), abs=1e-5)
+    assert score(0, 0) == pytest.approx((q * k).sum().item(), abs=1e-5)
+    assert score(3, 1) != pytest.approx(score(3, 2), abs=1e-3)
+
+
+def test_rope_needs_an_even_head_size():
+    with pytest.raises(CharlmError, match="rope .* even head size, but n_embd / n_head = 15"):
+        ModelConfig(n_embd=30, n_head=2, pos_encoding="rope")
+
+
+def test_rmsnorm_divides_by_root_mean_square():
+    x = torch.randn(2, 3, 8) * 5 + 2
+    norm = RMSNorm(8)
+    expected = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+    torch.testing.assert_close(norm(x), expected)
+    assert list(norm.state_dict()) == ["weight"]
+
+
+@pytest.mark.parametrize("placement", ["pre", "post"])
+def test_pre_and_post_norm_blocks_follow_their_definitions(placement):
+    model = GPT(tiny(norm_placement=placement, bias=True), V).eval()
+    block = model.blocks[0]
+    with torch.no_grad():  # non-trivial norm parameters, so a misplaced norm would show
+        for p in (block.ln_1.weight, block.ln_1.bias, block.ln_2.weight, block.ln_2.bias):
+            p.normal_(0.0, 0.5)
+    x = torch.randn(2, 5, 32)
+    out = block(x, None, 0)
+    if placement == "pre":  # x + f(norm(x))
+        h = x + block.attn(block.ln_1(x))
+        expected = h + block.mlp(block.ln_2(h))
+        assert not isinstance(model.ln_f, torch.nn.Identity)
+    else:  # norm(x + f(x)), and no final norm after the last block
+        h = block.ln_1(x + block.attn(x))
+        expected = block.ln_2(h + block.mlp(h))
+        assert isinstance(model.ln_f, torch.nn.Identity)
+        plain = GPT(tiny(norm_placement="post"), V).blocks[0].eval()  # unit weight, no bias
+        y = plain(x * 10 + 3, None, 0)
+        torch.testing.assert_close(y.mean(-1), torch.zeros(2, 5), atol=1e-5, rtol=0)
+        torch.testing.assert_close(y.var(-1, unbiased=False), torch.ones(2, 5), atol=1e-3,
+                                   rtol=0)
+    torch.testing.assert_close(out, expected)
+
+
+def test_default_architecture_keeps_the_state_dict_names():
+    """Checkpoints written before the architecture options still load: same names, same order."""
+    per_block = ["ln_1.weight", "attn.qkv.weight", "attn.proj.weight", "ln_2.weight",
+                 "mlp.fc.weight", "mlp.proj.weight"]
+    expected = ["wte.weight", "wpe.weight"]
+    expected += [f"blocks.{i}.{name}" for i in range(2) for name in per_block]
+    expected += ["ln_f.weight", "head.weight"]
+    assert list(GPT(tiny(), V).state_dict()) == expected

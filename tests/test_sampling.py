@@ -20,18 +20,25 @@ from charlm.sampling import (
 )
 from charlm.vocab import Vocab
 
+from .conftest import VARIANTS
+
 V = 13
 GREEDY = SampleConfig(temperature=0)
 
 
-@pytest.fixture
-def model() -> GPT:
+def random_model(**options) -> GPT:
     torch.manual_seed(1)
-    model = GPT(ModelConfig(block_size=16, n_layer=2, n_head=2, n_embd=32), V).eval()
+    cfg = ModelConfig(block_size=16, n_layer=2, n_head=2, n_embd=32, **options)
+    model = GPT(cfg, V).eval()
     with torch.no_grad():  # larger weights than the init, so greedy output is not constant
         for p in model.parameters():
             p.normal_(0.0, 0.5)
     return model
+
+
+@pytest.fixture
+def model() -> GPT:
+    return random_model()
 
 
 def run(model, prompt, n, opts=GREEDY, generator=None):
@@ -237,3 +244,12 @@ def test_encode_prompt_unknown_policies():
                         "last 16"]
     with pytest.raises(CharlmError, match="the prompt is empty"):
         encode_prompt(VOCAB, "ZZ", "skip", 16)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_cached_greedy_equals_uncached_for_every_variant(variant):
+    model = random_model(**VARIANTS[variant])
+    prompt = torch.randint(0, V, (3, 4))
+    cached = run(model, prompt, 13)  # up to a full window
+    assert torch.equal(cached, run(model, prompt, 13, uncached(GREEDY)))
+    assert len(set(cached.flatten().tolist())) > 1

@@ -13,15 +13,23 @@ import torch
 from charlm import checkpoint
 from charlm import train as train_module
 from charlm.config import OptimConfig, RunConfig, SampleConfig, save_config
-from charlm.data import dataset_for
-from charlm.device import resolve_dtype
+from charlm.data import BatchSampler, dataset_for
+from charlm.device import grad_scaler, resolve_dtype
 from charlm.errors import CharlmError
 from charlm.faults import Interrupted
 from charlm.model import GPT
 from charlm.sampling import generate
-from charlm.train import evaluate, lr_at, resume_config, step_if, train
+from charlm.train import (
+    evaluate,
+    lr_at,
+    make_optimizer,
+    resume_config,
+    step_if,
+    train,
+    train_step,
+)
 
-from .conftest import ROOT
+from .conftest import ROOT, VARIANTS
 
 
 def with_(cfg: RunConfig, **sections) -> RunConfig:
@@ -119,6 +127,26 @@ def test_resume_refuses_architecture_change_and_missing_checkpoint(tiny_cfg, tmp
     with pytest.raises(CharlmError) as e:
         resume_config(Path(run), None, ["model.n_layer=3"])
     assert "--resume: model.n_layer=3 conflicts with the checkpoint's 2" in str(e.value)
+
+
+def test_checkpoint_from_before_the_architecture_options_loads_and_resumes(tiny_cfg):
+    """A checkpoint whose config has no pos_encoding/norm/... keys is the default GPT."""
+    train(with_(tiny_cfg, train={"max_iters": 20}))
+    last = Path(tiny_cfg.train.out_dir, "last.pt")
+    state = checkpoint.load(last)
+    new_keys = ("pos_encoding", "norm", "norm_placement", "activation")
+    state["config"]["model"] = {k: v for k, v in state["config"]["model"].items()
+                                if k not in new_keys}
+    checkpoint.save({k: v for k, v in state.items() if k not in ("format", "version")}, last)
+    model, _, cfg, _ = checkpoint.load_model(last)
+    assert (cfg.model.pos_encoding, cfg.model.norm, cfg.model.activation) == (
+        "learned", "layernorm", "gelu")
+    assert torch.equal(model.wpe.weight, state["model"]["wpe.weight"])
+    run = Path(tiny_cfg.train.out_dir)
+    with pytest.raises(CharlmError, match="model.norm='rmsnorm' conflicts with the checkpoint's "
+                                          "'layernorm'"):
+        resume_config(run, None, ["model.norm=rmsnorm"])
+    assert train(resume_config(run, None, ["train.max_iters=25"]), resume=True).step == 25
 
 
 def test_existing_run_is_not_clobbered(tiny_cfg):
@@ -363,3 +391,20 @@ def test_too_many_bad_steps_stop_the_run_and_keep_the_checkpoint(tiny_cfg, monke
     model = GPT(cfg.model, len(last["vocab"]))
     model.load_state_dict(last["model"])
     assert all(torch.equal(a, b) for a, b in zip(weights[2], model.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_each_variant_learns_on_the_tiny_config(variant, tiny_cfg, tmp_path):
+    cfg = with_(tiny_cfg, model=VARIANTS[variant], train={"max_iters": 60, "eval_iters": 2})
+    dev, fp32 = torch.device("cpu"), torch.float32
+    data = dataset_for(cfg.data.path, cfg.data.val_fraction, tmp_path / "ds")
+    model = GPT(cfg.model, len(data.vocab))
+    optimizer = make_optimizer(model, cfg.optim)
+    sampler = BatchSampler(data.train, cfg.model.block_size, cfg.train.batch_size, dev, 0)
+    before = evaluate(model, data, cfg, dev, fp32)["val"]
+    for step in range(cfg.train.max_iters):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, cfg.optim, cfg.train.max_iters)
+        train_step(model, optimizer, grad_scaler(dev, fp32), sampler, cfg, dev, fp32)
+    after = evaluate(model, data, cfg, dev, fp32)["val"]
+    assert after < before - 0.7, (before, after)

@@ -1,0 +1,133 @@
+"""Train each single-option architecture change against the default for the same wall time and
+print a markdown table: variant, parameters, tokens/s, val loss at equal time.
+
+    python scripts/compare_variants.py [--seconds 30] [--config configs/shakespeare_char_cpu.yaml]
+
+Every variant gets the config's recipe (model size, batch, optimizer, seed) with one `model` key
+changed. Training stops when the wall-time budget is spent; the learning-rate schedule (warmup,
+cosine) is stretched over that budget instead of over `train.max_iters`, so a faster variant is
+not cut off mid-decay. The variants take turns in `--rounds` slices of their budget, so load from
+other processes falls on all of them alike. The val loss (nats/char) is then measured on the
+same fixed val windows for every variant; evaluation time is not counted. Timings depend on the
+machine and on what else runs on it: compare figures from one run only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from charlm.config import RunConfig, load_config
+from charlm.data import BatchSampler, Dataset, dataset_for
+from charlm.device import grad_scaler, resolve_device, resolve_dtype, seed_everything
+from charlm.model import GPT
+from charlm.train import evaluate, lr_at, make_optimizer, train_step
+
+ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = {  # name -> the one model key it changes
+    "default": {},
+    "pos_encoding=sinusoidal": {"pos_encoding": "sinusoidal"},
+    "pos_encoding=rope": {"pos_encoding": "rope"},
+    "pos_encoding=none": {"pos_encoding": "none"},
+    "norm=rmsnorm": {"norm": "rmsnorm"},
+    "norm_placement=post": {"norm_placement": "post"},
+    "activation=relu": {"activation": "relu"},
+    "activation=swiglu": {"activation": "swiglu"},
+    "tie_weights=false": {"tie_weights": False},
+    "bias=true": {"bias": True},
+}
+
+
+def with_model(cfg: RunConfig, change: dict) -> RunConfig:
+    raw = cfg.to_dict()
+    raw["model"].update(change)
+    return RunConfig.from_dict(raw, "compare_variants")
+
+
+class Contender:
+    """One variant's model, optimizer and sampler, trained in slices until its budget is spent."""
+
+    def __init__(self, cfg: RunConfig, data: Dataset, seconds: float):
+        tc = cfg.train
+        self.cfg, self.data, self.seconds = cfg, data, seconds
+        self.device = resolve_device(tc.device)
+        self.dtype = resolve_dtype(tc.dtype, self.device)
+        seed_everything(tc.seed)
+        self.model = GPT(cfg.model, len(data.vocab)).to(self.device).train()
+        self.optimizer = make_optimizer(self.model, cfg.optim)
+        self.scaler = grad_scaler(self.device, self.dtype)
+        self.sampler = BatchSampler(data.train, cfg.model.block_size, tc.batch_size, self.device,
+                                    tc.seed)
+        self.spent, self.steps = 0.0, 0
+
+    def train_until(self, budget: float) -> None:
+        """Train until `budget` seconds of wall time have been spent on this variant in all."""
+        tc = self.cfg.train
+        start, before = time.perf_counter(), self.spent
+        while self.spent < min(budget, self.seconds):
+            # The schedule's "step" is the fraction of the budget spent, in units of max_iters.
+            at = int(self.spent / self.seconds * tc.max_iters)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr_at(at, self.cfg.optim, tc.max_iters)
+            train_step(self.model, self.optimizer, self.scaler, self.sampler, self.cfg,
+                       self.device, self.dtype)
+            if self.device.type == "cuda":  # the clock must see the work, not its queueing
+                torch.cuda.synchronize()
+            self.steps += 1
+            self.spent = before + time.perf_counter() - start
+
+    def result(self) -> dict:
+        tc = self.cfg.train
+        tokens = self.steps * tc.batch_size * tc.grad_accum * self.cfg.model.block_size
+        val = evaluate(self.model, self.data, self.cfg, self.device, self.dtype)["val"]
+        return {"params": sum(p.numel() for p in self.model.parameters()), "steps": self.steps,
+                "tokens_per_s": tokens / self.spent, "val_loss": val}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=30.0,
+                        help="training wall time per variant (default 30)")
+    parser.add_argument("--config", type=Path, default=ROOT / "configs" /
+                        "shakespeare_char_cpu.yaml", help="the recipe every variant shares")
+    parser.add_argument("--eval-iters", type=int, default=50,
+                        help="val batches in the final evaluation (default 50)")
+    parser.add_argument("--rounds", type=int, default=10,
+                        help="slices each variant's time is cut into, taken in turn (default 10)")
+    parser.add_argument("--only", nargs="+", choices=list(VARIANTS), metavar="VARIANT",
+                        help="run only these variants (default: all)")
+    args = parser.parse_args()
+    base = load_config(args.config, [f"train.eval_iters={args.eval_iters}"])
+    names = args.only or list(VARIANTS)
+    source = Path(base.data.path)
+    source = source if source.is_absolute() else ROOT / source
+    with tempfile.TemporaryDirectory() as tmp:
+        data = dataset_for(str(source), base.data.val_fraction, Path(tmp) / "dataset")
+        device = resolve_device(base.train.device)
+        load = os.getloadavg()[0]
+        print(f"{args.seconds:g} s of training per variant, {args.config.name}, device {device}, "
+              f"{torch.get_num_threads()} torch threads, torch {torch.__version__}\n")
+        contenders = {n: Contender(with_model(base, VARIANTS[n]), data, args.seconds)
+                      for n in names}
+        # Round-robin slices: load from other processes that comes and goes then hits every
+        # variant alike, instead of whichever one happened to be running.
+        for r in range(1, args.rounds + 1):
+            for c in contenders.values():
+                c.train_until(args.seconds * r / args.rounds)
+        print("| variant | params | tokens/s | steps | val loss | vs default |")
+        print("|---|---:|---:|---:|---:|---:|")
+        results = {n: c.result() for n, c in contenders.items()}
+        reference = results.get("default", {}).get("val_loss")
+        for name, r in results.items():
+            delta = f"{r['val_loss'] - reference:+.3f}" if reference is not None else ""
+            print(f"| {name} | {r['params']:,} | {r['tokens_per_s']:,.0f} | {r['steps']} | "
+                  f"{r['val_loss']:.3f} | {delta} |")
+        print(f"\nload average before / after: {load:.2f} / {os.getloadavg()[0]:.2f}")
+
+if __name__ == "__main__":
+    main()
