@@ -104,3 +104,17 @@ def test_readme_python_api_example_runs(run_dir, tmp_path, monkeypatch):
     exec(compile(code, "README.md", "exec"), namespace)
     assert isinstance(namespace["text"], str) and len(namespace["text"]) == 200
     assert namespace["result"].bpc > 0
+
+
+def test_hf_export_refuses_what_gpt2_cannot_express(tmp_path):
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", ["model.pos_encoding=rope",
+                                                      "model.norm=rmsnorm"])
+    from charlm.model import GPT
+    from charlm.vocab import Vocab
+
+    with pytest.raises(Exception) as e:
+        save_hf(GPT(cfg.model, 3), Vocab(list("abc")), cfg, tmp_path / "hf")
+    assert str(e.value) == (
+        "this model cannot be exported as GPT-2 (--format hf): model.pos_encoding='rope' (GPT-2 "
+        "has 'learned'), model.norm='rmsnorm' (GPT-2 has 'layernorm'); use --format safetensors")
+    assert not (tmp_path / "hf").exists()
