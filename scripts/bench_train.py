@@ -1,0 +1,103 @@
+"""Benchmark training throughput: steady-state ms/step, tokens/s and MFU, as one JSON line.
+
+    python scripts/bench_train.py CONFIG [--steps 50] [--warmup 10] [--set section.key=value ...]
+
+It builds exactly what `charlm train` builds (model, fused AdamW, batch sampler, autocast) and times
+`train_step` after a warm-up, on the config's data (tiny-shakespeare by default). FLOPs per
+token follow the PaLM appendix: 6N + 12 * n_layer * n_embd * block_size (see charlm.summary).
+The peak is bf16 dense: from a table for known GPUs, and on a CPU measured by a 2048^3 bf16 matmul
+probe (AMX where the CPU has it); on a CPU the fp32 probe and the MFU against it are printed too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from charlm.config import load_config
+from charlm.data import BatchSampler, dataset_for
+from charlm.device import grad_scaler, resolve_device, resolve_dtype
+from charlm.model import GPT
+from charlm.summary import flops_per_token, parameter_table
+from charlm.train import make_optimizer, train_step
+
+GPU_PEAK_BF16 = {"A100": 312e12, "H100": 989e12, "H200": 989e12}  # dense, no sparsity
+
+
+def cpu_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
+    """FLOP/s of the best of a few n x n x n matmuls in `dtype` on this CPU."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best
+
+
+def device_peak(device: torch.device) -> tuple[float | None, str]:
+    """The bf16 dense peak: from the table for a GPU, measured on a CPU."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, peak in GPU_PEAK_BF16.items():
+            if key in name:
+                return peak, f"{key} bf16 dense (table)"
+        return None, f"{name}: not in the table"
+    return cpu_peak(torch.bfloat16), "cpu bf16 2048^3 matmul probe"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config")
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    args = parser.parse_args()
+    cfg = load_config(args.config, args.overrides)
+    device = resolve_device(cfg.train.device)
+    dtype = resolve_dtype(cfg.train.dtype, device)
+    torch.manual_seed(cfg.train.seed)
+    data = dataset_for(cfg.data.path, cfg.data.val_fraction, Path("runs/.bench_dataset"))
+    model = GPT(cfg.model, len(data.vocab)).to(device)
+    step_model = torch.compile(model) if cfg.train.compile else model
+    optimizer = make_optimizer(model, cfg.optim)
+    scaler = grad_scaler(device, dtype)
+    sampler = BatchSampler(data.train, cfg.model.block_size, cfg.train.batch_size, device, 0)
+
+    def run(n: int) -> float:
+        t = time.perf_counter()
+        for _ in range(n):
+            loss, _, _ = train_step(step_model, optimizer, scaler, sampler, cfg, device, dtype)
+        loss.item()  # wait for the device
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    run(args.warmup)
+    seconds = run(args.steps)
+    tokens_per_step = cfg.train.batch_size * cfg.train.grad_accum * cfg.model.block_size
+    tokens_per_s = args.steps * tokens_per_step / seconds
+    flops = flops_per_token(parameter_table(model), cfg.model, len(data.vocab))["training"]
+    peak, peak_source = device_peak(device)
+    fp32_peak = cpu_peak(torch.float32) if device.type == "cpu" else None
+    print(json.dumps({
+        "config": args.config, "overrides": args.overrides, "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."), "compile": cfg.train.compile,
+        "threads": torch.get_num_threads(), "tokens_per_step": tokens_per_step,
+        "ms_per_step": round(1000 * seconds / args.steps, 2),
+        "tokens_per_s": round(tokens_per_s), "flops_per_token": flops,
+        "achieved_tflops": round(tokens_per_s * flops / 1e12, 4),
+        "peak_tflops": round(peak / 1e12, 3) if peak else None, "peak_source": peak_source,
+        "mfu": round(tokens_per_s * flops / peak, 4) if peak else None,
+        "fp32_peak_tflops": round(fp32_peak / 1e12, 3) if fp32_peak else None,
+        "mfu_vs_fp32_peak": round(tokens_per_s * flops / fp32_peak, 4) if fp32_peak else None,
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Time to a validation loss: run `charlm train CONFIG` and report the wall time, from the launch
+of the command, at which the val loss first reached --target, with the val curve.
+
+    python scripts/time_to_loss.py CONFIG --target 1.88 [--set section.key=value ...]
+
+It watches the run's metrics.jsonl while the command runs, so the time includes interpreter start,
+imports and data preparation, as a user would see it. Also printed: each eval's `elapsed_s` as
+logged by the trainer (from the start of training) and the val loss at --at seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config")
+    parser.add_argument("--target", type=float, default=1.88)
+    parser.add_argument("--at", type=float, default=60.0, help="also report val at this wall time")
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--stop-at-target", action="store_true",
+                        help="end the run once the target is reached")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / "run"
+        cmd = [sys.executable, "-m", "charlm", "train", args.config, "--out", str(run)]
+        for item in args.overrides:
+            cmd += ["--set", item]
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        metrics, seen, curve, hit = run / "metrics.jsonl", 0, [], None
+        while True:
+            done = proc.poll() is not None
+            lines = metrics.read_text().splitlines() if metrics.exists() else []
+            now = time.perf_counter() - t0
+            for line in lines[seen:]:
+                if not line.endswith("}"):
+                    break  # a line still being written
+                event = json.loads(line)
+                seen += 1
+                if event["event"] != "eval":
+                    continue
+                curve.append({"step": event["step"], "wall_s": round(now, 2),
+                              "elapsed_s": event["elapsed_s"],
+                              "val_loss": round(event["val_loss"], 4)})
+                if hit is None and event["val_loss"] <= args.target:
+                    hit = curve[-1]
+                    if args.stop_at_target:
+                        proc.terminate()
+            if done:
+                break
+            time.sleep(0.02)
+        err = proc.stderr.read() if proc.stderr else ""
+        if proc.returncode not in (0, 143, -15) and hit is None:
+            sys.exit(f"charlm train failed ({proc.returncode}): {err.strip()[-500:]}")
+    before = [c for c in curve if c["wall_s"] <= args.at]
+    print(json.dumps({
+        "config": args.config, "overrides": args.overrides, "target": args.target,
+        "time_to_target_s": hit["wall_s"] if hit else None,
+        "step_at_target": hit["step"] if hit else None,
+        "trainer_elapsed_at_target_s": hit["elapsed_s"] if hit else None,
+        f"val_at_{args.at:g}s": before[-1]["val_loss"] if before else None,
+        "final_val": curve[-1]["val_loss"] if curve else None,
+        "total_wall_s": round(time.perf_counter() - t0, 2), "curve": curve,
+    }))
+
+
+if __name__ == "__main__":
+    main()
