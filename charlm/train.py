@@ -28,6 +28,7 @@ from charlm.errors import CharlmError
 from charlm.faults import BadSteps, Interrupted, StopSignals
 from charlm.metrics import MetricsLogger
 from charlm.model import GPT
+from charlm.sampling import preview
 
 LN2 = math.log(2)
 RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "tb", "config.yaml")
@@ -271,6 +272,7 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
     log = MetricsLogger(run_dir, tc.max_iters, state.step, progress)
     bad = BadSteps(tc.max_bad_steps, state.skipped_steps, device)
     saved_step = state.step if resume else None  # the step of the last.pt on disk
+    final: dict[str, float] | None = None  # the losses of the latest eval
     stop = StopSignals()
     try:
         with stop:
@@ -310,19 +312,22 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
                     t_log, steps_since_log = now, 0
                 improved = False
                 if eval_now:
-                    losses = evaluate(step_model, data, cfg, device, dtype)
+                    final = evaluate(step_model, data, cfg, device, dtype)
                     state.elapsed_s = elapsed_before + time.perf_counter() - t_start
-                    improved = losses["val"] < state.best_val
-                    state.best_val = min(state.best_val, losses["val"])
+                    improved = final["val"] < state.best_val
+                    state.best_val = min(state.best_val, final["val"])
                     log.log("eval", step=state.step, elapsed_s=round(state.elapsed_s, 3),
-                            tokens=state.tokens, lr=lr, train_loss=losses["train"],
-                            val_loss=losses["val"], val_bpc=losses["val"] / LN2,
+                            tokens=state.tokens, lr=lr, train_loss=final["train"],
+                            val_loss=final["val"], val_bpc=final["val"] / LN2,
                             best_val_loss=state.best_val)
                     log.message(
-                        f"step {state.step}: train {losses['train']:.4f}, val "
-                        f"{losses['val']:.4f} ({losses['val'] / LN2:.3f} bpc), "
+                        f"step {state.step}: train {final['train']:.4f}, val "
+                        f"{final['val']:.4f} ({final['val'] / LN2:.3f} bpc), "
                         f"{state.elapsed_s:.1f}s" + (" *best" if improved else "")
                     )
+                    if tc.sample_chars:
+                        log.sample(preview(model, data.vocab, tc.sample_chars, tc.seed),
+                                   state.step)
                 if write_last or improved:
                     state.elapsed_s = elapsed_before + time.perf_counter() - t_start
                     ckpt = snapshot()
@@ -339,6 +344,12 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
                         f"`charlm train --out {run_dir} --resume`",
                         stop.signum,
                     )
+        if final is not None:
+            log.hparams(cfg.to_dict(), {
+                "hparams/best_val_loss": state.best_val, "hparams/final_val_loss": final["val"],
+                "hparams/final_val_bpc": final["val"] / LN2,
+                "hparams/final_train_loss": final["train"],
+            }, state.step)
     finally:
         log.close()
     return state
