@@ -91,6 +91,7 @@ def train(
 ) -> None:
     """Train a GPT (or resume a run) and write checkpoints, metrics and TensorBoard logs."""
     from charlm.config import load_config
+    from charlm.device import is_main_process
     from charlm.faults import Interrupted
     from charlm.train import resume_config
     from charlm.train import train as run_training
@@ -113,13 +114,16 @@ def train(
     cfg = load_config(config, overrides)
     if resume:
         cfg = resume_config(Path(cfg.train.out_dir), config, overrides)
+    main_rank = is_main_process()  # under torchrun, rank 0 alone speaks for the run
     try:
         state = run_training(cfg, resume=resume, overwrite=overwrite)
     except Interrupted as e:  # last.pt is saved; say where, exit 130 / 143
-        print(e, file=sys.stderr)
+        if main_rank:
+            print(e, file=sys.stderr)
         raise typer.Exit(e.exit_code) from None
-    print(f"done: {state.step} steps, best val loss {state.best_val:.4f}, "
-          f"checkpoints in {cfg.train.out_dir}")
+    if main_rank:
+        print(f"done: {state.step} steps, best val loss {state.best_val:.4f}, "
+              f"checkpoints in {cfg.train.out_dir}")
 
 
 @app.command()

@@ -129,6 +129,7 @@ class TrainConfig:
     log_interval: int = 50
     checkpoint_interval: int | None = None  # steps between writes of last.pt; None: every eval
     max_bad_steps: int = 5  # non-finite steps (updates skipped) in a row that stop the run
+    sample_chars: int = 200  # characters sampled at each eval for TensorBoard; 0: none
     seed: int = 1337
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -142,6 +143,7 @@ class TrainConfig:
         _check(self.checkpoint_interval is None or self.checkpoint_interval >= 1,
                "train.checkpoint_interval", "must be >= 1, or null to write last.pt at every eval")
         _check(self.max_bad_steps >= 1, "train.max_bad_steps", "must be >= 1")
+        _check(self.sample_chars >= 0, "train.sample_chars", "must be >= 0 (0 turns samples off)")
         _check(bool(self.out_dir), "train.out_dir", "must not be empty")
 
 

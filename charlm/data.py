@@ -279,23 +279,28 @@ def require_window(data: np.ndarray, block_size: int, split: str,
 class BatchSampler:
     """Random (x, y) windows of one split, drawn with its own seeded generator.
 
-    All rows of a batch are gathered with one vectorised index into the memmap.
+    All rows of a batch are gathered with one vectorised index into the memmap. `rows` keeps a
+    slice of each batch: the generator still draws all `batch_size` starts, so every DDP rank,
+    seeded alike, sees the same global batch and keeps its own shard of it.
     """
 
     def __init__(self, data: np.ndarray, block_size: int, batch_size: int,
-                 device: torch.device, seed: int, name: str = "train"):
+                 device: torch.device, seed: int, name: str = "train",
+                 rows: slice = slice(None)):
         require_window(data, block_size, name)
         self.data = data
         self.block_size = block_size
         self.batch_size = batch_size
         self.device = device
+        self.rows = rows
         self.generator = torch.Generator().manual_seed(seed)
         self._arange = torch.arange(block_size + 1)
 
     def batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """x, y of shape (B, T) as int64 on the device; y is x shifted left by one."""
+        """x, y of shape (B, T) as int64 on the device (B: the rows kept); y is x shifted left
+        by one."""
         starts = torch.randint(len(self.data) - self.block_size, (self.batch_size,),
-                               generator=self.generator)
+                               generator=self.generator)[self.rows]
         index = (starts[:, None] + self._arange).numpy()  # (B, T+1)
         windows = torch.from_numpy(self.data[index].astype(np.int64))
         if self.device.type == "cuda":

@@ -1,12 +1,24 @@
 """Devices and numerics: resolve `auto`, pick the AMP dtype, build the autocast context and the
-GradScaler (fp16 only), and seed every RNG."""
+GradScaler (fp16 only), seed every RNG, and set up DistributedDataParallel under torchrun.
+
+Under torchrun (`WORLD_SIZE`, `RANK`, `LOCAL_RANK` in the environment) `distributed` joins the
+process group (NCCL on CUDA, gloo on the CPU) and hands out a `Dist`: the rank's place in the
+world and the few collectives the training loop needs. Without torchrun it hands out the
+single-process `Dist`, whose collectives do nothing, so one loop serves both.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch.distributed as torch_dist
+from torch.nn.parallel import DistributedDataParallel
 
 from charlm.errors import CharlmError
 
@@ -58,3 +70,119 @@ def grad_scaler(device: torch.device, dtype: torch.dtype) -> torch.amp.GradScale
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place in a torchrun world; `Dist()` is a plain single-process run.
+
+    `flags` is a gloo group for host-side values (the stop flag): with NCCL a CPU tensor cannot
+    go through the default group, and a CUDA one would make the host wait for the device."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    active: bool = False  # a process group is up (launched by torchrun)
+    flags: Any = None
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one process that logs, prints, samples and writes files."""
+        return self.rank == 0
+
+    def rows(self, batch_size: int) -> slice:
+        """This rank's rows of a global batch of `batch_size` rows."""
+        per_rank = batch_size // self.world_size
+        return slice(self.rank * per_rank, (self.rank + 1) * per_rank)
+
+    def mean_(self, value: torch.Tensor) -> torch.Tensor:
+        """Average a tensor over ranks, in place (gloo has no AVG, hence SUM then divide).
+        Enqueued on the device stream under NCCL: the host does not wait."""
+        if self.active:
+            torch_dist.all_reduce(value, op=torch_dist.ReduceOp.SUM)
+            value /= self.world_size
+        return value
+
+    def agree_signal(self, signum: int | None) -> int | None:
+        """The stop signal any rank has received (the largest number if several), so all ranks
+        stop at the same step. One host-side all-reduce of one integer."""
+        if not self.active:
+            return signum
+        flag = torch.tensor(signum or 0)
+        torch_dist.all_reduce(flag, op=torch_dist.ReduceOp.MAX, group=self.flags)
+        return int(flag) or None
+
+    def barrier(self) -> None:
+        if self.active:
+            torch_dist.barrier()
+
+    @contextlib.contextmanager
+    def main_first(self) -> Iterator[None]:
+        """Rank 0 runs the block (say, writing a cache) before the other ranks do. Should rank 0
+        fail in it, the others wait until torchrun ends them, as it does when a rank fails."""
+        if not self.is_main:
+            self.barrier()
+        yield
+        if self.is_main:
+            self.barrier()
+
+    def wrap(self, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+        """The module that training steps call: DDP around `model` when distributed."""
+        if not self.active:
+            return model
+        ids = [device.index] if device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids)
+
+
+def sync_grads(model: torch.nn.Module, sync: bool) -> contextlib.AbstractContextManager:
+    """Around the forward and backward of a micro-step: DDP all-reduces the gradients only when
+    `sync` (the last micro-step of an accumulation); the others accumulate locally."""
+    if sync or not isinstance(model, DistributedDataParallel):
+        return contextlib.nullcontext()
+    return model.no_sync()
+
+
+def _torchrun_env() -> tuple[int, int, int] | None:
+    """(rank, local rank, world size) when launched by torchrun, else None."""
+    if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
+        return None
+    env = os.environ
+    return int(env["RANK"]), int(env.get("LOCAL_RANK", env["RANK"])), int(env["WORLD_SIZE"])
+
+
+def is_main_process() -> bool:
+    """False on the ranks of a torchrun world other than 0 (they stay quiet)."""
+    place = _torchrun_env()
+    return place is None or place[0] == 0
+
+
+@contextlib.contextmanager
+def distributed(device: torch.device) -> Iterator[tuple[Dist, torch.device]]:
+    """Join the torchrun process group for the duration of a run; yields (Dist, device), the
+    device being `cuda:LOCAL_RANK` on CUDA. A group the caller set up is used and left up."""
+    place = _torchrun_env()
+    if place is None:
+        yield Dist(), device
+        return
+    rank, local_rank, world_size = place
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    elif device.type == "cpu":
+        backend = "gloo"
+    else:
+        raise CharlmError(
+            f"torchrun: distributed training runs on cuda (NCCL) or cpu (gloo), not "
+            f"{device.type}; use --set train.device=cuda or cpu, or run without torchrun"
+        )
+    owned = not torch_dist.is_initialized()
+    if owned:
+        torch_dist.init_process_group(
+            backend, device_id=device if backend == "nccl" else None)
+    try:
+        flags = torch_dist.new_group(backend="gloo") if backend == "nccl" else None
+        yield Dist(rank, local_rank, world_size, True, flags), device
+    finally:
+        if owned:
+            torch_dist.destroy_process_group()

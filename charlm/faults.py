@@ -30,10 +30,12 @@ class Interrupted(KeyboardInterrupt):
 class StopSignals:
     """While active, the first SIGINT / SIGTERM only sets `signum`, so the loop can finish its step
     and save; a second one raises KeyboardInterrupt at once. The previous handlers come back on
-    exit. Outside the main thread (where Python cannot install handlers) it does nothing."""
+    exit. Outside the main thread (where Python cannot install handlers) it does nothing.
+    `announce=False` keeps the first signal quiet (the DDP ranks other than 0)."""
 
-    def __init__(self) -> None:
+    def __init__(self, announce: bool = True) -> None:
         self.signum: int | None = None
+        self.announce = announce
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopSignals:
@@ -54,8 +56,9 @@ class StopSignals:
             os.write(2, b"aborted: last.pt holds the last completed save\n")
             raise KeyboardInterrupt
         self.signum = signum
-        os.write(2, f"\n{signal.Signals(signum).name}: finishing this step and saving last.pt "
-                    "(press Ctrl-C again to abort without saving)\n".encode())
+        if self.announce:
+            os.write(2, f"\n{signal.Signals(signum).name}: finishing this step and saving "
+                        "last.pt (press Ctrl-C again to abort without saving)\n".encode())
 
 
 class BadSteps:

@@ -1,5 +1,7 @@
 """One logger for a training run that fans each event out to `metrics.jsonl`, TensorBoard and
-the tqdm progress bar."""
+the tqdm progress bar: scalars at log and eval steps, a text sample at each eval, and the run's
+hyperparameters with its final metrics at the end. Only one process of a run logs: the others
+(the DDP ranks other than 0) hold a disabled logger."""
 
 from __future__ import annotations
 
@@ -18,19 +20,38 @@ TB_TAGS = {
 }
 
 
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"train": {"lr": 1}} -> {"train.lr": 1}; values TensorBoard's hparams cannot hold (None,
+    lists) become their text."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = (value if isinstance(value, bool | int | float | str)
+                                  else str(value))
+    return flat
+
+
 class MetricsLogger:
     def __init__(self, run_dir: Path, total_steps: int, initial_step: int = 0,
-                 progress: bool | None = None):
+                 progress: bool | None = None, enabled: bool = True):
+        self.enabled = enabled
+        if not enabled:
+            return
         from torch.utils.tensorboard import SummaryWriter  # slow import, only when training
 
         self.jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
-        self.tb = SummaryWriter(str(run_dir / "tb"))
+        self.tb_dir = run_dir / "tb"
+        self.tb = SummaryWriter(str(self.tb_dir))
         # progress=None: a bar only when stderr is a terminal.
         self.bar = tqdm(total=total_steps, initial=initial_step, desc="train", unit="step",
                         dynamic_ncols=True, disable=None if progress is None else not progress)
 
     def log(self, kind: str, **values: Any) -> None:
         """Record one event: a line of metrics.jsonl and its scalars in TensorBoard."""
+        if not self.enabled:
+            return
         event = {"event": kind, **values}
         self.jsonl.write(json.dumps(event) + "\n")
         self.jsonl.flush()
@@ -41,14 +62,30 @@ class MetricsLogger:
             self.bar.set_postfix(loss=f"{values['train_loss']:.4f}", lr=f"{values['lr']:.2e}",
                                  tok_s=f"{values['tokens_per_s']:.0f}", refresh=False)
 
+    def sample(self, text: str, step: int) -> None:
+        """A generated sample, as TensorBoard text under `sample`. Indented four spaces, the
+        markdown of a code block, so its line breaks and spaces show as generated."""
+        if self.enabled:
+            self.tb.add_text("sample", "".join(f"    {line}\n" for line in text.split("\n")),
+                             step)
+
+    def hparams(self, config: dict[str, Any], metrics: dict[str, float], step: int) -> None:
+        """The run's flattened config with its final metrics, for TensorBoard's HParams tab.
+        run_name "." keeps them in this run's own directory, not a timestamped sub-run."""
+        if self.enabled:
+            self.tb.add_hparams(flatten(config), metrics, run_name=".", global_step=step)
+
     def message(self, text: str) -> None:
         """A line for the user that does not break the progress bar."""
-        self.bar.write(text, file=sys.stdout)
+        if self.enabled:
+            self.bar.write(text, file=sys.stdout)
 
     def advance(self, n: int = 1) -> None:
-        self.bar.update(n)
+        if self.enabled:
+            self.bar.update(n)
 
     def close(self) -> None:
-        self.bar.close()
-        self.tb.close()
-        self.jsonl.close()
+        if self.enabled:
+            self.bar.close()
+            self.tb.close()
+            self.jsonl.close()

@@ -371,3 +371,16 @@ def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
         if not m.done:
             seconds[i] = time.perf_counter() - t0
     return [Sample(prompt, texts[i], counts[i], seconds[i], matchers[i].done) for i in range(K)]
+
+
+def preview(model: GPT, vocab: Vocab, chars: int, seed: int) -> str:
+    """A short sample for a training run's log: `chars` characters continuing a newline (or the
+    vocabulary's first character when it has none), prompt included. It draws from its own
+    seeded generator, so the training RNG is untouched, and it restores the model's mode."""
+    was_training = model.training
+    prompt = "\n" if not vocab.unknown("\n") else vocab.chars[0]
+    try:
+        [sample] = sample_text(model, vocab, prompt, SampleConfig(max_new_tokens=chars, seed=seed))
+    finally:
+        model.train(was_training)
+    return prompt + sample.text

@@ -4,6 +4,13 @@ Fresh and resumed runs build the same objects; a resume then loads model, optimi
 train state, the batch sampler's generator and the torch RNG states from `last.pt`. `step` counts
 training steps; a step whose loss or gradient norm is not finite skips its update. SIGINT /
 SIGTERM finish the current step, save `last.pt` and raise `Interrupted` (see `charlm.faults`).
+
+Under torchrun the same loop runs on every rank with DistributedDataParallel (see
+`charlm.device.distributed`): each rank trains on its rows of the global batch that the
+identically seeded sampler draws, so a step sees the batch a single-process run would; rank 0
+alone logs, samples and writes. Every value that decides what the loop does next is the same on
+all ranks: the loss (all-reduced), the gradient norm (of all-reduced gradients), hence `ok`, and
+the stop signal, which one small host-side all-reduce per step agrees on.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import os
 import shutil
 import signal
 import time
@@ -23,11 +31,21 @@ import torch
 from charlm import checkpoint
 from charlm.config import OptimConfig, RunConfig, apply_overrides, load_config, save_config
 from charlm.data import BatchSampler, Dataset, dataset_for, require_window
-from charlm.device import autocast, grad_scaler, resolve_device, resolve_dtype, seed_everything
+from charlm.device import (
+    Dist,
+    autocast,
+    distributed,
+    grad_scaler,
+    resolve_device,
+    resolve_dtype,
+    seed_everything,
+    sync_grads,
+)
 from charlm.errors import CharlmError
 from charlm.faults import BadSteps, Interrupted, StopSignals
 from charlm.metrics import MetricsLogger
 from charlm.model import GPT
+from charlm.sampling import preview
 
 LN2 = math.log(2)
 RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "tb", "config.yaml")
@@ -96,20 +114,23 @@ def step_if(optimizer: torch.optim.Optimizer, ok: torch.Tensor) -> None:
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                scaler: torch.amp.GradScaler, sampler: BatchSampler, cfg: RunConfig,
-               device: torch.device, dtype: torch.dtype,
+               device: torch.device, dtype: torch.dtype, dist: Dist = Dist(),
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One optimizer update over `grad_accum` micro-batches, skipped when the loss or the
     gradient norm is not finite. Returns (mean loss, grad norm, ok) as tensors, so a step that
-    does not log never waits for the device."""
+    does not log never waits for the device. Under DDP the gradients are all-reduced on the last
+    micro-batch only, and the loss is averaged over ranks (the global batch's)."""
     accum = cfg.train.grad_accum
     total = torch.zeros((), device=device)
-    for _ in range(accum):
+    for i in range(accum):
         x, y = sampler.batch()
-        with autocast(device, dtype):
-            _, loss = model(x, y)
-        loss = loss / accum
-        scaler.scale(loss).backward()
+        with sync_grads(model, sync=i == accum - 1):
+            with autocast(device, dtype):
+                _, loss = model(x, y)
+            loss = loss / accum
+            scaler.scale(loss).backward()
         total += loss.detach()
+    dist.mean_(total)
     scaler.unscale_(optimizer)
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
@@ -124,11 +145,12 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, data: Dataset, cfg: RunConfig, device: torch.device,
-             dtype: torch.dtype) -> dict[str, float]:
+             dtype: torch.dtype, dist: Dist = Dist()) -> dict[str, float]:
     """Mean loss (nats/char) over `eval_iters` batches of each split.
 
     The batches come from a generator seeded afresh each time, so every evaluation of a run scores
-    the same windows (comparable across evals) and the training RNG is left alone.
+    the same windows (comparable across evals) and the training RNG is left alone. Under DDP each
+    rank scores its rows of those batches and the means are averaged over ranks.
     """
     was_training = model.training
     model.eval()
@@ -136,14 +158,15 @@ def evaluate(model: torch.nn.Module, data: Dataset, cfg: RunConfig, device: torc
         losses = {}
         for split in ("train", "val"):
             sampler = BatchSampler(data.split(split), cfg.model.block_size, cfg.train.batch_size,
-                                   device, seed=cfg.train.seed + 1, name=split)
+                                   device, seed=cfg.train.seed + 1, name=split,
+                                   rows=dist.rows(cfg.train.batch_size))
             total = torch.zeros((), device=device)
             for _ in range(cfg.train.eval_iters):
                 x, y = sampler.batch()
                 with autocast(device, dtype):
                     _, loss = model(x, y)
                 total += loss
-            losses[split] = (total / cfg.train.eval_iters).item()
+            losses[split] = dist.mean_(total / cfg.train.eval_iters).item()
         return losses
     finally:
         model.train(was_training)
@@ -190,7 +213,7 @@ def _check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
         )
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / f".write-test-{id(run_dir)}"
+        probe = run_dir / f".write-test-{os.getpid()}-{id(run_dir)}"  # one per rank
         probe.touch()
         probe.unlink()
     except OSError as e:
@@ -211,26 +234,38 @@ def _clear_run(run_dir: Path) -> None:
 
 def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
           progress: bool | None = None) -> TrainState:
-    """Train (or resume) the run described by `cfg` in `cfg.train.out_dir`."""
+    """Train (or resume) the run described by `cfg` in `cfg.train.out_dir`; under torchrun,
+    this rank's part of a DDP run."""
+    with distributed(resolve_device(cfg.train.device)) as (dist, device):
+        return _train(cfg, dist, device, resume, overwrite, progress)
+
+
+def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overwrite: bool,
+           progress: bool | None) -> TrainState:
     t_start = time.perf_counter()
     tc = cfg.train
     run_dir = Path(tc.out_dir)
-    device = resolve_device(tc.device)
     dtype = resolve_dtype(tc.dtype, device)
+    if tc.batch_size % dist.world_size:
+        raise CharlmError(
+            f"train.batch_size {tc.batch_size} does not split over {dist.world_size} processes; "
+            "make it a multiple of the number of processes (nproc_per_node x nnodes)"
+        )
     _check_run_dir(run_dir, resume, overwrite)
     seed_everything(tc.seed)
 
-    data = dataset_for(cfg.data.path, cfg.data.val_fraction, run_dir / "dataset")
+    with dist.main_first():  # rank 0 prepares the dataset cache; the others then reuse it
+        data = dataset_for(cfg.data.path, cfg.data.val_fraction, run_dir / "dataset")
     for split in ("train", "val"):
         require_window(data.split(split), cfg.model.block_size, split, cfg.data.path)
     sampler = BatchSampler(data.train, cfg.model.block_size, tc.batch_size, device, tc.seed,
-                           name="train")
+                           name="train", rows=dist.rows(tc.batch_size))
     model = GPT(cfg.model, len(data.vocab)).to(device)
     optimizer = make_optimizer(model, cfg.optim)
     scaler = grad_scaler(device, dtype)
     state = TrainState()
 
-    if resume:
+    if resume:  # every rank loads the same last.pt
         ckpt = checkpoint.load(run_dir / "last.pt", map_location=device)
         if ckpt["vocab"] != data.vocab.chars:
             raise CharlmError(
@@ -245,16 +280,19 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
         torch.set_rng_state(ckpt["rng"]["torch"])
         if device.type == "cuda" and "cuda" in ckpt["rng"]:
             torch.cuda.set_rng_state_all(list(ckpt["rng"]["cuda"]))
-    elif overwrite:  # only now that data, model and config are known to be good
+    elif overwrite and dist.is_main:  # only now that data, model and config are known to be good
         _clear_run(run_dir)
-    save_config(cfg, run_dir / "config.yaml")
+    if dist.is_main:
+        save_config(cfg, run_dir / "config.yaml")
 
     step_model = model
     if tc.compile:
         try:
             step_model = torch.compile(model)
         except Exception as e:  # compile is an optimisation: fall back, say so once
-            print(f"warning: torch.compile unavailable ({e}); training without compile")
+            if dist.is_main:
+                print(f"warning: torch.compile unavailable ({e}); training without compile")
+    ddp_model = dist.wrap(step_model, device)  # step_model itself when not distributed
 
     def snapshot() -> dict[str, Any]:
         rng = {"torch": torch.get_rng_state()}
@@ -270,10 +308,11 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
     tokens_per_step = tc.batch_size * tc.grad_accum * cfg.model.block_size
     last_interval = tc.checkpoint_interval or tc.eval_interval  # null: last.pt at every eval
     elapsed_before = state.elapsed_s
-    log = MetricsLogger(run_dir, tc.max_iters, state.step, progress)
+    log = MetricsLogger(run_dir, tc.max_iters, state.step, progress, enabled=dist.is_main)
     bad = BadSteps(tc.max_bad_steps, state.skipped_steps, device)
     saved_step = state.step if resume else None  # the step of the last.pt on disk
-    stop = StopSignals()
+    final: dict[str, float] | None = None  # the losses of the latest eval
+    stop = StopSignals(announce=dist.is_main)
     try:
         with stop:
             model.train()
@@ -282,8 +321,8 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
                 lr = lr_at(state.step, cfg.optim, tc.max_iters)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
-                loss, norm, ok = train_step(step_model, optimizer, scaler, sampler, cfg, device,
-                                            dtype)
+                loss, norm, ok = train_step(ddp_model, optimizer, scaler, sampler, cfg, device,
+                                            dtype, dist)
                 state.step += 1
                 state.tokens += tokens_per_step
                 bad.record(ok, state.step)
@@ -292,7 +331,8 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
                 last = state.step == tc.max_iters
                 log_now = state.step % tc.log_interval == 0 or last
                 eval_now = state.step % tc.eval_interval == 0 or last
-                stopping = stop.signum is not None and not last
+                signum = dist.agree_signal(stop.signum)
+                stopping = signum is not None and not last
                 write_last = state.step % last_interval == 0 or last or stopping
                 if log_now or eval_now or write_last:  # the only steps that wait for the device
                     skipped_before = state.skipped_steps
@@ -312,35 +352,49 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
                     t_log, steps_since_log = now, 0
                 improved = False
                 if eval_now:
-                    losses = evaluate(step_model, data, cfg, device, dtype)
+                    final = evaluate(step_model, data, cfg, device, dtype, dist)
                     state.elapsed_s = elapsed_before + time.perf_counter() - t_start
-                    improved = losses["val"] < state.best_val
-                    state.best_val = min(state.best_val, losses["val"])
+                    improved = final["val"] < state.best_val
+                    state.best_val = min(state.best_val, final["val"])
                     log.log("eval", step=state.step, elapsed_s=round(state.elapsed_s, 3),
-                            tokens=state.tokens, lr=lr, train_loss=losses["train"],
-                            val_loss=losses["val"], val_bpc=losses["val"] / LN2,
+                            tokens=state.tokens, lr=lr, train_loss=final["train"],
+                            val_loss=final["val"], val_bpc=final["val"] / LN2,
                             best_val_loss=state.best_val)
                     log.message(
-                        f"step {state.step}: train {losses['train']:.4f}, val "
-                        f"{losses['val']:.4f} ({losses['val'] / LN2:.3f} bpc), "
+                        f"step {state.step}: train {final['train']:.4f}, val "
+                        f"{final['val']:.4f} ({final['val'] / LN2:.3f} bpc), "
                         f"{state.elapsed_s:.1f}s" + (" *best" if improved else "")
                     )
+                    if tc.sample_chars and dist.is_main:
+                        log.sample(preview(model, data.vocab, tc.sample_chars, tc.seed),
+                                   state.step)
                 if write_last or improved:
                     state.elapsed_s = elapsed_before + time.perf_counter() - t_start
-                    ckpt = snapshot()
+                    if dist.is_main:  # the ranks hold the same state: one writes it
+                        ckpt = snapshot()
+                        if write_last:
+                            checkpoint.save(ckpt, run_dir / "last.pt")
+                        if improved:
+                            checkpoint.save(ckpt, run_dir / "best.pt")
                     if write_last:
-                        checkpoint.save(ckpt, run_dir / "last.pt")
                         saved_step = state.step
-                    if improved:
-                        checkpoint.save(ckpt, run_dir / "best.pt")
                     t_log = time.perf_counter()  # tokens/s counts training time only
                 if stopping:
+                    # torchrun ends the whole world when the first rank exits: the others wait
+                    # until rank 0 has saved.
+                    dist.barrier()
                     raise Interrupted(
-                        f"interrupted by {signal.Signals(stop.signum).name} at step "
+                        f"interrupted by {signal.Signals(signum).name} at step "
                         f"{state.step}: saved {run_dir / 'last.pt'}; continue with "
                         f"`charlm train --out {run_dir} --resume`",
-                        stop.signum,
+                        signum,
                     )
+        if final is not None:
+            log.hparams(cfg.to_dict(), {
+                "hparams/best_val_loss": state.best_val, "hparams/final_val_loss": final["val"],
+                "hparams/final_val_bpc": final["val"] / LN2,
+                "hparams/final_train_loss": final["train"],
+            }, state.step)
     finally:
         log.close()
     return state

@@ -144,6 +144,8 @@ def test_wrong_value_type(fails):
     ("train.checkpoint_interval=0", "invalid config value train.checkpoint_interval: must be "
                                     ">= 1, or null to write last.pt at every eval"),
     ("train.max_bad_steps=0", "invalid config value train.max_bad_steps: must be >= 1"),
+    ("train.sample_chars=-1", "invalid config value train.sample_chars: must be >= 0 (0 turns "
+                              "samples off)"),
 ])
 def test_impossible_values(fails, override, message):
     fails("train", TINY, "--set", override, message=message)

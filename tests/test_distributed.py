@@ -1,0 +1,148 @@
+"""DDP through torchrun on the CPU (gloo): two processes train as one would on the same global
+batch, a DDP run resumes, and the rows a rank keeps are its shard of the seeded global batch."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from charlm import checkpoint
+from charlm import train as train_module
+from charlm.config import save_config
+from charlm.data import BatchSampler
+from charlm.device import Dist
+from charlm.errors import CharlmError
+from charlm.train import train
+
+from .test_train import with_
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def torchrun(args: list, cwd: Path) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc_per_node=2 -m charlm ARGS` (rendezvous on loopback)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "charlm", *map(str, args)]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def assert_close_weights(a_path: Path, b_path: Path) -> None:
+    a, b = checkpoint.load(a_path)["model"], checkpoint.load(b_path)["model"]
+    assert a.keys() == b.keys()  # in particular no `module.` prefix
+    for key, value in a.items():
+        torch.testing.assert_close(b[key], value, atol=1e-5, rtol=0, msg=key)
+
+
+def events(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_two_gloo_processes_match_one_and_resume(tiny_cfg, tmp_path):
+    # grad_accum 2 exercises no_sync; lr_decay_iters fixes the schedule across max_iters. The two
+    # differ only in the order of float sums (two half-batch means averaged vs one mean), which
+    # AdamW's normalisation enlarges in near-zero gradient entries in proportion to the lr: at
+    # lr 1e-2 a few weights move by up to ~4e-5, at 3e-3 all stay within ~2e-6.
+    cfg = with_(tiny_cfg, optim={"lr": 3e-3, "min_lr": 3e-4, "lr_decay_iters": 12},
+                train={"max_iters": 6, "batch_size": 8, "grad_accum": 2, "eval_interval": 3,
+                       "log_interval": 3, "eval_iters": 2, "sample_chars": 0})
+    train(with_(cfg, train={"out_dir": str(tmp_path / "one6")}))
+    train(with_(cfg, train={"out_dir": str(tmp_path / "one12"), "max_iters": 12}))
+
+    run = tmp_path / "ddp"
+    config = tmp_path / "ddp.yaml"
+    save_config(with_(cfg, train={"out_dir": str(run)}), config)
+    first = torchrun(["train", config], tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.count("done: 6 steps") == 1  # rank 0 alone prints
+    assert_close_weights(tmp_path / "one6" / "last.pt", run / "last.pt")
+    one, ddp = events(tmp_path / "one6"), events(run)
+    assert [(e["event"], e["step"]) for e in ddp] == [(e["event"], e["step"]) for e in one]
+    for a, b in zip(one, ddp, strict=True):  # the global batch's loss, eval averaged over ranks
+        assert b["train_loss"] == pytest.approx(a["train_loss"], abs=1e-5)
+        assert b.get("val_loss", 0) == pytest.approx(a.get("val_loss", 0), abs=1e-5)
+
+    resumed = torchrun(["train", "--out", run, "--resume", "--set", "train.max_iters=12"],
+                       tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.count("done: 12 steps") == 1
+    assert_close_weights(tmp_path / "one12" / "last.pt", run / "last.pt")
+    assert checkpoint.load(run / "last.pt")["train_state"]["step"] == 12
+
+
+def test_each_rank_keeps_its_rows_of_the_same_global_batch():
+    data = np.arange(1000, dtype=np.uint16)
+    cpu = torch.device("cpu")
+    full = BatchSampler(data, 8, 6, cpu, seed=5)
+    shards = [BatchSampler(data, 8, 6, cpu, seed=5, rows=Dist(rank=r, world_size=3).rows(6))
+              for r in range(3)]
+    for _ in range(3):
+        x, y = full.batch()
+        parts = [s.batch() for s in shards]
+        assert torch.equal(torch.cat([p[0] for p in parts]), x)
+        assert torch.equal(torch.cat([p[1] for p in parts]), y)
+    assert all(torch.equal(s.generator.get_state(), full.generator.get_state()) for s in shards)
+
+
+def test_batch_size_must_split_over_the_ranks(tiny_cfg):
+    cfg = with_(tiny_cfg, train={"batch_size": 9})
+    with pytest.raises(CharlmError) as e:
+        train_module._train(cfg, Dist(rank=0, world_size=2), torch.device("cpu"), False, False,
+                            False)
+    assert str(e.value) == ("train.batch_size 9 does not split over 2 processes; make it a "
+                            "multiple of the number of processes (nproc_per_node x nnodes)")
+    assert not Path(cfg.train.out_dir).exists()
+
+
+@pytest.fixture
+def one_rank_world(monkeypatch):
+    """A gloo process group of one rank, in this process, as torchrun would describe it."""
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}.items():
+        monkeypatch.setenv(key, value)
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0,
+                                         world_size=1)
+    yield
+    torch.distributed.destroy_process_group()
+
+
+def test_gradient_accumulation_all_reduces_on_the_last_micro_batch_only(tiny_cfg, monkeypatch,
+                                                                         one_rank_world):
+    from charlm.data import dataset_for
+    from charlm.model import GPT
+
+    cfg = with_(tiny_cfg, train={"grad_accum": 3})
+    data = dataset_for(cfg.data.path, cfg.data.val_fraction, Path(cfg.train.out_dir) / "data")
+    model = GPT(cfg.model, len(data.vocab))
+    dist = Dist(rank=0, world_size=1, active=True)
+    ddp = dist.wrap(model, torch.device("cpu"))
+    reduced = []
+
+    def count(state, bucket):  # a comm hook: called once per gradient bucket it all-reduces
+        reduced.append(bucket.index())
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    ddp.register_comm_hook(None, count)
+    sampler = BatchSampler(data.train, cfg.model.block_size, cfg.train.batch_size,
+                           torch.device("cpu"), seed=0)
+    optimizer = train_module.make_optimizer(model, cfg.optim)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    calls = []
+    real_forward = GPT.forward
+
+    def forward(self, *args, **kwargs):  # which micro-batches run with DDP's sync on
+        calls.append(ddp.require_backward_grad_sync)
+        return real_forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(GPT, "forward", forward)
+    train_module.train_step(ddp, optimizer, scaler, sampler, cfg, torch.device("cpu"),
+                            torch.float32, dist)
+    assert calls == [False, False, True]
+    assert reduced and len(reduced) == len(set(reduced))  # each bucket once: one all-reduce

@@ -1,0 +1,80 @@
+"""TensorBoard tells the run's story: scalars at the log and eval steps, a text sample at each
+eval, and the hyperparameters with the final metrics, read back with tensorboard's reader."""
+
+import math
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2
+
+from charlm import checkpoint
+from charlm.metrics import flatten
+from charlm.sampling import preview
+from charlm.train import train
+
+from .test_train import with_
+
+
+def read_tb(run: Path) -> EventAccumulator:
+    acc = EventAccumulator(str(run / "tb"), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def test_tensorboard_scalars_sample_and_hparams(tiny_cfg):
+    cfg = with_(tiny_cfg, train={"max_iters": 6, "log_interval": 2, "eval_interval": 3,
+                                 "eval_iters": 1, "sample_chars": 30})
+    state = train(cfg)
+    run = Path(cfg.train.out_dir)
+    acc = read_tb(run)
+
+    def steps(tag: str) -> list[int]:
+        return [e.step for e in acc.Scalars(tag)]
+
+    for tag in ("train/loss", "lr", "grad_norm", "tokens_per_s", "train/skipped_steps"):
+        assert steps(tag) == [2, 4, 6], tag
+    for tag in ("val/loss", "val/bpc", "train/eval_loss"):
+        assert steps(tag) == [3, 6], tag
+    val = [e.value for e in acc.Scalars("val/loss")]
+    bpc = [e.value for e in acc.Scalars("val/bpc")]
+    assert bpc == pytest.approx([v / math.log(2) for v in val])
+    assert [e.value for e in acc.Scalars("train/skipped_steps")] == [0, 0, 0]
+
+    samples = acc.Tensors("sample/text_summary")
+    assert [e.step for e in samples] == [3, 6]
+    texts = [e.tensor_proto.string_val[0].decode() for e in samples]
+    assert all(line.startswith("    ") for t in texts for line in t.splitlines())  # code block
+    # The last sample is the final model's, from its own seeded generator: reproducible.
+    model, vocab, _, _ = checkpoint.load_model(run)
+    expected = preview(model, vocab, 30, cfg.train.seed)
+    assert len(expected) == 31 and expected[0] == "\n"
+    assert texts[-1] == "".join(f"    {line}\n" for line in expected.split("\n"))
+
+    content = acc.PluginTagToContent("hparams")
+    start = plugin_data_pb2.HParamsPluginData.FromString(
+        content["_hparams_/session_start_info"]).session_start_info
+    hparams = {k: v.ListFields()[0][1] for k, v in start.hparams.items()}
+    assert hparams == flatten(cfg.to_dict())
+    assert hparams["train.max_iters"] == 6 and hparams["model.n_layer"] == 2
+    assert hparams["optim.lr_decay_iters"] == "None"
+    final = {tag: [(e.step, e.value) for e in acc.Scalars(f"hparams/{tag}")]
+             for tag in ("best_val_loss", "final_val_loss", "final_val_bpc")}
+    assert final["best_val_loss"] == [(6, pytest.approx(state.best_val))]
+    assert final["final_val_loss"] == [(6, pytest.approx(val[-1]))]
+    assert final["final_val_bpc"] == [(6, pytest.approx(bpc[-1]))]
+
+
+def test_sample_chars_zero_writes_no_sample(tiny_cfg):
+    cfg = with_(tiny_cfg, train={"max_iters": 2, "eval_interval": 1, "eval_iters": 1,
+                                 "sample_chars": 0})
+    train(cfg)
+    acc = read_tb(Path(cfg.train.out_dir))
+    assert acc.Tags()["tensors"] == []
+    assert [e.step for e in acc.Scalars("val/loss")] == [1, 2]
+
+
+def test_flatten_names_keys_by_section():
+    assert flatten({"model": {"n_layer": 2, "bias": False}, "train": {"every": None,
+                                                                      "seq": (1, 2)}}) == {
+        "model.n_layer": 2, "model.bias": False, "train.every": "None", "train.seq": "(1, 2)"}
