@@ -97,15 +97,13 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # fused q, k, v
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = cfg.dropout
-        self.resid_drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C). rope: cos, sin (T, D/2) of the T tokens' positions."""
         B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)
-        # (B, T, C) -> (B, H, T, D)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        # (B, T, 3C) -> 3 x (B, H, T, D), in two view ops (this runs once per token when decoding)
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
         if rope is not None:  # rotate before caching: cached keys keep their absolute positions
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         dropout = self.dropout if self.training else 0.0
@@ -125,8 +123,8 @@ class CausalSelfAttention(nn.Module):
                 mask, causal = torch.arange(end, device=x.device)[None, :] <= rows, False
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
                                                is_causal=causal)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, H, T, D) -> (B, T, C)
-        return self.resid_drop(self.proj(y))
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
+        return F.dropout(self.proj(y), self.dropout, self.training)
 
 
 class MLP(nn.Module):
@@ -140,7 +138,7 @@ class MLP(nn.Module):
         self.fc = nn.Linear(cfg.n_embd, 2 * hidden if cfg.activation == "swiglu" else hidden,
                             bias=cfg.bias)
         self.proj = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc(x)  # (B, T, F), or (B, T, 2F) for swiglu
@@ -151,7 +149,7 @@ class MLP(nn.Module):
             h = F.relu(h)
         else:
             h = F.gelu(h)
-        return self.drop(self.proj(h))
+        return F.dropout(self.proj(h), self.dropout, self.training)
 
 
 class Block(nn.Module):
@@ -183,7 +181,7 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(vocab_size, cfg.n_embd)
         if cfg.pos_encoding == "learned":  # the only scheme with a position table to train
             self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
-        self.drop = nn.Dropout(cfg.dropout)
+
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         # Post-norm blocks already end in a norm, so there is no final one (as in Vaswani et al.).
         self.ln_f = nn.Identity() if cfg.norm_placement == "post" else make_norm(cfg)
@@ -234,7 +232,7 @@ class GPT(nn.Module):
                 f"sequence of {start + T} positions exceeds block_size {self.cfg.block_size}"
             )
         pos = torch.arange(start, start + T, device=idx.device)
-        x = self.drop(self.embed(idx, pos))  # (B, T, C)
+        x = F.dropout(self.embed(idx, pos), self.cfg.dropout, self.training)  # (B, T, C)
         rope = rope_angles(pos, self.cfg.head_dim) if self.cfg.pos_encoding == "rope" else None
         for i, block in enumerate(self.blocks):
             x = block(x, cache, i, rope)
