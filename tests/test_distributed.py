@@ -22,6 +22,7 @@ from charlm.train import train
 from .test_train import with_
 
 ROOT = Path(__file__).resolve().parents[1]
+LAUNCH_FAILURES = ("EADDRINUSE", "address already in use", "DistNetworkError", "Rendezvous")
 
 
 def torchrun(args: list, cwd: Path) -> subprocess.CompletedProcess:
@@ -29,7 +30,13 @@ def torchrun(args: list, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "-m", "charlm", *map(str, args)]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    # --standalone picks a free port and then binds it: another process can take it in between.
+    # Such a launch failure (not a training one) is worth one more try.
+    if result.returncode != 0 and any(s in result.stderr for s in LAUNCH_FAILURES):
+        result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
+                                timeout=120)
+    return result
 
 
 def assert_close_weights(a_path: Path, b_path: Path) -> None:
