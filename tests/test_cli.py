@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from charlm.config import load_config
 from charlm.train import train
@@ -269,3 +270,33 @@ def test_sample_beams(cli, run_dir):
 def test_sample_rejects_more_bad_options(cli, run_dir, args, message):
     result = cli("sample", run_dir, *args)
     assert (result.code, result.err, result.out) == (2, message, "")
+
+
+def test_corrupt_and_foreign_checkpoints_give_one_error_line(cli, tmp_path):
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"\x00not a checkpoint" * 20)
+    foreign = tmp_path / "ckpt.pt"  # what nanoGPT writes
+    torch.save({"model": {}, "model_args": {"n_layer": 1}, "iter_num": 3}, foreign)
+    for command in (["sample"], ["info"]):
+        bad = cli(*command, garbage)
+        assert bad.code == 2 and bad.err.startswith(f"error: cannot load checkpoint {garbage}")
+        assert bad.err.count("\n") == 1 and "Traceback" not in bad.err
+        other = cli(*command, foreign)
+        assert (other.code, other.err) == (
+            2, f"error: {foreign} is not a charlm checkpoint (it may come from another tool)\n")
+    assert garbage.read_bytes() == b"\x00not a checkpoint" * 20
+
+
+def test_eval_and_prompt_file_reject_non_utf8(cli, run_dir, tmp_path):
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("caf\u00e9".encode("latin-1"))
+    result = cli("eval", run_dir, bad)
+    assert (result.code, result.err) == (
+        2, f"error: {bad} is not valid UTF-8 text (invalid byte 0xe9 at byte offset 3); charlm "
+           "reads text files as UTF-8, convert it first\n")
+    prompt = cli("sample", run_dir, "--prompt-file", bad)
+    assert (prompt.code, prompt.err) == (
+        2, f"error: prompt file {bad} is not valid UTF-8 (byte offset 3)\n")
+    missing = cli("eval", run_dir, tmp_path / "nope.txt")
+    assert (missing.code, missing.err) == (
+        2, f"error: input file not found: {tmp_path / 'nope.txt'}\n")
