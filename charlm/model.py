@@ -19,6 +19,12 @@ import torch.nn.functional as F
 from charlm.config import ModelConfig
 
 
+def maybe_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """F.dropout, minus the call when it is the identity (decoding runs this per layer per
+    token)."""
+    return F.dropout(x, p, training) if training and p > 0 else x
+
+
 class KVCache:
     """Preallocated keys and values for every layer, and one write position.
 
@@ -124,7 +130,7 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
                                                is_causal=causal)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
-        return F.dropout(self.proj(y), self.dropout, self.training)
+        return maybe_dropout(self.proj(y), self.dropout, self.training)
 
 
 class MLP(nn.Module):
@@ -149,7 +155,7 @@ class MLP(nn.Module):
             h = F.relu(h)
         else:
             h = F.gelu(h)
-        return F.dropout(self.proj(h), self.dropout, self.training)
+        return maybe_dropout(self.proj(h), self.dropout, self.training)
 
 
 class Block(nn.Module):
@@ -232,7 +238,7 @@ class GPT(nn.Module):
                 f"sequence of {start + T} positions exceeds block_size {self.cfg.block_size}"
             )
         pos = torch.arange(start, start + T, device=idx.device)
-        x = F.dropout(self.embed(idx, pos), self.cfg.dropout, self.training)  # (B, T, C)
+        x = maybe_dropout(self.embed(idx, pos), self.cfg.dropout, self.training)  # (B, T, C)
         rope = rope_angles(pos, self.cfg.head_dim) if self.cfg.pos_encoding == "rope" else None
         for i, block in enumerate(self.blocks):
             x = block(x, cache, i, rope)
