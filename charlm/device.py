@@ -10,6 +10,7 @@ single-process `Dist`, whose collectives do nothing, so one loop serves both.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import random
 from collections.abc import Iterator
@@ -183,6 +184,12 @@ def distributed(device: torch.device) -> Iterator[tuple[Dist, torch.device]]:
     try:
         flags = torch_dist.new_group(backend="gloo") if backend == "nccl" else None
         yield Dist(rank, local_rank, world_size, True, flags), device
+        # Leave together: rank 0 still writes checkpoints and logs when the others are done, and
+        # a rank that tears its connections down early can abort a peer (gloo: SIGABRT).
+        torch_dist.barrier()
     finally:
         if owned:
+            # The DDP wrapper sits in reference cycles (its hooks): collect it while the group
+            # is alive, not at interpreter exit, where gloo threads holding it can abort.
+            gc.collect()
             torch_dist.destroy_process_group()
