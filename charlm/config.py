@@ -92,6 +92,18 @@ class ModelConfig:
         return 4 * self.n_embd
 
 
+# Each single-option change of the architecture from the default GPT, by `key=value` name: what
+# scripts/compare_variants.py measures and the tests run every model path with.
+MODEL_VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    **{f"{key}={value}": {key: value} for key, value in [
+        ("pos_encoding", "sinusoidal"), ("pos_encoding", "rope"), ("pos_encoding", "none"),
+        ("norm", "rmsnorm"), ("norm_placement", "post"), ("activation", "relu"),
+        ("activation", "swiglu"), ("tie_weights", False), ("bias", True),
+    ]},
+}
+
+
 @dataclass
 class OptimConfig:
     lr: float = 4e-3

@@ -22,25 +22,14 @@ from pathlib import Path
 
 import torch
 
-from charlm.config import RunConfig, load_config
+from charlm.config import MODEL_VARIANTS, RunConfig, load_config
 from charlm.data import BatchSampler, Dataset, dataset_for
 from charlm.device import grad_scaler, resolve_device, resolve_dtype, seed_everything
 from charlm.model import GPT
 from charlm.train import evaluate, lr_at, make_optimizer, train_step
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = {  # name -> the one model key it changes
-    "default": {},
-    "pos_encoding=sinusoidal": {"pos_encoding": "sinusoidal"},
-    "pos_encoding=rope": {"pos_encoding": "rope"},
-    "pos_encoding=none": {"pos_encoding": "none"},
-    "norm=rmsnorm": {"norm": "rmsnorm"},
-    "norm_placement=post": {"norm_placement": "post"},
-    "activation=relu": {"activation": "relu"},
-    "activation=swiglu": {"activation": "swiglu"},
-    "tie_weights=false": {"tie_weights": False},
-    "bias=true": {"bias": True},
-}
+VARIANTS = MODEL_VARIANTS  # name -> the one model key it changes
 
 
 def with_model(cfg: RunConfig, change: dict) -> RunConfig:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from charlm.cli import main
-from charlm.config import RunConfig, load_config
+from charlm.config import MODEL_VARIANTS, RunConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = ROOT / "data" / "tinyshakespeare.txt"
@@ -18,16 +18,7 @@ SHAKESPEARE = ROOT / "data" / "tinyshakespeare.txt"
 # Each single-option change of the architecture from the default, and one with every option
 # changed at once. Keys are `model` config keys.
 VARIANTS = {
-    "default": {},
-    "sinusoidal": {"pos_encoding": "sinusoidal"},
-    "rope": {"pos_encoding": "rope"},
-    "nopos": {"pos_encoding": "none"},
-    "rmsnorm": {"norm": "rmsnorm"},
-    "postnorm": {"norm_placement": "post"},
-    "relu": {"activation": "relu"},
-    "swiglu": {"activation": "swiglu"},
-    "untied": {"tie_weights": False},
-    "bias": {"bias": True},
+    **MODEL_VARIANTS,
     "all_changed": {"pos_encoding": "rope", "norm": "rmsnorm", "norm_placement": "post",
                     "activation": "swiglu", "tie_weights": False, "bias": True},
 }
