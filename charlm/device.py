@@ -72,6 +72,28 @@ def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractCon
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def compile_model(model: torch.nn.Module, batch_shape: tuple[int, int], device: torch.device,
+                  dtype: torch.dtype) -> tuple[torch.nn.Module, str | None]:
+    """`torch.compile(model)`, tried out at once: one forward and backward of a (B, T) batch of
+    zeros under the training autocast, so a backend that cannot build here (no C++ compiler, an
+    unsupported device or op) fails now rather than mid-run. Returns (compiled model, None), or
+    (model, a one-line reason) to train without compile. The probe leaves no gradients and
+    draws no random numbers; its graph is the one training then reuses."""
+    try:
+        compiled = torch.compile(model)
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            idx = torch.zeros(batch_shape, dtype=torch.long, device=device)
+            with autocast(device, dtype):
+                _, loss = compiled(idx, idx)
+            loss.backward()
+        return compiled, None
+    except Exception as e:  # any failure: compile is an optimisation, never a requirement
+        lines = str(e).strip().splitlines()
+        return model, f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
+    finally:
+        model.zero_grad(set_to_none=True)
+
+
 def grad_scaler(device: torch.device, dtype: torch.dtype) -> torch.amp.GradScaler:
     """A GradScaler that is active only for fp16 (bf16 and fp32 need no loss scaling)."""
     return torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)

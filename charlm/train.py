@@ -34,6 +34,7 @@ from charlm.data import BatchSampler, Dataset, dataset_for, require_window
 from charlm.device import (
     Dist,
     autocast,
+    compile_model,
     distributed,
     grad_scaler,
     resolve_device,
@@ -287,11 +288,10 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
 
     step_model = model
     if tc.compile:
-        try:
-            step_model = torch.compile(model)
-        except Exception as e:  # compile is an optimisation: fall back, say so once
-            if dist.is_main:
-                print(f"warning: torch.compile unavailable ({e}); training without compile")
+        rows = tc.batch_size // dist.world_size  # this rank's micro-batch
+        step_model, failure = compile_model(model, (rows, cfg.model.block_size), device, dtype)
+        if failure and dist.is_main:
+            print(f"warning: torch.compile failed ({failure}); training without compile")
     ddp_model = dist.wrap(step_model, device)  # step_model itself when not distributed
 
     def snapshot() -> dict[str, Any]:

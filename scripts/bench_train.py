@@ -20,7 +20,7 @@ import torch
 
 from charlm.config import load_config
 from charlm.data import BatchSampler, dataset_for
-from charlm.device import grad_scaler, resolve_device, resolve_dtype
+from charlm.device import compile_model, grad_scaler, resolve_device, resolve_dtype
 from charlm.model import GPT
 from charlm.summary import flops_per_token, parameter_table
 from charlm.train import make_optimizer, train_step
@@ -64,7 +64,12 @@ def main() -> None:
     torch.manual_seed(cfg.train.seed)
     data = dataset_for(cfg.data.path, cfg.data.val_fraction, Path("runs/.bench_dataset"))
     model = GPT(cfg.model, len(data.vocab)).to(device)
-    step_model = torch.compile(model) if cfg.train.compile else model
+    step_model = model
+    if cfg.train.compile:
+        step_model, failure = compile_model(model, (cfg.train.batch_size, cfg.model.block_size),
+                                            device, dtype)
+        if failure:
+            print(f"warning: torch.compile failed ({failure}); timing without compile")
     optimizer = make_optimizer(model, cfg.optim)
     scaler = grad_scaler(device, dtype)
     sampler = BatchSampler(data.train, cfg.model.block_size, cfg.train.batch_size, device, 0)
@@ -87,7 +92,7 @@ def main() -> None:
     fp32_peak = cpu_peak(torch.float32) if device.type == "cpu" else None
     print(json.dumps({
         "config": args.config, "overrides": args.overrides, "device": str(device),
-        "dtype": str(dtype).removeprefix("torch."), "compile": cfg.train.compile,
+        "dtype": str(dtype).removeprefix("torch."), "compile": step_model is not model,
         "threads": torch.get_num_threads(), "tokens_per_step": tokens_per_step,
         "ms_per_step": round(1000 * seconds / args.steps, 2),
         "tokens_per_s": round(tokens_per_s), "flops_per_token": flops,

@@ -180,6 +180,58 @@ def test_bfloat16_loss_close_to_float32(tiny_cfg, tmp_path):
     assert bf16["val"] == pytest.approx(fp32["val"], rel=0.02)
 
 
+@pytest.mark.parametrize("path", ["bfloat16", "compile"])
+def test_bfloat16_and_compiled_training_follow_the_float32_loss_curve(path, tiny_cfg, tmp_path):
+    """20 steps from one seed, bf16 autocast or torch.compile (float32) against eager float32:
+    the logged train losses (every 5 steps) and the evals (steps 10, 20) agree. Compiled float32
+    differs only in the order of float ops; bf16 rounds every matmul input to 8 bits of
+    mantissa."""
+    def curve(name: str, **train_keys) -> list[float]:
+        cfg = with_(tiny_cfg, optim={"lr": 3e-3, "min_lr": 3e-4},  # no loss spikes
+                    train={"max_iters": 20, "eval_interval": 10, "log_interval": 5,
+                           "sample_chars": 0, "out_dir": str(tmp_path / name), **train_keys})
+        train(cfg)
+        events = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").open()]
+        return [e.get("val_loss", e["train_loss"]) for e in events]
+
+    fp32 = curve("fp32", dtype="float32")
+    if path == "compile":
+        other = curve("compiled", dtype="float32", compile=True)
+        assert other == pytest.approx(fp32, abs=1e-4)
+    else:
+        other = curve("bf16", dtype="bfloat16")
+        assert other == pytest.approx(fp32, abs=0.02)
+    assert len(other) == 6 and other[-1] < 3.6 < math.log(65)  # it learned
+
+
+def test_compile_that_fails_to_build_falls_back_with_one_warning(tiny_cfg, monkeypatch, capsys):
+    def broken_compile(model):
+        def run(*args, **kwargs):
+            raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found\nmore detail")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    cfg = with_(tiny_cfg, train={"compile": True, "max_iters": 4, "eval_interval": 4})
+    state = train(cfg)
+    out = capsys.readouterr().out
+    assert state.step == 4
+    assert out.count("warning:") == 1
+    assert ("warning: torch.compile failed (RuntimeError: InvalidCxxCompiler: No working C++ "
+            "compiler found); training without compile") in out
+    eager = train(with_(cfg, train={"compile": False, "out_dir": f"{tiny_cfg.train.out_dir}2"}))
+    assert eager.best_val == state.best_val  # the failed probe changed nothing
+
+
+def test_auto_dtype_is_bf16_on_a_cpu_with_amx_only(monkeypatch):
+    from charlm import device as device_module
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(device_module, "cpu_has_amx_bf16", lambda: True)
+    assert resolve_dtype("auto", cpu) == torch.bfloat16
+    monkeypatch.setattr(device_module, "cpu_has_amx_bf16", lambda: False)
+    assert resolve_dtype("auto", cpu) == torch.float32
+    assert resolve_dtype("float32", cpu) == torch.float32
+
+
 def test_overwrite_with_bad_data_keeps_the_old_run(tiny_cfg, tmp_path):
     cfg = with_(tiny_cfg, train={"max_iters": 20})
     train(cfg)
