@@ -29,10 +29,19 @@ def test_baby_gpt_preset_matches_nanogpt():
         64, 5000, 1e-3, 1e-4, 100, 0.99)
 
 
-def test_defaults_are_the_cpu_recipe_on_shakespeare():
-    assert load_config(None) == load_config(ROOT / "configs" / "shakespeare_char_cpu.yaml",
-                                            ["train.out_dir=runs/shakespeare_char_cpu"])
-    assert load_config(None).data.path == "data/tinyshakespeare.txt"
+def test_defaults_are_gpt2_on_the_cpu_presets_shape():
+    """The built-in defaults (`charlm train my.txt`) keep GPT-2's architecture, so their models
+    export to transformers; the CPU preset is the same shape with RoPE, SwiGLU and a shorter,
+    gentler schedule (README, Configuration), and nothing else differs."""
+    defaults = load_config(None)
+    preset = load_config(ROOT / "configs" / "shakespeare_char_cpu.yaml")
+    assert (defaults.model.pos_encoding, defaults.model.activation) == ("learned", "gelu")
+    assert defaults.data.path == preset.data.path == "data/tinyshakespeare.txt"
+    assert defaults.train.out_dir == preset.train.out_dir == "runs/shakespeare_char_cpu"
+    changed = {(section, key) for section, values in preset.to_dict().items()
+               for key, value in values.items() if defaults.to_dict()[section][key] != value}
+    assert changed == {("model", "pos_encoding"), ("model", "activation"), ("optim", "lr"),
+                       ("optim", "min_lr"), ("train", "max_iters"), ("train", "eval_interval")}
 
 
 def write(tmp_path, text):
