@@ -1,15 +1,16 @@
 """Train each single-option architecture change against the default for the same wall time and
 print a markdown table: variant, parameters, tokens/s, val loss at equal time.
 
-    python scripts/compare_variants.py [--seconds 30] [--config configs/shakespeare_char_cpu.yaml]
+    python scripts/compare_variants.py [--seconds 30] [--config CONFIG]
 
-Every variant gets the config's recipe (model size, batch, optimizer, seed) with one `model` key
-changed. Training stops when the wall-time budget is spent; the learning-rate schedule (warmup,
-cosine) is stretched over that budget instead of over `train.max_iters`, so a faster variant is
-not cut off mid-decay. The variants take turns in `--rounds` slices of their budget, so load from
-other processes falls on all of them alike. The val loss (nats/char) is then measured on the
-same fixed val windows for every variant; evaluation time is not counted. Timings depend on the
-machine and on what else runs on it: compare figures from one run only.
+Every variant gets the recipe of CONFIG (model size, batch, optimizer, seed; default: the built-in
+defaults, GPT-2's architecture at the CPU preset's shape) with one `model` key changed. Training
+stops when the wall-time budget is spent; the learning-rate schedule (warmup, cosine) is stretched
+over that budget instead of over `train.max_iters`, so a faster variant is not cut off mid-decay.
+The variants take turns in `--rounds` slices of their budget, so load from other processes falls on
+all of them alike. The val loss (nats/char) is then measured on the same fixed val windows for
+every variant; evaluation time is not counted. Timings depend on the machine and on what else runs
+on it: compare figures from one run only.
 """
 
 from __future__ import annotations
@@ -82,8 +83,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=30.0,
                         help="training wall time per variant (default 30)")
-    parser.add_argument("--config", type=Path, default=ROOT / "configs" /
-                        "shakespeare_char_cpu.yaml", help="the recipe every variant shares")
+    parser.add_argument("--config", type=Path, default=None,
+                        help="the recipe every variant shares (default: the built-in defaults)")
     parser.add_argument("--eval-iters", type=int, default=50,
                         help="val batches in the final evaluation (default 50)")
     parser.add_argument("--rounds", type=int, default=10,
@@ -99,7 +100,8 @@ def main() -> None:
         data = dataset_for(str(source), base.data.val_fraction, Path(tmp) / "dataset")
         device = resolve_device(base.train.device)
         load = os.getloadavg()[0]
-        print(f"{args.seconds:g} s of training per variant, {args.config.name}, device {device}, "
+        recipe = args.config.name if args.config else "the built-in defaults"
+        print(f"{args.seconds:g} s of training per variant, {recipe}, device {device}, "
               f"{torch.get_num_threads()} torch threads, torch {torch.__version__}\n")
         contenders = {n: Contender(with_model(base, VARIANTS[n]), data, args.seconds)
                       for n in names}

@@ -1,7 +1,9 @@
 """Time to a validation loss: run `charlm train CONFIG` and report the wall time, from the launch
 of the command, at which the val loss first reached --target, with the val curve.
 
-    python scripts/time_to_loss.py CONFIG --target 1.88 [--set section.key=value ...]
+    python scripts/time_to_loss.py [CONFIG] --target 1.88 [--set section.key=value ...]
+
+Without CONFIG it trains the built-in defaults (`charlm train` with no config).
 
 It watches the run's metrics.jsonl while the command runs, so the time includes interpreter start,
 imports and data preparation, as a user would see it. Also printed: each eval's `elapsed_s` as
@@ -21,7 +23,7 @@ from pathlib import Path
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("config")
+    parser.add_argument("config", nargs="?")
     parser.add_argument("--target", type=float, default=1.88)
     parser.add_argument("--at", type=float, default=60.0, help="also report val at this wall time")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
@@ -30,7 +32,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"
-        cmd = [sys.executable, "-m", "charlm", "train", args.config, "--out", str(run)]
+        cmd = [sys.executable, "-m", "charlm", "train", *([args.config] if args.config else []),
+               "--out", str(run)]
         for item in args.overrides:
             cmd += ["--set", item]
         t0 = time.perf_counter()
