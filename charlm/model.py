@@ -11,6 +11,7 @@ F MLP hidden width, V vocab size. No optimizer and no sampling policy live here.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -42,20 +43,37 @@ def maybe_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return F.dropout(x, p, training) if training and p > 0 else x
 
 
+class LayerWeights(NamedTuple):
+    """One block's parameter tensors (references, not copies) as (weight, bias) pairs, bias None
+    where there is none; what a cached forward reads instead of going through the modules."""
+    ln_1: tuple[torch.Tensor, torch.Tensor | None]
+    qkv: tuple[torch.Tensor, torch.Tensor | None]
+    proj: tuple[torch.Tensor, torch.Tensor | None]
+    ln_2: tuple[torch.Tensor, torch.Tensor | None]
+    fc: tuple[torch.Tensor, torch.Tensor | None]
+    mlp_proj: tuple[torch.Tensor, torch.Tensor | None]
+
+
 class KVCache:
-    """Preallocated keys and values for every layer, and one write position.
+    """Preallocated keys and values for every layer, one write position, and the layers'
+    weights.
 
     A plain object (not a module or buffer), so it never lands in a `state_dict`. `pos` is the
-    number of positions already written; `GPT.forward` advances it once per call.
+    number of positions already written; `GPT.forward` advances it once per call. `weights`
+    (from `GPT.new_cache`) lets a cached forward run each block as plain functions of its
+    tensors: a decode step of the baby GPT spends about a fifth of its time looking modules and
+    parameters up by attribute otherwise.
     """
 
     def __init__(self, n_layer: int, batch_size: int, n_head: int, max_len: int, head_dim: int,
-                 device: torch.device | str, dtype: torch.dtype):
+                 device: torch.device | str, dtype: torch.dtype,
+                 weights: list[LayerWeights] | None = None):
         shape = (batch_size, n_head, max_len, head_dim)  # (B, H, L, D)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.max_len = max_len
         self.pos = 0
+        self.weights = weights
 
     def reset(self) -> None:
         self.pos = 0
@@ -108,15 +126,27 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()  # the mean of squares in float32, as LayerNorm does under autocast
-        xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return xf.type_as(x) * self.weight
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    xf = x.float()  # the mean of squares in float32, as LayerNorm does under autocast
+    xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return xf.type_as(x) * weight
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
     if cfg.norm == "rmsnorm":
         return RMSNorm(cfg.n_embd)
     return nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+
+
+def norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+         kind: str) -> torch.Tensor:
+    """What a `make_norm` module computes, from its tensors (both use eps 1e-5)."""
+    if kind == "rmsnorm":
+        return rms_norm(x, weight)
+    return F.layer_norm(x, (x.size(-1),), weight, bias)
 
 
 class CausalSelfAttention(nn.Module):
@@ -130,31 +160,41 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C). rope: `rope_angles` tables (T, D) of the tokens' positions."""
-        B, T, C = x.shape
-        # (B, T, 3C) -> 3 x (B, H, T, D), in two view ops (this runs once per token when decoding)
-        qkv = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
-        if rope is not None:  # rotate before caching: cached keys keep their absolute positions
-            (q, k), v = apply_rope(qkv[:2], *rope), qkv[2]  # q and k in one go
-        else:
-            q, k, v = qkv
-        dropout = self.dropout if self.training else 0.0
-        if cache is None:
-            y = attention(q, k, v, None, True, dropout)
-        else:
-            start, end = cache.pos, cache.pos + T
-            cache.k[layer][:, :, start:end] = k
-            cache.v[layer][:, :, start:end] = v
-            k, v = cache.k[layer][:, :, :end], cache.v[layer][:, :, :end]  # (B, H, end, D)
-            if T == 1:  # one new query sees every cached position
-                mask, causal = None, False
-            elif start == 0:  # prefill from empty: the ordinary causal mask
-                mask, causal = None, True
-            else:  # T queries at positions start..end-1 over keys 0..end-1
-                rows = torch.arange(start, end, device=x.device)[:, None]
-                mask, causal = torch.arange(end, device=x.device)[None, :] <= rows, False
-            y = attention(q, k, v, mask, causal, dropout)
-        y = y.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
+        y = attend(self.qkv(x), self.n_head, cache, layer, rope,
+                   self.dropout if self.training else 0.0)
         return maybe_dropout(self.proj(y), self.dropout, self.training)
+
+
+def attend(qkv: torch.Tensor, n_head: int, cache: KVCache | None, layer: int,
+           rope: tuple[torch.Tensor, torch.Tensor] | None, dropout: float) -> torch.Tensor:
+    """Causal self-attention from the fused projections qkv (B, T, 3C) -> (B, T, C), before the
+    output projection. With a cache, the T new keys and values are written at cache.pos and the
+    queries attend to everything cached up to them."""
+    B, T, C3 = qkv.shape
+    C = C3 // 3
+    # (B, T, 3C) -> 3 x (B, H, T, D), in two view ops (this runs once per token when decoding)
+    qkv = qkv.view(B, T, 3, n_head, C // n_head).permute(2, 0, 3, 1, 4)
+    if rope is not None:  # rotate before caching: cached keys keep their absolute positions
+        (q, k), v = apply_rope(qkv[:2], *rope), qkv[2]  # q and k in one go
+    else:
+        q, k, v = qkv
+    if cache is None:
+        y = attention(q, k, v, None, True, dropout)
+    else:
+        start, end = cache.pos, cache.pos + T
+        cache_k, cache_v = cache.k[layer], cache.v[layer]  # (B, H, L, D)
+        cache_k.narrow(2, start, T).copy_(k)
+        cache_v.narrow(2, start, T).copy_(v)
+        k, v = cache_k.narrow(2, 0, end), cache_v.narrow(2, 0, end)  # (B, H, end, D)
+        if T == 1:  # one new query sees every cached position
+            mask, causal = None, False
+        elif start == 0:  # prefill from empty: the ordinary causal mask
+            mask, causal = None, True
+        else:  # T queries at positions start..end-1 over keys 0..end-1
+            rows = torch.arange(start, end, device=qkv.device)[:, None]
+            mask, causal = torch.arange(end, device=qkv.device)[None, :] <= rows, False
+        y = attention(q, k, v, mask, causal, dropout)
+    return y.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
 
 
 class MLP(nn.Module):
@@ -171,15 +211,17 @@ class MLP(nn.Module):
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.fc(x)  # (B, T, F), or (B, T, 2F) for swiglu
-        if self.activation == "swiglu":
-            gate, up = h.chunk(2, dim=-1)
-            h = F.silu(gate) * up  # (B, T, F)
-        elif self.activation == "relu":
-            h = F.relu(h)
-        else:
-            h = F.gelu(h)
+        h = activate(self.fc(x), self.activation)  # fc: (B, T, F), or (B, T, 2F) for swiglu
         return maybe_dropout(self.proj(h), self.dropout, self.training)
+
+
+def activate(h: torch.Tensor, kind: str) -> torch.Tensor:
+    """The MLP's nonlinearity on fc's output: (B, T, F) -> (B, T, F); swiglu (B, T, 2F) ->
+    (B, T, F)."""
+    if kind == "swiglu":
+        gate, up = h.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    return F.relu(h) if kind == "relu" else F.gelu(h)
 
 
 class Block(nn.Module):
@@ -196,11 +238,42 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: KVCache | None, layer: int,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        if self.post_norm:
-            x = self.ln_1(x + self.attn(x, cache, layer, rope))
-            return self.ln_2(x + self.mlp(x))
-        x = x + self.attn(self.ln_1(x), cache, layer, rope)
-        return x + self.mlp(self.ln_2(x))
+        return residual(x, self.ln_1, lambda h: self.attn(h, cache, layer, rope), self.ln_2,
+                        self.mlp, self.post_norm)
+
+    def weights(self) -> LayerWeights:
+        def pair(m: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+            return m.weight, getattr(m, "bias", None)
+        return LayerWeights(pair(self.ln_1), pair(self.attn.qkv), pair(self.attn.proj),
+                            pair(self.ln_2), pair(self.mlp.fc), pair(self.mlp.proj))
+
+
+def residual(x: torch.Tensor, norm_1, attn, norm_2, mlp, post_norm: bool) -> torch.Tensor:
+    """The block's wiring of its four parts (callables of one tensor)."""
+    if post_norm:
+        x = norm_1(x + attn(x))
+        return norm_2(x + mlp(x))
+    x = x + attn(norm_1(x))
+    return x + mlp(norm_2(x))
+
+
+def cached_block(w: LayerWeights, cfg: ModelConfig, x: torch.Tensor, cache: KVCache,
+                 layer: int, rope: tuple[torch.Tensor, torch.Tensor] | None,
+                 training: bool) -> torch.Tensor:
+    """`Block.forward` with a cache, computed from the block's tensors `w` by the same functions
+    (`norm`, `attend`, `activate`, `residual`) without module calls. Module hooks do not run."""
+    p = cfg.dropout if training else 0.0
+
+    def attn(h: torch.Tensor) -> torch.Tensor:
+        y = attend(F.linear(h, *w.qkv), cfg.n_head, cache, layer, rope, p)
+        return maybe_dropout(F.linear(y, *w.proj), cfg.dropout, training)
+
+    def mlp(h: torch.Tensor) -> torch.Tensor:
+        return maybe_dropout(F.linear(activate(F.linear(h, *w.fc), cfg.activation),
+                                      *w.mlp_proj), cfg.dropout, training)
+
+    return residual(x, lambda h: norm(h, *w.ln_1, cfg.norm), attn,
+                    lambda h: norm(h, *w.ln_2, cfg.norm), mlp, cfg.norm_placement == "post")
 
 
 class GPT(nn.Module):
@@ -235,7 +308,8 @@ class GPT(nn.Module):
         cfg = self.cfg
         p = self.wte.weight
         return KVCache(cfg.n_layer, batch_size, cfg.n_head, max_len or cfg.block_size,
-                       cfg.n_embd // cfg.n_head, p.device, p.dtype)
+                       cfg.n_embd // cfg.n_head, p.device, p.dtype,
+                       [block.weights() for block in self.blocks])
 
     def embed(self, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Token ids idx (B, T) at positions pos (T,) -> input vectors (B, T, C)."""
@@ -264,8 +338,12 @@ class GPT(nn.Module):
         pos = torch.arange(start, start + T, device=idx.device)
         x = maybe_dropout(self.embed(idx, pos), self.cfg.dropout, self.training)  # (B, T, C)
         rope = rope_angles(pos, self.cfg.head_dim) if self.cfg.pos_encoding == "rope" else None
-        for i, block in enumerate(self.blocks):
-            x = block(x, cache, i, rope)
+        if cache is not None and cache.weights is not None:  # the decoding path: no modules
+            for i, w in enumerate(cache.weights):
+                x = cached_block(w, self.cfg, x, cache, i, rope, self.training)
+        else:
+            for i, block in enumerate(self.blocks):
+                x = block(x, cache, i, rope)
         if cache is not None:
             cache.pos += T
         logits = self.head(self.ln_f(x))  # (B, T, V)
