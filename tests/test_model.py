@@ -122,6 +122,24 @@ def test_cached_forward_matches_full_forward(variant):
     assert not any("cache" in k for k in model.state_dict())
 
 
+def test_cached_forward_reads_the_blocks_tensors_not_their_modules():
+    model = GPT(tiny(), V).eval()
+    calls = []
+    model.blocks[0].attn.qkv.register_forward_hook(lambda *_: calls.append("qkv"))
+    idx = torch.randint(0, V, (1, 4))
+    model(idx)
+    assert calls == ["qkv"]  # the uncached forward goes through the modules
+    cache = model.new_cache(1)
+    before, _ = model(idx, cache=cache)
+    assert calls == ["qkv"]  # the cached one does not: its hooks do not run
+    with torch.no_grad():  # yet it reads the live tensors, e.g. after load_state_dict
+        model.blocks[0].attn.qkv.weight.mul_(2)
+    cache.reset()
+    after, _ = model(idx, cache=cache)
+    torch.testing.assert_close(after, model(idx)[0], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(after, before)
+
+
 def test_sinusoidal_table_values_at_known_positions():
     table = sinusoidal_table(torch.tensor([0, 1, 5]), 4)
     assert table.shape == (3, 4)
