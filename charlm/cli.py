@@ -175,6 +175,10 @@ def sample(
     no_cache: Annotated[
         bool, typer.Option("--no-cache", help="Recompute the whole context every step.")
     ] = False,
+    compile_step: Annotated[
+        bool, typer.Option("--compile", help="torch.compile the one-token decode step (static "
+                           "shapes; pays for long generations, mainly on a GPU).")
+    ] = SampleConfig.compile,
     stream: Annotated[
         bool, typer.Option(help="Print characters as they are generated.")
     ] = True,
@@ -193,6 +197,7 @@ def sample(
         top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
         repetition_window=repetition_window, beams=beams, stop=tuple(stop or ()),
         include_stop=include_stop, unknown=unknown, seed=seed, use_cache=not no_cache,
+        compile=compile_step,
     )
     text = _read_prompt(prompt, prompt_file)
     lm = load(target, device)

@@ -357,6 +357,7 @@ class SampleConfig:
     unknown: Literal["error", "skip"] = "error"
     seed: int = 1337
     use_cache: bool = True
+    compile: bool = False  # torch.compile the one-token decode step (static shapes)
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -379,6 +380,8 @@ class SampleConfig:
         need(self.beams is None or self.beams >= 1, f"--beams must be >= 1, got {self.beams}")
         need(self.beams is None or self.num_samples == 1,
              "--beams returns the single best sequence; use --num-samples 1 with --beams")
+        need(self.use_cache or not self.compile,
+             "--compile compiles the KV-cached decode step; it cannot go with --no-cache")
         need(all(self.stop), "--stop must not be empty")
         need(self.unknown in ("error", "skip"),
              f"--unknown must be 'error' or 'skip', got {self.unknown!r}")

@@ -59,7 +59,10 @@ class KVCache:
     weights.
 
     A plain object (not a module or buffer), so it never lands in a `state_dict`. `pos` is the
-    number of positions already written; `GPT.forward` advances it once per call. `weights`
+    number of positions already written; `GPT.forward` advances it once per call. `pos` may also
+    be a 0-d integer tensor on the device: then a forward takes one token per row and attends
+    over the whole cache with the positions after `pos` masked, so every step has the same
+    shapes and one compiled graph serves them all (`charlm sample --compile`). `weights`
     (from `GPT.new_cache`) lets a cached forward run each block as plain functions of its
     tensors: a decode step of the baby GPT spends about a fifth of its time looking modules and
     parameters up by attribute otherwise.
@@ -180,6 +183,12 @@ def attend(qkv: torch.Tensor, n_head: int, cache: KVCache | None, layer: int,
         q, k, v = qkv
     if cache is None:
         y = attention(q, k, v, None, True, dropout)
+    elif isinstance(cache.pos, torch.Tensor):  # static shapes: one token at position cache.pos
+        at = cache.pos.view(1)
+        cache.k[layer].index_copy_(2, at, k)
+        cache.v[layer].index_copy_(2, at, v)
+        visible = (torch.arange(cache.max_len, device=qkv.device) <= cache.pos)[None]  # (1, L)
+        y = attention(q, cache.k[layer], cache.v[layer], visible, False, dropout)
     else:
         start, end = cache.pos, cache.pos + T
         cache_k, cache_v = cache.k[layer], cache.v[layer]  # (B, H, L, D)
@@ -330,12 +339,15 @@ class GPT(nn.Module):
         everything cached before them, and the cache position advances by T.
         """
         B, T = idx.shape
-        start = cache.pos if cache is not None else 0
-        if start + T > self.cfg.block_size:
-            raise ValueError(
-                f"sequence of {start + T} positions exceeds block_size {self.cfg.block_size}"
-            )
-        pos = torch.arange(start, start + T, device=idx.device)
+        if cache is not None and isinstance(cache.pos, torch.Tensor):  # static shapes, T = 1
+            pos = cache.pos.view(1)  # the caller keeps it below block_size (no host sync here)
+        else:
+            start = cache.pos if cache is not None else 0
+            if start + T > self.cfg.block_size:
+                raise ValueError(
+                    f"sequence of {start + T} positions exceeds block_size {self.cfg.block_size}"
+                )
+            pos = torch.arange(start, start + T, device=idx.device)
         x = maybe_dropout(self.embed(idx, pos), self.cfg.dropout, self.training)  # (B, T, C)
         rope = rope_angles(pos, self.cfg.head_dim) if self.cfg.pos_encoding == "rope" else None
         if cache is not None and cache.weights is not None:  # the decoding path: no modules

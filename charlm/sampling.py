@@ -11,6 +11,8 @@ the uncached path's, which crops the context to its last `block_size` tokens at 
 
 from __future__ import annotations
 
+import copy
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -28,21 +30,36 @@ class CachedDecoder:
 
     `window` mirrors the ids whose keys and values sit in the cache, so a full cache can be
     re-prefilled from its most recent half without keeping the whole history.
+
+    With `compile`, each one-token step runs a `torch.compile`d forward with static shapes: it
+    reads the same cache through a view whose position is a device tensor (see `KVCache`), so
+    one graph serves every position and no step waits for the host. Prefills stay eager (their
+    length varies). Where the graph cannot be built, decoding goes on eagerly after one warning.
     """
 
-    def __init__(self, model: GPT, batch_size: int):
+    def __init__(self, model: GPT, batch_size: int, compile: bool = False):
         self.model = model
         self.block = model.cfg.block_size
         self.keep = max(self.block // 2, 1)
         self.cache = model.new_cache(batch_size)
         self.window = torch.empty(batch_size, self.block, dtype=torch.long,
                                   device=model.wte.weight.device)
+        self.compiled = None
+        if compile:
+            self.static = copy.copy(self.cache)  # the same key and value tensors
+            self.static.pos = torch.zeros((), dtype=torch.long, device=self.window.device)
+            self.compiled = torch.compile(self._static_step, dynamic=False)
+
+    def _static_step(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.model(idx, cache=self.static)[0]
 
     def prefill(self, idx: torch.Tensor) -> torch.Tensor:
         """Start over from idx (B, T), T <= block_size, in one forward; logits (B, V)."""
         self.cache.reset()
         self.window[:, : idx.size(1)] = idx
         logits, _ = self.model(idx, cache=self.cache)
+        if self.compiled is not None:
+            self.static.pos.fill_(self.cache.pos)
         return logits[:, -1, :]
 
     def step(self, ids: torch.Tensor) -> torch.Tensor:
@@ -52,6 +69,16 @@ class CachedDecoder:
             tail = torch.cat([self.window[:, pos - self.keep + 1:], ids[:, None]], dim=1)
             return self.prefill(tail)
         self.window[:, pos] = ids
+        if self.compiled is not None:
+            try:
+                logits = self.compiled(ids[:, None])  # advances self.static.pos on the device
+                self.cache.pos += 1
+                return logits[:, -1, :]
+            except Exception as e:  # the first call builds the graph: no compiler, an op, ...
+                lines = str(e).strip().splitlines()
+                print(f"warning: torch.compile failed ({type(e).__name__}: "
+                      f"{lines[0] if lines else ''}); decoding without compile", file=sys.stderr)
+                self.compiled = None
         logits, _ = self.model(ids[:, None], cache=self.cache)
         return logits[:, -1, :]
 
@@ -84,8 +111,11 @@ class UncachedDecoder:
         self.context = self.context[index]
 
 
-def make_decoder(model: GPT, batch_size: int, use_cache: bool) -> CachedDecoder | UncachedDecoder:
-    return (CachedDecoder if use_cache else UncachedDecoder)(model, batch_size)
+def make_decoder(model: GPT, batch_size: int, use_cache: bool,
+                 compile: bool = False) -> CachedDecoder | UncachedDecoder:
+    if use_cache:
+        return CachedDecoder(model, batch_size, compile)
+    return UncachedDecoder(model, batch_size)
 
 
 # Logits processors: each maps logits (B, V) to logits (B, V). `build_processors` composes them
@@ -176,7 +206,7 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int,
     opts = opts or SampleConfig()
     model.eval()
     B = prompt.size(0)
-    decoder = make_decoder(model, B, opts.use_cache)
+    decoder = make_decoder(model, B, opts.use_cache, opts.compile)
     procs = build_processors(opts)
     penalty = opts.repetition_penalty != 1.0
     if penalty:  # ring buffer of the last W ids per row (prompt included); -1 = empty
@@ -204,7 +234,7 @@ def _ends_with_any(ids: list[int], stops: Sequence[list[int]]) -> bool:
 @torch.inference_mode()
 def beam_search(model: GPT, prompt: torch.Tensor, max_new_tokens: int, beams: int,
                 stops: Sequence[list[int]] = (), use_cache: bool = True,
-                length_penalty: float = 1.0) -> list[int]:
+                length_penalty: float = 1.0, compile: bool = False) -> list[int]:
     """The best continuation of prompt (1, T0) under beam search.
 
     Hypotheses are ranked by sum of log-probabilities / length**length_penalty, so beams that
@@ -212,7 +242,7 @@ def beam_search(model: GPT, prompt: torch.Tensor, max_new_tokens: int, beams: in
     beams=1 is greedy decoding.
     """
     model.eval()
-    decoder = make_decoder(model, beams, use_cache)
+    decoder = make_decoder(model, beams, use_cache, compile)
     device = prompt.device
     scores = torch.full((beams,), float("-inf"), device=device)
     scores[0] = 0.0  # all beams start identical: expand only the first
@@ -335,7 +365,8 @@ def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
     emit = on_text or (lambda i, s: None)
     if opts.beams is not None:
         stops = [vocab.encode(s) for s in opts.stop if not vocab.unknown(s)]
-        best = beam_search(model, ids, opts.max_new_tokens, opts.beams, stops, opts.use_cache)
+        best = beam_search(model, ids, opts.max_new_tokens, opts.beams, stops, opts.use_cache,
+                           compile=opts.compile)
         matcher = StopMatcher(opts.stop, opts.include_stop)
         text = matcher.feed(vocab.decode(best)) + matcher.flush()
         emit(0, text)

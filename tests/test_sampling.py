@@ -1,3 +1,4 @@
+import copy
 import math
 
 import pytest
@@ -253,3 +254,54 @@ def test_cached_greedy_equals_uncached_for_every_variant(variant):
     cached = run(model, prompt, 13)  # up to a full window
     assert torch.equal(cached, run(model, prompt, 13, uncached(GREEDY)))
     assert len(set(cached.flatten().tolist())) > 1
+
+
+@pytest.mark.parametrize("variant", ["default", "all_changed", "pos_encoding=sinusoidal"])
+def test_static_position_cache_gives_the_dynamic_logits(variant):
+    """The static-shape step (a device tensor as position, the whole cache masked) computes what
+    the growing-slice cache does, one token at a time."""
+    model = random_model(**VARIANTS[variant])
+    idx = torch.randint(0, V, (2, 12))
+    dynamic = model.new_cache(2)
+    model(idx[:, :4], cache=dynamic)
+    static = copy.copy(dynamic)
+    static.pos = torch.tensor(4)
+    for t in range(4, 12):
+        expected, _ = model(idx[:, t:t + 1], cache=dynamic)
+        got, _ = model(idx[:, t:t + 1], cache=static)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert int(static.pos) == dynamic.pos == 12
+
+
+def test_compiled_decode_step_samples_what_eager_does(model):
+    """torch.compile of the one-token step (CPU inductor here): the same seeded samples as the
+    eager decoder, past the first window (re-prefills stay eager) and for a new batch size."""
+    opts = SampleConfig(temperature=0.9, compile=True)
+    for batch in (2, 3):
+        prompt = torch.randint(0, V, (batch, 5))
+        compiled = run(model, prompt, 40, opts, torch.Generator().manual_seed(0))
+        eager = run(model, prompt, 40, SampleConfig(temperature=0.9),
+                    torch.Generator().manual_seed(0))
+        assert torch.equal(compiled, eager)
+
+
+def test_compile_failure_falls_back_to_eager_with_one_warning(model, monkeypatch, capsys):
+    def broken_compile(fn, **kwargs):
+        def call(*args):
+            raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found\nmore")
+        return call
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    prompt = torch.randint(0, V, (1, 3))
+    got = run(model, prompt, 20, SampleConfig(temperature=0, compile=True))
+    assert torch.equal(got, run(model, prompt, 20))
+    assert capsys.readouterr().err == (
+        "warning: torch.compile failed (RuntimeError: InvalidCxxCompiler: No working C++ compiler "
+        "found); decoding without compile\n")
+
+
+def test_compile_needs_the_cache():
+    with pytest.raises(CharlmError) as e:
+        SampleConfig(compile=True, use_cache=False)
+    assert str(e.value) == ("--compile compiles the KV-cached decode step; it cannot go with "
+                            "--no-cache")
