@@ -100,6 +100,8 @@ def test_sample_rejects_unknown_prompt_characters(cli, run_dir):
 @pytest.mark.parametrize("args, message", [
     (["--temperature", "-1"], "error: --temperature must be >= 0 (0 is greedy), got -1.0\n"),
     (["--top-k", "0"], "error: --top-k must be >= 1, got 0\n"),
+    (["--compile", "--no-cache"],
+     "error: --compile compiles the KV-cached decode step; it cannot go with --no-cache\n"),
 ])
 def test_sample_rejects_bad_options(cli, run_dir, args, message):
     result = cli("sample", run_dir, *args)
