@@ -21,7 +21,7 @@ import torch
 import torch.distributed as torch_dist
 from torch.nn.parallel import DistributedDataParallel
 
-from charlm.errors import CharlmError
+from charlm.errors import CharlmError, first_line
 
 
 def resolve_device(name: str) -> torch.device:
@@ -88,8 +88,7 @@ def compile_model(model: torch.nn.Module, batch_shape: tuple[int, int], device: 
             loss.backward()
         return compiled, None
     except Exception as e:  # any failure: compile is an optimisation, never a requirement
-        lines = str(e).strip().splitlines()
-        return model, f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
+        return model, first_line(e)
     finally:
         model.zero_grad(set_to_none=True)
 

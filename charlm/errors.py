@@ -7,3 +7,10 @@ message follows the house pattern: what is wrong, where, and what to do about it
 
 class CharlmError(Exception):
     """Bad input or an impossible request, reported to the user without a traceback."""
+
+
+def first_line(e: BaseException) -> str:
+    """`Type: first line of the message` of an exception from a library (e.g. a torch.compile
+    backend), short enough for one `warning:` line."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]

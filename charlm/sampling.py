@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from charlm.config import SampleConfig
-from charlm.errors import CharlmError
+from charlm.errors import CharlmError, first_line
 from charlm.model import GPT
 from charlm.vocab import Vocab
 
@@ -75,9 +75,8 @@ class CachedDecoder:
                 self.cache.pos += 1
                 return logits[:, -1, :]
             except Exception as e:  # the first call builds the graph: no compiler, an op, ...
-                lines = str(e).strip().splitlines()
-                print(f"warning: torch.compile failed ({type(e).__name__}: "
-                      f"{lines[0] if lines else ''}); decoding without compile", file=sys.stderr)
+                print(f"warning: torch.compile failed ({first_line(e)}); decoding without compile",
+                      file=sys.stderr)
                 self.compiled = None
         logits, _ = self.model(ids[:, None], cache=self.cache)
         return logits[:, -1, :]
