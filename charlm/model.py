@@ -336,7 +336,8 @@ class GPT(nn.Module):
         """idx (B, T) -> logits (B, T, V) and, with targets (B, T), the mean cross-entropy.
 
         With a cache, the T tokens sit at positions cache.pos .. cache.pos + T - 1, attend to
-        everything cached before them, and the cache position advances by T.
+        everything cached before them, and the cache position advances by T. A cache position
+        that is a 0-d tensor means static shapes (see `KVCache`): T = 1, advanced in place.
         """
         B, T = idx.shape
         if cache is not None and isinstance(cache.pos, torch.Tensor):  # static shapes, T = 1
