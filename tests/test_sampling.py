@@ -273,7 +273,7 @@ def test_static_position_cache_gives_the_dynamic_logits(variant):
     assert int(static.pos) == dynamic.pos == 12
 
 
-def test_compiled_decode_step_samples_what_eager_does(model):
+def test_compiled_decode_step_samples_what_eager_does(model, capsys):
     """torch.compile of the one-token step (CPU inductor here): the same seeded samples as the
     eager decoder, past the first window (re-prefills stay eager) and for a new batch size."""
     opts = SampleConfig(temperature=0.9, compile=True)
@@ -283,6 +283,7 @@ def test_compiled_decode_step_samples_what_eager_does(model):
         eager = run(model, prompt, 40, SampleConfig(temperature=0.9),
                     torch.Generator().manual_seed(0))
         assert torch.equal(compiled, eager)
+    assert capsys.readouterr().err == ""  # the compiled step really ran: no eager fallback
 
 
 def test_compile_failure_falls_back_to_eager_with_one_warning(model, monkeypatch, capsys):

@@ -181,7 +181,8 @@ def test_bfloat16_loss_close_to_float32(tiny_cfg, tmp_path):
 
 
 @pytest.mark.parametrize("path", ["bfloat16", "compile"])
-def test_bfloat16_and_compiled_training_follow_the_float32_loss_curve(path, tiny_cfg, tmp_path):
+def test_bfloat16_and_compiled_training_follow_the_float32_loss_curve(path, tiny_cfg, tmp_path,
+                                                                      capsys):
     """20 steps from one seed, bf16 autocast or torch.compile (float32) against eager float32:
     the logged train losses (every 5 steps) and the evals (steps 10, 20) agree. Compiled float32
     differs only in the order of float ops; bf16 rounds every matmul input to 8 bits of
@@ -197,6 +198,7 @@ def test_bfloat16_and_compiled_training_follow_the_float32_loss_curve(path, tiny
     fp32 = curve("fp32", dtype="float32")
     if path == "compile":
         other = curve("compiled", dtype="float32", compile=True)
+        assert "warning:" not in capsys.readouterr().out  # compiled for real, no fallback
         assert other == pytest.approx(fp32, abs=1e-4)
     else:
         other = curve("bf16", dtype="bfloat16")
