@@ -20,6 +20,8 @@ from charlm.faults import Interrupted
 from charlm.model import GPT
 from charlm.sampling import generate
 from charlm.train import (
+    batches_that_fit,
+    eval_batches_per_forward,
     evaluate,
     lr_at,
     make_optimizer,
@@ -169,6 +171,76 @@ def test_evaluate_is_pure_and_restores_train_mode(tiny_cfg, tmp_path):
     b = evaluate(model, data, tiny_cfg, dev, resolve_dtype("float32", dev))
     assert a == b and model.training
     assert torch.equal(rng, torch.get_rng_state())
+
+
+@pytest.mark.parametrize("per_forward", [2, 3, 4, 9])
+def test_evaluate_stacks_batches_into_fewer_forwards_with_the_same_losses(per_forward, tiny_cfg,
+                                                                          tmp_path):
+    """Stacked eval batches (CUDA's fewer, larger forwards) score the same windows: the same
+    means as one batch per forward, with the remainder (4 = 3 + 1) and more per forward than
+    there are batches (9) included."""
+    data = dataset_for(tiny_cfg.data.path, 0.1, tmp_path / "ds")
+    model = GPT(tiny_cfg.model, len(data.vocab))
+    dev = torch.device("cpu")
+    calls = []
+    model.register_forward_pre_hook(lambda m, args: calls.append(args[0].shape[0]))
+    one = evaluate(model, data, tiny_cfg, dev, torch.float32)
+    assert calls == [16] * 8  # eval_iters 4 batches of 16, each split
+    calls.clear()
+    stacked = evaluate(model, data, tiny_cfg, dev, torch.float32, batches_per_forward=per_forward)
+    expected = {2: [32, 32], 3: [48, 16], 4: [64], 9: [64]}[per_forward]
+    assert calls == expected * 2
+    assert stacked["train"] == pytest.approx(one["train"], rel=1e-6)
+    assert stacked["val"] == pytest.approx(one["val"], rel=1e-6)
+
+
+def test_eval_batches_per_forward_fit_the_memory_budget(tiny_cfg):
+    # tiny: T 16, C 32, F 128, H 2, V 65 -> 4 * 16 * (512 + 195 + 256 + 32) = 63,680 bytes a row
+    per_batch = 63_680 * 16
+    assert batches_that_fit(3 * per_batch, tiny_cfg, 65, 16) == 3
+    assert batches_that_fit(3 * per_batch - 1, tiny_cfg, 65, 16) == 2
+    assert batches_that_fit(10, tiny_cfg, 65, 16) == 1  # never less than one batch
+    assert batches_that_fit(10**12, tiny_cfg, 65, 16) == 4  # never more than eval_iters
+    assert eval_batches_per_forward(tiny_cfg, torch.device("cpu"), 65, 16) == 1
+
+
+def test_train_scores_evals_with_the_stacked_batches_eagerly(tiny_cfg, monkeypatch):
+    """When evals stack batches (on CUDA), train() scores them with the uncompiled model (the
+    compiled graph has the training batch's shape), at the grouping eval_batches_per_forward
+    chose, and logs the same losses as one batch a forward. A stand-in for torch.compile's
+    wrapper tells the two models apart."""
+    cfg = with_(tiny_cfg, train={"max_iters": 20, "eval_interval": 10, "compile": True})
+
+    class Compiled(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, *args):
+            return self.inner(*args)
+
+    monkeypatch.setattr(train_module, "compile_model", lambda model, *a: (Compiled(model), None))
+    seen = []
+    real_evaluate = train_module.evaluate
+
+    def spy(model, *args):
+        seen.append((type(model).__name__, args[-1]))
+        return real_evaluate(model, *args)
+
+    monkeypatch.setattr(train_module, "evaluate", spy)
+    train(cfg)
+    ungrouped = read_evals(cfg)
+    monkeypatch.setattr(train_module, "eval_batches_per_forward", lambda *a: 3)
+    train(cfg, overwrite=True)
+    assert seen == [("Compiled", 1)] * 2 + [("GPT", 3)] * 2
+    for a, b in zip(ungrouped, read_evals(cfg), strict=True):
+        assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-5)
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-5)
+
+
+def read_evals(cfg: RunConfig) -> list[dict]:
+    lines = Path(cfg.train.out_dir, "metrics.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == "eval"]
 
 
 def test_bfloat16_loss_close_to_float32(tiny_cfg, tmp_path):
