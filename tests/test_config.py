@@ -27,6 +27,7 @@ def test_baby_gpt_preset_matches_nanogpt():
     assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.dropout) == (6, 6, 384, 256, 0.2)
     assert (t.batch_size, t.max_iters, o.lr, o.min_lr, o.warmup_iters, o.beta2) == (
         64, 5000, 1e-3, 1e-4, 100, 0.99)
+    assert t.compile and t.dtype == "auto"  # nanoGPT compiles and trains in bf16 on a GPU
 
 
 def test_defaults_are_gpt2_on_the_cpu_presets_shape():
