@@ -272,6 +272,8 @@ def info(
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Parameter table per component, FLOPs per token, forward shapes and the resolved config."""
+    import torch
+
     from charlm.checkpoint import load_model
     from charlm.config import load_config
     from charlm.data import load_dataset, scan
@@ -279,6 +281,8 @@ def info(
     from charlm.summary import describe, render_text
 
     train_state = None
+    if vocab_size is not None and vocab_size < 1:
+        raise CharlmError(f"--vocab-size must be >= 1, got {vocab_size}")
     if target.suffix in (".yaml", ".yml") and not target.is_dir():
         cfg = load_config(target, list(set_ or []))
         if vocab_size is None:
@@ -286,13 +290,15 @@ def info(
             vocab_size = len(
                 load_dataset(data_path).vocab if data_path.is_dir() else scan([data_path])[1]
             )
-        model = GPT(cfg.model, vocab_size)
+        with torch.device("meta"):  # shapes only: a config too big for memory is explained too
+            model = GPT(cfg.model, vocab_size)
     else:
         if set_:
             raise CharlmError("--set applies to a config file, not to a checkpoint")
         model, _, cfg, state = load_model(target)
         train_state = state["train_state"]
-    size = (batch or cfg.train.batch_size, seq_len or cfg.model.block_size) if shapes else None
+    size = (cfg.train.batch_size if batch is None else batch,
+            cfg.model.block_size if seq_len is None else seq_len) if shapes else None
     report = describe(model, cfg, size, train_state)
     if json_:
         print(json.dumps(report, indent=2))
