@@ -133,7 +133,9 @@ def apply_repetition_penalty(logits: torch.Tensor, recent: torch.Tensor,
 
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    return logits / temperature
+    """logits / temperature, shifted so the largest is 0 (softmax does not change): a tiny
+    temperature then sends the others to -inf rather than the likeliest ones to +inf."""
+    return (logits - logits.amax(dim=-1, keepdim=True)) / temperature
 
 
 def apply_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -189,6 +191,9 @@ def sample_next(logits: torch.Tensor, temperature: float, procs: Sequence[Proces
         return logits.argmax(dim=-1)
     for proc in procs:
         logits = proc(logits)
+    # A tiny temperature or repetition penalty can overflow a logit to +inf, and softmax would
+    # turn it into NaN; the largest float keeps the limit's meaning (the likeliest ids win).
+    logits = logits.clamp(max=torch.finfo(logits.dtype).max)
     probs = torch.softmax(logits, dim=-1)
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
