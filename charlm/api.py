@@ -49,6 +49,8 @@ def sample(lm: LM, prompt: str = "\n", **options: Any) -> list:
     num_samples, max_new_tokens, seed, ...)."""
     from charlm.sampling import encode_prompt, sample_text
 
+    if isinstance(options.get("stop"), str):  # one stop string, not one per character
+        options["stop"] = [options["stop"]]
     opts = SampleConfig(**{k: tuple(v) if k == "stop" else v for k, v in options.items()})
     prompt, _, _ = encode_prompt(lm.vocab, prompt, opts.unknown, lm.model.cfg.block_size)
     return sample_text(lm.model, lm.vocab, prompt, opts)
