@@ -131,7 +131,8 @@ def sample(
     target: TargetArg,
     prompt: Annotated[
         str | None, typer.Option(help="Text to continue; '-' reads it from stdin. [default: a "
-                                 "newline]", show_default=False),
+                                 "newline, or the first character of a vocabulary without one]",
+                                 show_default=False),
     ] = None,
     prompt_file: Annotated[
         Path | None, typer.Option(help="Read the prompt from this UTF-8 file.")
@@ -190,7 +191,7 @@ def sample(
 ) -> None:
     """Generate text from a checkpoint, streamed to stdout as it is produced."""
     from charlm.api import load
-    from charlm.sampling import encode_prompt, sample_text
+    from charlm.sampling import default_prompt, encode_prompt, sample_text
 
     opts = SampleConfig(
         max_new_tokens=max_new_tokens, num_samples=num_samples, temperature=temperature,
@@ -202,6 +203,8 @@ def sample(
     text = _read_prompt(prompt, prompt_file)
     lm = load(target, device)
     model, vocab = lm.model, lm.vocab
+    if text is None:
+        text = default_prompt(vocab)
     text, _, warnings = encode_prompt(vocab, text, opts.unknown, model.cfg.block_size)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
@@ -233,7 +236,8 @@ def sample(
     out.flush()
 
 
-def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
+def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
+    """The prompt text, or None for the default (see `sampling.default_prompt`)."""
     if prompt is not None and prompt_file is not None:
         raise CharlmError("give the prompt either with --prompt or with --prompt-file, not both")
     if prompt_file is not None:
@@ -247,7 +251,7 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
             ) from None
     if prompt == "-":
         return sys.stdin.read()
-    return "\n" if prompt is None else prompt
+    return prompt
 
 
 @app.command()

@@ -332,6 +332,12 @@ class Sample:
     stopped: bool  # ended by a stop string, not by max_new_tokens
 
 
+def default_prompt(vocab: Vocab) -> str:
+    """The prompt when none is given: a newline, or the vocabulary's first character when the
+    model never saw a newline."""
+    return "\n" if not vocab.unknown("\n") else vocab.chars[0]
+
+
 def encode_prompt(vocab: Vocab, prompt: str, unknown: str,
                   block_size: int) -> tuple[str, list[int], list[str]]:
     """(prompt as used, its ids, warnings). Unknown characters are an error listing each one
@@ -413,7 +419,7 @@ def preview(model: GPT, vocab: Vocab, chars: int, seed: int) -> str:
     vocabulary's first character when it has none), prompt included. It draws from its own
     seeded generator, so the training RNG is untouched, and it restores the model's mode."""
     was_training = model.training
-    prompt = "\n" if not vocab.unknown("\n") else vocab.chars[0]
+    prompt = default_prompt(vocab)
     try:
         [sample] = sample_text(model, vocab, prompt, SampleConfig(max_new_tokens=chars, seed=seed))
     finally:

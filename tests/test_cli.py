@@ -330,3 +330,21 @@ def test_info_on_a_config_too_big_for_memory_builds_no_weights(cli):
 def test_info_rejects_bad_sizes(cli, args, message):
     result = cli("info", ROOT / "configs" / "tiny.yaml", *args)
     assert (result.code, result.err, result.out) == (2, f"error: {message}\n", "")
+
+
+def test_sample_default_prompt_for_a_model_without_newlines(cli, tmp_path):
+    text = tmp_path / "one_line.txt"
+    text.write_text(SHAKESPEARE.read_text(encoding="utf-8")[:5000].replace("\n", " "),
+                    encoding="utf-8")
+    run = tmp_path / "run"
+    trained = cli("train", ROOT / "configs" / "tiny.yaml", "--data", text, "--out", run,
+                  "--set", "train.max_iters=2", "--set", "train.eval_iters=1")
+    assert trained.code == 0, trained.err
+    # No --prompt: a newline, or (as the training previews) the first character of a
+    # vocabulary that has none, here the space.
+    result = cli("sample", run, "--max-new-tokens", "5", "--temperature", "0")
+    assert (result.code, result.err) == (0, "")
+    assert result.out.startswith(" ") and len(result.out) == 1 + 5 + 1
+    import charlm
+
+    assert len(charlm.generate(charlm.load(run, "cpu"), max_new_tokens=5)) == 5
