@@ -232,3 +232,12 @@ def test_damaged_checkpoint_gives_one_error_line(fails, trained, damage, detail)
         ckpt = trained / ("last.pt" if args[0] == "train" else "best.pt")
         result = fails(*args, message=f"checkpoint {ckpt} is damaged or incomplete: {detail}")
         assert result.out == ""
+
+
+def test_dataset_whose_meta_json_is_not_an_object(fails, tmp_path):
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    write(ds / "meta.json", "[1, 2]")
+    fails("train", TINY, "--data", ds, "--out", tmp_path / "run", new=True,
+          message=f"cannot read dataset {ds}: not a charlm dataset; prepare it again with "
+                  "`charlm prepare`")
