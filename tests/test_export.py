@@ -131,3 +131,13 @@ def test_api_stop_given_as_a_string_is_one_stop_string(run_dir):
         out = charlm.generate(lm, "First", max_new_tokens=40, temperature=0, stop=given,
                               include_stop=True)
         assert out == free[:end]
+
+
+def test_sample_on_an_hf_export_says_it_is_for_transformers(cli, run_dir, tmp_path):
+    model, vocab, cfg, _ = checkpoint.load_model(run_dir)
+    save_hf(model, vocab, cfg, tmp_path / "hf")
+    result = cli("sample", tmp_path / "hf")
+    assert (result.code, result.out) == (2, "")
+    assert result.err == (
+        f"error: cannot load exported model {tmp_path / 'hf'}: config.json is not a charlm export "
+        "(an `hf` export is for transformers, not for charlm)\n")
