@@ -43,18 +43,23 @@ def load(path: str | Path, device: str = "auto") -> LM:
     return LM(model, vocab, cfg, checkpoint.resolve(path), state["train_state"])
 
 
-def sample(lm: LM, prompt: str = "\n", **options: Any) -> list:
+def sample(lm: LM, prompt: str | None = None, **options: Any) -> list:
     """Generate samples (`generate.Sample`: text, prompt, tokens, seconds, stopped); options are
     those of `SampleConfig` (temperature, top_k, top_p, min_p, repetition_penalty, beams, stop,
     num_samples, max_new_tokens, seed, ...)."""
-    from charlm.sampling import encode_prompt, sample_text
+    from charlm.sampling import default_prompt, encode_prompt, sample_text
 
+    if prompt is None:  # a newline (or the first character of a vocabulary without one)
+        prompt = default_prompt(lm.vocab)
+
+    if isinstance(options.get("stop"), str):  # one stop string, not one per character
+        options["stop"] = [options["stop"]]
     opts = SampleConfig(**{k: tuple(v) if k == "stop" else v for k, v in options.items()})
     prompt, _, _ = encode_prompt(lm.vocab, prompt, opts.unknown, lm.model.cfg.block_size)
     return sample_text(lm.model, lm.vocab, prompt, opts)
 
 
-def generate(lm: LM, prompt: str = "\n", **options: Any) -> str:
+def generate(lm: LM, prompt: str | None = None, **options: Any) -> str:
     """The generated continuation of `prompt` (without the prompt) as one string."""
     return sample(lm, prompt, **{**options, "num_samples": 1})[0].text
 

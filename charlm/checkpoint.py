@@ -81,16 +81,40 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str
     return state
 
 
+def damaged(path: Path, e: BaseException | str) -> CharlmError:
+    """The one-line error for a checkpoint that loads but lacks or garbles a part."""
+    detail = " ".join(str(e).split())  # torch's state_dict errors span several lines
+    return CharlmError(f"checkpoint {path} is damaged or incomplete: {detail[:300]}")
+
+
+def check_config(state: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint's config dict; ValueError unless it has a `model` section."""
+    cfg = state.get("config")
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("model"), dict):
+        raise ValueError("no config" if cfg is None else "config is not a mapping with a model "
+                         "section")
+    return cfg
+
+
+def check_train_state(state: dict[str, Any]) -> None:
+    """Raise ValueError unless the checkpoint's train state has the numbers charlm reads."""
+    ts = state.get("train_state")
+    if not isinstance(ts, dict) or not all(
+            isinstance(ts.get(k), (int, float)) for k in ("step", "best_val", "tokens")):
+        raise ValueError("train_state is missing or malformed")
+
+
 def load_model(path: str | Path, device: str | torch.device = "cpu",
                ) -> tuple[GPT, Vocab, RunConfig, dict[str, Any]]:
     """(model in eval mode, vocab, config, checkpoint state) from a run dir or checkpoint."""
     ckpt_path = resolve(path)
     state = load(ckpt_path, map_location=device)
     try:
-        cfg = RunConfig.from_dict(state["config"], f"{ckpt_path} config")
+        cfg = RunConfig.from_dict(check_config(state), f"{ckpt_path} config")
         vocab = Vocab(state["vocab"])
         model = GPT(cfg.model, len(vocab))
         model.load_state_dict(state["model"])
-    except (KeyError, RuntimeError, CharlmError) as e:
-        raise CharlmError(f"checkpoint {ckpt_path} is damaged or incomplete: {e}") from None
+        check_train_state(state)
+    except (KeyError, RuntimeError, ValueError, TypeError, CharlmError) as e:
+        raise damaged(ckpt_path, e) from None
     return model.to(device).eval(), vocab, cfg, state

@@ -131,7 +131,8 @@ def sample(
     target: TargetArg,
     prompt: Annotated[
         str | None, typer.Option(help="Text to continue; '-' reads it from stdin. [default: a "
-                                 "newline]", show_default=False),
+                                 "newline, or the first character of a vocabulary without one]",
+                                 show_default=False),
     ] = None,
     prompt_file: Annotated[
         Path | None, typer.Option(help="Read the prompt from this UTF-8 file.")
@@ -190,7 +191,7 @@ def sample(
 ) -> None:
     """Generate text from a checkpoint, streamed to stdout as it is produced."""
     from charlm.api import load
-    from charlm.sampling import encode_prompt, sample_text
+    from charlm.sampling import default_prompt, encode_prompt, sample_text
 
     opts = SampleConfig(
         max_new_tokens=max_new_tokens, num_samples=num_samples, temperature=temperature,
@@ -202,6 +203,8 @@ def sample(
     text = _read_prompt(prompt, prompt_file)
     lm = load(target, device)
     model, vocab = lm.model, lm.vocab
+    if text is None:
+        text = default_prompt(vocab)
     text, _, warnings = encode_prompt(vocab, text, opts.unknown, model.cfg.block_size)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
@@ -233,7 +236,8 @@ def sample(
     out.flush()
 
 
-def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
+def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
+    """The prompt text, or None for the default (see `sampling.default_prompt`)."""
     if prompt is not None and prompt_file is not None:
         raise CharlmError("give the prompt either with --prompt or with --prompt-file, not both")
     if prompt_file is not None:
@@ -247,7 +251,7 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
             ) from None
     if prompt == "-":
         return sys.stdin.read()
-    return "\n" if prompt is None else prompt
+    return prompt
 
 
 @app.command()
@@ -272,6 +276,8 @@ def info(
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Parameter table per component, FLOPs per token, forward shapes and the resolved config."""
+    import torch
+
     from charlm.checkpoint import load_model
     from charlm.config import load_config
     from charlm.data import load_dataset, scan
@@ -279,6 +285,8 @@ def info(
     from charlm.summary import describe, render_text
 
     train_state = None
+    if vocab_size is not None and vocab_size < 1:
+        raise CharlmError(f"--vocab-size must be >= 1, got {vocab_size}")
     if target.suffix in (".yaml", ".yml") and not target.is_dir():
         cfg = load_config(target, list(set_ or []))
         if vocab_size is None:
@@ -286,13 +294,15 @@ def info(
             vocab_size = len(
                 load_dataset(data_path).vocab if data_path.is_dir() else scan([data_path])[1]
             )
-        model = GPT(cfg.model, vocab_size)
+        with torch.device("meta"):  # shapes only: a config too big for memory is explained too
+            model = GPT(cfg.model, vocab_size)
     else:
         if set_:
             raise CharlmError("--set applies to a config file, not to a checkpoint")
         model, _, cfg, state = load_model(target)
         train_state = state["train_state"]
-    size = (batch or cfg.train.batch_size, seq_len or cfg.model.block_size) if shapes else None
+    size = (cfg.train.batch_size if batch is None else batch,
+            cfg.model.block_size if seq_len is None else seq_len) if shapes else None
     report = describe(model, cfg, size, train_state)
     if json_:
         print(json.dumps(report, indent=2))

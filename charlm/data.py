@@ -222,7 +222,7 @@ def load_dataset(path: str | Path) -> Dataset:
         )
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        if meta.get("format") != DATASET_FORMAT:
+        if not isinstance(meta, dict) or meta.get("format") != DATASET_FORMAT:
             raise ValueError("not a charlm dataset")
         if meta.get("version") != DATASET_VERSION:
             raise ValueError(f"dataset format version {meta.get('version')}")

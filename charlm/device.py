@@ -13,6 +13,7 @@ import contextlib
 import gc
 import os
 import random
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,12 +27,14 @@ from charlm.errors import CharlmError, first_line
 
 def resolve_device(name: str) -> torch.device:
     """`auto` picks cuda > mps > cpu; an explicit device that is missing is an error."""
+    if name not in ("auto", "cpu", "cuda", "mps") and not re.fullmatch(r"cuda:\d+", name):
+        raise CharlmError(f"unknown device {name!r}; use auto, cpu, cuda or mps")
     has_mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
         return torch.device("mps" if has_mps else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
+    if name.startswith("cuda") and not torch.cuda.is_available():
         raise CharlmError(
             "train.device is 'cuda' but no CUDA GPU is available to this torch build; "
             "use --set train.device=cpu (or auto), or install a CUDA build of torch"

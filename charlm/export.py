@@ -53,7 +53,8 @@ def save_safetensors(model: GPT, vocab: Vocab, cfg: RunConfig, out: Path) -> Non
 
 
 def is_export_dir(path: Path) -> bool:
-    return path.is_dir() and (path / WEIGHTS).is_file() and (path / "vocab.json").is_file()
+    """A directory with exported weights (an `hf` export too: loading it then says what it is)."""
+    return path.is_dir() and (path / WEIGHTS).is_file()
 
 
 def load_safetensors(path: Path, device: str | torch.device = "cpu",

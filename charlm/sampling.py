@@ -133,7 +133,9 @@ def apply_repetition_penalty(logits: torch.Tensor, recent: torch.Tensor,
 
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    return logits / temperature
+    """logits / temperature, shifted so the largest is 0 (softmax does not change): a tiny
+    temperature then sends the others to -inf rather than the likeliest ones to +inf."""
+    return (logits - logits.amax(dim=-1, keepdim=True)) / temperature
 
 
 def apply_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -189,6 +191,9 @@ def sample_next(logits: torch.Tensor, temperature: float, procs: Sequence[Proces
         return logits.argmax(dim=-1)
     for proc in procs:
         logits = proc(logits)
+    # A tiny temperature or repetition penalty can overflow a logit to +inf, and softmax would
+    # turn it into NaN; the largest float keeps the limit's meaning (the likeliest ids win).
+    logits = logits.clamp(max=torch.finfo(logits.dtype).max)
     probs = torch.softmax(logits, dim=-1)
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
@@ -327,6 +332,12 @@ class Sample:
     stopped: bool  # ended by a stop string, not by max_new_tokens
 
 
+def default_prompt(vocab: Vocab) -> str:
+    """The prompt when none is given: a newline, or the vocabulary's first character when the
+    model never saw a newline."""
+    return "\n" if not vocab.unknown("\n") else vocab.chars[0]
+
+
 def encode_prompt(vocab: Vocab, prompt: str, unknown: str,
                   block_size: int) -> tuple[str, list[int], list[str]]:
     """(prompt as used, its ids, warnings). Unknown characters are an error listing each one
@@ -408,7 +419,7 @@ def preview(model: GPT, vocab: Vocab, chars: int, seed: int) -> str:
     vocabulary's first character when it has none), prompt included. It draws from its own
     seeded generator, so the training RNG is untouched, and it restores the model's mode."""
     was_training = model.training
-    prompt = "\n" if not vocab.unknown("\n") else vocab.chars[0]
+    prompt = default_prompt(vocab)
     try:
         [sample] = sample_text(model, vocab, prompt, SampleConfig(max_new_tokens=chars, seed=seed))
     finally:

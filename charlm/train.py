@@ -211,7 +211,10 @@ def resume_config(run_dir: Path, config_path: str | Path | None,
     ckpt_path = run_dir / "last.pt"
     if not ckpt_path.is_file():
         raise CharlmError(f"--resume: no checkpoint {ckpt_path}; start the run without --resume")
-    saved = checkpoint.load(ckpt_path)["config"]
+    try:
+        saved = checkpoint.check_config(checkpoint.load(ckpt_path))
+    except ValueError as e:
+        raise checkpoint.damaged(ckpt_path, e) from None
     if config_path is not None:
         cfg = load_config(config_path, overrides)
     else:
@@ -297,19 +300,23 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
 
     if resume:  # every rank loads the same last.pt
         ckpt = checkpoint.load(run_dir / "last.pt", map_location=device)
-        if ckpt["vocab"] != data.vocab.chars:
+        if ckpt.get("vocab") != data.vocab.chars:
             raise CharlmError(
                 f"--resume: the vocabulary of {cfg.data.path} differs from the run's checkpoint; "
                 "resume with the data the run was started on"
             )
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scaler.load_state_dict(ckpt["scaler"])
-        state.load_state_dict(ckpt["train_state"])
-        sampler.load_state_dict(ckpt["sampler"])
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        if device.type == "cuda" and "cuda" in ckpt["rng"]:
-            torch.cuda.set_rng_state_all(list(ckpt["rng"]["cuda"]))
+        try:
+            checkpoint.check_train_state(ckpt)
+            model.load_state_dict(ckpt["model"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+            scaler.load_state_dict(ckpt["scaler"])
+            state.load_state_dict(ckpt["train_state"])
+            sampler.load_state_dict(ckpt["sampler"])
+            torch.set_rng_state(ckpt["rng"]["torch"])
+            if device.type == "cuda" and "cuda" in ckpt["rng"]:
+                torch.cuda.set_rng_state_all(list(ckpt["rng"]["cuda"]))
+        except (KeyError, RuntimeError, ValueError, TypeError, AttributeError) as e:
+            raise checkpoint.damaged(run_dir / "last.pt", e) from None
     elif overwrite and dist.is_main:  # only now that data, model and config are known to be good
         _clear_run(run_dir)
     if dist.is_main:

@@ -302,3 +302,49 @@ def test_eval_and_prompt_file_reject_non_utf8(cli, run_dir, tmp_path):
     missing = cli("eval", run_dir, tmp_path / "nope.txt")
     assert (missing.code, missing.err) == (
         2, f"error: input file not found: {tmp_path / 'nope.txt'}\n")
+
+
+@pytest.mark.parametrize("command", [["sample"], ["eval", ROOT / "configs" / "tiny.yaml"]])
+@pytest.mark.parametrize("device", ["tpu", "CPU"])
+def test_sample_and_eval_reject_an_unknown_device(cli, run_dir, command, device):
+    result = cli(command[0], run_dir, *command[1:], "--device", device)
+    assert (result.code, result.err, result.out) == (
+        2, f"error: unknown device {device!r}; use auto, cpu, cuda or mps\n", "")
+
+
+def test_info_on_a_config_too_big_for_memory_builds_no_weights(cli):
+    C, V, T, L = 1 << 17, 10, 16, 2  # 12 * C^2 float32 weights per layer: 824 GB for 2 layers
+    result = cli("info", ROOT / "configs" / "tiny.yaml", "--vocab-size", V, "--json", "--shapes",
+                 "--set", f"model.n_embd={C}")
+    assert result.code == 0, result.err
+    info = json.loads(result.out)
+    assert info["parameters"]["total"] == V * C + T * C + L * (12 * C * C + 2 * C) + C
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--vocab-size", "0"], "--vocab-size must be >= 1, got 0"),
+    (["--vocab-size", "-3"], "--vocab-size must be >= 1, got -3"),
+    (["--shapes", "--batch", "0"], "--batch must be >= 1, got 0"),
+    (["--shapes", "--seq-len", "0"], "--seq-len 0 must be in 1..block_size (16)"),
+])
+def test_info_rejects_bad_sizes(cli, args, message):
+    result = cli("info", ROOT / "configs" / "tiny.yaml", *args)
+    assert (result.code, result.err, result.out) == (2, f"error: {message}\n", "")
+
+
+def test_sample_default_prompt_for_a_model_without_newlines(cli, tmp_path):
+    text = tmp_path / "one_line.txt"
+    text.write_text(SHAKESPEARE.read_text(encoding="utf-8")[:5000].replace("\n", " "),
+                    encoding="utf-8")
+    run = tmp_path / "run"
+    trained = cli("train", ROOT / "configs" / "tiny.yaml", "--data", text, "--out", run,
+                  "--set", "train.max_iters=2", "--set", "train.eval_iters=1")
+    assert trained.code == 0, trained.err
+    # No --prompt: a newline, or (as the training previews) the first character of a
+    # vocabulary that has none, here the space.
+    result = cli("sample", run, "--max-new-tokens", "5", "--temperature", "0")
+    assert (result.code, result.err) == (0, "")
+    assert result.out.startswith(" ") and len(result.out) == 1 + 5 + 1
+    import charlm
+
+    assert len(charlm.generate(charlm.load(run, "cpu"), max_new_tokens=5)) == 5

@@ -212,3 +212,32 @@ def test_disk_full_during_a_save_keeps_the_previous_checkpoints(cli, trained, mo
     assert len(calls) == 1
     assert {name: (trained / name).read_bytes() for name in before} == before
     assert not [p.name for p in trained.iterdir() if ".tmp" in p.name]
+
+
+@pytest.mark.parametrize("damage, detail", [
+    (lambda s: s.pop("train_state"), "train_state is missing or malformed"),
+    (lambda s: s.update(train_state={"step": "x"}), "train_state is missing or malformed"),
+    (lambda s: s.pop("config"), "no config"),
+    (lambda s: s.update(config="model"), "config is not a mapping with a model section"),
+    (lambda s: s["model"].pop("wte.weight"), "Error(s) in loading state_dict for GPT: Missing "
+                                              "key(s) in state_dict: \"wte.weight\"."),
+])
+def test_damaged_checkpoint_gives_one_error_line(fails, trained, damage, detail):
+    for name in ("last.pt", "best.pt"):
+        state = torch.load(trained / name, weights_only=True)
+        damage(state)
+        torch.save(state, trained / name)
+    for args in (["sample", trained], ["info", trained], ["eval", trained, TINY],
+                 ["train", "--out", trained, "--resume", "--set", "train.max_iters=30"]):
+        ckpt = trained / ("last.pt" if args[0] == "train" else "best.pt")
+        result = fails(*args, message=f"checkpoint {ckpt} is damaged or incomplete: {detail}")
+        assert result.out == ""
+
+
+def test_dataset_whose_meta_json_is_not_an_object(fails, tmp_path):
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    write(ds / "meta.json", "[1, 2]")
+    fails("train", TINY, "--data", ds, "--out", tmp_path / "run", new=True,
+          message=f"cannot read dataset {ds}: not a charlm dataset; prepare it again with "
+                  "`charlm prepare`")

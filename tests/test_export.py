@@ -118,3 +118,26 @@ def test_hf_export_refuses_what_gpt2_cannot_express(tmp_path):
         "this model cannot be exported as GPT-2 (--format hf): model.pos_encoding='rope' (GPT-2 "
         "has 'learned'), model.norm='rmsnorm' (GPT-2 has 'layernorm'); use --format safetensors")
     assert not (tmp_path / "hf").exists()
+
+
+def test_api_stop_given_as_a_string_is_one_stop_string(run_dir):
+    import charlm
+
+    lm = charlm.load(run_dir, "cpu")
+    free = charlm.generate(lm, "First", max_new_tokens=40, temperature=0)
+    stop = free[10:12]
+    end = free.index(stop) + len(stop)
+    for given in (stop, [stop]):  # like --stop STR: a str is one stop string, not its characters
+        out = charlm.generate(lm, "First", max_new_tokens=40, temperature=0, stop=given,
+                              include_stop=True)
+        assert out == free[:end]
+
+
+def test_sample_on_an_hf_export_says_it_is_for_transformers(cli, run_dir, tmp_path):
+    model, vocab, cfg, _ = checkpoint.load_model(run_dir)
+    save_hf(model, vocab, cfg, tmp_path / "hf")
+    result = cli("sample", tmp_path / "hf")
+    assert (result.code, result.out) == (2, "")
+    assert result.err == (
+        f"error: cannot load exported model {tmp_path / 'hf'}: config.json is not a charlm export "
+        "(an `hf` export is for transformers, not for charlm)\n")
