@@ -128,7 +128,10 @@ def apply_repetition_penalty(logits: torch.Tensor, recent: torch.Tensor,
     V = logits.size(-1)
     seen = torch.zeros(logits.size(0), V + 1, dtype=torch.bool, device=logits.device)
     seen.scatter_(1, recent.masked_fill(recent < 0, V), True)
-    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
+    # A tiny penalty can overflow a positive logit to +inf (softmax would make it NaN): the
+    # largest finite float keeps the limit's meaning, the seen ids win.
+    big = torch.finfo(logits.dtype).max
+    penalised = torch.where(logits > 0, logits / penalty, logits * penalty).clamp(-big, big)
     return torch.where(seen[:, :V], penalised, logits)
 
 
@@ -191,9 +194,6 @@ def sample_next(logits: torch.Tensor, temperature: float, procs: Sequence[Proces
         return logits.argmax(dim=-1)
     for proc in procs:
         logits = proc(logits)
-    # A tiny temperature or repetition penalty can overflow a logit to +inf, and softmax would
-    # turn it into NaN; the largest float keeps the limit's meaning (the likeliest ids win).
-    logits = logits.clamp(max=torch.finfo(logits.dtype).max)
     probs = torch.softmax(logits, dim=-1)
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
