@@ -355,18 +355,19 @@ def export(
         str, typer.Option("--format", help="safetensors (charlm, pickle-free) or hf "
                           "(transformers GPT-2 + tokenizer).")
     ] = "safetensors",
+    overwrite: Annotated[
+        bool, typer.Option(help="Replace the contents of a non-empty --out directory.")
+    ] = False,
 ) -> None:
     """Export a model as safetensors, or as a Hugging Face GPT-2 directory."""
     from charlm.api import load
-    from charlm.export import save_hf, save_safetensors
+    from charlm.export import save_hf, save_safetensors, write_dir
 
     savers = {"safetensors": save_safetensors, "hf": save_hf}
     if format_ not in savers:
         raise CharlmError(f"--format must be safetensors or hf, got {format_!r}")
-    if out.exists() and not out.is_dir():
-        raise CharlmError(f"--out {out} is a file; give a directory")
     lm = load(target, "cpu")
-    savers[format_](lm.model, lm.vocab, lm.config, out)
+    write_dir(out, lambda d: savers[format_](lm.model, lm.vocab, lm.config, d), overwrite)
     print(f"wrote {out} ({format_})")
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,29 @@ def save_safetensors(model: GPT, vocab: Vocab, cfg: RunConfig, out: Path) -> Non
     _write_json(out / "config.json", {"format": EXPORT_FORMAT, "version": EXPORT_VERSION,
                                       "config": cfg.to_dict()})
     _write_json(out / "vocab.json", vocab.chars)
+
+
+def write_dir(out: Path, write: Callable[[Path], None], overwrite: bool) -> None:
+    """Run `write(dir)` into a fresh sibling directory, then move it to `out`: a failed export
+    leaves `out` as it was. An existing non-empty `out` is refused unless `overwrite`, and is
+    then replaced whole, so no file of an earlier export lingers."""
+    if out.exists() and not out.is_dir():
+        raise CharlmError(f"--out {out} is a file; give a directory")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise CharlmError(f"--out {out} is not empty; give a new directory, or --overwrite to "
+                          "replace its contents")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    try:
+        tmp.mkdir()
+        write(tmp)
+        if out.exists():
+            os.replace(out, old)
+        os.replace(tmp, out)
+    finally:
+        for leftover in (tmp, old):
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def is_export_dir(path: Path) -> bool:

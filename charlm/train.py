@@ -238,11 +238,13 @@ def _check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
     is writable. Removes nothing (see `_clear_run`)."""
     if run_dir.exists() and not run_dir.is_dir():
         raise CharlmError(f"train.out_dir {run_dir} is a file; choose a directory")
-    existing = [n for n in ("last.pt", "best.pt") if (run_dir / n).exists()]
+    existing = [n for n in RUN_FILES if (run_dir / n).exists()]
     if existing and not resume and not overwrite:
+        # A run stopped before its first checkpoint has files but nothing to resume from.
+        how = "continue it with --resume, " if "last.pt" in existing else ""
         raise CharlmError(
-            f"{run_dir} already holds a run ({', '.join(existing)}); continue it with "
-            "--resume, start over with --overwrite, or choose another --out"
+            f"{run_dir} already holds a run ({', '.join(existing)}); {how}start over with "
+            "--overwrite, or choose another --out"
         )
     try:
         run_dir.mkdir(parents=True, exist_ok=True)

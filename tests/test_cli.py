@@ -61,7 +61,8 @@ def test_train_command_and_refusal_to_clobber(cli, tmp_path, corpus):
     before = (run / "last.pt").read_bytes()
     again = cli(*args)
     assert again.code == 2
-    assert again.err.startswith(f"error: {run} already holds a run (last.pt, best.pt)")
+    assert again.err.startswith(
+        f"error: {run} already holds a run (last.pt, best.pt, metrics.jsonl, tb, config.yaml)")
     assert (run / "last.pt").read_bytes() == before
     resumed = cli("train", "--out", run, "--resume", "--set", "train.max_iters=30")
     assert resumed.code == 0, resumed.err

@@ -7,7 +7,8 @@ import torch
 
 from charlm import checkpoint
 from charlm.config import load_config
-from charlm.export import load_safetensors, save_hf, save_safetensors
+from charlm.errors import CharlmError
+from charlm.export import load_safetensors, save_hf, save_safetensors, write_dir
 from charlm.train import train
 
 from .conftest import ROOT, SHAKESPEARE
@@ -56,6 +57,44 @@ def test_cli_export_rejects_unknown_format(cli, run_dir, tmp_path):
     assert (result.code, result.err) == (2, "error: --format must be safetensors or hf, got "
                                             "'onnx'\n")
     assert not (tmp_path / "x").exists()
+
+
+def test_cli_export_refuses_a_non_empty_dir_and_overwrite_replaces_it_whole(cli, run_dir,
+                                                                          tmp_path):
+    out = tmp_path / "exported"
+    out.mkdir()
+    (out / "config.json").write_text("my notes")
+    result = cli("export", run_dir, "--out", out)
+    assert (result.code, result.err) == (2, f"error: --out {out} is not empty; give a new "
+                                            "directory, or --overwrite to replace its contents\n")
+    assert [p.name for p in out.iterdir()] == ["config.json"]
+    assert (out / "config.json").read_text() == "my notes"
+    assert cli("export", run_dir, "--out", out, "--overwrite").code == 0
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors",
+                                                     "vocab.json"]
+    assert cli("export", run_dir, "--out", out, "--format", "hf", "--overwrite").code == 0
+    assert not (out / "vocab.json").exists()  # nothing of the safetensors export lingers
+    assert (out / "tokenizer.json").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["exported"]  # no temporary dirs left
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli("export", run_dir, "--out", empty).code == 0  # an empty dir is fine
+
+
+def test_a_failed_export_leaves_the_existing_dir_as_it_was(tmp_path):
+    out = tmp_path / "exported"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"earlier export")
+
+    def fails(d):
+        (d / "model.safetensors").write_bytes(b"half")
+        raise CharlmError("this model cannot be exported")
+
+    with pytest.raises(CharlmError):
+        write_dir(out, fails, overwrite=True)
+    assert [p.name for p in out.iterdir()] == ["model.safetensors"]
+    assert (out / "model.safetensors").read_bytes() == b"earlier export"
+    assert [p.name for p in tmp_path.iterdir()] == ["exported"]
 
 
 def test_hf_export_writes_gpt2_names_and_config(run_dir, tmp_path):

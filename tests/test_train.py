@@ -162,6 +162,22 @@ def test_existing_run_is_not_clobbered(tiny_cfg):
     train(cfg, overwrite=True)  # explicit consent starts over
 
 
+def test_run_stopped_before_its_first_checkpoint_is_not_clobbered(tiny_cfg):
+    """A run dir with a config and metrics but no checkpoint yet (killed before its first save,
+    or --out pointed at the wrong dir) is left alone too, with no --resume hint (there is
+    nothing to resume from)."""
+    run = Path(tiny_cfg.train.out_dir)
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("notes\n")
+    (run / "metrics.jsonl").write_text('{"event": "train"}\n')
+    with pytest.raises(CharlmError) as e:
+        train(tiny_cfg)
+    assert str(e.value) == (f"{run} already holds a run (metrics.jsonl, config.yaml); start over "
+                            "with --overwrite, or choose another --out")
+    assert (run / "config.yaml").read_text() == "notes\n"
+    assert (run / "metrics.jsonl").read_text() == '{"event": "train"}\n'
+
+
 def test_evaluate_is_pure_and_restores_train_mode(tiny_cfg, tmp_path):
     data = dataset_for(tiny_cfg.data.path, 0.1, tmp_path / "ds")
     model = GPT(tiny_cfg.model, len(data.vocab)).train()
