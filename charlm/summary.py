@@ -187,8 +187,9 @@ def describe(model: GPT, cfg: RunConfig, shapes: tuple[int, int] | None = None,
     table = parameter_table(model)
     info: dict[str, Any] = {"vocab_size": model.vocab_size}
     if train_state is not None:
+        best = train_state["best_val"]  # inf until the first evaluation: null in JSON
         info["checkpoint"] = {"step": train_state["step"],
-                              "best_val_loss": train_state["best_val"],
+                              "best_val_loss": best if math.isfinite(best) else None,
                               "tokens_seen": train_state["tokens"]}
     info["parameters"] = table
     info["flops_per_token"] = flops_per_token(table, cfg.model, model.vocab_size)
@@ -207,7 +208,9 @@ def render_text(info: dict[str, Any]) -> str:
     lines = [f"vocab size: {info['vocab_size']}"]
     if "checkpoint" in info:
         ckpt = info["checkpoint"]
-        lines += [f"step: {ckpt['step']}", f"best val loss: {ckpt['best_val_loss']:.4f}",
+        best = ckpt["best_val_loss"]
+        lines += [f"step: {ckpt['step']}",
+                  f"best val loss: {'none yet' if best is None else f'{best:.4f}'}",
                   f"tokens seen: {ckpt['tokens_seen']:,}"]
     table = info["parameters"]
 

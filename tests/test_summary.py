@@ -109,3 +109,22 @@ def test_describe_is_plain_data():
     assert set(info) == {"vocab_size", "parameters", "flops_per_token", "shapes", "config"}
     assert info["config"]["model"]["pos_encoding"] == "learned"
     assert info["shapes"][-1]["shape"] == [2, 5, V]
+
+
+def test_a_checkpoint_not_yet_evaluated_has_no_best_val_loss_and_valid_json():
+    """A run stopped before its first evaluation has best_val inf: `info --json` says null (JSON
+    has no Infinity) and the text says so in words."""
+    import json
+    import math
+
+    from charlm.summary import render_text
+
+    cfg = RunConfig(model=tiny())
+    state = {"step": 3, "best_val": math.inf, "tokens": 96}
+    info = describe(GPT(cfg.model, V), cfg, train_state=state)
+    assert info["checkpoint"] == {"step": 3, "best_val_loss": None, "tokens_seen": 96}
+    json.dumps(info, allow_nan=False)  # strict JSON
+    assert "best val loss: none yet\n" in render_text(info)
+    state["best_val"] = 1.25
+    info = describe(GPT(cfg.model, V), cfg, train_state=state)
+    assert "best val loss: 1.2500\n" in render_text(info)
