@@ -5,6 +5,7 @@ the traceback)."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -387,6 +388,19 @@ def main(argv: list[str] | None = None) -> None:
             f"{e.strerror or e}: {e.filename}" if e.filename else f"{e.strerror or e}")
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
+    except RuntimeError as e:  # torch.OutOfMemoryError (CUDA) is one too
+        if "--debug" in argv or not _out_of_memory(e):
+            raise
+        tried = re.search(r"[Tt]ried to allocate (\d[\d.]* ?\w*)", str(e))
+        print(f"error: out of memory{f' (tried to allocate {tried[1]})' if tried else ''}: make "
+              "the model (model.n_layer, model.n_embd), train.batch_size or model.block_size "
+              "smaller", file=sys.stderr)
+        sys.exit(2)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         sys.exit(130)
+
+
+def _out_of_memory(e: RuntimeError) -> bool:
+    """An allocation that failed: CUDA's OutOfMemoryError, or the CPU allocator's error."""
+    return type(e).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(e)

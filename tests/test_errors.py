@@ -241,3 +241,38 @@ def test_dataset_whose_meta_json_is_not_an_object(fails, tmp_path):
     fails("train", TINY, "--data", ds, "--out", tmp_path / "run", new=True,
           message=f"cannot read dataset {ds}: not a charlm dataset; prepare it again with "
                   "`charlm prepare`")
+
+
+def test_a_model_too_big_for_memory_is_an_error_line(fails, tmp_path, corpus):
+    # 10M wide: the first weight alone is 1.2 PB, which the CPU allocator refuses at once
+    fails("train", TINY, "--data", corpus, "--out", tmp_path / "run", "--set",
+          "model.n_embd=10000000", "--set", "model.n_head=1",
+          message="out of memory (tried to allocate 1200000000000000 bytes): make the model "
+                  "(model.n_layer, model.n_embd), train.batch_size or model.block_size smaller",
+          new=True)  # the prepared dataset cache
+
+
+def test_cuda_out_of_memory_is_an_error_line(cli, monkeypatch, tmp_path, corpus):
+    import charlm.train
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has "
+                                     "a total capacity of 79.11 GiB of which 1.5 GiB is free.")
+
+    monkeypatch.setattr(charlm.train, "train_step", oom)
+    result = cli("train", TINY, "--data", corpus, "--out", tmp_path / "run")
+    assert (result.code, result.err) == (2, "error: out of memory (tried to allocate 2.00 GiB): "
+                                            "make the model (model.n_layer, model.n_embd), "
+                                            "train.batch_size or model.block_size smaller\n")
+
+
+def test_other_runtime_errors_are_not_dressed_up_as_input_errors(cli, monkeypatch, tmp_path,
+                                                                 corpus):
+    import charlm.train
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(charlm.train, "train_step", bug)
+    with pytest.raises(RuntimeError, match="a bug"):
+        cli("train", TINY, "--data", corpus, "--out", tmp_path / "run")
