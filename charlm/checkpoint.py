@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import torch
 
 from charlm.config import RunConfig
-from charlm.errors import CharlmError
+from charlm.errors import CharlmError, first_line
 from charlm.model import GPT
 from charlm.vocab import Vocab
 
@@ -63,13 +62,20 @@ def resolve(path: str | Path) -> Path:
 def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load a charlm checkpoint without executing any pickled code."""
     path = Path(path)
+    if path.is_file() and not zipfile.is_zipfile(path):  # what torch.save writes is a zip
+        raise CharlmError(f"cannot load checkpoint {path}: not a readable charlm checkpoint "
+                          "(not a complete torch.save file)")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except (pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, EOFError, ValueError,
-            AttributeError, TypeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    except OSError:
+        raise  # a missing or unreadable file: the CLI names it
+    except Exception as e:  # arbitrary bytes can make the unpickler raise anything
+        if "Weights only load failed" in str(e):  # torch's long advice is not for our users
+            why = "it is not a checkpoint, or it holds pickled code, which charlm never runs"
+        else:
+            why = first_line(e)
         raise CharlmError(
-            f"cannot load checkpoint {path}: not a readable charlm checkpoint ({first[:200]})"
+            f"cannot load checkpoint {path}: not a readable charlm checkpoint ({why})"
         ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CharlmError(f"{path} is not a charlm checkpoint (it may come from another tool)")

@@ -67,6 +67,33 @@ def test_garbage_files_give_clear_errors(tmp_path, content):
         checkpoint.load(path)
 
 
+@pytest.mark.parametrize("content", [b"hello\n", b"", _truncated_checkpoint])
+def test_a_file_that_is_not_a_whole_checkpoint_names_it_in_one_line(tmp_path, content):
+    path = tmp_path / "bad.pt"
+    path.write_bytes(content(tmp_path) if callable(content) else content)
+    with pytest.raises(CharlmError) as e:
+        checkpoint.load(path)
+    assert str(e.value) == (f"cannot load checkpoint {path}: not a readable charlm checkpoint "
+                            "(not a complete torch.save file)")
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (print, ("this must never run",))
+
+
+def test_a_checkpoint_with_pickled_code_is_refused_in_plain_words(tmp_path, capsys):
+    path = tmp_path / "evil.pt"
+    torch.save({"format": checkpoint.FORMAT, "version": checkpoint.VERSION, "x": _RunsCode()},
+               path)
+    with pytest.raises(CharlmError) as e:
+        checkpoint.load(path)
+    assert str(e.value) == (f"cannot load checkpoint {path}: not a readable charlm checkpoint (it "
+                            "is not a checkpoint, or it holds pickled code, which charlm never "
+                            "runs)")
+    assert "must never run" not in capsys.readouterr().out
+
+
 def test_foreign_and_future_checkpoints(tmp_path):
     foreign = tmp_path / "ckpt.pt"  # what nanoGPT writes: no format marker
     torch.save({"model": {}, "model_args": {"n_layer": 1}, "iter_num": 3}, foreign)
