@@ -29,13 +29,14 @@ class LM:
     train_state: dict[str, Any] = field(default_factory=dict)  # empty for an export
 
 
-def load(path: str | Path, device: str = "auto") -> LM:
+def load(path: str | Path, device: str = "auto", option: str = "device") -> LM:
     """Load a run dir (its best.pt, else last.pt), a checkpoint file, or a directory written by
-    `charlm export --format safetensors`."""
+    `charlm export --format safetensors`. `option` names `device` in an error (the CLI's
+    `--device`)."""
     from charlm import checkpoint, export
 
     path = Path(path)
-    dev = resolve_device(device)
+    dev = resolve_device(device, option)
     if export.is_export_dir(path):
         model, vocab, cfg = export.load_safetensors(path, dev)
         return LM(model, vocab, cfg, path)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -202,7 +203,7 @@ def sample(
         compile=compile_step,
     )
     text = _read_prompt(prompt, prompt_file)
-    lm = load(target, device)
+    lm = load(target, device, "--device")
     model, vocab = lm.model, lm.vocab
     if text is None:
         text = default_prompt(vocab)
@@ -242,6 +243,8 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
     if prompt is not None and prompt_file is not None:
         raise CharlmError("give the prompt either with --prompt or with --prompt-file, not both")
     if prompt_file is not None:
+        if prompt_file.is_dir():
+            raise CharlmError(f"prompt file {prompt_file} is a directory; give a text file")
         if not prompt_file.is_file():
             raise CharlmError(f"prompt file not found: {prompt_file}")
         try:
@@ -298,8 +301,9 @@ def info(
         with torch.device("meta"):  # shapes only: a config too big for memory is explained too
             model = GPT(cfg.model, vocab_size)
     else:
-        if set_:
-            raise CharlmError("--set applies to a config file, not to a checkpoint")
+        if set_ or vocab_size is not None:
+            given = "--set" if set_ else "--vocab-size"
+            raise CharlmError(f"{given} applies to a config file, not to a checkpoint")
         model, _, cfg, state = load_model(target)
         train_state = state["train_state"]
     size = (cfg.train.batch_size if batch is None else batch,
@@ -336,7 +340,7 @@ def eval_(
 
     if unknown not in ("error", "skip"):
         raise CharlmError(f"--unknown must be 'error' or 'skip', got {unknown!r}")
-    lm = load(target, device)
+    lm = load(target, device, "--device")
     result = score_text(lm.model, lm.vocab, read_text(text_file), stride, unknown)
     if result.skipped_unknown:
         print(f"warning: skipped {result.skipped_unknown} characters outside the vocabulary",
@@ -379,6 +383,10 @@ def main(argv: list[str] | None = None) -> None:
     exit code 2.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    # Typer turns KeyboardInterrupt into a silent exit 130; Ctrl-C raises past it instead.
+    sigint = signal.getsignal(signal.SIGINT)
+    if sigint is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _raise_interrupt)
     try:
         app(args=argv, prog_name="charlm")
     except (CharlmError, OSError) as e:
@@ -396,9 +404,20 @@ def main(argv: list[str] | None = None) -> None:
               "the model (model.n_layer, model.n_embd), train.batch_size or model.block_size "
               "smaller", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
+    except _Interrupt:
         print("\ninterrupted", file=sys.stderr)
         sys.exit(130)
+    finally:
+        if sigint is signal.default_int_handler:
+            signal.signal(signal.SIGINT, sigint)
+
+
+class _Interrupt(BaseException):
+    """Ctrl-C (SIGINT) outside training, which saves and stops on its own (`faults`)."""
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise _Interrupt
 
 
 def _out_of_memory(e: RuntimeError) -> bool:

@@ -25,8 +25,9 @@ from torch.nn.parallel import DistributedDataParallel
 from charlm.errors import CharlmError, first_line
 
 
-def resolve_device(name: str) -> torch.device:
-    """`auto` picks cuda > mps > cpu; an explicit device that is missing is an error."""
+def resolve_device(name: str, option: str = "train.device") -> torch.device:
+    """`auto` picks cuda > mps > cpu; an explicit device that is missing is an error, which
+    names `option` (the config key, or `--device` for sample and eval) and how to change it."""
     if name not in ("auto", "cpu", "cuda", "mps") and not re.fullmatch(r"cuda:\d+", name):
         raise CharlmError(f"unknown device {name!r}; use auto, cpu, cuda or mps")
     has_mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
@@ -34,13 +35,14 @@ def resolve_device(name: str) -> torch.device:
         if torch.cuda.is_available():
             return torch.device("cuda")
         return torch.device("mps" if has_mps else "cpu")
+    fix = "--set train.device=cpu" if option == "train.device" else f"{option} cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise CharlmError(
-            "train.device is 'cuda' but no CUDA GPU is available to this torch build; "
-            "use --set train.device=cpu (or auto), or install a CUDA build of torch"
+            f"{option} is {name!r} but no CUDA GPU is available to this torch build; "
+            f"use {fix} (or auto), or install a CUDA build of torch"
         )
     if name == "mps" and not has_mps:
-        raise CharlmError("train.device is 'mps' but MPS is not available; use cpu or auto")
+        raise CharlmError(f"{option} is 'mps' but MPS is not available; use {fix} (or auto)")
     return torch.device(name)
 
 

@@ -1,5 +1,7 @@
 import io
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -349,3 +351,29 @@ def test_sample_default_prompt_for_a_model_without_newlines(cli, tmp_path):
     import charlm
 
     assert len(charlm.generate(charlm.load(run, "cpu"), max_new_tokens=5)) == 5
+
+
+def test_ctrl_c_while_sampling_ends_the_line_and_says_interrupted(cli, run_dir, monkeypatch):
+    """Typer alone would exit 130 without a word; the CLI says `interrupted` on a line of its
+    own and puts the Ctrl-C handler back."""
+    import charlm.sampling
+
+    real = charlm.sampling.sample_text
+
+    def interrupted_after_20(model, vocab, text, opts, show):
+        pieces = []
+
+        def counting(i, piece):
+            show(i, piece)
+            pieces.append(piece)
+            if len(pieces) == 20:
+                os.kill(os.getpid(), signal.SIGINT)
+
+        return real(model, vocab, text, opts, counting)
+
+    monkeypatch.setattr(charlm.sampling, "sample_text", interrupted_after_20)
+    handler = signal.getsignal(signal.SIGINT)
+    result = cli("sample", run_dir, "--prompt", "First", "--max-new-tokens", "100000")
+    assert (result.code, result.err) == (130, "\ninterrupted\n")
+    assert result.out.startswith("First") and 20 <= len(result.out) - 5 < 1000
+    assert signal.getsignal(signal.SIGINT) is handler

@@ -276,3 +276,27 @@ def test_other_runtime_errors_are_not_dressed_up_as_input_errors(cli, monkeypatc
     monkeypatch.setattr(charlm.train, "train_step", bug)
     with pytest.raises(RuntimeError, match="a bug"):
         cli("train", TINY, "--data", corpus, "--out", tmp_path / "run")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("command", ["sample", "eval"])
+def test_sample_and_eval_without_cuda_name_their_own_option(fails, tmp_path, corpus, command):
+    run = tmp_path / "run"
+    run.mkdir()
+    extra = [corpus] if command == "eval" else []
+    fails(command, run, *extra, "--device", "cuda",
+          message="--device is 'cuda' but no CUDA GPU is available to this torch build; use "
+                  "--device cpu (or auto), or install a CUDA build of torch")
+
+
+def test_prompt_file_that_is_a_directory(fails, tmp_path):
+    fails("sample", tmp_path, "--prompt-file", tmp_path,
+          message=f"prompt file {tmp_path} is a directory; give a text file")
+
+
+@pytest.mark.parametrize("option", [["--set", "model.n_layer=3"], ["--vocab-size", "5"]])
+def test_config_only_info_options_on_a_checkpoint(fails, tmp_path, option):
+    """A checkpoint fixes its config and vocabulary: options that would change them are an error
+    rather than silently ignored (checked before the checkpoint is even read)."""
+    fails("info", tmp_path / "missing.pt", *option,
+          message=f"{option[0]} applies to a config file, not to a checkpoint")
