@@ -258,7 +258,9 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
             return value
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
-            return value
+            if abs(value) < 2**63:  # torch sizes and steps are 64-bit
+                return value
+            raise CharlmError(f"invalid value for {key} in {where}: {value} is too large")
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)

@@ -237,6 +237,9 @@ def load_dataset(path: str | Path) -> Dataset:
                 np.memmap(bin_path, dtype=vocab.dtype, mode="r") if n else
                 np.zeros(0, dtype=vocab.dtype)
             )
+            if n and int(splits[split].max()) >= len(vocab):  # one pass; ~0.2 s a GB
+                raise ValueError(f"{split}.bin holds ids outside the {len(vocab)}-symbol "
+                                 "vocabulary of meta.json")
     except (ValueError, KeyError, TypeError, OSError, CharlmError) as e:
         raise CharlmError(
             f"cannot read dataset {path}: {e}; prepare it again with `charlm prepare`"

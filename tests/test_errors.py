@@ -137,6 +137,12 @@ def test_wrong_value_type(fails):
                   "expected an integer")
 
 
+def test_integer_too_large_for_64_bits(fails):
+    fails("info", TINY, "--vocab-size", "65", "--set", "model.block_size=99999999999999999999",
+          message=f"invalid value for model.block_size in {TINY} with --set overrides: "
+                  "99999999999999999999 is too large")
+
+
 @pytest.mark.parametrize("override, message", [
     ("optim.lr=-0.1", "invalid config value optim.lr: -0.1 must be > 0"),
     ("model.n_head=3", "invalid config value model.n_embd: 32 is not divisible by "
@@ -241,6 +247,22 @@ def test_dataset_whose_meta_json_is_not_an_object(fails, tmp_path):
     fails("train", TINY, "--data", ds, "--out", tmp_path / "run", new=True,
           message=f"cannot read dataset {ds}: not a charlm dataset; prepare it again with "
                   "`charlm prepare`")
+
+
+def test_dataset_with_ids_outside_its_vocabulary(cli, fails, tmp_path, corpus):
+    """A hand-edited meta.json whose vocabulary lost a symbol the ids still use (the id width
+    unchanged) is caught when the dataset loads, not as an IndexError mid-forward."""
+    import json
+
+    ds = tmp_path / "ds"
+    assert cli("prepare", corpus, "--out", ds).code == 0
+    meta = json.loads((ds / "meta.json").read_text(encoding="utf-8"))
+    meta["vocab"] = meta["vocab"][:-1]
+    write(ds / "meta.json", json.dumps(meta))
+    n = len(meta["vocab"])
+    fails("train", TINY, "--data", ds, "--out", tmp_path / "run", new=True,
+          message=f"cannot read dataset {ds}: train.bin holds ids outside the {n}-symbol "
+                  "vocabulary of meta.json; prepare it again with `charlm prepare`")
 
 
 def test_a_model_too_big_for_memory_is_an_error_line(fails, tmp_path, corpus):
