@@ -12,7 +12,7 @@ import codecs
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -247,9 +247,12 @@ def load_dataset(path: str | Path) -> Dataset:
     return Dataset(path, meta, vocab, splits["train"], splits["val"])
 
 
-def dataset_for(data_path: str | Path, val_fraction: float, cache_dir: Path) -> Dataset:
+def dataset_for(data_path: str | Path, val_fraction: float, cache_dir: Path,
+                check: Callable[[Vocab], None] | None = None) -> Dataset:
     """The dataset for `data.path`: a prepared directory as is, or a text file prepared into
-    `cache_dir` (reused while the file's sha256 and the val fraction are unchanged)."""
+    `cache_dir` (reused while the file's sha256 and the val fraction are unchanged). Before a
+    cache is rebuilt, `check` sees the text's vocabulary and may raise: a text it rejects (say,
+    other data for a resumed run) leaves the existing cache alone."""
     data_path = Path(data_path)
     if data_path.is_dir():
         return load_dataset(data_path)
@@ -263,6 +266,8 @@ def dataset_for(data_path: str | Path, val_fraction: float, cache_dir: Path) -> 
                 return load_dataset(cache_dir)
         except (ValueError, KeyError, TypeError):
             pass  # an unreadable cache is simply rebuilt
+    if check is not None:
+        check(scan([data_path])[1])
     prepare([data_path], cache_dir, val_fraction)
     return load_dataset(cache_dir)
 

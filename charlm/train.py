@@ -47,6 +47,7 @@ from charlm.faults import BadSteps, Interrupted, StopSignals
 from charlm.metrics import MetricsLogger
 from charlm.model import GPT
 from charlm.sampling import preview
+from charlm.vocab import Vocab
 
 LN2 = math.log(2)
 RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "tb", "config.yaml")
@@ -289,8 +290,20 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
     _check_run_dir(run_dir, resume, overwrite)
     seed_everything(tc.seed)
 
+    # every rank loads the same last.pt
+    ckpt = checkpoint.load(run_dir / "last.pt", map_location=device) if resume else None
+
+    def same_vocab(vocab: Vocab) -> None:
+        if ckpt is not None and ckpt.get("vocab") != vocab.chars:
+            raise CharlmError(
+                f"--resume: the vocabulary of {cfg.data.path} differs from the run's checkpoint; "
+                "resume with the data the run was started on"
+            )
+
     with dist.main_first():  # rank 0 prepares the dataset cache; the others then reuse it
-        data = dataset_for(cfg.data.path, cfg.data.val_fraction, run_dir / "dataset")
+        data = dataset_for(cfg.data.path, cfg.data.val_fraction, run_dir / "dataset",
+                           same_vocab)
+    same_vocab(data.vocab)  # also for a prepared dataset dir, or a reused cache
     for split in ("train", "val"):
         require_window(data.split(split), cfg.model.block_size, split, cfg.data.path)
     sampler = BatchSampler(data.train, cfg.model.block_size, tc.batch_size, device, tc.seed,
@@ -300,13 +313,7 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
     scaler = grad_scaler(device, dtype)
     state = TrainState()
 
-    if resume:  # every rank loads the same last.pt
-        ckpt = checkpoint.load(run_dir / "last.pt", map_location=device)
-        if ckpt.get("vocab") != data.vocab.chars:
-            raise CharlmError(
-                f"--resume: the vocabulary of {cfg.data.path} differs from the run's checkpoint; "
-                "resume with the data the run was started on"
-            )
+    if ckpt is not None:
         try:
             checkpoint.check_train_state(ckpt)
             model.load_state_dict(ckpt["model"])

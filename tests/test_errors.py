@@ -185,6 +185,16 @@ def test_resume_with_a_conflicting_architecture(fails, trained):
                   "override, or start a new run with another --out)")
 
 
+def test_resume_with_other_data_leaves_the_run_and_its_dataset_cache_alone(fails, trained,
+                                                                            tmp_path):
+    """Text with another vocabulary is refused before the run's prepared dataset cache would
+    be rebuilt from it (`fails` checks every file under tmp_path, the cache included)."""
+    other = write(tmp_path / "other.txt", "xyz zyx\n" * 500)
+    fails("train", other, "--out", trained, "--resume",
+          message=f"--resume: the vocabulary of {other} differs from the run's checkpoint; "
+                  "resume with the data the run was started on")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_device_cuda_without_cuda(fails, tmp_path, corpus):
     fails("train", TINY, "--data", corpus, "--out", tmp_path / "run", "--device", "cuda",
