@@ -55,6 +55,8 @@ def sample(lm: LM, prompt: str | None = None, **options: Any) -> list:
 
     if isinstance(options.get("stop"), str):  # one stop string, not one per character
         options["stop"] = [options["stop"]]
+    elif "stop" in options and options["stop"] is None:  # None is off, as for the other options
+        options["stop"] = ()
     opts = SampleConfig(**{k: tuple(v) if k == "stop" else v for k, v in options.items()})
     prompt, _, _ = encode_prompt(lm.vocab, prompt, opts.unknown, lm.model.cfg.block_size)
     return sample_text(lm.model, lm.vocab, prompt, opts)

@@ -72,8 +72,8 @@ def train(
         Path | None,
         typer.Argument(
             metavar="CONFIG_OR_TEXT",
-            help="A YAML config (default: the built-in CPU recipe), or a text file / dataset "
-            "dir to train the default recipe on (run dir runs/<name> unless --out).",
+            help="A YAML config (default: the built-in defaults, a small GPT-2), or a text file "
+            "/ dataset dir to train the defaults on (run dir runs/<name> unless --out).",
         ),
     ] = None,
     data: Annotated[
@@ -320,7 +320,9 @@ def info(
 @app.command("eval")
 def eval_(
     target: TargetArg,
-    text_file: Annotated[Path, typer.Argument(help="UTF-8 text file to score.")],
+    text_file: Annotated[
+        Path, typer.Argument(metavar="TEXT_FILE", help="UTF-8 text file to score.")
+    ],
     stride: Annotated[
         int | None, typer.Option(help="Minimum context of every scored character after the "
                                  "first window; windows advance by block_size - stride. "

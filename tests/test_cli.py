@@ -14,7 +14,7 @@ from charlm.train import train
 
 from .conftest import ROOT, SHAKESPEARE, VARIANTS
 
-COMMANDS = ["prepare", "train", "sample", "info"]
+COMMANDS = ["prepare", "train", "sample", "info", "eval", "export"]
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +41,11 @@ def test_every_command_has_help(cli, command):
     result = cli(command, "--help")
     assert result.code == 0
     assert f"Usage: charlm {command}" in result.out
+
+
+def test_help_names_arguments_as_the_readme_does(cli):
+    assert "{RUN_DIR_OR_CKPT} {TEXT_FILE}" in cli("eval", "--help").out
+    assert "the built-in defaults, a small GPT-2" in " ".join(cli("train", "--help").out.split())
 
 
 def test_prepare_command(cli, tmp_path):

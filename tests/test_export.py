@@ -172,6 +172,15 @@ def test_api_stop_given_as_a_string_is_one_stop_string(run_dir):
         assert out == free[:end]
 
 
+def test_api_stop_none_is_no_stop_string(run_dir):
+    import charlm
+
+    lm = charlm.load(run_dir, "cpu")
+    free = charlm.generate(lm, "First", max_new_tokens=20, temperature=0)
+    assert charlm.generate(lm, "First", max_new_tokens=20, temperature=0, stop=None) == free
+    assert not charlm.sample(lm, "First", max_new_tokens=20, stop=None)[0].stopped
+
+
 def test_sample_on_an_hf_export_says_it_is_for_transformers(cli, run_dir, tmp_path):
     model, vocab, cfg, _ = checkpoint.load_model(run_dir)
     save_hf(model, vocab, cfg, tmp_path / "hf")

@@ -66,3 +66,12 @@ def test_score_text_units_and_unknown_policies(model):
     assert skipped.loss == score_text(model, VOCAB, "abc" + text, progress=False).loss
     with pytest.raises(CharlmError, match="--stride must be in"):
         score_text(model, VOCAB, text, min_context=8, progress=False)
+
+
+def test_score_text_rejects_an_unknown_policy_it_does_not_have(model):
+    # "drop" is neither policy: an error even for a text without unknown characters, not a
+    # silent skip
+    for text in ("abcabc", "abXcabc"):
+        with pytest.raises(CharlmError) as e:
+            score_text(model, VOCAB, text, unknown="drop", progress=False)
+        assert str(e.value) == "--unknown must be 'error' or 'skip', got 'drop'"
