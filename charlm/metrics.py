@@ -6,6 +6,7 @@ hyperparameters with its final metrics at the end. Only one process of a run log
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,25 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def cut_back(path: Path, step: int) -> None:
+    """Drop the events of metrics.jsonl past `step`, and any line a crash left half-written:
+    after a crash the run resumes from the checkpoint of `step` and logs those steps again.
+    Rewritten through a temporary file, so the log is never left half-cut."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(event, dict) or event.get("step", 0) <= step:
+            kept.append(line + "\n")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    os.replace(tmp, path)
+
+
 class MetricsLogger:
     def __init__(self, run_dir: Path, total_steps: int, initial_step: int = 0,
                  progress: bool | None = None, enabled: bool = True):
@@ -41,9 +61,12 @@ class MetricsLogger:
             return
         from torch.utils.tensorboard import SummaryWriter  # slow import, only when training
 
+        if initial_step:  # a resume: forget what was logged after the checkpoint it starts from
+            cut_back(run_dir / "metrics.jsonl", initial_step)
         self.jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
         self.tb_dir = run_dir / "tb"
-        self.tb = SummaryWriter(str(self.tb_dir))
+        self.tb = SummaryWriter(str(self.tb_dir), purge_step=initial_step + 1 if initial_step
+                                else None)
         # progress=None: a bar only when stderr is a terminal.
         self.bar = tqdm(total=total_steps, initial=initial_step, desc="train", unit="step",
                         dynamic_ncols=True, disable=None if progress is None else not progress)

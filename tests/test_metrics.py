@@ -78,3 +78,34 @@ def test_flatten_names_keys_by_section():
     assert flatten({"model": {"n_layer": 2, "bias": False}, "train": {"every": None,
                                                                       "seq": (1, 2)}}) == {
         "model.n_layer": 2, "model.bias": False, "train.every": "None", "train.seq": "(1, 2)"}
+
+
+def test_resume_after_a_crash_logs_each_step_once(tiny_cfg):
+    """A run killed after its last checkpoint (step 10) had logged steps 12 and 14 and half a
+    line: the resume cuts metrics.jsonl and TensorBoard back to step 10 and logs 12 and 14
+    again, so every step appears once, with the resumed run's values."""
+    import json
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    cfg = with_(tiny_cfg, train={"max_iters": 10, "log_interval": 2, "eval_interval": 5,
+                                 "eval_iters": 1, "sample_chars": 0})
+    train(cfg)
+    run = Path(cfg.train.out_dir)
+    with open(run / "metrics.jsonl", "a", encoding="utf-8") as f:  # what the crash left
+        for step in (12, 14):
+            f.write(json.dumps({"event": "train", "step": step, "train_loss": 99.0}) + "\n")
+        f.write('{"event": "train", "st')
+    crashed = SummaryWriter(str(run / "tb"))
+    for step in (12, 14):
+        crashed.add_scalar("train/loss", 99.0, step)
+    crashed.close()
+
+    train(with_(cfg, train={"max_iters": 14}), resume=True)
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train_steps = [e["step"] for e in events if e["event"] == "train"]
+    assert train_steps == [2, 4, 6, 8, 10, 12, 14]
+    assert all(e.get("train_loss") != 99.0 for e in events)
+    loss = read_tb(run).Scalars("train/loss")
+    assert [e.step for e in loss] == [2, 4, 6, 8, 10, 12, 14]
+    assert all(e.value != 99.0 for e in loss)
