@@ -326,6 +326,11 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
                 torch.cuda.set_rng_state_all(list(ckpt["rng"]["cuda"]))
         except (KeyError, RuntimeError, ValueError, TypeError, AttributeError) as e:
             raise checkpoint.damaged(run_dir / "last.pt", e) from None
+        if state.step > tc.max_iters:  # it would stop at once, with a config that is not the run's
+            raise CharlmError(
+                f"--resume: train.max_iters={tc.max_iters} is below the step the run has "
+                f"reached ({state.step}, {run_dir / 'last.pt'}); give at least {state.step}"
+            )
     elif overwrite and dist.is_main:  # only now that data, model and config are known to be good
         _clear_run(run_dir)
     if dist.is_main:

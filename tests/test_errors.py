@@ -185,6 +185,12 @@ def test_resume_with_a_conflicting_architecture(fails, trained):
                   "override, or start a new run with another --out)")
 
 
+def test_resume_with_max_iters_below_the_step_reached(fails, trained):
+    fails("train", "--out", trained, "--resume", "--set", "train.max_iters=10",
+          message=f"--resume: train.max_iters=10 is below the step the run has reached (20, "
+                  f"{trained / 'last.pt'}); give at least 20")
+
+
 def test_resume_with_other_data_leaves_the_run_and_its_dataset_cache_alone(fails, trained,
                                                                             tmp_path):
     """Text with another vocabulary is refused before the run's prepared dataset cache would
