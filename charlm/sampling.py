@@ -276,6 +276,7 @@ def beam_search(model: GPT, prompt: torch.Tensor, max_new_tokens: int, beams: in
             if len(keep_rows) == beams:
                 break
         if len(finished) >= beams or not keep_rows:
+            # the live beams are cut short here: they count only if nothing finished
             break
         while len(keep_rows) < beams:  # pad with a dead beam
             keep_rows.append(keep_rows[0])
@@ -286,9 +287,17 @@ def beam_search(model: GPT, prompt: torch.Tensor, max_new_tokens: int, beams: in
         seqs = [seqs[r] + [i] for r, i in zip(keep_rows, keep_ids, strict=True)]
         scores = torch.tensor(keep_scores, device=device)
         last = torch.tensor(keep_ids, device=device)
-    active = [(s / max(len(q), 1) ** length_penalty, q)
-              for s, q in zip(scores.tolist(), seqs, strict=True) if s != float("-inf")]
-    return max(finished + active, key=lambda h: h[0])[1] if finished or active else []
+    else:  # every step ran: the live beams end at max_new_tokens, complete hypotheses too
+        finished += _ranked(scores, seqs, length_penalty)
+    hyps = finished or _ranked(scores, seqs, length_penalty)
+    return max(hyps, key=lambda h: h[0])[1] if hyps else []
+
+
+def _ranked(scores: torch.Tensor, seqs: list[list[int]],
+            length_penalty: float) -> list[tuple[float, list[int]]]:
+    """(length-normalised score, sequence) of each live beam."""
+    return [(s / max(len(q), 1) ** length_penalty, q)
+            for s, q in zip(scores.tolist(), seqs, strict=True) if s != float("-inf")]
 
 
 class StopMatcher:

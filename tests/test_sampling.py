@@ -130,6 +130,16 @@ def test_beam_search_stops_at_a_stop_sequence(model):
     assert out[-2:] == stop and len(out) <= 12
 
 
+def test_beam_search_that_stops_early_returns_a_finished_hypothesis(model):
+    # Every id but 12 is a stop: enough hypotheses finish at the first step to end the search,
+    # and the live beam (still empty then) must not win with its score of 0.
+    prompt = torch.randint(0, V, (1, 2))
+    out = beam_search(model, prompt, 10, beams=2, stops=[[t] for t in range(V - 1)])
+    assert len(out) == 1 and out[0] != V - 1
+    # Without stops every hypothesis runs to max_new_tokens.
+    assert len(beam_search(model, prompt, 10, beams=2)) == 10
+
+
 def test_temperature_zero_is_argmax():
     logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 2.9]])
     assert sample_next(logits, temperature=0).tolist() == [1, 0]
