@@ -277,10 +277,14 @@ def require_window(data: np.ndarray, block_size: int, split: str,
     """A split must hold at least one window of block_size + 1 characters."""
     if len(data) < block_size + 1:
         of = f" of {source}" if source is not None else ""
+        # A prepared dataset dir has its split fixed: data.val_fraction does not apply to it.
+        prepared = source is not None and Path(source).is_dir()
+        more_val = (" or prepare it again with a larger --val-fraction" if prepared else
+                    " or raise data.val_fraction")
         raise CharlmError(
             f"the {split} split{of} is too short: {len(data)} characters, but one window needs "
             f"block_size + 1 = {block_size + 1}; give more text, or lower model.block_size"
-            + (" or raise data.val_fraction" if split == "val" else "")
+            + (more_val if split == "val" else "")
         )
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from charlm import checkpoint
+from charlm.data import prepare as prepare_dataset
 
 from .conftest import ROOT
 
@@ -96,6 +97,16 @@ def test_text_too_short_for_a_validation_window(fails, tmp_path):
           message=f"the val split of {text} is too short: 10 characters, but one window needs "
                   "block_size + 1 = 17; give more text, or lower model.block_size or raise "
                   "data.val_fraction")
+
+
+def test_prepared_dataset_too_short_for_a_validation_window(fails, tmp_path):
+    # The split of a prepared dir is fixed: data.val_fraction does not apply to it.
+    text = write(tmp_path / "t.txt", "abcdefghij" * 10)
+    prepare_dataset([text], tmp_path / "ds", 0.1)
+    fails("train", TINY, "--data", tmp_path / "ds", "--out", tmp_path / "run", new=True,
+          message=f"the val split of {tmp_path / 'ds'} is too short: 10 characters, but one "
+                  "window needs block_size + 1 = 17; give more text, or lower model.block_size "
+                  "or prepare it again with a larger --val-fraction")
 
 
 @pytest.mark.parametrize("content, byte, offset", [
