@@ -25,6 +25,10 @@ from charlm.model import GPT
 from charlm.vocab import Vocab
 
 
+class NonFiniteOutput(CharlmError):
+    """The model's logits hold NaN or inf, so there is nothing to sample from."""
+
+
 class CachedDecoder:
     """Feeds tokens through the model over a preallocated KV cache.
 
@@ -195,7 +199,16 @@ def sample_next(logits: torch.Tensor, temperature: float, procs: Sequence[Proces
     for proc in procs:
         logits = proc(logits)
     probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+    try:
+        return torch.multinomial(probs, 1, generator=generator)[:, 0]
+    except RuntimeError:
+        if bool(torch.isfinite(probs).all()):
+            raise
+        raise NonFiniteOutput(
+            "the model's next-character probabilities are not finite (NaN or inf): its weights "
+            "have diverged; sample from an earlier checkpoint, or train again with a lower "
+            "optim.lr"
+        ) from None
 
 
 @torch.inference_mode()

@@ -46,7 +46,7 @@ from charlm.errors import CharlmError
 from charlm.faults import BadSteps, Interrupted, StopSignals
 from charlm.metrics import MetricsLogger
 from charlm.model import GPT
-from charlm.sampling import preview
+from charlm.sampling import NonFiniteOutput, preview
 from charlm.vocab import Vocab
 
 LN2 = math.log(2)
@@ -420,8 +420,12 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
                         f"{state.elapsed_s:.1f}s" + (" *best" if improved else "")
                     )
                     if tc.sample_chars and dist.is_main:
-                        log.sample(preview(model, data.vocab, tc.sample_chars, tc.seed),
-                                   state.step)
+                        try:
+                            log.sample(preview(model, data.vocab, tc.sample_chars, tc.seed),
+                                       state.step)
+                        except NonFiniteOutput:  # max_bad_steps decides whether the run stops
+                            log.message(f"step {state.step}: no sample, the model's outputs "
+                                        "are not finite")
                 if write_last or improved:
                     state.elapsed_s = elapsed_before + time.perf_counter() - t_start
                     if dist.is_main:  # the ranks hold the same state: one writes it

@@ -145,6 +145,13 @@ def test_temperature_zero_is_argmax():
     assert sample_next(logits, temperature=0).tolist() == [1, 0]
 
 
+def test_sampling_from_non_finite_logits_is_a_plain_error():
+    logits = torch.tensor([[0.0, float("nan"), 1.0]])
+    with pytest.raises(CharlmError, match="the model's next-character probabilities are not "
+                                          "finite"):
+        sample_next(logits, 0.8, generator=torch.Generator().manual_seed(0))
+
+
 def test_top_k_never_samples_outside_the_k_largest():
     torch.manual_seed(0)
     logits = torch.randn(4, 50)

@@ -535,6 +535,17 @@ def test_too_many_bad_steps_stop_the_run_and_keep_the_checkpoint(tiny_cfg, monke
     assert all(torch.equal(a, b) for a, b in zip(weights[2], model.parameters(), strict=True))
 
 
+def test_an_eval_of_a_diverged_model_logs_no_sample_and_the_run_goes_on(tiny_cfg, capsys):
+    # lr 1e9: step 1 sends the weights so far that every later loss (and the eval's sampled
+    # preview) is NaN; the preview must not end the run, max_bad_steps decides.
+    cfg = with_(tiny_cfg, optim={"lr": 1e9, "min_lr": 0.0, "warmup_iters": 0},
+                train={"max_iters": 3, "eval_interval": 3, "eval_iters": 1, "max_bad_steps": 10})
+    state = train(cfg)
+    assert (state.step, state.skipped_steps) == (3, 2)
+    assert "step 3: no sample, the model's outputs are not finite" in capsys.readouterr().out
+    assert checkpoint.load(Path(cfg.train.out_dir, "last.pt"))["train_state"]["step"] == 3
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_each_variant_learns_on_the_tiny_config(variant, tiny_cfg, tmp_path):
     cfg = with_(tiny_cfg, model=VARIANTS[variant], train={"max_iters": 60, "eval_iters": 2})
