@@ -15,13 +15,16 @@ the stop signal, which one small host-side all-reduce per step agrees on.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import fcntl
 import math
 import os
 import shutil
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -272,8 +275,37 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
           progress: bool | None = None) -> TrainState:
     """Train (or resume) the run described by `cfg` in `cfg.train.out_dir`; under torchrun,
     this rank's part of a DDP run."""
-    with distributed(resolve_device(cfg.train.device)) as (dist, device):
+    with (distributed(resolve_device(cfg.train.device)) as (dist, device),
+          run_lock(Path(cfg.train.out_dir), dist.is_main)):
         return _train(cfg, dist, device, resume, overwrite, progress)
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path, enabled: bool = True) -> Iterator[None]:
+    """Hold an exclusive lock (flock) on the run dir itself for the whole run, so a second
+    `charlm train` into it (a fresh start or a --resume) is refused instead of interleaving its
+    logs and checkpoints with this one's. No lock file: the lock goes with the process, even on
+    SIGKILL. A run dir that cannot be made is left to `_check_run_dir` to report."""
+    if not enabled:
+        yield
+        return
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(run_dir, os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CharlmError(
+                f"{run_dir} is in use by another `charlm train`; wait for it to end, or choose "
+                "another --out"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
 
 
 def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overwrite: bool,

@@ -162,6 +162,29 @@ def test_existing_run_is_not_clobbered(tiny_cfg):
     train(cfg, overwrite=True)  # explicit consent starts over
 
 
+def test_a_second_train_into_a_run_dir_in_use_is_refused(tiny_cfg):
+    """While one `charlm train` holds the run dir (here: this test holds its lock), another,
+    fresh or --resume, is refused before it writes anything; the lock ends with its holder."""
+    import fcntl
+
+    cfg = with_(tiny_cfg, train={"max_iters": 10})
+    train(cfg)
+    run = Path(cfg.train.out_dir)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    holder = os.open(run, os.O_RDONLY)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        for resume in (False, True):
+            with pytest.raises(CharlmError) as e:
+                train(with_(cfg, train={"max_iters": 20}), resume=resume)
+            assert str(e.value) == (f"{run} is in use by another `charlm train`; wait for it to "
+                                    "end, or choose another --out")
+        assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    finally:
+        os.close(holder)
+    assert train(with_(cfg, train={"max_iters": 20}), resume=True).step == 20  # released
+
+
 def test_run_stopped_before_its_first_checkpoint_is_not_clobbered(tiny_cfg):
     """A run dir with a config and metrics but no checkpoint yet (killed before its first save,
     or --out pointed at the wrong dir) is left alone too, with no --resume hint (there is
