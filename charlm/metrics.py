@@ -6,6 +6,7 @@ hyperparameters with its final metrics at the end. Only one process of a run log
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -32,6 +33,12 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
             flat[prefix + key] = (value if isinstance(value, bool | int | float | str)
                                   else str(value))
     return flat
+
+
+def finite_or_none(value: Any) -> Any:
+    """A float that JSON cannot hold (a skipped step's NaN loss, the best val loss before any
+    finite eval) becomes null, so metrics.jsonl stays strict JSON."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def cut_back(path: Path, step: int) -> None:
@@ -75,8 +82,8 @@ class MetricsLogger:
         """Record one event: a line of metrics.jsonl and its scalars in TensorBoard."""
         if not self.enabled:
             return
-        event = {"event": kind, **values}
-        self.jsonl.write(json.dumps(event) + "\n")
+        event = {"event": kind, **{k: finite_or_none(v) for k, v in values.items()}}
+        self.jsonl.write(json.dumps(event, allow_nan=False) + "\n")
         self.jsonl.flush()
         for key, tag in TB_TAGS.get(kind, {}).items():
             if values.get(key) is not None:

@@ -50,10 +50,11 @@ def main() -> None:
                 seen += 1
                 if event["event"] != "eval":
                     continue
+                val = event["val_loss"]  # null when not finite
                 curve.append({"step": event["step"], "wall_s": round(now, 2),
                               "elapsed_s": event["elapsed_s"],
-                              "val_loss": round(event["val_loss"], 4)})
-                if hit is None and event["val_loss"] <= args.target:
+                              "val_loss": None if val is None else round(val, 4)})
+                if hit is None and val is not None and val <= args.target:
                     hit = curve[-1]
                     if args.stop_at_target:
                         proc.terminate()

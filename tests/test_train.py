@@ -507,6 +507,22 @@ def weights_after_each_step(monkeypatch) -> list[list[torch.Tensor]]:
     return weights
 
 
+def test_metrics_of_skipped_steps_are_strict_json_with_null(tiny_cfg, monkeypatch):
+    """A skipped step's NaN loss and grad norm are written as null, not as NaN, which strict
+    JSON parsers reject."""
+    cfg = with_(tiny_cfg, train={"max_iters": 5, "log_interval": 1, "eval_interval": 100})
+    nan_loss_at_steps(monkeypatch, {3})
+    train(cfg)
+
+    def strict(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    lines = Path(cfg.train.out_dir, "metrics.jsonl").read_text().splitlines()
+    events = [json.loads(line, parse_constant=strict) for line in lines]
+    losses = {e["step"]: e["train_loss"] for e in events if e["event"] == "train"}
+    assert losses[3] is None and all(isinstance(losses[s], float) for s in (1, 2, 4, 5))
+
+
 @pytest.mark.parametrize("fused", [True, False])
 def test_step_if_leaves_a_skipped_update_out(fused):
     p = torch.nn.Parameter(torch.ones(3, 2))
