@@ -117,17 +117,18 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         _check(self.lr > 0, "optim.lr", f"{self.lr} must be > 0")
-        _check(0 <= self.min_lr <= self.lr, "optim.min_lr", f"{self.min_lr} must be in [0, lr]")
+        _check(0 <= self.min_lr <= self.lr, "optim.min_lr",
+               f"{self.min_lr} must be in [0, lr], and lr is {self.lr}")
         _check(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
         for key in ("beta1", "beta2"):
             value = getattr(self, key)
             _check(0 <= value < 1, f"optim.{key}", f"{value} is outside [0, 1)")
         _check(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (0 disables clipping)")
         _check(self.warmup_iters >= 0, "optim.warmup_iters", "must be >= 0")
-        _check(
-            self.lr_decay_iters is None or self.lr_decay_iters >= 1,
+        _check(  # the cosine runs from the end of the warmup to lr_decay_iters
+            self.lr_decay_iters is None or self.lr_decay_iters > max(self.warmup_iters, 0),
             "optim.lr_decay_iters",
-            "must be >= 1 or null",
+            f"must be more than optim.warmup_iters ({self.warmup_iters}), or null",
         )
 
 

@@ -163,6 +163,11 @@ def test_integer_too_large_for_64_bits(fails):
     ("train.max_bad_steps=0", "invalid config value train.max_bad_steps: must be >= 1"),
     ("train.sample_chars=-1", "invalid config value train.sample_chars: must be >= 0 (0 turns "
                               "samples off)"),
+    # tiny.yaml: warmup 5, lr 1e-2 (a decay ending inside the warmup would skip the cosine)
+    ("optim.lr_decay_iters=5", "invalid config value optim.lr_decay_iters: must be more than "
+                               "optim.warmup_iters (5), or null"),
+    ("optim.min_lr=0.5", "invalid config value optim.min_lr: 0.5 must be in [0, lr], and lr is "
+                         "0.01"),
 ])
 def test_impossible_values(fails, override, message):
     fails("train", TINY, "--set", override, message=message)
