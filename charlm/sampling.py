@@ -321,7 +321,9 @@ class StopMatcher:
     """
 
     def __init__(self, stops: Sequence[str], include_stop: bool):
-        self.stops = list(stops)
+        # longest first: of stop strings that end together ("ab" and "b"), the longest is cut,
+        # whatever the order they were given in
+        self.stops = sorted(stops, key=len, reverse=True)
         self.include_stop = include_stop
         self.pending = ""
         self.done = False

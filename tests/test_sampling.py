@@ -220,6 +220,12 @@ def test_stop_matcher_holds_back_and_cuts():
     assert "".join(m3.feed(c) for c in "xEN") + m3.flush() == "xEN" and not m3.done
 
 
+@pytest.mark.parametrize("stops", [["b", "ab"], ["ab", "b"]])
+def test_stop_strings_ending_together_cut_the_longest_whatever_their_order(stops):
+    m = StopMatcher(stops, include_stop=False)
+    assert "".join(m.feed(c) for c in "xxab") == "xx" and m.done
+
+
 VOCAB = Vocab([chr(ord("a") + i) for i in range(V)])  # 'a'..'m'
 
 
