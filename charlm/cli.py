@@ -248,7 +248,7 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
         if not prompt_file.is_file():
             raise CharlmError(f"prompt file not found: {prompt_file}")
         try:
-            return prompt_file.read_text(encoding="utf-8")
+            return prompt_file.read_text(encoding="utf-8-sig")  # without a byte order mark
         except UnicodeDecodeError as e:
             raise CharlmError(
                 f"prompt file {prompt_file} is not valid UTF-8 (byte offset {e.start})"

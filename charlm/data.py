@@ -38,21 +38,23 @@ def check_input_file(path: Path) -> None:
 
 
 def _read_text_chunks(path: Path, bar: tqdm | None = None) -> Iterator[tuple[bytes, str]]:
-    """Yield (raw bytes, decoded text) per chunk, decoding strictly as UTF-8.
+    """Yield (raw bytes, decoded text) per chunk, decoding strictly as UTF-8. A byte order mark
+    at the start of the file marks the encoding and is not text: it is dropped.
 
     An invalid byte sequence is an error naming the file and the byte offset where it starts.
     """
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
-    offset = 0  # bytes of the file handed to the decoder so far
+    offset = 0  # bytes of the file read before this chunk
     with open(path, "rb") as f:
         while True:
             raw = f.read(CHUNK_BYTES)
             final = not raw
+            data = raw[3:] if offset == 0 and raw.startswith(codecs.BOM_UTF8) else raw
             pending = len(decoder.getstate()[0])
             try:
-                text = decoder.decode(raw, final=final)
+                text = decoder.decode(data, final=final)
             except UnicodeDecodeError as e:
-                at = offset - pending + e.start
+                at = offset + len(raw) - len(data) - pending + e.start
                 raise CharlmError(
                     f"{path} is not valid UTF-8 text (invalid byte 0x{e.object[e.start]:02x} at "
                     f"byte offset {at}); charlm reads text files as UTF-8, convert it first"

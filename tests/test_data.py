@@ -102,6 +102,26 @@ def test_invalid_utf8_names_file_and_offset(tmp_path, monkeypatch, chunk):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("chunk", [1 << 20, 5])
+def test_a_byte_order_mark_is_not_text(tmp_path, monkeypatch, chunk):
+    """Files saved with a UTF-8 BOM (Windows editors) train on their text only, each of several
+    inputs too; an invalid byte after a BOM is still named at its offset in the file."""
+    monkeypatch.setattr(data_mod, "CHUNK_BYTES", chunk)
+    bom = b"\xef\xbb\xbf"
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_bytes(bom + b"abab\r\nba" * 20)
+    b.write_bytes(bom + b"cab" * 20)
+    prepare([a, b], tmp_path / "ds", progress=False)
+    ds = load_dataset(tmp_path / "ds")
+    assert ds.vocab.chars == ["\n", "\r", "a", "b", "c"]  # CRLF line ends are kept as they are
+    text = ds.vocab.decode(np.concatenate([ds.train, ds.val]))
+    assert "\ufeff" not in text and len(text) == 20 * 8 + 20 * 3
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(bom + b"hello" + b"\xff")
+    with pytest.raises(CharlmError, match="invalid byte 0xff at byte offset 8"):
+        prepare([bad], tmp_path / "ds2", progress=False)
+
+
 def test_empty_and_single_character_inputs(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
