@@ -5,6 +5,7 @@ the traceback)."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import signal
 import sys
@@ -124,8 +125,8 @@ def train(
             print(e, file=sys.stderr)
         raise typer.Exit(e.exit_code) from None
     if main_rank:
-        print(f"done: {state.step} steps, best val loss {state.best_val:.4f}, "
-              f"checkpoints in {cfg.train.out_dir}")
+        best = f"{state.best_val:.4f}" if math.isfinite(state.best_val) else "none (no finite eval)"
+        print(f"done: {state.step} steps, best val loss {best}, checkpoints in {cfg.train.out_dir}")
 
 
 @app.command()

@@ -86,11 +86,13 @@ class BadSteps:
         `limit` in a row were reached (`saved_step`: the step of the `last_pt` on disk)."""
         step = int(self.tripped_at)
         if step:
-            kept = ("no checkpoint was written" if saved_step is None else
-                    f"the last checkpoint {last_pt} (step {saved_step}) is intact")
+            kept, then = (("no checkpoint was written", "start over with --overwrite")
+                          if saved_step is None else
+                          (f"the last checkpoint {last_pt} (step {saved_step}) is intact",
+                           "resume or start over"))
             raise CharlmError(
                 f"training stopped: {self.limit} steps in a row, up to step {step}, had a "
                 f"non-finite loss or gradient norm (their updates were skipped); {kept}; lower "
-                "optim.lr, raise optim.warmup_iters or check the data, then resume or start over"
+                f"optim.lr, raise optim.warmup_iters or check the data, then {then}"
             )
         return int(self.total)

@@ -554,6 +554,18 @@ def test_non_finite_loss_skips_the_update_and_is_counted(tiny_cfg, monkeypatch, 
     assert int(last["optimizer"]["state"][0]["step"]) == 6  # 8 steps, 2 updates skipped
 
 
+def test_too_many_bad_steps_before_any_checkpoint_say_start_over(tiny_cfg, monkeypatch):
+    cfg = with_(tiny_cfg, train={"max_iters": 20, "log_interval": 1, "eval_interval": 10,
+                                 "max_bad_steps": 2})
+    nan_loss_at_steps(monkeypatch, set(range(1, 21)))
+    with pytest.raises(CharlmError) as e:
+        train(cfg)
+    assert str(e.value) == (
+        "training stopped: 2 steps in a row, up to step 2, had a non-finite loss or gradient "
+        "norm (their updates were skipped); no checkpoint was written; lower optim.lr, raise "
+        "optim.warmup_iters or check the data, then start over with --overwrite")
+
+
 def test_too_many_bad_steps_stop_the_run_and_keep_the_checkpoint(tiny_cfg, monkeypatch):
     cfg = with_(tiny_cfg, train={"max_iters": 20, "log_interval": 1, "eval_interval": 2,
                                  "max_bad_steps": 3})
