@@ -303,6 +303,8 @@ def run_lock(run_dir: Path, enabled: bool = True) -> Iterator[None]:
                 f"{run_dir} is in use by another `charlm train`; wait for it to end, or choose "
                 "another --out"
             ) from None
+        except OSError:  # a filesystem without locks (some network mounts): run unlocked
+            pass
         yield
     finally:
         os.close(fd)
