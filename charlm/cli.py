@@ -263,7 +263,8 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
 def info(
     target: Annotated[
         Path, typer.Argument(metavar="RUN_DIR_OR_CKPT_OR_CONFIG",
-                             help="A run dir, a checkpoint or a YAML config.")
+                             help="A run dir, a checkpoint, a `charlm export --format "
+                                  "safetensors` directory or a YAML config.")
     ],
     set_: SetOpt = None,
     vocab_size: Annotated[
@@ -286,6 +287,7 @@ def info(
     from charlm.checkpoint import load_model
     from charlm.config import load_config
     from charlm.data import load_dataset, scan
+    from charlm.export import is_export_dir, load_safetensors
     from charlm.model import GPT
     from charlm.summary import describe, render_text
 
@@ -305,8 +307,11 @@ def info(
         if set_ or vocab_size is not None:
             given = "--set" if set_ else "--vocab-size"
             raise CharlmError(f"{given} applies to a config file, not to a checkpoint")
-        model, _, cfg, state = load_model(target)
-        train_state = state["train_state"]
+        if is_export_dir(target):  # an export has no training progress to show
+            model, _, cfg = load_safetensors(target)
+        else:
+            model, _, cfg, state = load_model(target)
+            train_state = state["train_state"]
     size = (cfg.train.batch_size if batch is None else batch,
             cfg.model.block_size if seq_len is None else seq_len) if shapes else None
     report = describe(model, cfg, size, train_state)

@@ -382,3 +382,18 @@ def test_ctrl_c_while_sampling_ends_the_line_and_says_interrupted(cli, run_dir, 
     assert (result.code, result.err) == (130, "\ninterrupted\n")
     assert result.out.startswith("First") and 20 <= len(result.out) - 5 < 1000
     assert signal.getsignal(signal.SIGINT) is handler
+
+
+def test_info_on_a_safetensors_export_dir(cli, run_dir, tmp_path):
+    from charlm.checkpoint import load_model
+    from charlm.export import save_safetensors
+
+    model, vocab, cfg, _ = load_model(run_dir)
+    save_safetensors(model, vocab, cfg, tmp_path / "st")
+    from_export = cli("info", tmp_path / "st", "--json")
+    assert from_export.code == 0, from_export.err
+    from_run = json.loads(cli("info", run_dir, "--json").out)
+    info = json.loads(from_export.out)
+    assert "checkpoint" not in info
+    del from_run["checkpoint"]
+    assert info == from_run
