@@ -16,7 +16,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,9 +37,20 @@ def make_input(path: Path, megabytes: int) -> int:
     return written
 
 
+def positive(kind: type) -> Callable[[str], Any]:
+    """An argparse type: a number of `kind` greater than 0."""
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+        return value
+    return parse
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mb", type=int, default=200, help="size of the generated file in MB")
+    parser.add_argument("--mb", type=positive(int), default=200,
+                        help="size of the generated file in MB")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "big.txt"

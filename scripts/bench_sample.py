@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from charlm.config import SampleConfig, load_config
+from charlm.errors import CharlmError
 from charlm.model import GPT, param_counts
 from charlm.sampling import generate
 
@@ -46,12 +50,22 @@ def timed(model: GPT, batch: int, new_tokens: int, use_cache: bool,
     return done, time.perf_counter() - t0
 
 
+def positive(kind: type) -> Callable[[str], Any]:
+    """An argparse type: a number of `kind` greater than 0."""
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+        return value
+    return parse
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", type=Path, default=DEFAULT_CONFIGS)
-    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
-    parser.add_argument("--tokens", nargs="+", type=int, default=[500, 2000])
-    parser.add_argument("--uncached-seconds", type=float, default=30.0)
+    parser.add_argument("--batches", nargs="+", type=positive(int), default=[1, 8])
+    parser.add_argument("--tokens", nargs="+", type=positive(int), default=[500, 2000])
+    parser.add_argument("--uncached-seconds", type=positive(float), default=30.0)
     parser.add_argument("--compile", action="store_true",
                         help="compile the cached decode step (compile time not counted)")
     args = parser.parse_args()
@@ -86,4 +100,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except CharlmError as e:  # bad input: one line, as the charlm CLI prints it
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

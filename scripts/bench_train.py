@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from charlm.config import load_config
 from charlm.data import BatchSampler, dataset_for
 from charlm.device import compile_model, grad_scaler, resolve_device, resolve_dtype
+from charlm.errors import CharlmError
 from charlm.model import GPT
 from charlm.summary import flops_per_token, parameter_table
 from charlm.train import make_optimizer, train_step
@@ -51,10 +55,20 @@ def device_peak(device: torch.device) -> tuple[float | None, str]:
     return cpu_peak(torch.bfloat16), "cpu bf16 2048^3 matmul probe"
 
 
+def positive(kind: type) -> Callable[[str], Any]:
+    """An argparse type: a number of `kind` greater than 0."""
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+        return value
+    return parse
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config")
-    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--steps", type=positive(int), default=50)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
@@ -83,7 +97,8 @@ def main() -> None:
             torch.cuda.synchronize()
         return time.perf_counter() - t
 
-    run(args.warmup)
+    if args.warmup > 0:
+        run(args.warmup)
     seconds = run(args.steps)
     tokens_per_step = cfg.train.batch_size * cfg.train.grad_accum * cfg.model.block_size
     tokens_per_s = args.steps * tokens_per_step / seconds
@@ -105,4 +120,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except CharlmError as e:  # bad input: one line, as the charlm CLI prints it
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -17,15 +17,19 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from charlm.config import MODEL_VARIANTS, RunConfig, load_config
 from charlm.data import BatchSampler, Dataset, dataset_for
 from charlm.device import grad_scaler, resolve_device, resolve_dtype, seed_everything
+from charlm.errors import CharlmError
 from charlm.model import GPT
 from charlm.train import evaluate, lr_at, make_optimizer, train_step
 
@@ -79,15 +83,25 @@ class Contender:
                 "tokens_per_s": tokens / self.spent, "val_loss": val}
 
 
+def positive(kind: type) -> Callable[[str], Any]:
+    """An argparse type: a number of `kind` greater than 0."""
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+        return value
+    return parse
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=30.0,
+    parser.add_argument("--seconds", type=positive(float), default=30.0,
                         help="training wall time per variant (default 30)")
     parser.add_argument("--config", type=Path, default=None,
                         help="the recipe every variant shares (default: the built-in defaults)")
     parser.add_argument("--eval-iters", type=int, default=50,
                         help="val batches in the final evaluation (default 50)")
-    parser.add_argument("--rounds", type=int, default=10,
+    parser.add_argument("--rounds", type=positive(int), default=10,
                         help="slices each variant's time is cut into, taken in turn (default 10)")
     parser.add_argument("--only", nargs="+", choices=list(VARIANTS), metavar="VARIANT",
                         help="run only these variants (default: all)")
@@ -120,5 +134,10 @@ def main() -> None:
                   f"{r['val_loss']:.3f} | {delta} |")
         print(f"\nload average before / after: {load:.2f} / {os.getloadavg()[0]:.2f}")
 
+
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except CharlmError as e:  # bad input: one line, as the charlm CLI prints it
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
