@@ -16,9 +16,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+
+from common import positive
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,15 +36,6 @@ def make_input(path: Path, megabytes: int) -> int:
             written += len(piece)
     return written
 
-
-def positive(kind: type) -> Callable[[str], Any]:
-    """An argparse type: a number of `kind` greater than 0."""
-    def parse(text: str) -> Any:
-        value = kind(text)
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
-        return value
-    return parse
 
 
 def main() -> None:

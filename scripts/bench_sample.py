@@ -16,16 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
+from common import positive, run_script
 
 from charlm.config import SampleConfig, load_config
-from charlm.errors import CharlmError
 from charlm.model import GPT, param_counts
 from charlm.sampling import generate
 
@@ -49,15 +46,6 @@ def timed(model: GPT, batch: int, new_tokens: int, use_cache: bool,
             break
     return done, time.perf_counter() - t0
 
-
-def positive(kind: type) -> Callable[[str], Any]:
-    """An argparse type: a number of `kind` greater than 0."""
-    def parse(text: str) -> Any:
-        value = kind(text)
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
-        return value
-    return parse
 
 
 def main() -> None:
@@ -100,8 +88,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except CharlmError as e:  # bad input: one line, as the charlm CLI prints it
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_script(main)

@@ -13,18 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
+from common import positive, run_script
 
 from charlm.config import load_config
 from charlm.data import BatchSampler, dataset_for
 from charlm.device import compile_model, grad_scaler, resolve_device, resolve_dtype
-from charlm.errors import CharlmError
 from charlm.model import GPT
 from charlm.summary import flops_per_token, parameter_table
 from charlm.train import make_optimizer, train_step
@@ -54,15 +51,6 @@ def device_peak(device: torch.device) -> tuple[float | None, str]:
         return None, f"{name}: not in the table"
     return cpu_peak(torch.bfloat16), "cpu bf16 2048^3 matmul probe"
 
-
-def positive(kind: type) -> Callable[[str], Any]:
-    """An argparse type: a number of `kind` greater than 0."""
-    def parse(text: str) -> Any:
-        value = kind(text)
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
-        return value
-    return parse
 
 
 def main() -> None:
@@ -120,8 +108,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except CharlmError as e:  # bad input: one line, as the charlm CLI prints it
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_script(main)

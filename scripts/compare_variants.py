@@ -17,19 +17,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
+from common import positive, run_script
 
 from charlm.config import MODEL_VARIANTS, RunConfig, load_config
 from charlm.data import BatchSampler, Dataset, dataset_for
 from charlm.device import grad_scaler, resolve_device, resolve_dtype, seed_everything
-from charlm.errors import CharlmError
 from charlm.model import GPT
 from charlm.train import evaluate, lr_at, make_optimizer, train_step
 
@@ -83,15 +80,6 @@ class Contender:
                 "tokens_per_s": tokens / self.spent, "val_loss": val}
 
 
-def positive(kind: type) -> Callable[[str], Any]:
-    """An argparse type: a number of `kind` greater than 0."""
-    def parse(text: str) -> Any:
-        value = kind(text)
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
-        return value
-    return parse
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -136,8 +124,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except CharlmError as e:  # bad input: one line, as the charlm CLI prints it
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_script(main)

@@ -1,0 +1,30 @@
+"""What the benchmark scripts share: argparse's positive counts, and bad input reported as the
+charlm CLI reports it (one `error:` line, exit code 2, no traceback)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from charlm.errors import CharlmError
+
+
+def positive(kind: type) -> Callable[[str], Any]:
+    """An argparse type: a number of `kind` greater than 0."""
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+        return value
+    return parse
+
+
+def run_script(main: Callable[[], None]) -> None:
+    """Run a script's `main`; a CharlmError (a missing config, a bad --set) ends in one line."""
+    try:
+        main()
+    except CharlmError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
