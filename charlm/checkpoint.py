@@ -16,6 +16,7 @@ import torch
 
 from charlm.config import RunConfig
 from charlm.errors import CharlmError, first_line
+from charlm.files import temp_beside
 from charlm.model import GPT
 from charlm.vocab import Vocab
 
@@ -27,7 +28,7 @@ def save(state: dict[str, Any], path: Path) -> None:
     """Write `state` to `path` atomically: temp file in the same dir, fsync, then os.replace,
     so `path` is always either the old or the new complete file."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temp_beside(path)
     try:
         with open(tmp, "wb") as f:
             torch.save({"format": FORMAT, "version": VERSION, **state}, f)

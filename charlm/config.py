@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import os
 import re
 import types
 import typing
@@ -21,6 +20,7 @@ from typing import Any, Literal
 import yaml
 
 from charlm.errors import CharlmError
+from charlm.files import write_text_atomic
 
 
 class _Loader(yaml.SafeLoader):
@@ -330,13 +330,7 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
 
 def save_config(cfg: RunConfig, path: Path) -> None:
     """Write the resolved config as YAML, atomically (a resume rewrites it)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
 @dataclass

@@ -22,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from charlm.errors import CharlmError
+from charlm.files import temp_beside, write_text_atomic
 from charlm.vocab import MAX_CODE_POINT, Vocab, code_points
 
 DATASET_FORMAT = "charlm-dataset"
@@ -122,10 +123,6 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _tmp(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
-
-
 def prepare(
     inputs: Sequence[str | Path], out: str | Path, val_fraction: float = 0.1,
     progress: bool = True,
@@ -154,7 +151,8 @@ def prepare(
         out.mkdir(parents=True, exist_ok=True)
         final = {split: out / f"{split}.bin" for split in ("train", "val")}
         sizes = {"train": 0, "val": 0}
-        with open(_tmp(final["train"]), "wb") as ftrain, open(_tmp(final["val"]), "wb") as fval:
+        with (open(temp_beside(final["train"]), "wb") as ftrain,
+              open(temp_beside(final["val"]), "wb") as fval):
             for s in stats:
                 n_train = int(s.chars * (1 - val_fraction))
                 done = 0  # characters of this source written so far
@@ -173,7 +171,7 @@ def prepare(
                 os.fsync(f.fileno())
     except BaseException:
         for split in ("train", "val"):
-            _tmp(out / f"{split}.bin").unlink(missing_ok=True)
+            temp_beside(out / f"{split}.bin").unlink(missing_ok=True)
         raise
     finally:
         bar.close()
@@ -193,10 +191,9 @@ def prepare(
         ],
     }
     for path in final.values():
-        os.replace(_tmp(path), path)
+        os.replace(temp_beside(path), path)
     meta_path = out / "meta.json"
-    _tmp(meta_path).write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
-    os.replace(_tmp(meta_path), meta_path)
+    write_text_atomic(meta_path, json.dumps(meta, ensure_ascii=False, indent=1))
     return meta
 
 

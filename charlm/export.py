@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from charlm.config import RunConfig
 from charlm.errors import CharlmError
+from charlm.files import temp_beside, write_text_atomic
 from charlm.model import GPT
 from charlm.vocab import Vocab
 
@@ -27,13 +28,11 @@ WEIGHTS = "model.safetensors"
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, ensure_ascii=False, indent=1), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(obj, ensure_ascii=False, indent=1))
 
 
 def _write_weights(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temp_beside(path)
     save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp), meta)
     os.replace(tmp, path)
 
@@ -64,8 +63,7 @@ def write_dir(out: Path, write: Callable[[Path], None], overwrite: bool) -> None
         raise CharlmError(f"--out {out} is not empty; give a new directory, or --overwrite to "
                           "replace its contents")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    tmp, old = temp_beside(out), temp_beside(out, "old")
     try:
         tmp.mkdir()
         write(tmp)

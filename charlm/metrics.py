@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
+
+from charlm.files import write_text_atomic
 
 # metrics.jsonl key -> TensorBoard tag, per event kind.
 TB_TAGS = {
@@ -55,9 +56,7 @@ def cut_back(path: Path, step: int) -> None:
             continue
         if not isinstance(event, dict) or event.get("step", 0) <= step:
             kept.append(line + "\n")
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text("".join(kept), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(kept))
 
 
 class MetricsLogger:

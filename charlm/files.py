@@ -1,0 +1,24 @@
+"""Files written so that no failure leaves one half-written: each is written under a temporary
+name beside its target (same directory, so the same filesystem) and moved into place with
+`os.replace`, which readers see as one step: the old file or the new one, never a mix."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def temp_beside(path: Path, tag: str = "tmp") -> Path:
+    """`.NAME.TAG-PID` in the directory of `path`: hidden, and one per process."""
+    return path.with_name(f".{path.name}.{tag}-{os.getpid()}")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text` (UTF-8) in one step; on failure `path` is as it was."""
+    tmp = temp_beside(path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
