@@ -298,6 +298,11 @@ def info(
         cfg = load_config(target, list(set_ or []))
         if vocab_size is None:
             data_path = Path(cfg.data.path)
+            if not data_path.exists():
+                raise CharlmError(
+                    f"the vocabulary size comes from data.path, and {data_path} does not exist; "
+                    "give --vocab-size N, or --set data.path=FILE"
+                )
             vocab_size = len(
                 load_dataset(data_path).vocab if data_path.is_dir() else scan([data_path])[1]
             )

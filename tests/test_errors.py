@@ -354,3 +354,9 @@ def test_config_only_info_options_on_a_checkpoint(fails, tmp_path, option):
     rather than silently ignored (checked before the checkpoint is even read)."""
     fails("info", tmp_path / "missing.pt", *option,
           message=f"{option[0]} applies to a config file, not to a checkpoint")
+
+
+def test_info_on_a_config_whose_data_is_missing_says_how_to_give_the_vocab_size(fails, tmp_path):
+    fails("info", TINY, "--set", f"data.path={tmp_path / 'nowhere.txt'}",
+          message=f"the vocabulary size comes from data.path, and {tmp_path / 'nowhere.txt'} does "
+                  "not exist; give --vocab-size N, or --set data.path=FILE")
