@@ -351,8 +351,6 @@ def eval_(
     from charlm.data import read_text
     from charlm.scoring import score_text
 
-    if unknown not in ("error", "skip"):
-        raise CharlmError(f"--unknown must be 'error' or 'skip', got {unknown!r}")
     lm = load(target, device, "--device")
     result = score_text(lm.model, lm.vocab, read_text(text_file), stride, unknown)
     if result.skipped_unknown:

@@ -97,7 +97,7 @@ def score_text(model: GPT, vocab: Vocab, text: str, min_context: int | None = No
                unknown: str = "error", progress: bool = True) -> Score:
     """Score `text`; characters outside the vocabulary are an error, or dropped with
     unknown='skip' (and counted)."""
-    if unknown not in ("error", "skip"):  # the Python API reaches here unchecked
+    if unknown not in ("error", "skip"):  # `charlm eval --unknown` and charlm.score
         raise CharlmError(f"--unknown must be 'error' or 'skip', got {unknown!r}")
     bad = vocab.unknown(text)
     if bad and unknown == "error":

@@ -397,3 +397,11 @@ def test_info_on_a_safetensors_export_dir(cli, run_dir, tmp_path):
     assert "checkpoint" not in info
     del from_run["checkpoint"]
     assert info == from_run
+
+
+def test_eval_rejects_an_unknown_policy(cli, run_dir, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("First Citizen:\n", encoding="utf-8")
+    result = cli("eval", run_dir, text, "--unknown", "drop")
+    assert (result.code, result.err, result.out) == (
+        2, "error: --unknown must be 'error' or 'skip', got 'drop'\n", "")
