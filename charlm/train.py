@@ -438,6 +438,7 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
                             grad_norm=norm.item(), skipped_steps=state.skipped_steps,
                             tokens_per_s=steps_since_log * tokens_per_step / (now - t_log))
                     t_log, steps_since_log = now, 0
+                t_pause = time.perf_counter()  # evals, samples and saves are not training time
                 improved = False
                 if eval_now:
                     final = evaluate(eval_model, data, cfg, device, dtype, dist, eval_group)
@@ -470,7 +471,7 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
                             checkpoint.save(ckpt, run_dir / "best.pt")
                     if write_last:
                         saved_step = state.step
-                    t_log = time.perf_counter()  # tokens/s counts training time only
+                t_log += time.perf_counter() - t_pause  # tokens/s counts training time only
                 if stopping:
                     # torchrun ends the whole world when the first rank exits: the others wait
                     # until rank 0 has saved.

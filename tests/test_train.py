@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -478,6 +479,34 @@ def test_checkpoint_interval_sets_last_and_best_follows_evals(tiny_cfg, monkeypa
     evals = [e for e in evals if e["event"] == "eval"]
     improved = [e["step"] for e in evals if e["best_val_loss"] == e["val_loss"]]
     assert [s for name, s in writes if name == "best.pt"] == improved and improved[0] == 10
+
+
+@pytest.mark.parametrize("checkpoint_interval", [None, 8])
+def test_tokens_per_s_counts_training_time_only(checkpoint_interval, tiny_cfg, monkeypatch):
+    """On a fake clock where a step takes 1 s and an eval 100 s, tokens/s is one step's tokens
+    whatever the evals and saves between two log lines (it was doubled when a save reset the
+    clock but not the step count, and took the eval's time when an eval saved nothing)."""
+    cfg = with_(tiny_cfg, train={"max_iters": 8, "log_interval": 4, "eval_interval": 2,
+                                 "checkpoint_interval": checkpoint_interval, "sample_chars": 0})
+    clock = [0.0]
+    monkeypatch.setattr(train_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    real_step, real_eval = train_module.train_step, train_module.evaluate
+
+    def step(*args):
+        clock[0] += 1.0
+        return real_step(*args)
+
+    def evaluate_slowly(*args):
+        clock[0] += 100.0
+        return real_eval(*args)
+
+    monkeypatch.setattr(train_module, "train_step", step)
+    monkeypatch.setattr(train_module, "evaluate", evaluate_slowly)
+    train(cfg)
+    lines = Path(cfg.train.out_dir, "metrics.jsonl").read_text().splitlines()
+    logged = [json.loads(line) for line in lines]
+    rates = [(e["step"], e["tokens_per_s"]) for e in logged if e["event"] == "train"]
+    assert rates == [(4, 16 * 16), (8, 16 * 16)]
 
 
 def nan_loss_at_steps(monkeypatch, bad: set[int]) -> None:
