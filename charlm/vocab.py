@@ -37,9 +37,9 @@ class Vocab:
         self.index = {c: i for i, c in enumerate(chars)}
         self.dtype = id_dtype(len(chars))
         # Code point -> id lookup table for vectorised encoding; -1 marks unknown characters.
+        self._code_points = code_points("".join(chars))
         self._lut = np.full(MAX_CODE_POINT, -1, dtype=np.int32)
-        self._lut[code_points("".join(chars))] = np.arange(len(chars))
-        self._chars_array = np.array(chars)
+        self._lut[self._code_points] = np.arange(len(chars))
 
     def __len__(self) -> int:
         return len(self.chars)
@@ -68,4 +68,7 @@ class Vocab:
         return self.encode_array(text).astype(np.int64).tolist()
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        return "".join(self._chars_array[np.asarray(ids, dtype=np.int64)])
+        # Through code points, not a numpy string array: that would drop U+0000 (NUL), which
+        # numpy takes for padding.
+        cps = self._code_points[np.asarray(ids, dtype=np.int64)]
+        return cps.tobytes().decode("utf-32-le", "surrogatepass")

@@ -21,6 +21,13 @@ def test_vocab_round_trip_unicode():
     assert vocab.chars == sorted(vocab.chars)
 
 
+def test_vocab_round_trip_control_characters():
+    text = "a\x00b\r\n\x01\x00"  # NUL was lost in decode (numpy strings pad with it)
+    vocab = Vocab(sorted(set(text)))
+    assert vocab.decode(vocab.encode(text)) == text
+    assert vocab.decode([]) == ""
+
+
 def test_vocab_unknown_positions():
     vocab = Vocab(list("abc"))
     assert vocab.unknown("abXcY") == [(2, "X"), (4, "Y")]
