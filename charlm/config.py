@@ -24,7 +24,20 @@ from charlm.files import write_text_atomic
 
 
 class _Loader(yaml.SafeLoader):
-    """yaml.safe_load, plus YAML 1.2 floats: `3e-4` is a number, not the string '3e-4'."""
+    """yaml.safe_load, plus YAML 1.2 floats: `3e-4` is a number, not the string '3e-4'; and a
+    key given twice in one mapping is an error (PyYAML keeps the last one silently, so a second
+    `optim:` section would reset the first one's keys to their defaults)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                key = self.construct_object(key_node)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key '{key}'", key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 _Loader.add_implicit_resolver(

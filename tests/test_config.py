@@ -116,6 +116,18 @@ def test_yaml_syntax_error_has_line_and_column(tmp_path):
         f"YAML syntax error in {path} at line 2, column 12: mapping values are not allowed here")
 
 
+@pytest.mark.parametrize("text, where", [
+    ("optim:\n  lr: 1.0e-3\n  lr: 5.0e-3\n", "line 3, column 3: duplicate key 'lr'"),
+    ("optim:\n  lr: 1.0e-3\ntrain:\n  seed: 1\noptim:\n  min_lr: 0\n",
+     "line 5, column 1: duplicate key 'optim'"),
+])
+def test_yaml_duplicate_key_is_an_error(tmp_path, text, where):
+    path = write(tmp_path, text)
+    with pytest.raises(CharlmError) as e:
+        load_config(path)
+    assert str(e.value) == f"YAML syntax error in {path} at {where}"
+
+
 def test_yaml_not_a_mapping(tmp_path):
     with pytest.raises(CharlmError, match="must hold a mapping of sections .* got list"):
         load_config(write(tmp_path, "- 1\n- 2\n"))
