@@ -277,7 +277,11 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
             raise CharlmError(f"invalid value for {key} in {where}: {value} is too large")
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            if math.isfinite(value):
+                return float(value)
+            # A NaN fails every range check, but an infinite lr or weight decay would pass them.
+            raise CharlmError(f"invalid value for {key} in {where}: {value}, expected a finite "
+                              "number")
     elif tp is str and isinstance(value, str):
         return value
     raise CharlmError(f"invalid value for {key} in {where}: {value!r}, expected {_type_name(tp)}")

@@ -84,6 +84,10 @@ def test_wrong_type_says_what_is_allowed(tmp_path):
     ("model.dropout=-0.1", "is outside [0, 1)"),
     ("train.batch_size=0", "train.batch_size: must be >= 1"),
     ("data.val_fraction=1.5", "data.val_fraction: 1.5 is outside (0, 1)"),
+    ("optim.lr=.inf", "invalid value for optim.lr in --set overrides: inf, expected a finite "
+     "number"),
+    ("optim.weight_decay=1e999", "optim.weight_decay in --set overrides: inf, expected a finite"),
+    ("optim.grad_clip=.nan", "optim.grad_clip in --set overrides: nan, expected a finite"),
 ])
 def test_impossible_values_rejected(override, message):
     with pytest.raises(CharlmError) as e:
