@@ -23,6 +23,7 @@ import math
 import os
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -338,6 +339,11 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
         data = dataset_for(cfg.data.path, cfg.data.val_fraction, run_dir / "dataset",
                            same_vocab)
     same_vocab(data.vocab)  # also for a prepared dataset dir, or a reused cache
+    prepared_with = data.meta.get("val_fraction")
+    if Path(cfg.data.path).is_dir() and prepared_with != cfg.data.val_fraction and dist.is_main:
+        print(f"warning: data.val_fraction={cfg.data.val_fraction} does not apply to the "
+              f"prepared dataset {cfg.data.path}, whose split was made with --val-fraction "
+              f"{prepared_with}; run `charlm prepare` again to change it", file=sys.stderr)
     for split in ("train", "val"):
         require_window(data.split(split), cfg.model.block_size, split, cfg.data.path)
     sampler = BatchSampler(data.train, cfg.model.block_size, tc.batch_size, device, tc.seed,

@@ -14,7 +14,7 @@ import torch
 from charlm import checkpoint
 from charlm import train as train_module
 from charlm.config import OptimConfig, RunConfig, SampleConfig, save_config
-from charlm.data import BatchSampler, dataset_for
+from charlm.data import BatchSampler, dataset_for, prepare
 from charlm.device import grad_scaler, resolve_dtype
 from charlm.errors import CharlmError
 from charlm.faults import Interrupted
@@ -150,6 +150,22 @@ def test_checkpoint_from_before_the_architecture_options_loads_and_resumes(tiny_
                                           "'layernorm'"):
         resume_config(run, None, ["model.norm=rmsnorm"])
     assert train(resume_config(run, None, ["train.max_iters=25"]), resume=True).step == 25
+
+
+def test_val_fraction_that_a_prepared_dataset_ignores_is_warned_about(tiny_cfg, tmp_path,
+                                                                     capsys):
+    data = tmp_path / "ds"
+    prepare([tiny_cfg.data.path], data, 0.1, progress=False)
+    for fraction, out in ((0.1, "same"), (0.25, "other")):
+        train(with_(tiny_cfg, data={"path": str(data), "val_fraction": fraction},
+                    train={"max_iters": 1, "out_dir": str(tmp_path / out), "sample_chars": 0}),
+              progress=False)
+        warnings = [line for line in capsys.readouterr().err.splitlines()
+                    if line.startswith("warning:")]
+        assert warnings == ([] if fraction == 0.1 else [
+            f"warning: data.val_fraction=0.25 does not apply to the prepared dataset {data}, "
+            "whose split was made with --val-fraction 0.1; run `charlm prepare` again to change "
+            "it"])
 
 
 def test_existing_run_is_not_clobbered(tiny_cfg):
