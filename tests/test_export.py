@@ -189,3 +189,47 @@ def test_sample_on_an_hf_export_says_it_is_for_transformers(cli, run_dir, tmp_pa
     assert result.err == (
         f"error: cannot load exported model {tmp_path / 'hf'}: config.json is not a charlm export "
         "(an `hf` export is for transformers, not for charlm)\n")
+
+
+def _damage_weights(edit):
+    def damage(d):
+        from safetensors.torch import load_file, save_file
+
+        weights = load_file(str(d / "model.safetensors"))
+        edit(weights)
+        save_file(weights, str(d / "model.safetensors"))
+    return damage
+
+
+def _damage_config(edit):
+    def damage(d):
+        meta = json.loads((d / "config.json").read_text(encoding="utf-8"))
+        (d / "config.json").write_text(json.dumps(edit(meta)), encoding="utf-8")
+    return damage
+
+
+@pytest.mark.parametrize("damage, detail", [
+    (lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:300]),
+     "Error while deserializing header"),
+    (_damage_config(lambda meta: [meta]), "config.json is not a charlm export"),
+    (_damage_config(lambda meta: {**meta, "config": None}), "no config"),
+    (_damage_config(lambda meta: {**meta, "config": {**meta["config"], "model": None}}),
+     "config is not a mapping with a model section"),
+    (_damage_weights(lambda w: w.update({"wte.weight": w["wte.weight"][:10]})),
+     "Error(s) in loading state_dict for GPT: size mismatch for wte.weight"),
+])
+def test_damaged_export_gives_one_error_line_to_every_command(cli, run_dir, tmp_path, damage,
+                                                             detail):
+    export_dir = tmp_path / "exported"
+    assert cli("export", run_dir, "--out", export_dir).code == 0
+    damage(export_dir)
+    before = {p.name: p.read_bytes() for p in export_dir.iterdir()}
+    text = tmp_path / "t.txt"
+    text.write_text("First Citizen:\n", encoding="utf-8")
+    for command in (["sample"], ["eval", text], ["info"], ["export", "--out", tmp_path / "x"]):
+        result = cli(command[0], export_dir, *command[1:])
+        assert (result.code, result.out) == (2, "")
+        assert result.err.startswith(f"error: cannot load exported model {export_dir}: {detail}")
+        assert result.err.count("\n") == 1
+    assert {p.name: p.read_bytes() for p in export_dir.iterdir()} == before
+    assert not (tmp_path / "x").exists()
