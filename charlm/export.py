@@ -96,11 +96,14 @@ def load_safetensors(path: Path, device: str | torch.device = "cpu",
         vocab = Vocab(json.loads((path / "vocab.json").read_text(encoding="utf-8")))
         model = GPT(cfg.model, len(vocab))
         state = load_file(str(path / WEIGHTS))
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        allowed = {"head.weight"} if cfg.model.tie_weights else set()
-        if unexpected or set(missing) - allowed:
+        # exactly the tensors save_safetensors writes: a tied model's head.weight would be
+        # loaded into the token embedding it shares
+        expected = _own_state(model).keys()
+        missing, unexpected = sorted(expected - state.keys()), sorted(state.keys() - expected)
+        if missing or unexpected:
             raise ValueError(f"weights do not match the config (missing {missing}, "
                              f"unexpected {unexpected})")
+        model.load_state_dict(state, strict=False)  # strict would want the tied head.weight
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, CharlmError,
             SafetensorError) as e:
         raise CharlmError(f"cannot load exported model {path}: {one_line(e)}") from None

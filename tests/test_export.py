@@ -215,6 +215,8 @@ def _damage_config(edit):
     (_damage_config(lambda meta: {**meta, "config": None}), "no config"),
     (_damage_config(lambda meta: {**meta, "config": {**meta["config"], "model": None}}),
      "config is not a mapping with a model section"),
+    (_damage_weights(lambda w: w.update({"head.weight": torch.zeros_like(w["wte.weight"])})),
+     "weights do not match the config (missing [], unexpected ['head.weight'])"),
     (_damage_weights(lambda w: w.update({"wte.weight": w["wte.weight"][:10]})),
      "Error(s) in loading state_dict for GPT: size mismatch for wte.weight"),
 ])
