@@ -1,6 +1,7 @@
 import importlib.util
 import json
 import re
+import shutil
 
 import pytest
 import torch
@@ -235,3 +236,22 @@ def test_damaged_export_gives_one_error_line_to_every_command(cli, run_dir, tmp_
         assert result.err.count("\n") == 1
     assert {p.name: p.read_bytes() for p in export_dir.iterdir()} == before
     assert not (tmp_path / "x").exists()
+
+
+def test_export_refuses_to_overwrite_the_dir_that_holds_its_own_model(cli, run_dir, tmp_path):
+    run = tmp_path / "runs" / "run"
+    shutil.copytree(run_dir, run)
+    before = {str(p): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    for target, out in ((run, run), (run / "last.pt", tmp_path / "runs")):
+        result = cli("export", target, "--out", out, "--overwrite")
+        source = run / "best.pt" if target == run else target
+        assert (result.code, result.out, result.err) == (
+            2, "", f"error: --out {out} holds the model being exported ({source}); give another "
+                   "directory\n")
+    assert {str(p): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    export_dir = tmp_path / "exported"
+    assert cli("export", run, "--out", export_dir).code == 0
+    result = cli("export", export_dir, "--out", export_dir, "--overwrite")
+    assert (result.code, result.err) == (2, f"error: --out {export_dir} holds the model being "
+                                            f"exported ({export_dir}); give another directory\n")
+    assert cli("sample", export_dir, "--max-new-tokens", "5").code == 0
