@@ -357,7 +357,7 @@ def eval_(
         print(f"warning: skipped {result.skipped_unknown} characters outside the vocabulary",
               file=sys.stderr)
     if json_out:
-        print(json.dumps(result.as_dict()))
+        print(json.dumps(result.as_dict(), allow_nan=False))
         return
     print(f"loss {result.loss:.4f} nats/char, {result.bpc:.4f} bits/char, perplexity "
           f"{result.perplexity:.3f}, {result.chars_scored:,} characters scored")
