@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from charlm.config import RunConfig
-from charlm.errors import CharlmError, first_line
+from charlm.errors import CharlmError, first_line, one_line
 from charlm.files import temp_beside
 from charlm.model import GPT
 from charlm.vocab import Vocab
@@ -90,8 +90,7 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str
 
 def damaged(path: Path, e: BaseException | str) -> CharlmError:
     """The one-line error for a checkpoint that loads but lacks or garbles a part."""
-    detail = " ".join(str(e).split())  # torch's state_dict errors span several lines
-    return CharlmError(f"checkpoint {path} is damaged or incomplete: {detail[:300]}")
+    return CharlmError(f"checkpoint {path} is damaged or incomplete: {one_line(e)}")
 
 
 def check_config(state: dict[str, Any]) -> dict[str, Any]:

@@ -357,7 +357,7 @@ def eval_(
         print(f"warning: skipped {result.skipped_unknown} characters outside the vocabulary",
               file=sys.stderr)
     if json_out:
-        print(json.dumps(result.as_dict()))
+        print(json.dumps(result.as_dict(), allow_nan=False))
         return
     print(f"loss {result.loss:.4f} nats/char, {result.bpc:.4f} bits/char, perplexity "
           f"{result.perplexity:.3f}, {result.chars_scored:,} characters scored")
@@ -383,6 +383,10 @@ def export(
     if format_ not in savers:
         raise CharlmError(f"--format must be safetensors or hf, got {format_!r}")
     lm = load(target, "cpu")
+    source = lm.source.resolve()
+    if out.resolve() == source or out.resolve() in source.parents:  # --overwrite would delete it
+        raise CharlmError(f"--out {out} holds the model being exported ({lm.source}); give "
+                          "another directory")
     write_dir(out, lambda d: savers[format_](lm.model, lm.vocab, lm.config, d), overwrite)
     print(f"wrote {out} ({format_})")
 

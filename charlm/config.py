@@ -399,3 +399,5 @@ class SampleConfig:
         need(all(self.stop), "--stop must not be empty")
         need(self.unknown in ("error", "skip"),
              f"--unknown must be 'error' or 'skip', got {self.unknown!r}")
+        need(-2**63 <= self.seed < 2**64,  # what torch.Generator.manual_seed takes
+             f"--seed must be in [-2**63, 2**64 - 1], got {self.seed}")

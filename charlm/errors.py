@@ -14,3 +14,9 @@ def first_line(e: BaseException) -> str:
     backend), short enough for one `warning:` line."""
     lines = str(e).strip().splitlines()
     return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def one_line(e: BaseException | str, limit: int = 300) -> str:
+    """The whole message of `e` on one line (torch's state_dict errors span several), cut to
+    `limit` characters."""
+    return " ".join(str(e).split())[:limit]

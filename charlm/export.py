@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from charlm.checkpoint import check_config
 from charlm.config import RunConfig
-from charlm.errors import CharlmError
+from charlm.errors import CharlmError, one_line
 from charlm.files import temp_beside, write_text_atomic
 from charlm.model import GPT
 from charlm.vocab import Vocab
@@ -85,22 +87,26 @@ def load_safetensors(path: Path, device: str | torch.device = "cpu",
     """Load a directory written by `save_safetensors` (no pickle anywhere)."""
     try:
         meta = json.loads((path / "config.json").read_text(encoding="utf-8"))
-        if meta.get("format") != EXPORT_FORMAT:
+        if not isinstance(meta, dict) or meta.get("format") != EXPORT_FORMAT:
             raise ValueError("config.json is not a charlm export (an `hf` export is for "
                              "transformers, not for charlm)")
         if meta.get("version") != EXPORT_VERSION:
             raise ValueError(f"export format version {meta.get('version')}")
-        cfg = RunConfig.from_dict(meta["config"], f"{path / 'config.json'}")
+        cfg = RunConfig.from_dict(check_config(meta), f"{path / 'config.json'}")
         vocab = Vocab(json.loads((path / "vocab.json").read_text(encoding="utf-8")))
         model = GPT(cfg.model, len(vocab))
         state = load_file(str(path / WEIGHTS))
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        allowed = {"head.weight"} if cfg.model.tie_weights else set()
-        if unexpected or set(missing) - allowed:
+        # exactly the tensors save_safetensors writes: a tied model's head.weight would be
+        # loaded into the token embedding it shares
+        expected = _own_state(model).keys()
+        missing, unexpected = sorted(expected - state.keys()), sorted(state.keys() - expected)
+        if missing or unexpected:
             raise ValueError(f"weights do not match the config (missing {missing}, "
                              f"unexpected {unexpected})")
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError, CharlmError) as e:
-        raise CharlmError(f"cannot load exported model {path}: {e}") from None
+        model.load_state_dict(state, strict=False)  # strict would want the tied head.weight
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, CharlmError,
+            SafetensorError) as e:
+        raise CharlmError(f"cannot load exported model {path}: {one_line(e)}") from None
     return model.to(device).eval(), vocab, cfg
 
 

@@ -12,6 +12,7 @@ the uncached path's, which crops the context to its last `block_size` tokens at 
 from __future__ import annotations
 
 import copy
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -27,6 +28,13 @@ from charlm.vocab import Vocab
 
 class NonFiniteOutput(CharlmError):
     """The model's logits hold NaN or inf, so there is nothing to sample from."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the model's next-character probabilities are not finite (NaN or inf): its weights "
+            "have diverged; sample from an earlier checkpoint, or train again with a lower "
+            "optim.lr"
+        )
 
 
 class CachedDecoder:
@@ -195,7 +203,10 @@ def sample_next(logits: torch.Tensor, temperature: float, procs: Sequence[Proces
     softmax of the processed logits."""
     logits = logits.float()
     if temperature == 0:
-        return logits.argmax(dim=-1)
+        ids = logits.argmax(dim=-1)  # a row with a NaN gives the NaN's id
+        if not bool(torch.isfinite(logits.gather(-1, ids[:, None])).all()):
+            raise NonFiniteOutput
+        return ids
     for proc in procs:
         logits = proc(logits)
     probs = torch.softmax(logits, dim=-1)
@@ -204,11 +215,7 @@ def sample_next(logits: torch.Tensor, temperature: float, procs: Sequence[Proces
     except RuntimeError:
         if bool(torch.isfinite(probs).all()):
             raise
-        raise NonFiniteOutput(
-            "the model's next-character probabilities are not finite (NaN or inf): its weights "
-            "have diverged; sample from an earlier checkpoint, or train again with a lower "
-            "optim.lr"
-        ) from None
+        raise NonFiniteOutput from None
 
 
 @torch.inference_mode()
@@ -276,6 +283,8 @@ def beam_search(model: GPT, prompt: torch.Tensor, max_new_tokens: int, beams: in
         cand_scores, cand = (scores[:, None] + logp).view(-1).topk(min(2 * beams, beams * V))
         keep_rows, keep_ids, keep_scores = [], [], []
         for score, flat in zip(cand_scores.tolist(), cand.tolist(), strict=True):
+            if math.isnan(score):  # NaN or inf logits (topk ranks NaN first)
+                raise NonFiniteOutput
             if score == float("-inf"):
                 break
             row, token = divmod(flat, V)

@@ -15,6 +15,7 @@ import torch
 from tqdm import tqdm
 
 from charlm.errors import CharlmError
+from charlm.metrics import finite_or_none
 from charlm.model import GPT
 from charlm.vocab import Vocab
 
@@ -29,8 +30,10 @@ class Score:
     chars_scored: int
     skipped_unknown: int
 
-    def as_dict(self) -> dict[str, float | int]:
-        return dict(self.__dict__)
+    def as_dict(self) -> dict[str, float | int | None]:
+        """The fields as strict-JSON data: a non-finite number (a diverged model's NaN loss, an
+        infinite perplexity) is None."""
+        return {k: finite_or_none(v) for k, v in self.__dict__.items()}
 
 
 def windows(n_ids: int, block: int, min_context: int) -> list[tuple[int, int]]:
@@ -117,4 +120,8 @@ def score_text(model: GPT, vocab: Vocab, text: str, min_context: int | None = No
     total, count = score_ids(model, ids, block // 2 if min_context is None else min_context,
                              progress=progress)
     loss = total / count
-    return Score(loss, loss / math.log(2), math.exp(loss), count, len(bad))
+    try:
+        perplexity = math.exp(loss)
+    except OverflowError:  # a loss past about 709 nats (a diverged model)
+        perplexity = math.inf
+    return Score(loss, loss / math.log(2), perplexity, count, len(bad))

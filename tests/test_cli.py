@@ -276,6 +276,9 @@ def test_sample_beams(cli, run_dir):
     (["--beams", "0"], "error: --beams must be >= 1, got 0\n"),
     (["--unknown", "drop"], "error: --unknown must be 'error' or 'skip', got 'drop'\n"),
     (["--max-new-tokens", "-5"], "error: --max-new-tokens must be >= 0, got -5\n"),
+    (["--seed", str(2**64)], f"error: --seed must be in [-2**63, 2**64 - 1], got {2**64}\n"),
+    (["--seed", str(-2**63 - 1)],
+     f"error: --seed must be in [-2**63, 2**64 - 1], got {-2**63 - 1}\n"),
 ])
 def test_sample_rejects_more_bad_options(cli, run_dir, args, message):
     result = cli("sample", run_dir, *args)

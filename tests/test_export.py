@@ -1,6 +1,7 @@
 import importlib.util
 import json
 import re
+import shutil
 
 import pytest
 import torch
@@ -189,3 +190,68 @@ def test_sample_on_an_hf_export_says_it_is_for_transformers(cli, run_dir, tmp_pa
     assert result.err == (
         f"error: cannot load exported model {tmp_path / 'hf'}: config.json is not a charlm export "
         "(an `hf` export is for transformers, not for charlm)\n")
+
+
+def _damage_weights(edit):
+    def damage(d):
+        from safetensors.torch import load_file, save_file
+
+        weights = load_file(str(d / "model.safetensors"))
+        edit(weights)
+        save_file(weights, str(d / "model.safetensors"))
+    return damage
+
+
+def _damage_config(edit):
+    def damage(d):
+        meta = json.loads((d / "config.json").read_text(encoding="utf-8"))
+        (d / "config.json").write_text(json.dumps(edit(meta)), encoding="utf-8")
+    return damage
+
+
+@pytest.mark.parametrize("damage, detail", [
+    (lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:300]),
+     "Error while deserializing header"),
+    (_damage_config(lambda meta: [meta]), "config.json is not a charlm export"),
+    (_damage_config(lambda meta: {**meta, "config": None}), "no config"),
+    (_damage_config(lambda meta: {**meta, "config": {**meta["config"], "model": None}}),
+     "config is not a mapping with a model section"),
+    (_damage_weights(lambda w: w.update({"head.weight": torch.zeros_like(w["wte.weight"])})),
+     "weights do not match the config (missing [], unexpected ['head.weight'])"),
+    (_damage_weights(lambda w: w.update({"wte.weight": w["wte.weight"][:10]})),
+     "Error(s) in loading state_dict for GPT: size mismatch for wte.weight"),
+])
+def test_damaged_export_gives_one_error_line_to_every_command(cli, run_dir, tmp_path, damage,
+                                                             detail):
+    export_dir = tmp_path / "exported"
+    assert cli("export", run_dir, "--out", export_dir).code == 0
+    damage(export_dir)
+    before = {p.name: p.read_bytes() for p in export_dir.iterdir()}
+    text = tmp_path / "t.txt"
+    text.write_text("First Citizen:\n", encoding="utf-8")
+    for command in (["sample"], ["eval", text], ["info"], ["export", "--out", tmp_path / "x"]):
+        result = cli(command[0], export_dir, *command[1:])
+        assert (result.code, result.out) == (2, "")
+        assert result.err.startswith(f"error: cannot load exported model {export_dir}: {detail}")
+        assert result.err.count("\n") == 1
+    assert {p.name: p.read_bytes() for p in export_dir.iterdir()} == before
+    assert not (tmp_path / "x").exists()
+
+
+def test_export_refuses_to_overwrite_the_dir_that_holds_its_own_model(cli, run_dir, tmp_path):
+    run = tmp_path / "runs" / "run"
+    shutil.copytree(run_dir, run)
+    before = {str(p): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    for target, out in ((run, run), (run / "last.pt", tmp_path / "runs")):
+        result = cli("export", target, "--out", out, "--overwrite")
+        source = run / "best.pt" if target == run else target
+        assert (result.code, result.out, result.err) == (
+            2, "", f"error: --out {out} holds the model being exported ({source}); give another "
+                   "directory\n")
+    assert {str(p): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    export_dir = tmp_path / "exported"
+    assert cli("export", run, "--out", export_dir).code == 0
+    result = cli("export", export_dir, "--out", export_dir, "--overwrite")
+    assert (result.code, result.err) == (2, f"error: --out {export_dir} holds the model being "
+                                            f"exported ({export_dir}); give another directory\n")
+    assert cli("sample", export_dir, "--max-new-tokens", "5").code == 0

@@ -152,6 +152,21 @@ def test_sampling_from_non_finite_logits_is_a_plain_error():
         sample_next(logits, 0.8, generator=torch.Generator().manual_seed(0))
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_greedy_and_beam_search_on_a_diverged_model_are_the_same_plain_error(model, bad):
+    message = "the model's next-character probabilities are not finite"
+    with pytest.raises(CharlmError, match=message):
+        sample_next(torch.tensor([[0.0, bad, 1.0], [0.0, 1.0, 2.0]]), temperature=0)
+    with torch.no_grad():
+        model.head.weight[3, 0] = bad  # one logit of every position is NaN or inf
+    prompt = torch.tensor([[1, 2, 3]])
+    with pytest.raises(CharlmError, match=message):
+        run(model, prompt, 5)
+    for beams in (1, 3):
+        with pytest.raises(CharlmError, match=message):
+            beam_search(model, prompt, 5, beams)
+
+
 def test_top_k_never_samples_outside_the_k_largest():
     torch.manual_seed(0)
     logits = torch.randn(4, 50)

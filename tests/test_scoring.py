@@ -75,3 +75,17 @@ def test_score_text_rejects_an_unknown_policy_it_does_not_have(model):
         with pytest.raises(CharlmError) as e:
             score_text(model, VOCAB, text, unknown="drop", progress=False)
         assert str(e.value) == "--unknown must be 'error' or 'skip', got 'drop'"
+
+
+def test_a_diverged_model_scores_without_a_traceback_and_as_strict_json(model):
+    with torch.no_grad():
+        model.wte.weight.mul_(1e4)  # tied head: the logits are huge, the loss is past exp's range
+    huge = score_text(model, VOCAB, "abcdefgabc", progress=False)
+    assert huge.loss > 1000 and huge.perplexity == math.inf
+    assert huge.as_dict()["perplexity"] is None and huge.as_dict()["loss"] == huge.loss
+    with torch.no_grad():
+        model.wte.weight.fill_(float("nan"))
+    broken = score_text(model, VOCAB, "abcdefgabc", progress=False)
+    assert math.isnan(broken.loss)
+    assert broken.as_dict() == {"loss": None, "bpc": None, "perplexity": None,
+                                "chars_scored": 9, "skipped_unknown": 0}
