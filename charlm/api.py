@@ -14,6 +14,7 @@ from typing import Any
 
 from charlm.config import RunConfig, SampleConfig
 from charlm.device import resolve_device
+from charlm.errors import CharlmError
 from charlm.model import GPT
 from charlm.vocab import Vocab
 
@@ -64,7 +65,9 @@ def sample(lm: LM, prompt: str | None = None, **options: Any) -> list:
 
 def generate(lm: LM, prompt: str | None = None, **options: Any) -> str:
     """The generated continuation of `prompt` (without the prompt) as one string."""
-    return sample(lm, prompt, **{**options, "num_samples": 1})[0].text
+    if options.get("num_samples", 1) != 1:
+        raise CharlmError("generate() returns one string; use charlm.sample() for num_samples > 1")
+    return sample(lm, prompt, **options)[0].text
 
 
 def score(lm: LM, text: str, stride: int | None = None, unknown: str = "error",

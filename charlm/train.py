@@ -381,7 +381,8 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
         rows = tc.batch_size // dist.world_size  # this rank's micro-batch
         step_model, failure = compile_model(model, (rows, cfg.model.block_size), device, dtype)
         if failure and dist.is_main:
-            print(f"warning: torch.compile failed ({failure}); training without compile")
+            print(f"warning: torch.compile failed ({failure}); training without compile",
+                  file=sys.stderr)
     ddp_model = dist.wrap(step_model, device)  # step_model itself when not distributed
     eval_group = eval_batches_per_forward(cfg, device, len(data.vocab),
                                           tc.batch_size // dist.world_size)

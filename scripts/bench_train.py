@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -71,7 +72,8 @@ def main() -> None:
         step_model, failure = compile_model(model, (cfg.train.batch_size, cfg.model.block_size),
                                             device, dtype)
         if failure:
-            print(f"warning: torch.compile failed ({failure}); timing without compile")
+            print(f"warning: torch.compile failed ({failure}); timing without compile",
+                  file=sys.stderr)
     optimizer = make_optimizer(model, cfg.optim)
     scaler = grad_scaler(device, dtype)
     sampler = BatchSampler(data.train, cfg.model.block_size, cfg.train.batch_size, device, 0)

@@ -182,6 +182,18 @@ def test_api_stop_none_is_no_stop_string(run_dir):
     assert not charlm.sample(lm, "First", max_new_tokens=20, stop=None)[0].stopped
 
 
+def test_api_generate_is_one_string_and_refuses_num_samples(run_dir):
+    import charlm
+
+    lm = charlm.load(run_dir, "cpu")
+    once = charlm.generate(lm, "First", max_new_tokens=10, seed=3, num_samples=1)
+    assert once == charlm.sample(lm, "First", max_new_tokens=10, seed=3)[0].text
+    with pytest.raises(CharlmError) as e:  # it used to return the first of one sample, silently
+        charlm.generate(lm, "First", max_new_tokens=10, num_samples=3)
+    assert str(e.value) == ("generate() returns one string; use charlm.sample() for "
+                            "num_samples > 1")
+
+
 def test_sample_on_an_hf_export_says_it_is_for_transformers(cli, run_dir, tmp_path):
     model, vocab, cfg, _ = checkpoint.load_model(run_dir)
     save_hf(model, vocab, cfg, tmp_path / "hf")

@@ -343,8 +343,10 @@ def test_compile_that_fails_to_build_falls_back_with_one_warning(tiny_cfg, monke
     monkeypatch.setattr(torch, "compile", broken_compile)
     cfg = with_(tiny_cfg, train={"compile": True, "max_iters": 4, "eval_interval": 4})
     state = train(cfg)
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.err
     assert state.step == 4
+    assert "warning:" not in captured.out
     assert out.count("warning:") == 1
     assert ("warning: torch.compile failed (RuntimeError: InvalidCxxCompiler: No working C++ "
             "compiler found); training without compile") in out
