@@ -5,7 +5,7 @@ first use so that `charlm --help` does not pay for importing torch.
 """
 
 __version__ = "0.1.0"
-__all__ = ["load", "generate", "sample", "score", "LM"]
+__all__ = ["load", "generate", "sample", "score", "LM", "CharlmError"]
 
 
 def __getattr__(name: str):

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,9 @@ def sample(lm: LM, prompt: str | None = None, **options: Any) -> list:
     elif "stop" in options and options["stop"] is None:  # None is off, as for the other options
         options["stop"] = ()
     opts = SampleConfig(**{k: tuple(v) if k == "stop" else v for k, v in options.items()})
-    prompt, _, _ = encode_prompt(lm.vocab, prompt, opts.unknown, lm.model.cfg.block_size)
+    prompt, _, notes = encode_prompt(lm.vocab, prompt, opts.unknown, lm.model.cfg.block_size)
+    for note in notes:  # what the CLI prints as `warning:` lines
+        warnings.warn(note, UserWarning, stacklevel=2)
     return sample_text(lm.model, lm.vocab, prompt, opts)
 
 

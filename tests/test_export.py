@@ -188,10 +188,23 @@ def test_api_generate_is_one_string_and_refuses_num_samples(run_dir):
     lm = charlm.load(run_dir, "cpu")
     once = charlm.generate(lm, "First", max_new_tokens=10, seed=3, num_samples=1)
     assert once == charlm.sample(lm, "First", max_new_tokens=10, seed=3)[0].text
+    assert charlm.CharlmError is CharlmError
     with pytest.raises(CharlmError) as e:  # it used to return the first of one sample, silently
         charlm.generate(lm, "First", max_new_tokens=10, num_samples=3)
     assert str(e.value) == ("generate() returns one string; use charlm.sample() for "
                             "num_samples > 1")
+
+
+def test_api_warns_as_the_cli_does_about_a_skipped_or_cropped_prompt(run_dir):
+    import charlm
+
+    lm = charlm.load(run_dir, "cpu")
+    with pytest.warns(UserWarning) as caught:
+        charlm.generate(lm, "F\u00e9" + "a" * 100, max_new_tokens=1, unknown="skip")
+    assert [str(w.message) for w in caught] == [
+        "skipped 1 prompt characters outside the vocabulary: '\u00e9' at position 1",
+        "the prompt has 101 characters, more than the context of 16; using its last 16",
+    ]
 
 
 def test_sample_on_an_hf_export_says_it_is_for_transformers(cli, run_dir, tmp_path):
