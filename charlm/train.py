@@ -50,6 +50,7 @@ from charlm.errors import CharlmError
 from charlm.faults import BadSteps, Interrupted, StopSignals
 from charlm.metrics import MetricsLogger
 from charlm.model import GPT
+from charlm.optim import FusedAdamW, make_optimizer, step_if
 from charlm.sampling import NonFiniteOutput, preview
 from charlm.vocab import Vocab
 
@@ -84,41 +85,7 @@ def lr_at(step: int, optim: OptimConfig, max_iters: int) -> float:
     return optim.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (optim.lr - optim.min_lr)
 
 
-def make_optimizer(model: GPT, optim: OptimConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices and embeddings (>= 2-D) only.
-
-    Fused where torch has it for the device (CUDA; CPU since torch 2.4): besides speed, a fused
-    step can be skipped on the device without a host sync (see `step_if`)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": optim.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    try:
-        return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2),
-                                 fused=True)
-    except RuntimeError:  # no fused kernel for this device in this torch
-        return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2),
-                                 foreach=True)
-
-
-def step_if(optimizer: torch.optim.Optimizer, ok: torch.Tensor) -> None:
-    """`optimizer.step()` only if `ok` (a 0-d bool tensor on the device).
-
-    A fused optimizer takes `found_inf` as GradScaler hands it over and then leaves weights,
-    moments and step counts untouched, all on the device; any other optimizer waits for `ok`.
-    """
-    if getattr(optimizer, "_step_supports_amp_scaling", False):
-        optimizer.grad_scale, optimizer.found_inf = None, (~ok).float()
-        try:
-            optimizer.step()
-        finally:
-            del optimizer.grad_scale, optimizer.found_inf
-    elif ok.item():
-        optimizer.step()
-
-
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+def train_step(model: torch.nn.Module, optimizer: FusedAdamW | torch.optim.Optimizer,
                scaler: torch.amp.GradScaler, sampler: BatchSampler, cfg: RunConfig,
                device: torch.device, dtype: torch.dtype, dist: Dist = Dist(),
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

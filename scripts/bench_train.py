@@ -24,8 +24,9 @@ from charlm.config import load_config
 from charlm.data import BatchSampler, dataset_for
 from charlm.device import compile_model, grad_scaler, resolve_device, resolve_dtype
 from charlm.model import GPT
+from charlm.optim import make_optimizer
 from charlm.summary import flops_per_token, parameter_table
-from charlm.train import make_optimizer, train_step
+from charlm.train import train_step
 
 GPU_PEAK_BF16 = {"A100": 312e12, "H100": 989e12, "H200": 989e12}  # dense, no sparsity
 

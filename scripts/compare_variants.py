@@ -28,7 +28,8 @@ from charlm.config import MODEL_VARIANTS, RunConfig, load_config
 from charlm.data import BatchSampler, Dataset, dataset_for
 from charlm.device import grad_scaler, resolve_device, resolve_dtype, seed_everything
 from charlm.model import GPT
-from charlm.train import evaluate, lr_at, make_optimizer, train_step
+from charlm.optim import make_optimizer
+from charlm.train import evaluate, lr_at, train_step
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = MODEL_VARIANTS  # name -> the one model key it changes

@@ -17,6 +17,7 @@ from charlm.config import save_config
 from charlm.data import BatchSampler
 from charlm.device import Dist
 from charlm.errors import CharlmError
+from charlm.optim import make_optimizer
 from charlm.train import train
 
 from .test_train import with_
@@ -141,7 +142,7 @@ def test_gradient_accumulation_all_reduces_on_the_last_micro_batch_only(tiny_cfg
     ddp.register_comm_hook(None, count)
     sampler = BatchSampler(data.train, cfg.model.block_size, cfg.train.batch_size,
                            torch.device("cpu"), seed=0)
-    optimizer = train_module.make_optimizer(model, cfg.optim)
+    optimizer = make_optimizer(model, cfg.optim)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     calls = []
     real_forward = GPT.forward

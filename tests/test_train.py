@@ -19,15 +19,14 @@ from charlm.device import grad_scaler, resolve_dtype
 from charlm.errors import CharlmError
 from charlm.faults import Interrupted
 from charlm.model import GPT
+from charlm.optim import make_optimizer
 from charlm.sampling import generate
 from charlm.train import (
     batches_that_fit,
     eval_batches_per_forward,
     evaluate,
     lr_at,
-    make_optimizer,
     resume_config,
-    step_if,
     train,
     train_step,
 )
@@ -568,18 +567,6 @@ def test_metrics_of_skipped_steps_are_strict_json_with_null(tiny_cfg, monkeypatc
     events = [json.loads(line, parse_constant=strict) for line in lines]
     losses = {e["step"]: e["train_loss"] for e in events if e["event"] == "train"}
     assert losses[3] is None and all(isinstance(losses[s], float) for s in (1, 2, 4, 5))
-
-
-@pytest.mark.parametrize("fused", [True, False])
-def test_step_if_leaves_a_skipped_update_out(fused):
-    p = torch.nn.Parameter(torch.ones(3, 2))
-    opt = torch.optim.AdamW([p], lr=0.1, weight_decay=0.1, fused=fused, foreach=not fused)
-    for ok, moved in [(True, True), (False, False), (True, True)]:
-        before = p.detach().clone()
-        p.grad = torch.ones_like(p)
-        step_if(opt, torch.tensor(ok))
-        assert (not torch.equal(before, p)) == moved
-    assert int(opt.state[p]["step"]) == 2
 
 
 def test_non_finite_loss_skips_the_update_and_is_counted(tiny_cfg, monkeypatch, capsys):
