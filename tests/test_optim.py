@@ -140,3 +140,35 @@ def test_make_optimizer_decays_matrices_only_and_does_not_import_dynamo():
     assert all(p.dim() >= 2 for p in decayed["params"])
     assert all(p.dim() < 2 for p in plain["params"])
     assert len(decayed["params"]) + len(plain["params"]) == len(list(model.parameters()))
+
+
+def test_grad_scaler_unscales_our_optimizer_and_a_skipped_step_lowers_the_scale():
+    """The float16 (CUDA) path, on the CPU: GradScaler unscales FusedAdamW's gradients (scaling by
+    a power of two is exact, so the weights match an unscaled run bitwise), and an inf gradient
+    skips the step on the device and halves the scale."""
+    def run(scaled: bool, inf_at: int | None) -> tuple[list[torch.Tensor], float]:
+        groups = two_groups()
+        opt = FusedAdamW(groups, lr=1e-2)
+        scaler = torch.amp.GradScaler("cpu", enabled=scaled, init_scale=2.0**10)
+        gen = torch.Generator().manual_seed(5)
+        for i in range(3):
+            loss = sum((p * torch.randn(p.shape, generator=gen)).sum()
+                       for p in params_of(groups))
+            if i == inf_at:
+                loss = loss * float("inf")
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params_of(groups)]))
+            step_if(opt, torch.isfinite(norm))
+            scaler.update()
+            opt.zero_grad()
+        return [p.detach() for p in params_of(groups)], scaler.get_scale() if scaled else 0.0
+
+    plain, _ = run(False, None)
+    scaled, scale = run(True, None)
+    assert all(torch.equal(a, b) for a, b in zip(plain, scaled, strict=True)) and scale == 2.0**10
+    skipped, scale = run(True, 1)
+    assert scale == 2.0**9
+    two_steps, _ = run(False, 1)  # the unscaled inf step is skipped by step_if alike
+    assert all(torch.equal(a, b) for a, b in zip(two_steps, skipped, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(plain, skipped, strict=True))
