@@ -23,7 +23,7 @@ import torch
 from charlm.config import SampleConfig
 from charlm.errors import CharlmError, first_line
 from charlm.model import GPT
-from charlm.vocab import Vocab
+from charlm.vocab import Vocab, list_unknown
 
 
 class NonFiniteOutput(CharlmError):
@@ -379,7 +379,7 @@ def encode_prompt(vocab: Vocab, prompt: str, unknown: str,
     warnings = []
     bad = vocab.unknown(prompt)
     if bad:
-        listed = ", ".join(f"{c!r} at position {i}" for i, c in bad)
+        listed = list_unknown(bad, "at position")
         if unknown == "error":
             raise CharlmError(
                 f"prompt has characters outside the model's vocabulary: {listed}; "

@@ -17,7 +17,7 @@ from tqdm import tqdm
 from charlm.errors import CharlmError
 from charlm.metrics import finite_or_none
 from charlm.model import GPT
-from charlm.vocab import Vocab
+from charlm.vocab import Vocab, list_unknown
 
 PROGRESS_MIN_WINDOWS = 200
 
@@ -104,10 +104,9 @@ def score_text(model: GPT, vocab: Vocab, text: str, min_context: int | None = No
         raise CharlmError(f"--unknown must be 'error' or 'skip', got {unknown!r}")
     bad = vocab.unknown(text)
     if bad and unknown == "error":
-        listed = ", ".join(f"{c!r} at {i}" for i, c in bad[:10])
-        more = f" and {len(bad) - 10} more" if len(bad) > 10 else ""
         raise CharlmError(
-            f"the text has {len(bad)} characters outside the model's vocabulary ({listed}{more}); "
+            f"the text has {len(bad)} characters outside the model's vocabulary "
+            f"({list_unknown(bad)}); "
             "pass --unknown skip to drop them"
         )
     if bad:

@@ -24,6 +24,13 @@ def code_points(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
 
 
+def list_unknown(bad: Sequence[tuple[int, str]], at: str = "at", limit: int = 10) -> str:
+    """The first `limit` of `Vocab.unknown`'s (position, character) pairs as text for a message,
+    then how many more: a long text in another script must not make an endless error line."""
+    listed = ", ".join(f"{c!r} {at} {i}" for i, c in bad[:limit])
+    return listed + (f" and {len(bad) - limit} more" if len(bad) > limit else "")
+
+
 class Vocab:
     """Maps characters to ids 0..V-1 in code point order, and back."""
 
@@ -60,8 +67,8 @@ class Vocab:
         """Ids of `text` as an array of `self.dtype`; unknown characters are an error."""
         ids = self._lut[code_points(text)]
         if (ids < 0).any():
-            bad = ", ".join(f"{c!r} at {i}" for i, c in self.unknown(text)[:10])
-            raise CharlmError(f"characters outside the vocabulary: {bad}")
+            listed = list_unknown(self.unknown(text))
+            raise CharlmError(f"characters outside the vocabulary: {listed}")
         return ids.astype(self.dtype)
 
     def encode(self, text: str) -> list[int]:

@@ -285,6 +285,19 @@ def test_encode_prompt_unknown_policies():
         encode_prompt(VOCAB, "ZZ", "skip", 16)
 
 
+def test_unknown_prompt_characters_are_listed_up_to_ten():
+    """A prompt in another script (a long --prompt-file) is one error line of ten characters and
+    a count, not every character of the file."""
+    listed = ", ".join(f"'Z' at position {i}" for i in range(10))
+    with pytest.raises(CharlmError) as e:
+        encode_prompt(VOCAB, "Z" * 500 + "a", "error", 16)
+    assert str(e.value) == ("prompt has characters outside the model's vocabulary: "
+                            f"{listed} and 490 more; remove them or pass --unknown skip")
+    _, _, warnings = encode_prompt(VOCAB, "Z" * 500 + "a", "skip", 16)
+    assert warnings == [f"skipped 500 prompt characters outside the vocabulary: {listed} and "
+                        "490 more"]
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_cached_greedy_equals_uncached_for_every_variant(variant):
     model = random_model(**VARIANTS[variant])
