@@ -253,10 +253,13 @@ def run_lock(run_dir: Path, enabled: bool = True) -> Iterator[None]:
     """Hold an exclusive lock (flock) on the run dir itself for the whole run, so a second
     `charlm train` into it (a fresh start or a --resume) is refused instead of interleaving its
     logs and checkpoints with this one's. No lock file: the lock goes with the process, even on
-    SIGKILL. A run dir that cannot be made is left to `_check_run_dir` to report."""
+    SIGKILL. A run dir that cannot be made is left to `_check_run_dir` to report. Directories
+    made here that are still empty at the end (a run that failed before writing anything, such
+    as `charlm train` on a mistyped file name) are removed again."""
     if not enabled:
         yield
         return
+    made = [d for d in (run_dir, *run_dir.parents) if not d.exists()]  # deepest first
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(run_dir, os.O_RDONLY)
@@ -276,6 +279,11 @@ def run_lock(run_dir: Path, enabled: bool = True) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+        for d in made:
+            try:
+                d.rmdir()  # only an empty directory
+            except OSError:
+                break
 
 
 def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overwrite: bool,

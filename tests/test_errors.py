@@ -53,6 +53,15 @@ def test_missing_data_file(fails, tmp_path):
           message=f"input file not found: {tmp_path / 'none.txt'}")
 
 
+def test_missing_text_file_leaves_no_run_dir(fails, tmp_path, monkeypatch):
+    """`charlm train` on a mistyped file name fails without leaving runs/NAME behind."""
+    monkeypatch.chdir(tmp_path)
+    fails("train", "mytxt.txt", message="input file not found: mytxt.txt")
+    fails("train", TINY, "--data", "my.txt", "--out", "runs/a/b",
+          message="input file not found: my.txt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_missing_config_file(fails, tmp_path):
     missing = tmp_path / "none.yaml"
     fails("train", missing, message=f"config file not found: {missing}")
