@@ -9,6 +9,7 @@ every step is a numpy array operation, never a Python loop over characters.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import hashlib
 import json
 import os
@@ -22,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from charlm.errors import CharlmError
-from charlm.files import temp_beside, write_text_atomic
+from charlm.files import make_writable_dir, temp_beside, write_text_atomic
 from charlm.vocab import MAX_CODE_POINT, Vocab, code_points
 
 DATASET_FORMAT = "charlm-dataset"
@@ -148,7 +149,7 @@ def prepare(
                disable=True if not progress or total < PROGRESS_MIN_BYTES else None)
     try:
         stats, vocab = scan(paths, bar)
-        out.mkdir(parents=True, exist_ok=True)
+        make_writable_dir(out, f"dataset dir {out}")
         final = {split: out / f"{split}.bin" for split in ("train", "val")}
         sizes = {"train": 0, "val": 0}
         with (open(temp_beside(final["train"]), "wb") as ftrain,
@@ -171,7 +172,8 @@ def prepare(
                 os.fsync(f.fileno())
     except BaseException:
         for split in ("train", "val"):
-            temp_beside(out / f"{split}.bin").unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # must not hide the error being raised
+                temp_beside(out / f"{split}.bin").unlink()
         raise
     finally:
         bar.close()

@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from charlm.checkpoint import check_config
 from charlm.config import RunConfig
 from charlm.errors import CharlmError, one_line
-from charlm.files import temp_beside, write_text_atomic
+from charlm.files import make_writable_dir, temp_beside, write_text_atomic
 from charlm.model import GPT
 from charlm.vocab import Vocab
 
@@ -64,7 +64,7 @@ def write_dir(out: Path, write: Callable[[Path], None], overwrite: bool) -> None
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise CharlmError(f"--out {out} is not empty; give a new directory, or --overwrite to "
                           "replace its contents")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_writable_dir(out.parent, f"--out {out}")
     tmp, old = temp_beside(out), temp_beside(out, "old")
     try:
         tmp.mkdir()

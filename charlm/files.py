@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from charlm.errors import CharlmError
+
 
 def temp_beside(path: Path, tag: str = "tmp") -> Path:
     """`.NAME.TAG-PID` in the directory of `path`: hidden, and one per process."""
@@ -22,3 +24,15 @@ def write_text_atomic(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def make_writable_dir(path: Path, what: str) -> None:
+    """Make `path` (and its parents) if needed and check that a file can be created in it; else
+    one CharlmError naming `what` (the path the user gave), not a temporary file's name."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}-{id(path)}"  # one per process (DDP ranks)
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise CharlmError(f"cannot write to {what}: {e.strerror}; choose another --out") from None

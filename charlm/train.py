@@ -48,6 +48,7 @@ from charlm.device import (
 )
 from charlm.errors import CharlmError
 from charlm.faults import BadSteps, Interrupted, StopSignals
+from charlm.files import make_writable_dir
 from charlm.metrics import MetricsLogger
 from charlm.model import GPT
 from charlm.optim import FusedAdamW, make_optimizer, step_if
@@ -218,15 +219,7 @@ def _check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
             f"{run_dir} already holds a run ({', '.join(existing)}); {how}start over with "
             "--overwrite, or choose another --out"
         )
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / f".write-test-{os.getpid()}-{id(run_dir)}"  # one per rank
-        probe.touch()
-        probe.unlink()
-    except OSError as e:
-        raise CharlmError(
-            f"cannot write to run dir {run_dir}: {e.strerror}; choose another --out"
-        ) from None
+    make_writable_dir(run_dir, f"run dir {run_dir}")
 
 
 def _clear_run(run_dir: Path) -> None:

@@ -240,6 +240,17 @@ def test_out_dir_that_cannot_be_written(fails, tmp_path, corpus):
                   "--out")
 
 
+def test_prepare_and_export_out_that_cannot_be_written(fails, tmp_path, corpus, trained):
+    """The error names the --out the user gave, not a temporary file beside it."""
+    blocker = write(tmp_path / "file", "a regular file")
+    fails("prepare", corpus, "--out", blocker / "ds",
+          message=f"cannot write to dataset dir {blocker / 'ds'}: Not a directory; choose "
+                  "another --out")
+    fails("export", trained, "--out", blocker / "a" / "b",
+          message=f"cannot write to --out {blocker / 'a' / 'b'}: Not a directory; choose "
+                  "another --out")
+
+
 def test_disk_full_during_a_save_keeps_the_previous_checkpoints(cli, trained, monkeypatch):
     real_fsync, calls = checkpoint.os.fsync, []
 
