@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import positive
+from common import positive, summary
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,7 +39,7 @@ def make_input(path: Path, megabytes: int) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=summary(__doc__))
     parser.add_argument("--mb", type=positive(int), default=200,
                         help="size of the generated file in MB")
     args = parser.parse_args()

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import positive, run_script
+from common import positive, run_script, summary
 
 from charlm.config import SampleConfig, load_config
 from charlm.model import GPT, param_counts
@@ -49,7 +49,7 @@ def timed(model: GPT, batch: int, new_tokens: int, use_cache: bool,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=summary(__doc__))
     parser.add_argument("--configs", nargs="+", type=Path, default=DEFAULT_CONFIGS)
     parser.add_argument("--batches", nargs="+", type=positive(int), default=[1, 8])
     parser.add_argument("--tokens", nargs="+", type=positive(int), default=[500, 2000])

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import positive, run_script
+from common import positive, run_script, summary
 
 from charlm.config import load_config
 from charlm.data import BatchSampler, dataset_for
@@ -56,7 +56,7 @@ def device_peak(device: torch.device) -> tuple[float | None, str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=summary(__doc__))
     parser.add_argument("config")
     parser.add_argument("--steps", type=positive(int), default=50)
     parser.add_argument("--warmup", type=int, default=10)

@@ -1,5 +1,5 @@
-"""What the benchmark scripts share: argparse's positive counts, and bad input reported as the
-charlm CLI reports it (one `error:` line, exit code 2, no traceback)."""
+"""What the benchmark scripts share: their --help description, argparse's positive counts, and
+bad input reported as the charlm CLI reports it (one `error:` line, exit code 2, no traceback)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,12 @@ from collections.abc import Callable
 from typing import Any
 
 from charlm.errors import CharlmError
+
+
+def summary(doc: str | None) -> str:
+    """A script's --help description: the first paragraph of its docstring (its first line alone
+    can stop mid-sentence)."""
+    return " ".join((doc or "").strip().split("\n\n")[0].split())
 
 
 def positive(kind: type) -> Callable[[str], Any]:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import positive, run_script
+from common import positive, run_script, summary
 
 from charlm.config import MODEL_VARIANTS, RunConfig, load_config
 from charlm.data import BatchSampler, Dataset, dataset_for
@@ -83,7 +83,7 @@ class Contender:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=summary(__doc__))
     parser.add_argument("--seconds", type=positive(float), default=30.0,
                         help="training wall time per variant (default 30)")
     parser.add_argument("--config", type=Path, default=None,

@@ -20,9 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import summary
+
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=summary(__doc__))
     parser.add_argument("config", nargs="?")
     parser.add_argument("--target", type=float, default=1.88)
     parser.add_argument("--at", type=float, default=60.0, help="also report val at this wall time")

@@ -44,3 +44,17 @@ def test_scripts_reject_counts_that_are_not_positive(name, args):
     result = run_script(name, *args)
     assert result.returncode == 2
     assert "must be greater than 0, got 0" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("name, description", [
+    ("time_to_loss.py", "Time to a validation loss: run `charlm train CONFIG` and report the wall "
+     "time, from the launch of the command, at which the val loss first reached --target, with "
+     "the val curve."),
+    ("bench_prepare.py", "Benchmark `charlm prepare`: MB/s and peak RSS on a generated text file "
+     "(default 200 MB)."),
+])
+def test_script_help_describes_in_whole_sentences(name, description):
+    """--help shows the docstring's first paragraph, not its first line cut mid-sentence."""
+    result = run_script(name, "--help")
+    assert result.returncode == 0, result.stderr
+    assert description in " ".join(result.stdout.split())
