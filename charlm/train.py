@@ -21,6 +21,7 @@ import dataclasses
 import fcntl
 import math
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -454,7 +455,7 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
                     raise Interrupted(
                         f"interrupted by {signal.Signals(signum).name} at step "
                         f"{state.step}: saved {run_dir / 'last.pt'}; continue with "
-                        f"`charlm train --out {run_dir} --resume`",
+                        f"`charlm train --out {shlex.quote(str(run_dir))} --resume`",
                         signum,
                     )
         if final is not None:

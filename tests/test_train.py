@@ -438,13 +438,16 @@ def test_second_ctrl_c_aborts_without_partial_file(tiny_cfg, monkeypatch):
     assert not [p.name for p in run.iterdir() if ".tmp" in p.name]
 
 
-def test_cli_train_exits_130_on_ctrl_c(cli, tmp_path, corpus, monkeypatch):
+@pytest.mark.parametrize("name, quote", [("run", ""), ("my run ελ", "'")])
+def test_cli_train_exits_130_on_ctrl_c(cli, tmp_path, corpus, monkeypatch, name, quote):
+    """The command it suggests can be pasted into a shell: a run dir with a space (`charlm train
+    "my notes.txt"` trains into runs/my notes) is quoted."""
     signal_after_steps(monkeypatch, {4: [signal.SIGINT]})
-    run = tmp_path / "run"
+    run = tmp_path / name
     result = cli("train", ROOT / "configs" / "tiny.yaml", "--data", corpus, "--out", run)
     assert result.code == 130
     assert result.err.endswith(f"interrupted by SIGINT at step 4: saved {run / 'last.pt'}; "
-                               f"continue with `charlm train --out {run} --resume`\n")
+                               f"continue with `charlm train --out {quote}{run}{quote} --resume`\n")
     assert checkpoint.load(run / "last.pt")["train_state"]["step"] == 4
 
 
