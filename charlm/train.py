@@ -50,7 +50,7 @@ from charlm.errors import CharlmError
 from charlm.faults import BadSteps, Interrupted, StopSignals
 from charlm.metrics import MetricsLogger
 from charlm.model import GPT
-from charlm.optim import FusedAdamW, make_optimizer, step_if
+from charlm.optim import FusedAdamW, load_state, make_optimizer, step_if
 from charlm.sampling import NonFiniteOutput, preview
 from charlm.vocab import Vocab
 
@@ -324,7 +324,7 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
         try:
             checkpoint.check_train_state(ckpt)
             model.load_state_dict(ckpt["model"])
-            optimizer.load_state_dict(ckpt["optimizer"])
+            load_state(optimizer, ckpt["optimizer"])
             scaler.load_state_dict(ckpt["scaler"])
             state.load_state_dict(ckpt["train_state"])
             sampler.load_state_dict(ckpt["sampler"])

@@ -121,6 +121,21 @@ def test_resume_continues_exactly(tiny_cfg, tmp_path):
     assert b["train_state"]["best_val"] <= first["train_state"]["best_val"]
 
 
+def test_resume_trains_with_the_betas_and_weight_decay_of_its_config(tiny_cfg):
+    """`--resume --set optim.weight_decay=...` is recorded in the run's config: the optimizer must
+    use it too, not the values its saved state_dict carries."""
+    cfg = with_(tiny_cfg, train={"max_iters": 2, "eval_interval": 2, "eval_iters": 1,
+                                 "sample_chars": 0})
+    train(cfg)
+    run = Path(cfg.train.out_dir)
+    changed = ["train.max_iters=3", "optim.weight_decay=0.0", "optim.beta1=0.5"]
+    train(resume_config(run, None, changed), resume=True)
+    last = checkpoint.load(run / "last.pt")
+    assert last["config"]["optim"]["weight_decay"] == 0.0
+    groups = last["optimizer"]["param_groups"]
+    assert [(g["betas"], g["weight_decay"]) for g in groups] == [((0.5, 0.99), 0.0)] * 2
+
+
 def test_resume_refuses_architecture_change_and_missing_checkpoint(tiny_cfg, tmp_path):
     with pytest.raises(CharlmError, match="--resume: no checkpoint"):
         resume_config(tmp_path / "nothing", None, [])
