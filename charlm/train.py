@@ -48,6 +48,7 @@ from charlm.device import (
 )
 from charlm.errors import CharlmError
 from charlm.faults import BadSteps, Interrupted, StopSignals
+from charlm.files import remove_temps
 from charlm.metrics import MetricsLogger
 from charlm.model import GPT
 from charlm.optim import FusedAdamW, load_state, make_optimizer, step_if
@@ -341,6 +342,8 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
     elif overwrite and dist.is_main:  # only now that data, model and config are known to be good
         _clear_run(run_dir)
     if dist.is_main:
+        for name in RUN_FILES:  # the run lock is ours: what a killed run left half-saved goes
+            remove_temps(run_dir / name)
         save_config(cfg, run_dir / "config.yaml")
 
     step_model = model

@@ -494,6 +494,23 @@ def test_resume_after_sigkill_is_exact(cli, tiny_cfg, tmp_path):
     assert_same_weights(tmp_path / "straight" / "last.pt", run / "last.pt")
 
 
+def test_resume_removes_the_half_saved_checkpoints_of_a_killed_run(tiny_cfg):
+    """A run killed inside checkpoint.save leaves its temporary file (as big as a checkpoint)
+    beside last.pt / best.pt; the resume, which holds the run lock, removes such files and
+    nothing else."""
+    cfg = with_(tiny_cfg, train={"max_iters": 2, "eval_interval": 2, "eval_iters": 1,
+                                 "sample_chars": 0})
+    train(cfg)
+    run = Path(cfg.train.out_dir)
+    left = [run / ".last.pt.tmp-4242", run / ".best.pt.tmp-17", run / ".metrics.jsonl.tmp-5"]
+    kept = [run / ".last.pt.tmp-notes", run / "last.pt.tmp-1", run / "notes.txt"]
+    for path in left + kept:
+        path.write_bytes(b"PK\x03\x04")
+    train(with_(cfg, train={"max_iters": 3}), resume=True)
+    assert not any(path.exists() for path in left)
+    assert all(path.read_bytes() == b"PK\x03\x04" for path in kept)
+
+
 def test_checkpoint_interval_sets_last_and_best_follows_evals(tiny_cfg, monkeypatch):
     cfg = with_(tiny_cfg, train={"max_iters": 25, "eval_interval": 10, "checkpoint_interval": 4})
     writes: list[tuple[str, int]] = []
