@@ -66,6 +66,7 @@ class TrainState:
     tokens: int = 0  # training tokens consumed
     elapsed_s: float = 0.0  # wall time spent in train(), summed over resumes
     skipped_steps: int = 0  # steps whose update was skipped for a non-finite loss or grad norm
+    bad_streak: int = 0  # of those, how many in a row ended at `step` (max_bad_steps stops a run)
 
     def state_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -374,7 +375,7 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
     last_interval = tc.checkpoint_interval or tc.eval_interval  # null: last.pt at every eval
     elapsed_before = state.elapsed_s
     log = MetricsLogger(run_dir, tc.max_iters, state.step, progress, enabled=dist.is_main)
-    bad = BadSteps(tc.max_bad_steps, state.skipped_steps, device)
+    bad = BadSteps(tc.max_bad_steps, state.skipped_steps, state.bad_streak, device)
     saved_step = state.step if resume else None  # the step of the last.pt on disk
     final: dict[str, float] | None = None  # the losses of the latest eval
     stop = StopSignals(announce=dist.is_main)
@@ -401,7 +402,8 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
                 write_last = state.step % last_interval == 0 or last or stopping
                 if log_now or eval_now or write_last:  # the only steps that wait for the device
                     skipped_before = state.skipped_steps
-                    state.skipped_steps = bad.check(run_dir / "last.pt", saved_step)
+                    state.skipped_steps, state.bad_streak = bad.check(run_dir / "last.pt",
+                                                                      saved_step)
                     if state.skipped_steps > skipped_before:
                         log.message(f"step {state.step}: skipped "
                                     f"{state.skipped_steps - skipped_before} update(s) with a "

@@ -652,6 +652,25 @@ def test_too_many_bad_steps_stop_the_run_and_keep_the_checkpoint(tiny_cfg, monke
     assert all(torch.equal(a, b) for a, b in zip(weights[2], model.parameters(), strict=True))
 
 
+def test_a_streak_of_bad_steps_goes_on_across_an_interrupt_and_resume(tiny_cfg, monkeypatch):
+    """Steps 3 to 5 are bad and max_bad_steps is 3: interrupted at step 4 (two bad so far) and
+    resumed, the run stops at step 5 as it would have without the interrupt."""
+    cfg = with_(tiny_cfg, train={"max_iters": 8, "log_interval": 1, "eval_interval": 100,
+                                 "max_bad_steps": 3, "sample_chars": 0})
+    nan_loss_at_steps(monkeypatch, {3, 4})
+    signal_after_steps(monkeypatch, {4: [signal.SIGTERM]})
+    with pytest.raises(Interrupted):
+        train(cfg)
+    monkeypatch.undo()
+    nan_loss_at_steps(monkeypatch, {1})  # step 5, the first of the resumed run
+    last_pt = Path(cfg.train.out_dir, "last.pt")
+    with pytest.raises(CharlmError) as e:
+        train(cfg, resume=True)
+    assert str(e.value).startswith("training stopped: 3 steps in a row, up to step 5, had a "
+                                   f"non-finite loss or gradient norm (their updates were "
+                                   f"skipped); the last checkpoint {last_pt} (step 4) is intact")
+
+
 def test_an_eval_of_a_diverged_model_logs_no_sample_and_the_run_goes_on(tiny_cfg, capsys):
     # lr 1e9: step 1 sends the weights so far that every later loss (and the eval's sampled
     # preview) is NaN; the preview must not end the run, max_bad_steps decides.
