@@ -38,11 +38,14 @@ def save(state: dict[str, Any], path: Path) -> None:
     except BaseException as e:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError):  # a full disk, a vanished or read-only run dir
+        # torch's zip writer reports a write that failed (a full disk) as a RuntimeError raised
+        # while handling the OSError, which is the reason to report.
+        error = e.__context__ if isinstance(e, RuntimeError) else e
+        if isinstance(error, OSError):  # a full disk, a vanished or read-only run dir
             raise CharlmError(
-                f"cannot write checkpoint {path}: {e.strerror or e}; the previous {path.name}, "
-                "if any, is unchanged; free disk space (or fix the run dir), then continue "
-                "with --resume"
+                f"cannot write checkpoint {path}: {error.strerror or error}; the previous "
+                f"{path.name}, if any, is unchanged; free disk space (or fix the run dir), "
+                "then continue with --resume"
             ) from None
         raise
 

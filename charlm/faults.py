@@ -66,11 +66,12 @@ class BadSteps:
     waits for it, and `check` (called only at log, eval and checkpoint steps) syncs once.
 
     `tripped_at` is the step at which `limit` bad steps in a row were first reached (0: never).
+    A resumed run starts from the counts of its checkpoint, so a streak goes on across a resume.
     """
 
-    def __init__(self, limit: int, skipped: int, device: torch.device):
+    def __init__(self, limit: int, skipped: int, streak: int, device: torch.device):
         self.limit = limit
-        self.streak = torch.zeros((), dtype=torch.int64, device=device)
+        self.streak = torch.full((), streak, dtype=torch.int64, device=device)
         self.total = torch.full((), skipped, dtype=torch.int64, device=device)
         self.tripped_at = torch.zeros((), dtype=torch.int64, device=device)
 
@@ -81,9 +82,10 @@ class BadSteps:
         first = (self.streak == self.limit) & (self.tripped_at == 0)
         self.tripped_at = torch.where(first, step, self.tripped_at)
 
-    def check(self, last_pt: Path, saved_step: int | None) -> int:
-        """Wait for the device once: the number of bad steps so far, or a CharlmError once
-        `limit` in a row were reached (`saved_step`: the step of the `last_pt` on disk)."""
+    def check(self, last_pt: Path, saved_step: int | None) -> tuple[int, int]:
+        """Wait for the device once: (bad steps so far, bad steps in a row up to now), or a
+        CharlmError once `limit` in a row were reached (`saved_step`: the step of the `last_pt`
+        on disk)."""
         step = int(self.tripped_at)
         if step:
             kept, then = (("no checkpoint was written", "start over with --overwrite")
@@ -95,4 +97,4 @@ class BadSteps:
                 f"non-finite loss or gradient norm (their updates were skipped); {kept}; lower "
                 f"optim.lr, raise optim.warmup_iters or check the data, then {then}"
             )
-        return int(self.total)
+        return int(self.total), int(self.streak)

@@ -4,6 +4,7 @@ name beside its target (same directory, so the same filesystem) and moved into p
 
 from __future__ import annotations
 
+import glob
 import os
 from pathlib import Path
 
@@ -13,6 +14,15 @@ from charlm.errors import CharlmError
 def temp_beside(path: Path, tag: str = "tmp") -> Path:
     """`.NAME.TAG-PID` in the directory of `path`: hidden, and one per process."""
     return path.with_name(f".{path.name}.{tag}-{os.getpid()}")
+
+
+def remove_temps(path: Path, tag: str = "tmp") -> None:
+    """Remove the temporary files of `temp_beside(path, tag)` that any process left (a SIGKILL
+    between writing one and moving it into place). Only for a caller that knows no other process
+    is writing `path`."""
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.{tag}-*"):
+        if tmp.name[len(path.name) + len(tag) + 3:].isdigit() and tmp.is_file():
+            tmp.unlink(missing_ok=True)
 
 
 def write_text_atomic(path: Path, text: str) -> None:

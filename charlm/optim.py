@@ -135,6 +135,17 @@ def make_optimizer(model: torch.nn.Module, optim: OptimConfig) -> FusedAdamW | t
     return torch.optim.AdamW(groups, lr=optim.lr, betas=betas, foreach=True)
 
 
+def load_state(optimizer: FusedAdamW | torch.optim.AdamW, state_dict: dict[str, Any]) -> None:
+    """Load a checkpoint's optimizer state (moments, step counts) into an optimizer of
+    `make_optimizer`, keeping the betas and weight decay it was made with: `load_state_dict`
+    takes the saved ones, and a resumed run's config may change them (the lr is set at every
+    step)."""
+    kept = [{k: g[k] for k in ("betas", "weight_decay")} for g in optimizer.param_groups]
+    optimizer.load_state_dict(state_dict)
+    for group, settings in zip(optimizer.param_groups, kept, strict=True):
+        group.update(settings)
+
+
 def step_if(optimizer: FusedAdamW | torch.optim.Optimizer, ok: torch.Tensor) -> None:
     """`optimizer.step()` only if `ok` (a 0-d bool tensor on the device).
 

@@ -49,10 +49,10 @@ from charlm.device import (
 )
 from charlm.errors import CharlmError
 from charlm.faults import BadSteps, Interrupted, StopSignals
-from charlm.files import make_writable_dir
+from charlm.files import make_writable_dir, remove_temps
 from charlm.metrics import MetricsLogger
 from charlm.model import GPT
-from charlm.optim import FusedAdamW, make_optimizer, step_if
+from charlm.optim import FusedAdamW, load_state, make_optimizer, step_if
 from charlm.sampling import NonFiniteOutput, preview
 from charlm.vocab import Vocab
 
@@ -67,6 +67,7 @@ class TrainState:
     tokens: int = 0  # training tokens consumed
     elapsed_s: float = 0.0  # wall time spent in train(), summed over resumes
     skipped_steps: int = 0  # steps whose update was skipped for a non-finite loss or grad norm
+    bad_streak: int = 0  # of those, how many in a row ended at `step` (max_bad_steps stops a run)
 
     def state_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -326,7 +327,7 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
         try:
             checkpoint.check_train_state(ckpt)
             model.load_state_dict(ckpt["model"])
-            optimizer.load_state_dict(ckpt["optimizer"])
+            load_state(optimizer, ckpt["optimizer"])
             scaler.load_state_dict(ckpt["scaler"])
             state.load_state_dict(ckpt["train_state"])
             sampler.load_state_dict(ckpt["sampler"])
@@ -343,6 +344,8 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
     elif overwrite and dist.is_main:  # only now that data, model and config are known to be good
         _clear_run(run_dir)
     if dist.is_main:
+        for name in RUN_FILES:  # the run lock is ours: what a killed run left half-saved goes
+            remove_temps(run_dir / name)
         save_config(cfg, run_dir / "config.yaml")
 
     step_model = model
@@ -373,7 +376,7 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
     last_interval = tc.checkpoint_interval or tc.eval_interval  # null: last.pt at every eval
     elapsed_before = state.elapsed_s
     log = MetricsLogger(run_dir, tc.max_iters, state.step, progress, enabled=dist.is_main)
-    bad = BadSteps(tc.max_bad_steps, state.skipped_steps, device)
+    bad = BadSteps(tc.max_bad_steps, state.skipped_steps, state.bad_streak, device)
     saved_step = state.step if resume else None  # the step of the last.pt on disk
     final: dict[str, float] | None = None  # the losses of the latest eval
     stop = StopSignals(announce=dist.is_main)
@@ -400,7 +403,8 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
                 write_last = state.step % last_interval == 0 or last or stopping
                 if log_now or eval_now or write_last:  # the only steps that wait for the device
                     skipped_before = state.skipped_steps
-                    state.skipped_steps = bad.check(run_dir / "last.pt", saved_step)
+                    state.skipped_steps, state.bad_streak = bad.check(run_dir / "last.pt",
+                                                                      saved_step)
                     if state.skipped_steps > skipped_before:
                         log.message(f"step {state.step}: skipped "
                                     f"{state.skipped_steps - skipped_before} update(s) with a "

@@ -37,6 +37,31 @@ def test_failed_save_keeps_previous_file(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == ["last.pt"]
 
 
+def test_a_disk_that_fills_up_inside_torch_save_is_one_error_line(tmp_path, monkeypatch):
+    """torch's zip writer turns the OSError of a failed write into a RuntimeError (seen on a full
+    tmpfs: `unexpected pos 34944 vs 34896`); it is the same error line, not a traceback."""
+    path = tmp_path / "last.pt"
+    checkpoint.save({"step": 1}, path)
+    before = path.read_bytes()
+
+    def zip_writer_on_a_full_disk(obj, f):
+        f.write(b"PK")
+        try:
+            raise OSError(28, "No space left on device")
+        except OSError:
+            raise RuntimeError(  # noqa: B904 (raised as torch raises it)
+                "[enforce fail at inline_container.cc:672] . unexpected pos 34944 vs 34896")
+
+    monkeypatch.setattr(torch, "save", zip_writer_on_a_full_disk)
+    with pytest.raises(CharlmError) as e:
+        checkpoint.save({"step": 2}, path)
+    assert str(e.value) == (
+        f"cannot write checkpoint {path}: No space left on device; the previous last.pt, if "
+        "any, is unchanged; free disk space (or fix the run dir), then continue with --resume")
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["last.pt"]
+
+
 class Payload:
     def __reduce__(self):
         return (os.system, ("touch PWNED",))

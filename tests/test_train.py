@@ -121,6 +121,21 @@ def test_resume_continues_exactly(tiny_cfg, tmp_path):
     assert b["train_state"]["best_val"] <= first["train_state"]["best_val"]
 
 
+def test_resume_trains_with_the_betas_and_weight_decay_of_its_config(tiny_cfg):
+    """`--resume --set optim.weight_decay=...` is recorded in the run's config: the optimizer must
+    use it too, not the values its saved state_dict carries."""
+    cfg = with_(tiny_cfg, train={"max_iters": 2, "eval_interval": 2, "eval_iters": 1,
+                                 "sample_chars": 0})
+    train(cfg)
+    run = Path(cfg.train.out_dir)
+    changed = ["train.max_iters=3", "optim.weight_decay=0.0", "optim.beta1=0.5"]
+    train(resume_config(run, None, changed), resume=True)
+    last = checkpoint.load(run / "last.pt")
+    assert last["config"]["optim"]["weight_decay"] == 0.0
+    groups = last["optimizer"]["param_groups"]
+    assert [(g["betas"], g["weight_decay"]) for g in groups] == [((0.5, 0.99), 0.0)] * 2
+
+
 def test_resume_refuses_architecture_change_and_missing_checkpoint(tiny_cfg, tmp_path):
     with pytest.raises(CharlmError, match="--resume: no checkpoint"):
         resume_config(tmp_path / "nothing", None, [])
@@ -482,6 +497,23 @@ def test_resume_after_sigkill_is_exact(cli, tiny_cfg, tmp_path):
     assert_same_weights(tmp_path / "straight" / "last.pt", run / "last.pt")
 
 
+def test_resume_removes_the_half_saved_checkpoints_of_a_killed_run(tiny_cfg):
+    """A run killed inside checkpoint.save leaves its temporary file (as big as a checkpoint)
+    beside last.pt / best.pt; the resume, which holds the run lock, removes such files and
+    nothing else."""
+    cfg = with_(tiny_cfg, train={"max_iters": 2, "eval_interval": 2, "eval_iters": 1,
+                                 "sample_chars": 0})
+    train(cfg)
+    run = Path(cfg.train.out_dir)
+    left = [run / ".last.pt.tmp-4242", run / ".best.pt.tmp-17", run / ".metrics.jsonl.tmp-5"]
+    kept = [run / ".last.pt.tmp-notes", run / "last.pt.tmp-1", run / "notes.txt"]
+    for path in left + kept:
+        path.write_bytes(b"PK\x03\x04")
+    train(with_(cfg, train={"max_iters": 3}), resume=True)
+    assert not any(path.exists() for path in left)
+    assert all(path.read_bytes() == b"PK\x03\x04" for path in kept)
+
+
 def test_checkpoint_interval_sets_last_and_best_follows_evals(tiny_cfg, monkeypatch):
     cfg = with_(tiny_cfg, train={"max_iters": 25, "eval_interval": 10, "checkpoint_interval": 4})
     writes: list[tuple[str, int]] = []
@@ -621,6 +653,25 @@ def test_too_many_bad_steps_stop_the_run_and_keep_the_checkpoint(tiny_cfg, monke
     model = GPT(cfg.model, len(last["vocab"]))
     model.load_state_dict(last["model"])
     assert all(torch.equal(a, b) for a, b in zip(weights[2], model.parameters(), strict=True))
+
+
+def test_a_streak_of_bad_steps_goes_on_across_an_interrupt_and_resume(tiny_cfg, monkeypatch):
+    """Steps 3 to 5 are bad and max_bad_steps is 3: interrupted at step 4 (two bad so far) and
+    resumed, the run stops at step 5 as it would have without the interrupt."""
+    cfg = with_(tiny_cfg, train={"max_iters": 8, "log_interval": 1, "eval_interval": 100,
+                                 "max_bad_steps": 3, "sample_chars": 0})
+    nan_loss_at_steps(monkeypatch, {3, 4})
+    signal_after_steps(monkeypatch, {4: [signal.SIGTERM]})
+    with pytest.raises(Interrupted):
+        train(cfg)
+    monkeypatch.undo()
+    nan_loss_at_steps(monkeypatch, {1})  # step 5, the first of the resumed run
+    last_pt = Path(cfg.train.out_dir, "last.pt")
+    with pytest.raises(CharlmError) as e:
+        train(cfg, resume=True)
+    assert str(e.value).startswith("training stopped: 3 steps in a row, up to step 5, had a "
+                                   f"non-finite loss or gradient norm (their updates were "
+                                   f"skipped); the last checkpoint {last_pt} (step 4) is intact")
 
 
 def test_an_eval_of_a_diverged_model_logs_no_sample_and_the_run_goes_on(tiny_cfg, capsys):
