@@ -78,7 +78,8 @@ def train(
         ),
     ] = None,
     data: Annotated[
-        str | None, typer.Option(help="Text file or prepared dataset dir (sets data.path).")
+        str | None, typer.Option(help="Text file or prepared dataset dir (sets data.path; "
+                                 "without a CONFIG, the run dir is runs/<name> unless --out).")
     ] = None,
     out: Annotated[str | None, typer.Option(help="Run dir (sets train.out_dir).")] = None,
     device: Annotated[
@@ -106,8 +107,10 @@ def train(
         if data is not None:
             raise CharlmError(f"give the data either as {config} or as --data, not both")
         data, config = str(config), None
-        if out is None:
-            out = str(Path("runs") / Path(data).stem)
+    named_out = out is not None or any(o.partition("=")[0].strip() == "train.out_dir"
+                                       for o in overrides)
+    if config is None and data is not None and not named_out:  # the defaults on the user's data
+        out = str(Path("runs") / Path(data).resolve().stem)
     if data is not None:
         overrides.append(f"data.path={json.dumps(data)}")
     if out is not None:

@@ -408,3 +408,20 @@ def test_eval_rejects_an_unknown_policy(cli, run_dir, tmp_path):
     result = cli("eval", run_dir, text, "--unknown", "drop")
     assert (result.code, result.err, result.out) == (
         2, "error: --unknown must be 'error' or 'skip', got 'drop'\n", "")
+
+
+def test_train_without_a_config_names_the_run_dir_after_the_data(cli, tmp_path, monkeypatch):
+    """`charlm train --data my.txt` trains into runs/my, as `charlm train my.txt` does, not into
+    the built-in default's run dir; --out or --set train.out_dir still choose."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("mine.txt", "other.txt"):
+        Path(name).write_text(SHAKESPEARE.read_text(encoding="utf-8")[:5000], encoding="utf-8")
+    small = ["--set", "train.max_iters=1", "--set", "train.eval_iters=1", "--set",
+             "model.n_layer=1"]
+    for args, run in ((["--data", "mine.txt"], "runs/mine"), (["other.txt"], "runs/other"),
+                      (["--data", "mine.txt", "--set", "train.out_dir=elsewhere"], "elsewhere")):
+        result = cli("train", *args, *small)
+        assert result.code == 0, result.err
+        assert result.out.rstrip().endswith(f"checkpoints in {run}")
+        assert Path(run, "last.pt").is_file()
+    assert sorted(p.name for p in Path("runs").iterdir()) == ["mine", "other"]
