@@ -34,7 +34,14 @@ from typing import Any
 import torch
 
 from charlm import checkpoint
-from charlm.config import OptimConfig, RunConfig, apply_overrides, load_config, save_config
+from charlm.config import (
+    DataConfig,
+    OptimConfig,
+    RunConfig,
+    apply_overrides,
+    load_config,
+    save_config,
+)
 from charlm.data import BatchSampler, Dataset, dataset_for, require_window
 from charlm.device import (
     Dist,
@@ -310,7 +317,9 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
                            same_vocab)
     same_vocab(data.vocab)  # also for a prepared dataset dir, or a reused cache
     prepared_with = data.meta.get("val_fraction")
-    if Path(cfg.data.path).is_dir() and prepared_with != cfg.data.val_fraction and dist.is_main:
+    set_by_user = cfg.data.val_fraction != DataConfig.val_fraction  # the default says nothing
+    if (Path(cfg.data.path).is_dir() and set_by_user and prepared_with != cfg.data.val_fraction
+            and dist.is_main):
         print(f"warning: data.val_fraction={cfg.data.val_fraction} does not apply to the "
               f"prepared dataset {cfg.data.path}, whose split was made with --val-fraction "
               f"{prepared_with}; run `charlm prepare` again to change it", file=sys.stderr)
