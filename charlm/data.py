@@ -143,6 +143,10 @@ def prepare(
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise CharlmError(f"--out must be a directory, but {out} is a file")
+    if (out.is_dir() and not (out / "meta.json").is_file()
+            and any(not p.name.startswith(".") for p in out.iterdir())):  # .NAME.tmp-PID aside
+        raise CharlmError(f"--out {out} is not empty and holds no charlm dataset; give a new or "
+                          "empty directory, or a dataset dir to replace")
 
     total = sum(p.stat().st_size for p in paths)
     bar = tqdm(total=2 * total, unit="B", unit_scale=True, desc="prepare",

@@ -157,6 +157,28 @@ def test_prepare_failure_leaves_existing_dataset_intact(tmp_path):
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+def test_prepare_refuses_a_non_empty_dir_that_is_not_a_dataset(tmp_path):
+    """A dataset dir is replaced (prepare again), an unrelated non-empty dir (a run dir, a
+    folder of notes) is left alone; an empty one, or one with only a killed prepare's hidden
+    temporary files, is used."""
+    text = tmp_path / "t.txt"
+    text.write_text("hello world, hello world")
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "todo.txt").write_text("mine")
+    with pytest.raises(CharlmError) as e:
+        prepare([text], other, progress=False)
+    assert str(e.value) == (f"--out {other} is not empty and holds no charlm dataset; give a new "
+                            "or empty directory, or a dataset dir to replace")
+    assert [p.name for p in other.iterdir()] == ["todo.txt"]
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    (ds / ".train.bin.tmp-123").write_bytes(b"half")
+    prepare([text], ds, progress=False)
+    text.write_text("another text")
+    assert prepare([text], ds, progress=False)["train_tokens"] == 10  # replaced
+
+
 def test_batch_gather_equals_reference_slicing():
     arr = np.arange(1000, dtype=np.uint16) % 251
     sampler = BatchSampler(arr, block_size=8, batch_size=5, device=torch.device("cpu"), seed=3)
