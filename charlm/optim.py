@@ -130,7 +130,8 @@ def make_optimizer(model: torch.nn.Module, optim: OptimConfig) -> FusedAdamW | t
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     betas = (optim.beta1, optim.beta2)
-    if all(p.device.type in fused_devices() and p.is_floating_point() for p in params):
+    fused = fused_devices()
+    if all(p.device.type in fused and p.is_floating_point() for p in params):
         return FusedAdamW(groups, lr=optim.lr, betas=betas)
     return torch.optim.AdamW(groups, lr=optim.lr, betas=betas, foreach=True)
 
