@@ -5,6 +5,7 @@ hyperparameters with its final metrics at the end. Only one process of a run log
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -13,6 +14,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from charlm.errors import CharlmError
 from charlm.files import write_text_atomic
 
 # metrics.jsonl key -> TensorBoard tag, per event kind.
@@ -82,8 +84,12 @@ class MetricsLogger:
         if not self.enabled:
             return
         event = {"event": kind, **{k: finite_or_none(v) for k, v in values.items()}}
-        self.jsonl.write(json.dumps(event, allow_nan=False) + "\n")
-        self.jsonl.flush()
+        try:
+            self.jsonl.write(json.dumps(event, allow_nan=False) + "\n")
+            self.jsonl.flush()
+        except OSError as e:  # a full disk: say which file, and that the run can go on later
+            raise CharlmError(f"cannot write {self.jsonl.name}: {e.strerror or e}; free disk "
+                              "space (or fix the run dir), then continue with --resume") from None
         for key, tag in TB_TAGS.get(kind, {}).items():
             if values.get(key) is not None:
                 self.tb.add_scalar(tag, values[key], values["step"])
@@ -117,4 +123,5 @@ class MetricsLogger:
         if self.enabled:
             self.bar.close()
             self.tb.close()
-            self.jsonl.close()
+            with contextlib.suppress(OSError):  # a failed write was reported when it failed
+                self.jsonl.close()

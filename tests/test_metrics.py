@@ -13,6 +13,7 @@ from charlm.metrics import flatten
 from charlm.sampling import preview
 from charlm.train import train
 
+from .conftest import ROOT
 from .test_train import with_
 
 
@@ -109,3 +110,53 @@ def test_resume_after_a_crash_logs_each_step_once(tiny_cfg):
     loss = read_tb(run).Scalars("train/loss")
     assert [e.step for e in loss] == [2, 4, 6, 8, 10, 12, 14]
     assert all(e.value != 99.0 for e in loss)
+
+
+def test_a_full_disk_while_logging_is_one_error_line_and_the_run_resumes(cli, tmp_path, corpus,
+                                                                          monkeypatch):
+    """metrics.jsonl cannot be written (ENOSPC at its 4th line, step 30 of tiny.yaml): one
+    error line naming the file, exit 2, not a second error from closing it; --resume then goes
+    on from last.pt (step 20) and logs every step once."""
+    import errno
+    import json
+
+    from charlm import metrics
+
+    class FullDisk:
+        def __init__(self, f):
+            self.f, self.name, self.lines = f, f.name, 0
+
+        def write(self, text):
+            self.lines += 1
+            if self.lines == 4:
+                self.failed = True
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.f.write(text)
+
+        def flush(self):
+            self.f.flush()
+
+        def close(self):
+            self.f.close()
+            if getattr(self, "failed", False):  # as a real file would, with data left unwritten
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+    real_init = metrics.MetricsLogger.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self.jsonl = FullDisk(self.jsonl)
+
+    run = tmp_path / "run"
+    args = ("train", ROOT / "configs" / "tiny.yaml", "--data", corpus, "--out", run)
+    with monkeypatch.context() as m:
+        m.setattr(metrics.MetricsLogger, "__init__", init)
+        result = cli(*args)
+    assert (result.code, result.err) == (2, f"error: cannot write {run / 'metrics.jsonl'}: No "
+                                         "space left on device; free disk space (or fix the run "
+                                         "dir), then continue with --resume\n")
+    assert checkpoint.load(run / "last.pt")["train_state"]["step"] == 20
+    assert cli(*args, "--resume").code == 0
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["event"] == "train"]
+    assert steps == [10, 20, 30, 40, 50, 60]
