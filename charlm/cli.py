@@ -116,6 +116,9 @@ def train(
     if out is not None:
         overrides.append(f"train.out_dir={json.dumps(out)}")
     if device is not None:
+        from charlm.device import resolve_device
+
+        resolve_device(device, "--device")  # a missing device is an error naming --device
         overrides.append(f"train.device={json.dumps(device)}")
     cfg = load_config(config, overrides)
     if resume:

@@ -315,10 +315,14 @@ def test_eval_and_prompt_file_reject_non_utf8(cli, run_dir, tmp_path):
         2, f"error: input file not found: {tmp_path / 'nope.txt'}\n")
 
 
-@pytest.mark.parametrize("command", [["sample"], ["eval", ROOT / "configs" / "tiny.yaml"]])
+@pytest.mark.parametrize("command", [["sample"], ["eval", ROOT / "configs" / "tiny.yaml"],
+                                     ["train", "--out"]])
 @pytest.mark.parametrize("device", ["tpu", "CPU"])
-def test_sample_and_eval_reject_an_unknown_device(cli, run_dir, command, device):
-    result = cli(command[0], run_dir, *command[1:], "--device", device)
+def test_sample_eval_and_train_reject_an_unknown_device(cli, run_dir, command, device):
+    """One message for every command (train used to name "--set overrides" for its --device)."""
+    args = [ROOT / "configs" / "tiny.yaml", *command[1:], run_dir] if command[0] == "train" \
+        else [run_dir, *command[1:]]
+    result = cli(command[0], *args, "--device", device)
     assert (result.code, result.err, result.out) == (
         2, f"error: unknown device {device!r}; use auto, cpu, cuda or mps\n", "")
 

@@ -228,9 +228,13 @@ def test_resume_with_other_data_leaves_the_run_and_its_dataset_cache_alone(fails
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_device_cuda_without_cuda(fails, tmp_path, corpus):
-    fails("train", TINY, "--data", corpus, "--out", tmp_path / "run", "--device", "cuda",
+    fails("train", TINY, "--data", corpus, "--out", tmp_path / "run", "--set",
+          "train.device=cuda",
           message="train.device is 'cuda' but no CUDA GPU is available to this torch build; "
                   "use --set train.device=cpu (or auto), or install a CUDA build of torch")
+    fails("train", TINY, "--data", corpus, "--out", tmp_path / "run", "--device", "cuda",
+          message="--device is 'cuda' but no CUDA GPU is available to this torch build; use "
+                  "--device cpu (or auto), or install a CUDA build of torch")
 
 
 def test_out_dir_that_cannot_be_written(fails, tmp_path, corpus):
