@@ -191,6 +191,9 @@ def resume_config(run_dir: Path, config_path: str | Path | None,
     The architecture comes from the checkpoint: an override or CONFIG that changes it is an error.
     """
     ckpt_path = run_dir / "last.pt"
+    if ckpt_path.is_dir():  # not "no checkpoint": a fresh start would send the user back here
+        raise CharlmError(f"--resume: {ckpt_path} is a directory, not a checkpoint; move it out "
+                          "of the way, or start over with --overwrite")
     if not ckpt_path.is_file():
         raise CharlmError(f"--resume: no checkpoint {ckpt_path}; start the run without --resume")
     try:

@@ -203,6 +203,15 @@ def trained(cli, tmp_path, corpus) -> Path:
     return run
 
 
+def test_resume_when_last_pt_is_a_directory_does_not_say_no_checkpoint(fails, trained):
+    """A fresh start in that run dir says to --resume; --resume must not send the user back."""
+    (trained / "last.pt").unlink()
+    (trained / "last.pt").mkdir()
+    fails("train", "--out", trained, "--resume",
+          message=f"--resume: {trained / 'last.pt'} is a directory, not a checkpoint; move it "
+                  "out of the way, or start over with --overwrite")
+
+
 def test_resume_with_a_conflicting_architecture(fails, trained):
     fails("train", "--out", trained, "--resume", "--set", "model.n_embd=64",
           message=f"--resume: model.n_embd=64 conflicts with the checkpoint's 32 in "
