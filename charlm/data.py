@@ -27,6 +27,7 @@ from charlm.files import make_writable_dir, temp_beside, write_text_atomic
 from charlm.vocab import MAX_CODE_POINT, Vocab, code_points
 
 DATASET_FORMAT = "charlm-dataset"
+DATASET_FILES = ("meta.json", "train.bin", "val.bin")
 DATASET_VERSION = 1
 CHUNK_BYTES = 8 << 20
 PROGRESS_MIN_BYTES = 4 << 20
@@ -143,8 +144,12 @@ def prepare(
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise CharlmError(f"--out must be a directory, but {out} is a file")
+    # A dataset whose meta.json is missing (a prepare killed between moving the .bin files into
+    # place and writing it, say a run's own dataset cache) is still a dataset dir to replace;
+    # the hidden .NAME.tmp-PID files of a killed prepare are ignored.
     if (out.is_dir() and not (out / "meta.json").is_file()
-            and any(not p.name.startswith(".") for p in out.iterdir())):  # .NAME.tmp-PID aside
+            and any(not p.name.startswith(".") and p.name not in DATASET_FILES
+                    for p in out.iterdir())):
         raise CharlmError(f"--out {out} is not empty and holds no charlm dataset; give a new or "
                           "empty directory, or a dataset dir to replace")
 

@@ -179,6 +179,19 @@ def test_prepare_refuses_a_non_empty_dir_that_is_not_a_dataset(tmp_path):
     assert prepare([text], ds, progress=False)["train_tokens"] == 10  # replaced
 
 
+def test_a_dataset_cache_left_without_meta_json_is_rebuilt(tmp_path):
+    """A prepare killed after moving train.bin and val.bin into place but before writing
+    meta.json: the run's dataset cache is prepared again, not refused as a foreign directory
+    (every later `charlm train` of the run failed with '--out RUN/dataset is not empty')."""
+    text = tmp_path / "t.txt"
+    text.write_text("hello world, hello world")
+    cache = tmp_path / "run" / "dataset"
+    prepare([text], cache, progress=False)
+    (cache / "meta.json").unlink()
+    data = dataset_for(text, 0.1, cache)
+    assert data.meta["train_tokens"] == 21 and (cache / "meta.json").is_file()
+
+
 def test_batch_gather_equals_reference_slicing():
     arr = np.arange(1000, dtype=np.uint16) % 251
     sampler = BatchSampler(arr, block_size=8, batch_size=5, device=torch.device("cpu"), seed=3)
