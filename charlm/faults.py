@@ -79,7 +79,9 @@ class BadSteps:
         bad = (~ok).long()
         self.streak = (self.streak + 1) * bad
         self.total += bad
-        first = (self.streak == self.limit) & (self.tripped_at == 0)
+        # >=: a run resumed with a lower limit than its checkpoint's streak stops at its next
+        # bad step, instead of counting past the limit for good
+        first = (self.streak >= self.limit) & (self.tripped_at == 0)
         self.tripped_at = torch.where(first, step, self.tripped_at)
 
     def check(self, last_pt: Path, saved_step: int | None) -> tuple[int, int]:

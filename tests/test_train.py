@@ -675,6 +675,23 @@ def test_a_streak_of_bad_steps_goes_on_across_an_interrupt_and_resume(tiny_cfg, 
                                    f"skipped); the last checkpoint {last_pt} (step 4) is intact")
 
 
+def test_a_resume_with_max_bad_steps_below_the_streak_stops_at_the_next_bad_step(
+        tiny_cfg, monkeypatch):
+    """Interrupted after two bad steps in a row (max_bad_steps 5), resumed with max_bad_steps 2:
+    the streak is already past the new limit, and the next bad step stops the run (the streak
+    counted 3, 4, ... and never equalled 2, so the run went on with every update skipped)."""
+    cfg = with_(tiny_cfg, train={"max_iters": 8, "log_interval": 1, "eval_interval": 100,
+                                 "max_bad_steps": 5, "sample_chars": 0})
+    nan_loss_at_steps(monkeypatch, {3, 4})
+    signal_after_steps(monkeypatch, {4: [signal.SIGTERM]})
+    with pytest.raises(Interrupted):
+        train(cfg)
+    monkeypatch.undo()
+    nan_loss_at_steps(monkeypatch, {1, 2, 3, 4})  # steps 5 to 8, all of the resumed run
+    with pytest.raises(CharlmError, match=r"^training stopped: 2 steps in a row, up to step 5,"):
+        train(with_(cfg, train={"max_bad_steps": 2}), resume=True)
+
+
 def test_an_eval_of_a_diverged_model_logs_no_sample_and_the_run_goes_on(tiny_cfg, capsys):
     # lr 1e9: step 1 sends the weights so far that every later loss (and the eval's sampled
     # preview) is NaN; the preview must not end the run, max_bad_steps decides.
