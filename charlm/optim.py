@@ -138,10 +138,11 @@ def make_optimizer(model: torch.nn.Module, optim: OptimConfig) -> FusedAdamW | t
 
 def load_state(optimizer: FusedAdamW | torch.optim.AdamW, state_dict: dict[str, Any]) -> None:
     """Load a checkpoint's optimizer state (moments, step counts) into an optimizer of
-    `make_optimizer`, keeping the betas and weight decay it was made with: `load_state_dict`
-    takes the saved ones, and a resumed run's config may change them (the lr is set at every
-    step)."""
-    kept = [{k: g[k] for k in ("betas", "weight_decay")} for g in optimizer.param_groups]
+    `make_optimizer`, keeping every setting it was made with: `load_state_dict` takes the saved
+    ones, but a resumed run's config may change the betas and weight decay, and a run resumed
+    on another device may need torch's foreach AdamW where the checkpoint says `fused` (the lr is
+    set at every step)."""
+    kept = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     optimizer.load_state_dict(state_dict)
     for group, settings in zip(optimizer.param_groups, kept, strict=True):
         group.update(settings)

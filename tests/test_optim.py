@@ -5,9 +5,10 @@ import sys
 import pytest
 import torch
 
+from charlm import optim
 from charlm.config import load_config
 from charlm.model import GPT
-from charlm.optim import FusedAdamW, make_optimizer, step_if
+from charlm.optim import FusedAdamW, load_state, make_optimizer, step_if
 
 from .conftest import ROOT
 
@@ -172,3 +173,28 @@ def test_grad_scaler_unscales_our_optimizer_and_a_skipped_step_lowers_the_scale(
     two_steps, _ = run(False, 1)  # the unscaled inf step is skipped by step_if alike
     assert all(torch.equal(a, b) for a, b in zip(two_steps, skipped, strict=True))
     assert not all(torch.equal(a, b) for a, b in zip(plain, skipped, strict=True))
+
+
+def test_a_fused_state_resumed_where_torch_has_no_fused_kernel_steps_with_foreach(monkeypatch):
+    """A run trained on CUDA (FusedAdamW, whose state_dict says fused=True) resumed on a device
+    without a fused kernel (the CPU before torch 2.4): make_optimizer gives torch's foreach AdamW,
+    and load_state must not switch it to the fused kernel the checkpoint names (a traceback from
+    torch._fused_adamw_ at the first step)."""
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", [])
+    torch.manual_seed(0)
+    model = GPT(cfg.model, 10)
+    saved = make_optimizer(model, cfg.optim).state_dict()
+    monkeypatch.setattr(optim, "fused_devices", lambda: ["cuda"])
+
+    def no_cpu_kernel(*args, **kwargs):
+        raise NotImplementedError("Could not run 'aten::_fused_adamw_' with arguments from the "
+                                  "'CPU' backend")
+
+    monkeypatch.setattr(torch, "_fused_adamw_", no_cpu_kernel)
+    opt = make_optimizer(model, cfg.optim)
+    assert type(opt) is torch.optim.AdamW
+    load_state(opt, saved)
+    before = [p.detach().clone() for p in model.parameters()]
+    model(torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4, dtype=torch.long))[1].backward()
+    step_if(opt, torch.tensor(True))
+    assert not any(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
