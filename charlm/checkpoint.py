@@ -109,7 +109,8 @@ def check_train_state(state: dict[str, Any]) -> None:
     """Raise ValueError unless the checkpoint's train state has the numbers charlm reads."""
     ts = state.get("train_state")
     if not isinstance(ts, dict) or not all(
-            isinstance(ts.get(k), (int, float)) for k in ("step", "best_val", "tokens")):
+            isinstance(ts.get(k), (int, float)) for k in ("step", "best_val", "tokens")) or not all(
+            isinstance(ts.get(k, 0), int) for k in ("skipped_steps", "bad_streak")):  # newer keys
         raise ValueError("train_state is missing or malformed")
 
 

@@ -288,6 +288,7 @@ def test_disk_full_during_a_save_keeps_the_previous_checkpoints(cli, trained, mo
 @pytest.mark.parametrize("damage, detail", [
     (lambda s: s.pop("train_state"), "train_state is missing or malformed"),
     (lambda s: s.update(train_state={"step": "x"}), "train_state is missing or malformed"),
+    (lambda s: s["train_state"].update(bad_streak="x"), "train_state is missing or malformed"),
     (lambda s: s.pop("config"), "no config"),
     (lambda s: s.update(config="model"), "config is not a mapping with a model section"),
     (lambda s: s["model"].pop("wte.weight"), "Error(s) in loading state_dict for GPT: Missing "
