@@ -656,16 +656,24 @@ def test_too_many_bad_steps_stop_the_run_and_keep_the_checkpoint(tiny_cfg, monke
     assert all(torch.equal(a, b) for a, b in zip(weights[2], model.parameters(), strict=True))
 
 
-def test_a_streak_of_bad_steps_goes_on_across_an_interrupt_and_resume(tiny_cfg, monkeypatch):
-    """Steps 3 to 5 are bad and max_bad_steps is 3: interrupted at step 4 (two bad so far) and
-    resumed, the run stops at step 5 as it would have without the interrupt."""
+def interrupted_after_two_bad_steps(tiny_cfg: RunConfig, monkeypatch: pytest.MonkeyPatch,
+                                    max_bad_steps: int) -> RunConfig:
+    """An 8-step run whose steps 3 and 4 are bad, stopped by SIGTERM after step 4 (last.pt at
+    step 4); the patches are undone, ready for the resume's own."""
     cfg = with_(tiny_cfg, train={"max_iters": 8, "log_interval": 1, "eval_interval": 100,
-                                 "max_bad_steps": 3, "sample_chars": 0})
+                                 "max_bad_steps": max_bad_steps, "sample_chars": 0})
     nan_loss_at_steps(monkeypatch, {3, 4})
     signal_after_steps(monkeypatch, {4: [signal.SIGTERM]})
     with pytest.raises(Interrupted):
         train(cfg)
     monkeypatch.undo()
+    return cfg
+
+
+def test_a_streak_of_bad_steps_goes_on_across_an_interrupt_and_resume(tiny_cfg, monkeypatch):
+    """Steps 3 to 5 are bad and max_bad_steps is 3: interrupted at step 4 (two bad so far) and
+    resumed, the run stops at step 5 as it would have without the interrupt."""
+    cfg = interrupted_after_two_bad_steps(tiny_cfg, monkeypatch, max_bad_steps=3)
     nan_loss_at_steps(monkeypatch, {1})  # step 5, the first of the resumed run
     last_pt = Path(cfg.train.out_dir, "last.pt")
     with pytest.raises(CharlmError) as e:
@@ -680,13 +688,7 @@ def test_a_resume_with_max_bad_steps_below_the_streak_stops_at_the_next_bad_step
     """Interrupted after two bad steps in a row (max_bad_steps 5), resumed with max_bad_steps 2:
     the streak is already past the new limit, and the next bad step stops the run (the streak
     counted 3, 4, ... and never equalled 2, so the run went on with every update skipped)."""
-    cfg = with_(tiny_cfg, train={"max_iters": 8, "log_interval": 1, "eval_interval": 100,
-                                 "max_bad_steps": 5, "sample_chars": 0})
-    nan_loss_at_steps(monkeypatch, {3, 4})
-    signal_after_steps(monkeypatch, {4: [signal.SIGTERM]})
-    with pytest.raises(Interrupted):
-        train(cfg)
-    monkeypatch.undo()
+    cfg = interrupted_after_two_bad_steps(tiny_cfg, monkeypatch, max_bad_steps=5)
     nan_loss_at_steps(monkeypatch, {1, 2, 3, 4})  # steps 5 to 8, all of the resumed run
     with pytest.raises(CharlmError, match=r"^training stopped: 2 steps in a row, up to step 5,"):
         train(with_(cfg, train={"max_bad_steps": 2}), resume=True)
