@@ -16,7 +16,7 @@ import torch
 
 from charlm.config import RunConfig
 from charlm.errors import CharlmError, first_line, one_line
-from charlm.files import temp_beside
+from charlm.files import run_write_error, temp_beside
 from charlm.model import GPT
 from charlm.vocab import Vocab
 
@@ -42,11 +42,8 @@ def save(state: dict[str, Any], path: Path) -> None:
         # while handling the OSError, which is the reason to report.
         error = e.__context__ if isinstance(e, RuntimeError) else e
         if isinstance(error, OSError):  # a full disk, a vanished or read-only run dir
-            raise CharlmError(
-                f"cannot write checkpoint {path}: {error.strerror or error}; the previous "
-                f"{path.name}, if any, is unchanged; free disk space (or fix the run dir), "
-                "then continue with --resume"
-            ) from None
+            raise run_write_error(f"checkpoint {path}", error, f"the previous {path.name}, if "
+                                  "any, is unchanged; ") from None
         raise
 
 
@@ -108,9 +105,10 @@ def check_config(state: dict[str, Any]) -> dict[str, Any]:
 def check_train_state(state: dict[str, Any]) -> None:
     """Raise ValueError unless the checkpoint's train state has the numbers charlm reads."""
     ts = state.get("train_state")
-    if not isinstance(ts, dict) or not all(
-            isinstance(ts.get(k), (int, float)) for k in ("step", "best_val", "tokens")) or not all(
-            isinstance(ts.get(k, 0), int) for k in ("skipped_steps", "bad_streak")):  # newer keys
+    numbers = ("step", "best_val", "tokens")
+    counts = ("skipped_steps", "bad_streak")  # later additions: 0 in older checkpoints
+    if (not isinstance(ts, dict) or not all(isinstance(ts.get(k), (int, float)) for k in numbers)
+            or not all(isinstance(ts.get(k, 0), int) for k in counts)):
         raise ValueError("train_state is missing or malformed")
 
 

@@ -46,3 +46,10 @@ def make_writable_dir(path: Path, what: str) -> None:
         probe.unlink()
     except OSError as e:
         raise CharlmError(f"cannot write to {what}: {e.strerror}; choose another --out") from None
+
+
+def run_write_error(what: str, e: OSError, kept: str = "") -> CharlmError:
+    """The one-line error for a run file that could not be written (a full disk, a vanished or
+    read-only run dir): which file (`what`), why, and that the run goes on with --resume."""
+    return CharlmError(f"cannot write {what}: {e.strerror or e}; {kept}free disk space (or fix "
+                       "the run dir), then continue with --resume")

@@ -14,8 +14,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from charlm.errors import CharlmError
-from charlm.files import write_text_atomic
+from charlm.files import run_write_error, write_text_atomic
 
 # metrics.jsonl key -> TensorBoard tag, per event kind.
 TB_TAGS = {
@@ -88,8 +87,7 @@ class MetricsLogger:
             self.jsonl.write(json.dumps(event, allow_nan=False) + "\n")
             self.jsonl.flush()
         except OSError as e:  # a full disk: say which file, and that the run can go on later
-            raise CharlmError(f"cannot write {self.jsonl.name}: {e.strerror or e}; free disk "
-                              "space (or fix the run dir), then continue with --resume") from None
+            raise run_write_error(self.jsonl.name, e) from None
         for key, tag in TB_TAGS.get(kind, {}).items():
             if values.get(key) is not None:
                 self.tb.add_scalar(tag, values[key], values["step"])
