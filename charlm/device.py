@@ -41,6 +41,11 @@ def resolve_device(name: str, option: str = "train.device") -> torch.device:
             f"{option} is {name!r} but no CUDA GPU is available to this torch build; "
             f"use {fix} (or auto), or install a CUDA build of torch"
         )
+    if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
+        n = torch.cuda.device_count()
+        raise CharlmError(f"{option} is {name!r} but this machine has {n} CUDA "
+                          f"GPU{'s' if n != 1 else ''} (cuda:0 to cuda:{n - 1}); use one of "
+                          f"them, or cuda (the first)")
     if name == "mps" and not has_mps:
         raise CharlmError(f"{option} is 'mps' but MPS is not available; use {fix} (or auto)")
     return torch.device(name)

@@ -15,7 +15,7 @@ from charlm import checkpoint
 from charlm import train as train_module
 from charlm.config import OptimConfig, RunConfig, SampleConfig, save_config
 from charlm.data import BatchSampler, dataset_for, prepare
-from charlm.device import grad_scaler, resolve_dtype
+from charlm.device import grad_scaler, resolve_device, resolve_dtype
 from charlm.errors import CharlmError
 from charlm.faults import Interrupted
 from charlm.model import GPT
@@ -377,6 +377,16 @@ def test_auto_dtype_is_bf16_on_a_cpu_with_amx_only(monkeypatch):
     monkeypatch.setattr(device_module, "cpu_has_amx_bf16", lambda: False)
     assert resolve_dtype("auto", cpu) == torch.float32
     assert resolve_dtype("float32", cpu) == torch.float32
+
+
+def test_a_cuda_index_past_the_gpus_is_an_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(CharlmError) as e:
+        resolve_device("cuda:2", "--device")
+    assert str(e.value) == ("--device is 'cuda:2' but this machine has 2 CUDA GPUs (cuda:0 to "
+                            "cuda:1); use one of them, or cuda (the first)")
 
 
 def test_overwrite_with_bad_data_keeps_the_old_run(tiny_cfg, tmp_path):
