@@ -154,7 +154,8 @@ def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 def apply_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
-    """Keep the k largest logits of each row, set the rest to -inf."""
+    """Keep the k largest logits of each row, set the rest to -inf. Logits tied with the k-th
+    stay too (as nanoGPT's and Hugging Face's top-k do), so a tie never depends on the order."""
     if top_k >= logits.size(-1):
         return logits
     kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)

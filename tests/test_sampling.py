@@ -178,6 +178,8 @@ def test_top_k_never_samples_outside_the_k_largest():
         assert all(p in allowed[i] for i, p in enumerate(picks.tolist()))
     masked = apply_top_k(torch.tensor([[1.0, 5.0, 3.0, 4.0]]), 2)
     assert masked.tolist() == [[-math.inf, 5.0, -math.inf, 4.0]]
+    tied = apply_top_k(torch.tensor([[4.0, 5.0, 3.0, 4.0]]), 2)  # a tie with the 2nd stays
+    assert tied.tolist() == [[4.0, 5.0, -math.inf, 4.0]]
 
 
 def test_top_p_keeps_the_smallest_set_with_enough_mass():
