@@ -145,7 +145,12 @@ def test_temperature_zero_is_argmax():
     assert sample_next(logits, temperature=0).tolist() == [1, 0]
 
 
-def test_sampling_from_non_finite_logits_is_a_plain_error():
+@pytest.mark.parametrize("multinomial", ["cpu", "unchecked"])
+def test_sampling_from_non_finite_logits_is_a_plain_error(monkeypatch, multinomial):
+    """Also where multinomial draws from NaN rows without an error, as CUDA's does."""
+    if multinomial == "unchecked":
+        monkeypatch.setattr(torch, "multinomial", lambda probs, n, generator=None: torch.zeros(
+            probs.size(0), n, dtype=torch.long))
     logits = torch.tensor([[0.0, float("nan"), 1.0]])
     with pytest.raises(CharlmError, match="the model's next-character probabilities are not "
                                           "finite"):
