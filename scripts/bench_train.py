@@ -28,7 +28,10 @@ from charlm.optim import make_optimizer
 from charlm.summary import flops_per_token, parameter_table
 from charlm.train import train_step
 
-GPU_PEAK_BF16 = {"A100": 312e12, "H100": 989e12, "H200": 989e12}  # dense, no sparsity
+# bf16 dense (no sparsity) per GPU, from NVIDIA's datasheets. The first key found in the device
+# name wins, so the PCIe and NVL cards (fewer SMs or lower clocks) come before the SXM parts.
+GPU_PEAK_BF16 = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H200 NVL": 835e12,
+                 "A100": 312e12, "H100": 989e12, "H200": 989e12}
 
 
 def cpu_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
@@ -43,14 +46,18 @@ def cpu_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
     return 2 * n**3 / best
 
 
+def gpu_peak(name: str) -> tuple[float | None, str]:
+    """The bf16 dense peak of the GPU called `name` (torch.cuda.get_device_name), from the table."""
+    for key, peak in GPU_PEAK_BF16.items():
+        if key in name:
+            return peak, f"{key} bf16 dense (table)"
+    return None, f"{name}: not in the table"
+
+
 def device_peak(device: torch.device) -> tuple[float | None, str]:
     """The bf16 dense peak: from the table for a GPU, measured on a CPU."""
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, peak in GPU_PEAK_BF16.items():
-            if key in name:
-                return peak, f"{key} bf16 dense (table)"
-        return None, f"{name}: not in the table"
+        return gpu_peak(torch.cuda.get_device_name(device))
     return cpu_peak(torch.bfloat16), "cpu bf16 2048^3 matmul probe"
 
 

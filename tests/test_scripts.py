@@ -1,7 +1,9 @@
-"""The benchmark scripts in scripts/: bad input ends with one line on stderr and exit code 2."""
+"""The benchmark scripts in scripts/: bad input ends with one line on stderr and exit code 2, and
+the figures they report are computed right."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -58,3 +60,30 @@ def test_script_help_describes_in_whole_sentences(name, description):
     result = run_script(name, "--help")
     assert result.returncode == 0, result.stderr
     assert description in " ".join(result.stdout.split())
+
+
+def import_script(name: str, monkeypatch):
+    """A script of scripts/ as a module (they import their neighbour `common` by name)."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    return importlib.import_module(name)
+
+
+@pytest.mark.parametrize("device_name, peak, key", [
+    ("NVIDIA H100 80GB HBM3", 989e12, "H100"),
+    ("NVIDIA H100 PCIe", 756e12, "H100 PCIe"),
+    ("NVIDIA H100 NVL", 835e12, "H100 NVL"),
+    ("NVIDIA H200", 989e12, "H200"),
+    ("NVIDIA H200 NVL", 835e12, "H200 NVL"),
+    ("NVIDIA A100-SXM4-80GB", 312e12, "A100"),
+    ("NVIDIA A100 80GB PCIe", 312e12, "A100"),
+])
+def test_bench_train_gpu_peak_is_the_cards_own(monkeypatch, device_name, peak, key):
+    """MFU divides by the peak of the card at hand: an H100 PCIe (114 SMs) or NVL peaks lower
+    than the SXM part, whose 989 TFLOP/s would understate their MFU."""
+    bench_train = import_script("bench_train", monkeypatch)
+    assert bench_train.gpu_peak(device_name) == (peak, f"{key} bf16 dense (table)")
+
+
+def test_bench_train_gpu_peak_of_an_unknown_card_is_none(monkeypatch):
+    bench_train = import_script("bench_train", monkeypatch)
+    assert bench_train.gpu_peak("NVIDIA L4") == (None, "NVIDIA L4: not in the table")
