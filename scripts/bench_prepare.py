@@ -37,6 +37,12 @@ def make_input(path: Path, megabytes: int) -> int:
     return written
 
 
+def maxrss_mb(maxrss: int) -> float:
+    """getrusage's ru_maxrss in MB (10^6 bytes, as input_mb and mb_per_s): Linux gives KiB,
+    macOS bytes."""
+    return maxrss * (1 if sys.platform == "darwin" else 1024) / 1e6
+
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=summary(__doc__))
@@ -54,7 +60,7 @@ def main() -> None:
                                check=True, capture_output=True, text=True)
         process_seconds = time.perf_counter() - t0
         seconds = float(child.stdout)
-        peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        peak_mb = maxrss_mb(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
         meta = json.loads((Path(tmp) / "ds" / "meta.json").read_text(encoding="utf-8"))
     print(json.dumps({
         "input_mb": round(size / 1e6, 1), "seconds": round(seconds, 2),

@@ -87,3 +87,13 @@ def test_bench_train_gpu_peak_is_the_cards_own(monkeypatch, device_name, peak, k
 def test_bench_train_gpu_peak_of_an_unknown_card_is_none(monkeypatch):
     bench_train = import_script("bench_train", monkeypatch)
     assert bench_train.gpu_peak("NVIDIA L4") == (None, "NVIDIA L4: not in the table")
+
+
+def test_bench_prepare_peak_rss_is_in_mb_like_the_input(monkeypatch):
+    """peak_rss_mb is in MB (10^6 bytes) as input_mb and mb_per_s are, not in MiB: Linux's
+    ru_maxrss of 1,000,000 KiB is 1024 MB."""
+    bench_prepare = import_script("bench_prepare", monkeypatch)
+    monkeypatch.setattr(bench_prepare.sys, "platform", "linux")
+    assert bench_prepare.maxrss_mb(1_000_000) == 1024.0
+    monkeypatch.setattr(bench_prepare.sys, "platform", "darwin")  # bytes there
+    assert bench_prepare.maxrss_mb(5_000_000) == 5.0
