@@ -341,8 +341,9 @@ def eval_(
         Path, typer.Argument(metavar="TEXT_FILE", help="UTF-8 text file to score.")
     ],
     stride: Annotated[
-        int | None, typer.Option(help="Minimum context of every scored character after the "
-                                 "first window; windows advance by block_size - stride. "
+        int | None, typer.Option(help="Every scored character after the first window sees at "
+                                 "least this many characters of context; windows advance by "
+                                 "block_size - stride. "
                                  "[default: block_size // 2]", show_default=False),
     ] = None,
     unknown: Annotated[

@@ -146,7 +146,7 @@ def forward_shapes(cfg: ModelConfig, vocab_size: int, batch: int, seq_len: int) 
         if cfg.activation == "swiglu":
             add("  silu(gate) * up", "swiglu hidden", (B, T, cfg.ff_width))
 
-    watched = {"wte": "token embedding", "drop": "block 0 input (embeddings, dropout)"}
+    watched = {"wte": "token embedding"}
     if cfg.pos_encoding == "learned":
         watched["wpe"] = "position embedding"
     names = {"ln_1": f"{cfg.norm} ({cfg.norm_placement}, attention)", "attn.qkv": "q, k, v",
