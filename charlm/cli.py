@@ -94,7 +94,7 @@ def train(
     ] = False,
 ) -> None:
     """Train a GPT (or resume a run) and write checkpoints, metrics and TensorBoard logs."""
-    from charlm.config import load_config
+    from charlm.config import load_config, override
     from charlm.device import is_main_process
     from charlm.faults import Interrupted
     from charlm.train import resume_config
@@ -112,14 +112,14 @@ def train(
     if config is None and data is not None and not named_out:  # the defaults on the user's data
         out = str(Path("runs") / Path(data).resolve().stem)
     if data is not None:
-        overrides.append(f"data.path={json.dumps(data)}")
+        overrides.append(override("data.path", data))
     if out is not None:
-        overrides.append(f"train.out_dir={json.dumps(out)}")
+        overrides.append(override("train.out_dir", out))
     if device is not None:
         from charlm.device import resolve_device
 
         resolve_device(device, "--device")  # a missing device is an error naming --device
-        overrides.append(f"train.device={json.dumps(device)}")
+        overrides.append(override("train.device", device))
     cfg = load_config(config, overrides)
     if resume:
         cfg = resume_config(Path(cfg.train.out_dir), config, overrides)

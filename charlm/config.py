@@ -325,6 +325,13 @@ def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dic
     return raw
 
 
+def override(key: str, value: Any) -> str:
+    """The `--set` item that sets `key` to `value` exactly, whatever characters it holds: a
+    double-quoted YAML scalar whose escapes PyYAML reads back (JSON's surrogate pairs for
+    characters outside the BMP, such as an emoji in a file name, it would not)."""
+    return key + "=" + yaml.safe_dump(value, default_style='"', width=math.inf)
+
+
 def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> RunConfig:
     """Defaults <- YAML file (if any) <- `--set` overrides, validated."""
     raw: Any = {}

@@ -429,3 +429,22 @@ def test_train_without_a_config_names_the_run_dir_after_the_data(cli, tmp_path, 
         assert result.out.rstrip().endswith(f"checkpoints in {run}")
         assert Path(run, "last.pt").is_file()
     assert sorted(p.name for p in Path("runs").iterdir()) == ["mine", "other"]
+
+
+@pytest.mark.parametrize("name", ["my \U0001f600.txt", "caf\u00e9 \"x\": 1.txt", "123", "null"])
+def test_train_takes_data_and_out_names_as_given(cli, tmp_path, monkeypatch, name):
+    """--data, --out and a text file as CONFIG_OR_TEXT reach the config as the exact strings
+    typed, whatever their characters (an emoji was read back as two lone surrogates, and the
+    run died with a UnicodeEncodeError traceback)."""
+    import charlm.train
+
+    seen = []
+    monkeypatch.setattr(charlm.train, "train", lambda cfg, **kw: seen.append(cfg) or
+                        charlm.train.TrainState())
+    monkeypatch.chdir(tmp_path)
+    Path(name).write_text("some text\n", encoding="utf-8")
+    for args, out in ((["--data", name, "--out", f"out {name}"], f"out {name}"),
+                      ([name], str(Path("runs", Path(name).stem)))):
+        result = cli("train", *args)
+        assert result.code == 0, result.err
+        assert (seen[-1].data.path, seen[-1].train.out_dir) == (name, out)
