@@ -94,7 +94,7 @@ def train(
     ] = False,
 ) -> None:
     """Train a GPT (or resume a run) and write checkpoints, metrics and TensorBoard logs."""
-    from charlm.config import load_config, override
+    from charlm.config import is_config_file, load_config, override
     from charlm.device import is_main_process
     from charlm.faults import Interrupted
     from charlm.train import resume_config
@@ -103,7 +103,7 @@ def train(
     if resume and overwrite:
         raise CharlmError("--resume and --overwrite exclude each other; choose one")
     overrides = list(set_ or [])
-    if config is not None and config.suffix not in (".yaml", ".yml"):
+    if config is not None and not is_config_file(config):
         if data is not None:
             raise CharlmError(f"give the data either as {config} or as --data, not both")
         data, config = str(config), None
@@ -291,7 +291,7 @@ def info(
     import torch
 
     from charlm.checkpoint import load_model
-    from charlm.config import load_config
+    from charlm.config import is_config_file, load_config
     from charlm.data import load_dataset, scan
     from charlm.export import is_export_dir, load_safetensors
     from charlm.model import GPT
@@ -300,7 +300,7 @@ def info(
     train_state = None
     if vocab_size is not None and vocab_size < 1:
         raise CharlmError(f"--vocab-size must be >= 1, got {vocab_size}")
-    if target.suffix in (".yaml", ".yml") and not target.is_dir():
+    if is_config_file(target):
         cfg = load_config(target, list(set_ or []))
         if vocab_size is None:
             data_path = Path(cfg.data.path)

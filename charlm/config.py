@@ -287,6 +287,12 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
     raise CharlmError(f"invalid value for {key} in {where}: {value!r}, expected {_type_name(tp)}")
 
 
+def is_config_file(path: Path) -> bool:
+    """Whether a command-line path names a YAML config (`.yaml` / `.yml`, in any case) rather
+    than text, a dataset dir or a checkpoint."""
+    return path.suffix.lower() in (".yaml", ".yml") and not path.is_dir()
+
+
 def _read_yaml(path: Path) -> Any:
     if not path.exists():
         raise CharlmError(f"config file not found: {path}")
