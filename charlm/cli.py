@@ -300,6 +300,9 @@ def info(
     train_state = None
     if vocab_size is not None and vocab_size < 1:
         raise CharlmError(f"--vocab-size must be >= 1, got {vocab_size}")
+    if not shapes and (batch is not None or seq_len is not None):
+        given = "--batch" if batch is not None else "--seq-len"
+        raise CharlmError(f"{given} sizes the forward pass of --shapes; add --shapes")
     if is_config_file(target):
         cfg = load_config(target, list(set_ or []))
         if vocab_size is None:

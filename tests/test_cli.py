@@ -341,6 +341,8 @@ def test_info_on_a_config_too_big_for_memory_builds_no_weights(cli):
     (["--vocab-size", "-3"], "--vocab-size must be >= 1, got -3"),
     (["--shapes", "--batch", "0"], "--batch must be >= 1, got 0"),
     (["--shapes", "--seq-len", "0"], "--seq-len 0 must be in 1..block_size (16)"),
+    (["--batch", "4"], "--batch sizes the forward pass of --shapes; add --shapes"),
+    (["--seq-len", "8"], "--seq-len sizes the forward pass of --shapes; add --shapes"),
 ])
 def test_info_rejects_bad_sizes(cli, args, message):
     result = cli("info", ROOT / "configs" / "tiny.yaml", *args)
