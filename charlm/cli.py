@@ -35,7 +35,7 @@ SetOpt = Annotated[
                  help="Override one config key (value parsed as YAML); repeatable."),
 ]
 DeviceOpt = Annotated[
-    str, typer.Option(help="auto, cpu, cuda or mps.", metavar="DEVICE"),
+    str, typer.Option(help="auto, cpu, cuda (the first GPU), cuda:N or mps.", metavar="DEVICE"),
 ]
 TargetArg = Annotated[
     Path, typer.Argument(metavar="RUN_DIR_OR_CKPT",
