@@ -35,7 +35,7 @@ SetOpt = Annotated[
                  help="Override one config key (value parsed as YAML); repeatable."),
 ]
 DeviceOpt = Annotated[
-    str, typer.Option(help="auto, cpu, cuda or mps.", metavar="DEVICE"),
+    str, typer.Option(help="auto, cpu, cuda (the first GPU), cuda:N or mps.", metavar="DEVICE"),
 ]
 TargetArg = Annotated[
     Path, typer.Argument(metavar="RUN_DIR_OR_CKPT",
@@ -94,7 +94,7 @@ def train(
     ] = False,
 ) -> None:
     """Train a GPT (or resume a run) and write checkpoints, metrics and TensorBoard logs."""
-    from charlm.config import load_config
+    from charlm.config import is_config_file, load_config, override
     from charlm.device import is_main_process
     from charlm.faults import Interrupted
     from charlm.train import resume_config
@@ -103,7 +103,7 @@ def train(
     if resume and overwrite:
         raise CharlmError("--resume and --overwrite exclude each other; choose one")
     overrides = list(set_ or [])
-    if config is not None and config.suffix not in (".yaml", ".yml"):
+    if config is not None and not is_config_file(config):
         if data is not None:
             raise CharlmError(f"give the data either as {config} or as --data, not both")
         data, config = str(config), None
@@ -112,14 +112,14 @@ def train(
     if config is None and data is not None and not named_out:  # the defaults on the user's data
         out = str(Path("runs") / Path(data).resolve().stem)
     if data is not None:
-        overrides.append(f"data.path={json.dumps(data)}")
+        overrides.append(override("data.path", data))
     if out is not None:
-        overrides.append(f"train.out_dir={json.dumps(out)}")
+        overrides.append(override("train.out_dir", out))
     if device is not None:
         from charlm.device import resolve_device
 
         resolve_device(device, "--device")  # a missing device is an error naming --device
-        overrides.append(f"train.device={json.dumps(device)}")
+        overrides.append(override("train.device", device))
     cfg = load_config(config, overrides)
     if resume:
         cfg = resume_config(Path(cfg.train.out_dir), config, overrides)
@@ -291,7 +291,7 @@ def info(
     import torch
 
     from charlm.checkpoint import load_model
-    from charlm.config import load_config
+    from charlm.config import is_config_file, load_config
     from charlm.data import load_dataset, scan
     from charlm.export import is_export_dir, load_safetensors
     from charlm.model import GPT
@@ -300,7 +300,10 @@ def info(
     train_state = None
     if vocab_size is not None and vocab_size < 1:
         raise CharlmError(f"--vocab-size must be >= 1, got {vocab_size}")
-    if target.suffix in (".yaml", ".yml") and not target.is_dir():
+    if not shapes and (batch is not None or seq_len is not None):
+        given = "--batch" if batch is not None else "--seq-len"
+        raise CharlmError(f"{given} sizes the forward pass of --shapes; add --shapes")
+    if is_config_file(target):
         cfg = load_config(target, list(set_ or []))
         if vocab_size is None:
             data_path = Path(cfg.data.path)

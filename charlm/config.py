@@ -287,6 +287,12 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
     raise CharlmError(f"invalid value for {key} in {where}: {value!r}, expected {_type_name(tp)}")
 
 
+def is_config_file(path: Path) -> bool:
+    """Whether a command-line path names a YAML config (`.yaml` / `.yml`, in any case) rather
+    than text, a dataset dir or a checkpoint."""
+    return path.suffix.lower() in (".yaml", ".yml") and not path.is_dir()
+
+
 def _read_yaml(path: Path) -> Any:
     if not path.exists():
         raise CharlmError(f"config file not found: {path}")
@@ -323,6 +329,13 @@ def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dic
             raise CharlmError(f"cannot --set {dotted}: section '{section}' is not a mapping")
         section_raw[key] = value
     return raw
+
+
+def override(key: str, value: Any) -> str:
+    """The `--set` item that sets `key` to `value` exactly, whatever characters it holds: a
+    double-quoted YAML scalar whose escapes PyYAML reads back (JSON's surrogate pairs for
+    characters outside the BMP, such as an emoji in a file name, it would not)."""
+    return key + "=" + yaml.safe_dump(value, default_style='"', width=math.inf)
 
 
 def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> RunConfig:

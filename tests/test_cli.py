@@ -341,6 +341,8 @@ def test_info_on_a_config_too_big_for_memory_builds_no_weights(cli):
     (["--vocab-size", "-3"], "--vocab-size must be >= 1, got -3"),
     (["--shapes", "--batch", "0"], "--batch must be >= 1, got 0"),
     (["--shapes", "--seq-len", "0"], "--seq-len 0 must be in 1..block_size (16)"),
+    (["--batch", "4"], "--batch sizes the forward pass of --shapes; add --shapes"),
+    (["--seq-len", "8"], "--seq-len sizes the forward pass of --shapes; add --shapes"),
 ])
 def test_info_rejects_bad_sizes(cli, args, message):
     result = cli("info", ROOT / "configs" / "tiny.yaml", *args)
@@ -429,3 +431,43 @@ def test_train_without_a_config_names_the_run_dir_after_the_data(cli, tmp_path, 
         assert result.out.rstrip().endswith(f"checkpoints in {run}")
         assert Path(run, "last.pt").is_file()
     assert sorted(p.name for p in Path("runs").iterdir()) == ["mine", "other"]
+
+
+@pytest.fixture
+def train_configs(monkeypatch) -> list:
+    """The configs `charlm train` would train, in order; nothing is trained."""
+    import charlm.train
+
+    seen = []
+    monkeypatch.setattr(charlm.train, "train", lambda cfg, **kw: seen.append(cfg) or
+                        charlm.train.TrainState())
+    return seen
+
+
+@pytest.mark.parametrize("name", ["my \U0001f600.txt", "caf\u00e9 \"x\": 1.txt", "123", "null"])
+def test_train_takes_data_and_out_names_as_given(cli, tmp_path, monkeypatch, train_configs,
+                                                 name):
+    """--data, --out and a text file as CONFIG_OR_TEXT reach the config as the exact strings
+    typed, whatever their characters (an emoji was read back as two lone surrogates, and the
+    run died with a UnicodeEncodeError traceback)."""
+    seen = train_configs
+    monkeypatch.chdir(tmp_path)
+    Path(name).write_text("some text\n", encoding="utf-8")
+    for args, out in ((["--data", name, "--out", f"out {name}"], f"out {name}"),
+                      ([name], str(Path("runs", Path(name).stem)))):
+        result = cli("train", *args)
+        assert result.code == 0, result.err
+        assert (seen[-1].data.path, seen[-1].train.out_dir) == (name, out)
+
+
+@pytest.mark.parametrize("name", ["MY.YAML", "my.Yml"])
+def test_a_config_suffix_in_capitals_is_a_config(cli, tmp_path, corpus, train_configs, name):
+    """`charlm train MY.YAML` reads the config, not the YAML text as the data to train on."""
+    config = tmp_path / name
+    config.write_text(f"model:\n  n_layer: 1\ndata:\n  path: {corpus}\n", encoding="utf-8")
+    result = cli("train", config)
+    assert result.code == 0, result.err
+    assert (train_configs[-1].model.n_layer, train_configs[-1].data.path) == (1, str(corpus))
+    info = cli("info", config, "--vocab-size", "10", "--json")
+    assert info.code == 0, info.err
+    assert json.loads(info.out)["config"]["model"]["n_layer"] == 1
