@@ -8,12 +8,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from charlm.config import RunConfig, SampleConfig
+from charlm.config import RunConfig, SampleConfig, coerce, suggest
 from charlm.device import resolve_device
 from charlm.errors import CharlmError
 from charlm.model import GPT
@@ -37,6 +39,9 @@ def load(path: str | Path, device: str = "auto", option: str = "device") -> LM:
     `--device`)."""
     from charlm import checkpoint, export
 
+    if not isinstance(path, (str, os.PathLike)):
+        raise CharlmError(f"charlm.load() takes a path (str or Path), got {type(path).__name__}")
+    device = coerce(device, str, option)
     path = Path(path)
     dev = resolve_device(device, option)
     if export.is_export_dir(path):
@@ -50,27 +55,42 @@ def sample(lm: LM, prompt: str | None = None, **options: Any) -> list:
     """Generate samples (`generate.Sample`: text, prompt, tokens, seconds, stopped); options are
     those of `SampleConfig` (temperature, top_k, top_p, min_p, repetition_penalty, beams, stop,
     num_samples, max_new_tokens, seed, ...)."""
-    from charlm.sampling import default_prompt, encode_prompt, sample_text
+    return _sample(lm, prompt, _sample_options(options))
 
-    if prompt is None:  # a newline (or the first character of a vocabulary without one)
-        prompt = default_prompt(lm.vocab)
 
+def _sample_options(options: dict[str, Any]) -> SampleConfig:
+    """`SampleConfig` from keyword options: an unknown name is an error naming the nearest one."""
+    names = [f.name for f in dataclasses.fields(SampleConfig)]
+    for name in options:
+        if name not in names:
+            raise CharlmError(f"unknown option '{name}' for charlm.sample / charlm.generate"
+                              f"{suggest(name, names)}")
     if isinstance(options.get("stop"), str):  # one stop string, not one per character
         options["stop"] = [options["stop"]]
     elif "stop" in options and options["stop"] is None:  # None is off, as for the other options
         options["stop"] = ()
-    opts = SampleConfig(**{k: tuple(v) if k == "stop" else v for k, v in options.items()})
+    return SampleConfig(**options)
+
+
+def _sample(lm: LM, prompt: str | None, opts: SampleConfig) -> list:
+    from charlm.sampling import default_prompt, encode_prompt, sample_text
+
+    _check_lm(lm)
+    if prompt is None:  # a newline (or the first character of a vocabulary without one)
+        prompt = default_prompt(lm.vocab)
+    _check_text(prompt, "prompt")
     prompt, _, notes = encode_prompt(lm.vocab, prompt, opts.unknown, lm.model.cfg.block_size)
     for note in notes:  # what the CLI prints as `warning:` lines
-        warnings.warn(note, UserWarning, stacklevel=2)
+        warnings.warn(note, UserWarning, stacklevel=3)  # the caller of sample / generate
     return sample_text(lm.model, lm.vocab, prompt, opts)
 
 
 def generate(lm: LM, prompt: str | None = None, **options: Any) -> str:
     """The generated continuation of `prompt` (without the prompt) as one string."""
-    if options.get("num_samples", 1) != 1:
+    opts = _sample_options(options)
+    if opts.num_samples != 1:
         raise CharlmError("generate() returns one string; use charlm.sample() for num_samples > 1")
-    return sample(lm, prompt, **options)[0].text
+    return _sample(lm, prompt, opts)[0].text
 
 
 def score(lm: LM, text: str, stride: int | None = None, unknown: str = "error",
@@ -78,4 +98,17 @@ def score(lm: LM, text: str, stride: int | None = None, unknown: str = "error",
     """Loss (nats/char), bits per char and perplexity of `text` (see `charlm.scoring`)."""
     from charlm.scoring import score_text
 
+    _check_lm(lm)
+    _check_text(text, "text")
+    stride = coerce(stride, int | None, "--stride")
     return score_text(lm.model, lm.vocab, text, stride, unknown, progress)
+
+
+def _check_lm(lm: Any) -> None:
+    if not isinstance(lm, LM):
+        raise CharlmError(f"expected a model from charlm.load(), got {type(lm).__name__}")
+
+
+def _check_text(text: Any, what: str) -> None:
+    if not isinstance(text, str):
+        raise CharlmError(f"the {what} must be a str, got {type(text).__name__}")

@@ -107,8 +107,7 @@ def train(
         if data is not None:
             raise CharlmError(f"give the data either as {config} or as --data, not both")
         data, config = str(config), None
-    named_out = out is not None or any(o.partition("=")[0].strip() == "train.out_dir"
-                                       for o in overrides)
+    named_out = out is not None or bool(_out_dir_overrides(overrides))
     if config is None and data is not None and not named_out:  # the defaults on the user's data
         out = str(Path("runs") / Path(data).resolve().stem)
     if data is not None:
@@ -120,9 +119,14 @@ def train(
 
         resolve_device(device, "--device")  # a missing device is an error naming --device
         overrides.append(override("train.device", device))
-    cfg = load_config(config, overrides)
     if resume:
-        cfg = resume_config(Path(cfg.train.out_dir), config, overrides)
+        # Without a CONFIG the overrides apply to the checkpoint's config, not to the defaults
+        # (`--set optim.min_lr=...` may be legal only with the run's optim.lr): here only the run
+        # dir is needed, to find the checkpoint.
+        run = load_config(config, overrides if config else _out_dir_overrides(overrides))
+        cfg = resume_config(Path(run.train.out_dir), config, overrides)
+    else:
+        cfg = load_config(config, overrides)
     main_rank = is_main_process()  # under torchrun, rank 0 alone speaks for the run
     try:
         state = run_training(cfg, resume=resume, overwrite=overwrite)
@@ -133,6 +137,11 @@ def train(
     if main_rank:
         best = f"{state.best_val:.4f}" if math.isfinite(state.best_val) else "none (no finite eval)"
         print(f"done: {state.step} steps, best val loss {best}, checkpoints in {cfg.train.out_dir}")
+
+
+def _out_dir_overrides(overrides: list[str]) -> list[str]:
+    """The `--set train.out_dir=...` items of `overrides`."""
+    return [o for o in overrides if o.partition("=")[0].strip() == "train.out_dir"]
 
 
 @app.command()

@@ -212,12 +212,12 @@ class RunConfig:
         kwargs = {}
         for name, value in raw.items():
             if name not in sections:
-                raise CharlmError(f"unknown section '{name}' in {where}{_suggest(name, sections)}")
+                raise CharlmError(f"unknown section '{name}' in {where}{suggest(name, sections)}")
             kwargs[name] = _build_section(hints[name], name, value, where)
         return cls(**kwargs)
 
 
-def _suggest(name: str, valid: typing.Iterable[str]) -> str:
+def suggest(name: str, valid: typing.Iterable[str]) -> str:
     valid = list(valid)
     close = difflib.get_close_matches(str(name), valid, n=1, cutoff=0.5)
     if close:
@@ -237,9 +237,13 @@ def _build_section(section_cls: type, section: str, raw: Any, where: str) -> Any
     for key, value in raw.items():
         if key not in hints:
             raise CharlmError(
-                f"unknown key '{section}.{key}' in {where}{_suggest(key, hints)}"
+                f"unknown key '{section}.{key}' in {where}{suggest(key, hints)}"
             )
-        kwargs[key] = _coerce(value, hints[key], f"{section}.{key}", where)
+        value = coerce(value, hints[key], f"{section}.{key}", where)
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
+            # torch sizes and steps are 64-bit
+            raise CharlmError(f"invalid value for {section}.{key} in {where}: {value} is too large")
+        kwargs[key] = value
     return section_cls(**kwargs)
 
 
@@ -248,19 +252,23 @@ def _type_name(tp: Any) -> str:
         return "one of " + ", ".join(repr(c) for c in typing.get_args(tp))
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) is tuple:
+        return f"a list, each item {_type_name(typing.get_args(tp)[0])}"
     return {type(None): "null", int: "an integer", float: "a number", bool: "true/false",
             str: "a string"}.get(tp, str(tp))
 
 
-def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
+def coerce(value: Any, tp: Any, key: str, where: str = "") -> Any:
     """Return `value` as type `tp`, or raise a CharlmError that says what is allowed."""
+    at = f" in {where}" if where else ""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         for arg in typing.get_args(tp):
             try:
-                return _coerce(value, arg, key, where)
+                return coerce(value, arg, key, where)
             except CharlmError:
-                continue
+                if arg is float and isinstance(value, float):  # NaN or inf: say so
+                    raise
     elif origin is Literal:
         if value in typing.get_args(tp):
             return value
@@ -270,21 +278,21 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
     elif tp is bool:
         if isinstance(value, bool):
             return value
+    elif origin is tuple:  # tuple[X, ...], given as a list or a tuple
+        if isinstance(value, (list, tuple)):
+            return tuple(coerce(item, typing.get_args(tp)[0], key, where) for item in value)
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
-            if abs(value) < 2**63:  # torch sizes and steps are 64-bit
-                return value
-            raise CharlmError(f"invalid value for {key} in {where}: {value} is too large")
+            return value
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if math.isfinite(value):
                 return float(value)
             # A NaN fails every range check, but an infinite lr or weight decay would pass them.
-            raise CharlmError(f"invalid value for {key} in {where}: {value}, expected a finite "
-                              "number")
+            raise CharlmError(f"invalid value for {key}{at}: {value}, expected a finite number")
     elif tp is str and isinstance(value, str):
         return value
-    raise CharlmError(f"invalid value for {key} in {where}: {value!r}, expected {_type_name(tp)}")
+    raise CharlmError(f"invalid value for {key}{at}: {value!r}, expected {_type_name(tp)}")
 
 
 def is_config_file(path: Path) -> bool:
@@ -381,7 +389,7 @@ class SampleConfig:
     beams: int | None = None  # beam search with this many beams (1 = greedy); None samples
     stop: tuple[str, ...] = ()
     include_stop: bool = False
-    unknown: Literal["error", "skip"] = "error"
+    unknown: str = "error"  # or "skip"
     seed: int = 1337
     use_cache: bool = True
     compile: bool = False  # torch.compile the one-token decode step (static shapes)
@@ -391,16 +399,21 @@ class SampleConfig:
             if not ok:
                 raise CharlmError(msg)
 
+        # The CLI's options arrive typed; the Python API's (`charlm.sample(**options)`) may not.
+        hints = typing.get_type_hints(SampleConfig)
+        for f in dataclasses.fields(self):
+            option = f.name if f.name == "use_cache" else "--" + f.name.replace("_", "-")
+            setattr(self, f.name, coerce(getattr(self, f.name), hints[f.name], option))
         need(self.max_new_tokens >= 0, f"--max-new-tokens must be >= 0, got {self.max_new_tokens}")
         need(self.num_samples >= 1, f"--num-samples must be >= 1, got {self.num_samples}")
-        need(self.temperature >= 0 and not math.isinf(self.temperature),
+        need(self.temperature >= 0,
              f"--temperature must be >= 0 (0 is greedy), got {self.temperature}")
         need(self.top_k is None or self.top_k >= 1, f"--top-k must be >= 1, got {self.top_k}")
         need(self.top_p is None or 0 < self.top_p <= 1,
              f"--top-p must be in (0, 1], got {self.top_p}")
         need(self.min_p is None or 0 <= self.min_p <= 1,
              f"--min-p must be in [0, 1], got {self.min_p}")
-        need(self.repetition_penalty > 0 and not math.isinf(self.repetition_penalty),
+        need(self.repetition_penalty > 0,
              f"--repetition-penalty must be > 0 (1 is off), got {self.repetition_penalty}")
         need(self.repetition_window >= 1,
              f"--repetition-window must be >= 1, got {self.repetition_window}")

@@ -71,9 +71,12 @@ def test_train_command_and_refusal_to_clobber(cli, tmp_path, corpus):
     assert again.err.startswith(
         f"error: {run} already holds a run (last.pt, best.pt, metrics.jsonl, tb, config.yaml)")
     assert (run / "last.pt").read_bytes() == before
-    resumed = cli("train", "--out", run, "--resume", "--set", "train.max_iters=30")
+    # min_lr 5e-3 is legal under the run's lr (tiny.yaml: 1e-2), not under the default 4e-3.
+    resumed = cli("train", "--out", run, "--resume", "--set", "train.max_iters=30",
+                  "--set", "optim.min_lr=5e-3")
     assert resumed.code == 0, resumed.err
     assert "done: 30 steps" in resumed.out
+    assert load_config(run / "config.yaml").optim.min_lr == 5e-3
 
 
 def test_sample_cached_equals_uncached_greedy(cli, run_dir):

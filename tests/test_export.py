@@ -195,6 +195,32 @@ def test_api_generate_is_one_string_and_refuses_num_samples(run_dir):
                             "num_samples > 1")
 
 
+def test_api_arguments_of_the_wrong_kind_raise_charlm_error(run_dir):
+    import charlm
+
+    lm = charlm.load(run_dir, "cpu")
+    calls = [
+        (lambda: charlm.load(3), "charlm.load() takes a path (str or Path), got int"),
+        (lambda: charlm.load(run_dir, device=0), "invalid value for device: 0, expected a string"),
+        (lambda: charlm.generate(str(run_dir), "First"),
+         "expected a model from charlm.load(), got str"),
+        (lambda: charlm.generate(lm, 5), "the prompt must be a str, got int"),
+        (lambda: charlm.generate(lm, "First", topk=5),
+         "unknown option 'topk' for charlm.sample / charlm.generate, did you mean 'top_k'?"),
+        (lambda: charlm.generate(lm, "First", num_samples="1"),
+         "invalid value for --num-samples: '1', expected an integer"),
+        (lambda: charlm.sample(lm, "First", stop=5),
+         "invalid value for --stop: 5, expected a list, each item a string"),
+        (lambda: charlm.score(lm, b"First"), "the text must be a str, got bytes"),
+        (lambda: charlm.score(lm, "First Citizen", stride=4.0),
+         "invalid value for --stride: 4.0, expected an integer or null"),
+    ]
+    for call, message in calls:
+        with pytest.raises(CharlmError) as e:
+            call()
+        assert str(e.value) == message
+
+
 def test_api_warns_as_the_cli_does_about_a_skipped_or_cropped_prompt(run_dir):
     import charlm
 
