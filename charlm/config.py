@@ -51,6 +51,14 @@ def parse_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
+def device_error(name: str) -> str | None:
+    """Why `name` is not a device name (auto, cpu, cuda, cuda:N, mps), or None when it is one.
+    Whether the device is there is `device.resolve_device`'s question."""
+    if name in ("auto", "cpu", "cuda", "mps") or re.fullmatch(r"cuda:\d+", name):
+        return None
+    return f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps"
+
+
 def _check(ok: bool, key: str, msg: str) -> None:
     if not ok:
         raise CharlmError(f"invalid config value {key}: {msg}")
@@ -157,7 +165,7 @@ class TrainConfig:
     max_bad_steps: int = 5  # non-finite steps (updates skipped) in a row that stop the run
     sample_chars: int = 200  # characters sampled at each eval for TensorBoard; 0: none
     seed: int = 1337
-    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    device: str = "auto"  # auto, cpu, cuda (the first GPU), cuda:N or mps
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     compile: bool = False
     out_dir: str = "runs/shakespeare_char_cpu"
@@ -171,6 +179,7 @@ class TrainConfig:
         _check(self.max_bad_steps >= 1, "train.max_bad_steps", "must be >= 1")
         _check(self.sample_chars >= 0, "train.sample_chars", "must be >= 0 (0 turns samples off)")
         _check(bool(self.out_dir), "train.out_dir", "must not be empty")
+        _check(device_error(self.device) is None, "train.device", str(device_error(self.device)))
 
 
 @dataclass

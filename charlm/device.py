@@ -13,7 +13,6 @@ import contextlib
 import gc
 import os
 import random
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -22,14 +21,16 @@ import torch
 import torch.distributed as torch_dist
 from torch.nn.parallel import DistributedDataParallel
 
+from charlm.config import device_error
 from charlm.errors import CharlmError, first_line
 
 
 def resolve_device(name: str, option: str = "train.device") -> torch.device:
     """`auto` picks cuda > mps > cpu; an explicit device that is missing is an error, which
     names `option` (the config key, or `--device` for sample and eval) and how to change it."""
-    if name not in ("auto", "cpu", "cuda", "mps") and not re.fullmatch(r"cuda:\d+", name):
-        raise CharlmError(f"unknown device {name!r}; use auto, cpu, cuda or mps")
+    unknown = device_error(name)
+    if unknown:
+        raise CharlmError(unknown)
     has_mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
     if name == "auto":
         if torch.cuda.is_available():

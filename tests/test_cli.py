@@ -327,7 +327,7 @@ def test_sample_eval_and_train_reject_an_unknown_device(cli, run_dir, command, d
         else [run_dir, *command[1:]]
     result = cli(command[0], *args, "--device", device)
     assert (result.code, result.err, result.out) == (
-        2, f"error: unknown device {device!r}; use auto, cpu, cuda or mps\n", "")
+        2, f"error: unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps\n", "")
 
 
 def test_info_on_a_config_too_big_for_memory_builds_no_weights(cli):

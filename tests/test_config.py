@@ -72,8 +72,11 @@ def test_wrong_type_says_what_is_allowed(tmp_path):
     assert "'four', expected an integer" in str(e.value)
     with pytest.raises(CharlmError, match="expected true/false"):
         load_config(None, ["model.bias=1"])
-    with pytest.raises(CharlmError, match="expected one of 'auto', 'cpu', 'cuda', 'mps'"):
+    with pytest.raises(CharlmError) as e:
         load_config(None, ["train.device=gpu"])
+    assert str(e.value) == ("invalid config value train.device: unknown device 'gpu'; use auto, "
+                            "cpu, cuda, cuda:N or mps")
+    assert load_config(None, ["train.device=cuda:1"]).train.device == "cuda:1"
 
 
 @pytest.mark.parametrize("override, message", [
