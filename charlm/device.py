@@ -52,6 +52,16 @@ def resolve_device(name: str, option: str = "train.device") -> torch.device:
     return torch.device(name)
 
 
+def memory_bytes(device: torch.device) -> int | None:
+    """The device's total memory: the GPU's, or the machine's RAM for the CPU; None for MPS
+    (it shares the machine's memory with everything else)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    if device.type == "cpu":
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return None
+
+
 def cpu_has_amx_bf16() -> bool:
     """Whether this CPU multiplies bf16 matrices in AMX tiles (Intel Sapphire Rapids and later)."""
     probe = getattr(torch.cpu, "_is_amx_tile_supported", None)

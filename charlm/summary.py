@@ -8,6 +8,7 @@ drift from the code.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -95,6 +96,19 @@ def parameter_table(model: GPT) -> dict[str, Any]:
         "all_layers": cfg.n_layer * per_layer, "tied": tied, "total": total,
         "total_tied": total - (0 if tied else head), "total_untied": total + (head if tied else 0),
     }
+
+
+def parameter_count(cfg: ModelConfig, vocab_size: int) -> int:
+    """The model's parameter count without building its n_layer blocks: models of one and two
+    layers on the meta device (no memory) give the embeddings, head and one layer's size, so a
+    mistyped `model.n_layer=1000000000` is counted at once."""
+    def count(n_layer: int) -> int:
+        with torch.device("meta"):
+            model = GPT(dataclasses.replace(cfg, n_layer=n_layer), vocab_size)
+        return sum(p.numel() for p in model.parameters())
+
+    one = count(1)
+    return one + (cfg.n_layer - 1) * (count(2) - one)
 
 
 def flops_per_token(table: dict[str, Any], cfg: ModelConfig, vocab_size: int) -> dict[str, int]:

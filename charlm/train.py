@@ -36,6 +36,7 @@ import torch
 from charlm import checkpoint
 from charlm.config import (
     DataConfig,
+    ModelConfig,
     OptimConfig,
     RunConfig,
     apply_overrides,
@@ -49,6 +50,7 @@ from charlm.device import (
     compile_model,
     distributed,
     grad_scaler,
+    memory_bytes,
     resolve_device,
     resolve_dtype,
     seed_everything,
@@ -61,6 +63,7 @@ from charlm.metrics import MetricsLogger
 from charlm.model import GPT
 from charlm.optim import FusedAdamW, load_state, make_optimizer, step_if
 from charlm.sampling import NonFiniteOutput, preview
+from charlm.summary import parameter_count
 from charlm.vocab import Vocab
 
 LN2 = math.log(2)
@@ -124,6 +127,20 @@ def train_step(model: torch.nn.Module, optimizer: FusedAdamW | torch.optim.Optim
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return total, norm, ok
+
+
+def require_memory(model: ModelConfig, vocab_size: int, device: torch.device) -> None:
+    """Refuse a model whose float32 weights, gradients and two AdamW moments (16 bytes a
+    parameter, before any activation) alone exceed the device's memory: it could never train,
+    and building it could take the machine down first (a mistyped `model.n_layer`)."""
+    params, have = parameter_count(model, vocab_size), memory_bytes(device)
+    need = 16 * params
+    if have is not None and need > have:
+        raise CharlmError(
+            f"the model has {params:,} parameters, whose weights, gradients and AdamW state need "
+            f"{need / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of {device.type}; "
+            "make model.n_layer or model.n_embd smaller"
+        )
 
 
 def eval_batches_per_forward(cfg: RunConfig, device: torch.device, vocab_size: int,
@@ -330,6 +347,7 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
         require_window(data.split(split), cfg.model.block_size, split, cfg.data.path)
     sampler = BatchSampler(data.train, cfg.model.block_size, tc.batch_size, device, tc.seed,
                            name="train", rows=dist.rows(tc.batch_size))
+    require_memory(cfg.model, len(data.vocab), device)
     model = GPT(cfg.model, len(data.vocab)).to(device)
     optimizer = make_optimizer(model, cfg.optim)
     scaler = grad_scaler(device, dtype)

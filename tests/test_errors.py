@@ -4,6 +4,7 @@ every file that existed before is left as it was. (`charlm sample` cases live in
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 
 import pytest
@@ -246,6 +247,22 @@ def test_device_cuda_without_cuda(fails, tmp_path, corpus):
                   "--device cpu (or auto), or install a CUDA build of torch")
 
 
+def test_a_model_too_big_for_memory_is_refused_before_it_is_built(fails, tmp_path, corpus):
+    """A mistyped n_layer would build modules for hours, then be killed for memory."""
+    dataset = tmp_path / "ds"
+    prepare_dataset([corpus], dataset)
+    L, C, T, V = 10**9, 32, 16, len(set(corpus.read_text(encoding="utf-8")))  # tiny.yaml's
+    # a layer: q, k, v, o and the MLP's 4C up and down, two LayerNorm weights (no biases); then
+    # the token embedding (tied to the head), learned positions, the final LayerNorm
+    params = L * (12 * C * C + 2 * C) + V * C + T * C + C
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    fails("train", TINY, "--data", dataset, "--out", tmp_path / "run", "--set",
+          f"model.n_layer={L}",
+          message=f"the model has {params:,} parameters, whose weights, gradients and AdamW "
+                  f"state need {16 * params / 2**30:,.1f} GiB, more than the {memory:,.1f} GiB of "
+                  "cpu; make model.n_layer or model.n_embd smaller")
+
+
 def test_out_dir_that_cannot_be_written(fails, tmp_path, corpus):
     blocker = write(tmp_path / "file", "a regular file")  # root ignores chmod; ENOTDIR does not
     fails("train", TINY, "--data", corpus, "--out", blocker / "run",
@@ -331,11 +348,11 @@ def test_dataset_with_ids_outside_its_vocabulary(cli, fails, tmp_path, corpus):
                   "vocabulary of meta.json; prepare it again with `charlm prepare`")
 
 
-def test_a_model_too_big_for_memory_is_an_error_line(fails, tmp_path, corpus):
-    # 10M wide: the first weight alone is 1.2 PB, which the CPU allocator refuses at once
+def test_a_batch_too_big_for_memory_is_an_error_line(fails, tmp_path, corpus):
+    # 10^12 rows: their window starts alone are 8 TB, which the CPU allocator refuses
     fails("train", TINY, "--data", corpus, "--out", tmp_path / "run", "--set",
-          "model.n_embd=10000000", "--set", "model.n_head=1",
-          message="out of memory (tried to allocate 1200000000000000 bytes): make the model "
+          "train.batch_size=1000000000000",
+          message="out of memory (tried to allocate 8000000000000 bytes): make the model "
                   "(model.n_layer, model.n_embd), train.batch_size or model.block_size smaller",
           new=True)  # the prepared dataset cache
 
