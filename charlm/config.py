@@ -179,7 +179,8 @@ class TrainConfig:
         _check(self.max_bad_steps >= 1, "train.max_bad_steps", "must be >= 1")
         _check(self.sample_chars >= 0, "train.sample_chars", "must be >= 0 (0 turns samples off)")
         _check(bool(self.out_dir), "train.out_dir", "must not be empty")
-        _check(device_error(self.device) is None, "train.device", str(device_error(self.device)))
+        unknown_device = device_error(self.device)
+        _check(unknown_device is None, "train.device", str(unknown_device))
 
 
 @dataclass
