@@ -103,10 +103,16 @@ def train(
     if resume and overwrite:
         raise CharlmError("--resume and --overwrite exclude each other; choose one")
     overrides = list(set_ or [])
+    data_given = "--data"
     if config is not None and not is_config_file(config):
         if data is not None:
             raise CharlmError(f"give the data either as {config} or as --data, not both")
-        data, config = str(config), None
+        data, config, data_given = str(config), None, str(config)
+    set_keys = {o.partition("=")[0].strip() for o in overrides}
+    for given, key, value in ((data_given, "data.path", data), ("--out", "train.out_dir", out),
+                              ("--device", "train.device", device)):
+        if value is not None and key in set_keys:
+            raise CharlmError(f"{given} and --set {key} set the same key; give one of them")
     named_out = out is not None or bool(_out_dir_overrides(overrides))
     if config is None and data is not None and not named_out:  # the defaults on the user's data
         out = str(Path("runs") / Path(data).resolve().stem)

@@ -330,14 +330,20 @@ def _read_yaml(path: Path) -> Any:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dict[str, Any]:
-    """Apply `section.key=value` strings (value parsed as YAML) onto a raw config dict."""
+    """Apply `section.key=value` strings (value parsed as YAML) onto a raw config dict. A key
+    given twice is an error, as it is in a YAML file: the later one would win silently."""
+    seen: set[str] = set()
     for item in overrides:
         dotted, sep, text = item.partition("=")
-        section, dot, key = dotted.strip().partition(".")
+        dotted = dotted.strip()
+        section, dot, key = dotted.partition(".")
         if not sep or not dot or not section or not key:
             raise CharlmError(
                 f"--set expects section.key=value, got {item!r} (e.g. --set optim.lr=3e-4)"
             )
+        if dotted in seen:
+            raise CharlmError(f"--set {dotted} is given twice; give it once")
+        seen.add(dotted)
         try:
             value = parse_yaml(text) if text.strip() else None
         except yaml.YAMLError:

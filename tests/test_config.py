@@ -115,6 +115,13 @@ def test_set_without_equals():
         "--set expects section.key=value, got 'optim.lr' (e.g. --set optim.lr=3e-4)")
 
 
+def test_set_key_given_twice_is_an_error():
+    """The later value used to win silently; a YAML key given twice is an error too."""
+    with pytest.raises(CharlmError) as e:
+        load_config(None, ["optim.lr=1e-3", "train.max_iters=5", " optim.lr = 2e-3"])
+    assert str(e.value) == "--set optim.lr is given twice; give it once"
+
+
 def test_yaml_syntax_error_has_line_and_column(tmp_path):
     path = write(tmp_path, "model:\n  n_layer: : 3\n")
     with pytest.raises(CharlmError) as e:

@@ -188,6 +188,21 @@ def test_set_without_equals(fails):
           message="--set expects section.key=value, got 'optim.lr' (e.g. --set optim.lr=3e-4)")
 
 
+@pytest.mark.parametrize("option, key", [("--out", "train.out_dir"), ("--data", "data.path"),
+                                         ("--device", "train.device")])
+def test_option_and_set_of_the_same_key(fails, tmp_path, option, key):
+    """--out / --data / --device beat a --set of their key silently before."""
+    value = {"--out": tmp_path / "a", "--data": TINY, "--device": "cpu"}[option]
+    fails("train", TINY, option, value, "--set", f"{key}=x",
+          message=f"{option} and --set {key} set the same key; give one of them")
+
+
+def test_text_file_and_set_data_path(fails, tmp_path):
+    text = write(tmp_path / "my.txt", "hello world\n")
+    fails("train", text, "--set", f"data.path={text}",
+          message=f"{text} and --set data.path set the same key; give one of them")
+
+
 def test_resume_without_a_checkpoint(fails, tmp_path):
     fails("train", "--out", tmp_path / "run", "--resume",
           message=f"--resume: no checkpoint {tmp_path / 'run' / 'last.pt'}; start the run "
