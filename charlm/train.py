@@ -281,31 +281,42 @@ def run_lock(run_dir: Path, enabled: bool = True) -> Iterator[None]:
     if not enabled:
         yield
         return
-    made = [d for d in (run_dir, *run_dir.parents) if not d.exists()]  # deepest first
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(run_dir, os.O_RDONLY)
-    except OSError:
-        yield
-        return
-    try:
+    for _ in range(10):
+        made = [d for d in (run_dir, *run_dir.parents) if not d.exists()]  # deepest first
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(run_dir, os.O_RDONLY)
+        except OSError:
+            yield
+            return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            os.close(fd)
             raise CharlmError(
                 f"{run_dir} is in use by another `charlm train`; wait for it to end, or choose "
                 "another --out"
             ) from None
         except OSError:  # a filesystem without locks (some network mounts): run unlocked
+            break
+        try:  # locked: is it still the directory at run_dir? (a failed run removes its own)
+            now, held = os.stat(run_dir), os.fstat(fd)
+            if (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+                break
+        except OSError:
             pass
+        os.close(fd)
+    else:
+        raise CharlmError(f"{run_dir} keeps being removed by another process; choose another --out")
+    try:
         yield
     finally:
-        os.close(fd)
-        for d in made:
+        for d in made:  # removed while the lock is held, so no other run can have taken it
             try:
                 d.rmdir()  # only an empty directory
             except OSError:
                 break
+        os.close(fd)
 
 
 def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overwrite: bool,

@@ -217,6 +217,36 @@ def test_a_second_train_into_a_run_dir_in_use_is_refused(tiny_cfg):
     assert train(with_(cfg, train={"max_iters": 20}), resume=True).step == 20  # released
 
 
+def test_run_lock_holds_the_run_dir_that_is_there(tmp_path, monkeypatch):
+    """A run that fails early removes the empty run dir it made. Another run that opened that
+    dir just before must not lock the removed directory and go on unlocked beside a third: it
+    takes the lock on the directory at the path, made again."""
+    import fcntl
+
+    run = tmp_path / "runs" / "x"
+    real_flock = fcntl.flock
+    calls = []
+
+    def flock_after_a_removal(fd, op):
+        if not calls:  # between this run's open and its lock, another run removed the dir
+            run.rmdir()
+            run.mkdir()
+        calls.append(fd)
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock_after_a_removal)
+    with train_module.run_lock(run):
+        monkeypatch.setattr(fcntl, "flock", real_flock)
+        other = os.open(run, os.O_RDONLY)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(other)
+    assert len(calls) == 2
+    assert run.is_dir()  # made again by the other run: not this one's to remove
+
+
 def test_run_stopped_before_its_first_checkpoint_is_not_clobbered(tiny_cfg):
     """A run dir with a config and metrics but no checkpoint yet (killed before its first save,
     or --out pointed at the wrong dir) is left alone too, with no --resume hint (there is
