@@ -4,6 +4,7 @@ the traceback)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -331,7 +332,7 @@ def info(
                 load_dataset(data_path).vocab if data_path.is_dir() else scan([data_path])[1]
             )
         with torch.device("meta"):  # shapes only: a config too big for memory is explained too
-            model = GPT(cfg.model, vocab_size)
+            model = GPT(dataclasses.replace(cfg.model, n_layer=1), vocab_size)  # alike blocks
     else:
         if set_ or vocab_size is not None:
             given = "--set" if set_ else "--vocab-size"

@@ -61,13 +61,16 @@ def _layer_rows(block: Block, cfg: ModelConfig) -> list[dict]:
     return rows
 
 
-def parameter_table(model: GPT) -> dict[str, Any]:
+def parameter_table(model: GPT, n_layer: int | None = None) -> dict[str, Any]:
     """Parameters per component: embeddings, one layer (times n_layer), final norm, head, and
-    the totals with the head tied and untied.
+    the totals with the head tied and untied. `n_layer` (default: the model's) lets a model
+    built with fewer blocks stand for a deeper one: its blocks are all alike.
 
     Raises RuntimeError if the rows do not add up to the model's own parameter count.
     """
-    cfg, V, C = model.cfg, model.vocab_size, model.cfg.n_embd
+    V, C = model.vocab_size, model.cfg.n_embd
+    built = len(model.blocks)
+    cfg = model.cfg if n_layer is None else dataclasses.replace(model.cfg, n_layer=n_layer)
     rows = [_row("embedding", "token embedding", model.wte.weight.shape)]
     if cfg.pos_encoding == "learned":
         rows.append(_row("embedding", "position embedding (learned)", model.wpe.weight.shape))
@@ -87,9 +90,10 @@ def parameter_table(model: GPT) -> dict[str, Any]:
     tied = cfg.tie_weights
     rows.append(_row("output", "head (tied: the token embedding, no new parameters)", None)
                 if tied else _row("output", "head", model.head.weight.shape))
-    total = sum(r["params"] for r in rows if r["section"] != "layer") + cfg.n_layer * per_layer
-    if total != sum(p.numel() for p in model.parameters()):
+    outside = sum(r["params"] for r in rows if r["section"] != "layer")
+    if outside + built * per_layer != sum(p.numel() for p in model.parameters()):
         raise RuntimeError("parameter table does not add up to the model's parameters")
+    total = outside + cfg.n_layer * per_layer
     head = V * C
     return {
         "rows": rows, "per_layer": per_layer, "n_layer": cfg.n_layer,
@@ -99,16 +103,12 @@ def parameter_table(model: GPT) -> dict[str, Any]:
 
 
 def parameter_count(cfg: ModelConfig, vocab_size: int) -> int:
-    """The model's parameter count without building its n_layer blocks: models of one and two
-    layers on the meta device (no memory) give the embeddings, head and one layer's size, so a
-    mistyped `model.n_layer=1000000000` is counted at once."""
-    def count(n_layer: int) -> int:
-        with torch.device("meta"):
-            model = GPT(dataclasses.replace(cfg, n_layer=n_layer), vocab_size)
-        return sum(p.numel() for p in model.parameters())
-
-    one = count(1)
-    return one + (cfg.n_layer - 1) * (count(2) - one)
+    """The model's parameter count without building its n_layer blocks: a one-layer model on
+    the meta device (no memory) stands for them, so a mistyped `model.n_layer=1000000000` is
+    counted at once."""
+    with torch.device("meta"):
+        model = GPT(dataclasses.replace(cfg, n_layer=1), vocab_size)
+    return parameter_table(model, cfg.n_layer)["total"]
 
 
 def flops_per_token(table: dict[str, Any], cfg: ModelConfig, vocab_size: int) -> dict[str, int]:
@@ -197,8 +197,9 @@ def describe(model: GPT, cfg: RunConfig, shapes: tuple[int, int] | None = None,
              train_state: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything `charlm info` reports, as plain data: vocab size, training progress (for a
     checkpoint), parameter table, FLOPs per token, forward shapes for shapes=(batch, seq_len)
-    when given, and the resolved config."""
-    table = parameter_table(model)
+    when given, and the resolved config. `model` may have fewer blocks than `cfg` says (a
+    one-layer stand-in, see `parameter_table`)."""
+    table = parameter_table(model, cfg.model.n_layer)
     info: dict[str, Any] = {"vocab_size": model.vocab_size}
     if train_state is not None:
         best = train_state["best_val"]  # inf until the first evaluation: null in JSON

@@ -339,6 +339,17 @@ def test_info_on_a_config_too_big_for_memory_builds_no_weights(cli):
     assert info["parameters"]["total"] == V * C + T * C + L * (12 * C * C + 2 * C) + C
 
 
+def test_info_on_a_config_of_a_billion_layers_builds_one(cli):
+    """The table of a config comes from a one-layer model on the meta device (the blocks are
+    alike): it built all n_layer blocks, for hours at model.n_layer=1000000000."""
+    C, V, T, L = 32, 10, 16, 10**9  # tiny.yaml: 12 C^2 + 2 C parameters a block, no biases
+    result = cli("info", ROOT / "configs" / "tiny.yaml", "--vocab-size", V, "--json",
+                 "--set", f"model.n_layer={L}")
+    assert result.code == 0, result.err
+    info = json.loads(result.out)
+    assert info["parameters"]["total"] == V * C + T * C + L * (12 * C * C + 2 * C) + C
+
+
 @pytest.mark.parametrize("args, message", [
     (["--vocab-size", "0"], "--vocab-size must be >= 1, got 0"),
     (["--vocab-size", "-3"], "--vocab-size must be >= 1, got -3"),

@@ -24,6 +24,9 @@ def test_table_totals_match_the_formula_tied_and_untied(activation):
         assert table["total"] == (tied if tie else untied), cfg
         assert (table["total_tied"], table["total_untied"]) == (tied, untied), cfg
         assert table["all_layers"] == cfg.n_layer * table["per_layer"]
+        deep = dataclasses.replace(cfg, n_layer=3)  # a one-layer model stands for it
+        assert parameter_table(GPT(dataclasses.replace(cfg, n_layer=1), V), 3) == \
+            parameter_table(GPT(deep, V)), cfg
 
 
 def test_table_rows_for_the_default_model():
