@@ -4,6 +4,8 @@ the traceback)."""
 
 from __future__ import annotations
 
+import codecs
+import io
 import json
 import math
 import re
@@ -243,7 +245,8 @@ def sample(
     for i, s in enumerate(samples):
         if json_out:
             out.write(json.dumps({"text": s.text, "prompt": s.prompt, "tokens": s.tokens,
-                                  "seconds": round(s.seconds, 4)}, ensure_ascii=False) + "\n")
+                                  "seconds": round(s.seconds, 4)},
+                                 ensure_ascii=not _writes_unicode(out)) + "\n")
             continue
         if i > 0:
             out.write(separator)
@@ -417,6 +420,10 @@ def main(argv: list[str] | None = None) -> None:
     exit code 2.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    # A stdout that cannot encode every character (PYTHONIOENCODING=ascii, a Latin-1 terminal)
+    # shows the others as escapes, as Python's stderr does, instead of a traceback mid-stream.
+    if isinstance(sys.stdout, io.TextIOWrapper) and sys.stdout.errors == "strict":
+        sys.stdout.reconfigure(errors="backslashreplace")
     # Typer turns KeyboardInterrupt into a silent exit 130; Ctrl-C raises past it instead.
     sigint = signal.getsignal(signal.SIGINT)
     if sigint is signal.default_int_handler:
@@ -444,6 +451,11 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if sigint is signal.default_int_handler:
             signal.signal(signal.SIGINT, sigint)
+
+
+def _writes_unicode(stream: object) -> bool:
+    """Whether a text stream's encoding is a UTF one, which can write every character."""
+    return codecs.lookup(getattr(stream, "encoding", None) or "utf-8").name.startswith("utf")
 
 
 class _Interrupt(BaseException):
