@@ -273,7 +273,13 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
                 f"prompt file {prompt_file} is not valid UTF-8 (byte offset {e.start})"
             ) from None
     if prompt == "-":
-        return sys.stdin.read()
+        try:
+            return sys.stdin.read()
+        except UnicodeDecodeError as e:  # a strict stdin (PYTHONIOENCODING, a UTF-8 locale)
+            raise CharlmError(
+                f"the prompt on stdin is not valid {e.encoding} (byte offset {e.start}); convert "
+                "it, or name its encoding with PYTHONIOENCODING"
+            ) from None
     return prompt
 
 

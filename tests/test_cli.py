@@ -216,6 +216,12 @@ def test_sample_prompt_from_file_and_stdin(cli, run_dir, tmp_path, monkeypatch):
     assert cli(*greedy, "--prompt-file", path).out == direct.out
     monkeypatch.setattr("sys.stdin", io.StringIO("First Citizen:"))
     assert cli(*greedy, "--prompt", "-").out == direct.out
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"First \xffCitizen:"),
+                                                       encoding="utf-8"))
+    invalid = cli(*greedy, "--prompt", "-")
+    assert (invalid.code, invalid.err, invalid.out) == (
+        2, "error: the prompt on stdin is not valid utf-8 (byte offset 6); convert it, or name "
+           "its encoding with PYTHONIOENCODING\n", "")
     both = cli(*greedy, "--prompt", "x", "--prompt-file", path)
     assert (both.code, both.err) == (
         2, "error: give the prompt either with --prompt or with --prompt-file, not both\n")
