@@ -234,7 +234,8 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int,
     procs = build_processors(opts)
     penalty = opts.repetition_penalty != 1.0
     if penalty:  # ring buffer of the last W ids per row (prompt included); -1 = empty
-        W = opts.repetition_window
+        # no longer than the ids there will ever be: a huge --repetition-window costs nothing
+        W = max(min(opts.repetition_window, prompt.size(1) + max_new_tokens), 1)
         recent = torch.full((B, W), -1, dtype=torch.long, device=prompt.device)
         tail = prompt[:, -W:]
         recent[:, : tail.size(1)] = tail

@@ -222,6 +222,17 @@ def test_repetition_penalty_changes_greedy_output(model):
     assert distinct(penalised) > distinct(plain)
 
 
+def test_a_repetition_window_longer_than_the_text_allocates_only_the_text(model):
+    prompt = torch.randint(0, V, (2, 5))
+    opts = SampleConfig(temperature=0, repetition_penalty=2.0, repetition_window=16)
+    expected = run(model, prompt, 11, opts)  # the window holds prompt and output whole
+    for window in (17, 10**15):  # 8 PB of ids if allocated as asked
+        wide = SampleConfig(temperature=0, repetition_penalty=2.0, repetition_window=window)
+        assert torch.equal(run(model, prompt, 11, wide), expected)
+        assert torch.equal(run(model, prompt, 11, uncached(wide)), expected)
+    assert not torch.equal(run(model, prompt, 11), expected)  # the penalty made a difference
+
+
 def test_same_seed_same_tokens(model):
     prompt = torch.zeros(2, 1, dtype=torch.long)
     opts = SampleConfig(temperature=1.0)
