@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from charlm.config import SampleConfig
+from charlm.device import memory_bytes
 from charlm.errors import CharlmError, first_line
 from charlm.model import GPT
 from charlm.vocab import Vocab, list_unknown
@@ -398,11 +399,31 @@ def encode_prompt(vocab: Vocab, prompt: str, unknown: str,
     return prompt, vocab.encode(prompt), warnings
 
 
+def require_memory(model: GPT, rows: int, option: str) -> None:
+    """Refuse `rows` samples or beams whose keys and values over a full context (what the KV
+    cache holds; the uncached forward computes as much) alone exceed the device's memory: the
+    cache, or the per-sample state built before it, could take the machine down first (a
+    mistyped --num-samples)."""
+    cfg, weight = model.cfg, model.wte.weight
+    need = 2 * cfg.n_layer * rows * cfg.block_size * cfg.n_embd * weight.element_size()
+    have = memory_bytes(weight.device)
+    if have is not None and need > have:
+        raise CharlmError(
+            f"{option} {rows:,} needs {need / 2**30:,.1f} GiB for the keys and values of the "
+            f"context, more than the {have / 2**30:,.1f} GiB of {weight.device.type}; use a "
+            f"smaller {option}"
+        )
+
+
 def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
                 on_text: Callable[[int, str], None] | None = None) -> list[Sample]:
     """Generate opts.num_samples continuations of `prompt` (checked by `encode_prompt`), as
     one batch, or the best beam when opts.beams is set. on_text(sample index, text) is called as
     each piece of text becomes final (stop strings are held back until they cannot match)."""
+    if opts.beams is not None:
+        require_memory(model, opts.beams, "--beams")
+    else:
+        require_memory(model, opts.num_samples, "--num-samples")
     device = model.wte.weight.device
     ids = torch.tensor([vocab.encode(prompt)], device=device)
     t0 = time.perf_counter()
