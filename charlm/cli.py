@@ -8,6 +8,7 @@ import codecs
 import io
 import json
 import math
+import os
 import re
 import signal
 import sys
@@ -426,6 +427,8 @@ def main(argv: list[str] | None = None) -> None:
     exit code 2.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    if sys.stdout is None:  # started with stdout closed (`>&-`): output goes nowhere, as >/dev/null
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (the process's)
     # A stdout that cannot encode every character (PYTHONIOENCODING=ascii, a Latin-1 terminal)
     # shows the others as escapes, as Python's stderr does, instead of a traceback mid-stream.
     if isinstance(sys.stdout, io.TextIOWrapper) and sys.stdout.errors == "strict":

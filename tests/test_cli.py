@@ -495,6 +495,13 @@ def non_ascii_model(tmp_path) -> Path:
     return tmp_path / "st"
 
 
+def test_sample_with_stdout_closed_runs_as_into_dev_null(cli, run_dir, monkeypatch):
+    """`charlm sample RUN >&-`: Python's sys.stdout is None then; it ended in a traceback."""
+    monkeypatch.setattr(sys, "stdout", None)
+    result = cli("sample", run_dir, "--max-new-tokens", "5")
+    assert (result.code, result.err) == (0, "")
+
+
 def test_sample_to_a_stdout_that_cannot_encode_the_text(non_ascii_model, monkeypatch):
     """PYTHONIOENCODING=ascii or a Latin-1 terminal: characters the stream cannot encode are
     written as escapes (JSON's own in --json) instead of a UnicodeEncodeError traceback."""
