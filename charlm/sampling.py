@@ -150,8 +150,10 @@ def apply_repetition_penalty(logits: torch.Tensor, recent: torch.Tensor,
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """logits / temperature, shifted so the largest is 0 (softmax does not change): a tiny
-    temperature then sends the others to -inf rather than the likeliest ones to +inf."""
-    return (logits - logits.amax(dim=-1, keepdim=True)) / temperature
+    temperature then sends the others to -inf rather than the likeliest ones to +inf. One below
+    float32's smallest number, 2**-149, would round to 0 (and 0 / 0 is NaN): it divides by that
+    number instead, the same limit."""
+    return (logits - logits.amax(dim=-1, keepdim=True)) / max(temperature, 2.0**-149)
 
 
 def apply_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:

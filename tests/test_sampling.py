@@ -398,8 +398,10 @@ def test_a_tiny_temperature_or_penalty_that_overflows_the_logits_still_samples(m
     # logits / 1e-45 and a positive logit / a penalty of 1e-40 overflow float32 to +inf; the
     # draw then goes to the likeliest characters, as the limit says, instead of failing on NaN.
     greedy = sample_text(model, VOCAB, "ab", SampleConfig(temperature=0, max_new_tokens=12))[0]
-    tiny = sample_text(model, VOCAB, "ab", SampleConfig(temperature=1e-45, max_new_tokens=12))
-    assert tiny[0].text == greedy.text
+    for temperature in (1e-45, 1e-46, 5e-324):  # 1e-46 and less are 0 in float32
+        tiny = sample_text(model, VOCAB, "ab",
+                           SampleConfig(temperature=temperature, max_new_tokens=12))
+        assert tiny[0].text == greedy.text
     logits = torch.tensor([[2.0, 1.0, 3.0, -0.5]])
     boosted = apply_repetition_penalty(logits, torch.tensor([[1]]), 1e-40)
     g = torch.Generator().manual_seed(0)
