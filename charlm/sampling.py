@@ -170,7 +170,8 @@ def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
     probs = torch.softmax(sorted_logits, dim=-1)
     mass_before = torch.cumsum(probs, dim=-1) - probs  # mass of the strictly likelier ids
-    drop_sorted = mass_before >= top_p  # the likeliest id always stays (mass_before = 0)
+    drop_sorted = mass_before >= top_p
+    drop_sorted[:, 0] = False  # the likeliest always stays, also where top_p is 0 in float32
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
 
