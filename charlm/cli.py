@@ -4,9 +4,12 @@ the traceback)."""
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
+import io
 import json
 import math
+import os
 import re
 import signal
 import sys
@@ -250,7 +253,8 @@ def sample(
     for i, s in enumerate(samples):
         if json_out:
             out.write(json.dumps({"text": s.text, "prompt": s.prompt, "tokens": s.tokens,
-                                  "seconds": round(s.seconds, 4)}, ensure_ascii=False) + "\n")
+                                  "seconds": round(s.seconds, 4)},
+                                 ensure_ascii=not _writes_unicode(out)) + "\n")
             continue
         if i > 0:
             out.write(separator)
@@ -277,7 +281,13 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
                 f"prompt file {prompt_file} is not valid UTF-8 (byte offset {e.start})"
             ) from None
     if prompt == "-":
-        return sys.stdin.read()
+        try:
+            return sys.stdin.read()
+        except UnicodeDecodeError as e:  # a strict stdin (PYTHONIOENCODING, a UTF-8 locale)
+            raise CharlmError(
+                f"the prompt on stdin is not valid {e.encoding} (byte offset {e.start}); convert "
+                "it, or name its encoding with PYTHONIOENCODING"
+            ) from None
     return prompt
 
 
@@ -424,6 +434,12 @@ def main(argv: list[str] | None = None) -> None:
     exit code 2.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    if sys.stdout is None:  # started with stdout closed (`>&-`): output goes nowhere, as >/dev/null
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (the process's)
+    # A stdout that cannot encode every character (PYTHONIOENCODING=ascii, a Latin-1 terminal)
+    # shows the others as escapes, as Python's stderr does, instead of a traceback mid-stream.
+    if isinstance(sys.stdout, io.TextIOWrapper) and sys.stdout.errors == "strict":
+        sys.stdout.reconfigure(errors="backslashreplace")
     # Typer turns KeyboardInterrupt into a silent exit 130; Ctrl-C raises past it instead.
     sigint = signal.getsignal(signal.SIGINT)
     if sigint is signal.default_int_handler:
@@ -451,6 +467,11 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if sigint is signal.default_int_handler:
             signal.signal(signal.SIGINT, sigint)
+
+
+def _writes_unicode(stream: object) -> bool:
+    """Whether a text stream's encoding is a UTF one, which can write every character."""
+    return codecs.lookup(getattr(stream, "encoding", None) or "utf-8").name.startswith("utf")
 
 
 class _Interrupt(BaseException):

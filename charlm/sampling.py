@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from charlm.config import SampleConfig
+from charlm.device import memory_bytes
 from charlm.errors import CharlmError, first_line
 from charlm.model import GPT
 from charlm.vocab import Vocab, list_unknown
@@ -149,8 +150,10 @@ def apply_repetition_penalty(logits: torch.Tensor, recent: torch.Tensor,
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """logits / temperature, shifted so the largest is 0 (softmax does not change): a tiny
-    temperature then sends the others to -inf rather than the likeliest ones to +inf."""
-    return (logits - logits.amax(dim=-1, keepdim=True)) / temperature
+    temperature then sends the others to -inf rather than the likeliest ones to +inf. One below
+    float32's smallest number, 2**-149, would round to 0 (and 0 / 0 is NaN): it divides by that
+    number instead, the same limit."""
+    return (logits - logits.amax(dim=-1, keepdim=True)) / max(temperature, 2.0**-149)
 
 
 def apply_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -167,7 +170,8 @@ def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
     probs = torch.softmax(sorted_logits, dim=-1)
     mass_before = torch.cumsum(probs, dim=-1) - probs  # mass of the strictly likelier ids
-    drop_sorted = mass_before >= top_p  # the likeliest id always stays (mass_before = 0)
+    drop_sorted = mass_before >= top_p
+    drop_sorted[:, 0] = False  # the likeliest always stays, also where top_p is 0 in float32
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
 
@@ -234,7 +238,8 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int,
     procs = build_processors(opts)
     penalty = opts.repetition_penalty != 1.0
     if penalty:  # ring buffer of the last W ids per row (prompt included); -1 = empty
-        W = opts.repetition_window
+        # no longer than the ids there will ever be: a huge --repetition-window costs nothing
+        W = max(min(opts.repetition_window, prompt.size(1) + max_new_tokens), 1)
         recent = torch.full((B, W), -1, dtype=torch.long, device=prompt.device)
         tail = prompt[:, -W:]
         recent[:, : tail.size(1)] = tail
@@ -397,11 +402,31 @@ def encode_prompt(vocab: Vocab, prompt: str, unknown: str,
     return prompt, vocab.encode(prompt), warnings
 
 
+def require_memory(model: GPT, rows: int, option: str) -> None:
+    """Refuse `rows` samples or beams whose keys and values over a full context (what the KV
+    cache holds; the uncached forward computes as much) alone exceed the device's memory: the
+    cache, or the per-sample state built before it, could take the machine down first (a
+    mistyped --num-samples)."""
+    cfg, weight = model.cfg, model.wte.weight
+    need = 2 * cfg.n_layer * rows * cfg.block_size * cfg.n_embd * weight.element_size()
+    have = memory_bytes(weight.device)
+    if have is not None and need > have:
+        raise CharlmError(
+            f"{option} {rows:,} needs {need / 2**30:,.1f} GiB for the keys and values of the "
+            f"context, more than the {have / 2**30:,.1f} GiB of {weight.device.type}; use a "
+            f"smaller {option}"
+        )
+
+
 def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
                 on_text: Callable[[int, str], None] | None = None) -> list[Sample]:
     """Generate opts.num_samples continuations of `prompt` (checked by `encode_prompt`), as
     one batch, or the best beam when opts.beams is set. on_text(sample index, text) is called as
     each piece of text becomes final (stop strings are held back until they cannot match)."""
+    if opts.beams is not None:
+        require_memory(model, opts.beams, "--beams")
+    else:
+        require_memory(model, opts.num_samples, "--num-samples")
     device = model.wte.weight.device
     ids = torch.tensor([vocab.encode(prompt)], device=device)
     t0 = time.perf_counter()

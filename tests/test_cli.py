@@ -216,6 +216,12 @@ def test_sample_prompt_from_file_and_stdin(cli, run_dir, tmp_path, monkeypatch):
     assert cli(*greedy, "--prompt-file", path).out == direct.out
     monkeypatch.setattr("sys.stdin", io.StringIO("First Citizen:"))
     assert cli(*greedy, "--prompt", "-").out == direct.out
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"First \xffCitizen:"),
+                                                       encoding="utf-8"))
+    invalid = cli(*greedy, "--prompt", "-")
+    assert (invalid.code, invalid.err, invalid.out) == (
+        2, "error: the prompt on stdin is not valid utf-8 (byte offset 6); convert it, or name "
+           "its encoding with PYTHONIOENCODING\n", "")
     both = cli(*greedy, "--prompt", "x", "--prompt-file", path)
     assert (both.code, both.err) == (
         2, "error: give the prompt either with --prompt or with --prompt-file, not both\n")
@@ -485,3 +491,50 @@ def test_a_config_suffix_in_capitals_is_a_config(cli, tmp_path, corpus, train_co
     info = cli("info", config, "--vocab-size", "10", "--json")
     assert info.code == 0, info.err
     assert json.loads(info.out)["config"]["model"]["n_layer"] == 1
+
+
+@pytest.fixture
+def non_ascii_model(tmp_path) -> Path:
+    """An export of a random model whose every character is outside ASCII."""
+    from charlm.config import ModelConfig, RunConfig
+    from charlm.export import save_safetensors
+    from charlm.model import GPT
+    from charlm.vocab import Vocab
+
+    cfg = RunConfig(model=ModelConfig(block_size=16, n_layer=1, n_head=2, n_embd=16))
+    save_safetensors(GPT(cfg.model, 3), Vocab(["ß", "é", "😀"]), cfg, tmp_path / "st")
+    return tmp_path / "st"
+
+
+def test_sample_with_stdout_closed_runs_as_into_dev_null(cli, run_dir, monkeypatch):
+    """`charlm sample RUN >&-`: Python's sys.stdout is None then; it ended in a traceback."""
+    monkeypatch.setattr(sys, "stdout", None)
+    result = cli("sample", run_dir, "--max-new-tokens", "5")
+    assert (result.code, result.err) == (0, "")
+
+
+def test_sample_to_a_stdout_that_cannot_encode_the_text(non_ascii_model, monkeypatch):
+    """PYTHONIOENCODING=ascii or a Latin-1 terminal: characters the stream cannot encode are
+    written as escapes (JSON's own in --json) instead of a UnicodeEncodeError traceback."""
+    import charlm
+    from charlm.cli import main
+
+    text = charlm.generate(charlm.load(non_ascii_model), "é😀", max_new_tokens=20, seed=1)
+
+    def stdout_of(*args: str, encoding: str = "ascii") -> bytes:
+        out = io.TextIOWrapper(io.BytesIO(), encoding=encoding)
+        monkeypatch.setattr(sys, "stdout", out)
+        with pytest.raises(SystemExit) as done:
+            main(["sample", str(non_ascii_model), "--prompt", "é😀", "--max-new-tokens", "20",
+                  "--seed", "1", *args])
+        assert done.value.code == 0
+        out.flush()
+        return out.buffer.getvalue()
+
+    shown = ("é😀" + text).encode("ascii", "backslashreplace") + b"\n"
+    assert stdout_of() == shown
+    assert stdout_of("--no-stream") == shown
+    assert stdout_of(encoding="latin-1") == ("é😀" + text).encode("latin-1",
+                                                                   "backslashreplace") + b"\n"
+    sample = json.loads(stdout_of("--json"))
+    assert (sample["prompt"], sample["text"]) == ("é😀", text)

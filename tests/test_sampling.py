@@ -195,7 +195,8 @@ def test_top_p_keeps_the_smallest_set_with_enough_mass():
     assert keep(0.6) == [False, True, False, True, False]  # 0.5 + 0.3
     assert keep(0.85) == [True, True, False, True, False]  # 0.5 + 0.3 + 0.1 = 0.9
     assert keep(1.0) == [True] * 5
-    assert keep(0.01) == [False, True, False, False, False]  # the likeliest always stays
+    for tiny in (0.01, 1e-46, 5e-324):  # the likeliest always stays (1e-46 is 0 in float32)
+        assert keep(tiny) == [False, True, False, False, False]
 
 
 def test_min_p_threshold():
@@ -220,6 +221,34 @@ def test_repetition_penalty_changes_greedy_output(model):
     assert not torch.equal(plain, penalised)
     distinct = lambda t: len(set(t[0].tolist()))  # noqa: E731
     assert distinct(penalised) > distinct(plain)
+
+
+def test_a_repetition_window_longer_than_the_text_allocates_only_the_text(model):
+    prompt = torch.randint(0, V, (2, 5))
+    opts = SampleConfig(temperature=0, repetition_penalty=2.0, repetition_window=16)
+    expected = run(model, prompt, 11, opts)  # the window holds prompt and output whole
+    for window in (17, 10**15):  # 8 PB of ids if allocated as asked
+        wide = SampleConfig(temperature=0, repetition_penalty=2.0, repetition_window=window)
+        assert torch.equal(run(model, prompt, 11, wide), expected)
+        assert torch.equal(run(model, prompt, 11, uncached(wide)), expected)
+    assert not torch.equal(run(model, prompt, 11), expected)  # the penalty made a difference
+
+
+def test_more_samples_or_beams_than_memory_holds_is_a_plain_error(model, monkeypatch):
+    """A mistyped --num-samples built a Python object per sample until the machine killed the
+    process; --beams failed in the allocator with advice about training."""
+    monkeypatch.setattr("charlm.sampling.memory_bytes", lambda device: 2**30)
+    for opts, option in [(SampleConfig(beams=10**12, max_new_tokens=1), "--beams"),
+                         (SampleConfig(num_samples=10**12, max_new_tokens=1), "--num-samples")]:
+        with pytest.raises(CharlmError) as e:  # 8 KiB of keys and values per row
+            sample_text(model, VOCAB, "ab", opts)
+        assert str(e.value) == (
+            f"{option} 1,000,000,000,000 needs 7,629,394.5 GiB for the keys and values of the "
+            f"context, more than the 1.0 GiB of cpu; use a smaller {option}")
+    monkeypatch.setattr("charlm.sampling.memory_bytes", lambda device: 4 * 8192)
+    assert len(sample_text(model, VOCAB, "ab", SampleConfig(num_samples=4, max_new_tokens=3))) == 4
+    with pytest.raises(CharlmError):
+        sample_text(model, VOCAB, "ab", SampleConfig(num_samples=5, max_new_tokens=3))
 
 
 def test_same_seed_same_tokens(model):
@@ -370,8 +399,10 @@ def test_a_tiny_temperature_or_penalty_that_overflows_the_logits_still_samples(m
     # logits / 1e-45 and a positive logit / a penalty of 1e-40 overflow float32 to +inf; the
     # draw then goes to the likeliest characters, as the limit says, instead of failing on NaN.
     greedy = sample_text(model, VOCAB, "ab", SampleConfig(temperature=0, max_new_tokens=12))[0]
-    tiny = sample_text(model, VOCAB, "ab", SampleConfig(temperature=1e-45, max_new_tokens=12))
-    assert tiny[0].text == greedy.text
+    for temperature in (1e-45, 1e-46, 5e-324):  # 1e-46 and less are 0 in float32
+        tiny = sample_text(model, VOCAB, "ab",
+                           SampleConfig(temperature=temperature, max_new_tokens=12))
+        assert tiny[0].text == greedy.text
     logits = torch.tensor([[2.0, 1.0, 3.0, -0.5]])
     boosted = apply_repetition_penalty(logits, torch.tensor([[1]]), 1e-40)
     g = torch.Generator().manual_seed(0)
