@@ -282,7 +282,7 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
             ) from None
     if prompt == "-":
         try:
-            return sys.stdin.read()
+            return sys.stdin.read().removeprefix("\ufeff")  # as --prompt-file: not text
         except UnicodeDecodeError as e:  # a strict stdin (PYTHONIOENCODING, a UTF-8 locale)
             raise CharlmError(
                 f"the prompt on stdin is not valid {e.encoding} (byte offset {e.start}); convert "
@@ -457,9 +457,10 @@ def main(argv: list[str] | None = None) -> None:
         if "--debug" in argv or not _out_of_memory(e):
             raise
         tried = re.search(r"[Tt]ried to allocate (\d[\d.]* ?\w*)", str(e))
-        print(f"error: out of memory{f' (tried to allocate {tried[1]})' if tried else ''}: make "
-              "the model (model.n_layer, model.n_embd), train.batch_size or model.block_size "
-              "smaller", file=sys.stderr)
+        command = next((a for a in argv if not a.startswith("-")), "train")
+        print(f"error: out of memory{f' (tried to allocate {tried[1]})' if tried else ''}: "
+              f"{_OUT_OF_MEMORY_ADVICE.get(command, _OUT_OF_MEMORY_ADVICE['train'])}",
+              file=sys.stderr)
         sys.exit(2)
     except _Interrupt:
         print("\ninterrupted", file=sys.stderr)
@@ -467,6 +468,14 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if sigint is signal.default_int_handler:
             signal.signal(signal.SIGINT, sigint)
+
+
+_OUT_OF_MEMORY_ADVICE = {  # what each command can make smaller
+    "train": "make the model (model.n_layer, model.n_embd), train.batch_size or model.block_size "
+             "smaller",
+    "sample": "use a smaller --num-samples or --beams, or free memory on the device",
+    "eval": "free memory on the device, or score on another --device",
+}
 
 
 def _writes_unicode(stream: object) -> bool:

@@ -216,6 +216,10 @@ def test_sample_prompt_from_file_and_stdin(cli, run_dir, tmp_path, monkeypatch):
     assert cli(*greedy, "--prompt-file", path).out == direct.out
     monkeypatch.setattr("sys.stdin", io.StringIO("First Citizen:"))
     assert cli(*greedy, "--prompt", "-").out == direct.out
+    path.write_text("\ufeffFirst Citizen:", encoding="utf-8")  # a byte order mark is dropped
+    assert cli(*greedy, "--prompt-file", path).out == direct.out
+    monkeypatch.setattr("sys.stdin", io.StringIO("\ufeffFirst Citizen:"))
+    assert cli(*greedy, "--prompt", "-").out == direct.out
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"First \xffCitizen:"),
                                                        encoding="utf-8"))
     invalid = cli(*greedy, "--prompt", "-")
@@ -538,3 +542,25 @@ def test_sample_to_a_stdout_that_cannot_encode_the_text(non_ascii_model, monkeyp
                                                                    "backslashreplace") + b"\n"
     sample = json.loads(stdout_of("--json"))
     assert (sample["prompt"], sample["text"]) == ("é😀", text)
+
+
+@pytest.mark.parametrize("command, module, function, advice", [
+    ("sample", "charlm.sampling", "sample_text",
+     "use a smaller --num-samples or --beams, or free memory on the device"),
+    ("eval", "charlm.scoring", "score_text",
+     "free memory on the device, or score on another --device"),
+])
+def test_out_of_memory_outside_training_gives_that_command_s_advice(cli, monkeypatch, run_dir,
+                                                                    corpus, command, module,
+                                                                    function, advice):
+    """It said to shrink the model and train.batch_size, which sample and eval cannot."""
+    import importlib
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+
+    monkeypatch.setattr(importlib.import_module(module), function, oom)
+    args = [command, run_dir] + ([corpus] if command == "eval" else [])
+    result = cli(*args)
+    assert (result.code, result.err) == (
+        2, f"error: out of memory (tried to allocate 2.00 GiB): {advice}\n")
