@@ -475,10 +475,13 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
                     state.elapsed_s = elapsed_before + time.perf_counter() - t_start
                     if dist.is_main:  # the ranks hold the same state: one writes it
                         ckpt = snapshot()
-                        if write_last:
-                            checkpoint.save(ckpt, run_dir / "last.pt")
+                        # best.pt first: a last.pt on disk never counts a best val whose
+                        # best.pt a crash kept from being written (a resume from the older
+                        # last.pt evaluates that step again and writes best.pt then).
                         if improved:
                             checkpoint.save(ckpt, run_dir / "best.pt")
+                        if write_last:
+                            checkpoint.save(ckpt, run_dir / "last.pt")
                     if write_last:
                         saved_step = state.step
                 t_log += time.perf_counter() - t_pause  # tokens/s counts training time only
