@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import signal
 import sys
@@ -428,15 +429,15 @@ def main(argv: list[str] | None = None) -> None:
             raise
         message = str(e) if isinstance(e, CharlmError) else (
             f"{e.strerror or e}: {e.filename}" if e.filename else f"{e.strerror or e}")
-        print(f"error: {message}", file=sys.stderr)
+        _report(f"error: {message}")
         sys.exit(2)
     except RuntimeError as e:  # torch.OutOfMemoryError (CUDA) is one too
         if "--debug" in argv or not _out_of_memory(e):
             raise
         tried = re.search(r"[Tt]ried to allocate (\d[\d.]* ?\w*)", str(e))
-        print(f"error: out of memory{f' (tried to allocate {tried[1]})' if tried else ''}: make "
-              "the model (model.n_layer, model.n_embd), train.batch_size or model.block_size "
-              "smaller", file=sys.stderr)
+        _report(f"error: out of memory{f' (tried to allocate {tried[1]})' if tried else ''}: "
+                "make the model (model.n_layer, model.n_embd), train.batch_size or "
+                "model.block_size smaller")
         sys.exit(2)
     except _Interrupt:
         print("\ninterrupted", file=sys.stderr)
@@ -444,6 +445,17 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if sigint is signal.default_int_handler:
             signal.signal(signal.SIGINT, sigint)
+
+
+def _report(line: str) -> None:
+    """Print an error line on stderr; under torchrun only on the process that reports errors
+    for its machine (`charlm.device.reports_errors`), so one line shows, not one per process."""
+    if "LOCAL_RANK" in os.environ:  # only under torchrun: charlm.device imports torch
+        from charlm.device import reports_errors
+
+        if not reports_errors():
+            return
+    print(line, file=sys.stderr)
 
 
 class _Interrupt(BaseException):

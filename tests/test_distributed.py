@@ -85,6 +85,22 @@ def test_two_gloo_processes_match_one_and_resume(tiny_cfg, tmp_path):
     assert checkpoint.load(run / "last.pt")["train_state"]["step"] == 12
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--set", "train.max_iters=0"], "invalid config value train.max_iters: must be >= 1"),
+    (["--data", "missing.txt"], "input file not found: missing.txt"),
+])
+def test_bad_input_under_torchrun_is_one_error_line_without_tracebacks(args, message, tmp_path):
+    """Every process fails alike, the first one alone prints the error. A missing data file fails
+    rank 0 inside `main_first`, which tells rank 1 (it died in its barrier with gloo's
+    "Connection closed by peer" traceback before); a bad config printed one line per process."""
+    result = torchrun(["train", ROOT / "configs" / "tiny.yaml", "--out", tmp_path / "run",
+                       *args], tmp_path)
+    assert result.returncode == 1  # torchrun's own code when a process fails
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert lines == [f"error: {message}"]
+    assert "[rank" not in result.stderr  # no process's traceback
+
+
 def test_each_rank_keeps_its_rows_of_the_same_global_batch():
     data = np.arange(1000, dtype=np.uint16)
     cpu = torch.device("cpu")
