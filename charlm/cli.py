@@ -451,12 +451,13 @@ def main(argv: list[str] | None = None) -> None:
             raise
         message = str(e) if isinstance(e, CharlmError) else (
             f"{e.strerror or e}: {e.filename}" if e.filename else f"{e.strerror or e}")
-        print(f"error: {message}", file=sys.stderr)
+        _report(f"error: {message}")
         sys.exit(2)
     except RuntimeError as e:  # torch.OutOfMemoryError (CUDA) is one too
         if "--debug" in argv or not _out_of_memory(e):
             raise
         tried = re.search(r"[Tt]ried to allocate (\d[\d.]* ?\w*)", str(e))
+        # every process prints it: under torchrun one GPU may run out alone
         command = next((a for a in argv if not a.startswith("-")), "train")
         print(f"error: out of memory{f' (tried to allocate {tried[1]})' if tried else ''}: "
               f"{_OUT_OF_MEMORY_ADVICE.get(command, _OUT_OF_MEMORY_ADVICE['train'])}",
@@ -481,6 +482,17 @@ _OUT_OF_MEMORY_ADVICE = {  # what each command can make smaller
 def _writes_unicode(stream: object) -> bool:
     """Whether a text stream's encoding is a UTF one, which can write every character."""
     return codecs.lookup(getattr(stream, "encoding", None) or "utf-8").name.startswith("utf")
+
+
+def _report(line: str) -> None:
+    """Print an error line on stderr; under torchrun only on the process that reports errors
+    for its machine (`charlm.device.reports_errors`), so one line shows, not one per process."""
+    if "LOCAL_RANK" in os.environ:  # only under torchrun: charlm.device imports torch
+        from charlm.device import reports_errors
+
+        if not reports_errors():
+            return
+    print(line, file=sys.stderr)
 
 
 class _Interrupt(BaseException):

@@ -168,15 +168,31 @@ class Dist:
         if self.active:
             torch_dist.barrier()
 
+    def all_ok(self, ok: bool) -> bool:
+        """Whether every rank says `ok`: one host-side all-reduce of one integer."""
+        if not self.active:
+            return ok
+        flag = torch.tensor(int(ok))
+        torch_dist.all_reduce(flag, op=torch_dist.ReduceOp.MIN, group=self.flags)
+        return bool(flag)
+
     @contextlib.contextmanager
     def main_first(self) -> Iterator[None]:
         """Rank 0 runs the block (say, writing a cache) before the other ranks do. Should rank 0
-        fail in it, the others wait until torchrun ends them, as it does when a rank fails."""
+        fail in it, it tells the others, which then raise a CharlmError without running the
+        block (rank 0 reports the cause) instead of failing in a collective with a traceback."""
         if not self.is_main:
-            self.barrier()
-        yield
-        if self.is_main:
-            self.barrier()
+            if not self.all_ok(True):
+                raise CharlmError("process 0 of the torchrun world failed (its error is on "
+                                  "its machine's stderr)")
+            yield
+            return
+        try:
+            yield
+        except BaseException:
+            self.all_ok(False)
+            raise
+        self.all_ok(True)
 
     def wrap(self, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
         """The module that training steps call: DDP around `model` when distributed."""
@@ -206,6 +222,14 @@ def is_main_process() -> bool:
     """False on the ranks of a torchrun world other than 0 (they stay quiet)."""
     place = _torchrun_env()
     return place is None or place[0] == 0
+
+
+def reports_errors() -> bool:
+    """Whether this process prints the `error:` line of bad input: outside torchrun, yes; under
+    it, local rank 0 alone, as the ranks fail alike (the same arguments and files), so each
+    machine's torchrun shows the error once."""
+    place = _torchrun_env()
+    return place is None or place[1] == 0
 
 
 @contextlib.contextmanager

@@ -10,7 +10,9 @@ Under torchrun the same loop runs on every rank with DistributedDataParallel (se
 identically seeded sampler draws, so a step sees the batch a single-process run would; rank 0
 alone logs, samples and writes. Every value that decides what the loop does next is the same on
 all ranks: the loss (all-reduced), the gradient norm (of all-reduced gradients), hence `ok`, and
-the stop signal, which one small host-side all-reduce per step agrees on.
+the stop signal, which one small host-side all-reduce per step agrees on. At log, eval and
+checkpoint steps one more tells the other ranks that rank 0's writes went through, so a rank 0
+that fails there (a full disk) does not leave them to die in a collective.
 """
 
 from __future__ import annotations
@@ -384,10 +386,11 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
             )
     elif overwrite and dist.is_main:  # only now that data, model and config are known to be good
         _clear_run(run_dir)
-    if dist.is_main:
-        for name in RUN_FILES:  # the run lock is ours: what a killed run left half-saved goes
-            remove_temps(run_dir / name)
-        save_config(cfg, run_dir / "config.yaml")
+    with dist.main_first():  # rank 0 writes (here and below); the others hear if it failed
+        if dist.is_main:
+            for name in RUN_FILES:  # the run lock is ours: what a killed run left half-saved goes
+                remove_temps(run_dir / name)
+            save_config(cfg, run_dir / "config.yaml")
 
     step_model = model
     if tc.compile:
@@ -413,10 +416,42 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
             "vocab": data.vocab.chars,
         }
 
+    def write(train_event: dict[str, Any] | None, losses: dict[str, float] | None,
+              improved: bool, write_last: bool) -> None:
+        """Rank 0's part of a log, eval or checkpoint step: the log events, the eval's line
+        and sample, then best.pt and last.pt."""
+        if train_event is not None:
+            log.log("train", **train_event)
+        if losses is not None:
+            log.log("eval", step=state.step, elapsed_s=round(state.elapsed_s, 3),
+                    tokens=state.tokens, lr=lr, train_loss=losses["train"],
+                    val_loss=losses["val"], val_bpc=losses["val"] / LN2,
+                    best_val_loss=state.best_val)
+            log.message(f"step {state.step}: train {losses['train']:.4f}, val "
+                        f"{losses['val']:.4f} ({losses['val'] / LN2:.3f} bpc), "
+                        f"{state.elapsed_s:.1f}s" + (" *best" if improved else ""))
+            if tc.sample_chars:
+                try:
+                    log.sample(preview(model, data.vocab, tc.sample_chars, tc.seed), state.step)
+                except NonFiniteOutput:  # max_bad_steps decides whether the run stops
+                    log.message(f"step {state.step}: no sample, the model's outputs are not "
+                                "finite")
+        if write_last or improved:
+            state.elapsed_s = elapsed_before + time.perf_counter() - t_start
+            ckpt = snapshot()
+            # best.pt first: a last.pt on disk never counts a best val whose best.pt a crash
+            # kept from being written (a resume from the older last.pt evaluates that step
+            # again and writes best.pt then).
+            if improved:
+                checkpoint.save(ckpt, run_dir / "best.pt")
+            if write_last:
+                checkpoint.save(ckpt, run_dir / "last.pt")
+
     tokens_per_step = tc.batch_size * tc.grad_accum * cfg.model.block_size
     last_interval = tc.checkpoint_interval or tc.eval_interval  # null: last.pt at every eval
     elapsed_before = state.elapsed_s
-    log = MetricsLogger(run_dir, tc.max_iters, state.step, progress, enabled=dist.is_main)
+    with dist.main_first():
+        log = MetricsLogger(run_dir, tc.max_iters, state.step, progress, enabled=dist.is_main)
     bad = BadSteps(tc.max_bad_steps, state.skipped_steps, state.bad_streak, device)
     saved_step = state.step if resume else None  # the step of the last.pt on disk
     final: dict[str, float] | None = None  # the losses of the latest eval
@@ -451,13 +486,15 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
                                     f"{state.skipped_steps - skipped_before} update(s) with a "
                                     f"non-finite loss or gradient norm "
                                     f"({state.skipped_steps} so far)")
+                train_event: dict[str, Any] | None = None
                 if log_now:
                     now = time.perf_counter()
                     state.elapsed_s = elapsed_before + now - t_start
-                    log.log("train", step=state.step, elapsed_s=round(state.elapsed_s, 3),
-                            tokens=state.tokens, lr=lr, train_loss=loss.item(),
-                            grad_norm=norm.item(), skipped_steps=state.skipped_steps,
-                            tokens_per_s=steps_since_log * tokens_per_step / (now - t_log))
+                    train_event = dict(
+                        step=state.step, elapsed_s=round(state.elapsed_s, 3),
+                        tokens=state.tokens, lr=lr, train_loss=loss.item(),
+                        grad_norm=norm.item(), skipped_steps=state.skipped_steps,
+                        tokens_per_s=steps_since_log * tokens_per_step / (now - t_log))
                     t_log, steps_since_log = now, 0
                 t_pause = time.perf_counter()  # evals, samples and saves are not training time
                 improved = False
@@ -466,37 +503,17 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
                     state.elapsed_s = elapsed_before + time.perf_counter() - t_start
                     improved = final["val"] < state.best_val
                     state.best_val = min(state.best_val, final["val"])
-                    log.log("eval", step=state.step, elapsed_s=round(state.elapsed_s, 3),
-                            tokens=state.tokens, lr=lr, train_loss=final["train"],
-                            val_loss=final["val"], val_bpc=final["val"] / LN2,
-                            best_val_loss=state.best_val)
-                    log.message(
-                        f"step {state.step}: train {final['train']:.4f}, val "
-                        f"{final['val']:.4f} ({final['val'] / LN2:.3f} bpc), "
-                        f"{state.elapsed_s:.1f}s" + (" *best" if improved else "")
-                    )
-                    if tc.sample_chars and dist.is_main:
-                        try:
-                            log.sample(preview(model, data.vocab, tc.sample_chars, tc.seed),
-                                       state.step)
-                        except NonFiniteOutput:  # max_bad_steps decides whether the run stops
-                            log.message(f"step {state.step}: no sample, the model's outputs "
-                                        "are not finite")
-                if write_last or improved:
-                    state.elapsed_s = elapsed_before + time.perf_counter() - t_start
-                    if dist.is_main:  # the ranks hold the same state: one writes it
-                        ckpt = snapshot()
-                        if write_last:
-                            checkpoint.save(ckpt, run_dir / "last.pt")
-                        if improved:
-                            checkpoint.save(ckpt, run_dir / "best.pt")
+                if log_now or eval_now or write_last:
+                    # Rank 0 alone writes: should that fail (a full disk), the others hear it
+                    # and end quietly, instead of in their next collective with a traceback.
+                    with dist.main_first():
+                        if dist.is_main:
+                            write(train_event, final if eval_now else None, improved,
+                                  write_last)
                     if write_last:
                         saved_step = state.step
                 t_log += time.perf_counter() - t_pause  # tokens/s counts training time only
-                if stopping:
-                    # torchrun ends the whole world when the first rank exits: the others wait
-                    # until rank 0 has saved.
-                    dist.barrier()
+                if stopping:  # last.pt is saved (under torchrun, main_first waited for it)
                     raise Interrupted(
                         f"interrupted by {signal.Signals(signum).name} at step "
                         f"{state.step}: saved {run_dir / 'last.pt'}; continue with "
@@ -504,11 +521,13 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
                         signum,
                     )
         if final is not None:
-            log.hparams(cfg.to_dict(), {
-                "hparams/best_val_loss": state.best_val, "hparams/final_val_loss": final["val"],
-                "hparams/final_val_bpc": final["val"] / LN2,
-                "hparams/final_train_loss": final["train"],
-            }, state.step)
+            with dist.main_first():
+                log.hparams(cfg.to_dict(), {
+                    "hparams/best_val_loss": state.best_val,
+                    "hparams/final_val_loss": final["val"],
+                    "hparams/final_val_bpc": final["val"] / LN2,
+                    "hparams/final_train_loss": final["train"],
+                }, state.step)
     finally:
         log.close()
     return state

@@ -85,6 +85,46 @@ def test_two_gloo_processes_match_one_and_resume(tiny_cfg, tmp_path):
     assert checkpoint.load(run / "last.pt")["train_state"]["step"] == 12
 
 
+@pytest.mark.parametrize("rank, local_rank, prints", [(1, 1, False), (8, 0, True)])
+def test_bad_input_is_printed_by_the_first_process_of_each_machine(rank, local_rank, prints,
+                                                                   cli, monkeypatch):
+    """The processes of a torchrun world fail alike: one error line per machine, not one per
+    process (rank 8 with local rank 0: the first process of a second machine)."""
+    for key, value in {"RANK": rank, "LOCAL_RANK": local_rank, "WORLD_SIZE": 16}.items():
+        monkeypatch.setenv(key, str(value))
+    result = cli("train", ROOT / "configs" / "tiny.yaml", "--set", "train.max_iters=0")
+    message = "error: invalid config value train.max_iters: must be >= 1\n"
+    assert (result.code, result.out, result.err) == (2, "", message if prints else "")
+
+
+def test_a_failure_of_process_0_ends_the_others_without_a_traceback(tiny_cfg, tmp_path):
+    """Rank 0 alone prepares the data and writes logs and checkpoints; when that fails, rank 1
+    is told and ends quietly (it died in its next collective with gloo's "Connection closed by
+    peer" traceback), so the error shows once: a missing data file, and a best.pt that cannot
+    be written at the eval of a resumed run."""
+    missing = torchrun(["train", ROOT / "configs" / "tiny.yaml", "--data", "missing.txt",
+                        "--out", tmp_path / "none"], tmp_path)
+    assert missing.returncode == 1  # torchrun's own code when a process fails
+    assert [line for line in missing.stderr.splitlines() if line.startswith("error:")] == [
+        "error: input file not found: missing.txt"]
+    assert "[rank" not in missing.stderr  # no process's traceback
+
+    cfg = with_(tiny_cfg, train={"max_iters": 2, "eval_interval": 2, "eval_iters": 1,
+                                 "sample_chars": 0, "batch_size": 8, "dtype": "float32"})
+    train(cfg)
+    run = Path(cfg.train.out_dir)
+    (run / "best.pt").unlink()
+    (run / "best.pt").mkdir()  # the eval at step 4 improves, and cannot write best.pt
+    failed = torchrun(["train", "--out", run, "--resume", "--set", "train.max_iters=4"], tmp_path)
+    assert failed.returncode == 1
+    errors = [line for line in failed.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: cannot write checkpoint {run / 'best.pt'}: Is a directory; the "
+                      "previous best.pt, if any, is unchanged; free disk space (or fix the run "
+                      "dir), then continue with --resume"]
+    assert "[rank" not in failed.stderr
+    assert checkpoint.load(run / "last.pt")["train_state"]["step"] == 2
+
+
 def test_each_rank_keeps_its_rows_of_the_same_global_batch():
     data = np.arange(1000, dtype=np.uint16)
     cpu = torch.device("cpu")

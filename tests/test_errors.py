@@ -309,9 +309,9 @@ def test_disk_full_during_a_save_keeps_the_previous_checkpoints(cli, trained, mo
     # The resume rewrites config.yaml and appends to metrics.jsonl, as it should.
     result = cli("train", "--out", trained, "--resume", "--set", "train.max_iters=40")
     assert (result.code, result.err) == (
-        2, f"error: cannot write checkpoint {trained / 'last.pt'}: No space left on device; the "
-           "previous last.pt, if any, is unchanged; free disk space (or fix the run dir), then "
-           "continue with --resume\n")
+        2, f"error: cannot write checkpoint {trained / 'best.pt'}: No space left on device; the "
+           "previous best.pt, if any, is unchanged; free disk space (or fix the run dir), then "
+           "continue with --resume\n")  # step 30 improved: best.pt is written before last.pt
     assert len(calls) == 1
     assert {name: (trained / name).read_bytes() for name in before} == before
     assert not [p.name for p in trained.iterdir() if ".tmp" in p.name]

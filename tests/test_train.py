@@ -488,7 +488,7 @@ def test_second_ctrl_c_aborts_without_partial_file(tiny_cfg, monkeypatch):
         train(cfg)
     assert not isinstance(e.value, Interrupted)
     assert signal.getsignal(signal.SIGINT) == handler
-    assert len(saved) == 3  # last.pt and best.pt at step 2, then the aborted save at step 3
+    assert len(saved) == 3  # best.pt and last.pt at step 2, then the aborted save at step 3
     assert (run / "last.pt").read_bytes() == saved[-1]
     assert checkpoint.load(run / "last.pt")["train_state"]["step"] == 2
     assert not [p.name for p in run.iterdir() if ".tmp" in p.name]
@@ -553,6 +553,40 @@ def test_resume_removes_the_half_saved_checkpoints_of_a_killed_run(tiny_cfg):
     train(with_(cfg, train={"max_iters": 3}), resume=True)
     assert not any(path.exists() for path in left)
     assert all(path.read_bytes() == b"PK\x03\x04" for path in kept)
+
+
+class Killed(BaseException):
+    """A process death in the middle of the loop (nothing after it runs, as after SIGKILL)."""
+
+
+@pytest.mark.parametrize("dies_in", ["last.pt", "best.pt"])
+def test_a_crash_between_the_saves_of_an_improved_eval_keeps_best_pt_the_best(dies_in, tiny_cfg,
+                                                                               monkeypatch):
+    """A run killed while it writes the checkpoints of its final eval, which improved, and then
+    resumed: best.pt is that step's model, the one with the lowest val (when last.pt was
+    written first, a death before best.pt left last.pt counting a best val that no best.pt
+    held, and the resume, with nothing left to train, kept the older best.pt for good)."""
+    cfg = with_(tiny_cfg, train={"max_iters": 4, "eval_interval": 2, "eval_iters": 1,
+                                 "sample_chars": 0})
+    run = Path(cfg.train.out_dir)
+    real_save = checkpoint.save
+
+    def save_or_die(state, path):
+        if state["train_state"]["step"] == 4 and Path(path).name == dies_in:
+            raise Killed
+        real_save(state, path)
+
+    monkeypatch.setattr(checkpoint, "save", save_or_die)
+    with pytest.raises(Killed):
+        train(cfg)
+    monkeypatch.undo()
+    train(cfg, resume=True)
+    evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    vals = {e["step"]: e["val_loss"] for e in evals if e["event"] == "eval"}
+    assert list(vals) == [2, 4] and vals[4] < vals[2]
+    best = checkpoint.load(run / "best.pt")
+    assert best["train_state"]["step"] == 4 and best["train_state"]["best_val"] == vals[4]
+    assert_same_weights(run / "best.pt", run / "last.pt")
 
 
 def test_checkpoint_interval_sets_last_and_best_follows_evals(tiny_cfg, monkeypatch):
