@@ -40,6 +40,15 @@ def check_input_file(path: Path) -> None:
         raise CharlmError(f"input is a directory, not a text file: {path}")
 
 
+def check_source_file(path: Path) -> None:
+    """An input of `prepare`, which reads it twice (pass 1, pass 2): a regular file. A pipe
+    (`<(cmd)`) gives its bytes once, so pass 2 would write no ids, and a named pipe blocks."""
+    check_input_file(path)
+    if not path.is_file():
+        raise CharlmError(f"input is not a regular file (a pipe or a device): {path}; charlm "
+                          "reads its text twice, save it to a file first")
+
+
 def _read_text_chunks(path: Path, bar: tqdm | None = None) -> Iterator[tuple[bytes, str]]:
     """Yield (raw bytes, decoded text) per chunk, decoding strictly as UTF-8. A byte order mark
     at the start of the file marks the encoding and is not text: it is dropped.
@@ -102,7 +111,7 @@ def _scan(path: Path, seen: np.ndarray, bar: tqdm | None) -> SourceStats:
 def scan(paths: Sequence[Path], bar: tqdm | None = None) -> tuple[list[SourceStats], Vocab]:
     """Pass 1 over every input: per-file stats and the vocabulary of all of them together."""
     for p in paths:
-        check_input_file(p)
+        check_source_file(p)
     seen = np.zeros(MAX_CODE_POINT, dtype=bool)
     stats = [_scan(p, seen, bar) for p in paths]
     for s in stats:
@@ -140,7 +149,7 @@ def prepare(
     if not paths:
         raise CharlmError("no input files given")
     for p in paths:
-        check_input_file(p)  # before reading any sizes
+        check_source_file(p)  # before reading any sizes
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise CharlmError(f"--out must be a directory, but {out} is a file")
@@ -266,7 +275,7 @@ def dataset_for(data_path: str | Path, val_fraction: float, cache_dir: Path,
     data_path = Path(data_path)
     if data_path.is_dir():
         return load_dataset(data_path)
-    check_input_file(data_path)
+    check_source_file(data_path)
     meta_path = cache_dir / "meta.json"
     if meta_path.is_file():
         try:

@@ -74,6 +74,25 @@ def test_directory_where_a_text_file_is_expected(fails, tmp_path):
           message=f"input is a directory, not a text file: {tmp_path / 'texts'}")
 
 
+def test_a_pipe_is_refused_as_an_input_to_prepare(fails, tmp_path):
+    """`charlm prepare <(cmd)` read the pipe's text in pass 1 and nothing in pass 2: exit 0 with
+    empty train.bin/val.bin under a meta.json that counted the characters (and a named pipe
+    blocked); `charlm train --data <(cmd)` said the input was empty."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"hello world, hello world")
+    os.close(write_end)
+    pipe = f"/proc/self/fd/{read_end}"
+    message = (f"input is not a regular file (a pipe or a device): {pipe}; charlm reads its "
+               "text twice, save it to a file first")
+    try:
+        fails("prepare", pipe, "--out", tmp_path / "ds", message=message)
+        fails("train", TINY, "--data", pipe, "--out", tmp_path / "run", message=message)
+    finally:
+        os.close(read_end)
+    fails("prepare", "/dev/null", "--out", tmp_path / "ds",
+          message=message.replace(pipe, "/dev/null"))
+
+
 def test_directory_that_is_not_a_dataset(fails, tmp_path):
     (tmp_path / "texts").mkdir()
     fails("train", TINY, "--data", tmp_path / "texts", "--out", tmp_path / "run",
