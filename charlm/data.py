@@ -134,6 +134,22 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _replaceable(out: Path) -> bool:
+    """Whether `prepare` may write into the existing directory `out`: one that holds a charlm
+    dataset (its meta.json says so: a meta.json of another tool is not ours to overwrite), or
+    nothing but dataset files (a prepare killed between moving the .bin files into place and
+    writing meta.json, say a run's own dataset cache) and the hidden .NAME.tmp-PID files of a
+    killed prepare."""
+    meta_path = out / "meta.json"
+    if meta_path.exists():
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (ValueError, OSError):
+            return False
+        return isinstance(meta, dict) and meta.get("format") == DATASET_FORMAT
+    return all(p.name.startswith(".") or p.name in DATASET_FILES for p in out.iterdir())
+
+
 def prepare(
     inputs: Sequence[str | Path], out: str | Path, val_fraction: float = 0.1,
     progress: bool = True,
@@ -153,12 +169,7 @@ def prepare(
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise CharlmError(f"--out must be a directory, but {out} is a file")
-    # A dataset whose meta.json is missing (a prepare killed between moving the .bin files into
-    # place and writing it, say a run's own dataset cache) is still a dataset dir to replace;
-    # the hidden .NAME.tmp-PID files of a killed prepare are ignored.
-    if (out.is_dir() and not (out / "meta.json").is_file()
-            and any(not p.name.startswith(".") and p.name not in DATASET_FILES
-                    for p in out.iterdir())):
+    if out.is_dir() and not _replaceable(out):
         raise CharlmError(f"--out {out} is not empty and holds no charlm dataset; give a new or "
                           "empty directory, or a dataset dir to replace")
 

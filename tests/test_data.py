@@ -179,6 +179,24 @@ def test_prepare_refuses_a_non_empty_dir_that_is_not_a_dataset(tmp_path):
     assert prepare([text], ds, progress=False)["train_tokens"] == 10  # replaced
 
 
+@pytest.mark.parametrize("meta", ['{"name": "my project"}', "{}", "[1]", "not json"])
+def test_prepare_refuses_a_dir_whose_meta_json_is_another_tools(tmp_path, meta):
+    """Any meta.json used to make a directory a dataset dir, so prepare overwrote a project's own
+    meta.json (and wrote its .bin files beside the project's files)."""
+    text = tmp_path / "t.txt"
+    text.write_text("hello world, hello world")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "meta.json").write_text(meta)
+    (project / "main.py").write_text("print()")
+    with pytest.raises(CharlmError) as e:
+        prepare([text], project, progress=False)
+    assert str(e.value) == (f"--out {project} is not empty and holds no charlm dataset; give a "
+                            "new or empty directory, or a dataset dir to replace")
+    assert {p.name: p.read_text() for p in project.iterdir()} == {
+        "meta.json": meta, "main.py": "print()"}
+
+
 def test_a_dataset_cache_left_without_meta_json_is_rebuilt(tmp_path):
     """A prepare killed after moving train.bin and val.bin into place but before writing
     meta.json: the run's dataset cache is prepared again, not refused as a foreign directory
