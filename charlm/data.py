@@ -134,19 +134,24 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _dataset_meta(path: Path) -> dict[str, Any] | None:
+    """The meta.json of the directory `path` if it is a charlm dataset's, else None (missing,
+    unreadable, or another tool's)."""
+    try:
+        meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
+    except (ValueError, OSError):
+        return None
+    return meta if isinstance(meta, dict) and meta.get("format") == DATASET_FORMAT else None
+
+
 def _replaceable(out: Path) -> bool:
     """Whether `prepare` may write into the existing directory `out`: one that holds a charlm
     dataset (its meta.json says so: a meta.json of another tool is not ours to overwrite), or
     nothing but dataset files (a prepare killed between moving the .bin files into place and
     writing meta.json, say a run's own dataset cache) and the hidden .NAME.tmp-PID files of a
     killed prepare."""
-    meta_path = out / "meta.json"
-    if meta_path.exists():
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (ValueError, OSError):
-            return False
-        return isinstance(meta, dict) and meta.get("format") == DATASET_FORMAT
+    if (out / "meta.json").exists():
+        return _dataset_meta(out) is not None
     return all(p.name.startswith(".") or p.name in DATASET_FILES for p in out.iterdir())
 
 
@@ -287,15 +292,14 @@ def dataset_for(data_path: str | Path, val_fraction: float, cache_dir: Path,
     if data_path.is_dir():
         return load_dataset(data_path)
     check_source_file(data_path)
-    meta_path = cache_dir / "meta.json"
-    if meta_path.is_file():
+    meta = _dataset_meta(cache_dir)
+    if meta is not None:
         try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
             cached = [s["sha256"] for s in meta["sources"]]
             if cached == [sha256_file(data_path)] and meta["val_fraction"] == val_fraction:
                 return load_dataset(cache_dir)
-        except (ValueError, KeyError, TypeError):
-            pass  # an unreadable cache is simply rebuilt
+        except (KeyError, TypeError, CharlmError):
+            pass  # a damaged cache (a truncated train.bin, say) is rebuilt
     if check is not None:
         check(scan([data_path])[1])
     prepare([data_path], cache_dir, val_fraction)

@@ -210,6 +210,20 @@ def test_a_dataset_cache_left_without_meta_json_is_rebuilt(tmp_path):
     assert data.meta["train_tokens"] == 21 and (cache / "meta.json").is_file()
 
 
+def test_a_damaged_dataset_cache_is_rebuilt(tmp_path):
+    """A run's dataset cache whose train.bin no longer matches its meta.json (the text's sha256
+    unchanged) failed every later `charlm train` of the run, --overwrite too, with 'prepare it
+    again with `charlm prepare`', which the user never ran; now it is prepared again."""
+    text = tmp_path / "t.txt"
+    text.write_text("hello world, hello world")
+    cache = tmp_path / "run" / "dataset"
+    dataset_for(text, 0.1, cache)
+    (cache / "train.bin").write_bytes(b"\x00" * 5)
+    data = dataset_for(text, 0.1, cache)
+    assert data.vocab.decode(data.train) == "hello world, hello wo"
+    assert (cache / "train.bin").stat().st_size == 21
+
+
 def test_batch_gather_equals_reference_slicing():
     arr = np.arange(1000, dtype=np.uint16) % 251
     sampler = BatchSampler(arr, block_size=8, batch_size=5, device=torch.device("cpu"), seed=3)
