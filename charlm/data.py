@@ -262,6 +262,13 @@ def load_dataset(path: str | Path) -> Dataset:
         if meta.get("version") != DATASET_VERSION:
             raise ValueError(f"dataset format version {meta.get('version')}")
         vocab = Vocab(meta["vocab"])
+        # The declared sizes must be the vocabulary's: a hand-edited one is not silently ignored.
+        if meta["vocab_size"] != len(vocab):
+            raise ValueError(f"meta.json gives vocab_size {meta['vocab_size']!r}, but its vocab "
+                             f"holds {len(vocab)} characters")
+        if meta["dtype"] != vocab.dtype.name:
+            raise ValueError(f"meta.json gives dtype {meta['dtype']!r}, but a {len(vocab)}-symbol "
+                             f"vocabulary has {vocab.dtype.name} ids")
         splits = {}
         for split in ("train", "val"):
             n = meta[f"{split}_tokens"]

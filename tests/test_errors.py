@@ -360,11 +360,30 @@ def test_dataset_with_ids_outside_its_vocabulary(cli, fails, tmp_path, corpus):
     assert cli("prepare", corpus, "--out", ds).code == 0
     meta = json.loads((ds / "meta.json").read_text(encoding="utf-8"))
     meta["vocab"] = meta["vocab"][:-1]
+    meta["vocab_size"] -= 1
     write(ds / "meta.json", json.dumps(meta))
     n = len(meta["vocab"])
     fails("train", TINY, "--data", ds, "--out", tmp_path / "run", new=True,
           message=f"cannot read dataset {ds}: train.bin holds ids outside the {n}-symbol "
                   "vocabulary of meta.json; prepare it again with `charlm prepare`")
+
+
+@pytest.mark.parametrize("key, value, detail", [
+    ("vocab_size", 10, "meta.json gives vocab_size 10, but its vocab holds 58 characters"),
+    ("dtype", "uint16", "meta.json gives dtype 'uint16', but a 58-symbol vocabulary has uint8 ids"),
+])
+def test_dataset_whose_meta_json_contradicts_its_vocab(cli, fails, tmp_path, corpus, key, value,
+                                                       detail):
+    """A meta.json whose vocab_size or dtype was edited was read as if they were not there."""
+    import json
+
+    ds = tmp_path / "ds"
+    assert cli("prepare", corpus, "--out", ds).code == 0
+    meta = json.loads((ds / "meta.json").read_text(encoding="utf-8"))
+    assert len(meta["vocab"]) == 58
+    write(ds / "meta.json", json.dumps({**meta, key: value}))
+    fails("train", TINY, "--data", ds, "--out", tmp_path / "run", new=True,
+          message=f"cannot read dataset {ds}: {detail}; prepare it again with `charlm prepare`")
 
 
 def test_a_batch_too_big_for_memory_is_an_error_line(fails, tmp_path, corpus):
