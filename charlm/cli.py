@@ -274,12 +274,9 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
             raise CharlmError(f"prompt file {prompt_file} is a directory; give a text file")
         if not prompt_file.is_file():
             raise CharlmError(f"prompt file not found: {prompt_file}")
-        try:
-            return prompt_file.read_text(encoding="utf-8-sig")  # without a byte order mark
-        except UnicodeDecodeError as e:
-            raise CharlmError(
-                f"prompt file {prompt_file} is not valid UTF-8 (byte offset {e.start})"
-            ) from None
+        from charlm.data import read_text
+
+        return read_text(prompt_file)  # as prepare reads text: CRLF kept, no byte order mark
     if prompt == "-":
         try:
             return sys.stdin.read().removeprefix("\ufeff")  # as --prompt-file: not text

@@ -40,6 +40,15 @@ def check_input_file(path: Path) -> None:
         raise CharlmError(f"input is a directory, not a text file: {path}")
 
 
+def check_source_file(path: Path) -> None:
+    """An input of `prepare`, which reads it twice (pass 1, pass 2): a regular file. A pipe
+    (`<(cmd)`) gives its bytes once, so pass 2 would write no ids, and a named pipe blocks."""
+    check_input_file(path)
+    if not path.is_file():
+        raise CharlmError(f"input is not a regular file (a pipe or a device): {path}; charlm "
+                          "reads its text twice, save it to a file first")
+
+
 def _read_text_chunks(path: Path, bar: tqdm | None = None) -> Iterator[tuple[bytes, str]]:
     """Yield (raw bytes, decoded text) per chunk, decoding strictly as UTF-8. A byte order mark
     at the start of the file marks the encoding and is not text: it is dropped.
@@ -102,7 +111,7 @@ def _scan(path: Path, seen: np.ndarray, bar: tqdm | None) -> SourceStats:
 def scan(paths: Sequence[Path], bar: tqdm | None = None) -> tuple[list[SourceStats], Vocab]:
     """Pass 1 over every input: per-file stats and the vocabulary of all of them together."""
     for p in paths:
-        check_input_file(p)
+        check_source_file(p)
     seen = np.zeros(MAX_CODE_POINT, dtype=bool)
     stats = [_scan(p, seen, bar) for p in paths]
     for s in stats:
@@ -125,6 +134,27 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _dataset_meta(path: Path) -> dict[str, Any] | None:
+    """The meta.json of the directory `path` if it is a charlm dataset's, else None (missing,
+    unreadable, or another tool's)."""
+    try:
+        meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
+    except (ValueError, OSError):
+        return None
+    return meta if isinstance(meta, dict) and meta.get("format") == DATASET_FORMAT else None
+
+
+def _replaceable(out: Path) -> bool:
+    """Whether `prepare` may write into the existing directory `out`: one that holds a charlm
+    dataset (its meta.json says so: a meta.json of another tool is not ours to overwrite), or
+    nothing but dataset files (a prepare killed between moving the .bin files into place and
+    writing meta.json, say a run's own dataset cache) and the hidden .NAME.tmp-PID files of a
+    killed prepare."""
+    if (out / "meta.json").exists():
+        return _dataset_meta(out) is not None
+    return all(p.name.startswith(".") or p.name in DATASET_FILES for p in out.iterdir())
+
+
 def prepare(
     inputs: Sequence[str | Path], out: str | Path, val_fraction: float = 0.1,
     progress: bool = True,
@@ -140,16 +170,11 @@ def prepare(
     if not paths:
         raise CharlmError("no input files given")
     for p in paths:
-        check_input_file(p)  # before reading any sizes
+        check_source_file(p)  # before reading any sizes
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise CharlmError(f"--out must be a directory, but {out} is a file")
-    # A dataset whose meta.json is missing (a prepare killed between moving the .bin files into
-    # place and writing it, say a run's own dataset cache) is still a dataset dir to replace;
-    # the hidden .NAME.tmp-PID files of a killed prepare are ignored.
-    if (out.is_dir() and not (out / "meta.json").is_file()
-            and any(not p.name.startswith(".") and p.name not in DATASET_FILES
-                    for p in out.iterdir())):
+    if out.is_dir() and not _replaceable(out):
         raise CharlmError(f"--out {out} is not empty and holds no charlm dataset; give a new or "
                           "empty directory, or a dataset dir to replace")
 
@@ -237,6 +262,13 @@ def load_dataset(path: str | Path) -> Dataset:
         if meta.get("version") != DATASET_VERSION:
             raise ValueError(f"dataset format version {meta.get('version')}")
         vocab = Vocab(meta["vocab"])
+        # The declared sizes must be the vocabulary's: a hand-edited one is not silently ignored.
+        if meta["vocab_size"] != len(vocab):
+            raise ValueError(f"meta.json gives vocab_size {meta['vocab_size']!r}, but its vocab "
+                             f"holds {len(vocab)} characters")
+        if meta["dtype"] != vocab.dtype.name:
+            raise ValueError(f"meta.json gives dtype {meta['dtype']!r}, but a {len(vocab)}-symbol "
+                             f"vocabulary has {vocab.dtype.name} ids")
         splits = {}
         for split in ("train", "val"):
             n = meta[f"{split}_tokens"]
@@ -266,16 +298,15 @@ def dataset_for(data_path: str | Path, val_fraction: float, cache_dir: Path,
     data_path = Path(data_path)
     if data_path.is_dir():
         return load_dataset(data_path)
-    check_input_file(data_path)
-    meta_path = cache_dir / "meta.json"
-    if meta_path.is_file():
+    check_source_file(data_path)
+    meta = _dataset_meta(cache_dir)
+    if meta is not None:
         try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
             cached = [s["sha256"] for s in meta["sources"]]
             if cached == [sha256_file(data_path)] and meta["val_fraction"] == val_fraction:
                 return load_dataset(cache_dir)
-        except (ValueError, KeyError, TypeError):
-            pass  # an unreadable cache is simply rebuilt
+        except (KeyError, TypeError, CharlmError):
+            pass  # a damaged cache (a truncated train.bin, say) is rebuilt
     if check is not None:
         check(scan([data_path])[1])
     prepare([data_path], cache_dir, val_fraction)

@@ -321,11 +321,28 @@ def test_eval_and_prompt_file_reject_non_utf8(cli, run_dir, tmp_path):
         2, f"error: {bad} is not valid UTF-8 text (invalid byte 0xe9 at byte offset 3); charlm "
            "reads text files as UTF-8, convert it first\n")
     prompt = cli("sample", run_dir, "--prompt-file", bad)
-    assert (prompt.code, prompt.err) == (
-        2, f"error: prompt file {bad} is not valid UTF-8 (byte offset 3)\n")
+    assert (prompt.code, prompt.err) == (result.code, result.err)
     missing = cli("eval", run_dir, tmp_path / "nope.txt")
     assert (missing.code, missing.err) == (
         2, f"error: input file not found: {tmp_path / 'nope.txt'}\n")
+
+
+def test_prompt_file_is_read_as_prepare_reads_text(cli, run_dir, tmp_path):
+    """--prompt-file turned CRLF (and a lone CR) into LF, so a model trained on CRLF text saw
+    another prompt than the file's, and after a byte order mark named an invalid byte 3 bytes
+    early; it keeps the text as it is (here '\r' is outside the model's vocabulary)."""
+    crlf = tmp_path / "crlf.txt"
+    crlf.write_bytes(b"\xef\xbb\xbfFirst\r\nCitizen:")
+    result = cli("sample", run_dir, "--prompt-file", crlf, "--max-new-tokens", "5")
+    assert (result.code, result.err) == (
+        2, "error: prompt has characters outside the model's vocabulary: '\\r' at position 5; "
+           "remove them or pass --unknown skip\n")
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\xef\xbb\xbfFirst\xff")
+    result = cli("sample", run_dir, "--prompt-file", bad, "--max-new-tokens", "5")
+    assert (result.code, result.err) == (
+        2, f"error: {bad} is not valid UTF-8 text (invalid byte 0xff at byte offset 8); charlm "
+           "reads text files as UTF-8, convert it first\n")
 
 
 @pytest.mark.parametrize("command", [["sample"], ["eval", ROOT / "configs" / "tiny.yaml"],

@@ -179,6 +179,24 @@ def test_prepare_refuses_a_non_empty_dir_that_is_not_a_dataset(tmp_path):
     assert prepare([text], ds, progress=False)["train_tokens"] == 10  # replaced
 
 
+@pytest.mark.parametrize("meta", ['{"name": "my project"}', "{}", "[1]", "not json"])
+def test_prepare_refuses_a_dir_whose_meta_json_is_another_tools(tmp_path, meta):
+    """Any meta.json used to make a directory a dataset dir, so prepare overwrote a project's own
+    meta.json (and wrote its .bin files beside the project's files)."""
+    text = tmp_path / "t.txt"
+    text.write_text("hello world, hello world")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "meta.json").write_text(meta)
+    (project / "main.py").write_text("print()")
+    with pytest.raises(CharlmError) as e:
+        prepare([text], project, progress=False)
+    assert str(e.value) == (f"--out {project} is not empty and holds no charlm dataset; give a "
+                            "new or empty directory, or a dataset dir to replace")
+    assert {p.name: p.read_text() for p in project.iterdir()} == {
+        "meta.json": meta, "main.py": "print()"}
+
+
 def test_a_dataset_cache_left_without_meta_json_is_rebuilt(tmp_path):
     """A prepare killed after moving train.bin and val.bin into place but before writing
     meta.json: the run's dataset cache is prepared again, not refused as a foreign directory
@@ -190,6 +208,20 @@ def test_a_dataset_cache_left_without_meta_json_is_rebuilt(tmp_path):
     (cache / "meta.json").unlink()
     data = dataset_for(text, 0.1, cache)
     assert data.meta["train_tokens"] == 21 and (cache / "meta.json").is_file()
+
+
+def test_a_damaged_dataset_cache_is_rebuilt(tmp_path):
+    """A run's dataset cache whose train.bin no longer matches its meta.json (the text's sha256
+    unchanged) failed every later `charlm train` of the run, --overwrite too, with 'prepare it
+    again with `charlm prepare`', which the user never ran; now it is prepared again."""
+    text = tmp_path / "t.txt"
+    text.write_text("hello world, hello world")
+    cache = tmp_path / "run" / "dataset"
+    dataset_for(text, 0.1, cache)
+    (cache / "train.bin").write_bytes(b"\x00" * 5)
+    data = dataset_for(text, 0.1, cache)
+    assert data.vocab.decode(data.train) == "hello world, hello wo"
+    assert (cache / "train.bin").stat().st_size == 21
 
 
 def test_batch_gather_equals_reference_slicing():

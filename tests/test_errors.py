@@ -74,6 +74,25 @@ def test_directory_where_a_text_file_is_expected(fails, tmp_path):
           message=f"input is a directory, not a text file: {tmp_path / 'texts'}")
 
 
+def test_a_pipe_is_refused_as_an_input_to_prepare(fails, tmp_path):
+    """`charlm prepare <(cmd)` read the pipe's text in pass 1 and nothing in pass 2: exit 0 with
+    empty train.bin/val.bin under a meta.json that counted the characters (and a named pipe
+    blocked); `charlm train --data <(cmd)` said the input was empty."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"hello world, hello world")
+    os.close(write_end)
+    pipe = f"/proc/self/fd/{read_end}"
+    message = (f"input is not a regular file (a pipe or a device): {pipe}; charlm reads its "
+               "text twice, save it to a file first")
+    try:
+        fails("prepare", pipe, "--out", tmp_path / "ds", message=message)
+        fails("train", TINY, "--data", pipe, "--out", tmp_path / "run", message=message)
+    finally:
+        os.close(read_end)
+    fails("prepare", "/dev/null", "--out", tmp_path / "ds",
+          message=message.replace(pipe, "/dev/null"))
+
+
 def test_directory_that_is_not_a_dataset(fails, tmp_path):
     (tmp_path / "texts").mkdir()
     fails("train", TINY, "--data", tmp_path / "texts", "--out", tmp_path / "run",
@@ -356,11 +375,30 @@ def test_dataset_with_ids_outside_its_vocabulary(cli, fails, tmp_path, corpus):
     assert cli("prepare", corpus, "--out", ds).code == 0
     meta = json.loads((ds / "meta.json").read_text(encoding="utf-8"))
     meta["vocab"] = meta["vocab"][:-1]
+    meta["vocab_size"] -= 1
     write(ds / "meta.json", json.dumps(meta))
     n = len(meta["vocab"])
     fails("train", TINY, "--data", ds, "--out", tmp_path / "run", new=True,
           message=f"cannot read dataset {ds}: train.bin holds ids outside the {n}-symbol "
                   "vocabulary of meta.json; prepare it again with `charlm prepare`")
+
+
+@pytest.mark.parametrize("key, value, detail", [
+    ("vocab_size", 10, "meta.json gives vocab_size 10, but its vocab holds 58 characters"),
+    ("dtype", "uint16", "meta.json gives dtype 'uint16', but a 58-symbol vocabulary has uint8 ids"),
+])
+def test_dataset_whose_meta_json_contradicts_its_vocab(cli, fails, tmp_path, corpus, key, value,
+                                                       detail):
+    """A meta.json whose vocab_size or dtype was edited was read as if they were not there."""
+    import json
+
+    ds = tmp_path / "ds"
+    assert cli("prepare", corpus, "--out", ds).code == 0
+    meta = json.loads((ds / "meta.json").read_text(encoding="utf-8"))
+    assert len(meta["vocab"]) == 58
+    write(ds / "meta.json", json.dumps({**meta, key: value}))
+    fails("train", TINY, "--data", ds, "--out", tmp_path / "run", new=True,
+          message=f"cannot read dataset {ds}: {detail}; prepare it again with `charlm prepare`")
 
 
 def test_a_batch_too_big_for_memory_is_an_error_line(fails, tmp_path, corpus):
