@@ -277,14 +277,10 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
         from charlm.data import read_text
 
         return read_text(prompt_file)  # as prepare reads text: CRLF kept, no byte order mark
-    if prompt == "-":
-        try:
-            return sys.stdin.read().removeprefix("\ufeff")  # as --prompt-file: not text
-        except UnicodeDecodeError as e:  # a strict stdin (PYTHONIOENCODING, a UTF-8 locale)
-            raise CharlmError(
-                f"the prompt on stdin is not valid {e.encoding} (byte offset {e.start}); convert "
-                "it, or name its encoding with PYTHONIOENCODING"
-            ) from None
+    if prompt == "-":  # the bytes, read as a prompt file is: CRLF kept, no byte order mark
+        from charlm.data import decode_chunks
+
+        return "".join(text for _, text in decode_chunks(sys.stdin.buffer, "the prompt on stdin"))
     return prompt
 
 

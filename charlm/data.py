@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -50,33 +50,39 @@ def check_source_file(path: Path) -> None:
 
 
 def _read_text_chunks(path: Path, bar: tqdm | None = None) -> Iterator[tuple[bytes, str]]:
-    """Yield (raw bytes, decoded text) per chunk, decoding strictly as UTF-8. A byte order mark
-    at the start of the file marks the encoding and is not text: it is dropped.
+    """Yield (raw bytes, decoded text) per chunk of the file, as `decode_chunks`."""
+    with open(path, "rb") as f:
+        yield from decode_chunks(f, str(path), bar)
 
-    An invalid byte sequence is an error naming the file and the byte offset where it starts.
+
+def decode_chunks(f: BinaryIO, name: str, bar: tqdm | None = None
+                  ) -> Iterator[tuple[bytes, str]]:
+    """Yield (raw bytes, decoded text) per chunk of `f`, decoding strictly as UTF-8. A byte order
+    mark at the start marks the encoding and is not text: it is dropped.
+
+    An invalid byte sequence is an error naming `name` and the byte offset where it starts.
     """
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
-    offset = 0  # bytes of the file read before this chunk
-    with open(path, "rb") as f:
-        while True:
-            raw = f.read(CHUNK_BYTES)
-            final = not raw
-            data = raw[3:] if offset == 0 and raw.startswith(codecs.BOM_UTF8) else raw
-            pending = len(decoder.getstate()[0])
-            try:
-                text = decoder.decode(data, final=final)
-            except UnicodeDecodeError as e:
-                at = offset + len(raw) - len(data) - pending + e.start
-                raise CharlmError(
-                    f"{path} is not valid UTF-8 text (invalid byte 0x{e.object[e.start]:02x} at "
-                    f"byte offset {at}); charlm reads text files as UTF-8, convert it first"
-                ) from None
-            offset += len(raw)
-            if bar is not None:
-                bar.update(len(raw))
-            yield raw, text
-            if final:
-                return
+    offset = 0  # bytes read before this chunk
+    while True:
+        raw = f.read(CHUNK_BYTES)
+        final = not raw
+        data = raw[3:] if offset == 0 and raw.startswith(codecs.BOM_UTF8) else raw
+        pending = len(decoder.getstate()[0])
+        try:
+            text = decoder.decode(data, final=final)
+        except UnicodeDecodeError as e:
+            at = offset + len(raw) - len(data) - pending + e.start
+            raise CharlmError(
+                f"{name} is not valid UTF-8 text (invalid byte 0x{e.object[e.start]:02x} at "
+                f"byte offset {at}); charlm reads text files as UTF-8, convert it first"
+            ) from None
+        offset += len(raw)
+        if bar is not None:
+            bar.update(len(raw))
+        yield raw, text
+        if final:
+            return
 
 
 def read_text(path: Path) -> str:

@@ -214,18 +214,26 @@ def test_sample_prompt_from_file_and_stdin(cli, run_dir, tmp_path, monkeypatch):
     path = tmp_path / "prompt.txt"
     path.write_text("First Citizen:", encoding="utf-8")
     assert cli(*greedy, "--prompt-file", path).out == direct.out
-    monkeypatch.setattr("sys.stdin", io.StringIO("First Citizen:"))
+
+    def stdin(data: bytes):  # in whatever encoding the locale names: the bytes are read
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data), encoding="latin-1"))
+
+    stdin(b"First Citizen:")
     assert cli(*greedy, "--prompt", "-").out == direct.out
     path.write_text("\ufeffFirst Citizen:", encoding="utf-8")  # a byte order mark is dropped
     assert cli(*greedy, "--prompt-file", path).out == direct.out
-    monkeypatch.setattr("sys.stdin", io.StringIO("\ufeffFirst Citizen:"))
+    stdin("\ufeffFirst Citizen:".encode())
     assert cli(*greedy, "--prompt", "-").out == direct.out
-    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"First \xffCitizen:"),
-                                                       encoding="utf-8"))
+    stdin(b"First \xffCitizen:")
     invalid = cli(*greedy, "--prompt", "-")
     assert (invalid.code, invalid.err, invalid.out) == (
-        2, "error: the prompt on stdin is not valid utf-8 (byte offset 6); convert it, or name "
-           "its encoding with PYTHONIOENCODING\n", "")
+        2, "error: the prompt on stdin is not valid UTF-8 text (invalid byte 0xff at byte offset "
+           "6); charlm reads text files as UTF-8, convert it first\n", "")
+    stdin(b"First\r\nCitizen:")  # CRLF kept, as in a prompt file (text mode made it LF)
+    crlf = cli(*greedy, "--prompt", "-")
+    assert (crlf.code, crlf.err) == (
+        2, "error: prompt has characters outside the model's vocabulary: '\\r' at position 5; "
+           "remove them or pass --unknown skip\n")
     both = cli(*greedy, "--prompt", "x", "--prompt-file", path)
     assert (both.code, both.err) == (
         2, "error: give the prompt either with --prompt or with --prompt-file, not both\n")
