@@ -153,12 +153,20 @@ def _dataset_meta(path: Path) -> dict[str, Any] | None:
 def _replaceable(out: Path) -> bool:
     """Whether `prepare` may write into the existing directory `out`: one that holds a charlm
     dataset (its meta.json says so: a meta.json of another tool is not ours to overwrite), or
-    nothing but dataset files (a prepare killed between moving the .bin files into place and
-    writing meta.json, say a run's own dataset cache) and the hidden .NAME.tmp-PID files of a
-    killed prepare."""
-    if (out / "meta.json").exists():
-        return _dataset_meta(out) is not None
-    return all(p.name.startswith(".") or p.name in DATASET_FILES for p in out.iterdir())
+    nothing but dataset files and the hidden .NAME.tmp-PID files of a killed prepare, with a
+    meta.json missing or damaged (a prepare or a machine stopped between moving the .bin files
+    into place and writing meta.json, say in a run's own dataset cache)."""
+    if _dataset_meta(out) is not None:
+        return True
+    if not all(p.name.startswith(".") or p.name in DATASET_FILES for p in out.iterdir()):
+        return False
+    try:  # only dataset files: replaceable unless meta.json is another tool's
+        json.loads((out / "meta.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return True
+    except (ValueError, OSError):  # damaged (cut short by a crash) beside our .bin files
+        return any((out / name).exists() for name in ("train.bin", "val.bin"))
+    return False
 
 
 def prepare(

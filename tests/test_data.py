@@ -195,17 +195,26 @@ def test_prepare_refuses_a_dir_whose_meta_json_is_another_tools(tmp_path, meta):
                             "new or empty directory, or a dataset dir to replace")
     assert {p.name: p.read_text() for p in project.iterdir()} == {
         "meta.json": meta, "main.py": "print()"}
+    (project / "main.py").unlink()  # its meta.json alone: still another tool's
+    with pytest.raises(CharlmError):
+        prepare([text], project, progress=False)
+    assert [p.name for p in project.iterdir()] == ["meta.json"]
 
 
-def test_a_dataset_cache_left_without_meta_json_is_rebuilt(tmp_path):
+@pytest.mark.parametrize("meta", [None, "", '{"format": "charlm-da'])
+def test_a_dataset_cache_left_without_meta_json_is_rebuilt(tmp_path, meta):
     """A prepare killed after moving train.bin and val.bin into place but before writing
-    meta.json: the run's dataset cache is prepared again, not refused as a foreign directory
+    meta.json, or a machine that stopped before meta.json reached the disk (empty, or cut
+    short): the run's dataset cache is prepared again, not refused as a foreign directory
     (every later `charlm train` of the run failed with '--out RUN/dataset is not empty')."""
     text = tmp_path / "t.txt"
     text.write_text("hello world, hello world")
     cache = tmp_path / "run" / "dataset"
     prepare([text], cache, progress=False)
-    (cache / "meta.json").unlink()
+    if meta is None:
+        (cache / "meta.json").unlink()
+    else:
+        (cache / "meta.json").write_text(meta)
     data = dataset_for(text, 0.1, cache)
     assert data.meta["train_tokens"] == 21 and (cache / "meta.json").is_file()
 
