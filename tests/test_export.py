@@ -2,6 +2,7 @@ import importlib.util
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -96,6 +97,33 @@ def test_a_failed_export_leaves_the_existing_dir_as_it_was(tmp_path):
     assert [p.name for p in out.iterdir()] == ["model.safetensors"]
     assert (out / "model.safetensors").read_bytes() == b"earlier export"
     assert [p.name for p in tmp_path.iterdir()] == ["exported"]
+
+
+def test_export_into_a_symlink_or_the_current_dir_fills_the_dir_it_names(cli, run_dir,
+                                                                         tmp_path, monkeypatch):
+    files = ["config.json", "model.safetensors", "vocab.json"]
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "notes.txt").write_text("mine")
+    (tmp_path / "link").symlink_to("target")
+    (tmp_path / "dangling").symlink_to("elsewhere")
+    assert cli("export", run_dir, "--out", tmp_path / "link", "--overwrite").code == 0
+    assert cli("export", run_dir, "--out", tmp_path / "dangling").code == 0
+    # the links stay links, the export is where they point, no temporary names are left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "elsewhere", "link",
+                                                          "target"]
+    assert (tmp_path / "link").readlink() == Path("target")
+    assert sorted(p.name for p in (tmp_path / "target").iterdir()) == files
+    assert sorted(p.name for p in (tmp_path / "elsewhere").iterdir()) == files
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    result = cli("export", run_dir, "--out", ".")
+    assert (result.code, result.out, result.err) == (0, "wrote . (safetensors)\n", "")
+    assert sorted(p.name for p in (tmp_path / "here").iterdir()) == files
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    result = cli("export", run_dir, "--out", tmp_path / "a")
+    assert (result.code, result.out, result.err) == (
+        2, "", f"error: --out {tmp_path / 'a'} is a loop of symbolic links; give a directory\n")
 
 
 def test_hf_export_writes_gpt2_names_and_config(run_dir, tmp_path):
