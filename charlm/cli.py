@@ -389,9 +389,8 @@ def eval_(
 
     lm = load(target, device, "--device")
     result = score_text(lm.model, lm.vocab, read_text(text_file), stride, unknown)
-    if result.skipped_unknown:
-        print(f"warning: skipped {result.skipped_unknown} characters outside the vocabulary",
-              file=sys.stderr)
+    for note in result.notes():
+        print(f"warning: {note}", file=sys.stderr)
     if json_out:
         print(json.dumps(result.as_dict(), allow_nan=False))
         return

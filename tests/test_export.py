@@ -1,3 +1,4 @@
+import dataclasses
 import importlib.util
 import json
 import re
@@ -259,6 +260,21 @@ def test_api_warns_as_the_cli_does_about_a_skipped_or_cropped_prompt(run_dir):
         "skipped 1 prompt characters outside the vocabulary: '\u00e9' at position 1",
         "the prompt has 101 characters, more than the context of 16; using its last 16",
     ]
+
+
+def test_api_score_warns_as_the_cli_does_about_skipped_characters(cli, run_dir, tmp_path):
+    import charlm
+
+    lm = charlm.load(run_dir, "cpu")
+    text = "\u00e9First Citizen\u00e9\u00e9"
+    with pytest.warns(UserWarning) as caught:
+        skipped = charlm.score(lm, text, unknown="skip")
+    assert [str(w.message) for w in caught] == ["skipped 3 characters outside the vocabulary"]
+    assert skipped == dataclasses.replace(charlm.score(lm, "First Citizen"), skipped_unknown=3)
+    (tmp_path / "t.txt").write_text(text, encoding="utf-8")
+    result = cli("eval", run_dir, tmp_path / "t.txt", "--unknown", "skip")
+    assert (result.code, result.err) == (0, "warning: skipped 3 characters outside the "
+                                            "vocabulary\n")
 
 
 def test_sample_on_an_hf_export_says_it_is_for_transformers(cli, run_dir, tmp_path):
