@@ -101,7 +101,10 @@ def score(lm: LM, text: str, stride: int | None = None, unknown: str = "error",
     _check_lm(lm)
     _check_text(text, "text")
     stride = coerce(stride, int | None, "--stride")
-    return score_text(lm.model, lm.vocab, text, stride, unknown, progress)
+    result = score_text(lm.model, lm.vocab, text, stride, unknown, progress)
+    for note in result.notes():  # what the CLI prints as `warning:` lines
+        warnings.warn(note, UserWarning, stacklevel=2)
+    return result
 
 
 def _check_lm(lm: Any) -> None:

@@ -382,9 +382,8 @@ def eval_(
 
     lm = load(target, device, "--device")
     result = score_text(lm.model, lm.vocab, read_text(text_file), stride, unknown)
-    if result.skipped_unknown:
-        print(f"warning: skipped {result.skipped_unknown} characters outside the vocabulary",
-              file=sys.stderr)
+    for note in result.notes():
+        print(f"warning: {note}", file=sys.stderr)
     if json_out:
         print(json.dumps(result.as_dict(), allow_nan=False))
         return
@@ -406,14 +405,14 @@ def export(
 ) -> None:
     """Export a model as safetensors, or as a Hugging Face GPT-2 directory."""
     from charlm.api import load
-    from charlm.export import save_hf, save_safetensors, write_dir
+    from charlm.export import resolve_out, save_hf, save_safetensors, write_dir
 
     savers = {"safetensors": save_safetensors, "hf": save_hf}
     if format_ not in savers:
         raise CharlmError(f"--format must be safetensors or hf, got {format_!r}")
     lm = load(target, "cpu")
     source = lm.source.resolve()
-    if out.resolve() == source or out.resolve() in source.parents:  # --overwrite would delete it
+    if resolve_out(out) in (source, *source.parents):  # --overwrite would delete it
         raise CharlmError(f"--out {out} holds the model being exported ({lm.source}); give "
                           "another directory")
     write_dir(out, lambda d: savers[format_](lm.model, lm.vocab, lm.config, d), overwrite)

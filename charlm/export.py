@@ -55,6 +55,16 @@ def save_safetensors(model: GPT, vocab: Vocab, cfg: RunConfig, out: Path) -> Non
     _write_json(out / "vocab.json", vocab.chars)
 
 
+def resolve_out(out: Path) -> Path:
+    """The directory that `--out` names, symlinks and `.` / `..` resolved: the path to move an
+    export to (`.` has no name to put a temporary directory beside, and a symlink to a directory
+    would be replaced by the export instead of holding it)."""
+    try:
+        return out.resolve()
+    except (OSError, RuntimeError):  # RuntimeError: Python < 3.13's "Symlink loop"
+        raise CharlmError(f"--out {out} is a loop of symbolic links; give a directory") from None
+
+
 def write_dir(out: Path, write: Callable[[Path], None], overwrite: bool) -> None:
     """Run `write(dir)` into a fresh sibling directory, then move it to `out`: a failed export
     leaves `out` as it was. An existing non-empty `out` is refused unless `overwrite`, and is
@@ -64,14 +74,15 @@ def write_dir(out: Path, write: Callable[[Path], None], overwrite: bool) -> None
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise CharlmError(f"--out {out} is not empty; give a new directory, or --overwrite to "
                           "replace its contents")
-    make_writable_dir(out.parent, f"--out {out}")
-    tmp, old = temp_beside(out), temp_beside(out, "old")
+    real = resolve_out(out)
+    make_writable_dir(real.parent, f"--out {out}")
+    tmp, old = temp_beside(real), temp_beside(real, "old")
     try:
         tmp.mkdir()
         write(tmp)
-        if out.exists():
-            os.replace(out, old)
-        os.replace(tmp, out)
+        if real.exists():
+            os.replace(real, old)
+        os.replace(tmp, real)
     finally:
         for leftover in (tmp, old):
             shutil.rmtree(leftover, ignore_errors=True)

@@ -35,6 +35,12 @@ class Score:
         infinite perplexity) is None."""
         return {k: finite_or_none(v) for k, v in self.__dict__.items()}
 
+    def notes(self) -> list[str]:
+        """What `charlm eval` prints as `warning:` lines (`charlm.score` warns with them)."""
+        if not self.skipped_unknown:
+            return []
+        return [f"skipped {self.skipped_unknown} characters outside the vocabulary"]
+
 
 def windows(n_ids: int, block: int, min_context: int) -> list[tuple[int, int]]:
     """(start, first new target offset) per window over n_ids ids.

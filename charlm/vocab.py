@@ -38,6 +38,8 @@ class Vocab:
         chars = list(chars)
         if any(not isinstance(c, str) or len(c) != 1 for c in chars):
             raise CharlmError("a vocabulary must be a list of single characters")
+        if not chars:  # a model with no symbols cannot be built (torch warns, then fails)
+            raise CharlmError("a vocabulary must hold at least one character")
         if chars != sorted(set(chars)):
             raise CharlmError("a vocabulary must be sorted and free of duplicates")
         self.chars = chars

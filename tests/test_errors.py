@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -355,6 +356,24 @@ def test_damaged_checkpoint_gives_one_error_line(fails, trained, damage, detail)
         ckpt = trained / ("last.pt" if args[0] == "train" else "best.pt")
         result = fails(*args, message=f"checkpoint {ckpt} is damaged or incomplete: {detail}")
         assert result.out == ""
+
+
+def test_checkpoint_or_export_with_an_empty_vocabulary_gives_one_error_line(cli, fails, trained,
+                                                                           tmp_path):
+    """Not torch's warnings about zero-element tensors, then a size mismatch."""
+    export = tmp_path / "exported"
+    assert cli("export", trained, "--out", export).code == 0
+    write(export / "vocab.json", "[]")
+    state = torch.load(trained / "best.pt", weights_only=True)
+    state["vocab"] = []
+    torch.save(state, trained / "best.pt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fails("sample", trained, message=f"checkpoint {trained / 'best.pt'} is damaged or "
+                                         "incomplete: a vocabulary must hold at least one "
+                                         "character")
+        fails("eval", export, TINY, message=f"cannot load exported model {export}: a vocabulary "
+                                            "must hold at least one character")
 
 
 def test_dataset_whose_meta_json_is_not_an_object(fails, tmp_path):

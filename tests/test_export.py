@@ -1,7 +1,9 @@
+import dataclasses
 import importlib.util
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -96,6 +98,33 @@ def test_a_failed_export_leaves_the_existing_dir_as_it_was(tmp_path):
     assert [p.name for p in out.iterdir()] == ["model.safetensors"]
     assert (out / "model.safetensors").read_bytes() == b"earlier export"
     assert [p.name for p in tmp_path.iterdir()] == ["exported"]
+
+
+def test_export_into_a_symlink_or_the_current_dir_fills_the_dir_it_names(cli, run_dir,
+                                                                         tmp_path, monkeypatch):
+    files = ["config.json", "model.safetensors", "vocab.json"]
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "notes.txt").write_text("mine")
+    (tmp_path / "link").symlink_to("target")
+    (tmp_path / "dangling").symlink_to("elsewhere")
+    assert cli("export", run_dir, "--out", tmp_path / "link", "--overwrite").code == 0
+    assert cli("export", run_dir, "--out", tmp_path / "dangling").code == 0
+    # the links stay links, the export is where they point, no temporary names are left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "elsewhere", "link",
+                                                          "target"]
+    assert (tmp_path / "link").readlink() == Path("target")
+    assert sorted(p.name for p in (tmp_path / "target").iterdir()) == files
+    assert sorted(p.name for p in (tmp_path / "elsewhere").iterdir()) == files
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    result = cli("export", run_dir, "--out", ".")
+    assert (result.code, result.out, result.err) == (0, "wrote . (safetensors)\n", "")
+    assert sorted(p.name for p in (tmp_path / "here").iterdir()) == files
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    result = cli("export", run_dir, "--out", tmp_path / "a")
+    assert (result.code, result.out, result.err) == (
+        2, "", f"error: --out {tmp_path / 'a'} is a loop of symbolic links; give a directory\n")
 
 
 def test_hf_export_writes_gpt2_names_and_config(run_dir, tmp_path):
@@ -231,6 +260,21 @@ def test_api_warns_as_the_cli_does_about_a_skipped_or_cropped_prompt(run_dir):
         "skipped 1 prompt characters outside the vocabulary: '\u00e9' at position 1",
         "the prompt has 101 characters, more than the context of 16; using its last 16",
     ]
+
+
+def test_api_score_warns_as_the_cli_does_about_skipped_characters(cli, run_dir, tmp_path):
+    import charlm
+
+    lm = charlm.load(run_dir, "cpu")
+    text = "\u00e9First Citizen\u00e9\u00e9"
+    with pytest.warns(UserWarning) as caught:
+        skipped = charlm.score(lm, text, unknown="skip")
+    assert [str(w.message) for w in caught] == ["skipped 3 characters outside the vocabulary"]
+    assert skipped == dataclasses.replace(charlm.score(lm, "First Citizen"), skipped_unknown=3)
+    (tmp_path / "t.txt").write_text(text, encoding="utf-8")
+    result = cli("eval", run_dir, tmp_path / "t.txt", "--unknown", "skip")
+    assert (result.code, result.err) == (0, "warning: skipped 3 characters outside the "
+                                            "vocabulary\n")
 
 
 def test_sample_on_an_hf_export_says_it_is_for_transformers(cli, run_dir, tmp_path):
