@@ -20,7 +20,7 @@ import typer
 import yaml
 
 from charlm.config import DataConfig, SampleConfig
-from charlm.errors import CharlmError
+from charlm.errors import CharlmError, characters
 
 app = typer.Typer(
     name="charlm",
@@ -388,7 +388,7 @@ def eval_(
         print(json.dumps(result.as_dict(), allow_nan=False))
         return
     print(f"loss {result.loss:.4f} nats/char, {result.bpc:.4f} bits/char, perplexity "
-          f"{result.perplexity:.3f}, {result.chars_scored:,} characters scored")
+          f"{result.perplexity:.3f}, {characters(result.chars_scored)} scored")
 
 
 @app.command()

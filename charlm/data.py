@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from charlm.errors import CharlmError
+from charlm.errors import CharlmError, characters
 from charlm.files import make_writable_dir, temp_beside, write_text_atomic
 from charlm.vocab import MAX_CODE_POINT, Vocab, code_points
 
@@ -337,7 +337,7 @@ def require_window(data: np.ndarray, block_size: int, split: str,
         more_val = (" or prepare it again with a larger --val-fraction" if prepared else
                     " or raise data.val_fraction")
         raise CharlmError(
-            f"the {split} split{of} is too short: {len(data)} characters, but one window needs "
+            f"the {split} split{of} is too short: {characters(len(data))}, but one window needs "
             f"block_size + 1 = {block_size + 1}; give more text, or lower model.block_size"
             + (more_val if split == "val" else "")
         )

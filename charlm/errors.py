@@ -16,6 +16,11 @@ def first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
 
 
+def characters(n: int) -> str:
+    """'1 character', '2 characters': a count of characters in a message."""
+    return f"{n:,} character{'' if n == 1 else 's'}"
+
+
 def one_line(e: BaseException | str, limit: int = 300) -> str:
     """The whole message of `e` on one line (torch's state_dict errors span several), cut to
     `limit` characters."""

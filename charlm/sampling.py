@@ -22,7 +22,7 @@ import torch
 
 from charlm.config import SampleConfig
 from charlm.device import memory_bytes
-from charlm.errors import CharlmError, first_line
+from charlm.errors import CharlmError, characters, first_line
 from charlm.model import GPT
 from charlm.vocab import Vocab, list_unknown
 
@@ -392,7 +392,8 @@ def encode_prompt(vocab: Vocab, prompt: str, unknown: str,
             )
         drop = {i for i, _ in bad}
         prompt = "".join(c for i, c in enumerate(prompt) if i not in drop)
-        warnings.append(f"skipped {len(bad)} prompt characters outside the vocabulary: {listed}")
+        warnings.append(f"skipped {characters(len(bad))} of the prompt outside the vocabulary: "
+                        f"{listed}")
     if not prompt:
         raise CharlmError("the prompt is empty; give at least one character the model knows")
     if len(prompt) > block_size:

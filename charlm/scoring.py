@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from charlm.errors import CharlmError
+from charlm.errors import CharlmError, characters
 from charlm.metrics import finite_or_none
 from charlm.model import GPT
 from charlm.vocab import Vocab, list_unknown
@@ -39,7 +39,7 @@ class Score:
         """What `charlm eval` prints as `warning:` lines (`charlm.score` warns with them)."""
         if not self.skipped_unknown:
             return []
-        return [f"skipped {self.skipped_unknown} characters outside the vocabulary"]
+        return [f"skipped {characters(self.skipped_unknown)} outside the vocabulary"]
 
 
 def windows(n_ids: int, block: int, min_context: int) -> list[tuple[int, int]]:
@@ -111,7 +111,7 @@ def score_text(model: GPT, vocab: Vocab, text: str, min_context: int | None = No
     bad = vocab.unknown(text)
     if bad and unknown == "error":
         raise CharlmError(
-            f"the text has {len(bad)} characters outside the model's vocabulary "
+            f"the text has {characters(len(bad))} outside the model's vocabulary "
             f"({list_unknown(bad)}); "
             "pass --unknown skip to drop them"
         )

@@ -243,7 +243,7 @@ def test_sample_unknown_skip_warns_and_continues(cli, run_dir):
     args = ["sample", run_dir, "--temperature", "0", "--max-new-tokens", "10"]
     skipped = cli(*args, "--prompt", "Hi ☃there", "--unknown", "skip")
     assert skipped.code == 0
-    assert skipped.err == ("warning: skipped 1 prompt characters outside the vocabulary: "
+    assert skipped.err == ("warning: skipped 1 character of the prompt outside the vocabulary: "
                            "'☃' at position 3\n")
     assert skipped.out == cli(*args, "--prompt", "Hi there").out
 

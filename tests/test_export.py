@@ -257,7 +257,7 @@ def test_api_warns_as_the_cli_does_about_a_skipped_or_cropped_prompt(run_dir):
     with pytest.warns(UserWarning) as caught:
         charlm.generate(lm, "F\u00e9" + "a" * 100, max_new_tokens=1, unknown="skip")
     assert [str(w.message) for w in caught] == [
-        "skipped 1 prompt characters outside the vocabulary: '\u00e9' at position 1",
+        "skipped 1 character of the prompt outside the vocabulary: '\u00e9' at position 1",
         "the prompt has 101 characters, more than the context of 16; using its last 16",
     ]
 

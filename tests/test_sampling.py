@@ -311,8 +311,8 @@ def test_encode_prompt_unknown_policies():
                             "position 2, 'Y' at position 4; remove them or pass --unknown skip")
     text, ids, warnings = encode_prompt(VOCAB, "abZcY", "skip", 16)
     assert (text, ids) == ("abc", [0, 1, 2])
-    assert warnings == ["skipped 2 prompt characters outside the vocabulary: 'Z' at position 2,"
-                        " 'Y' at position 4"]
+    assert warnings == ["skipped 2 characters of the prompt outside the vocabulary: 'Z' at "
+                        "position 2, 'Y' at position 4"]
     text, _, warnings = encode_prompt(VOCAB, "abcdefghij" * 2, "error", 16)
     assert text == ("abcdefghij" * 2)[-16:]
     assert warnings == ["the prompt has 20 characters, more than the context of 16; using its "
@@ -330,8 +330,8 @@ def test_unknown_prompt_characters_are_listed_up_to_ten():
     assert str(e.value) == ("prompt has characters outside the model's vocabulary: "
                             f"{listed} and 490 more; remove them or pass --unknown skip")
     _, _, warnings = encode_prompt(VOCAB, "Z" * 500 + "a", "skip", 16)
-    assert warnings == [f"skipped 500 prompt characters outside the vocabulary: {listed} and "
-                        "490 more"]
+    assert warnings == [f"skipped 500 characters of the prompt outside the vocabulary: {listed} "
+                        "and 490 more"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -63,6 +63,13 @@ def test_score_text_units_and_unknown_policies(model):
                             " 'Y' at 4); pass --unknown skip to drop them")
     skipped = score_text(model, VOCAB, "abXcY" + text, unknown="skip", progress=False)
     assert skipped.skipped_unknown == 2
+    assert skipped.notes() == ["skipped 2 characters outside the vocabulary"]
+    with pytest.raises(CharlmError) as e:  # one character: not "1 characters"
+        score_text(model, VOCAB, "abX" + text, progress=False)
+    assert str(e.value) == ("the text has 1 character outside the model's vocabulary ('X' at 2);"
+                            " pass --unknown skip to drop them")
+    assert score_text(model, VOCAB, "abX" + text, unknown="skip", progress=False).notes() == [
+        "skipped 1 character outside the vocabulary"]
     assert skipped.loss == score_text(model, VOCAB, "abc" + text, progress=False).loss
     with pytest.raises(CharlmError, match="--stride must be in"):
         score_text(model, VOCAB, text, min_context=8, progress=False)
