@@ -136,6 +136,24 @@ def test_resume_trains_with_the_betas_and_weight_decay_of_its_config(tiny_cfg):
     assert [(g["betas"], g["weight_decay"]) for g in groups] == [((0.5, 0.99), 0.0)] * 2
 
 
+def test_resume_may_switch_to_and_from_float16_loss_scaling(tiny_cfg, monkeypatch):
+    """A run trained without a GradScaler (float32 / bf16 save its empty state) resumed in
+    float16 (another GPU, or --set train.dtype=float16) starts the scaler afresh, and back: it
+    was refused as a damaged checkpoint. float16 is CUDA only, so an enabled CPU scaler stands
+    in for it."""
+    cfg = with_(tiny_cfg, train={"max_iters": 2, "eval_interval": 2, "eval_iters": 1,
+                                 "sample_chars": 0, "dtype": "float32"})
+    train(cfg)
+    run = Path(cfg.train.out_dir)
+    assert checkpoint.load(run / "last.pt")["scaler"] == {}
+    with monkeypatch.context() as m:
+        m.setattr(train_module, "grad_scaler",
+                  lambda device, dtype: torch.amp.GradScaler("cpu", enabled=True))
+        assert train(resume_config(run, None, ["train.max_iters=3"]), resume=True).step == 3
+    assert checkpoint.load(run / "last.pt")["scaler"]["scale"] == 2.0**16
+    assert train(resume_config(run, None, ["train.max_iters=4"]), resume=True).step == 4
+
+
 def test_resume_refuses_architecture_change_and_missing_checkpoint(tiny_cfg, tmp_path):
     with pytest.raises(CharlmError, match="--resume: no checkpoint"):
         resume_config(tmp_path / "nothing", None, [])
