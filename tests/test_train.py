@@ -389,7 +389,7 @@ def test_bfloat16_and_compiled_training_follow_the_float32_loss_curve(path, tiny
     fp32 = curve("fp32", dtype="float32")
     if path == "compile":
         other = curve("compiled", dtype="float32", compile=True)
-        assert "warning:" not in capsys.readouterr().out  # compiled for real, no fallback
+        assert "warning:" not in capsys.readouterr().err  # compiled for real, no fallback
         assert other == pytest.approx(fp32, abs=1e-4)
     else:
         other = curve("bf16", dtype="bfloat16")
