@@ -371,7 +371,10 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
             checkpoint.check_train_state(ckpt)
             model.load_state_dict(ckpt["model"])
             load_state(optimizer, ckpt["optimizer"])
-            scaler.load_state_dict(ckpt["scaler"])
+            # {}: saved without loss scaling (float32, bf16), which a float16 resume (another
+            # GPU, or --set train.dtype=float16) starts afresh; torch refuses to load it.
+            if ckpt["scaler"] != {}:
+                scaler.load_state_dict(ckpt["scaler"])
             state.load_state_dict(ckpt["train_state"])
             sampler.load_state_dict(ckpt["sampler"])
             torch.set_rng_state(ckpt["rng"]["torch"])

@@ -41,8 +41,9 @@ def test_too_long_sequence_is_refused():
         GPT(tiny(), V)(torch.zeros(1, 17, dtype=torch.long))
 
 
-def test_causality():
-    model = GPT(tiny(), V).eval()
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_causality(variant):
+    model = GPT(tiny(**VARIANTS[variant]), V).eval()
     idx = torch.randint(0, V, (2, 12))
     changed = idx.clone()
     changed[:, 7] = (idx[:, 7] + 1) % V

@@ -136,6 +136,24 @@ def test_resume_trains_with_the_betas_and_weight_decay_of_its_config(tiny_cfg):
     assert [(g["betas"], g["weight_decay"]) for g in groups] == [((0.5, 0.99), 0.0)] * 2
 
 
+def test_resume_may_switch_to_and_from_float16_loss_scaling(tiny_cfg, monkeypatch):
+    """A run trained without a GradScaler (float32 / bf16 save its empty state) resumed in
+    float16 (another GPU, or --set train.dtype=float16) starts the scaler afresh, and back: it
+    was refused as a damaged checkpoint. float16 is CUDA only, so an enabled CPU scaler stands
+    in for it."""
+    cfg = with_(tiny_cfg, train={"max_iters": 2, "eval_interval": 2, "eval_iters": 1,
+                                 "sample_chars": 0, "dtype": "float32"})
+    train(cfg)
+    run = Path(cfg.train.out_dir)
+    assert checkpoint.load(run / "last.pt")["scaler"] == {}
+    with monkeypatch.context() as m:
+        m.setattr(train_module, "grad_scaler",
+                  lambda device, dtype: torch.amp.GradScaler("cpu", enabled=True))
+        assert train(resume_config(run, None, ["train.max_iters=3"]), resume=True).step == 3
+    assert checkpoint.load(run / "last.pt")["scaler"]["scale"] == 2.0**16
+    assert train(resume_config(run, None, ["train.max_iters=4"]), resume=True).step == 4
+
+
 def test_resume_refuses_architecture_change_and_missing_checkpoint(tiny_cfg, tmp_path):
     with pytest.raises(CharlmError, match="--resume: no checkpoint"):
         resume_config(tmp_path / "nothing", None, [])
@@ -263,6 +281,43 @@ def test_run_stopped_before_its_first_checkpoint_is_not_clobbered(tiny_cfg):
     assert (run / "metrics.jsonl").read_text() == '{"event": "train"}\n'
 
 
+@pytest.mark.parametrize("clip", [0.0, 0.05])
+def test_grad_accum_steps_as_one_batch_and_clips_the_accumulated_gradient(clip, tiny_cfg):
+    """4 micro-batches of 2 rows give the update of one batch of 8 (to float rounding); the
+    returned norm is the accumulated gradient's before clipping, and AdamW's first moment after
+    one step is (1 - beta1) times the gradient clipped to optim.grad_clip."""
+    gen = torch.Generator().manual_seed(0)
+    x, y = (torch.randint(0, 20, (8, 16), generator=gen) for _ in range(2))
+    torch.manual_seed(1)
+    reference = GPT(tiny_cfg.model, 20)
+    reference(x, y)[1].backward()
+    pre_clip = torch.linalg.vector_norm(
+        torch.stack([p.grad.norm() for p in reference.parameters()]))
+    dev = torch.device("cpu")
+    results = []
+    for accum in (1, 4):
+        cfg = with_(tiny_cfg, train={"grad_accum": accum, "batch_size": 8 // accum},
+                    optim={"grad_clip": clip})
+        torch.manual_seed(1)
+        model = GPT(cfg.model, 20)
+        optimizer = make_optimizer(model, cfg.optim)
+        batches = list(zip(x.chunk(accum), y.chunk(accum), strict=True))
+        sampler = SimpleNamespace(batch=lambda b=batches: b.pop(0))
+        loss, norm, ok = train_step(model, optimizer, grad_scaler(dev, torch.float32), sampler,
+                                    cfg, dev, torch.float32)
+        assert bool(ok) and not batches
+        assert norm.item() == pytest.approx(pre_clip.item(), rel=1e-5)
+        moment = torch.linalg.vector_norm(torch.stack(
+            [s["exp_avg"].norm() for s in optimizer.state.values()]))
+        expected = min(pre_clip.item(), clip) if clip else pre_clip.item()
+        assert moment.item() == pytest.approx((1 - cfg.optim.beta1) * expected, rel=1e-5)
+        results.append((loss.item(), [p.detach() for p in model.parameters()]))
+    (loss_1, weights_1), (loss_4, weights_4) = results
+    assert loss_4 == pytest.approx(loss_1, rel=1e-6)
+    for a, b in zip(weights_1, weights_4, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
 def test_evaluate_is_pure_and_restores_train_mode(tiny_cfg, tmp_path):
     data = dataset_for(tiny_cfg.data.path, 0.1, tmp_path / "ds")
     model = GPT(tiny_cfg.model, len(data.vocab)).train()
@@ -371,7 +426,7 @@ def test_bfloat16_and_compiled_training_follow_the_float32_loss_curve(path, tiny
     fp32 = curve("fp32", dtype="float32")
     if path == "compile":
         other = curve("compiled", dtype="float32", compile=True)
-        assert "warning:" not in capsys.readouterr().out  # compiled for real, no fallback
+        assert "warning:" not in capsys.readouterr().err  # compiled for real, no fallback
         assert other == pytest.approx(fp32, abs=1e-4)
     else:
         other = curve("bf16", dtype="bfloat16")
