@@ -213,7 +213,7 @@ def sample(
     ] = True,
     json_out: Annotated[
         bool, typer.Option("--json", help="One JSON object per sample: text, prompt, tokens, "
-                           "seconds.")
+                           "seconds, stopped.")
     ] = False,
     device: DeviceOpt = "auto",
 ) -> None:
@@ -253,7 +253,7 @@ def sample(
     for i, s in enumerate(samples):
         if json_out:
             out.write(json.dumps({"text": s.text, "prompt": s.prompt, "tokens": s.tokens,
-                                  "seconds": round(s.seconds, 4)},
+                                  "seconds": round(s.seconds, 4), "stopped": s.stopped},
                                  ensure_ascii=not _writes_unicode(out)) + "\n")
             continue
         if i > 0:

@@ -262,8 +262,9 @@ def test_sample_json_and_no_stream(cli, run_dir):
     objects = [json.loads(line) for line in lines]
     assert len(objects) == 2
     for o in objects:
-        assert set(o) == {"text", "prompt", "tokens", "seconds"}
+        assert set(o) == {"text", "prompt", "tokens", "seconds", "stopped"}
         assert o["prompt"] == "\n" and o["tokens"] == 30 and len(o["text"]) == 30
+        assert o["stopped"] is False
     plain = cli(*args, "--no-stream").out
     assert plain == "\n" + objects[0]["text"] + "\n" + "-" * 40 + "\n\n" + objects[1]["text"] + "\n"
     assert cli(*args).out == plain  # streaming prints the same text
@@ -276,6 +277,8 @@ def test_sample_stop_string(cli, run_dir):
     cut = free.index(stop, 1)
     assert cli(*args, "--stop", stop).out == free[:cut] + "\n"
     assert cli(*args, "--stop", stop, "--include-stop").out == free[:cut + 2] + "\n"
+    stopped = json.loads(cli(*args, "--stop", stop, "--json").out)  # as the API's Sample.stopped
+    assert (stopped["text"], stopped["stopped"]) == (free[1:cut], True)
 
 
 def test_sample_beams(cli, run_dir):
