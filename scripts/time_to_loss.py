@@ -64,6 +64,9 @@ def main() -> None:
                 break
             time.sleep(0.02)
         err = proc.stderr.read() if proc.stderr else ""
+        if proc.returncode == 2 and hit is None:  # bad input: charlm's own `error:` line
+            sys.stderr.write(err)
+            sys.exit(2)
         if proc.returncode not in (0, 143, -15) and hit is None:
             sys.exit(f"charlm train failed ({proc.returncode}): {err.strip()[-500:]}")
     before = [c for c in curve if c["wall_s"] <= args.at]

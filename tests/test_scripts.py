@@ -27,6 +27,8 @@ def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
     ("bench_sample.py", ["--configs", "missing.yaml"], "error: config file not found"),
     ("compare_variants.py", ["--config", TINY, "--eval-iters", "0"],
      "error: invalid config value train.eval_iters"),
+    ("time_to_loss.py", ["missing.yaml"], "error: config file not found: missing.yaml"),
+    ("time_to_loss.py", [TINY, "--set", "model.n_layr=2"], "did you mean 'n_layer'?"),
 ])
 def test_scripts_report_bad_config_in_one_line(name, args, message):
     result = run_script(name, *args)
