@@ -20,14 +20,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import summary
+from common import positive, summary
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=summary(__doc__))
     parser.add_argument("config", nargs="?")
-    parser.add_argument("--target", type=float, default=1.88)
-    parser.add_argument("--at", type=float, default=60.0, help="also report val at this wall time")
+    parser.add_argument("--target", type=positive(float), default=1.88)
+    parser.add_argument("--at", type=positive(float), default=60.0,
+                        help="also report val at this wall time")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--stop-at-target", action="store_true",
                         help="end the run once the target is reached")

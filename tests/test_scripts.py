@@ -43,11 +43,22 @@ def test_scripts_report_bad_config_in_one_line(name, args, message):
     ("compare_variants.py", ["--seconds", "0"]),
     ("compare_variants.py", ["--rounds", "0"]),
     ("bench_prepare.py", ["--mb", "0"]),
+    ("time_to_loss.py", ["--target", "0"]),
+    ("time_to_loss.py", ["--at", "0"]),
 ])
 def test_scripts_reject_counts_that_are_not_positive(name, args):
     result = run_script(name, *args)
     assert result.returncode == 2
     assert "must be greater than 0, got 0" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "-1"])
+def test_time_to_loss_rejects_a_target_no_loss_can_reach(value):
+    """A loss is positive: --target -1 would never be reached, and --target nan never compared
+    true and was printed as NaN, which is not JSON. Both are refused before any training."""
+    result = run_script("time_to_loss.py", TINY, "--target", value)
+    assert result.returncode == 2 and result.stdout == ""
+    assert f"argument --target: must be greater than 0, got {value}" in result.stderr
 
 
 @pytest.mark.parametrize("name, description", [
