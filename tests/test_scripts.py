@@ -110,3 +110,39 @@ def test_bench_prepare_peak_rss_is_in_mb_like_the_input(monkeypatch):
     assert bench_prepare.maxrss_mb(1_000_000) == 1024.0
     monkeypatch.setattr(bench_prepare.sys, "platform", "darwin")  # bytes there
     assert bench_prepare.maxrss_mb(5_000_000) == 5.0
+
+
+def test_time_to_loss_stopped_ends_its_training_run_and_removes_it(tmp_path, corpus):
+    """SIGTERM to time_to_loss (a `timeout`, a scheduler) or Ctrl-C: the `charlm train` it
+    launched used to train on, orphaned, into a temporary run dir left behind; now the run is
+    stopped, its dir removed, and the script exits 143 without a traceback."""
+    import signal
+    import time
+    from pathlib import Path
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(scratch)}
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "time_to_loss.py"), TINY,
+         "--set", f"data.path={corpus}", "--set", "train.max_iters=100000"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def training() -> list[Path]:  # the processes of the run under `scratch`
+        return [p for p in Path("/proc").iterdir() if p.name.isdigit()
+                and str(scratch).encode() in (p / "cmdline").read_bytes()]
+    try:
+        deadline = time.monotonic() + 30
+        while not list(scratch.glob("*/run/metrics.jsonl")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert training(), "the run did not start"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        orphans = training()
+        for p in orphans:  # without the fix: end the orphaned run
+            os.kill(int(p.name), signal.SIGKILL)
+    assert (proc.returncode, out, err) == (143, "", "")
+    assert orphans == [] and list(scratch.glob("*/run")) == []
