@@ -146,3 +146,26 @@ def test_time_to_loss_stopped_ends_its_training_run_and_removes_it(tmp_path, cor
             os.kill(int(p.name), signal.SIGKILL)
     assert (proc.returncode, out, err) == (143, "", "")
     assert orphans == [] and list(scratch.glob("*/run")) == []
+
+
+def test_bench_prepare_stopped_removes_its_generated_file(tmp_path):
+    """SIGTERM while bench_prepare writes its input left the file (up to --mb MB) in the temp
+    dir; now the temp dir is removed and the script exits 143."""
+    import signal
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "bench_prepare.py"),
+                             "--mb", "2000"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not list(tmp_path.glob("*/big.txt")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert (proc.returncode, out, err) == (143, "", "")
+    assert list(tmp_path.glob("*/big.txt")) == []
