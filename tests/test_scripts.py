@@ -169,3 +169,28 @@ def test_bench_prepare_stopped_removes_its_generated_file(tmp_path):
             proc.kill()
     assert (proc.returncode, out, err) == (143, "", "")
     assert list(tmp_path.glob("*/big.txt")) == []
+
+
+def test_bench_train_leaves_no_files_and_reports_consistent_figures(monkeypatch, tmp_path,
+                                                                    corpus, capsys):
+    """Run from another directory, bench_train prepared the text into ./runs/.bench_dataset and
+    left it there; now it prepares into a temporary dir. Its JSON holds the figures --help
+    describes, each computed from the others as documented."""
+    import json
+
+    bench_train = import_script("bench_train", monkeypatch)
+    monkeypatch.setattr(bench_train, "cpu_peak", lambda dtype: 1e12)  # no 2048^3 probes
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setattr(sys, "argv", ["bench_train.py", TINY, "--steps", "2", "--warmup", "1",
+                                      "--set", f"data.path={corpus}"])
+    bench_train.main()
+    result = json.loads(capsys.readouterr().out)
+    assert list(work.iterdir()) == []
+    assert (result["config"], result["overrides"]) == (TINY, [f"data.path={corpus}"])
+    assert result["tokens_per_step"] == 16 * 16
+    assert result["tokens_per_s"] == pytest.approx(256 / (result["ms_per_step"] / 1000), rel=0.01)
+    assert result["peak_tflops"] == 1.0 and result["fp32_peak_tflops"] == 1.0
+    assert result["mfu"] == result["mfu_vs_fp32_peak"] == pytest.approx(
+        result["tokens_per_s"] * result["flops_per_token"] / 1e12, abs=1e-4)
