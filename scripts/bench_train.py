@@ -89,7 +89,7 @@ def benchmark(cfg: RunConfig, data: Dataset, steps: int, warmup: int) -> dict:
             torch.cuda.synchronize()
         return time.perf_counter() - t
 
-    if warmup > 0:
+    if warmup:
         run(warmup)
     seconds = run(steps)
     tokens_per_step = cfg.train.batch_size * cfg.train.grad_accum * cfg.model.block_size
@@ -115,7 +115,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=summary(__doc__))
     parser.add_argument("config")
     parser.add_argument("--steps", type=positive(int), default=50)
-    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--warmup", type=positive(int, zero=True), default=10)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
     cfg = load_config(args.config, args.overrides)

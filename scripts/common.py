@@ -1,5 +1,6 @@
-"""What the benchmark scripts share: their --help description, argparse's positive counts, and
-bad input reported as the charlm CLI reports it (one `error:` line, exit code 2, no traceback);
+"""What the benchmark scripts share: their --help description, argparse's positive (or
+non-negative) counts, and bad input reported as the charlm CLI reports it (one `error:` line,
+exit code 2, no traceback);
 Ctrl-C and SIGTERM end a script with 130 and 143, running its cleanup (`finally`) on the way."""
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ def summary(doc: str | None) -> str:
     return " ".join((doc or "").strip().split("\n\n")[0].split())
 
 
-def positive(kind: type) -> Callable[[str], Any]:
-    """An argparse type: a number of `kind` greater than 0."""
+def positive(kind: type, zero: bool = False) -> Callable[[str], Any]:
+    """An argparse type: a number of `kind` greater than 0 (at least 0 with `zero`)."""
     def parse(text: str) -> Any:
         value = kind(text)
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+        if not (value >= 0 if zero else value > 0):
+            bound = "at least 0" if zero else "greater than 0"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
         return value
     return parse
 

@@ -52,6 +52,13 @@ def test_scripts_reject_counts_that_are_not_positive(name, args):
     assert "must be greater than 0, got 0" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_bench_train_rejects_a_negative_warmup():
+    """--warmup -5 ran no warm-up, as 0 would, without a word; --warmup 0 is allowed."""
+    result = run_script("bench_train.py", TINY, "--warmup", "-5")
+    assert result.returncode == 2 and result.stdout == ""
+    assert "argument --warmup: must be at least 0, got -5" in result.stderr
+
+
 @pytest.mark.parametrize("value", ["nan", "-1"])
 def test_time_to_loss_rejects_a_target_no_loss_can_reach(value):
     """A loss is positive: --target -1 would never be reached, and --target nan never compared
