@@ -201,3 +201,20 @@ def test_bench_train_leaves_no_files_and_reports_consistent_figures(monkeypatch,
     assert result["peak_tflops"] == 1.0 and result["fp32_peak_tflops"] == 1.0
     assert result["mfu"] == result["mfu_vs_fp32_peak"] == pytest.approx(
         result["tokens_per_s"] * result["flops_per_token"] / 1e12, abs=1e-4)
+
+
+def test_compare_variants_takes_a_configs_data_from_the_current_directory(monkeypatch, tmp_path,
+                                                                          corpus, capsys):
+    """A config's relative data.path is taken from the current directory, as `charlm train`
+    and bench_train take it: compare_variants looked for it in the repository instead."""
+    compare_variants = import_script("compare_variants", monkeypatch)
+    config = tmp_path / "my.yaml"
+    config.write_text((ROOT / "configs" / "tiny.yaml").read_text().replace(
+        "data/tinyshakespeare.txt", corpus.name))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["compare_variants.py", "--config", "my.yaml", "--seconds",
+                                      "0.05", "--rounds", "1", "--eval-iters", "1", "--only",
+                                      "default"])
+    compare_variants.main()
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| default")]
+    assert len(rows) == 1 and rows[0].endswith("| +0.000 |")
