@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import positive, summary
+from common import positive, run_script, summary
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,4 +73,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

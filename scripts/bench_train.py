@@ -14,14 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 from common import positive, run_script, summary
 
-from charlm.config import load_config
-from charlm.data import BatchSampler, dataset_for
+from charlm.config import RunConfig, load_config
+from charlm.data import BatchSampler, Dataset, dataset_for
 from charlm.device import compile_model, grad_scaler, resolve_device, resolve_dtype
 from charlm.model import GPT
 from charlm.optim import make_optimizer
@@ -62,18 +63,11 @@ def device_peak(device: torch.device) -> tuple[float | None, str]:
 
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=summary(__doc__))
-    parser.add_argument("config")
-    parser.add_argument("--steps", type=positive(int), default=50)
-    parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--set", dest="overrides", action="append", default=[])
-    args = parser.parse_args()
-    cfg = load_config(args.config, args.overrides)
+def benchmark(cfg: RunConfig, data: Dataset, steps: int, warmup: int) -> dict:
+    """Time `steps` training steps of `cfg` on `data` after `warmup` untimed ones."""
     device = resolve_device(cfg.train.device)
     dtype = resolve_dtype(cfg.train.dtype, device)
     torch.manual_seed(cfg.train.seed)
-    data = dataset_for(cfg.data.path, cfg.data.val_fraction, Path("runs/.bench_dataset"))
     model = GPT(cfg.model, len(data.vocab)).to(device)
     step_model = model
     if cfg.train.compile:
@@ -95,26 +89,40 @@ def main() -> None:
             torch.cuda.synchronize()
         return time.perf_counter() - t
 
-    if args.warmup > 0:
-        run(args.warmup)
-    seconds = run(args.steps)
+    if warmup:
+        run(warmup)
+    seconds = run(steps)
     tokens_per_step = cfg.train.batch_size * cfg.train.grad_accum * cfg.model.block_size
-    tokens_per_s = args.steps * tokens_per_step / seconds
+    tokens_per_s = steps * tokens_per_step / seconds
     flops = flops_per_token(parameter_table(model), cfg.model, len(data.vocab))["training"]
     peak, peak_source = device_peak(device)
     fp32_peak = cpu_peak(torch.float32) if device.type == "cpu" else None
-    print(json.dumps({
-        "config": args.config, "overrides": args.overrides, "device": str(device),
+    return {
+        "device": str(device),
         "dtype": str(dtype).removeprefix("torch."), "compile": step_model is not model,
         "threads": torch.get_num_threads(), "tokens_per_step": tokens_per_step,
-        "ms_per_step": round(1000 * seconds / args.steps, 2),
+        "ms_per_step": round(1000 * seconds / steps, 2),
         "tokens_per_s": round(tokens_per_s), "flops_per_token": flops,
         "achieved_tflops": round(tokens_per_s * flops / 1e12, 4),
         "peak_tflops": round(peak / 1e12, 3) if peak else None, "peak_source": peak_source,
         "mfu": round(tokens_per_s * flops / peak, 4) if peak else None,
         "fp32_peak_tflops": round(fp32_peak / 1e12, 3) if fp32_peak else None,
         "mfu_vs_fp32_peak": round(tokens_per_s * flops / fp32_peak, 4) if fp32_peak else None,
-    }))
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=summary(__doc__))
+    parser.add_argument("config")
+    parser.add_argument("--steps", type=positive(int), default=50)
+    parser.add_argument("--warmup", type=positive(int, zero=True), default=10)
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    args = parser.parse_args()
+    cfg = load_config(args.config, args.overrides)
+    with tempfile.TemporaryDirectory() as tmp:  # a text file is prepared here, not left behind
+        data = dataset_for(cfg.data.path, cfg.data.val_fraction, Path(tmp) / "dataset")
+        result = benchmark(cfg, data, args.steps, args.warmup)
+    print(json.dumps({"config": args.config, "overrides": args.overrides, **result}))
 
 
 if __name__ == "__main__":

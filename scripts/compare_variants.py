@@ -4,7 +4,8 @@ print a markdown table: variant, parameters, tokens/s, val loss at equal time.
     python scripts/compare_variants.py [--seconds 30] [--config CONFIG]
 
 Every variant gets the recipe of CONFIG (model size, batch, optimizer, seed; default: the built-in
-defaults, GPT-2's architecture at the CPU preset's shape) with one `model` key changed. Training
+defaults, GPT-2's architecture at the CPU preset's shape) with one `model` key changed (a relative
+`data.path` of CONFIG is taken from the current directory, as `charlm train` takes it). Training
 stops when the wall-time budget is spent; the learning-rate schedule (warmup, cosine) is stretched
 over that budget instead of over `train.max_iters`, so a faster variant is not cut off mid-decay.
 The variants take turns in `--rounds` slices of their budget, so load from other processes falls on
@@ -98,7 +99,8 @@ def main() -> None:
     base = load_config(args.config, [f"train.eval_iters={args.eval_iters}"])
     names = args.only or list(VARIANTS)
     source = Path(base.data.path)
-    source = source if source.is_absolute() else ROOT / source
+    if args.config is None:  # the built-in defaults' data is the repo's, wherever this runs from
+        source = ROOT / source
     with tempfile.TemporaryDirectory() as tmp:
         data = dataset_for(str(source), base.data.val_fraction, Path(tmp) / "dataset")
         device = resolve_device(base.train.device)

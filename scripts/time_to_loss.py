@@ -20,14 +20,45 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import summary
+from common import positive, run_script, summary
+
+
+def watch(proc: subprocess.Popen, metrics: Path, target: float, stop_at_target: bool,
+          t0: float) -> tuple[list[dict], dict | None]:
+    """Follow the run's metrics.jsonl until `proc` ends: its val curve, with the wall time from
+    `t0` at which each eval was seen, and the first eval at or below `target` (None if none)."""
+    seen, curve, hit = 0, [], None
+    while True:
+        done = proc.poll() is not None
+        lines = metrics.read_text().splitlines() if metrics.exists() else []
+        now = time.perf_counter() - t0
+        for line in lines[seen:]:
+            if not line.endswith("}"):
+                break  # a line still being written
+            event = json.loads(line)
+            seen += 1
+            if event["event"] != "eval":
+                continue
+            val = event["val_loss"]  # null when not finite
+            curve.append({"step": event["step"], "wall_s": round(now, 2),
+                          "elapsed_s": event["elapsed_s"],
+                          "val_loss": None if val is None else round(val, 4)})
+            if hit is None and val is not None and val <= target:
+                hit = curve[-1]
+                if stop_at_target:
+                    proc.terminate()
+        if done:
+            break
+        time.sleep(0.02)
+    return curve, hit
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=summary(__doc__))
     parser.add_argument("config", nargs="?")
-    parser.add_argument("--target", type=float, default=1.88)
-    parser.add_argument("--at", type=float, default=60.0, help="also report val at this wall time")
+    parser.add_argument("--target", type=positive(float), default=1.88)
+    parser.add_argument("--at", type=positive(float), default=60.0,
+                        help="also report val at this wall time")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--stop-at-target", action="store_true",
                         help="end the run once the target is reached")
@@ -40,30 +71,16 @@ def main() -> None:
             cmd += ["--set", item]
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        metrics, seen, curve, hit = run / "metrics.jsonl", 0, [], None
-        while True:
-            done = proc.poll() is not None
-            lines = metrics.read_text().splitlines() if metrics.exists() else []
-            now = time.perf_counter() - t0
-            for line in lines[seen:]:
-                if not line.endswith("}"):
-                    break  # a line still being written
-                event = json.loads(line)
-                seen += 1
-                if event["event"] != "eval":
-                    continue
-                val = event["val_loss"]  # null when not finite
-                curve.append({"step": event["step"], "wall_s": round(now, 2),
-                              "elapsed_s": event["elapsed_s"],
-                              "val_loss": None if val is None else round(val, 4)})
-                if hit is None and val is not None and val <= args.target:
-                    hit = curve[-1]
-                    if args.stop_at_target:
-                        proc.terminate()
-            if done:
-                break
-            time.sleep(0.02)
+        try:
+            curve, hit = watch(proc, run / "metrics.jsonl", args.target, args.stop_at_target, t0)
+        finally:
+            if proc.poll() is None:  # Ctrl-C or SIGTERM: end the run before its dir is removed
+                proc.terminate()
+                proc.wait()
         err = proc.stderr.read() if proc.stderr else ""
+        if proc.returncode == 2 and hit is None:  # bad input: charlm's own `error:` line
+            sys.stderr.write(err)
+            sys.exit(2)
         if proc.returncode not in (0, 143, -15) and hit is None:
             sys.exit(f"charlm train failed ({proc.returncode}): {err.strip()[-500:]}")
     before = [c for c in curve if c["wall_s"] <= args.at]
@@ -79,4 +96,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -27,6 +27,8 @@ def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
     ("bench_sample.py", ["--configs", "missing.yaml"], "error: config file not found"),
     ("compare_variants.py", ["--config", TINY, "--eval-iters", "0"],
      "error: invalid config value train.eval_iters"),
+    ("time_to_loss.py", ["missing.yaml"], "error: config file not found: missing.yaml"),
+    ("time_to_loss.py", [TINY, "--set", "model.n_layr=2"], "did you mean 'n_layer'?"),
 ])
 def test_scripts_report_bad_config_in_one_line(name, args, message):
     result = run_script(name, *args)
@@ -41,11 +43,29 @@ def test_scripts_report_bad_config_in_one_line(name, args, message):
     ("compare_variants.py", ["--seconds", "0"]),
     ("compare_variants.py", ["--rounds", "0"]),
     ("bench_prepare.py", ["--mb", "0"]),
+    ("time_to_loss.py", ["--target", "0"]),
+    ("time_to_loss.py", ["--at", "0"]),
 ])
 def test_scripts_reject_counts_that_are_not_positive(name, args):
     result = run_script(name, *args)
     assert result.returncode == 2
     assert "must be greater than 0, got 0" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bench_train_rejects_a_negative_warmup():
+    """--warmup -5 ran no warm-up, as 0 would, without a word; --warmup 0 is allowed."""
+    result = run_script("bench_train.py", TINY, "--warmup", "-5")
+    assert result.returncode == 2 and result.stdout == ""
+    assert "argument --warmup: must be at least 0, got -5" in result.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "-1"])
+def test_time_to_loss_rejects_a_target_no_loss_can_reach(value):
+    """A loss is positive: --target -1 would never be reached, and --target nan never compared
+    true and was printed as NaN, which is not JSON. Both are refused before any training."""
+    result = run_script("time_to_loss.py", TINY, "--target", value)
+    assert result.returncode == 2 and result.stdout == ""
+    assert f"argument --target: must be greater than 0, got {value}" in result.stderr
 
 
 @pytest.mark.parametrize("name, description", [
@@ -97,3 +117,104 @@ def test_bench_prepare_peak_rss_is_in_mb_like_the_input(monkeypatch):
     assert bench_prepare.maxrss_mb(1_000_000) == 1024.0
     monkeypatch.setattr(bench_prepare.sys, "platform", "darwin")  # bytes there
     assert bench_prepare.maxrss_mb(5_000_000) == 5.0
+
+
+def test_time_to_loss_stopped_ends_its_training_run_and_removes_it(tmp_path, corpus):
+    """SIGTERM to time_to_loss (a `timeout`, a scheduler) or Ctrl-C: the `charlm train` it
+    launched used to train on, orphaned, into a temporary run dir left behind; now the run is
+    stopped, its dir removed, and the script exits 143 without a traceback."""
+    import signal
+    import time
+    from pathlib import Path
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(scratch)}
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "time_to_loss.py"), TINY,
+         "--set", f"data.path={corpus}", "--set", "train.max_iters=100000"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def training() -> list[Path]:  # the processes of the run under `scratch`
+        return [p for p in Path("/proc").iterdir() if p.name.isdigit()
+                and str(scratch).encode() in (p / "cmdline").read_bytes()]
+    try:
+        deadline = time.monotonic() + 30
+        while not list(scratch.glob("*/run/metrics.jsonl")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert training(), "the run did not start"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        orphans = training()
+        for p in orphans:  # without the fix: end the orphaned run
+            os.kill(int(p.name), signal.SIGKILL)
+    assert (proc.returncode, out, err) == (143, "", "")
+    assert orphans == [] and list(scratch.glob("*/run")) == []
+
+
+def test_bench_prepare_stopped_removes_its_generated_file(tmp_path):
+    """SIGTERM while bench_prepare writes its input left the file (up to --mb MB) in the temp
+    dir; now the temp dir is removed and the script exits 143."""
+    import signal
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "bench_prepare.py"),
+                             "--mb", "2000"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not list(tmp_path.glob("*/big.txt")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert (proc.returncode, out, err) == (143, "", "")
+    assert list(tmp_path.glob("*/big.txt")) == []
+
+
+def test_bench_train_leaves_no_files_and_reports_consistent_figures(monkeypatch, tmp_path,
+                                                                    corpus, capsys):
+    """Run from another directory, bench_train prepared the text into ./runs/.bench_dataset and
+    left it there; now it prepares into a temporary dir. Its JSON holds the figures --help
+    describes, each computed from the others as documented."""
+    import json
+
+    bench_train = import_script("bench_train", monkeypatch)
+    monkeypatch.setattr(bench_train, "cpu_peak", lambda dtype: 1e12)  # no 2048^3 probes
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setattr(sys, "argv", ["bench_train.py", TINY, "--steps", "2", "--warmup", "1",
+                                      "--set", f"data.path={corpus}"])
+    bench_train.main()
+    result = json.loads(capsys.readouterr().out)
+    assert list(work.iterdir()) == []
+    assert (result["config"], result["overrides"]) == (TINY, [f"data.path={corpus}"])
+    assert result["tokens_per_step"] == 16 * 16
+    assert result["tokens_per_s"] == pytest.approx(256 / (result["ms_per_step"] / 1000), rel=0.01)
+    assert result["peak_tflops"] == 1.0 and result["fp32_peak_tflops"] == 1.0
+    assert result["mfu"] == result["mfu_vs_fp32_peak"] == pytest.approx(
+        result["tokens_per_s"] * result["flops_per_token"] / 1e12, abs=1e-4)
+
+
+def test_compare_variants_takes_a_configs_data_from_the_current_directory(monkeypatch, tmp_path,
+                                                                          corpus, capsys):
+    """A config's relative data.path is taken from the current directory, as `charlm train`
+    and bench_train take it: compare_variants looked for it in the repository instead."""
+    compare_variants = import_script("compare_variants", monkeypatch)
+    config = tmp_path / "my.yaml"
+    config.write_text((ROOT / "configs" / "tiny.yaml").read_text().replace(
+        "data/tinyshakespeare.txt", corpus.name))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["compare_variants.py", "--config", "my.yaml", "--seconds",
+                                      "0.05", "--rounds", "1", "--eval-iters", "1", "--only",
+                                      "default"])
+    compare_variants.main()
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| default")]
+    assert len(rows) == 1 and rows[0].endswith("| +0.000 |")
