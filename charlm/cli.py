@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-import yaml
 
 from charlm.config import DataConfig, SampleConfig
 from charlm.errors import CharlmError, characters
@@ -310,7 +309,7 @@ def info(
     import torch
 
     from charlm.checkpoint import load_model
-    from charlm.config import is_config_file, load_config
+    from charlm.config import dump_yaml, is_config_file, load_config
     from charlm.data import load_dataset, scan
     from charlm.export import is_export_dir, load_safetensors
     from charlm.model import GPT
@@ -353,7 +352,7 @@ def info(
         return
     print(render_text(report))
     print("\nconfig:")
-    print("  " + yaml.safe_dump(report["config"], sort_keys=False).replace("\n", "\n  ").rstrip())
+    print("  " + dump_yaml(report["config"]).replace("\n", "\n  ").rstrip())
 
 
 @app.command("eval")

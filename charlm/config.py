@@ -40,15 +40,26 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."),
-)
+class _Dumper(yaml.SafeDumper):
+    """yaml.safe_dump that quotes the strings `_Loader` would read as something else: PyYAML's
+    own dumper writes the string '1e5' plain, which `_Loader` reads back as a float."""
+
+
+for _cls in (_Loader, _Dumper):
+    _cls.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+        list("-+0123456789."),
+    )
 
 
 def parse_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+
+
+def dump_yaml(data: Any) -> str:
+    """YAML text that `parse_yaml` reads back as `data` (keys in their order)."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False)
 
 
 def device_error(name: str) -> str | None:
@@ -384,7 +395,7 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
 
 def save_config(cfg: RunConfig, path: Path) -> None:
     """Write the resolved config as YAML, atomically (a resume rewrites it)."""
-    write_text_atomic(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    write_text_atomic(path, dump_yaml(cfg.to_dict()))
 
 
 @dataclass

@@ -2,7 +2,16 @@ from pathlib import Path
 
 import pytest
 
-from charlm.config import ModelConfig, RunConfig, SampleConfig, load_config
+from charlm.config import (
+    ModelConfig,
+    RunConfig,
+    SampleConfig,
+    dump_yaml,
+    load_config,
+    override,
+    parse_yaml,
+    save_config,
+)
 from charlm.errors import CharlmError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,6 +159,17 @@ def test_yaml_not_a_mapping(tmp_path):
 def test_missing_config_file(tmp_path):
     with pytest.raises(CharlmError, match="config file not found"):
         load_config(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize("path", ["1e5", "2.5E-3", "yes", "null", "010", "1:00", "~"])
+def test_saved_config_loads_back_whatever_its_strings_look_like(tmp_path, path):
+    """A run's config.yaml (and the config `charlm info` prints) used to write the string '1e5'
+    plain, which the loader reads as the float 1e5 (YAML 1.2 floats): a run on a text file named
+    1e5 could not be trained again from its config.yaml."""
+    cfg = load_config(None, [override("data.path", path), override("train.out_dir", path)])
+    save_config(cfg, tmp_path / "config.yaml")
+    assert load_config(tmp_path / "config.yaml") == cfg
+    assert parse_yaml(dump_yaml(cfg.to_dict())) == cfg.to_dict()
 
 
 def test_round_trip_through_dict():
