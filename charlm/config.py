@@ -150,7 +150,8 @@ class OptimConfig:
     def __post_init__(self) -> None:
         _check(self.lr > 0, "optim.lr", f"{self.lr} must be > 0")
         _check(0 <= self.min_lr <= self.lr, "optim.min_lr",
-               f"{self.min_lr} must be in [0, lr], and lr is {self.lr}")
+               f"{self.min_lr} must be in [0, lr], and lr is {self.lr}; set optim.min_lr to at "
+               f"most lr, e.g. lr / 10 = {self.lr / 10:g}")
         _check(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
         for key in ("beta1", "beta2"):
             value = getattr(self, key)
@@ -350,7 +351,7 @@ def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dic
         section, dot, key = dotted.partition(".")
         if not sep or not dot or not section or not key:
             raise CharlmError(
-                f"--set expects section.key=value, got {item!r} (e.g. --set optim.lr=3e-4)"
+                f"--set expects section.key=value, got {item!r} (e.g. --set optim.lr=1e-3)"
             )
         if dotted in seen:
             raise CharlmError(f"--set {dotted} is given twice; give it once")

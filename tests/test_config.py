@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,19 @@ def test_impossible_values_rejected(override, message):
     assert message in str(e.value)
 
 
+def test_lr_below_the_default_min_lr_says_to_set_min_lr():
+    """`--set optim.lr=3e-4`, the README's example, failed with the defaults' min_lr 4e-4 and an
+    error that did not say what to do; the example is now valid and the error names the fix."""
+    with pytest.raises(CharlmError) as e:
+        load_config(None, ["optim.lr=3e-4"])
+    assert str(e.value) == ("invalid config value optim.min_lr: 0.0004 must be in [0, lr], and lr "
+                            "is 0.0003; set optim.min_lr to at most lr, e.g. lr / 10 = 3e-05")
+    assert load_config(None, ["optim.lr=3e-4", "optim.min_lr=3e-05"]).optim.min_lr == 3e-5
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    example = re.search(r"\(`(--set optim\.lr=\S+ --set model\.n_ff=null)`\)", readme)[1]
+    assert load_config(None, re.findall(r"--set (\S+)", example)).optim.lr == 1e-3
+
+
 def test_overrides_take_precedence_and_parse_as_yaml(tmp_path):
     path = write(tmp_path, "optim:\n  lr: 3e-4\ntrain:\n  max_iters: 7\n")
     cfg = load_config(path, ["train.max_iters=9", "model.n_ff=null", "optim.min_lr=1e-5"])
@@ -121,7 +135,7 @@ def test_set_without_equals():
     with pytest.raises(CharlmError) as e:
         load_config(None, ["optim.lr"])
     assert str(e.value) == (
-        "--set expects section.key=value, got 'optim.lr' (e.g. --set optim.lr=3e-4)")
+        "--set expects section.key=value, got 'optim.lr' (e.g. --set optim.lr=1e-3)")
 
 
 def test_set_key_given_twice_is_an_error():
