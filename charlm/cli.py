@@ -37,9 +37,8 @@ SetOpt = Annotated[
     typer.Option("--set", "-s", metavar="SECTION.KEY=VALUE",
                  help="Override one config key (value parsed as YAML); repeatable."),
 ]
-DeviceOpt = Annotated[
-    str, typer.Option(help="auto, cpu, cuda (the first GPU), cuda:N or mps.", metavar="DEVICE"),
-]
+DEVICES = "auto, cpu, cuda (the first GPU), cuda:N or mps"
+DeviceOpt = Annotated[str, typer.Option(help=f"{DEVICES}.", metavar="DEVICE")]
 TargetArg = Annotated[
     Path, typer.Argument(metavar="RUN_DIR_OR_CKPT",
                          help="A run dir (uses best.pt, else last.pt), a .pt checkpoint, or a "
@@ -86,8 +85,7 @@ def train(
     ] = None,
     out: Annotated[str | None, typer.Option(help="Run dir (sets train.out_dir).")] = None,
     device: Annotated[
-        str | None, typer.Option(metavar="DEVICE",
-                                 help="auto, cpu, cuda or mps (sets train.device).")
+        str | None, typer.Option(metavar="DEVICE", help=f"{DEVICES} (sets train.device).")
     ] = None,
     set_: SetOpt = None,
     resume: Annotated[bool, typer.Option(help="Continue the run in the run dir from last.pt.")]
