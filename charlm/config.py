@@ -22,11 +22,27 @@ import yaml
 from charlm.errors import CharlmError
 from charlm.files import write_text_atomic
 
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+
 
 class _Loader(yaml.SafeLoader):
-    """yaml.safe_load, plus YAML 1.2 floats: `3e-4` is a number, not the string '3e-4'; and a
-    key given twice in one mapping is an error (PyYAML keeps the last one silently, so a second
-    `optim:` section would reset the first one's keys to their defaults)."""
+    """yaml.safe_load, with YAML 1.2's numbers instead of YAML 1.1's: `3e-4` is a number, not
+    the string '3e-4'; `010` is ten, not octal eight (octal is `0o10`); and `1:30` is a string,
+    not the base-60 number 90. A key given twice in one mapping is an error (PyYAML keeps the
+    last one silently, so a second `optim:` section would reset the first one's keys to their
+    defaults)."""
+
+    yaml_implicit_resolvers = {  # YAML 1.1's int and float syntax out; 1.2's added below
+        first: [(tag, regex) for tag, regex in resolvers if tag not in (_INT, _FLOAT)]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        text = str(self.construct_scalar(node)).replace("_", "")
+        sign = -1 if text.startswith("-") else 1
+        digits = text.lstrip("+-")
+        base = {"0b": 2, "0o": 8, "0x": 16}.get(digits[:2], 10)
+        return sign * int(digits[2:] if base != 10 else digits, base)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen = set()
@@ -45,10 +61,17 @@ class _Dumper(yaml.SafeDumper):
     own dumper writes the string '1e5' plain, which `_Loader` reads back as a float."""
 
 
-for _cls in (_Loader, _Dumper):
+_Loader.add_constructor(_INT, _Loader.construct_yaml_int)
+for _cls in (_Loader, _Dumper):  # the dumper keeps YAML 1.1's too: it quotes more, never less
+    _cls.add_implicit_resolver(  # an int before a float: the float syntax matches `10` too
+        _INT,
+        re.compile(r"^[-+]?(?:[0-9][0-9_]*|0b[01_]+|0o[0-7_]+|0x[0-9a-fA-F_]+)$"),
+        list("-+0123456789"),
+    )
     _cls.add_implicit_resolver(
-        "tag:yaml.org,2002:float",
-        re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+        _FLOAT,
+        re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)(?:[eE][-+]?[0-9]+)?"
+                   r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
         list("-+0123456789."),
     )
 

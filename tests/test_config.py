@@ -131,6 +131,22 @@ def test_overrides_take_precedence_and_parse_as_yaml(tmp_path):
     assert cfg.train.batch_size == RunConfig().train.batch_size  # untouched default
 
 
+def test_numbers_are_read_as_yaml_1_2_reads_them(tmp_path):
+    """PyYAML (YAML 1.1) read `010` as octal 8 and `1:30` as the base-60 number 90, so
+    `--set train.seed=0042` trained with seed 34 and `out_dir: 1:30` was refused as the integer
+    90; YAML 1.2, whose floats the loader already used, reads 10 and the string '1:30'."""
+    cfg = load_config(write(tmp_path, "model:\n  n_layer: 010\ntrain:\n  seed: 0o17\n"
+                                      "  out_dir: 1:30\n  max_iters: 0x10\n"),
+                      ["optim.warmup_iters=0042", "data.path=12:30:05"])
+    assert (cfg.model.n_layer, cfg.train.seed, cfg.train.out_dir, cfg.train.max_iters) == (
+        10, 15, "1:30", 16)
+    assert (cfg.optim.warmup_iters, cfg.data.path) == (42, "12:30:05")
+    with pytest.raises(CharlmError) as e:
+        load_config(None, ["train.max_iters=1:30"])
+    assert str(e.value) == ("invalid value for train.max_iters in --set overrides: '1:30', "
+                            "expected an integer")
+
+
 def test_set_without_equals():
     with pytest.raises(CharlmError) as e:
         load_config(None, ["optim.lr"])
