@@ -134,6 +134,12 @@ def train(
         cfg = resume_config(Path(run.train.out_dir), config, overrides)
     else:
         cfg = load_config(config, overrides)
+        if data is None and not Path(cfg.data.path).exists():  # say where the path came from
+            raise CharlmError(
+                f"input file not found: {cfg.data.path} (data.path of "
+                f"{config or 'the built-in defaults'}, taken from the current directory); "
+                "give your text as `charlm train my.txt` or --data PATH"
+            )
     main_rank = is_main_process()  # under torchrun, rank 0 alone speaks for the run
     try:
         state = run_training(cfg, resume=resume, overwrite=overwrite)

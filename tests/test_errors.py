@@ -59,6 +59,13 @@ def test_missing_text_file_leaves_no_run_dir(fails, tmp_path, monkeypatch):
     """`charlm train` on a mistyped file name fails without leaving runs/NAME behind."""
     monkeypatch.chdir(tmp_path)
     fails("train", "mytxt.txt", message="input file not found: mytxt.txt")
+    # Without data on the command line, where data.path came from and what to do instead.
+    fails("train", message="input file not found: data/tinyshakespeare.txt (data.path of the "
+          "built-in defaults, taken from the current directory); give your text as `charlm "
+          "train my.txt` or --data PATH")
+    fails("train", TINY, message="input file not found: data/tinyshakespeare.txt (data.path of "
+          f"{TINY}, taken from the current directory); give your text as `charlm train my.txt` "
+          "or --data PATH")
     fails("train", TINY, "--data", "my.txt", "--out", "runs/a/b",
           message="input file not found: my.txt")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
