@@ -361,6 +361,8 @@ def _read_yaml(path: Path) -> Any:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        if "'\\t'" in problem:
+            problem += "; YAML indents with spaces, not tabs"
         raise CharlmError(f"YAML syntax error in {path}{at}: {problem}") from None
 
 

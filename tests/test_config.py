@@ -169,6 +169,14 @@ def test_yaml_syntax_error_has_line_and_column(tmp_path):
         f"YAML syntax error in {path} at line 2, column 12: mapping values are not allowed here")
 
 
+def test_yaml_tab_says_to_indent_with_spaces(tmp_path):
+    path = write(tmp_path, "model:\n\tn_layer: 2\n")
+    with pytest.raises(CharlmError) as e:
+        load_config(path)
+    assert str(e.value) == (f"YAML syntax error in {path} at line 2, column 1: found character "
+                            "'\\t' that cannot start any token; YAML indents with spaces, not tabs")
+
+
 @pytest.mark.parametrize("text, where", [
     ("optim:\n  lr: 1.0e-3\n  lr: 5.0e-3\n", "line 3, column 3: duplicate key 'lr'"),
     ("optim:\n  lr: 1.0e-3\ntrain:\n  seed: 1\noptim:\n  min_lr: 0\n",
