@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-import yaml
 
 from charlm.config import DataConfig, SampleConfig
 from charlm.errors import CharlmError, characters
@@ -38,9 +37,8 @@ SetOpt = Annotated[
     typer.Option("--set", "-s", metavar="SECTION.KEY=VALUE",
                  help="Override one config key (value parsed as YAML); repeatable."),
 ]
-DeviceOpt = Annotated[
-    str, typer.Option(help="auto, cpu, cuda (the first GPU), cuda:N or mps.", metavar="DEVICE"),
-]
+DEVICES = "auto, cpu, cuda (the first GPU), cuda:N or mps"
+DeviceOpt = Annotated[str, typer.Option(help=f"{DEVICES}.", metavar="DEVICE")]
 TargetArg = Annotated[
     Path, typer.Argument(metavar="RUN_DIR_OR_CKPT",
                          help="A run dir (uses best.pt, else last.pt), a .pt checkpoint, or a "
@@ -87,8 +85,7 @@ def train(
     ] = None,
     out: Annotated[str | None, typer.Option(help="Run dir (sets train.out_dir).")] = None,
     device: Annotated[
-        str | None, typer.Option(metavar="DEVICE",
-                                 help="auto, cpu, cuda or mps (sets train.device).")
+        str | None, typer.Option(metavar="DEVICE", help=f"{DEVICES} (sets train.device).")
     ] = None,
     set_: SetOpt = None,
     resume: Annotated[bool, typer.Option(help="Continue the run in the run dir from last.pt.")]
@@ -137,6 +134,12 @@ def train(
         cfg = resume_config(Path(run.train.out_dir), config, overrides)
     else:
         cfg = load_config(config, overrides)
+        if data is None and not Path(cfg.data.path).exists():  # say where the path came from
+            raise CharlmError(
+                f"input file not found: {cfg.data.path} (data.path of "
+                f"{config or 'the built-in defaults'}, taken from the current directory); "
+                "give your text as `charlm train my.txt` or --data PATH"
+            )
     main_rank = is_main_process()  # under torchrun, rank 0 alone speaks for the run
     try:
         state = run_training(cfg, resume=resume, overwrite=overwrite)
@@ -310,7 +313,7 @@ def info(
     import torch
 
     from charlm.checkpoint import load_model
-    from charlm.config import is_config_file, load_config
+    from charlm.config import dump_yaml, is_config_file, load_config
     from charlm.data import load_dataset, scan
     from charlm.export import is_export_dir, load_safetensors
     from charlm.model import GPT
@@ -353,7 +356,7 @@ def info(
         return
     print(render_text(report))
     print("\nconfig:")
-    print("  " + yaml.safe_dump(report["config"], sort_keys=False).replace("\n", "\n  ").rstrip())
+    print("  " + dump_yaml(report["config"]).replace("\n", "\n  ").rstrip())
 
 
 @app.command("eval")

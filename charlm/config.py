@@ -22,11 +22,27 @@ import yaml
 from charlm.errors import CharlmError
 from charlm.files import write_text_atomic
 
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+
 
 class _Loader(yaml.SafeLoader):
-    """yaml.safe_load, plus YAML 1.2 floats: `3e-4` is a number, not the string '3e-4'; and a
-    key given twice in one mapping is an error (PyYAML keeps the last one silently, so a second
-    `optim:` section would reset the first one's keys to their defaults)."""
+    """yaml.safe_load, with YAML 1.2's numbers instead of YAML 1.1's: `3e-4` is a number, not
+    the string '3e-4'; `010` is ten, not octal eight (octal is `0o10`); and `1:30` is a string,
+    not the base-60 number 90. A key given twice in one mapping is an error (PyYAML keeps the
+    last one silently, so a second `optim:` section would reset the first one's keys to their
+    defaults)."""
+
+    yaml_implicit_resolvers = {  # YAML 1.1's int and float syntax out; 1.2's added below
+        first: [(tag, regex) for tag, regex in resolvers if tag not in (_INT, _FLOAT)]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        text = str(self.construct_scalar(node)).replace("_", "")
+        sign = -1 if text.startswith("-") else 1
+        digits = text.lstrip("+-")
+        base = {"0b": 2, "0o": 8, "0x": 16}.get(digits[:2], 10)
+        return sign * int(digits[2:] if base != 10 else digits, base)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen = set()
@@ -40,15 +56,33 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."),
-)
+class _Dumper(yaml.SafeDumper):
+    """yaml.safe_dump that quotes the strings `_Loader` would read as something else: PyYAML's
+    own dumper writes the string '1e5' plain, which `_Loader` reads back as a float."""
+
+
+_Loader.add_constructor(_INT, _Loader.construct_yaml_int)
+for _cls in (_Loader, _Dumper):  # the dumper keeps YAML 1.1's too: it quotes more, never less
+    _cls.add_implicit_resolver(  # an int before a float: the float syntax matches `10` too
+        _INT,
+        re.compile(r"^[-+]?(?:[0-9][0-9_]*|0b[01_]+|0o[0-7_]+|0x[0-9a-fA-F_]+)$"),
+        list("-+0123456789"),
+    )
+    _cls.add_implicit_resolver(
+        _FLOAT,
+        re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)(?:[eE][-+]?[0-9]+)?"
+                   r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+        list("-+0123456789."),
+    )
 
 
 def parse_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+
+
+def dump_yaml(data: Any) -> str:
+    """YAML text that `parse_yaml` reads back as `data` (keys in their order)."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False)
 
 
 def device_error(name: str) -> str | None:
@@ -139,7 +173,8 @@ class OptimConfig:
     def __post_init__(self) -> None:
         _check(self.lr > 0, "optim.lr", f"{self.lr} must be > 0")
         _check(0 <= self.min_lr <= self.lr, "optim.min_lr",
-               f"{self.min_lr} must be in [0, lr], and lr is {self.lr}")
+               f"{self.min_lr} must be in [0, lr], and lr is {self.lr}; set optim.min_lr to at "
+               f"most lr, e.g. lr / 10 = {self.lr / 10:g}")
         _check(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
         for key in ("beta1", "beta2"):
             value = getattr(self, key)
@@ -326,6 +361,8 @@ def _read_yaml(path: Path) -> Any:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        if "'\\t'" in problem:
+            problem += "; YAML indents with spaces, not tabs"
         raise CharlmError(f"YAML syntax error in {path}{at}: {problem}") from None
 
 
@@ -339,7 +376,7 @@ def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dic
         section, dot, key = dotted.partition(".")
         if not sep or not dot or not section or not key:
             raise CharlmError(
-                f"--set expects section.key=value, got {item!r} (e.g. --set optim.lr=3e-4)"
+                f"--set expects section.key=value, got {item!r} (e.g. --set optim.lr=1e-3)"
             )
         if dotted in seen:
             raise CharlmError(f"--set {dotted} is given twice; give it once")
@@ -384,7 +421,7 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
 
 def save_config(cfg: RunConfig, path: Path) -> None:
     """Write the resolved config as YAML, atomically (a resume rewrites it)."""
-    write_text_atomic(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    write_text_atomic(path, dump_yaml(cfg.to_dict()))
 
 
 @dataclass

@@ -48,6 +48,13 @@ def test_help_names_arguments_as_the_readme_does(cli):
     assert "the built-in defaults, a small GPT-2" in " ".join(cli("train", "--help").out.split())
 
 
+@pytest.mark.parametrize("command", ["train", "sample", "eval"])
+def test_device_help_lists_the_devices_the_readme_does(cli, command):
+    """train's --device help said 'auto, cpu, cuda or mps', without cuda:N, which it takes."""
+    assert "--device DEVICE auto, cpu, cuda (the first GPU), cuda:N or mps" in " ".join(
+        cli(command, "--help").out.split())
+
+
 def test_prepare_command(cli, tmp_path):
     out = tmp_path / "ds"
     result = cli("prepare", SHAKESPEARE, "--out", out)

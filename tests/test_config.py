@@ -1,8 +1,18 @@
+import re
 from pathlib import Path
 
 import pytest
 
-from charlm.config import ModelConfig, RunConfig, SampleConfig, load_config
+from charlm.config import (
+    ModelConfig,
+    RunConfig,
+    SampleConfig,
+    dump_yaml,
+    load_config,
+    override,
+    parse_yaml,
+    save_config,
+)
 from charlm.errors import CharlmError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,6 +108,19 @@ def test_impossible_values_rejected(override, message):
     assert message in str(e.value)
 
 
+def test_lr_below_the_default_min_lr_says_to_set_min_lr():
+    """`--set optim.lr=3e-4`, the README's example, failed with the defaults' min_lr 4e-4 and an
+    error that did not say what to do; the example is now valid and the error names the fix."""
+    with pytest.raises(CharlmError) as e:
+        load_config(None, ["optim.lr=3e-4"])
+    assert str(e.value) == ("invalid config value optim.min_lr: 0.0004 must be in [0, lr], and lr "
+                            "is 0.0003; set optim.min_lr to at most lr, e.g. lr / 10 = 3e-05")
+    assert load_config(None, ["optim.lr=3e-4", "optim.min_lr=3e-05"]).optim.min_lr == 3e-5
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    example = re.search(r"\(`(--set optim\.lr=\S+ --set model\.n_ff=null)`\)", readme)[1]
+    assert load_config(None, re.findall(r"--set (\S+)", example)).optim.lr == 1e-3
+
+
 def test_overrides_take_precedence_and_parse_as_yaml(tmp_path):
     path = write(tmp_path, "optim:\n  lr: 3e-4\ntrain:\n  max_iters: 7\n")
     cfg = load_config(path, ["train.max_iters=9", "model.n_ff=null", "optim.min_lr=1e-5"])
@@ -108,11 +131,27 @@ def test_overrides_take_precedence_and_parse_as_yaml(tmp_path):
     assert cfg.train.batch_size == RunConfig().train.batch_size  # untouched default
 
 
+def test_numbers_are_read_as_yaml_1_2_reads_them(tmp_path):
+    """PyYAML (YAML 1.1) read `010` as octal 8 and `1:30` as the base-60 number 90, so
+    `--set train.seed=0042` trained with seed 34 and `out_dir: 1:30` was refused as the integer
+    90; YAML 1.2, whose floats the loader already used, reads 10 and the string '1:30'."""
+    cfg = load_config(write(tmp_path, "model:\n  n_layer: 010\ntrain:\n  seed: 0o17\n"
+                                      "  out_dir: 1:30\n  max_iters: 0x10\n"),
+                      ["optim.warmup_iters=0042", "data.path=12:30:05"])
+    assert (cfg.model.n_layer, cfg.train.seed, cfg.train.out_dir, cfg.train.max_iters) == (
+        10, 15, "1:30", 16)
+    assert (cfg.optim.warmup_iters, cfg.data.path) == (42, "12:30:05")
+    with pytest.raises(CharlmError) as e:
+        load_config(None, ["train.max_iters=1:30"])
+    assert str(e.value) == ("invalid value for train.max_iters in --set overrides: '1:30', "
+                            "expected an integer")
+
+
 def test_set_without_equals():
     with pytest.raises(CharlmError) as e:
         load_config(None, ["optim.lr"])
     assert str(e.value) == (
-        "--set expects section.key=value, got 'optim.lr' (e.g. --set optim.lr=3e-4)")
+        "--set expects section.key=value, got 'optim.lr' (e.g. --set optim.lr=1e-3)")
 
 
 def test_set_key_given_twice_is_an_error():
@@ -128,6 +167,14 @@ def test_yaml_syntax_error_has_line_and_column(tmp_path):
         load_config(path)
     assert str(e.value) == (
         f"YAML syntax error in {path} at line 2, column 12: mapping values are not allowed here")
+
+
+def test_yaml_tab_says_to_indent_with_spaces(tmp_path):
+    path = write(tmp_path, "model:\n\tn_layer: 2\n")
+    with pytest.raises(CharlmError) as e:
+        load_config(path)
+    assert str(e.value) == (f"YAML syntax error in {path} at line 2, column 1: found character "
+                            "'\\t' that cannot start any token; YAML indents with spaces, not tabs")
 
 
 @pytest.mark.parametrize("text, where", [
@@ -150,6 +197,17 @@ def test_yaml_not_a_mapping(tmp_path):
 def test_missing_config_file(tmp_path):
     with pytest.raises(CharlmError, match="config file not found"):
         load_config(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize("path", ["1e5", "2.5E-3", "yes", "null", "010", "1:00", "~"])
+def test_saved_config_loads_back_whatever_its_strings_look_like(tmp_path, path):
+    """A run's config.yaml (and the config `charlm info` prints) used to write the string '1e5'
+    plain, which the loader reads as the float 1e5 (YAML 1.2 floats): a run on a text file named
+    1e5 could not be trained again from its config.yaml."""
+    cfg = load_config(None, [override("data.path", path), override("train.out_dir", path)])
+    save_config(cfg, tmp_path / "config.yaml")
+    assert load_config(tmp_path / "config.yaml") == cfg
+    assert parse_yaml(dump_yaml(cfg.to_dict())) == cfg.to_dict()
 
 
 def test_round_trip_through_dict():

@@ -59,6 +59,13 @@ def test_missing_text_file_leaves_no_run_dir(fails, tmp_path, monkeypatch):
     """`charlm train` on a mistyped file name fails without leaving runs/NAME behind."""
     monkeypatch.chdir(tmp_path)
     fails("train", "mytxt.txt", message="input file not found: mytxt.txt")
+    # Without data on the command line, where data.path came from and what to do instead.
+    fails("train", message="input file not found: data/tinyshakespeare.txt (data.path of the "
+          "built-in defaults, taken from the current directory); give your text as `charlm "
+          "train my.txt` or --data PATH")
+    fails("train", TINY, message="input file not found: data/tinyshakespeare.txt (data.path of "
+          f"{TINY}, taken from the current directory); give your text as `charlm train my.txt` "
+          "or --data PATH")
     fails("train", TINY, "--data", "my.txt", "--out", "runs/a/b",
           message="input file not found: my.txt")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
@@ -197,7 +204,7 @@ def test_integer_too_large_for_64_bits(fails):
     ("optim.lr_decay_iters=5", "invalid config value optim.lr_decay_iters: must be more than "
                                "optim.warmup_iters (5), or null"),
     ("optim.min_lr=0.5", "invalid config value optim.min_lr: 0.5 must be in [0, lr], and lr is "
-                         "0.01"),
+                         "0.01; set optim.min_lr to at most lr, e.g. lr / 10 = 0.001"),
 ])
 def test_impossible_values(fails, override, message):
     fails("train", TINY, "--set", override, message=message)
@@ -205,7 +212,7 @@ def test_impossible_values(fails, override, message):
 
 def test_set_without_equals(fails):
     fails("train", TINY, "--set", "optim.lr",
-          message="--set expects section.key=value, got 'optim.lr' (e.g. --set optim.lr=3e-4)")
+          message="--set expects section.key=value, got 'optim.lr' (e.g. --set optim.lr=1e-3)")
 
 
 @pytest.mark.parametrize("option, key", [("--out", "train.out_dir"), ("--data", "data.path"),
