@@ -63,14 +63,17 @@ class _Dumper(yaml.SafeDumper):
 
 _Loader.add_constructor(_INT, _Loader.construct_yaml_int)
 for _cls in (_Loader, _Dumper):  # the dumper keeps YAML 1.1's too: it quotes more, never less
+    # Each form holds a digit: `._` or `0x_` alone is a string, not a float('.') that fails.
     _cls.add_implicit_resolver(  # an int before a float: the float syntax matches `10` too
         _INT,
-        re.compile(r"^[-+]?(?:[0-9][0-9_]*|0b[01_]+|0o[0-7_]+|0x[0-9a-fA-F_]+)$"),
+        re.compile(r"^[-+]?(?:[0-9][0-9_]*|0b_*[01][01_]*|0o_*[0-7][0-7_]*"
+                   r"|0x_*[0-9a-fA-F][0-9a-fA-F_]*)$"),
         list("-+0123456789"),
     )
     _cls.add_implicit_resolver(
         _FLOAT,
-        re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)(?:[eE][-+]?[0-9]+)?"
+        re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\._*[0-9][0-9_]*)"
+                   r"(?:[eE][-+]?[0-9]+)?"
                    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
         list("-+0123456789."),
     )

@@ -147,6 +147,18 @@ def test_numbers_are_read_as_yaml_1_2_reads_them(tmp_path):
                             "expected an integer")
 
 
+def test_number_lookalikes_without_a_digit_are_strings():
+    """`._` (a string before YAML 1.2 numbers) and `0x_` matched the number syntax without a
+    digit, so the loader failed in float('.') / int('', 16) with a ValueError traceback; they
+    are strings, which the config then refuses in one line."""
+    assert [parse_yaml(v) for v in ("._", "-._", "0x_", "0b_", "0o_", "._5")] == [
+        "._", "-._", "0x_", "0b_", "0o_", 0.5]
+    with pytest.raises(CharlmError) as e:
+        load_config(None, ["train.max_iters=._"])
+    assert str(e.value) == ("invalid value for train.max_iters in --set overrides: '._', "
+                            "expected an integer")
+
+
 def test_set_without_equals():
     with pytest.raises(CharlmError) as e:
         load_config(None, ["optim.lr"])
