@@ -134,7 +134,8 @@ def train(
         cfg = resume_config(Path(run.train.out_dir), config, overrides)
     else:
         cfg = load_config(config, overrides)
-        if data is None and not Path(cfg.data.path).exists():  # say where the path came from
+        from_file = data is None and "data.path" not in set_keys  # not the user's own words
+        if from_file and not Path(cfg.data.path).exists():  # say where the path came from
             raise CharlmError(
                 f"input file not found: {cfg.data.path} (data.path of "
                 f"{config or 'the built-in defaults'}, taken from the current directory); "

@@ -68,6 +68,9 @@ def test_missing_text_file_leaves_no_run_dir(fails, tmp_path, monkeypatch):
           "or --data PATH")
     fails("train", TINY, "--data", "my.txt", "--out", "runs/a/b",
           message="input file not found: my.txt")
+    # --set data.path is the user's own path, as --data is: not the defaults' or the CONFIG's
+    fails("train", "--set", "data.path=my.txt", message="input file not found: my.txt")
+    fails("train", TINY, "-s", "data.path = my.txt", message="input file not found: my.txt")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
