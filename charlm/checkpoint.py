@@ -63,6 +63,9 @@ def resolve(path: str | Path) -> Path:
 def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load a charlm checkpoint without executing any pickled code."""
     path = Path(path)
+    if path.exists() and not path.is_file():  # reading a FIFO or /dev/zero would never end
+        raise CharlmError(f"cannot load checkpoint {path}: not a regular file (a directory, "
+                          "FIFO or device); give a .pt file that charlm train wrote")
     if path.is_file() and not zipfile.is_zipfile(path):  # what torch.save writes is a zip
         raise CharlmError(f"cannot load checkpoint {path}: not a readable charlm checkpoint "
                           "(not a complete torch.save file)")
