@@ -140,6 +140,20 @@ def test_a_fifo_is_refused_without_reading_it(tmp_path):
         writer.join(5)
 
 
+GOOD_TRAIN_STATE = {"step": 20, "best_val": 3.3, "tokens": 5120, "skipped_steps": 0,
+                    "bad_streak": 0}
+
+
+@pytest.mark.parametrize("change", [{"step": 20.5}, {"step": -5}, {"step": True},
+                                    {"tokens": float("nan")}, {"best_val": "3.3"},
+                                    {"skipped_steps": -1}])
+def test_a_train_state_with_a_step_that_is_not_a_count_is_malformed(change):
+    """A float step made --resume end in a TypeError traceback; a negative one trained on."""
+    checkpoint.check_train_state({"train_state": GOOD_TRAIN_STATE})
+    with pytest.raises(ValueError, match="^train_state is missing or malformed$"):
+        checkpoint.check_train_state({"train_state": {**GOOD_TRAIN_STATE, **change}})
+
+
 def test_foreign_and_future_checkpoints(tmp_path):
     foreign = tmp_path / "ckpt.pt"  # what nanoGPT writes: no format marker
     torch.save({"model": {}, "model_args": {"n_layer": 1}, "iter_num": 3}, foreign)
