@@ -63,6 +63,9 @@ def resolve(path: str | Path) -> Path:
 def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load a charlm checkpoint without executing any pickled code."""
     path = Path(path)
+    if path.exists() and not path.is_file():  # reading a FIFO or /dev/zero would never end
+        raise CharlmError(f"cannot load checkpoint {path}: not a regular file (a directory, "
+                          "FIFO or device); give a .pt file that charlm train wrote")
     if path.is_file() and not zipfile.is_zipfile(path):  # what torch.save writes is a zip
         raise CharlmError(f"cannot load checkpoint {path}: not a readable charlm checkpoint "
                           "(not a complete torch.save file)")
@@ -105,10 +108,14 @@ def check_config(state: dict[str, Any]) -> dict[str, Any]:
 def check_train_state(state: dict[str, Any]) -> None:
     """Raise ValueError unless the checkpoint's train state has the numbers charlm reads."""
     ts = state.get("train_state")
-    numbers = ("step", "best_val", "tokens")
-    counts = ("skipped_steps", "bad_streak")  # later additions: 0 in older checkpoints
-    if (not isinstance(ts, dict) or not all(isinstance(ts.get(k), (int, float)) for k in numbers)
-            or not all(isinstance(ts.get(k, 0), int) for k in counts)):
+
+    def count(value: object) -> bool:  # a step or token count: an int >= 0 (a float breaks range)
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    # skipped_steps and bad_streak are later additions: 0 in older checkpoints
+    if (not isinstance(ts, dict) or not isinstance(ts.get("best_val"), (int, float))
+            or not all(count(ts.get(k)) for k in ("step", "tokens"))
+            or not all(count(ts.get(k, 0)) for k in ("skipped_steps", "bad_streak"))):
         raise ValueError("train_state is missing or malformed")
 
 

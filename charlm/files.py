@@ -4,6 +4,7 @@ name beside its target (same directory, so the same filesystem) and moved into p
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 from pathlib import Path
@@ -31,8 +32,11 @@ def write_text_atomic(path: Path, text: str) -> None:
     try:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):  # name the file the user knows, not the temporary one
+            raise OSError(e.errno, e.strerror, str(path)) from None
         raise
 
 

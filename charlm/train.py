@@ -213,7 +213,7 @@ def resume_config(run_dir: Path, config_path: str | Path | None,
     if ckpt_path.is_dir():  # not "no checkpoint": a fresh start would send the user back here
         raise CharlmError(f"--resume: {ckpt_path} is a directory, not a checkpoint; move it out "
                           "of the way, or start over with --overwrite")
-    if not ckpt_path.is_file():
+    if not ckpt_path.exists():  # anything else that is there, `checkpoint.load` explains
         raise CharlmError(f"--resume: no checkpoint {ckpt_path}; start the run without --resume")
     try:
         saved = checkpoint.check_config(checkpoint.load(ckpt_path))

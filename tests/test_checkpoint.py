@@ -2,6 +2,7 @@ import os
 import pickle
 import random
 import signal
+import threading
 import time
 
 import pytest
@@ -117,6 +118,40 @@ def test_a_checkpoint_with_pickled_code_is_refused_in_plain_words(tmp_path, caps
                             "is not a checkpoint, or it holds pickled code, which charlm never "
                             "runs)")
     assert "must never run" not in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")
+def test_a_fifo_is_refused_without_reading_it(tmp_path):
+    """Reading a FIFO (or /dev/zero) as a checkpoint would wait for a writer forever."""
+    fifo = tmp_path / "best.pt"
+    os.mkfifo(fifo)
+    # Without the check, load would block here; a writer that gives EOF after a while makes
+    # such a load fail with another message instead of hanging the suite.
+    writer = threading.Thread(target=lambda: open(fifo, "wb").close(), daemon=True)
+    writer.start()
+    try:
+        with pytest.raises(CharlmError) as e:
+            checkpoint.load(fifo)
+        assert str(e.value) == (f"cannot load checkpoint {fifo}: not a regular file (a "
+                                "directory, FIFO or device); give a .pt file that charlm train "
+                                "wrote")
+    finally:
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # lets the writer finish
+        writer.join(5)
+
+
+GOOD_TRAIN_STATE = {"step": 20, "best_val": 3.3, "tokens": 5120, "skipped_steps": 0,
+                    "bad_streak": 0}
+
+
+@pytest.mark.parametrize("change", [{"step": 20.5}, {"step": -5}, {"step": True},
+                                    {"tokens": float("nan")}, {"best_val": "3.3"},
+                                    {"skipped_steps": -1}])
+def test_a_train_state_with_a_step_that_is_not_a_count_is_malformed(change):
+    """A float step made --resume end in a TypeError traceback; a negative one trained on."""
+    checkpoint.check_train_state({"train_state": GOOD_TRAIN_STATE})
+    with pytest.raises(ValueError, match="^train_state is missing or malformed$"):
+        checkpoint.check_train_state({"train_state": {**GOOD_TRAIN_STATE, **change}})
 
 
 def test_foreign_and_future_checkpoints(tmp_path):

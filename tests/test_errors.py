@@ -258,6 +258,24 @@ def test_resume_when_last_pt_is_a_directory_does_not_say_no_checkpoint(fails, tr
                   "out of the way, or start over with --overwrite")
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")
+def test_resume_when_last_pt_is_a_fifo_does_not_say_no_checkpoint(fails, trained):
+    (trained / "last.pt").unlink()
+    os.mkfifo(trained / "last.pt")
+    fails("train", "--out", trained, "--resume",
+          message=f"cannot load checkpoint {trained / 'last.pt'}: not a regular file (a "
+                  "directory, FIFO or device); give a .pt file that charlm train wrote")
+
+
+def test_resume_from_a_checkpoint_with_a_float_step_is_one_error_line(fails, trained):
+    state = checkpoint.load(trained / "last.pt")
+    state["train_state"]["step"] = 20.5
+    torch.save(state, trained / "last.pt")
+    fails("train", "--out", trained, "--resume", "--set", "train.max_iters=22",
+          message=f"checkpoint {trained / 'last.pt'} is damaged or incomplete: train_state is "
+                  "missing or malformed")
+
+
 def test_resume_with_a_conflicting_architecture(fails, trained):
     fails("train", "--out", trained, "--resume", "--set", "model.n_embd=64",
           message=f"--resume: model.n_embd=64 conflicts with the checkpoint's 32 in "
