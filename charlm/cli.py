@@ -114,7 +114,7 @@ def train(
                               ("--device", "train.device", device)):
         if value is not None and key in set_keys:
             raise CharlmError(f"{given} and --set {key} set the same key; give one of them")
-    named_out = out is not None or bool(_out_dir_overrides(overrides))
+    named_out = out is not None or "train.out_dir" in set_keys
     if config is None and data is not None and not named_out:  # the defaults on the user's data
         out = str(Path("runs") / Path(data).resolve().stem)
     if data is not None:
