@@ -284,6 +284,10 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
     if prompt == "-":  # the bytes, read as a prompt file is: CRLF kept, no byte order mark
         from charlm.data import decode_chunks
 
+        if sys.stdin is None:  # started with stdin closed (`<&-`)
+            raise CharlmError("--prompt - reads the prompt from stdin, which is closed; pipe the "
+                              "prompt in, or give --prompt TEXT or --prompt-file")
+
         return "".join(text for _, text in decode_chunks(sys.stdin.buffer, "the prompt on stdin"))
     return prompt
 

@@ -236,6 +236,11 @@ def test_sample_prompt_from_file_and_stdin(cli, run_dir, tmp_path, monkeypatch):
     assert (invalid.code, invalid.err, invalid.out) == (
         2, "error: the prompt on stdin is not valid UTF-8 text (invalid byte 0xff at byte offset "
            "6); charlm reads text files as UTF-8, convert it first\n", "")
+    monkeypatch.setattr("sys.stdin", None)  # `<&-`: an AttributeError traceback before
+    closed = cli(*greedy, "--prompt", "-")
+    assert (closed.code, closed.err) == (
+        2, "error: --prompt - reads the prompt from stdin, which is closed; pipe the prompt in, "
+           "or give --prompt TEXT or --prompt-file\n")
     stdin(b"First\r\nCitizen:")  # CRLF kept, as in a prompt file (text mode made it LF)
     crlf = cli(*greedy, "--prompt", "-")
     assert (crlf.code, crlf.err) == (
