@@ -3,7 +3,10 @@ and an in-process CLI runner."""
 
 from __future__ import annotations
 
+import faulthandler
+import os
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,53 @@ VARIANTS = {
     "all_changed": {"pos_encoding": "rope", "norm": "rmsnorm", "norm_placement": "post",
                     "activation": "swiglu", "tie_weights": False, "bias": True},
 }
+
+
+# No test takes a minute; one that runs for TEST_TIME_LIMIT seconds hangs. The watchdog then
+# prints every thread's stack and the test's name and ends pytest, so a hang fails the suite at
+# once, showing where, instead of holding CI until its time limit runs out.
+# CHARLM_TEST_TIME_LIMIT=0 turns it off (for a debugger session).
+TEST_TIME_LIMIT = float(os.environ.get("CHARLM_TEST_TIME_LIMIT", 600))
+_REAL_STDERR = pytest.StashKey()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # fd 2 as it is now, before capture redirects it for each test
+    config.stash[_REAL_STDERR] = os.fdopen(os.dup(sys.__stderr__.fileno()), "w")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Set up, run and tear down each test under the watchdog."""
+    if TEST_TIME_LIMIT <= 0:
+        yield
+        return
+    out, done = item.config.stash[_REAL_STDERR], threading.Event()
+
+    def watch() -> None:
+        if not done.wait(TEST_TIME_LIMIT):
+            faulthandler.dump_traceback(out)
+            out.write(f"\nerror: {item.nodeid} still runs after {TEST_TIME_LIMIT:g} s: it "
+                      "hangs; the stacks above show where\n")
+            out.flush()
+            os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+    # A hang that holds the GIL keeps that thread from running: then dump and exit from C.
+    faulthandler.dump_traceback_later(TEST_TIME_LIMIT + 60, exit=True, file=out)
+    try:
+        yield
+    finally:
+        done.set()
+        faulthandler.cancel_dump_traceback_later()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Under the watchdog too: what is left of the run, and Python's exit (a thread that
+    blocks it, say)."""
+    if TEST_TIME_LIMIT > 0:
+        faulthandler.dump_traceback_later(TEST_TIME_LIMIT, exit=True,
+                                          file=session.config.stash[_REAL_STDERR])
 
 
 @pytest.fixture
