@@ -149,29 +149,25 @@ def test_batch_size_must_split_over_the_ranks(tiny_cfg):
     assert not Path(cfg.train.out_dir).exists()
 
 
-@pytest.fixture
-def one_rank_world(monkeypatch):
-    """A gloo process group of one rank, in this process, as torchrun would describe it."""
-    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}.items():
-        monkeypatch.setenv(key, value)
-    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0,
-                                         world_size=1)
-    yield
-    torch.distributed.destroy_process_group()
-
-
-def test_gradient_accumulation_all_reduces_on_the_last_micro_batch_only(tiny_cfg, monkeypatch,
-                                                                         one_rank_world):
+def accumulation_probe(config: str) -> None:
+    """Run in a child process by the test below: one train_step with grad_accum 3 under DDP in
+    a gloo group of one rank; prints, as JSON, which micro-batches ran with DDP's gradient sync
+    on and the gradient buckets all-reduced. The group lives and dies with that process: when
+    this test brought it up and tore it down inside pytest's process, CI hung right after it."""
+    from charlm.config import load_config
     from charlm.data import dataset_for
     from charlm.model import GPT
 
-    cfg = with_(tiny_cfg, train={"grad_accum": 3})
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
+        os.environ[key] = value
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0,
+                                         world_size=1)
+    cfg = load_config(config)
     data = dataset_for(cfg.data.path, cfg.data.val_fraction, Path(cfg.train.out_dir) / "data")
     model = GPT(cfg.model, len(data.vocab))
     dist = Dist(rank=0, world_size=1, active=True)
     ddp = dist.wrap(model, torch.device("cpu"))
-    reduced = []
+    reduced, calls = [], []
 
     def count(state, bucket):  # a comm hook: called once per gradient bucket it all-reduces
         reduced.append(bucket.index())
@@ -180,19 +176,31 @@ def test_gradient_accumulation_all_reduces_on_the_last_micro_batch_only(tiny_cfg
         return fut
 
     ddp.register_comm_hook(None, count)
-    sampler = BatchSampler(data.train, cfg.model.block_size, cfg.train.batch_size,
-                           torch.device("cpu"), seed=0)
-    optimizer = make_optimizer(model, cfg.optim)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
-    calls = []
     real_forward = GPT.forward
 
     def forward(self, *args, **kwargs):  # which micro-batches run with DDP's sync on
         calls.append(ddp.require_backward_grad_sync)
         return real_forward(self, *args, **kwargs)
 
-    monkeypatch.setattr(GPT, "forward", forward)
+    GPT.forward = forward
+    sampler = BatchSampler(data.train, cfg.model.block_size, cfg.train.batch_size,
+                           torch.device("cpu"), seed=0)
+    optimizer = make_optimizer(model, cfg.optim)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
     train_module.train_step(ddp, optimizer, scaler, sampler, cfg, torch.device("cpu"),
                             torch.float32, dist)
-    assert calls == [False, False, True]
+    print(json.dumps({"calls": calls, "reduced": reduced}), flush=True)
+    os._exit(0)  # no teardown: the group ends with the process (charlm's own is tested above)
+
+
+def test_gradient_accumulation_all_reduces_on_the_last_micro_batch_only(tiny_cfg, tmp_path):
+    config = tmp_path / "accum.yaml"
+    save_config(with_(tiny_cfg, train={"grad_accum": 3}), config)
+    code = f"from tests.test_distributed import accumulation_probe as p; p({str(config)!r})"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr
+    probe = json.loads(result.stdout)
+    assert probe["calls"] == [False, False, True]
+    reduced = probe["reduced"]
     assert reduced and len(reduced) == len(set(reduced))  # each bucket once: one all-reduce
