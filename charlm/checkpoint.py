@@ -6,8 +6,6 @@ train state, RNG states as tensors, the resolved config as a dict and the vocab 
 
 from __future__ import annotations
 
-import contextlib
-import os
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -16,7 +14,7 @@ import torch
 
 from charlm.config import RunConfig
 from charlm.errors import CharlmError, first_line, one_line
-from charlm.files import run_write_error, temp_beside
+from charlm.files import run_write_error, write_atomic
 from charlm.model import GPT
 from charlm.vocab import Vocab
 
@@ -25,19 +23,13 @@ VERSION = 1
 
 
 def save(state: dict[str, Any], path: Path) -> None:
-    """Write `state` to `path` atomically: temp file in the same dir, fsync, then os.replace,
-    so `path` is always either the old or the new complete file."""
+    """Write `state` to `path` atomically (`charlm.files.write_atomic`): `path` is always
+    either the old or the new complete file."""
     path = Path(path)
-    tmp = temp_beside(path)
     try:
-        with open(tmp, "wb") as f:
-            torch.save({"format": FORMAT, "version": VERSION, **state}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_atomic(path, lambda f: torch.save({"format": FORMAT, "version": VERSION, **state},
+                                                f))
     except BaseException as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
         # torch's zip writer reports a write that failed (a full disk) as a RuntimeError raised
         # while handling the OSError, which is the reason to report.
         error = e.__context__ if isinstance(e, RuntimeError) else e

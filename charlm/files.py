@@ -7,7 +7,9 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from charlm.errors import CharlmError
 
@@ -26,18 +28,30 @@ def remove_temps(path: Path, tag: str = "tmp") -> None:
             tmp.unlink(missing_ok=True)
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Replace `path` with `text` (UTF-8) in one step; on failure `path` is as it was."""
+def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Replace `path` with what `write` writes to a binary file, in one step: the data reaches
+    the disk (fsync) before the move, so a crash or a power loss leaves the old file or the new
+    one. On failure `path` is as it was and no temporary file is left."""
     tmp = temp_beside(path)
     try:
-        tmp.write_text(text, encoding="utf-8")
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException as e:
+    except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError):  # name the file the user knows, not the temporary one
-            raise OSError(e.errno, e.strerror, str(path)) from None
         raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """`write_atomic` of `text` in UTF-8; an OSError names `path`, not the temporary file."""
+    data = text.encode("utf-8")
+    try:
+        write_atomic(path, lambda f: f.write(data))
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(path)) from None
 
 
 def make_writable_dir(path: Path, what: str) -> None:

@@ -345,14 +345,15 @@ def test_prepare_and_export_out_that_cannot_be_written(fails, tmp_path, corpus, 
 
 
 def test_disk_full_during_a_save_keeps_the_previous_checkpoints(cli, trained, monkeypatch):
-    real_fsync, calls = checkpoint.os.fsync, []
+    real_fsync, calls = os.fsync, []
 
-    def fsync_then_disk_full(fd):
-        calls.append(fd)
+    def fsync_then_disk_full(fd):  # the disk fills up with a checkpoint's data
         real_fsync(fd)
-        raise OSError(errno.ENOSPC, "No space left on device")
+        if ".pt.tmp-" in os.readlink(f"/proc/self/fd/{fd}"):
+            calls.append(fd)
+            raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(checkpoint.os, "fsync", fsync_then_disk_full)
+    monkeypatch.setattr(os, "fsync", fsync_then_disk_full)
     before = {name: (trained / name).read_bytes() for name in ("last.pt", "best.pt")}
     # The resume rewrites config.yaml and appends to metrics.jsonl, as it should.
     result = cli("train", "--out", trained, "--resume", "--set", "train.max_iters=40")

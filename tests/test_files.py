@@ -1,10 +1,10 @@
 import errno
 import os
-from pathlib import Path
 
 import pytest
 
-from charlm import cli
+from charlm import checkpoint, cli, files
+from charlm.config import RunConfig, save_config
 from charlm.files import write_text_atomic
 
 
@@ -13,13 +13,11 @@ def test_a_failed_atomic_write_names_the_target_and_keeps_it(tmp_path, monkeypat
     RUN/.config.yaml.tmp-PID`, a file the user never sees; it names config.yaml now."""
     path = tmp_path / "config.yaml"
     path.write_text("old\n", encoding="utf-8")
-    real_write = Path.write_text
 
-    def disk_full(self, *args, **kwargs):
-        real_write(self, "half", encoding="utf-8")
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+    def disk_full(fd):  # the written data does not fit on the disk
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.readlink(f"/proc/self/fd/{fd}"))
 
-    monkeypatch.setattr(Path, "write_text", disk_full)
+    monkeypatch.setattr(os, "fsync", disk_full)
     with pytest.raises(OSError) as e:
         write_text_atomic(path, "new\n")
     assert (e.value.errno, e.value.filename) == (errno.ENOSPC, str(path))
@@ -31,12 +29,31 @@ def test_a_failed_atomic_write_names_the_target_and_keeps_it(tmp_path, monkeypat
 def test_the_cli_reports_a_failed_atomic_write_with_the_target(tmp_path, monkeypatch, capsys):
     path = tmp_path / "config.yaml"
 
-    def disk_full(self, *args, **kwargs):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+    def disk_full(file, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
 
-    monkeypatch.setattr(Path, "write_text", disk_full)
+    monkeypatch.setattr(files, "open", disk_full, raising=False)
     monkeypatch.setattr(cli, "app", lambda **kwargs: write_text_atomic(path, "x"))
     with pytest.raises(SystemExit) as e:
         cli.main([])
     assert e.value.code == 2
     assert capsys.readouterr().err == f"error: No space left on device: {path}\n"
+
+
+def test_run_files_reach_the_disk_before_they_replace_the_old_ones(tmp_path, monkeypatch):
+    """config.yaml (and meta.json, metrics.jsonl on resume, export JSON) was moved into place
+    without an fsync, as checkpoints are not: after a power loss the new name could hold an
+    empty or partial file."""
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(
+        ("fsync", os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))) or real_fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda a, b: events.append(
+        ("replace", os.path.basename(a), os.path.basename(b))) or real_replace(a, b))
+    save_config(RunConfig(), tmp_path / "config.yaml")
+    checkpoint.save({"step": 1}, tmp_path / "last.pt")
+    tmp = f"-{os.getpid()}"
+    assert events == [("fsync", f".config.yaml.tmp{tmp}"),
+                      ("replace", f".config.yaml.tmp{tmp}", "config.yaml"),
+                      ("fsync", f".last.pt.tmp{tmp}"), ("replace", f".last.pt.tmp{tmp}", "last.pt")]
+    assert sorted(os.listdir(tmp_path)) == ["config.yaml", "last.pt"]
