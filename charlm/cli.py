@@ -95,11 +95,9 @@ def train(
     ] = False,
 ) -> None:
     """Train a GPT (or resume a run) and write checkpoints, metrics and TensorBoard logs."""
+    # torch (about 2 s to import) only once the config is known to be good: a mistyped key or
+    # path is reported at once
     from charlm.config import is_config_file, load_config, override
-    from charlm.device import is_main_process
-    from charlm.faults import Interrupted
-    from charlm.train import resume_config
-    from charlm.train import train as run_training
 
     if resume and overwrite:
         raise CharlmError("--resume and --overwrite exclude each other; choose one")
@@ -131,6 +129,8 @@ def train(
         # (`--set optim.min_lr=...` may be legal only with the run's optim.lr): here only the run
         # dir is needed, to find the checkpoint.
         run = load_config(config, overrides if config else _out_dir_overrides(overrides))
+        from charlm.train import resume_config
+
         cfg = resume_config(Path(run.train.out_dir), config, overrides)
     else:
         cfg = load_config(config, overrides)
@@ -141,6 +141,10 @@ def train(
                 f"{config or 'the built-in defaults'}, taken from the current directory); "
                 "give your text as `charlm train my.txt` or --data PATH"
             )
+    from charlm.device import is_main_process
+    from charlm.faults import Interrupted
+    from charlm.train import train as run_training
+
     main_rank = is_main_process()  # under torchrun, rank 0 alone speaks for the run
     try:
         state = run_training(cfg, resume=resume, overwrite=overwrite)

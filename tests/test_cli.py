@@ -36,6 +36,20 @@ def test_python_m_charlm_help():
         assert command in out
 
 
+def test_a_bad_train_config_is_reported_before_torch_is_imported(tmp_path):
+    """A mistyped --set key or config path took 2 s to report: the time to import torch."""
+    code = ("import sys; from charlm.cli import main\n"
+            "try:\n    main(sys.argv[1:])\n"
+            "finally:\n    print('torch' in sys.modules)")
+    for args, error in [(["missing.yaml"], "error: config file not found: missing.yaml"),
+                        (["--set", "model.n_layr=3"], "did you mean 'n_layer'?"),
+                        (["--resume", "--overwrite"], "--resume and --overwrite exclude")]:
+        result = subprocess.run([sys.executable, "-c", code, "train", *args], cwd=tmp_path,
+                                capture_output=True, text=True, timeout=60)
+        assert (result.returncode, result.stdout) == (2, "False\n")
+        assert result.stderr.startswith("error: ") and error in result.stderr
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_has_help(cli, command):
     result = cli(command, "--help")
