@@ -42,7 +42,7 @@ def test_the_cli_reports_a_failed_atomic_write_with_the_target(tmp_path, monkeyp
 
 def test_run_files_reach_the_disk_before_they_replace_the_old_ones(tmp_path, monkeypatch):
     """config.yaml (and meta.json, metrics.jsonl on resume, export JSON) was moved into place
-    without an fsync, as checkpoints are not: after a power loss the new name could hold an
+    without an fsync, unlike checkpoints: after a power loss the new name could hold an
     empty or partial file."""
     events = []
     real_fsync, real_replace = os.fsync, os.replace
