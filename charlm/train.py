@@ -356,6 +356,10 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
         print(f"warning: data.val_fraction={cfg.data.val_fraction} does not apply to the "
               f"prepared dataset {cfg.data.path}, whose split was made with --val-fraction "
               f"{prepared_with}; run `charlm prepare` again to change it", file=sys.stderr)
+    if cfg.optim.warmup_iters >= tc.max_iters and dist.is_main:  # a short trial run, often
+        print(f"warning: optim.warmup_iters={cfg.optim.warmup_iters} is not below "
+              f"train.max_iters={tc.max_iters}: the learning rate never reaches optim.lr="
+              f"{cfg.optim.lr:g}; lower optim.warmup_iters to train at full rate", file=sys.stderr)
     for split in ("train", "val"):
         require_window(data.split(split), cfg.model.block_size, split, cfg.data.path)
     sampler = BatchSampler(data.train, cfg.model.block_size, tc.batch_size, device, tc.seed,

@@ -191,7 +191,7 @@ def test_val_fraction_that_a_prepared_dataset_ignores_is_warned_about(tiny_cfg, 
     # 0.1, the default, is taken for "not set": no warning about a split the user never chose
     for fraction, out in ((0.05, "same"), (0.1, "default"), (0.25, "other")):
         train(with_(tiny_cfg, data={"path": str(data), "val_fraction": fraction},
-                    train={"max_iters": 1, "out_dir": str(tmp_path / out), "sample_chars": 0}),
+                    train={"max_iters": 6, "out_dir": str(tmp_path / out), "sample_chars": 0}),
               progress=False)
         warnings = [line for line in capsys.readouterr().err.splitlines()
                     if line.startswith("warning:")]
@@ -199,6 +199,19 @@ def test_val_fraction_that_a_prepared_dataset_ignores_is_warned_about(tiny_cfg, 
             f"warning: data.val_fraction=0.25 does not apply to the prepared dataset {data}, "
             "whose split was made with --val-fraction 0.05; run `charlm prepare` again to change "
             "it"])
+
+
+def test_a_warmup_as_long_as_the_run_is_warned_about(tiny_cfg, tmp_path, capsys):
+    """The learning rate would only ramp up (a trial run with few steps, often): say so, once."""
+    for max_iters, out in ((5, "five"), (6, "six")):  # tiny.yaml: warmup_iters 5
+        train(with_(tiny_cfg, train={"max_iters": max_iters, "eval_interval": max_iters,
+                                     "out_dir": str(tmp_path / out), "sample_chars": 0}),
+              progress=False)
+        warnings = [line for line in capsys.readouterr().err.splitlines()
+                    if line.startswith("warning:")]
+        assert warnings == ([] if max_iters == 6 else [
+            "warning: optim.warmup_iters=5 is not below train.max_iters=5: the learning rate "
+            "never reaches optim.lr=0.01; lower optim.warmup_iters to train at full rate"])
 
 
 def test_existing_run_is_not_clobbered(tiny_cfg):
@@ -441,11 +454,11 @@ def test_compile_that_fails_to_build_falls_back_with_one_warning(tiny_cfg, monke
         return run
 
     monkeypatch.setattr(torch, "compile", broken_compile)
-    cfg = with_(tiny_cfg, train={"compile": True, "max_iters": 4, "eval_interval": 4})
+    cfg = with_(tiny_cfg, train={"compile": True, "max_iters": 6, "eval_interval": 6})
     state = train(cfg)
     captured = capsys.readouterr()
     out = captured.err
-    assert state.step == 4
+    assert state.step == 6
     assert "warning:" not in captured.out
     assert out.count("warning:") == 1
     assert ("warning: torch.compile failed (RuntimeError: InvalidCxxCompiler: No working C++ "
