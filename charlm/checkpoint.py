@@ -52,8 +52,9 @@ def resolve(path: str | Path) -> Path:
     return path
 
 
-def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a charlm checkpoint without executing any pickled code."""
+def load(path: str | Path) -> dict[str, Any]:
+    """Load a charlm checkpoint onto the CPU without executing any pickled code. (Whoever uses
+    it moves the tensors to their device: torch restores RNG states only from CPU tensors.)"""
     path = Path(path)
     if path.exists() and not path.is_file():  # reading a FIFO or /dev/zero would never end
         raise CharlmError(f"cannot load checkpoint {path}: not a regular file (a directory, "
@@ -62,7 +63,7 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str
         raise CharlmError(f"cannot load checkpoint {path}: not a readable charlm checkpoint "
                           "(not a complete torch.save file)")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except OSError:
         raise  # a missing or unreadable file: the CLI names it
     except Exception as e:  # arbitrary bytes can make the unpickler raise anything
@@ -115,7 +116,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
                ) -> tuple[GPT, Vocab, RunConfig, dict[str, Any]]:
     """(model in eval mode, vocab, config, checkpoint state) from a run dir or checkpoint."""
     ckpt_path = resolve(path)
-    state = load(ckpt_path, map_location=device)
+    state = load(ckpt_path)  # onto the CPU, where the model is built; then moved as a whole
     try:
         cfg = RunConfig.from_dict(check_config(state), f"{ckpt_path} config")
         vocab = Vocab(state["vocab"])

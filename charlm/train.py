@@ -335,8 +335,10 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
     _check_run_dir(run_dir, resume, overwrite)
     seed_everything(tc.seed)
 
-    # every rank loads the same last.pt
-    ckpt = checkpoint.load(run_dir / "last.pt", map_location=device) if resume else None
+    # Every rank loads the same last.pt, onto the CPU: torch sets RNG states only from CPU
+    # tensors (a CUDA one is "RNG state must be a torch.ByteTensor"), and the model's and the
+    # optimizer's load_state_dict copy their tensors to the device themselves.
+    ckpt = checkpoint.load(run_dir / "last.pt") if resume else None
 
     def same_vocab(vocab: Vocab) -> None:
         if ckpt is not None and ckpt.get("vocab") != vocab.chars:
@@ -382,8 +384,9 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
             state.load_state_dict(ckpt["train_state"])
             sampler.load_state_dict(ckpt["sampler"])
             torch.set_rng_state(ckpt["rng"]["torch"])
-            if device.type == "cuda" and "cuda" in ckpt["rng"]:
-                torch.cuda.set_rng_state_all(list(ckpt["rng"]["cuda"]))
+            if device.type == "cuda" and "cuda" in ckpt["rng"]:  # the GPUs of both machines
+                for index, rng in enumerate(ckpt["rng"]["cuda"][:torch.cuda.device_count()]):
+                    torch.cuda.set_rng_state(rng, index)
         except (KeyError, RuntimeError, ValueError, TypeError, AttributeError) as e:
             raise checkpoint.damaged(run_dir / "last.pt", e) from None
         if state.step > tc.max_iters:  # it would stop at once, with a config that is not the run's

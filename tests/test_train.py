@@ -121,6 +121,19 @@ def test_resume_continues_exactly(tiny_cfg, tmp_path):
     assert b["train_state"]["best_val"] <= first["train_state"]["best_val"]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_resume_on_cuda_restores_the_run(tiny_cfg, tmp_path):
+    """last.pt was loaded onto the GPU, and torch refuses RNG states that are not CPU tensors
+    ("RNG state must be a torch.ByteTensor"): every resume on CUDA failed as a damaged
+    checkpoint."""
+    run = tmp_path / "run"
+    train(with_(tiny_cfg, train={"device": "cuda", "max_iters": 20, "eval_interval": 10,
+                                 "out_dir": str(run)}))
+    state = train(resume_config(run, None, ["train.max_iters=30"]), resume=True)
+    assert (state.step, state.tokens) == (30, 30 * 16 * 16)  # tiny.yaml: batch 16, block 16
+    assert checkpoint.load(run / "last.pt")["train_state"]["step"] == 30
+
+
 def test_resume_trains_with_the_betas_and_weight_decay_of_its_config(tiny_cfg):
     """`--resume --set optim.weight_decay=...` is recorded in the run's config: the optimizer must
     use it too, not the values its saved state_dict carries."""
