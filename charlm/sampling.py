@@ -150,10 +150,14 @@ def apply_repetition_penalty(logits: torch.Tensor, recent: torch.Tensor,
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """logits / temperature, shifted so the largest is 0 (softmax does not change): a tiny
-    temperature then sends the others to -inf rather than the likeliest ones to +inf. One below
-    float32's smallest number, 2**-149, would round to 0 (and 0 / 0 is NaN): it divides by that
-    number instead, the same limit."""
-    return (logits - logits.amax(dim=-1, keepdim=True)) / max(temperature, 2.0**-149)
+    temperature then sends the others to -inf rather than the likeliest ones to +inf.
+
+    Written as a product with 1 / temperature, which is how CUDA divides a tensor by a number:
+    for a temperature below the dtype's smallest normal number (float32: 2**-126) that factor
+    would be inf, and the largest logit 0 * inf = NaN. Such temperatures use that smallest
+    number instead, the same limit, so every device computes the same thing."""
+    scale = 1.0 / max(temperature, torch.finfo(logits.dtype).tiny)
+    return (logits - logits.amax(dim=-1, keepdim=True)) * scale
 
 
 def apply_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:

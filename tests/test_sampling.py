@@ -11,6 +11,7 @@ from charlm.sampling import (
     StopMatcher,
     apply_min_p,
     apply_repetition_penalty,
+    apply_temperature,
     apply_top_k,
     apply_top_p,
     beam_search,
@@ -404,6 +405,11 @@ def test_a_tiny_temperature_or_penalty_that_overflows_the_logits_still_samples(m
                            SampleConfig(temperature=temperature, max_new_tokens=12))
         assert tiny[0].text == greedy.text
     logits = torch.tensor([[2.0, 1.0, 3.0, -0.5]])
+    # CUDA divides by a number as a product with its inverse, inf for these: the same product
+    # here, so what runs on the CPU is what runs there (0 * inf would be NaN)
+    for temperature in (1e-45, 2.0**-149, 1e-40):
+        scaled = apply_temperature(logits, temperature)
+        assert scaled[0, 2] == 0 and bool((scaled[0, [0, 1, 3]] < -1e37).all()), scaled
     boosted = apply_repetition_penalty(logits, torch.tensor([[1]]), 1e-40)
     g = torch.Generator().manual_seed(0)
     assert [sample_next(boosted, 1.0, generator=g).item() for _ in range(20)] == [1] * 20
