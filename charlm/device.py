@@ -68,13 +68,21 @@ def cpu_has_amx_bf16() -> bool:
     return bool(probe and probe())
 
 
+def cuda_has_bf16(device: torch.device) -> bool:
+    """Whether this GPU computes in bf16 natively: Ampere (compute capability 8) and later, or
+    ROCm. (`torch.cuda.is_bf16_supported()` also says yes on a V100 or T4, which only emulate
+    it, slowly, and it asks about the current GPU rather than `device`.)"""
+    return bool(torch.version.hip) or torch.cuda.get_device_capability(device)[0] >= 8
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """The compute dtype for autocast. `auto`: bf16 on CUDA where supported, else fp16; on a CPU
+    """The compute dtype for autocast. `auto`: bf16 on a GPU that has it natively, else fp16 with
+    a GradScaler; on a CPU
     with AMX, bf16 (measured on the 2-core Xeon: 20-30% faster per step at 128 wide, the same
     loss curve); float32 on other CPUs (bf16 without AMX is emulated and slower) and on MPS."""
     if name == "auto":
         if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            return torch.bfloat16 if cuda_has_bf16(device) else torch.float16
         if device.type == "cpu" and cpu_has_amx_bf16():
             return torch.bfloat16
         return torch.float32
@@ -238,6 +246,10 @@ def distributed(device: torch.device) -> Iterator[tuple[Dist, torch.device]]:
     device being `cuda:LOCAL_RANK` on CUDA. A group the caller set up is used and left up."""
     place = _torchrun_env()
     if place is None:
+        if device.type == "cuda" and device.index is not None:
+            # cuda:N is the current GPU for the run: pinned memory and lazily created CUDA
+            # state otherwise go to GPU 0, which may be someone else's
+            torch.cuda.set_device(device)
         yield Dist(), device
         return
     rank, local_rank, world_size = place
