@@ -80,14 +80,16 @@ def score_ids(model: GPT, ids: torch.Tensor, min_context: int, batch_size: int =
         chunk = full[i:i + batch_size]
         starts = torch.tensor([s for s, _ in chunk], device=ids.device)
         rows = ids[starts[:, None] + arange]  # (B, block + 1)
-        nll = _nll(model, rows[:, :-1], rows[:, 1:])  # (B, block)
+        # summed on the CPU in float64 (MPS has no float64), one copy a batch rather than a
+        # wait for the device per row
+        nll = _nll(model, rows[:, :-1], rows[:, 1:]).cpu()  # (B, block)
         for row, (_, offset) in enumerate(chunk):
             total += nll[row, offset:].sum(dtype=torch.float64).item()
             count += block - offset
         bar.update(len(chunk))
     for start, offset in tail:
         row = ids[start:][None, :]  # (1, n) with n - 1 < block + 1
-        nll = _nll(model, row[:, :-1], row[:, 1:])
+        nll = _nll(model, row[:, :-1], row[:, 1:]).cpu()
         total += nll[0, offset:].sum(dtype=torch.float64).item()
         count += nll.size(1) - offset
         bar.update(1)
