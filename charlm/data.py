@@ -374,7 +374,9 @@ class BatchSampler:
             windows = windows.pin_memory().to(self.device, non_blocking=True)
         else:
             windows = windows.to(self.device)
-        return windows[:, :-1], windows[:, 1:]
+        # contiguous: the strides of a slice of windows are not those of the (B, T) batch that
+        # train.compile builds its graph for, and would make it compile a second graph
+        return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {"generator": self.generator.get_state()}

@@ -111,9 +111,11 @@ def compile_model(model: torch.nn.Module, batch_shape: tuple[int, int], device: 
     try:
         compiled = torch.compile(model)
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            idx = torch.zeros(batch_shape, dtype=torch.long, device=device)
+            # two tensors, as training passes: the graph is built for inputs that are not one
+            # tensor (dynamo guards on that), contiguous ones as BatchSampler returns
+            x, y = (torch.zeros(batch_shape, dtype=torch.long, device=device) for _ in "xy")
             with autocast(device, dtype):
-                _, loss = compiled(idx, idx)
+                _, loss = compiled(x, y)
             loss.backward()
         return compiled, None
     except Exception as e:  # any failure: compile is an optimisation, never a requirement

@@ -451,8 +451,13 @@ def test_bfloat16_and_compiled_training_follow_the_float32_loss_curve(path, tiny
 
     fp32 = curve("fp32", dtype="float32")
     if path == "compile":
+        from torch._dynamo.utils import counters
+        counters.clear()
         other = curve("compiled", dtype="float32", compile=True)
         assert "warning:" not in capsys.readouterr().err  # compiled for real, no fallback
+        # two graphs, training's (built by the compile probe) and the evals' (no grad): the
+        # batches' strides once differed from the probe's, and training compiled a third
+        assert counters["stats"]["unique_graphs"] == 2
         assert other == pytest.approx(fp32, abs=1e-4)
     else:
         other = curve("bf16", dtype="bfloat16")
