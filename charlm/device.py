@@ -62,6 +62,17 @@ def memory_bytes(device: torch.device) -> int | None:
     return None
 
 
+def require_memory(need: int, device: torch.device, needs: str, advice: str) -> None:
+    """Refuse work whose `need` bytes alone exceed the device's memory, before it is allocated:
+    a mistyped size could take the machine down first. The error reads `{needs}, more than the
+    N GiB of {device}; {advice}`, with the need in GiB where `needs` says `{gib}`."""
+    have = memory_bytes(device)
+    if have is not None and need > have:
+        needs = needs.replace("{gib}", f"{need / 2**30:,.1f} GiB")
+        raise CharlmError(f"{needs}, more than the {have / 2**30:,.1f} GiB of {device.type}; "
+                          f"{advice}")
+
+
 def cpu_has_amx_bf16() -> bool:
     """Whether this CPU multiplies bf16 matrices in AMX tiles (Intel Sapphire Rapids and later)."""
     probe = getattr(torch.cpu, "_is_amx_tile_supported", None)

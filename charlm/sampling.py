@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from charlm.config import SampleConfig
-from charlm.device import memory_bytes
+from charlm.device import require_memory
 from charlm.errors import CharlmError, characters, first_line
 from charlm.model import GPT
 from charlm.vocab import Vocab, list_unknown
@@ -407,20 +407,14 @@ def encode_prompt(vocab: Vocab, prompt: str, unknown: str,
     return prompt, vocab.encode(prompt), warnings
 
 
-def require_memory(model: GPT, rows: int, option: str) -> None:
+def require_cache_memory(model: GPT, rows: int, option: str) -> None:
     """Refuse `rows` samples or beams whose keys and values over a full context (what the KV
-    cache holds; the uncached forward computes as much) alone exceed the device's memory: the
-    cache, or the per-sample state built before it, could take the machine down first (a
-    mistyped --num-samples)."""
+    cache holds; the uncached forward computes as much) alone exceed the device's memory."""
     cfg, weight = model.cfg, model.wte.weight
     need = 2 * cfg.n_layer * rows * cfg.block_size * cfg.n_embd * weight.element_size()
-    have = memory_bytes(weight.device)
-    if have is not None and need > have:
-        raise CharlmError(
-            f"{option} {rows:,} needs {need / 2**30:,.1f} GiB for the keys and values of the "
-            f"context, more than the {have / 2**30:,.1f} GiB of {weight.device.type}; use a "
-            f"smaller {option}"
-        )
+    require_memory(need, weight.device,
+                   f"{option} {rows:,} needs {{gib}} for the keys and values of the context",
+                   f"use a smaller {option}")
 
 
 def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
@@ -429,9 +423,9 @@ def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
     one batch, or the best beam when opts.beams is set. on_text(sample index, text) is called as
     each piece of text becomes final (stop strings are held back until they cannot match)."""
     if opts.beams is not None:
-        require_memory(model, opts.beams, "--beams")
+        require_cache_memory(model, opts.beams, "--beams")
     else:
-        require_memory(model, opts.num_samples, "--num-samples")
+        require_cache_memory(model, opts.num_samples, "--num-samples")
     device = model.wte.weight.device
     ids = torch.tensor([vocab.encode(prompt)], device=device)
     t0 = time.perf_counter()

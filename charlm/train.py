@@ -52,7 +52,7 @@ from charlm.device import (
     compile_model,
     distributed,
     grad_scaler,
-    memory_bytes,
+    require_memory,
     resolve_device,
     resolve_dtype,
     seed_everything,
@@ -131,18 +131,13 @@ def train_step(model: torch.nn.Module, optimizer: FusedAdamW | torch.optim.Optim
     return total, norm, ok
 
 
-def require_memory(model: ModelConfig, vocab_size: int, device: torch.device) -> None:
+def require_model_memory(model: ModelConfig, vocab_size: int, device: torch.device) -> None:
     """Refuse a model whose float32 weights, gradients and two AdamW moments (16 bytes a
-    parameter, before any activation) alone exceed the device's memory: it could never train,
-    and building it could take the machine down first (a mistyped `model.n_layer`)."""
-    params, have = parameter_count(model, vocab_size), memory_bytes(device)
-    need = 16 * params
-    if have is not None and need > have:
-        raise CharlmError(
-            f"the model has {params:,} parameters, whose weights, gradients and AdamW state need "
-            f"{need / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of {device.type}; "
-            "make model.n_layer or model.n_embd smaller"
-        )
+    parameter, before any activation) alone exceed the device's memory: it could never train."""
+    params = parameter_count(model, vocab_size)
+    require_memory(16 * params, device,
+                   f"the model has {params:,} parameters, whose weights, gradients and AdamW "
+                   "state need {gib}", "make model.n_layer or model.n_embd smaller")
 
 
 def eval_batches_per_forward(cfg: RunConfig, device: torch.device, vocab_size: int,
@@ -366,7 +361,7 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
         require_window(data.split(split), cfg.model.block_size, split, cfg.data.path)
     sampler = BatchSampler(data.train, cfg.model.block_size, tc.batch_size, device, tc.seed,
                            name="train", rows=dist.rows(tc.batch_size))
-    require_memory(cfg.model, len(data.vocab), device)
+    require_model_memory(cfg.model, len(data.vocab), device)
     model = GPT(cfg.model, len(data.vocab)).to(device)
     optimizer = make_optimizer(model, cfg.optim)
     scaler = grad_scaler(device, dtype)

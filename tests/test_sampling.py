@@ -238,7 +238,7 @@ def test_a_repetition_window_longer_than_the_text_allocates_only_the_text(model)
 def test_more_samples_or_beams_than_memory_holds_is_a_plain_error(model, monkeypatch):
     """A mistyped --num-samples built a Python object per sample until the machine killed the
     process; --beams failed in the allocator with advice about training."""
-    monkeypatch.setattr("charlm.sampling.memory_bytes", lambda device: 2**30)
+    monkeypatch.setattr("charlm.device.memory_bytes", lambda device: 2**30)
     for opts, option in [(SampleConfig(beams=10**12, max_new_tokens=1), "--beams"),
                          (SampleConfig(num_samples=10**12, max_new_tokens=1), "--num-samples")]:
         with pytest.raises(CharlmError) as e:  # 8 KiB of keys and values per row
@@ -246,7 +246,7 @@ def test_more_samples_or_beams_than_memory_holds_is_a_plain_error(model, monkeyp
         assert str(e.value) == (
             f"{option} 1,000,000,000,000 needs 7,629,394.5 GiB for the keys and values of the "
             f"context, more than the 1.0 GiB of cpu; use a smaller {option}")
-    monkeypatch.setattr("charlm.sampling.memory_bytes", lambda device: 4 * 8192)
+    monkeypatch.setattr("charlm.device.memory_bytes", lambda device: 4 * 8192)
     assert len(sample_text(model, VOCAB, "ab", SampleConfig(num_samples=4, max_new_tokens=3))) == 4
     with pytest.raises(CharlmError):
         sample_text(model, VOCAB, "ab", SampleConfig(num_samples=5, max_new_tokens=3))
