@@ -19,7 +19,7 @@ fi
 if ! "$py" -c "import torch" >/dev/null 2>&1; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     echo "charlm: CUDA GPU found, installing torch from PyPI (CUDA build)"
-    "$py" -m pip install --quiet "torch>=2.1"
+    "$py" -m pip install --quiet "torch>=2.3"
   else
     echo "charlm: no CUDA GPU, installing a CPU build of torch"
     # --no-index: torch itself only from a local wheel (no download); its own needs from the index.
