@@ -10,6 +10,7 @@ F MLP hidden width, V vocab size. No optimizer and no sampling policy live here.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -306,13 +307,31 @@ class GPT(nn.Module):
         return logits, loss
 
 
-def param_counts(model: GPT) -> dict[str, int]:
-    """Parameters per component, each shared (tied) tensor counted once, plus the total."""
+def param_counts(model: GPT, n_layer: int | None = None) -> dict[str, int]:
+    """Parameters per component, each shared (tied) tensor counted once, plus the total.
+
+    `n_layer` (default: the model's) lets a model built with fewer blocks stand for a deeper one:
+    its blocks are all alike, so each block component scales by n_layer / len(model.blocks).
+    """
     groups = {"token_embedding": "wte.", "position_embedding": "wpe.", "attention": ".attn.",
               "mlp": ".mlp.", "norms": "ln_", "head": "head."}
     counts = dict.fromkeys(groups, 0)
+    in_blocks = dict.fromkeys(groups, 0)
     for name, p in model.named_parameters():  # yields a tied tensor once, under wte
         component = next(c for c, key in groups.items() if key in f".{name}")
-        counts[component] += p.numel()
+        (in_blocks if name.startswith("blocks.") else counts)[component] += p.numel()
+    built = len(model.blocks)
+    layers = built if n_layer is None else n_layer
+    for component, n in in_blocks.items():
+        counts[component] += n // built * layers
     counts["total"] = sum(counts.values())
     return counts
+
+
+def parameter_count(cfg: ModelConfig, vocab_size: int) -> int:
+    """The parameter count of `GPT(cfg, vocab_size)` without building its n_layer blocks: a
+    one-layer model on the meta device (no memory) stands for them, so a mistyped
+    `model.n_layer=1000000000` is counted at once."""
+    with torch.device("meta"):
+        model = GPT(dataclasses.replace(cfg, n_layer=1), vocab_size)
+    return param_counts(model, cfg.n_layer)["total"]

@@ -13,6 +13,7 @@ from charlm.model import (
     apply_rope,
     attention,
     param_counts,
+    parameter_count,
     rope_angles,
     sinusoidal_table,
 )
@@ -264,3 +265,14 @@ def test_cpu_attention_in_bf16_runs_the_kernel_in_float32(autocast, monkeypatch)
     torch.testing.assert_close(y.float(), reference, atol=2e-2, rtol=2e-2)
     y.float().sum().backward()  # gradients flow back to the float32 leaves through the casts
     assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in (q, k, v))
+
+
+@pytest.mark.parametrize("variant", ["default", "all_changed", "pos_encoding=sinusoidal"])
+def test_parameter_count_of_a_config_is_the_built_models(variant):
+    cfg = tiny(**VARIANTS[variant], n_layer=3)
+    built = param_counts(GPT(cfg, V))
+    one_layer = GPT(tiny(**VARIANTS[variant], n_layer=1), V)
+    assert param_counts(one_layer, 3) == built  # one block stands for three, per component
+    assert parameter_count(cfg, V) == built["total"] == expected_params(cfg, V)
+    huge = tiny(**VARIANTS[variant], n_layer=10**9)  # counted on the meta device, at once
+    assert parameter_count(huge, V) == expected_params(huge, V)
