@@ -24,9 +24,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
               causal: bool, dropout: float) -> torch.Tensor:
     """SDPA of q (B, H, T, D) over k, v (B, H, S, D) -> (B, H, T, D), in q's dtype.
 
-    On the CPU, bf16/fp16 attention runs in float32: PyTorch's CPU flash kernel is fast in
-    float32 but its reduced-precision backward is about 5x slower (measured: 3.6 vs 0.7 ms at
-    batch 12, 4 heads, block 64), which would cost more than autocast saves in the matmuls.
+    On the CPU, bf16/fp16 attention runs in float32: PyTorch's CPU flash kernel is much slower
+    in reduced precision backward (docs/benchmarks.md), more than autocast saves elsewhere.
     """
     if q.device.type == "cpu" and q.dtype != torch.float32:
         with torch.autocast("cpu", enabled=False):  # CPU autocast would cast back to bf16

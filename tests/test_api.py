@@ -67,7 +67,7 @@ def test_api_generate_is_one_string_and_refuses_num_samples(run_dir):
     once = charlm.generate(lm, "First", max_new_tokens=10, seed=3, num_samples=1)
     assert once == charlm.sample(lm, "First", max_new_tokens=10, seed=3)[0].text
     assert charlm.CharlmError is CharlmError
-    with pytest.raises(CharlmError) as e:  # it used to return the first of one sample, silently
+    with pytest.raises(CharlmError) as e:  # not the first of 3 samples, silently
         charlm.generate(lm, "First", max_new_tokens=10, num_samples=3)
     assert str(e.value) == ("generate() returns one string; use charlm.sample() for "
                             "num_samples > 1")

@@ -149,8 +149,8 @@ def test_prepare_refuses_a_non_empty_dir_that_is_not_a_dataset(tmp_path):
 
 @pytest.mark.parametrize("meta", ['{"name": "my project"}', "{}", "[1]", "not json"])
 def test_prepare_refuses_a_dir_whose_meta_json_is_another_tools(tmp_path, meta):
-    """Any meta.json used to make a directory a dataset dir, so prepare overwrote a project's own
-    meta.json (and wrote its .bin files beside the project's files)."""
+    """A meta.json that is not a charlm dataset's does not make a directory a dataset dir:
+    prepare must not overwrite a project's own meta.json nor write .bin files beside it."""
     text = tmp_path / "t.txt"
     text.write_text("hello world, hello world")
     project = tmp_path / "project"

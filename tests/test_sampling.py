@@ -19,8 +19,8 @@ def model() -> GPT:
 
 
 def test_more_samples_or_beams_than_memory_holds_is_a_plain_error(model, monkeypatch):
-    """A mistyped --num-samples built a Python object per sample until the machine killed the
-    process; --beams failed in the allocator with advice about training."""
+    """A mistyped --num-samples or --beams is refused up front, naming the memory its keys and
+    values need, rather than exhausting the machine or failing in the allocator."""
     monkeypatch.setattr("charlm.device.memory_bytes", lambda device: 2**30)
     for opts, option in [(SampleConfig(beams=10**12, max_new_tokens=1), "--beams"),
                          (SampleConfig(num_samples=10**12, max_new_tokens=1), "--num-samples")]:

@@ -15,7 +15,7 @@ def test_vocab_round_trip_unicode():
 
 
 def test_vocab_round_trip_control_characters():
-    text = "a\x00b\r\n\x01\x00"  # NUL was lost in decode (numpy strings pad with it)
+    text = "a\x00b\r\n\x01\x00"  # NUL survives (numpy strings pad with it)
     vocab = Vocab(sorted(set(text)))
     assert vocab.decode(vocab.encode(text)) == text
     assert vocab.decode([]) == ""
