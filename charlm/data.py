@@ -140,11 +140,17 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def read_meta(path: Path) -> Any:
+    """The parsed meta.json of the directory `path`, whatever JSON it holds. Raises OSError
+    (FileNotFoundError when there is none) or ValueError (not JSON, not UTF-8)."""
+    return json.loads((path / "meta.json").read_text(encoding="utf-8"))
+
+
 def _dataset_meta(path: Path) -> dict[str, Any] | None:
     """The meta.json of the directory `path` if it is a charlm dataset's, else None (missing,
     unreadable, or another tool's)."""
     try:
-        meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
+        meta = read_meta(path)
     except (ValueError, OSError):
         return None
     return meta if isinstance(meta, dict) and meta.get("format") == DATASET_FORMAT else None
@@ -161,7 +167,7 @@ def _replaceable(out: Path) -> bool:
     if not all(p.name.startswith(".") or p.name in DATASET_FILES for p in out.iterdir()):
         return False
     try:  # only dataset files: replaceable unless meta.json is another tool's
-        json.loads((out / "meta.json").read_text(encoding="utf-8"))
+        read_meta(out)
     except FileNotFoundError:
         return True
     except (ValueError, OSError):  # damaged (cut short by a crash) beside our .bin files
@@ -263,14 +269,13 @@ class Dataset:
 
 def load_dataset(path: str | Path) -> Dataset:
     path = Path(path)
-    meta_path = path / "meta.json"
-    if not meta_path.is_file():
+    if not (path / "meta.json").is_file():
         raise CharlmError(
             f"{path} is not a prepared dataset (no meta.json); "
             "give a text file or run `charlm prepare` first"
         )
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        meta = read_meta(path)
         if not isinstance(meta, dict) or meta.get("format") != DATASET_FORMAT:
             raise ValueError("not a charlm dataset")
         if meta.get("version") != DATASET_VERSION:
@@ -293,7 +298,7 @@ def load_dataset(path: str | Path) -> Dataset:
                 np.memmap(bin_path, dtype=vocab.dtype, mode="r") if n else
                 np.zeros(0, dtype=vocab.dtype)
             )
-            if n and int(splits[split].max()) >= len(vocab):  # one pass: 500 MB in 0.03 s, cached
+            if n and int(splits[split].max()) >= len(vocab):  # one vectorised pass
                 raise ValueError(f"{split}.bin holds ids outside the {len(vocab)}-symbol "
                                  "vocabulary of meta.json")
     except (ValueError, KeyError, TypeError, OSError, CharlmError) as e:

@@ -10,8 +10,8 @@ F MLP hidden width, V vocab size. No optimizer and no sampling policy live here.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -24,9 +24,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
               causal: bool, dropout: float) -> torch.Tensor:
     """SDPA of q (B, H, T, D) over k, v (B, H, S, D) -> (B, H, T, D), in q's dtype.
 
-    On the CPU, bf16/fp16 attention runs in float32: PyTorch's CPU flash kernel is fast in
-    float32 but its reduced-precision backward is about 5x slower (measured: 3.6 vs 0.7 ms at
-    batch 12, 4 heads, block 64), which would cost more than autocast saves in the matmuls.
+    On the CPU, bf16/fp16 attention runs in float32: PyTorch's CPU flash kernel is much slower
+    in reduced precision backward (docs/benchmarks.md), more than autocast saves elsewhere.
     """
     if q.device.type == "cpu" and q.dtype != torch.float32:
         with torch.autocast("cpu", enabled=False):  # CPU autocast would cast back to bf16
@@ -43,40 +42,23 @@ def maybe_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return F.dropout(x, p, training) if training and p > 0 else x
 
 
-class LayerWeights(NamedTuple):
-    """One block's parameter tensors (references, not copies) as (weight, bias) pairs, bias None
-    where there is none; what a cached forward reads instead of going through the modules."""
-    ln_1: tuple[torch.Tensor, torch.Tensor | None]
-    qkv: tuple[torch.Tensor, torch.Tensor | None]
-    proj: tuple[torch.Tensor, torch.Tensor | None]
-    ln_2: tuple[torch.Tensor, torch.Tensor | None]
-    fc: tuple[torch.Tensor, torch.Tensor | None]
-    mlp_proj: tuple[torch.Tensor, torch.Tensor | None]
-
-
 class KVCache:
-    """Preallocated keys and values for every layer, one write position, and the layers'
-    weights.
+    """Preallocated keys and values for every layer and one write position.
 
     A plain object (not a module or buffer), so it never lands in a `state_dict`. `pos` is the
     number of positions already written; `GPT.forward` advances it once per call. `pos` may also
     be a 0-d integer tensor on the device: then a forward takes one token per row and attends
     over the whole cache with the positions after `pos` masked, so every step has the same
-    shapes and one compiled graph serves them all (`charlm sample --compile`). `weights`
-    (from `GPT.new_cache`) lets a cached forward run each block as plain functions of its
-    tensors: a decode step of the baby GPT spends about a fifth of its time looking modules and
-    parameters up by attribute otherwise.
+    shapes and one compiled graph serves them all (`charlm sample --compile`).
     """
 
     def __init__(self, n_layer: int, batch_size: int, n_head: int, max_len: int, head_dim: int,
-                 device: torch.device | str, dtype: torch.dtype,
-                 weights: list[LayerWeights] | None = None):
+                 device: torch.device | str, dtype: torch.dtype):
         shape = (batch_size, n_head, max_len, head_dim)  # (B, H, L, D)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.max_len = max_len
         self.pos = 0
-        self.weights = weights
 
     def reset(self) -> None:
         self.pos = 0
@@ -142,14 +124,6 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     if cfg.norm == "rmsnorm":
         return RMSNorm(cfg.n_embd)
     return nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-
-
-def norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-         kind: str) -> torch.Tensor:
-    """What a `make_norm` module computes, from its tensors (both use eps 1e-5)."""
-    if kind == "rmsnorm":
-        return rms_norm(x, weight)
-    return F.layer_norm(x, (x.size(-1),), weight, bias)
 
 
 class CausalSelfAttention(nn.Module):
@@ -247,42 +221,12 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: KVCache | None, layer: int,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        return residual(x, self.ln_1, lambda h: self.attn(h, cache, layer, rope), self.ln_2,
-                        self.mlp, self.post_norm)
-
-    def weights(self) -> LayerWeights:
-        def pair(m: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-            return m.weight, getattr(m, "bias", None)
-        return LayerWeights(pair(self.ln_1), pair(self.attn.qkv), pair(self.attn.proj),
-                            pair(self.ln_2), pair(self.mlp.fc), pair(self.mlp.proj))
-
-
-def residual(x: torch.Tensor, norm_1, attn, norm_2, mlp, post_norm: bool) -> torch.Tensor:
-    """The block's wiring of its four parts (callables of one tensor)."""
-    if post_norm:
-        x = norm_1(x + attn(x))
-        return norm_2(x + mlp(x))
-    x = x + attn(norm_1(x))
-    return x + mlp(norm_2(x))
-
-
-def cached_block(w: LayerWeights, cfg: ModelConfig, x: torch.Tensor, cache: KVCache,
-                 layer: int, rope: tuple[torch.Tensor, torch.Tensor] | None,
-                 training: bool) -> torch.Tensor:
-    """`Block.forward` with a cache, computed from the block's tensors `w` by the same functions
-    (`norm`, `attend`, `activate`, `residual`) without module calls. Module hooks do not run."""
-    p = cfg.dropout if training else 0.0
-
-    def attn(h: torch.Tensor) -> torch.Tensor:
-        y = attend(F.linear(h, *w.qkv), cfg.n_head, cache, layer, rope, p)
-        return maybe_dropout(F.linear(y, *w.proj), cfg.dropout, training)
-
-    def mlp(h: torch.Tensor) -> torch.Tensor:
-        return maybe_dropout(F.linear(activate(F.linear(h, *w.fc), cfg.activation),
-                                      *w.mlp_proj), cfg.dropout, training)
-
-    return residual(x, lambda h: norm(h, *w.ln_1, cfg.norm), attn,
-                    lambda h: norm(h, *w.ln_2, cfg.norm), mlp, cfg.norm_placement == "post")
+        """x (B, T, C) -> (B, T, C), for training, prefill and decode alike."""
+        if self.post_norm:
+            x = self.ln_1(x + self.attn(x, cache, layer, rope))
+            return self.ln_2(x + self.mlp(x))
+        x = x + self.attn(self.ln_1(x), cache, layer, rope)
+        return x + self.mlp(self.ln_2(x))
 
 
 class GPT(nn.Module):
@@ -317,8 +261,7 @@ class GPT(nn.Module):
         cfg = self.cfg
         p = self.wte.weight
         return KVCache(cfg.n_layer, batch_size, cfg.n_head, max_len or cfg.block_size,
-                       cfg.n_embd // cfg.n_head, p.device, p.dtype,
-                       [block.weights() for block in self.blocks])
+                       cfg.n_embd // cfg.n_head, p.device, p.dtype)
 
     def embed(self, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Token ids idx (B, T) at positions pos (T,) -> input vectors (B, T, C)."""
@@ -351,12 +294,8 @@ class GPT(nn.Module):
             pos = torch.arange(start, start + T, device=idx.device)
         x = maybe_dropout(self.embed(idx, pos), self.cfg.dropout, self.training)  # (B, T, C)
         rope = rope_angles(pos, self.cfg.head_dim) if self.cfg.pos_encoding == "rope" else None
-        if cache is not None and cache.weights is not None:  # the decoding path: no modules
-            for i, w in enumerate(cache.weights):
-                x = cached_block(w, self.cfg, x, cache, i, rope, self.training)
-        else:
-            for i, block in enumerate(self.blocks):
-                x = block(x, cache, i, rope)
+        for i, block in enumerate(self.blocks):
+            x = block(x, cache, i, rope)
         if cache is not None:
             cache.pos += T
         logits = self.head(self.ln_f(x))  # (B, T, V)
@@ -367,13 +306,31 @@ class GPT(nn.Module):
         return logits, loss
 
 
-def param_counts(model: GPT) -> dict[str, int]:
-    """Parameters per component, each shared (tied) tensor counted once, plus the total."""
+def param_counts(model: GPT, n_layer: int | None = None) -> dict[str, int]:
+    """Parameters per component, each shared (tied) tensor counted once, plus the total.
+
+    `n_layer` (default: the model's) lets a model built with fewer blocks stand for a deeper one:
+    its blocks are all alike, so each block component scales by n_layer / len(model.blocks).
+    """
     groups = {"token_embedding": "wte.", "position_embedding": "wpe.", "attention": ".attn.",
               "mlp": ".mlp.", "norms": "ln_", "head": "head."}
     counts = dict.fromkeys(groups, 0)
+    in_blocks = dict.fromkeys(groups, 0)
     for name, p in model.named_parameters():  # yields a tied tensor once, under wte
         component = next(c for c, key in groups.items() if key in f".{name}")
-        counts[component] += p.numel()
+        (in_blocks if name.startswith("blocks.") else counts)[component] += p.numel()
+    built = len(model.blocks)
+    layers = built if n_layer is None else n_layer
+    for component, n in in_blocks.items():
+        counts[component] += n // built * layers
     counts["total"] = sum(counts.values())
     return counts
+
+
+def parameter_count(cfg: ModelConfig, vocab_size: int) -> int:
+    """The parameter count of `GPT(cfg, vocab_size)` without building its n_layer blocks: a
+    one-layer model on the meta device (no memory) stands for them, so a mistyped
+    `model.n_layer=1000000000` is counted at once."""
+    with torch.device("meta"):
+        model = GPT(dataclasses.replace(cfg, n_layer=1), vocab_size)
+    return param_counts(model, cfg.n_layer)["total"]

@@ -2,8 +2,8 @@
 paper's appendix), FLOPs per token, and the tensor shapes at each stage of one forward pass.
 
 Every function returns plain data (dicts, lists, ints), so the CLI can print it as text or JSON.
-The parameter table is read off the model's own tensors and checked against them, so it cannot
-drift from the code.
+The parameter table is read off the model's own tensors and checked against `model.param_counts`,
+so it cannot drift from the code.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch.nn as nn
 
 from charlm.config import ModelConfig, RunConfig
 from charlm.errors import CharlmError
-from charlm.model import GPT, Block
+from charlm.model import GPT, Block, param_counts
 
 POSITION_ROWS = {
     "sinusoidal": "position encoding (fixed sinusoids, not trained)",
@@ -69,7 +69,6 @@ def parameter_table(model: GPT, n_layer: int | None = None) -> dict[str, Any]:
     Raises RuntimeError if the rows do not add up to the model's own parameter count.
     """
     V, C = model.vocab_size, model.cfg.n_embd
-    built = len(model.blocks)
     cfg = model.cfg if n_layer is None else dataclasses.replace(model.cfg, n_layer=n_layer)
     rows = [_row("embedding", "token embedding", model.wte.weight.shape)]
     if cfg.pos_encoding == "learned":
@@ -78,8 +77,6 @@ def parameter_table(model: GPT, n_layer: int | None = None) -> dict[str, Any]:
         rows.append(_row("embedding", POSITION_ROWS[cfg.pos_encoding], None))
     layer = _layer_rows(model.blocks[0], cfg)
     per_layer = sum(r["params"] for r in layer)
-    if per_layer != sum(p.numel() for p in model.blocks[0].parameters()):
-        raise RuntimeError("parameter table of a block does not match the block's parameters")
     rows += layer
     if isinstance(model.ln_f, nn.Identity):
         rows.append(_row("output", "final norm (none: post-norm blocks end in a norm)", None))
@@ -91,24 +88,15 @@ def parameter_table(model: GPT, n_layer: int | None = None) -> dict[str, Any]:
     rows.append(_row("output", "head (tied: the token embedding, no new parameters)", None)
                 if tied else _row("output", "head", model.head.weight.shape))
     outside = sum(r["params"] for r in rows if r["section"] != "layer")
-    if outside + built * per_layer != sum(p.numel() for p in model.parameters()):
-        raise RuntimeError("parameter table does not add up to the model's parameters")
     total = outside + cfg.n_layer * per_layer
+    if total != param_counts(model, cfg.n_layer)["total"]:
+        raise RuntimeError("parameter table does not add up to the model's parameters")
     head = V * C
     return {
         "rows": rows, "per_layer": per_layer, "n_layer": cfg.n_layer,
         "all_layers": cfg.n_layer * per_layer, "tied": tied, "total": total,
         "total_tied": total - (0 if tied else head), "total_untied": total + (head if tied else 0),
     }
-
-
-def parameter_count(cfg: ModelConfig, vocab_size: int) -> int:
-    """The model's parameter count without building its n_layer blocks: a one-layer model on
-    the meta device (no memory) stands for them, so a mistyped `model.n_layer=1000000000` is
-    counted at once."""
-    with torch.device("meta"):
-        model = GPT(dataclasses.replace(cfg, n_layer=1), vocab_size)
-    return parameter_table(model, cfg.n_layer)["total"]
 
 
 def flops_per_token(table: dict[str, Any], cfg: ModelConfig, vocab_size: int) -> dict[str, int]:

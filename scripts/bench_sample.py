@@ -23,8 +23,8 @@ import torch
 from common import positive, run_script, summary
 
 from charlm.config import SampleConfig, load_config
+from charlm.generate import generate
 from charlm.model import GPT, param_counts
-from charlm.sampling import generate
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIGS = [ROOT / "configs" / "shakespeare_char_cpu.yaml",

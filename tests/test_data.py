@@ -7,40 +7,8 @@ import torch
 from charlm import data as data_mod
 from charlm.data import BatchSampler, dataset_for, load_dataset, prepare
 from charlm.errors import CharlmError
-from charlm.vocab import Vocab, id_dtype
 
 from .conftest import SHAKESPEARE
-
-
-def test_vocab_round_trip_unicode():
-    text = "héllo, wörld — ☃ 𝄞\n"
-    vocab = Vocab(sorted(set(text)))
-    ids = vocab.encode(text)
-    assert vocab.decode(ids) == text
-    assert ids == [vocab.chars.index(c) for c in text]
-    assert vocab.chars == sorted(vocab.chars)
-
-
-def test_vocab_round_trip_control_characters():
-    text = "a\x00b\r\n\x01\x00"  # NUL was lost in decode (numpy strings pad with it)
-    vocab = Vocab(sorted(set(text)))
-    assert vocab.decode(vocab.encode(text)) == text
-    assert vocab.decode([]) == ""
-
-
-def test_vocab_unknown_positions():
-    vocab = Vocab(list("abc"))
-    assert vocab.unknown("abXcY") == [(2, "X"), (4, "Y")]
-    with pytest.raises(CharlmError, match="characters outside the vocabulary: 'X' at 2"):
-        vocab.encode("abXc")
-
-
-def test_id_dtype_is_smallest_that_fits():
-    assert id_dtype(65) == np.uint8
-    assert id_dtype(256) == np.uint8
-    assert id_dtype(257) == np.uint16
-    assert id_dtype(65536) == np.uint16
-    assert id_dtype(65537) == np.uint32
 
 
 def test_tinyshakespeare_matches_nanogpt(tmp_path):
@@ -181,8 +149,8 @@ def test_prepare_refuses_a_non_empty_dir_that_is_not_a_dataset(tmp_path):
 
 @pytest.mark.parametrize("meta", ['{"name": "my project"}', "{}", "[1]", "not json"])
 def test_prepare_refuses_a_dir_whose_meta_json_is_another_tools(tmp_path, meta):
-    """Any meta.json used to make a directory a dataset dir, so prepare overwrote a project's own
-    meta.json (and wrote its .bin files beside the project's files)."""
+    """A meta.json that is not a charlm dataset's does not make a directory a dataset dir:
+    prepare must not overwrite a project's own meta.json nor write .bin files beside it."""
     text = tmp_path / "t.txt"
     text.write_text("hello world, hello world")
     project = tmp_path / "project"

@@ -1,7 +1,5 @@
-import dataclasses
 import importlib.util
 import json
-import re
 import shutil
 from pathlib import Path
 
@@ -160,21 +158,6 @@ def test_hf_export_loads_in_transformers_with_matching_logits(run_dir, tmp_path)
     assert diff <= 1e-4
 
 
-def test_readme_python_api_example_runs(run_dir, tmp_path, monkeypatch):
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Python API"):]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    (tmp_path / "runs").mkdir()
-    (tmp_path / "runs" / "shakespeare_char_cpu").symlink_to(run_dir)
-    (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "tinyshakespeare.txt").symlink_to(SHAKESPEARE)
-    monkeypatch.chdir(tmp_path)
-    namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)
-    assert isinstance(namespace["text"], str) and len(namespace["text"]) == 200
-    assert namespace["result"].bpc > 0
-
-
 def test_hf_export_refuses_what_gpt2_cannot_express(tmp_path):
     cfg = load_config(ROOT / "configs" / "tiny.yaml", ["model.pos_encoding=rope",
                                                       "model.norm=rmsnorm"])
@@ -187,94 +170,6 @@ def test_hf_export_refuses_what_gpt2_cannot_express(tmp_path):
         "this model cannot be exported as GPT-2 (--format hf): model.pos_encoding='rope' (GPT-2 "
         "has 'learned'), model.norm='rmsnorm' (GPT-2 has 'layernorm'); use --format safetensors")
     assert not (tmp_path / "hf").exists()
-
-
-def test_api_stop_given_as_a_string_is_one_stop_string(run_dir):
-    import charlm
-
-    lm = charlm.load(run_dir, "cpu")
-    free = charlm.generate(lm, "First", max_new_tokens=40, temperature=0)
-    stop = free[10:12]
-    end = free.index(stop) + len(stop)
-    for given in (stop, [stop]):  # like --stop STR: a str is one stop string, not its characters
-        out = charlm.generate(lm, "First", max_new_tokens=40, temperature=0, stop=given,
-                              include_stop=True)
-        assert out == free[:end]
-
-
-def test_api_stop_none_is_no_stop_string(run_dir):
-    import charlm
-
-    lm = charlm.load(run_dir, "cpu")
-    free = charlm.generate(lm, "First", max_new_tokens=20, temperature=0)
-    assert charlm.generate(lm, "First", max_new_tokens=20, temperature=0, stop=None) == free
-    assert not charlm.sample(lm, "First", max_new_tokens=20, stop=None)[0].stopped
-
-
-def test_api_generate_is_one_string_and_refuses_num_samples(run_dir):
-    import charlm
-
-    lm = charlm.load(run_dir, "cpu")
-    once = charlm.generate(lm, "First", max_new_tokens=10, seed=3, num_samples=1)
-    assert once == charlm.sample(lm, "First", max_new_tokens=10, seed=3)[0].text
-    assert charlm.CharlmError is CharlmError
-    with pytest.raises(CharlmError) as e:  # it used to return the first of one sample, silently
-        charlm.generate(lm, "First", max_new_tokens=10, num_samples=3)
-    assert str(e.value) == ("generate() returns one string; use charlm.sample() for "
-                            "num_samples > 1")
-
-
-def test_api_arguments_of_the_wrong_kind_raise_charlm_error(run_dir):
-    import charlm
-
-    lm = charlm.load(run_dir, "cpu")
-    calls = [
-        (lambda: charlm.load(3), "charlm.load() takes a path (str or Path), got int"),
-        (lambda: charlm.load(run_dir, device=0), "invalid value for device: 0, expected a string"),
-        (lambda: charlm.generate(str(run_dir), "First"),
-         "expected a model from charlm.load(), got str"),
-        (lambda: charlm.generate(lm, 5), "the prompt must be a str, got int"),
-        (lambda: charlm.generate(lm, "First", topk=5),
-         "unknown option 'topk' for charlm.sample / charlm.generate, did you mean 'top_k'?"),
-        (lambda: charlm.generate(lm, "First", num_samples="1"),
-         "invalid value for --num-samples: '1', expected an integer"),
-        (lambda: charlm.sample(lm, "First", stop=5),
-         "invalid value for --stop: 5, expected a list, each item a string"),
-        (lambda: charlm.score(lm, b"First"), "the text must be a str, got bytes"),
-        (lambda: charlm.score(lm, "First Citizen", stride=4.0),
-         "invalid value for --stride: 4.0, expected an integer or null"),
-    ]
-    for call, message in calls:
-        with pytest.raises(CharlmError) as e:
-            call()
-        assert str(e.value) == message
-
-
-def test_api_warns_as_the_cli_does_about_a_skipped_or_cropped_prompt(run_dir):
-    import charlm
-
-    lm = charlm.load(run_dir, "cpu")
-    with pytest.warns(UserWarning) as caught:
-        charlm.generate(lm, "F\u00e9" + "a" * 100, max_new_tokens=1, unknown="skip")
-    assert [str(w.message) for w in caught] == [
-        "skipped 1 character of the prompt outside the vocabulary: '\u00e9' at position 1",
-        "the prompt has 101 characters, more than the context of 16; using its last 16",
-    ]
-
-
-def test_api_score_warns_as_the_cli_does_about_skipped_characters(cli, run_dir, tmp_path):
-    import charlm
-
-    lm = charlm.load(run_dir, "cpu")
-    text = "\u00e9First Citizen\u00e9\u00e9"
-    with pytest.warns(UserWarning) as caught:
-        skipped = charlm.score(lm, text, unknown="skip")
-    assert [str(w.message) for w in caught] == ["skipped 3 characters outside the vocabulary"]
-    assert skipped == dataclasses.replace(charlm.score(lm, "First Citizen"), skipped_unknown=3)
-    (tmp_path / "t.txt").write_text(text, encoding="utf-8")
-    result = cli("eval", run_dir, tmp_path / "t.txt", "--unknown", "skip")
-    assert (result.code, result.err) == (0, "warning: skipped 3 characters outside the "
-                                            "vocabulary\n")
 
 
 def test_sample_on_an_hf_export_says_it_is_for_transformers(cli, run_dir, tmp_path):

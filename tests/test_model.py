@@ -13,6 +13,7 @@ from charlm.model import (
     apply_rope,
     attention,
     param_counts,
+    parameter_count,
     rope_angles,
     sinusoidal_table,
 )
@@ -123,7 +124,7 @@ def test_cached_forward_matches_full_forward(variant):
     assert not any("cache" in k for k in model.state_dict())
 
 
-def test_cached_forward_reads_the_blocks_tensors_not_their_modules():
+def test_cached_forward_runs_the_modules_and_reads_their_live_tensors():
     model = GPT(tiny(), V).eval()
     calls = []
     model.blocks[0].attn.qkv.register_forward_hook(lambda *_: calls.append("qkv"))
@@ -132,8 +133,8 @@ def test_cached_forward_reads_the_blocks_tensors_not_their_modules():
     assert calls == ["qkv"]  # the uncached forward goes through the modules
     cache = model.new_cache(1)
     before, _ = model(idx, cache=cache)
-    assert calls == ["qkv"]  # the cached one does not: its hooks do not run
-    with torch.no_grad():  # yet it reads the live tensors, e.g. after load_state_dict
+    assert calls == ["qkv", "qkv"]  # so does the cached one: one block implementation
+    with torch.no_grad():  # it reads the live tensors, e.g. after load_state_dict
         model.blocks[0].attn.qkv.weight.mul_(2)
     cache.reset()
     after, _ = model(idx, cache=cache)
@@ -264,3 +265,14 @@ def test_cpu_attention_in_bf16_runs_the_kernel_in_float32(autocast, monkeypatch)
     torch.testing.assert_close(y.float(), reference, atol=2e-2, rtol=2e-2)
     y.float().sum().backward()  # gradients flow back to the float32 leaves through the casts
     assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in (q, k, v))
+
+
+@pytest.mark.parametrize("variant", ["default", "all_changed", "pos_encoding=sinusoidal"])
+def test_parameter_count_of_a_config_is_the_built_models(variant):
+    cfg = tiny(**VARIANTS[variant], n_layer=3)
+    built = param_counts(GPT(cfg, V))
+    one_layer = GPT(tiny(**VARIANTS[variant], n_layer=1), V)
+    assert param_counts(one_layer, 3) == built  # one block stands for three, per component
+    assert parameter_count(cfg, V) == built["total"] == expected_params(cfg, V)
+    huge = tiny(**VARIANTS[variant], n_layer=10**9)  # counted on the meta device, at once
+    assert parameter_count(huge, V) == expected_params(huge, V)

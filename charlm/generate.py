@@ -1,0 +1,327 @@
+"""Generation over token ids: decoders (KV-cached and uncached), logits processors,
+`sample_next`, the `generate` iterator that streams one id per sample per step, and
+`beam_search`. Text (prompts, stop strings, streaming) is `charlm.sampling`'s.
+
+Past the context window (cached path): when the cache is full, the most recent
+`block_size // 2` tokens are kept and re-prefilled in one forward, so each new token costs O(1)
+forward passes amortised and memory stays bounded. Up to the first full window the tokens equal
+the uncached path's, which crops the context to its last `block_size` tokens at every step
+(nanoGPT's rule); past it the two see different contexts and may differ.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import sys
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+
+from charlm.config import SampleConfig
+from charlm.errors import CharlmError, first_line
+from charlm.model import GPT
+
+
+class NonFiniteOutput(CharlmError):
+    """The model's logits hold NaN or inf, so there is nothing to sample from."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the model's next-character probabilities are not finite (NaN or inf): its weights "
+            "have diverged; sample from an earlier checkpoint, or train again with a lower "
+            "optim.lr"
+        )
+
+
+class CachedDecoder:
+    """Feeds tokens through the model over a preallocated KV cache.
+
+    `window` mirrors the ids whose keys and values sit in the cache, so a full cache can be
+    re-prefilled from its most recent half without keeping the whole history.
+
+    With `compile`, each one-token step runs a `torch.compile`d forward with static shapes: it
+    reads the same cache through a view whose position is a device tensor (see `KVCache`), so
+    one graph serves every position and no step waits for the host. Prefills stay eager (their
+    length varies). Where the graph cannot be built, decoding goes on eagerly after one warning.
+    """
+
+    def __init__(self, model: GPT, batch_size: int, compile: bool = False):
+        self.model = model
+        self.block = model.cfg.block_size
+        self.keep = max(self.block // 2, 1)
+        self.cache = model.new_cache(batch_size)
+        self.window = torch.empty(batch_size, self.block, dtype=torch.long,
+                                  device=model.wte.weight.device)
+        self.compiled = None
+        if compile:
+            self.static = copy.copy(self.cache)  # the same key and value tensors
+            self.static.pos = torch.zeros((), dtype=torch.long, device=self.window.device)
+            self.compiled = torch.compile(self._static_step, dynamic=False)
+
+    def _static_step(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.model(idx, cache=self.static)[0]
+
+    def prefill(self, idx: torch.Tensor) -> torch.Tensor:
+        """Start over from idx (B, T), T <= block_size, in one forward; logits (B, V)."""
+        self.cache.reset()
+        self.window[:, : idx.size(1)] = idx
+        logits, _ = self.model(idx, cache=self.cache)
+        if self.compiled is not None:
+            self.static.pos.fill_(self.cache.pos)
+        return logits[:, -1, :]
+
+    def step(self, ids: torch.Tensor) -> torch.Tensor:
+        """Append one id per row, ids (B,); logits (B, V) for the next position."""
+        pos = self.cache.pos
+        if pos == self.block:  # full: keep the most recent tokens, re-prefill once
+            tail = torch.cat([self.window[:, pos - self.keep + 1:], ids[:, None]], dim=1)
+            return self.prefill(tail)
+        self.window[:, pos] = ids
+        if self.compiled is not None:
+            try:
+                logits = self.compiled(ids[:, None])  # advances self.static.pos on the device
+                self.cache.pos += 1
+                return logits[:, -1, :]
+            except Exception as e:  # the first call builds the graph: no compiler, an op, ...
+                print(f"warning: torch.compile failed ({first_line(e)}); decoding without compile",
+                      file=sys.stderr)
+                self.compiled = None
+        logits, _ = self.model(ids[:, None], cache=self.cache)
+        return logits[:, -1, :]
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Make row i continue from row index[i] (beam search)."""
+        pos = self.cache.pos
+        for k, v in zip(self.cache.k, self.cache.v, strict=True):
+            k[:, :, :pos] = k[index, :, :pos]
+            v[:, :, :pos] = v[index, :, :pos]
+        self.window[:, :pos] = self.window[index, :pos]
+
+
+class UncachedDecoder:
+    """The reference path: recompute the whole (cropped) context at every step."""
+
+    def __init__(self, model: GPT, batch_size: int):
+        self.model = model
+        self.block = model.cfg.block_size
+        self.context = torch.empty(batch_size, 0, dtype=torch.long)
+
+    def prefill(self, idx: torch.Tensor) -> torch.Tensor:
+        self.context = idx
+        logits, _ = self.model(idx)
+        return logits[:, -1, :]
+
+    def step(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.prefill(torch.cat([self.context, ids[:, None]], dim=1)[:, -self.block:])
+
+    def reorder(self, index: torch.Tensor) -> None:
+        self.context = self.context[index]
+
+
+def make_decoder(model: GPT, batch_size: int, use_cache: bool,
+                 compile: bool = False) -> CachedDecoder | UncachedDecoder:
+    if use_cache:
+        return CachedDecoder(model, batch_size, compile)
+    return UncachedDecoder(model, batch_size)
+
+
+# Logits processors: each maps logits (B, V) to logits (B, V). `build_processors` composes them
+# in the documented order: repetition penalty, temperature, top-k, top-p, min-p.
+
+
+def apply_repetition_penalty(logits: torch.Tensor, recent: torch.Tensor,
+                             penalty: float) -> torch.Tensor:
+    """Make ids that occur in recent (B, W) less likely: positive logits are divided by
+    `penalty`, negative ones multiplied (CTRL, Keskar et al. 2019). Entries of -1 are empty."""
+    V = logits.size(-1)
+    seen = torch.zeros(logits.size(0), V + 1, dtype=torch.bool, device=logits.device)
+    seen.scatter_(1, recent.masked_fill(recent < 0, V), True)
+    # A tiny penalty can overflow a positive logit to +inf (softmax would make it NaN): the
+    # largest finite float keeps the limit's meaning, the seen ids win.
+    big = torch.finfo(logits.dtype).max
+    penalised = torch.where(logits > 0, logits / penalty, logits * penalty).clamp(-big, big)
+    return torch.where(seen[:, :V], penalised, logits)
+
+
+def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits / temperature, shifted so the largest is 0 (softmax does not change): a tiny
+    temperature then sends the others to -inf rather than the likeliest ones to +inf.
+
+    Written as a product with 1 / temperature, which is how CUDA divides a tensor by a number:
+    for a temperature below the dtype's smallest normal number (float32: 2**-126) that factor
+    would be inf, and the largest logit 0 * inf = NaN. Such temperatures use that smallest
+    number instead, the same limit, so every device computes the same thing."""
+    scale = 1.0 / max(temperature, torch.finfo(logits.dtype).tiny)
+    return (logits - logits.amax(dim=-1, keepdim=True)) * scale
+
+
+def apply_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Keep the k largest logits of each row, set the rest to -inf. Logits tied with the k-th
+    stay too (as nanoGPT's and Hugging Face's top-k do), so a tie never depends on the order."""
+    if top_k >= logits.size(-1):
+        return logits
+    kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of likeliest ids whose probability mass is >= top_p."""
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = torch.cumsum(probs, dim=-1) - probs  # mass of the strictly likelier ids
+    drop_sorted = mass_before >= top_p
+    drop_sorted[:, 0] = False  # the likeliest always stays, also where top_p is 0 in float32
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Drop ids whose probability is below min_p times that of the likeliest id."""
+    probs = torch.softmax(logits, dim=-1)
+    threshold = min_p * probs.max(dim=-1, keepdim=True).values
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+Processor = Callable[[torch.Tensor], torch.Tensor]
+
+
+def build_processors(opts: SampleConfig) -> list[Processor]:
+    """The sampling warpers after the repetition penalty, in order; none for greedy."""
+    if opts.temperature == 0:
+        return []
+    procs: list[Processor] = []
+    if opts.temperature != 1.0:
+        procs.append(lambda x: apply_temperature(x, opts.temperature))
+    if opts.top_k is not None:
+        procs.append(lambda x: apply_top_k(x, opts.top_k))
+    if opts.top_p is not None and opts.top_p < 1.0:
+        procs.append(lambda x: apply_top_p(x, opts.top_p))
+    if opts.min_p:
+        procs.append(lambda x: apply_min_p(x, opts.min_p))
+    return procs
+
+
+def sample_next(logits: torch.Tensor, temperature: float, procs: Sequence[Processor] = (),
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """The next id per row of logits (B, V): argmax for temperature 0, else a draw from the
+    softmax of the processed logits."""
+    logits = logits.float()
+    if temperature == 0:
+        ids = logits.argmax(dim=-1)  # a row with a NaN gives the NaN's id
+        if not bool(torch.isfinite(logits.gather(-1, ids[:, None])).all()):
+            raise NonFiniteOutput
+        return ids
+    for proc in procs:
+        logits = proc(logits)
+    probs = torch.softmax(logits, dim=-1)
+    # CUDA's multinomial draws from NaN rows without a word (the CPU's raises). The check costs
+    # one host sync per token, which streaming the token to the host makes anyway.
+    if not bool(torch.isfinite(probs).all()):
+        raise NonFiniteOutput
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+@torch.inference_mode()
+def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int,
+             opts: SampleConfig | None = None,
+             generator: torch.Generator | None = None) -> Iterator[torch.Tensor]:
+    """Yield max_new_tokens tensors of ids (B,), one per step, continuing prompt (B, T0).
+
+    A prompt longer than block_size is cropped to its last block_size tokens. One forward per
+    step for the whole batch; no forward is spent on a step that is never asked for.
+    """
+    opts = opts or SampleConfig()
+    model.eval()
+    B = prompt.size(0)
+    decoder = make_decoder(model, B, opts.use_cache, opts.compile)
+    procs = build_processors(opts)
+    penalty = opts.repetition_penalty != 1.0
+    if penalty:  # ring buffer of the last W ids per row (prompt included); -1 = empty
+        # no longer than the ids there will ever be: a huge --repetition-window costs nothing
+        W = max(min(opts.repetition_window, prompt.size(1) + max_new_tokens), 1)
+        recent = torch.full((B, W), -1, dtype=torch.long, device=prompt.device)
+        tail = prompt[:, -W:]
+        recent[:, : tail.size(1)] = tail
+        slot = tail.size(1) % W
+    nxt = None
+    for i in range(max_new_tokens):
+        logits = decoder.prefill(prompt[:, -decoder.block:]) if i == 0 else decoder.step(nxt)
+        if penalty:
+            logits = apply_repetition_penalty(logits.float(), recent, opts.repetition_penalty)
+        nxt = sample_next(logits, opts.temperature, procs, generator)
+        if penalty:
+            recent[:, slot] = nxt
+            slot = (slot + 1) % W
+        yield nxt
+
+
+def _ends_with_any(ids: list[int], stops: Sequence[list[int]]) -> bool:
+    return any(len(ids) >= len(s) and ids[-len(s):] == s for s in stops)
+
+
+@torch.inference_mode()
+def beam_search(model: GPT, prompt: torch.Tensor, max_new_tokens: int, beams: int,
+                stops: Sequence[list[int]] = (), use_cache: bool = True,
+                length_penalty: float = 1.0, compile: bool = False) -> list[int]:
+    """The best continuation of prompt (1, T0) under beam search.
+
+    Hypotheses are ranked by sum of log-probabilities / length**length_penalty, so beams that
+    end early at a stop sequence (`stops`, as id lists) compete fairly with longer ones.
+    beams=1 is greedy decoding.
+    """
+    model.eval()
+    decoder = make_decoder(model, beams, use_cache, compile)
+    device = prompt.device
+    scores = torch.full((beams,), float("-inf"), device=device)
+    scores[0] = 0.0  # all beams start identical: expand only the first
+    seqs: list[list[int]] = [[] for _ in range(beams)]
+    finished: list[tuple[float, list[int]]] = []
+    last = None
+    for t in range(max_new_tokens):
+        if t == 0:
+            logits = decoder.prefill(prompt[:, -decoder.block:].expand(beams, -1))
+        else:
+            logits = decoder.step(last)
+        logp = torch.log_softmax(logits.float(), dim=-1)  # (N, V)
+        V = logp.size(-1)
+        cand_scores, cand = (scores[:, None] + logp).view(-1).topk(min(2 * beams, beams * V))
+        keep_rows, keep_ids, keep_scores = [], [], []
+        for score, flat in zip(cand_scores.tolist(), cand.tolist(), strict=True):
+            if math.isnan(score):  # NaN or inf logits (topk ranks NaN first)
+                raise NonFiniteOutput
+            if score == float("-inf"):
+                break
+            row, token = divmod(flat, V)
+            seq = seqs[row] + [token]
+            if stops and _ends_with_any(seq, stops):
+                finished.append((score / len(seq) ** length_penalty, seq))
+            elif len(keep_rows) < beams:
+                keep_rows.append(row)
+                keep_ids.append(token)
+                keep_scores.append(score)
+            if len(keep_rows) == beams:
+                break
+        if len(finished) >= beams or not keep_rows:
+            # the live beams are cut short here: they count only if nothing finished
+            break
+        while len(keep_rows) < beams:  # pad with a dead beam
+            keep_rows.append(keep_rows[0])
+            keep_ids.append(keep_ids[0])
+            keep_scores.append(float("-inf"))
+        index = torch.tensor(keep_rows, device=device)
+        decoder.reorder(index)
+        seqs = [seqs[r] + [i] for r, i in zip(keep_rows, keep_ids, strict=True)]
+        scores = torch.tensor(keep_scores, device=device)
+        last = torch.tensor(keep_ids, device=device)
+    else:  # every step ran: the live beams end at max_new_tokens, complete hypotheses too
+        finished += _ranked(scores, seqs, length_penalty)
+    hyps = finished or _ranked(scores, seqs, length_penalty)
+    return max(hyps, key=lambda h: h[0])[1] if hyps else []
+
+
+def _ranked(scores: torch.Tensor, seqs: list[list[int]],
+            length_penalty: float) -> list[tuple[float, list[int]]]:
+    """(length-normalised score, sequence) of each live beam."""
+    return [(s / max(len(q), 1) ** length_penalty, q)
+            for s, q in zip(scores.tolist(), seqs, strict=True) if s != float("-inf")]

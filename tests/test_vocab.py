@@ -1,0 +1,70 @@
+import numpy as np
+import pytest
+
+from charlm.errors import CharlmError
+from charlm.vocab import Vocab, id_dtype, list_unknown
+
+
+def test_vocab_round_trip_unicode():
+    text = "héllo, wörld — ☃ 𝄞\n"
+    vocab = Vocab(sorted(set(text)))
+    ids = vocab.encode(text)
+    assert vocab.decode(ids) == text
+    assert ids == [vocab.chars.index(c) for c in text]
+    assert vocab.chars == sorted(vocab.chars)
+
+
+def test_vocab_round_trip_control_characters():
+    text = "a\x00b\r\n\x01\x00"  # NUL survives (numpy strings pad with it)
+    vocab = Vocab(sorted(set(text)))
+    assert vocab.decode(vocab.encode(text)) == text
+    assert vocab.decode([]) == ""
+
+
+def test_vocab_unknown_positions():
+    vocab = Vocab(list("abc"))
+    assert vocab.unknown("abXcY") == [(2, "X"), (4, "Y")]
+    with pytest.raises(CharlmError, match="characters outside the vocabulary: 'X' at 2"):
+        vocab.encode("abXc")
+
+
+def test_id_dtype_is_smallest_that_fits():
+    assert id_dtype(65) == np.uint8
+    assert id_dtype(256) == np.uint8
+    assert id_dtype(257) == np.uint16
+    assert id_dtype(65536) == np.uint16
+    assert id_dtype(65537) == np.uint32
+
+
+def test_encode_array_uses_the_smallest_id_dtype():
+    vocab = Vocab(list("ab"))
+    ids = vocab.encode_array("abba")
+    assert ids.dtype == np.uint8 and ids.tolist() == [0, 1, 1, 0]
+    assert vocab.encode("abba") == [0, 1, 1, 0]
+
+
+def test_vocab_from_code_points_sorts_and_equals_by_characters():
+    vocab = Vocab.from_code_points(np.array([ord("c"), ord("a"), ord("b")]))
+    assert vocab.chars == ["a", "b", "c"] and len(vocab) == 3
+    assert vocab == Vocab(list("abc")) and vocab != Vocab(list("ab")) and vocab != "abc"
+
+
+@pytest.mark.parametrize("chars, message", [
+    (["b", "a"], "a vocabulary must be sorted and free of duplicates"),
+    (["a", "a"], "a vocabulary must be sorted and free of duplicates"),
+    ([], "a vocabulary must hold at least one character"),
+    (["ab"], "a vocabulary must be a list of single characters"),
+    ([1], "a vocabulary must be a list of single characters"),
+])
+def test_a_bad_vocabulary_is_refused(chars, message):
+    with pytest.raises(CharlmError) as e:
+        Vocab(chars)
+    assert str(e.value) == message
+
+
+def test_unknown_characters_are_listed_up_to_the_limit():
+    vocab = Vocab(list("a"))
+    bad = vocab.unknown("a" + "x" * 12)
+    assert bad[:2] == [(1, "x"), (2, "x")] and len(bad) == 12
+    assert list_unknown(bad, limit=2) == "'x' at 1, 'x' at 2 and 10 more"
+    assert list_unknown(bad[:2], "at position") == "'x' at position 1, 'x' at position 2"
