@@ -15,10 +15,6 @@ import torch
 
 from charlm.config import OptimConfig
 
-# The name train.py imports for its annotations; remove it once train.py annotates with
-# torch.optim.Optimizer.
-FusedAdamW = torch.optim.AdamW
-
 
 def has_fused_kernel(params: list[torch.Tensor]) -> bool:
     """Whether torch's fused AdamW runs on every (device, dtype) of `params`.

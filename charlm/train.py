@@ -61,11 +61,11 @@ from charlm.device import (
 from charlm.errors import CharlmError
 from charlm.faults import BadSteps, Interrupted, StopSignals
 from charlm.files import make_writable_dir, remove_temps
+from charlm.generate import NonFiniteOutput
 from charlm.metrics import MetricsLogger
-from charlm.model import GPT
-from charlm.optim import FusedAdamW, load_state, make_optimizer, step_if
-from charlm.sampling import NonFiniteOutput, preview
-from charlm.summary import parameter_count
+from charlm.model import GPT, parameter_count
+from charlm.optim import load_state, make_optimizer, step_if
+from charlm.sampling import preview
 from charlm.vocab import Vocab
 
 LN2 = math.log(2)
@@ -100,7 +100,7 @@ def lr_at(step: int, optim: OptimConfig, max_iters: int) -> float:
     return optim.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (optim.lr - optim.min_lr)
 
 
-def train_step(model: torch.nn.Module, optimizer: FusedAdamW | torch.optim.Optimizer,
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                scaler: torch.amp.GradScaler, sampler: BatchSampler, cfg: RunConfig,
                device: torch.device, dtype: torch.dtype, dist: Dist = Dist(),
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

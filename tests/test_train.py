@@ -18,9 +18,9 @@ from charlm.data import BatchSampler, dataset_for, prepare
 from charlm.device import grad_scaler, resolve_device, resolve_dtype
 from charlm.errors import CharlmError
 from charlm.faults import Interrupted
+from charlm.generate import generate
 from charlm.model import GPT
 from charlm.optim import make_optimizer
-from charlm.sampling import generate
 from charlm.train import (
     batches_that_fit,
     eval_batches_per_forward,
