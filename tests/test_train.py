@@ -17,16 +17,15 @@ from charlm.config import OptimConfig, RunConfig, SampleConfig, save_config
 from charlm.data import BatchSampler, dataset_for, prepare
 from charlm.device import grad_scaler, resolve_device, resolve_dtype
 from charlm.errors import CharlmError
+from charlm.evaluation import batches_that_fit, eval_batches_per_forward
 from charlm.faults import Interrupted
 from charlm.model import GPT
 from charlm.optim import make_optimizer
+from charlm.rundir import resume_config
 from charlm.sampling import generate
 from charlm.train import (
-    batches_that_fit,
-    eval_batches_per_forward,
     evaluate,
     lr_at,
-    resume_config,
     train,
     train_step,
 )
