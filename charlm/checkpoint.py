@@ -2,13 +2,18 @@
 
 A checkpoint holds only tensors and plain containers: model / optimizer / scaler state dicts, the
 train state, RNG states as tensors, the resolved config as a dict and the vocab as a list.
+Training saves and resumes one map of stateful objects (each with `state_dict()` /
+`load_state_dict()`, as in torchtitan's checkpointer) through `collect` and `restore`, so what
+is saved and what is restored cannot drift apart. Each object's state sits under its name at the
+top level: "model", "optimizer", "scaler", "train_state", "sampler", "rng".
 """
 
 from __future__ import annotations
 
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -16,6 +21,7 @@ from charlm.config import RunConfig
 from charlm.errors import CharlmError, first_line, one_line
 from charlm.files import run_write_error, write_atomic
 from charlm.model import GPT
+from charlm.optim import load_state
 from charlm.vocab import Vocab
 
 FORMAT = "charlm-checkpoint"
@@ -37,6 +43,80 @@ def save(state: dict[str, Any], path: Path) -> None:
             raise run_write_error(f"checkpoint {path}", error, f"the previous {path.name}, if "
                                   "any, is unchanged; ") from None
         raise
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> None: ...
+
+
+class OptimizerState:
+    """An optimizer as a checkpoint entry: loading keeps the settings it was made with (a
+    resumed run's config may change the betas and weight decay, see `charlm.optim.load_state`)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.optimizer = optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        load_state(self.optimizer, state)
+
+
+class ScalerState:
+    """A GradScaler as a checkpoint entry. `{}` was saved without loss scaling (float32, bf16),
+    which a float16 resume (another GPU, or --set train.dtype=float16) starts afresh: torch
+    refuses to load it."""
+
+    def __init__(self, scaler: torch.amp.GradScaler):
+        self.scaler = scaler
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scaler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state != {}:
+            self.scaler.load_state_dict(state)
+
+
+class RNGState:
+    """torch's global RNG states: the CPU's, and on CUDA every GPU's. A resume restores the
+    CUDA states of the GPUs both machines have."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        rng = {"torch": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
+        return rng
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        # from CPU tensors: a CUDA one is "RNG state must be a torch.ByteTensor"
+        torch.set_rng_state(state["torch"])
+        if self.device.type == "cuda" and "cuda" in state:
+            for index, rng in enumerate(state["cuda"][:torch.cuda.device_count()]):
+                torch.cuda.set_rng_state(rng, index)
+
+
+def collect(objects: Mapping[str, Stateful], **extra: Any) -> dict[str, Any]:
+    """The checkpoint of `objects`: each one's state_dict under its name, then `extra` (the
+    config and vocab, which a resume reads but does not load into an object)."""
+    return {**{name: obj.state_dict() for name, obj in objects.items()}, **extra}
+
+
+def restore(state: dict[str, Any], objects: Mapping[str, Stateful], path: Path) -> None:
+    """Load each object's part of the checkpoint `state` (read from `path`); a part that is
+    missing or does not fit is one `damaged` error."""
+    try:
+        check_train_state(state)
+        for name, obj in objects.items():
+            obj.load_state_dict(state[name])
+    except (KeyError, RuntimeError, ValueError, TypeError, AttributeError) as e:
+        raise damaged(path, e) from None
 
 
 def resolve(path: str | Path) -> Path:

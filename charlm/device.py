@@ -88,9 +88,8 @@ def cuda_has_bf16(device: torch.device) -> bool:
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """The compute dtype for autocast. `auto`: bf16 on a GPU that has it natively, else fp16 with
-    a GradScaler; on a CPU with AMX, bf16 (measured on the 2-core Xeon: 20-30% faster per step at
-    128 wide, the same loss curve); float32 on other CPUs (bf16 without AMX is emulated and
-    slower) and on MPS."""
+    a GradScaler; on a CPU with AMX, bf16 (faster per step there, with the same loss curve);
+    float32 on other CPUs (bf16 without AMX is emulated and slower) and on MPS."""
     if name == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if cuda_has_bf16(device) else torch.float16

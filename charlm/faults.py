@@ -65,29 +65,41 @@ class BadSteps:
     """Counts steps with a non-finite loss or gradient norm, on the device: recording never
     waits for it, and `check` (called only at log, eval and checkpoint steps) syncs once.
 
-    `tripped_at` is the step at which `limit` bad steps in a row were first reached (0: never).
-    A resumed run starts from the counts of its checkpoint, so a streak goes on across a resume.
+    Its counters are part of the train state a checkpoint saves (`state_dict`), so a streak goes
+    on across a resume. `tripped_at` is the step at which `limit` bad steps in a row were first
+    reached (0: never).
     """
 
-    def __init__(self, limit: int, skipped: int, streak: int, device: torch.device):
-        self.limit = limit
-        self.streak = torch.full((), streak, dtype=torch.int64, device=device)
-        self.total = torch.full((), skipped, dtype=torch.int64, device=device)
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.streak = torch.zeros((), dtype=torch.int64, device=device)
+        self.total = torch.zeros((), dtype=torch.int64, device=device)
         self.tripped_at = torch.zeros((), dtype=torch.int64, device=device)
+        self.reported = 0  # `total` as of the last `check`, on the host
 
-    def record(self, ok: torch.Tensor, step: int) -> None:
+    def state_dict(self) -> dict[str, int]:
+        """The counters as a checkpoint's train state holds them (waits for the device)."""
+        return {"skipped_steps": int(self.total), "bad_streak": int(self.streak)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # absent from checkpoints written before the counters existed: 0
+        self.total.fill_(state.get("skipped_steps", 0))
+        self.streak.fill_(state.get("bad_streak", 0))
+        self.tripped_at.zero_()
+        self.reported = int(state.get("skipped_steps", 0))
+
+    def record(self, ok: torch.Tensor, step: int, limit: int) -> None:
         bad = (~ok).long()
         self.streak = (self.streak + 1) * bad
         self.total += bad
         # >=: a run resumed with a lower limit than its checkpoint's streak stops at its next
         # bad step, instead of counting past the limit for good
-        first = (self.streak >= self.limit) & (self.tripped_at == 0)
+        first = (self.streak >= limit) & (self.tripped_at == 0)
         self.tripped_at = torch.where(first, step, self.tripped_at)
 
-    def check(self, last_pt: Path, saved_step: int | None) -> tuple[int, int]:
-        """Wait for the device once: (bad steps so far, bad steps in a row up to now), or a
+    def check(self, limit: int, last_pt: Path, saved_step: int | None) -> int:
+        """Wait for the device once: how many updates were skipped since the last check, or a
         CharlmError once `limit` in a row were reached (`saved_step`: the step of the `last_pt`
-        on disk)."""
+        on disk, None if none)."""
         step = int(self.tripped_at)
         if step:
             kept, then = (("no checkpoint was written", "start over with --overwrite")
@@ -95,8 +107,10 @@ class BadSteps:
                           (f"the last checkpoint {last_pt} (step {saved_step}) is intact",
                            "resume or start over"))
             raise CharlmError(
-                f"training stopped: {self.limit} steps in a row, up to step {step}, had a "
+                f"training stopped: {limit} steps in a row, up to step {step}, had a "
                 f"non-finite loss or gradient norm (their updates were skipped); {kept}; lower "
                 f"optim.lr, raise optim.warmup_iters or check the data, then {then}"
             )
-        return int(self.total), int(self.streak)
+        total = int(self.total)
+        new, self.reported = total - self.reported, total
+        return new

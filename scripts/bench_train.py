@@ -2,7 +2,7 @@
 
     python scripts/bench_train.py CONFIG [--steps 50] [--warmup 10] [--set section.key=value ...]
 
-It builds exactly what `charlm train` builds (model, fused AdamW, batch sampler, autocast) and times
+It builds exactly what `charlm train` builds (model, AdamW, batch sampler, autocast) and times
 `train_step` after a warm-up, on the config's data (tiny-shakespeare by default). FLOPs per
 token follow the PaLM appendix: 6N + 12 * n_layer * n_embd * block_size (see charlm.summary).
 The peak is bf16 dense: from a table for known GPUs, and on a CPU measured by a 2048^3 bf16 matmul
