@@ -74,6 +74,19 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
                                           file=session.config.stash[_REAL_STDERR])
 
 
+@pytest.fixture(scope="session")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run of configs/tiny.yaml over all of tiny-shakespeare (all 65 symbols), trained once
+    for the tests that only read it (export, the Python API)."""
+    from charlm.train import train
+
+    tmp = tmp_path_factory.mktemp("shakespeare_run")
+    train(load_config(ROOT / "configs" / "tiny.yaml",
+                      [f"train.out_dir={tmp / 'run'}", f"data.path={SHAKESPEARE}",
+                       "train.max_iters=20"]))
+    return tmp / "run"
+
+
 @pytest.fixture
 def corpus(tmp_path: Path) -> Path:
     """The first 40,000 characters of tiny-shakespeare (all 65 symbols are not needed)."""

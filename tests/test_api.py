@@ -6,21 +6,9 @@ import sys
 
 import pytest
 
-from charlm.config import load_config
 from charlm.errors import CharlmError
-from charlm.train import train
 
 from .conftest import ROOT, SHAKESPEARE
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("api")  # all of tiny-shakespeare: all 65 symbols
-    cfg = load_config(ROOT / "configs" / "tiny.yaml",
-                      [f"train.out_dir={tmp / 'run'}", f"data.path={SHAKESPEARE}",
-                       "train.max_iters=20"])
-    train(cfg)
-    return tmp / "run"
 
 
 def test_readme_python_api_example_runs(run_dir, tmp_path, monkeypatch):

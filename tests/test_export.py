@@ -10,21 +10,10 @@ from charlm import checkpoint
 from charlm.config import load_config
 from charlm.errors import CharlmError
 from charlm.export import load_safetensors, save_hf, save_safetensors, write_dir
-from charlm.train import train
 
 from .conftest import ROOT, SHAKESPEARE
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("export")  # all of tiny-shakespeare: all 65 symbols
-    cfg = load_config(ROOT / "configs" / "tiny.yaml",
-                      [f"train.out_dir={tmp / 'run'}", f"data.path={SHAKESPEARE}",
-                       "train.max_iters=20"])
-    train(cfg)
-    return tmp / "run"
 
 
 def test_safetensors_round_trip_gives_identical_logits(run_dir, tmp_path):
