@@ -18,7 +18,7 @@ from typing import Annotated
 
 import typer
 
-from charlm.config import DataConfig, SampleConfig
+from charlm.config import DataConfig, RunConfig, SampleConfig
 from charlm.errors import CharlmError, characters
 
 app = typer.Typer(
@@ -95,52 +95,13 @@ def train(
     ] = False,
 ) -> None:
     """Train a GPT (or resume a run) and write checkpoints, metrics and TensorBoard logs."""
-    # torch (about 2 s to import) only once the config is known to be good: a mistyped key or
-    # path is reported at once
-    from charlm.config import is_config_file, load_config, override
+    # torch only after the config is checked: a mistyped key or path is reported at once
+    from charlm.config import train_config
 
     if resume and overwrite:
         raise CharlmError("--resume and --overwrite exclude each other; choose one")
-    overrides = list(set_ or [])
-    data_given = "--data"
-    if config is not None and not is_config_file(config):
-        if data is not None:
-            raise CharlmError(f"give the data either as {config} or as --data, not both")
-        data, config, data_given = str(config), None, str(config)
-    set_keys = {o.partition("=")[0].strip() for o in overrides}
-    for given, key, value in ((data_given, "data.path", data), ("--out", "train.out_dir", out),
-                              ("--device", "train.device", device)):
-        if value is not None and key in set_keys:
-            raise CharlmError(f"{given} and --set {key} set the same key; give one of them")
-    named_out = out is not None or "train.out_dir" in set_keys
-    if config is None and data is not None and not named_out:  # the defaults on the user's data
-        out = str(Path("runs") / Path(data).resolve().stem)
-    if data is not None:
-        overrides.append(override("data.path", data))
-    if out is not None:
-        overrides.append(override("train.out_dir", out))
-    if device is not None:
-        from charlm.device import resolve_device
-
-        resolve_device(device, "--device")  # a missing device is an error naming --device
-        overrides.append(override("train.device", device))
-    if resume:
-        # Without a CONFIG the overrides apply to the checkpoint's config, not to the defaults
-        # (`--set optim.min_lr=...` may be legal only with the run's optim.lr): here only the run
-        # dir is needed, to find the checkpoint.
-        run = load_config(config, overrides if config else _out_dir_overrides(overrides))
-        from charlm.train import resume_config
-
-        cfg = resume_config(Path(run.train.out_dir), config, overrides)
-    else:
-        cfg = load_config(config, overrides)
-        from_file = data is None and "data.path" not in set_keys  # not the user's own words
-        if from_file and not Path(cfg.data.path).exists():  # say where the path came from
-            raise CharlmError(
-                f"input file not found: {cfg.data.path} (data.path of "
-                f"{config or 'the built-in defaults'}, taken from the current directory); "
-                "give your text as `charlm train my.txt` or --data PATH"
-            )
+    cfg = train_config(config, set_ or [], data=data, out=out, device=device,
+                       resume=_resume_config if resume else None)
     from charlm.device import is_main_process
     from charlm.faults import Interrupted
     from charlm.train import train as run_training
@@ -157,9 +118,10 @@ def train(
         print(f"done: {state.step} steps, best val loss {best}, checkpoints in {cfg.train.out_dir}")
 
 
-def _out_dir_overrides(overrides: list[str]) -> list[str]:
-    """The `--set train.out_dir=...` items of `overrides`."""
-    return [o for o in overrides if o.partition("=")[0].strip() == "train.out_dir"]
+def _resume_config(*args: object) -> RunConfig:
+    from charlm.train import resume_config  # imports torch: only once the run dir is known
+
+    return resume_config(*args)
 
 
 @app.command()
