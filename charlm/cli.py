@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
+import inspect
 import io
 import json
 import math
@@ -13,12 +14,14 @@ import os
 import re
 import signal
 import sys
+import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from charlm.config import DataConfig, SampleConfig
+from charlm.config import DataConfig, RunConfig, SampleConfig
 from charlm.errors import CharlmError, characters
 
 app = typer.Typer(
@@ -95,52 +98,13 @@ def train(
     ] = False,
 ) -> None:
     """Train a GPT (or resume a run) and write checkpoints, metrics and TensorBoard logs."""
-    # torch (about 2 s to import) only once the config is known to be good: a mistyped key or
-    # path is reported at once
-    from charlm.config import is_config_file, load_config, override
+    # torch only after the config is checked: a mistyped key or path is reported at once
+    from charlm.config import train_config
 
     if resume and overwrite:
         raise CharlmError("--resume and --overwrite exclude each other; choose one")
-    overrides = list(set_ or [])
-    data_given = "--data"
-    if config is not None and not is_config_file(config):
-        if data is not None:
-            raise CharlmError(f"give the data either as {config} or as --data, not both")
-        data, config, data_given = str(config), None, str(config)
-    set_keys = {o.partition("=")[0].strip() for o in overrides}
-    for given, key, value in ((data_given, "data.path", data), ("--out", "train.out_dir", out),
-                              ("--device", "train.device", device)):
-        if value is not None and key in set_keys:
-            raise CharlmError(f"{given} and --set {key} set the same key; give one of them")
-    named_out = out is not None or "train.out_dir" in set_keys
-    if config is None and data is not None and not named_out:  # the defaults on the user's data
-        out = str(Path("runs") / Path(data).resolve().stem)
-    if data is not None:
-        overrides.append(override("data.path", data))
-    if out is not None:
-        overrides.append(override("train.out_dir", out))
-    if device is not None:
-        from charlm.device import resolve_device
-
-        resolve_device(device, "--device")  # a missing device is an error naming --device
-        overrides.append(override("train.device", device))
-    if resume:
-        # Without a CONFIG the overrides apply to the checkpoint's config, not to the defaults
-        # (`--set optim.min_lr=...` may be legal only with the run's optim.lr): here only the run
-        # dir is needed, to find the checkpoint.
-        run = load_config(config, overrides if config else _out_dir_overrides(overrides))
-        from charlm.train import resume_config
-
-        cfg = resume_config(Path(run.train.out_dir), config, overrides)
-    else:
-        cfg = load_config(config, overrides)
-        from_file = data is None and "data.path" not in set_keys  # not the user's own words
-        if from_file and not Path(cfg.data.path).exists():  # say where the path came from
-            raise CharlmError(
-                f"input file not found: {cfg.data.path} (data.path of "
-                f"{config or 'the built-in defaults'}, taken from the current directory); "
-                "give your text as `charlm train my.txt` or --data PATH"
-            )
+    cfg = train_config(config, set_ or [], data=data, out=out, device=device,
+                       resume=_resume_config if resume else None)
     from charlm.device import is_main_process
     from charlm.faults import Interrupted
     from charlm.train import train as run_training
@@ -157,12 +121,39 @@ def train(
         print(f"done: {state.step} steps, best val loss {best}, checkpoints in {cfg.train.out_dir}")
 
 
-def _out_dir_overrides(overrides: list[str]) -> list[str]:
-    """The `--set train.out_dir=...` items of `overrides`."""
-    return [o for o in overrides if o.partition("=")[0].strip() == "train.out_dir"]
+def _resume_config(*args: object) -> RunConfig:
+    from charlm.train import resume_config  # imports torch: only once the run dir is known
+
+    return resume_config(*args)
+
+
+def _with_sample_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Give `command` one option per `SampleConfig` field (name, default and help from the
+    field), before its `stream` parameter; they arrive in its `**options` as the field takes
+    them (`--no-cache` as use_cache=False)."""
+    options, hints = [], typing.get_type_hints(SampleConfig)
+    for f in dataclasses.fields(SampleConfig):
+        flag, tp, default, convert = f.metadata["flag"], hints[f.name], f.default, None
+        if typing.get_origin(tp) is tuple:  # repeatable; SampleConfig takes a list
+            tp = list[typing.get_args(tp)[0]]
+        elif (flag or "").startswith("--no-"):  # a flag that turns the field off
+            default, convert = not default, _turn_off
+        option = typer.Option(*([flag] if flag else []), help=f.metadata["help"], callback=convert)
+        options.append(inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                         default=default, annotation=Annotated[tp, option]))
+    params = [p for p in inspect.signature(command, eval_str=True).parameters.values()
+              if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    at = [p.name for p in params].index("stream")
+    command.__signature__ = inspect.Signature(params[:at] + options + params[at:])
+    return command
+
+
+def _turn_off(value: bool) -> bool:
+    return not value
 
 
 @app.command()
+@_with_sample_options
 def sample(
     target: TargetArg,
     prompt: Annotated[
@@ -173,69 +164,19 @@ def sample(
     prompt_file: Annotated[
         Path | None, typer.Option(help="Read the prompt from this UTF-8 file.")
     ] = None,
-    max_new_tokens: Annotated[int, typer.Option(help="Characters to generate per sample.")]
-    = SampleConfig.max_new_tokens,
-    num_samples: Annotated[int, typer.Option(help="Samples, generated as one batch.")]
-    = SampleConfig.num_samples,
-    temperature: Annotated[float, typer.Option(help="Softmax temperature; 0 is greedy.")]
-    = SampleConfig.temperature,
-    top_k: Annotated[int | None, typer.Option(help="Sample only from the k likeliest.")]
-    = SampleConfig.top_k,
-    top_p: Annotated[
-        float | None, typer.Option(help="Nucleus: sample from the smallest set with mass >= p.")
-    ] = SampleConfig.top_p,
-    min_p: Annotated[
-        float | None, typer.Option(help="Drop characters below min_p x the likeliest one's "
-                                   "probability.")
-    ] = SampleConfig.min_p,
-    repetition_penalty: Annotated[
-        float, typer.Option(help="> 1 discourages characters in the recent window; 1 is off.")
-    ] = SampleConfig.repetition_penalty,
-    repetition_window: Annotated[
-        int, typer.Option(help="Recent characters the repetition penalty looks at.")
-    ] = SampleConfig.repetition_window,
-    beams: Annotated[
-        int | None, typer.Option(help="Beam search with N beams; prints the best (1 = greedy).")
-    ] = SampleConfig.beams,
-    stop: Annotated[
-        list[str] | None, typer.Option(help="End a sample when it ends with this text; "
-                                       "repeatable.")
-    ] = None,
-    include_stop: Annotated[
-        bool, typer.Option(help="Print the stop string that ended a sample.")
-    ] = SampleConfig.include_stop,
-    unknown: Annotated[
-        str, typer.Option(help="Prompt characters outside the vocabulary: error or skip.")
-    ] = SampleConfig.unknown,
-    seed: Annotated[int, typer.Option(help="Random seed; the same seed gives the same text.")]
-    = SampleConfig.seed,
-    no_cache: Annotated[
-        bool, typer.Option("--no-cache", help="Recompute the whole context every step.")
-    ] = False,
-    compile_step: Annotated[
-        bool, typer.Option("--compile", help="torch.compile the one-token decode step (static "
-                           "shapes; pays for long generations, mainly on a GPU).")
-    ] = SampleConfig.compile,
-    stream: Annotated[
-        bool, typer.Option(help="Print characters as they are generated.")
-    ] = True,
+    stream: Annotated[bool, typer.Option(help="Print characters as they are generated.")] = True,
     json_out: Annotated[
         bool, typer.Option("--json", help="One JSON object per sample: text, prompt, tokens, "
                            "seconds, stopped.")
     ] = False,
     device: DeviceOpt = "auto",
+    **options: object,
 ) -> None:
     """Generate text from a checkpoint, streamed to stdout as it is produced."""
     from charlm.api import load
     from charlm.sampling import default_prompt, encode_prompt, sample_text
 
-    opts = SampleConfig(
-        max_new_tokens=max_new_tokens, num_samples=num_samples, temperature=temperature,
-        top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
-        repetition_window=repetition_window, beams=beams, stop=tuple(stop or ()),
-        include_stop=include_stop, unknown=unknown, seed=seed, use_cache=not no_cache,
-        compile=compile_step,
-    )
+    opts = SampleConfig(**options)
     text = _read_prompt(prompt, prompt_file)
     lm = load(target, device, "--device")
     model, vocab = lm.model, lm.vocab
@@ -291,7 +232,6 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
         if sys.stdin is None:  # started with stdin closed (`<&-`)
             raise CharlmError("--prompt - reads the prompt from stdin, which is closed; pipe the "
                               "prompt in, or give --prompt TEXT or --prompt-file")
-
         return "".join(text for _, text in decode_chunks(sys.stdin.buffer, "the prompt on stdin"))
     return prompt
 
@@ -432,11 +372,8 @@ def export(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the app, turning bad input into one `error:` line and exit code 2.
-
-    Usage errors (unknown option, missing argument) are reported by Typer itself, also with
-    exit code 2.
-    """
+    """Entry point: run the app, turning bad input into one `error:` line and exit code 2
+    (Typer reports usage errors, such as an unknown option, itself, also with exit code 2)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if sys.stdout is None:  # started with stdout closed (`>&-`): output goes nowhere, as >/dev/null
         sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (the process's)

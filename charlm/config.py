@@ -1,17 +1,16 @@
 """Typed run configuration: the dataclasses, YAML loading, `--set` overrides and validation.
 
-Defaults live only here. YAML -> `--set section.key=value` overrides (values parsed as YAML) ->
-strict `from_dict` (unknown keys rejected with the nearest valid name, types checked) ->
-`__post_init__` validation. Precedence: CLI > YAML > defaults.
+Defaults live only here. YAML -> `--set section.key=value` overrides (values read as YAML) ->
+strict `from_dict` (unknown keys rejected with the nearest valid name; each value read by its
+field's type, see `charlm.values`) -> `__post_init__` validation. Precedence: CLI > YAML >
+defaults.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import re
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,71 +20,15 @@ import yaml
 
 from charlm.errors import CharlmError
 from charlm.files import write_text_atomic
-
-_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
-
-
-class _Loader(yaml.SafeLoader):
-    """yaml.safe_load, with YAML 1.2's numbers instead of YAML 1.1's: `3e-4` is a number, not
-    the string '3e-4'; `010` is ten, not octal eight (octal is `0o10`); and `1:30` is a string,
-    not the base-60 number 90. A key given twice in one mapping is an error (PyYAML keeps the
-    last one silently, so a second `optim:` section would reset the first one's keys to their
-    defaults)."""
-
-    yaml_implicit_resolvers = {  # YAML 1.1's int and float syntax out; 1.2's added below
-        first: [(tag, regex) for tag, regex in resolvers if tag not in (_INT, _FLOAT)]
-        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-    }
-
-    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
-        text = str(self.construct_scalar(node)).replace("_", "")
-        sign = -1 if text.startswith("-") else 1
-        digits = text.lstrip("+-")
-        base = {"0b": 2, "0o": 8, "0x": 16}.get(digits[:2], 10)
-        return sign * int(digits[2:] if base != 10 else digits, base)
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen = set()
-        for key_node, _ in node.value:
-            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
-                key = self.construct_object(key_node)
-                if key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key '{key}'", key_node.start_mark)
-                seen.add(key)
-        return super().construct_mapping(node, deep)
-
-
-class _Dumper(yaml.SafeDumper):
-    """yaml.safe_dump that quotes the strings `_Loader` would read as something else: PyYAML's
-    own dumper writes the string '1e5' plain, which `_Loader` reads back as a float."""
-
-
-_Loader.add_constructor(_INT, _Loader.construct_yaml_int)
-for _cls in (_Loader, _Dumper):  # the dumper keeps YAML 1.1's too: it quotes more, never less
-    # Each form holds a digit: `._` or `0x_` alone is a string, not a float('.') that fails.
-    _cls.add_implicit_resolver(  # an int before a float: the float syntax matches `10` too
-        _INT,
-        re.compile(r"^[-+]?(?:[0-9][0-9_]*|0b_*[01][01_]*|0o_*[0-7][0-7_]*"
-                   r"|0x_*[0-9a-fA-F][0-9a-fA-F_]*)$"),
-        list("-+0123456789"),
-    )
-    _cls.add_implicit_resolver(
-        _FLOAT,
-        re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\._*[0-9][0-9_]*)"
-                   r"(?:[eE][-+]?[0-9]+)?"
-                   r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
-        list("-+0123456789."),
-    )
-
-
-def parse_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
-
-
-def dump_yaml(data: Any) -> str:
-    """YAML text that `parse_yaml` reads back as `data` (keys in their order)."""
-    return yaml.dump(data, Dumper=_Dumper, sort_keys=False)
+from charlm.values import (  # noqa: F401 - parse_yaml and dump_yaml: this module's API too
+    Text,
+    coerce,
+    dump_yaml,
+    load_text,
+    parse_yaml,
+    plain_value,
+    read_yaml_file,
+)
 
 
 def device_error(name: str) -> str | None:
@@ -247,7 +190,10 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, raw: Any, where: str = "config") -> RunConfig:
-        """Build a validated config from plain data, rejecting unknown sections and keys."""
+        """Build a validated config from plain data, rejecting unknown sections and keys. Values
+        may be typed (a checkpoint's config) or text from YAML (`load_config`)."""
+        if isinstance(raw, Text):
+            raw = plain_value(raw)
         if raw is None:
             raw = {}
         if not isinstance(raw, dict):
@@ -274,6 +220,8 @@ def suggest(name: str, valid: typing.Iterable[str]) -> str:
 
 
 def _build_section(section_cls: type, section: str, raw: Any, where: str) -> Any:
+    if isinstance(raw, Text):
+        raw = plain_value(raw)
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -295,99 +243,43 @@ def _build_section(section_cls: type, section: str, raw: Any, where: str) -> Any
     return section_cls(**kwargs)
 
 
-def _type_name(tp: Any) -> str:
-    if typing.get_origin(tp) is Literal:
-        return "one of " + ", ".join(repr(c) for c in typing.get_args(tp))
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    if typing.get_origin(tp) is tuple:
-        return f"a list, each item {_type_name(typing.get_args(tp)[0])}"
-    return {type(None): "null", int: "an integer", float: "a number", bool: "true/false",
-            str: "a string"}.get(tp, str(tp))
-
-
-def coerce(value: Any, tp: Any, key: str, where: str = "") -> Any:
-    """Return `value` as type `tp`, or raise a CharlmError that says what is allowed."""
-    at = f" in {where}" if where else ""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        for arg in typing.get_args(tp):
-            try:
-                return coerce(value, arg, key, where)
-            except CharlmError:
-                if arg is float and isinstance(value, float):  # NaN or inf: say so
-                    raise
-    elif origin is Literal:
-        if value in typing.get_args(tp):
-            return value
-    elif tp is type(None):
-        if value is None:
-            return None
-    elif tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif origin is tuple:  # tuple[X, ...], given as a list or a tuple
-        if isinstance(value, (list, tuple)):
-            return tuple(coerce(item, typing.get_args(tp)[0], key, where) for item in value)
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if math.isfinite(value):
-                return float(value)
-            # A NaN fails every range check, but an infinite lr or weight decay would pass them.
-            raise CharlmError(f"invalid value for {key}{at}: {value}, expected a finite number")
-    elif tp is str and isinstance(value, str):
-        return value
-    raise CharlmError(f"invalid value for {key}{at}: {value!r}, expected {_type_name(tp)}")
-
-
 def is_config_file(path: Path) -> bool:
     """Whether a command-line path names a YAML config (`.yaml` / `.yml`, in any case) rather
     than text, a dataset dir or a checkpoint."""
     return path.suffix.lower() in (".yaml", ".yml") and not path.is_dir()
 
 
-def _read_yaml(path: Path) -> Any:
-    if not path.exists():
-        raise CharlmError(f"config file not found: {path}")
-    if path.is_dir():
-        raise CharlmError(f"config path is a directory, not a YAML file: {path}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise CharlmError(f"config file is not UTF-8 text: {path} (byte {e.start})") from None
-    try:
-        return parse_yaml(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        if "'\\t'" in problem:
-            problem += "; YAML indents with spaces, not tabs"
-        raise CharlmError(f"YAML syntax error in {path}{at}: {problem}") from None
+Override = str | tuple[str, Any]  # "section.key=YAML text", or (section.key, value)
 
 
-def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dict[str, Any]:
-    """Apply `section.key=value` strings (value parsed as YAML) onto a raw config dict. A key
-    given twice is an error, as it is in a YAML file: the later one would win silently."""
+def _dotted(item: Override) -> str:
+    return item[0] if isinstance(item, tuple) else item.partition("=")[0].strip()
+
+
+def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[Override]) -> dict[str, Any]:
+    """Apply overrides onto a raw config dict: `section.key=value` strings, whose value is read
+    as a value in a YAML file is, or `(section.key, value)` pairs, whose value is taken as it is
+    (an option's text, exactly). A key given twice is an error, as it is in a YAML file: the
+    later one would win silently."""
     seen: set[str] = set()
     for item in overrides:
-        dotted, sep, text = item.partition("=")
-        dotted = dotted.strip()
+        dotted = _dotted(item)
         section, dot, key = dotted.partition(".")
-        if not sep or not dot or not section or not key:
-            raise CharlmError(
-                f"--set expects section.key=value, got {item!r} (e.g. --set optim.lr=1e-3)"
-            )
+        if isinstance(item, tuple):
+            value = item[1]
+        else:
+            text = item.partition("=")[2]
+            if "=" not in item or not dot or not section or not key:
+                raise CharlmError(
+                    f"--set expects section.key=value, got {item!r} (e.g. --set optim.lr=1e-3)"
+                )
+            try:
+                value = load_text(text) if text.strip() else None
+            except yaml.YAMLError:
+                value = text
         if dotted in seen:
             raise CharlmError(f"--set {dotted} is given twice; give it once")
         seen.add(dotted)
-        try:
-            value = parse_yaml(text) if text.strip() else None
-        except yaml.YAMLError:
-            value = text
         section_raw = raw.setdefault(section, {})
         if not isinstance(section_raw, dict):
             raise CharlmError(f"cannot --set {dotted}: section '{section}' is not a mapping")
@@ -395,20 +287,16 @@ def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dic
     return raw
 
 
-def override(key: str, value: Any) -> str:
-    """The `--set` item that sets `key` to `value` exactly, whatever characters it holds: a
-    double-quoted YAML scalar whose escapes PyYAML reads back (JSON's surrogate pairs for
-    characters outside the BMP, such as an emoji in a file name, it would not)."""
-    return key + "=" + yaml.safe_dump(value, default_style='"', width=math.inf)
-
-
-def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> RunConfig:
-    """Defaults <- YAML file (if any) <- `--set` overrides, validated."""
+def load_config(path: str | Path | None = None,
+                overrides: typing.Sequence[Override] = ()) -> RunConfig:
+    """Defaults <- YAML file (if any) <- overrides (see `apply_overrides`), validated."""
     raw: Any = {}
     where = "the defaults"
     if path is not None:
-        raw = _read_yaml(Path(path))
+        raw = read_yaml_file(Path(path))
         where = str(path)
+        if isinstance(raw, Text):  # a file of one plain scalar: name its type as YAML does
+            raw = plain_value(raw)
         if raw is None:
             raw = {}
         if not isinstance(raw, dict):
@@ -427,28 +315,87 @@ def save_config(cfg: RunConfig, path: Path) -> None:
     write_text_atomic(path, dump_yaml(cfg.to_dict()))
 
 
+def train_config(
+    config: str | Path | None, overrides: typing.Sequence[Override] = (), *,
+    data: str | None = None, out: str | None = None, device: str | None = None,
+    resume: typing.Callable[[Path, Path | None, list[Override]], RunConfig] | None = None,
+) -> RunConfig:
+    """The config `charlm train CONFIG_OR_TEXT --data --out --device --set` runs. A CONFIG that
+    is no YAML file is the data; without a CONFIG, the run dir is runs/<data's name> unless
+    --out or --set names one. `resume(run_dir, config, overrides)` gives a resumed run's config
+    (the checkpoint's, see `rundir.resume_config`); None starts a fresh run."""
+    overrides = list(overrides)
+    config = None if config is None else Path(config)
+    data_given = "--data"
+    if config is not None and not is_config_file(config):
+        if data is not None:
+            raise CharlmError(f"give the data either as {config} or as --data, not both")
+        data, config, data_given = str(config), None, str(config)
+    set_keys = {_dotted(o) for o in overrides}
+    options = ((data_given, "data.path", data), ("--out", "train.out_dir", out),
+               ("--device", "train.device", device))
+    for given, key, value in options:
+        if value is not None and key in set_keys:
+            raise CharlmError(f"{given} and --set {key} set the same key; give one of them")
+    if config is None and data is not None and "train.out_dir" not in set_keys and out is None:
+        out = str(Path("runs") / Path(data).resolve().stem)  # the defaults on the user's data
+    if device is not None:
+        from charlm.device import resolve_device  # imports torch: only when asked for
+
+        resolve_device(device, "--device")  # a missing device is an error naming --device
+    overrides += [(key, value) for key, value in
+                  (("data.path", data), ("train.out_dir", out), ("train.device", device))
+                  if value is not None]
+    if resume is not None:
+        # Without a CONFIG the overrides apply to the checkpoint's config, not to the defaults
+        # (`--set optim.min_lr=...` may be legal only with the run's optim.lr): here only the run
+        # dir is needed, to find the checkpoint.
+        run = load_config(config, overrides if config else
+                          [o for o in overrides if _dotted(o) == "train.out_dir"])
+        return resume(Path(run.train.out_dir), config, overrides)
+    cfg = load_config(config, overrides)
+    if data is None and "data.path" not in set_keys and not Path(cfg.data.path).exists():
+        raise CharlmError(  # data.path is not the user's own words: say where it came from
+            f"input file not found: {cfg.data.path} (data.path of "
+            f"{config or 'the built-in defaults'}, taken from the current directory); "
+            "give your text as `charlm train my.txt` or --data PATH"
+        )
+    return cfg
+
+
+def _option(default: Any, help: str, flag: str | None = None) -> Any:
+    """A `SampleConfig` field and its `charlm sample` option: `flag` names it where the field's
+    name does not (`--no-cache` turns `use_cache` off)."""
+    return field(default=default, metadata={"help": help, "flag": flag})
+
+
 @dataclass
 class SampleConfig:
-    """Options of `charlm sample` and of `generate.sample_text`; not part of a run's YAML.
+    """Options of `charlm sample` (each field's metadata holds its help) and of
+    `sampling.sample_text`; not part of a run's YAML.
 
     Logits processors apply in this order: repetition penalty, temperature, top-k, top-p, min-p.
     """
 
-    max_new_tokens: int = 500
-    num_samples: int = 1
-    temperature: float = 0.8  # 0 means greedy
-    top_k: int | None = None
-    top_p: float | None = None  # nucleus: the smallest set of ids with probability mass >= top_p
-    min_p: float | None = None  # drop ids less likely than min_p * the likeliest one
-    repetition_penalty: float = 1.0  # > 1 discourages characters seen in the recent window
-    repetition_window: int = 64
-    beams: int | None = None  # beam search with this many beams (1 = greedy); None samples
-    stop: tuple[str, ...] = ()
-    include_stop: bool = False
-    unknown: str = "error"  # or "skip"
-    seed: int = 1337
-    use_cache: bool = True
-    compile: bool = False  # torch.compile the one-token decode step (static shapes)
+    max_new_tokens: int = _option(500, "Characters to generate per sample.")
+    num_samples: int = _option(1, "Samples, generated as one batch.")
+    temperature: float = _option(0.8, "Softmax temperature; 0 is greedy.")
+    top_k: int | None = _option(None, "Sample only from the k likeliest.")
+    top_p: float | None = _option(None, "Nucleus: sample from the smallest set with mass >= p.")
+    min_p: float | None = _option(
+        None, "Drop characters below min_p x the likeliest one's probability.")
+    repetition_penalty: float = _option(
+        1.0, "> 1 discourages characters in the recent window; 1 is off.")
+    repetition_window: int = _option(64, "Recent characters the repetition penalty looks at.")
+    beams: int | None = _option(  # None samples
+        None, "Beam search with N beams; prints the best (1 = greedy).")
+    stop: tuple[str, ...] = _option((), "End a sample when it ends with this text; repeatable.")
+    include_stop: bool = _option(False, "Print the stop string that ended a sample.")
+    unknown: str = _option("error", "Prompt characters outside the vocabulary: error or skip.")
+    seed: int = _option(1337, "Random seed; the same seed gives the same text.")
+    use_cache: bool = _option(True, "Recompute the whole context every step.", flag="--no-cache")
+    compile: bool = _option(False, "torch.compile the one-token decode step (static shapes; "
+                            "pays for long generations, mainly on a GPU).", flag="--compile")
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:

@@ -62,6 +62,21 @@ def test_help_names_arguments_as_the_readme_does(cli):
     assert "the built-in defaults, a small GPT-2" in " ".join(cli("train", "--help").out.split())
 
 
+def test_sample_help_shows_every_sample_option_with_its_help(cli):
+    """`charlm sample`'s options are built from SampleConfig's fields: each shows, with its
+    help, its name and its default."""
+    from dataclasses import fields
+
+    from charlm.config import SampleConfig
+
+    out = " ".join(cli("sample", "--help").out.split())
+    for f in fields(SampleConfig):
+        flag = f.metadata["flag"] or "--" + f.name.replace("_", "-")
+        assert f"{flag} " in out and " ".join(f.metadata["help"].split()) in out, f.name
+    assert "--max-new-tokens <int> Characters to generate per sample. [default: 500]" in out
+    assert "--include-stop / --no-include-stop" in out and "--no-cache " in out
+
+
 @pytest.mark.parametrize("command", ["train", "sample", "eval"])
 def test_device_help_lists_the_devices_the_readme_does(cli, command):
     """train's --device help said 'auto, cpu, cuda or mps', without cuda:N, which it takes."""

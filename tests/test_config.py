@@ -1,4 +1,5 @@
 import re
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -9,9 +10,9 @@ from charlm.config import (
     SampleConfig,
     dump_yaml,
     load_config,
-    override,
     parse_yaml,
     save_config,
+    train_config,
 )
 from charlm.errors import CharlmError
 
@@ -211,12 +212,15 @@ def test_missing_config_file(tmp_path):
         load_config(tmp_path / "nope.yaml")
 
 
-@pytest.mark.parametrize("path", ["1e5", "2.5E-3", "yes", "null", "010", "1:00", "~"])
+@pytest.mark.parametrize("path", ["1e5", "2.5E-3", "yes", "null", "010", "1:00", "~", "08",
+                                  ".nan", "-.inf", "0o17", " lead", "trail ", "a\nb",
+                                  "my \U0001f600.txt", "caf\u00e9 \"x\": 1 'y' #z", "- a",
+                                  "[x]", "{a: b}", "&a *b", "x" * 30 + "  " + "y " * 60])
 def test_saved_config_loads_back_whatever_its_strings_look_like(tmp_path, path):
     """A run's config.yaml (and the config `charlm info` prints) used to write the string '1e5'
     plain, which the loader reads as the float 1e5 (YAML 1.2 floats): a run on a text file named
     1e5 could not be trained again from its config.yaml."""
-    cfg = load_config(None, [override("data.path", path), override("train.out_dir", path)])
+    cfg = load_config(None, [("data.path", path), ("train.out_dir", path)])
     save_config(cfg, tmp_path / "config.yaml")
     assert load_config(tmp_path / "config.yaml") == cfg
     assert parse_yaml(dump_yaml(cfg.to_dict())) == cfg.to_dict()
@@ -260,3 +264,143 @@ def test_sample_options_of_the_wrong_type_are_named(kwargs, message):
 def test_sample_options_take_ints_for_floats_and_lists_for_stop():
     opts = SampleConfig(temperature=1, stop=["a", "b"])
     assert (type(opts.temperature), opts.stop) == (float, ("a", "b"))
+
+
+def test_plain_scalars_are_read_by_their_fields_type(tmp_path):
+    """A plain scalar is read by its field's grammar: `08` is a path, not a failed octal;
+    `1` for a float is 1.0; YAML 1.1's yes/on are bools; ~ and an empty value are null."""
+    cfg = load_config(write(tmp_path, "model:\n  bias: yes\n  tie_weights: Off\n  n_ff: ~\n"
+                                      "  dropout: 0\noptim:\n  lr: 1\n  lr_decay_iters:\n"
+                                      "  min_lr: 1_0e-2_0\ndata:\n  path: 08\n"
+                                      "train:\n  out_dir: true\n  seed: -0x_1f\n"))
+    assert (cfg.model.bias, cfg.model.tie_weights, cfg.model.n_ff, cfg.model.dropout) == (
+        True, False, None, 0.0)
+    assert (cfg.optim.lr, type(cfg.optim.lr), cfg.optim.lr_decay_iters, cfg.optim.min_lr) == (
+        1.0, float, None, 1e-19)
+    assert (cfg.data.path, cfg.train.out_dir, cfg.train.seed) == ("08", "true", -31)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('model:\n  n_layer: "10"\n', "model.n_layer in {path}: '10', expected an integer"),
+    ("model:\n  n_layer: 0X10\n", "model.n_layer in {path}: '0X10', expected an integer"),
+    ("model:\n  n_layer: _1\n", "model.n_layer in {path}: '_1', expected an integer"),
+    ("model:\n  n_layer: 1.0\n", "model.n_layer in {path}: 1.0, expected an integer"),
+    ("model:\n  n_layer: [1, 2]\n", "model.n_layer in {path}: [1, 2], expected an integer"),
+    ("model:\n  bias: 1\n", "model.bias in {path}: 1, expected true/false"),
+    ("model:\n  norm: 1e3\n", "model.norm in {path}: 1000.0, expected one of 'layernorm', "
+     "'rmsnorm'"),
+    ("data:\n  path: null\n", "data.path in {path}: None, expected a string"),
+    ("data:\n  path:\n", "data.path in {path}: None, expected a string"),
+    ("optim:\n  lr: inf\n", "optim.lr in {path}: 'inf', expected a number"),
+    ("optim:\n  lr: -.Inf\n", "optim.lr in {path}: -inf, expected a finite number"),
+    ("model:\n  n_ff: .NaN\n", "model.n_ff in {path}: nan, expected an integer or null"),
+])
+def test_values_that_do_not_fit_their_field_are_named_as_yaml_reads_them(tmp_path, text,
+                                                                         message):
+    """A quoted number is a string, as it was when the loader typed the YAML itself; a value
+    that fits no grammar of its field is shown as YAML reads it (1.0, not '1.0')."""
+    path = write(tmp_path, text)
+    with pytest.raises(CharlmError) as e:
+        load_config(path)
+    assert str(e.value) == "invalid value for " + message.format(path=path)
+
+
+def test_a_file_or_section_that_is_no_mapping_is_named_by_its_yaml_type(tmp_path):
+    for text, message in (("5\n", "must hold a mapping of sections (model, optim, train, data),"
+                                   " got int"),
+                          ("model: 1.5\n", "section 'model' in {path} must be a mapping of "
+                                            "keys, got float")):
+        path = write(tmp_path, text)
+        with pytest.raises(CharlmError) as e:
+            load_config(path)
+        assert str(e.value).endswith(message.format(path=path))
+    assert load_config(write(tmp_path, "model:\n")) == RunConfig()
+
+
+def test_yaml_merge_keys_still_merge(tmp_path):
+    cfg = load_config(write(tmp_path, "model: &m {n_layer: 3}\noptim:\n  <<: {lr: 0.5}\n"))
+    assert (cfg.model.n_layer, cfg.optim.lr) == (3, 0.5)
+
+
+def test_option_values_are_taken_as_given_and_set_text_as_yaml():
+    """A (key, value) override, as --data / --out / --device give, is the exact string; a
+    `--set key=text` is read as the same text in a YAML file is."""
+    cfg = load_config(None, [("data.path", "null"), ("train.out_dir", "a: 'b'\n"),
+                             "optim.lr=0x1", "model.n_ff=", "train.device= cpu"])
+    assert (cfg.data.path, cfg.train.out_dir) == ("null", "a: 'b'\n")
+    assert (cfg.optim.lr, cfg.model.n_ff, cfg.train.device) == (1.0, None, "cpu")
+    with pytest.raises(CharlmError) as e:
+        load_config(None, ["data.path=null"])
+    assert str(e.value) == ("invalid value for data.path in --set overrides: None, expected a "
+                            "string")
+    with pytest.raises(CharlmError) as e:
+        load_config(None, [("optim.lr", "1e-3"), "optim.lr=1e-3"])
+    assert str(e.value) == "--set optim.lr is given twice; give it once"
+    assert parse_yaml("a: [1, '1', 1.5, yes, ~]") == {"a": [1, "1", 1.5, True, None]}
+
+
+def test_dump_yaml_quotes_what_a_yaml_reader_would_type():
+    assert dump_yaml({"a": "1e5", "b": "0o17", "c": "x", "d": 2}) == (
+        "a: '1e5'\nb: '0o17'\nc: x\nd: 2\n")
+
+
+@pytest.fixture
+def text_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my.txt").write_text("hello\n", encoding="utf-8")
+    return "my.txt"
+
+
+def test_train_config_on_a_text_file(text_file, tmp_path):
+    """`charlm train my.txt`: the defaults on my.txt, in runs/my unless --out or --set says."""
+    cfg = train_config(Path(text_file))
+    assert (cfg.data.path, cfg.train.out_dir) == ("my.txt", str(Path("runs", "my")))
+    assert RunConfig.from_dict({**cfg.to_dict(), "data": {}, "train": {}}) == RunConfig()
+    assert train_config(None, data=text_file).train.out_dir == str(Path("runs", "my"))
+    assert train_config(text_file, out="o").train.out_dir == "o"
+    assert train_config(text_file, ["train.out_dir=s"]).train.out_dir == "s"
+    assert train_config(text_file, device="cpu").train.device == "cpu"
+    config = write(tmp_path, "train:\n  out_dir: r\n  max_iters: 3\n")
+    cfg = train_config(config, ["train.max_iters=4"], data=text_file)
+    assert (cfg.data.path, cfg.train.out_dir, cfg.train.max_iters) == ("my.txt", "r", 4)
+
+
+@pytest.mark.parametrize("args, kwargs, message", [
+    (["my.txt"], {"data": "x.txt"}, "give the data either as my.txt or as --data, not both"),
+    (["my.txt", ["data.path=x"]], {}, "my.txt and --set data.path set the same key; give one "
+     "of them"),
+    ([None, ["data.path=x"]], {"data": "my.txt"}, "--data and --set data.path set the same key; "
+     "give one of them"),
+    (["my.txt", [" train.out_dir =x"]], {"out": "o"}, "--out and --set train.out_dir set the "
+     "same key; give one of them"),
+    (["my.txt", ["train.device=cpu"]], {"device": "cpu"}, "--device and --set train.device set "
+     "the same key; give one of them"),
+    (["my.txt"], {"device": "gpu"}, "unknown device 'gpu'; use auto, cpu, cuda, cuda:N or mps"),
+    ([None], {}, "input file not found: data/tinyshakespeare.txt (data.path of the built-in "
+     "defaults, taken from the current directory); give your text as `charlm train my.txt` or "
+     "--data PATH"),
+])
+def test_train_config_errors(text_file, args, kwargs, message):
+    with pytest.raises(CharlmError) as e:
+        train_config(*args, **kwargs)
+    assert str(e.value) == message
+
+
+def test_train_config_resume_finds_the_run_dir_before_applying_overrides(text_file):
+    """Without a CONFIG the overrides apply to the checkpoint's config: only the run dir is
+    resolved here (an optim.min_lr above the defaults' lr must not fail before the resume)."""
+    calls = []
+
+    def resume(run_dir, config, overrides):
+        calls.append((run_dir, config, overrides))
+        return RunConfig()
+
+    assert train_config(None, ["optim.min_lr=0.5", "train.out_dir=r"], resume=resume) == (
+        RunConfig())
+    assert calls == [(Path("r"), None, ["optim.min_lr=0.5", "train.out_dir=r"])]
+    train_config(None, ["optim.min_lr=0.5"], out="o", resume=resume)
+    assert calls[-1] == (Path("o"), None, ["optim.min_lr=0.5", ("train.out_dir", "o")])
+
+
+def test_every_sample_option_has_help():
+    assert all(f.metadata["help"] for f in fields(SampleConfig))
