@@ -122,7 +122,7 @@ def train(
 
 
 def _resume_config(*args: object) -> RunConfig:
-    from charlm.train import resume_config  # imports torch: only once the run dir is known
+    from charlm.rundir import resume_config  # imports torch: only once the run dir is known
 
     return resume_config(*args)
 

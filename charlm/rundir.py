@@ -10,11 +10,11 @@ import dataclasses
 import fcntl
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from charlm import checkpoint
-from charlm.config import RunConfig, apply_overrides, load_config, save_config
+from charlm.config import Override, RunConfig, apply_overrides, load_config, save_config
 from charlm.errors import CharlmError
 from charlm.files import make_writable_dir, remove_temps
 
@@ -22,7 +22,7 @@ RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "tb", "config.yaml")
 
 
 def resume_config(run_dir: Path, config_path: str | Path | None,
-                  overrides: list[str]) -> RunConfig:
+                  overrides: Sequence[Override]) -> RunConfig:
     """The config of a resumed run: the checkpoint's (or CONFIG's) with overrides applied.
 
     The architecture comes from the checkpoint: an override or CONFIG that changes it is an error.

@@ -55,7 +55,6 @@ from charlm.metrics import MetricsLogger
 from charlm.model import GPT, parameter_count
 from charlm.optim import make_optimizer, step_if
 from charlm.rundir import check_run_dir, clear_run, run_lock, start_run
-from charlm.rundir import resume_config as resume_config  # where charlm.cli imports it from
 from charlm.sampling import preview
 from charlm.vocab import Vocab
 
