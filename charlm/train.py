@@ -312,28 +312,23 @@ def _loop(run: Run, log: MetricsLogger, stop: StopSignals, clock: Clock,
           saved_step: int | None) -> dict[str, float] | None:
     """Train to max_iters: set lr, train_step, maybe log, maybe evaluate, maybe save. Returns
     the losses of the latest eval. `saved_step`: the step of the last.pt on disk, if any."""
-    cfg, tc, state, dist = run.cfg, run.cfg.train, run.state, run.dist
-    last_interval = tc.checkpoint_interval or tc.eval_interval  # null: last.pt at every eval
+    cfg, state, dist = run.cfg, run.state, run.dist
     final: dict[str, float] | None = None
     run.model.train()
     clock.t_log = time.perf_counter()
-    while state.step < tc.max_iters:
-        lr = lr_at(state.step, cfg.optim, tc.max_iters)
+    while state.step < cfg.train.max_iters:
+        lr = lr_at(state.step, cfg.optim, cfg.train.max_iters)
         for group in run.optimizer.param_groups:
             group["lr"] = lr
         loss, norm, ok = train_step(run.step_model, run.optimizer, run.scaler, run.sampler, cfg,
                                     run.device, run.dtype, dist)
         state.step += 1
         state.tokens += tokens_per_step(cfg)
-        state.bad.record(ok, state.step, tc.max_bad_steps)
+        state.bad.record(ok, state.step, cfg.train.max_bad_steps)
         clock.steps += 1
         log.advance()
-        last = state.step == tc.max_iters
-        log_now = state.step % tc.log_interval == 0 or last
-        eval_now = state.step % tc.eval_interval == 0 or last
         signum = dist.agree_signal(stop.signum)
-        stopping = signum is not None and not last
-        save_now = state.step % last_interval == 0 or last or stopping
+        log_now, eval_now, save_now = due(cfg, state.step, stopping=signum is not None)
         if not (log_now or eval_now or save_now):
             continue  # the only steps that wait for the device are those below
         report_skipped(run, log, saved_step)
@@ -351,15 +346,29 @@ def _loop(run: Run, log: MetricsLogger, stop: StopSignals, clock: Clock,
         with dist.main_first():
             if dist.is_main:
                 write(run, log, event, final if eval_now else None, lr, improved, save_now, clock)
-        if save_now:
-            saved_step = state.step
+        saved_step = state.step if save_now else saved_step
         clock.t_log += time.perf_counter() - t_pause  # tokens/s counts training time only
-        if stopping:  # last.pt is saved (under torchrun, main_first waited for it)
-            raise Interrupted(
-                f"interrupted by {signal.Signals(signum).name} at step {state.step}: saved "
-                f"{run.run_dir / 'last.pt'}; continue with "
-                f"`charlm train --out {shlex.quote(str(run.run_dir))} --resume`", signum)
+        if signum is not None and state.step < cfg.train.max_iters:  # last.pt is saved
+            raise interrupted(run, signum)
     return final
+
+
+def due(cfg: RunConfig, step: int, stopping: bool) -> tuple[bool, bool, bool]:
+    """Whether step `step` (just done) logs, evaluates and saves last.pt. The last step does all
+    three; a stop signal before it saves."""
+    tc = cfg.train
+    last = step == tc.max_iters
+    save_interval = tc.checkpoint_interval or tc.eval_interval  # null: last.pt at every eval
+    return (step % tc.log_interval == 0 or last, step % tc.eval_interval == 0 or last,
+            step % save_interval == 0 or last or stopping)
+
+
+def interrupted(run: Run, signum: int) -> Interrupted:
+    """The stop after a signal, once last.pt is saved (under torchrun main_first waited)."""
+    return Interrupted(
+        f"interrupted by {signal.Signals(signum).name} at step {run.state.step}: saved "
+        f"{run.run_dir / 'last.pt'}; continue with "
+        f"`charlm train --out {shlex.quote(str(run.run_dir))} --resume`", signum)
 
 
 def tokens_per_step(cfg: RunConfig) -> int:
