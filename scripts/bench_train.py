@@ -5,8 +5,9 @@
 It builds exactly what `charlm train` builds (model, AdamW, batch sampler, autocast) and times
 `train_step` after a warm-up, on the config's data (tiny-shakespeare by default). FLOPs per
 token follow the PaLM appendix: 6N + 12 * n_layer * n_embd * block_size (see charlm.summary).
-The peak is bf16 dense: from a table for known GPUs, and on a CPU measured by a 2048^3 bf16 matmul
-probe (AMX where the CPU has it); on a CPU the fp32 probe and the MFU against it are printed too.
+The peak is bf16 dense: from a table for known GPUs, and on a CPU with AMX measured by a 2048^3
+bf16 matmul probe; a CPU without AMX is measured in float32. On a CPU the fp32 probe and the MFU
+against it are printed too.
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ from common import positive, run_script, summary
 
 from charlm.config import RunConfig, load_config
 from charlm.data import BatchSampler, Dataset, dataset_for
-from charlm.device import compile_model, grad_scaler, resolve_device, resolve_dtype
+from charlm.device import (
+    compile_model,
+    cpu_has_amx_bf16,
+    grad_scaler,
+    resolve_device,
+    resolve_dtype,
+)
 from charlm.model import GPT
 from charlm.optim import make_optimizer
 from charlm.summary import flops_per_token, parameter_table
@@ -56,10 +63,14 @@ def gpu_peak(name: str) -> tuple[float | None, str]:
 
 
 def device_peak(device: torch.device) -> tuple[float | None, str]:
-    """The bf16 dense peak: from the table for a GPU, measured on a CPU."""
+    """The dense peak: bf16 from the table for a GPU; on a CPU measured, in bf16 where AMX
+    computes it, else in float32 (bf16 is emulated there: slower than float32, and its probe
+    alone takes minutes)."""
     if device.type == "cuda":
         return gpu_peak(torch.cuda.get_device_name(device))
-    return cpu_peak(torch.bfloat16), "cpu bf16 2048^3 matmul probe"
+    if cpu_has_amx_bf16():
+        return cpu_peak(torch.bfloat16), "cpu bf16 2048^3 matmul probe"
+    return cpu_peak(torch.float32), "cpu fp32 2048^3 matmul probe (no AMX: bf16 is emulated)"
 
 
 

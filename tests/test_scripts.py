@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from .conftest import ROOT
 
@@ -176,6 +177,20 @@ def test_bench_prepare_stopped_removes_its_generated_file(tmp_path):
             proc.kill()
     assert (proc.returncode, out, err) == (143, "", "")
     assert list(tmp_path.glob("*/big.txt")) == []
+
+
+@pytest.mark.parametrize("amx, dtype, source", [
+    (True, torch.bfloat16, "cpu bf16 2048^3 matmul probe"),
+    (False, torch.float32, "cpu fp32 2048^3 matmul probe (no AMX: bf16 is emulated)"),
+])
+def test_bench_train_probes_bf16_only_on_a_cpu_with_amx(monkeypatch, amx, dtype, source):
+    """Without AMX the bf16 2048^3 probe is emulated and took minutes before any figure."""
+    bench_train = import_script("bench_train", monkeypatch)
+    probed = []
+    monkeypatch.setattr(bench_train, "cpu_has_amx_bf16", lambda: amx)
+    monkeypatch.setattr(bench_train, "cpu_peak", lambda d: probed.append(d) or 1e12)
+    assert bench_train.device_peak(torch.device("cpu")) == (1e12, source)
+    assert probed == [dtype]
 
 
 def test_bench_train_leaves_no_files_and_reports_consistent_figures(monkeypatch, tmp_path,
