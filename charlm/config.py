@@ -46,7 +46,9 @@ def _check(ok: bool, key: str, msg: str) -> None:
 
 @dataclass
 class ModelConfig:
-    block_size: int = 64
+    arch: Literal["decoder", "encoder_decoder"] = "decoder"  # a GPT, or Vaswani's for pairs
+    n_encoder_layer: int | None = None  # encoder_decoder: encoder blocks; None: n_layer
+    block_size: int = 64  # encoder_decoder: the longest source and target (with its begin id)
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 128
@@ -62,6 +64,11 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for key in ("block_size", "n_layer", "n_head", "n_embd"):
             _check(getattr(self, key) >= 1, f"model.{key}", "must be >= 1")
+        _check(self.n_encoder_layer is None or self.n_encoder_layer >= 1,
+               "model.n_encoder_layer", "must be >= 1, or null for model.n_layer")
+        _check(self.arch == "encoder_decoder" or self.n_encoder_layer is None,
+               "model.n_encoder_layer", "applies to model.arch=encoder_decoder only; remove it "
+               "or set model.arch=encoder_decoder")
         _check(
             self.n_embd % self.n_head == 0,
             "model.n_embd",
@@ -76,6 +83,11 @@ class ModelConfig:
             f"rope rotates pairs of features and needs an even head size, but n_embd / n_head = "
             f"{self.head_dim}; choose n_embd as a multiple of 2 * n_head",
         )
+
+    @property
+    def encoder_layers(self) -> int:
+        """The encoder's depth (encoder_decoder); n_layer is the decoder's."""
+        return self.n_layer if self.n_encoder_layer is None else self.n_encoder_layer
 
     @property
     def head_dim(self) -> int:
@@ -145,6 +157,7 @@ class TrainConfig:
     checkpoint_interval: int | None = None  # steps between writes of last.pt; None: every eval
     max_bad_steps: int = 5  # non-finite steps (updates skipped) in a row that stop the run
     sample_chars: int = 200  # characters sampled at each eval for TensorBoard; 0: none
+    eval_pairs: int = 200  # pairs: val pairs decoded at each eval for exact match and CER; 0: none
     seed: int = 1337
     device: str = "auto"  # auto, cpu, cuda (the first GPU), cuda:N or mps
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -159,6 +172,7 @@ class TrainConfig:
                "train.checkpoint_interval", "must be >= 1, or null to write last.pt at every eval")
         _check(self.max_bad_steps >= 1, "train.max_bad_steps", "must be >= 1")
         _check(self.sample_chars >= 0, "train.sample_chars", "must be >= 0 (0 turns samples off)")
+        _check(self.eval_pairs >= 0, "train.eval_pairs", "must be >= 0 (0 decodes none)")
         _check(bool(self.out_dir), "train.out_dir", "must not be empty")
         unknown_device = device_error(self.device)
         _check(unknown_device is None, "train.device", str(unknown_device))
@@ -168,6 +182,14 @@ class TrainConfig:
 class DataConfig:
     path: str = "data/tinyshakespeare.txt"  # a text file, or a directory made by `charlm prepare`
     val_fraction: float = 0.1
+    # Paired text (model.arch=encoder_decoder): one "source<separator>target" per line.
+    format: Literal["auto", "text", "pairs"] = "auto"  # auto: pairs for a .tsv file
+    separator: str = "\t"
+    target_units: Literal["char", "space"] = "char"  # space: targets are space-separated symbols
+    test_fraction: float = 0.0  # pairs: the share of sources held out for `charlm eval`
+    max_source_len: int | None = None  # characters; None: model.block_size
+    max_target_len: int | None = None  # target units; None: model.block_size - 1
+    skip_bad_pairs: bool = False  # skip (and count) bad lines instead of stopping at the first
 
     def __post_init__(self) -> None:
         _check(bool(self.path), "data.path", "must not be empty")
@@ -176,6 +198,22 @@ class DataConfig:
             "data.val_fraction",
             f"{self.val_fraction} is outside (0, 1)",
         )
+        _check(0 <= self.test_fraction < 1 and self.val_fraction + self.test_fraction < 1,
+               "data.test_fraction", f"{self.test_fraction} must be in [0, 1) and leave "
+               f"training pairs beside data.val_fraction={self.val_fraction}")
+        _check(bool(self.separator) and self.separator != "\n", "data.separator",
+               "must be a non-empty string other than a newline")
+        for key in ("max_source_len", "max_target_len"):
+            value = getattr(self, key)
+            _check(value is None or value >= 1, f"data.{key}", "must be >= 1, or null")
+
+    @property
+    def pairs(self) -> bool:
+        """Whether data.path holds pairs: data.format, or for auto a .tsv file. (A prepared
+        dataset dir says so itself, in its meta.json.)"""
+        if self.format != "auto":
+            return self.format == "pairs"
+        return self.path.lower().endswith(".tsv")
 
 
 @dataclass
