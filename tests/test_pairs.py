@@ -1,4 +1,5 @@
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -20,6 +21,8 @@ from charlm.pairs import (
     references,
     split_of,
 )
+
+from .conftest import ROOT
 
 SKIP = "or set data.skip_bad_pairs=true to skip such lines"
 ONE_PER_LINE = f'give one "source<TAB>target" pair per line, {SKIP}'
@@ -427,3 +430,30 @@ def test_sampler_rows_and_a_small_split():
         PairBatchSampler(PairSplit(split.src, split.src_offsets[:1], split.tgt,
                                    split.tgt_offsets[:1]), VOCAB, 8, CPU, seed=0)
 
+
+def test_cmudict_script_writes_pairs(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import cmudict_pairs
+
+    src = write(tmp_path / "mini.dict", (
+        ";;; a comment line\n"
+        "# another comment\n"
+        "abbe AE1 B IY0\n"
+        "abbe(2) AE1 B\n"
+        "abbe(3) AE0 B IY2 # stress only differs from the first\n"
+        "\n"
+        "d'artagnan D AH0 R T AE1 NG Y AH0 N # foreign french\n"
+    ))
+    out = tmp_path / "out.tsv"
+    monkeypatch.setattr(sys, "argv", ["cmudict_pairs.py", str(src), "--out", str(out)])
+    cmudict_pairs.main()
+    assert out.read_text(encoding="utf-8") == (
+        "abbe\tAE B IY\n"
+        "abbe\tAE B\n"
+        "d'artagnan\tD AH R T AE NG Y AH N\n")
+    assert capsys.readouterr().out == f"wrote 3 pairs of 2 words to {out}\n"
+    monkeypatch.setattr(sys, "argv", ["cmudict_pairs.py", str(src), "--out", str(out),
+                                      "--keep-stress"])
+    cmudict_pairs.main()
+    assert out.read_text(encoding="utf-8").splitlines()[:3] == [
+        "abbe\tAE1 B IY0", "abbe\tAE1 B", "abbe\tAE0 B IY2"]
