@@ -1,0 +1,552 @@
+"""Paired text for the encoder-decoder (G2P, transliteration, spelling): `PairVocab`, reading
+"source<TAB>target" lines, the hashed train/val/test split, `prepare_pairs` into a dataset dir,
+loading it back, `collate` and the length-bucketed `PairBatchSampler`, and the references of
+a split for multi-reference accuracy (see `charlm.accuracy`).
+
+A pairs dataset dir holds meta.json (kind "pairs") and train.npz, val.npz and test.npz, each
+with the flat ids of all its sources (`src`) and targets (`tgt`) and their int64 offsets: pair
+i's source is src[src_offsets[i]:src_offsets[i + 1]]. Four arrays whatever the number of pairs,
+and no pickles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import json
+import os
+import zipfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from charlm.config import DataConfig
+from charlm.data import (
+    DATASET_FILES,
+    DATASET_FORMAT,
+    DATASET_VERSION,
+    _dataset_meta,
+    _replaceable,
+    check_source_file,
+    read_meta,
+    read_text,
+    sha256_file,
+)
+from charlm.errors import CharlmError, characters
+from charlm.files import make_writable_dir, temp_beside, write_text_atomic
+from charlm.vocab import id_dtype, list_unknown
+
+PAIRS_KIND = "pairs"
+SPLITS = ("train", "val", "test")
+PAIR_FILES = ("meta.json", *(f"{split}.npz" for split in SPLITS))
+ARRAYS = ("src", "src_offsets", "tgt", "tgt_offsets")
+IGNORE_INDEX = -1  # tgt_out's padding: the loss's ignore_index
+AGAIN = "prepare it again with `charlm prepare --pairs`"
+SKIP_HINT = "set data.skip_bad_pairs=true to skip such lines"
+
+
+@dataclass(frozen=True)
+class PairVocab:
+    """Source characters and target units, each sorted. Ids: source characters 0..S-1, then
+    src_pad = S; target units 0..N-1, then pad, bos and eos (after the units, so they never
+    collide with text and are never printed)."""
+
+    source: tuple[str, ...]
+    target: tuple[str, ...]
+    target_units: str = "char"  # "char": one unit per character; "space": space-separated
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "source", tuple(self.source))  # hashable whatever was given
+        object.__setattr__(self, "target", tuple(self.target))
+        if self.target_units not in ("char", "space"):
+            raise ValueError(f"target_units must be 'char' or 'space', got {self.target_units!r}")
+        if not self.source or any(not isinstance(c, str) or len(c) != 1 for c in self.source):
+            raise ValueError("the source vocabulary must be a non-empty list of characters")
+        # a space unit is one symbol without whitespace: "K AH" must not be a single unit
+        unit = (lambda u: len(u) == 1) if self.target_units == "char" else (
+            lambda u: u.split() == [u])
+        if not self.target or any(not isinstance(u, str) or not unit(u) for u in self.target):
+            raise ValueError(f"the target vocabulary must be a non-empty list of "
+                             f"{'characters' if self.target_units == 'char' else 'symbols'}")
+        for name, units in (("source", self.source), ("target", self.target)):
+            if list(units) != sorted(set(units)):
+                raise ValueError(f"the {name} vocabulary must be sorted and free of duplicates")
+
+    @classmethod
+    def from_pairs(cls, pairs: Sequence[tuple[str, str]], target_units: str) -> PairVocab:
+        source = set("".join(s for s, _ in pairs))
+        targets = (t for _, t in pairs)
+        target = set("".join(targets)) if target_units == "char" else set(
+            " ".join(targets).split())
+        return cls(tuple(sorted(source)), tuple(sorted(target)), target_units)
+
+    @cached_property
+    def _source_index(self) -> dict[str, int]:
+        return {c: i for i, c in enumerate(self.source)}
+
+    @cached_property
+    def _target_index(self) -> dict[str, int]:
+        return {u: i for i, u in enumerate(self.target)}
+
+    @property
+    def source_size(self) -> int:
+        return len(self.source) + 1
+
+    @property
+    def target_size(self) -> int:
+        return len(self.target) + 3
+
+    @property
+    def src_pad(self) -> int:
+        return len(self.source)
+
+    @property
+    def pad(self) -> int:
+        return len(self.target)
+
+    @property
+    def bos(self) -> int:
+        return len(self.target) + 1
+
+    @property
+    def eos(self) -> int:
+        return len(self.target) + 2
+
+    def encode_source(self, text: str, unknown: str = "error",
+                      where: str = "the source") -> list[int]:
+        """Ids of `text`; characters outside the vocabulary are an error, or dropped with
+        unknown='skip'."""
+        if unknown not in ("error", "skip"):
+            raise CharlmError(f"--unknown must be 'error' or 'skip', got {unknown!r}")
+        index = self._source_index
+        bad = [(i, c) for i, c in enumerate(text) if c not in index]
+        if bad and unknown == "error":
+            raise CharlmError(f"{where} has characters outside the model's source vocabulary: "
+                              f"{list_unknown(bad, 'at position')}; remove them or pass "
+                              "--unknown skip")
+        return [index[c] for c in text if c in index]
+
+    def units(self, text: str) -> list[str]:
+        return list(text) if self.target_units == "char" else text.split()
+
+    def encode_target(self, text: str) -> list[int]:
+        units, index = self.units(text), self._target_index
+        bad = [(i, u) for i, u in enumerate(units) if u not in index]
+        if bad:
+            raise CharlmError(f"the target {text!r} has units outside the target vocabulary: "
+                              f"{list_unknown(bad, 'at unit')}; use only the units of the "
+                              "training pairs")
+        return [index[u] for u in units]
+
+    def decode_source(self, ids: Sequence[int] | np.ndarray | torch.Tensor) -> str:
+        """The source text of `ids`, without padding."""
+        return "".join(self.source[i] for i in _int_list(ids) if i != self.src_pad)
+
+    def decode_target(self, ids: Sequence[int] | np.ndarray | torch.Tensor) -> str:
+        """The target text of `ids` up to the first eos; pad and bos are not text."""
+        units = []
+        for i in _int_list(ids):
+            if i == self.eos:
+                break
+            if i in (self.pad, self.bos):
+                continue
+            if not 0 <= i < len(self.target):
+                raise ValueError(f"target id {i} is outside the {self.target_size}-id vocabulary")
+            units.append(self.target[i])
+        return ("" if self.target_units == "char" else " ").join(units)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": list(self.source), "target": list(self.target),
+                "target_units": self.target_units}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> PairVocab:
+        """The vocabulary of `to_dict`'s output; anything else is a ValueError."""
+        if not isinstance(d, dict) or set(d) != {"source", "target", "target_units"}:
+            raise ValueError("a pair vocabulary must be a mapping of source, target and "
+                             "target_units")
+        if not isinstance(d["source"], list) or not isinstance(d["target"], list):
+            raise ValueError("a pair vocabulary's source and target must be lists")
+        return cls(tuple(d["source"]), tuple(d["target"]), d["target_units"])
+
+
+def _int_list(ids: Sequence[int] | np.ndarray | torch.Tensor) -> list[int]:
+    return ids.tolist() if hasattr(ids, "tolist") else [int(i) for i in ids]
+
+
+def pair_limits(data: DataConfig, block_size: int) -> tuple[int, int]:
+    """The longest source (characters) and target (units) as resolved: a target needs one
+    position more than its units in the decoder (its begin id)."""
+    return data.max_source_len or block_size, data.max_target_len or block_size - 1
+
+
+def _pair_form(separator: str) -> str:
+    return "source<TAB>target" if separator == "\t" else f"source{separator}target"
+
+
+def _problem(source: str, found: bool, target: str, data: DataConfig,
+             limits: tuple[int, int], target_len: int) -> str | None:
+    """Why a line's pair is bad, or None for a good one."""
+    sep = data.separator
+    one_per_line = f'give one "{_pair_form(sep)}" pair per line, or {SKIP_HINT}'
+    if not found:
+        name = "tab" if sep == "\t" else repr(sep)
+        return f"no {name} separator between source and target; {one_per_line}"
+    for what, text in (("source", source), ("target", target)):
+        if not text:
+            return f"the {what} is empty; {one_per_line}"
+    shorten = f"raise it, shorten the line, or {SKIP_HINT}"
+    if len(source) > limits[0]:
+        which = "data.max_source_len" if data.max_source_len else "model.block_size"
+        return (f"the source is {characters(len(source))}, over the limit of {limits[0]} "
+                f"({which}); {shorten}")
+    if target_len > limits[1]:
+        which = "data.max_target_len" if data.max_target_len else "model.block_size - 1"
+        unit = "character" if data.target_units == "char" else "symbol"
+        return (f"the target is {target_len:,} {unit}s, over the limit of {limits[1]} "
+                f"({which}); {shorten}")
+    return None
+
+
+def read_pairs(path: Path, data: DataConfig, block_size: int
+               ) -> tuple[list[tuple[str, str]], int]:
+    """The (source, target) pairs of a file in order, and how many bad lines were skipped.
+
+    Strict UTF-8 (a byte order mark dropped), CRLF line ends tolerated, whitespace-only lines
+    ignored. Each line splits at the first `data.separator`; space-unit targets are normalised
+    to single spaces. A bad line is an error naming it, or skipped with data.skip_bad_pairs.
+    """
+    path = Path(path)
+    limits = pair_limits(data, block_size)
+    space = data.target_units == "space"
+    pairs, skipped = [], 0
+    for number, line in enumerate(read_text(path).split("\n"), 1):
+        line = line.removesuffix("\r")
+        if not line.strip():
+            continue
+        source, found, target = line.partition(data.separator)
+        if space:
+            target = " ".join(target.split())
+        target_len = target.count(" ") + 1 if space else len(target)
+        problem = _problem(source, bool(found), target, data, limits, target_len)
+        if problem is None:
+            pairs.append((source, target))
+        elif data.skip_bad_pairs:
+            skipped += 1
+        else:
+            raise CharlmError(f"{path} line {number}: {problem}")
+    if not pairs:
+        bad = f" ({skipped:,} bad lines skipped)" if skipped else ""
+        raise CharlmError(f'{path} holds no pairs{bad}; give one "{_pair_form(data.separator)}"'
+                          " pair per line")
+    return pairs, skipped
+
+
+def split_of(source: str, val_fraction: float, test_fraction: float) -> str:
+    """"train", "val" or "test" by a hash of `source`: every reference of one source lands in
+    the same split, and the split is the same on every run and machine."""
+    digest = hashlib.sha256(source.encode("utf-8")).digest()
+    u = int.from_bytes(digest[:8], "big") / 2**64
+    return "test" if u < test_fraction else "val" if u < test_fraction + val_fraction else "train"
+
+
+def _settings(data: DataConfig, block_size: int) -> dict[str, Any]:
+    """What `prepare_pairs` reads from the config: a cache made with other values is stale."""
+    max_source, max_target = pair_limits(data, block_size)
+    return {"target_units": data.target_units, "separator": data.separator,
+            "val_fraction": data.val_fraction, "test_fraction": data.test_fraction,
+            "max_source_len": max_source, "max_target_len": max_target,
+            "skip_bad_pairs": data.skip_bad_pairs}
+
+
+def _encode(pairs: Sequence[tuple[str, str]], vocab: PairVocab) -> dict[str, np.ndarray]:
+    srcs = [vocab.encode_source(s) for s, _ in pairs]
+    tgts = [vocab.encode_target(t) for _, t in pairs]
+
+    def flat(seqs: list[list[int]], size: int) -> np.ndarray:
+        return np.fromiter(itertools.chain.from_iterable(seqs), dtype=id_dtype(size))
+
+    def offsets(seqs: list[list[int]]) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum([len(s) for s in seqs])]).astype(np.int64)
+
+    return {"src": flat(srcs, vocab.source_size), "src_offsets": offsets(srcs),
+            "tgt": flat(tgts, vocab.target_size), "tgt_offsets": offsets(tgts)}
+
+
+def _killed_prepare(out: Path) -> bool:
+    """Whether `out` holds only what a prepare of pairs stopped before meta.json leaves: .npz
+    files (and hidden temporaries) beside no meta.json, or a damaged one."""
+    names = {p.name for p in out.iterdir() if not p.name.startswith(".")}
+    if not names <= set(PAIR_FILES) or names == {"meta.json"}:
+        return False
+    try:
+        read_meta(out)
+    except (ValueError, OSError):  # missing, or cut short by a crash
+        return True
+    return False  # readable, yet not a charlm dataset's: another tool's meta.json
+
+
+def _check_out(out: Path) -> None:
+    """`out` may be written: new, empty, a charlm dataset dir, or a killed prepare's."""
+    if out.exists() and not out.is_dir():
+        raise CharlmError(f"--out must be a directory, but {out} is a file")
+    if out.is_dir() and not (_replaceable(out) or _killed_prepare(out)):
+        raise CharlmError(f"--out {out} is not empty and holds no charlm dataset; give a new "
+                          "or empty directory, or a dataset dir to replace")
+
+
+def _write(out: Path, arrays: dict[str, dict[str, np.ndarray]], meta: dict[str, Any]) -> None:
+    """Every .npz under a temporary name first, then moved into place, meta.json last."""
+    make_writable_dir(out, f"dataset dir {out}")
+    finals = {split: out / f"{split}.npz" for split in SPLITS}
+    try:
+        for split, path in finals.items():
+            with open(temp_beside(path), "wb") as f:
+                np.savez(f, **arrays[split])
+                f.flush()
+                os.fsync(f.fileno())
+    except BaseException:
+        for path in finals.values():
+            with contextlib.suppress(OSError):  # must not hide the error being raised
+                temp_beside(path).unlink(missing_ok=True)
+        raise
+    for path in finals.values():
+        os.replace(temp_beside(path), path)
+    write_text_atomic(out / "meta.json", json.dumps(meta, ensure_ascii=False, indent=1))
+    for name in DATASET_FILES:  # the .bin files of a text dataset this one replaced
+        if name != "meta.json":
+            (out / name).unlink(missing_ok=True)
+
+
+def prepare_pairs(inputs: Sequence[Path], out: Path, data: DataConfig, block_size: int,
+                  check: Callable[[PairVocab], None] | None = None) -> dict[str, Any]:
+    """Read pair files, split them by source (`split_of`) and write a dataset dir; returns the
+    metadata written to meta.json. `check` sees the vocabulary before anything is written, and
+    bad input leaves an existing `out` as it was."""
+    paths = [Path(p) for p in inputs]
+    if not paths:
+        raise CharlmError("no input files given")
+    for p in paths:
+        check_source_file(p)
+    out = Path(out)
+    _check_out(out)
+    # hashed before reading: a file changed meanwhile makes a cache that is rebuilt, not reused
+    hashes = [sha256_file(p) for p in paths]
+    read = [read_pairs(p, data, block_size) for p in paths]
+    pairs = [pair for got, _ in read for pair in got]
+    vocab = PairVocab.from_pairs(pairs, data.target_units)  # all splits: eval meets no unknown
+    splits: dict[str, list[tuple[str, str]]] = {split: [] for split in SPLITS}
+    for pair in pairs:
+        splits[split_of(pair[0], data.val_fraction, data.test_fraction)].append(pair)
+    names = ", ".join(str(p) for p in paths)
+    if not splits["train"]:
+        raise CharlmError(f"no source of {names} falls in the train split; lower "
+                          f"data.val_fraction ({data.val_fraction}) or data.test_fraction "
+                          f"({data.test_fraction})")
+    if not splits["val"]:
+        raise CharlmError(f"no source of {names} falls in the val split; raise "
+                          f"data.val_fraction ({data.val_fraction}) or give more pairs")
+    if check is not None:
+        check(vocab)
+    meta = {
+        "format": DATASET_FORMAT, "version": DATASET_VERSION, "kind": PAIRS_KIND,
+        "vocab": vocab.to_dict(), **_settings(data, block_size),
+        "skipped": sum(n for _, n in read),
+        "sources": [{"path": str(p), "sha256": h, "pairs": len(got), "skipped": n}
+                    for p, h, (got, n) in zip(paths, hashes, read, strict=True)],
+        "pairs": {split: len(got) for split, got in splits.items()},
+    }
+    _write(out, {split: _encode(got, vocab) for split, got in splits.items()}, meta)
+    return meta
+
+
+@dataclass
+class PairSplit:
+    """The pairs of one split: flat ids and offsets (see the module docstring)."""
+
+    src: np.ndarray
+    src_offsets: np.ndarray
+    tgt: np.ndarray
+    tgt_offsets: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.src_offsets) - 1
+
+    def example(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Source and target ids of pair `i`."""
+        return (self.src[self.src_offsets[i]:self.src_offsets[i + 1]],
+                self.tgt[self.tgt_offsets[i]:self.tgt_offsets[i + 1]])
+
+    def lengths(self) -> np.ndarray:
+        """Source plus target length of each pair."""
+        return np.diff(self.src_offsets) + np.diff(self.tgt_offsets)
+
+
+@dataclass
+class PairDataset:
+    path: Path
+    meta: dict[str, Any]
+    vocab: PairVocab
+    train: PairSplit
+    val: PairSplit
+    test: PairSplit
+
+    def split(self, name: str) -> PairSplit:
+        if name not in SPLITS:
+            raise ValueError(f"unknown split {name!r}; use one of {', '.join(SPLITS)}")
+        return getattr(self, name)
+
+
+def _load_split(path: Path, split: str, n: Any, vocab: PairVocab) -> PairSplit:
+    if not isinstance(n, int) or n < 0:
+        raise ValueError(f"meta.json gives {n!r} {split} pairs")
+    with np.load(path / f"{split}.npz", allow_pickle=False) as z:
+        if sorted(z.files) != sorted(ARRAYS):
+            raise ValueError(f"{split}.npz holds {sorted(z.files)}, not {list(ARRAYS)}")
+        got = PairSplit(**{name: z[name] for name in ARRAYS})
+    for what, ids, offsets, size in (("source", got.src, got.src_offsets, len(vocab.source)),
+                                     ("target", got.tgt, got.tgt_offsets, len(vocab.target))):
+        if ids.ndim != 1 or ids.dtype.kind != "u":
+            raise ValueError(f"{split}.npz: the {what} ids are not a flat array of unsigned ints")
+        if offsets.dtype != np.int64 or offsets.shape != (n + 1,):
+            raise ValueError(f"{split}.npz: the {what} offsets do not match the {n} pairs of "
+                             "meta.json")
+        if offsets[0] != 0 or offsets[-1] != len(ids) or (np.diff(offsets) < 1).any():
+            raise ValueError(f"{split}.npz: the {what} offsets do not rise from 0 to {len(ids)}")
+        if len(ids) and int(ids.max()) >= size:
+            raise ValueError(f"{split}.npz holds {what} ids outside the {size}-unit vocabulary "
+                             "of meta.json")
+    return got
+
+
+def load_pairs(path: Path) -> PairDataset:
+    """A dataset dir of `prepare_pairs`, checked: any damage is one CharlmError."""
+    path = Path(path)
+    if not (path / "meta.json").is_file():
+        raise CharlmError(f"{path} is not a prepared dataset (no meta.json); give a .tsv file "
+                          "of pairs or run `charlm prepare --pairs` first")
+    try:
+        meta = read_meta(path)
+        if not isinstance(meta, dict) or meta.get("format") != DATASET_FORMAT:
+            raise ValueError("not a charlm dataset")
+        if meta.get("version") != DATASET_VERSION:
+            raise ValueError(f"dataset format version {meta.get('version')}")
+        if meta.get("kind", "text") == "text":  # not caught below: the dataset is fine
+            raise CharlmError(f"{path} holds a text dataset, not pairs; give a .tsv file of "
+                              "pairs or a dataset dir made by `charlm prepare --pairs`")
+        if meta["kind"] != PAIRS_KIND:
+            raise ValueError(f"unknown dataset kind {meta['kind']!r}")
+        vocab = PairVocab.from_dict(meta["vocab"])
+        if meta["target_units"] != vocab.target_units:
+            raise ValueError(f"meta.json gives target_units {meta['target_units']!r}, but its "
+                             f"vocab {vocab.target_units!r}")
+        splits = {split: _load_split(path, split, meta["pairs"][split], vocab)
+                  for split in SPLITS}
+    except (ValueError, KeyError, TypeError, OSError, EOFError, zipfile.BadZipFile) as e:
+        raise CharlmError(f"cannot read dataset {path}: {e}; {AGAIN}") from None
+    return PairDataset(path, meta, vocab, **splits)
+
+
+def pairs_for(data: DataConfig, block_size: int, cache_dir: Path,
+              check: Callable[[PairVocab], None] | None = None) -> PairDataset:
+    """The pairs of `data.path`: a prepared directory as is, or a pairs file prepared into
+    `cache_dir` (reused while the file's sha256 and every preparing setting are unchanged).
+    Before a cache is rebuilt, `check` sees the new vocabulary and may raise: pairs it rejects
+    (say, other data for a resumed run) leave the existing cache alone."""
+    path = Path(data.path)
+    if path.is_dir():
+        return load_pairs(path)
+    check_source_file(path)
+    meta = _dataset_meta(cache_dir)
+    if meta is not None and meta.get("kind") == PAIRS_KIND:
+        try:
+            settings = _settings(data, block_size)
+            if ([s["sha256"] for s in meta["sources"]] == [sha256_file(path)]
+                    and all(meta.get(key) == value for key, value in settings.items())):
+                return load_pairs(cache_dir)
+        except (KeyError, TypeError, CharlmError):
+            pass  # a damaged cache is rebuilt
+    prepare_pairs([path], cache_dir, data, block_size, check)
+    return load_pairs(cache_dir)
+
+
+def collate(examples: Sequence[tuple[Sequence[int], Sequence[int]]], vocab: PairVocab
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """src (B, S) padded with src_pad; tgt_in (B, T) = bos + target, padded with pad;
+    tgt_out (B, T) = target + eos, padded with IGNORE_INDEX. S: the longest source, T: the
+    longest target + 1. All int64."""
+    if not examples:
+        raise ValueError("collate needs at least one example")
+    B = len(examples)
+    S = max(len(s) for s, _ in examples)
+    T = max(len(t) for _, t in examples) + 1
+    src = np.full((B, S), vocab.src_pad, dtype=np.int64)
+    tgt_in = np.full((B, T), vocab.pad, dtype=np.int64)
+    tgt_out = np.full((B, T), IGNORE_INDEX, dtype=np.int64)
+    for row, (s, t) in enumerate(examples):
+        src[row, :len(s)] = s
+        tgt_in[row, 0] = vocab.bos
+        tgt_in[row, 1:len(t) + 1] = t
+        tgt_out[row, :len(t)] = t
+        tgt_out[row, len(t)] = vocab.eos
+    return torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out)
+
+
+class PairBatchSampler:
+    """Batches of pairs of like length, drawn with its own seeded generator.
+
+    The pairs are ordered by length (source + target), equal lengths in a seeded random order
+    (not alphabetical); a batch is `batch_size` consecutive pairs of that order from a random
+    start, so its padding stays small. The window wraps around the end: every pair is drawn
+    equally often (without it the shortest and longest batch_size - 1 pairs would be drawn
+    less). `rows` keeps a slice of each batch: every DDP rank, seeded alike, draws the same
+    global batch and keeps its own shard.
+    """
+
+    def __init__(self, split: PairSplit, vocab: PairVocab, batch_size: int,
+                 device: torch.device, seed: int, rows: slice = slice(None)):
+        if not len(split):
+            raise CharlmError("the split holds no pairs to draw batches from; give more pairs "
+                              "or change data.val_fraction / data.test_fraction")
+        self.split, self.vocab, self.device, self.rows = split, vocab, device, rows
+        self.batch_size = min(batch_size, len(split))  # fewer pairs: all of them
+        # by total length, then source length (of two pairs of one total, the one with the
+        # like source has the like target too), then a random order fixed by the seed alone
+        ties = torch.randperm(len(split), generator=torch.Generator().manual_seed(seed)).numpy()
+        self.order = ties[np.lexsort((np.diff(split.src_offsets)[ties], split.lengths()[ties]))]
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def batch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """src (B, S), tgt_in (B, T), tgt_out (B, T) as `collate`, on the device."""
+        n = len(self.order)
+        start = int(torch.randint(n, (1,), generator=self.generator))
+        picked = self.order[(start + np.arange(self.batch_size)) % n][self.rows]
+        tensors = collate([self.split.example(i) for i in picked], self.vocab)
+        if self.device.type == "cuda":
+            return tuple(t.pin_memory().to(self.device, non_blocking=True) for t in tensors)
+        return tuple(t.to(self.device) for t in tensors)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.generator.set_state(state["generator"])
+
+
+def references(split: PairSplit, vocab: PairVocab) -> list[tuple[str, list[str]]]:
+    """Each distinct source of `split` in first-seen order, with all its distinct targets: the
+    references of multi-reference accuracy."""
+    grouped: dict[str, list[str]] = {}
+    for i in range(len(split)):
+        src, tgt = split.example(i)
+        refs = grouped.setdefault(vocab.decode_source(src), [])
+        target = vocab.decode_target(tgt)
+        if target not in refs:
+            refs.append(target)
+    return list(grouped.items())
