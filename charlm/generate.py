@@ -1,6 +1,7 @@
 """Generation over token ids: decoders (KV-cached and uncached), logits processors,
 `sample_next`, the `generate` iterator that streams one id per sample per step, and
-`beam_search`. Text (prompts, stop strings, streaming) is `charlm.sampling`'s.
+`beam_search` over the one beam search core, `search_beams`, which the encoder-decoder's
+`charlm.seq2seq` shares. Text (prompts, stop strings, streaming) is `charlm.sampling`'s.
 
 Past the context window (cached path): when the cache is full, the most recent
 `block_size // 2` tokens are kept and re-prefilled in one forward, so each new token costs O(1)
@@ -15,6 +16,7 @@ import copy
 import math
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
 
 import torch
 
@@ -32,6 +34,15 @@ class NonFiniteOutput(CharlmError):
             "have diverged; sample from an earlier checkpoint, or train again with a lower "
             "optim.lr"
         )
+
+
+class Decoder(Protocol):
+    """What generation and beam search drive: the GPT's decoders here, and
+    `seq2seq.Seq2SeqDecoder` over an encoded source. Logits are (B, V) for the next position."""
+
+    def prefill(self, idx: torch.Tensor) -> torch.Tensor: ...
+    def step(self, ids: torch.Tensor) -> torch.Tensor: ...
+    def reorder(self, index: torch.Tensor) -> None: ...
 
 
 class CachedDecoder:
@@ -222,6 +233,28 @@ def sample_next(logits: torch.Tensor, temperature: float, procs: Sequence[Proces
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
 
+class RecentIds:
+    """The last W ids of each row, for the repetition penalty: a ring buffer `ids` (B, W),
+    -1 in empty slots. W is at most the number of ids there will ever be (`total`), so a huge
+    --repetition-window costs nothing."""
+
+    def __init__(self, start: torch.Tensor, window: int, total: int):
+        W = max(min(window, total), 1)
+        self.ids = torch.full((start.size(0), W), -1, dtype=torch.long, device=start.device)
+        tail = start[:, -W:]  # start (B, T0): the ids before the first new one (the prompt)
+        self.ids[:, : tail.size(1)] = tail
+        self.slot = tail.size(1) % W
+
+    def push(self, ids: torch.Tensor) -> None:
+        """Append one id per row, ids (B,)."""
+        self.ids[:, self.slot] = ids
+        self.slot = (self.slot + 1) % self.ids.size(1)
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep rows index (B',), in that order."""
+        self.ids = self.ids[index]
+
+
 @torch.inference_mode()
 def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int,
              opts: SampleConfig | None = None,
@@ -236,23 +269,17 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int,
     B = prompt.size(0)
     decoder = make_decoder(model, B, opts.use_cache, opts.compile)
     procs = build_processors(opts)
-    penalty = opts.repetition_penalty != 1.0
-    if penalty:  # ring buffer of the last W ids per row (prompt included); -1 = empty
-        # no longer than the ids there will ever be: a huge --repetition-window costs nothing
-        W = max(min(opts.repetition_window, prompt.size(1) + max_new_tokens), 1)
-        recent = torch.full((B, W), -1, dtype=torch.long, device=prompt.device)
-        tail = prompt[:, -W:]
-        recent[:, : tail.size(1)] = tail
-        slot = tail.size(1) % W
+    recent = None
+    if opts.repetition_penalty != 1.0:  # the prompt counts as recent too
+        recent = RecentIds(prompt, opts.repetition_window, prompt.size(1) + max_new_tokens)
     nxt = None
     for i in range(max_new_tokens):
         logits = decoder.prefill(prompt[:, -decoder.block:]) if i == 0 else decoder.step(nxt)
-        if penalty:
-            logits = apply_repetition_penalty(logits.float(), recent, opts.repetition_penalty)
+        if recent is not None:
+            logits = apply_repetition_penalty(logits.float(), recent.ids, opts.repetition_penalty)
         nxt = sample_next(logits, opts.temperature, procs, generator)
-        if penalty:
-            recent[:, slot] = nxt
-            slot = (slot + 1) % W
+        if recent is not None:
+            recent.push(nxt)
         yield nxt
 
 
@@ -272,17 +299,31 @@ def beam_search(model: GPT, prompt: torch.Tensor, max_new_tokens: int, beams: in
     """
     model.eval()
     decoder = make_decoder(model, beams, use_cache, compile)
-    device = prompt.device
+    ends = (lambda seq: _ends_with_any(seq, stops)) if stops else None
+    hyps = search_beams(decoder, prompt[:, -decoder.block:].expand(beams, -1), max_new_tokens,
+                        beams, ends, length_penalty)
+    return hyps[0][1] if hyps else []
+
+
+def search_beams(decoder: Decoder, start: torch.Tensor, max_steps: int, beams: int,
+                 ends: Callable[[list[int]], bool] | None,
+                 length_penalty: float) -> list[tuple[float, list[int]]]:
+    """Beam search over a decoder of `beams` rows, from start (beams, T0) (identical rows):
+    the hypotheses, best first, as (sum of log-probabilities / length**length_penalty, ids).
+
+    A hypothesis whose ids `ends` says are complete finishes there; the search stops when
+    `beams` have finished, or after max_steps ids. Only the finished ones count if any did;
+    after max_steps the live beams count too. `generate.beam_search` (stop strings) and
+    `seq2seq.beam_search_ids` (end of sequence) are this with their `ends`.
+    """
+    device = start.device
     scores = torch.full((beams,), float("-inf"), device=device)
     scores[0] = 0.0  # all beams start identical: expand only the first
     seqs: list[list[int]] = [[] for _ in range(beams)]
     finished: list[tuple[float, list[int]]] = []
     last = None
-    for t in range(max_new_tokens):
-        if t == 0:
-            logits = decoder.prefill(prompt[:, -decoder.block:].expand(beams, -1))
-        else:
-            logits = decoder.step(last)
+    for t in range(max_steps):
+        logits = decoder.prefill(start) if t == 0 else decoder.step(last)
         logp = torch.log_softmax(logits.float(), dim=-1)  # (N, V)
         V = logp.size(-1)
         cand_scores, cand = (scores[:, None] + logp).view(-1).topk(min(2 * beams, beams * V))
@@ -294,7 +335,7 @@ def beam_search(model: GPT, prompt: torch.Tensor, max_new_tokens: int, beams: in
                 break
             row, token = divmod(flat, V)
             seq = seqs[row] + [token]
-            if stops and _ends_with_any(seq, stops):
+            if ends is not None and ends(seq):
                 finished.append((score / len(seq) ** length_penalty, seq))
             elif len(keep_rows) < beams:
                 keep_rows.append(row)
@@ -314,10 +355,10 @@ def beam_search(model: GPT, prompt: torch.Tensor, max_new_tokens: int, beams: in
         seqs = [seqs[r] + [i] for r, i in zip(keep_rows, keep_ids, strict=True)]
         scores = torch.tensor(keep_scores, device=device)
         last = torch.tensor(keep_ids, device=device)
-    else:  # every step ran: the live beams end at max_new_tokens, complete hypotheses too
+    else:  # every step ran: the live beams end at max_steps, complete hypotheses too
         finished += _ranked(scores, seqs, length_penalty)
     hyps = finished or _ranked(scores, seqs, length_penalty)
-    return max(hyps, key=lambda h: h[0])[1] if hyps else []
+    return sorted(hyps, key=lambda h: h[0], reverse=True)  # stable: ties keep their order
 
 
 def _ranked(scores: torch.Tensor, seqs: list[list[int]],

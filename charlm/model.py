@@ -2,10 +2,13 @@
 
 One `Block` class covers the architecture family of `ModelConfig`: position encoding (learned
 table, Vaswani's fixed sinusoids, rotary on q and k, or none), LayerNorm or RMSNorm, pre- or
-post-norm residuals, and a GELU, ReLU or SwiGLU MLP. The defaults are GPT-2's.
+post-norm residuals, and a GELU, ReLU or SwiGLU MLP. The defaults are GPT-2's. The same class
+with options is also the encoder block (bidirectional, source padding masked) and the decoder
+block with cross-attention of `charlm.seq2seq.EncoderDecoder`.
 
-Shapes: B batch, T time (new tokens this forward), C n_embd, H n_head, D head_dim = C // H,
-F MLP hidden width, V vocab size. No optimizer and no sampling policy live here.
+Shapes: B batch, T time (new tokens this forward), S source length, C n_embd, H n_head,
+D head_dim = C // H, F MLP hidden width, V vocab size. No optimizer and no sampling policy
+live here.
 """
 
 from __future__ import annotations
@@ -126,27 +129,34 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
 
 
-class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+class SelfAttention(nn.Module):
+    """Causal (the GPT, the decoder) or bidirectional (the encoder) self-attention."""
+
+    def __init__(self, cfg: ModelConfig, causal: bool = True):
         super().__init__()
         self.n_head = cfg.n_head
+        self.causal = causal
         self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # fused q, k, v
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """x (B, T, C) -> (B, T, C). rope: `rope_angles` tables (T, D) of the tokens' positions."""
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C). rope: `rope_angles` tables (T, D) of the tokens' positions.
+        mask (B, 1, 1, T) bool, True = a key to attend to: the encoder's source padding."""
         y = attend(self.qkv(x), self.n_head, cache, layer, rope,
-                   self.dropout if self.training else 0.0)
+                   self.dropout if self.training else 0.0, self.causal, mask)
         return maybe_dropout(self.proj(y), self.dropout, self.training)
 
 
 def attend(qkv: torch.Tensor, n_head: int, cache: KVCache | None, layer: int,
-           rope: tuple[torch.Tensor, torch.Tensor] | None, dropout: float) -> torch.Tensor:
-    """Causal self-attention from the fused projections qkv (B, T, 3C) -> (B, T, C), before the
-    output projection. With a cache, the T new keys and values are written at cache.pos and the
-    queries attend to everything cached up to them."""
+           rope: tuple[torch.Tensor, torch.Tensor] | None, dropout: float,
+           causal: bool = True, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Self-attention from the fused projections qkv (B, T, 3C) -> (B, T, C), before the
+    output projection. With a cache (causal only), the T new keys and values are written at
+    cache.pos and the queries attend to everything cached up to them. Without one, `mask`
+    (broadcast to (B, H, T, T), True = attend) and `causal` apply."""
     B, T, C3 = qkv.shape
     C = C3 // 3
     # (B, T, 3C) -> 3 x (B, H, T, D), in two view ops (this runs once per token when decoding)
@@ -156,7 +166,7 @@ def attend(qkv: torch.Tensor, n_head: int, cache: KVCache | None, layer: int,
     else:
         q, k, v = qkv
     if cache is None:
-        y = attention(q, k, v, None, True, dropout)
+        y = attention(q, k, v, mask, causal, dropout)
     elif isinstance(cache.pos, torch.Tensor):  # static shapes: one token at position cache.pos
         at = cache.pos.view(1)
         cache.k[layer].index_copy_(2, at, k)
@@ -178,6 +188,36 @@ def attend(qkv: torch.Tensor, n_head: int, cache: KVCache | None, layer: int,
             mask, causal = torch.arange(end, device=qkv.device)[None, :] <= rows, False
         y = attention(q, k, v, mask, causal, dropout)
     return y.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
+
+
+class CrossAttention(nn.Module):
+    """The decoder's attention over the encoder's output: queries from the target, keys and
+    values from the source, which `keys_values` projects once per source for every decode step.
+    No rotary positions: a target and a source position share no axis to measure along."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.q = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.kv = nn.Linear(cfg.n_embd, 2 * cfg.n_embd, bias=cfg.bias)  # fused k, v
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.dropout = cfg.dropout
+
+    def keys_values(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The encoder's output memory (B, S, C) -> k, v, each (B, H, S, D)."""
+        B, S, C = memory.shape
+        k, v = self.kv(memory).view(B, S, 2, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        return k, v
+
+    def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor) -> torch.Tensor:
+        """x (B, T, C) over k, v (B, H, S, D) from `keys_values`; mask (B, 1, 1, S), True = a
+        real source position -> (B, T, C)."""
+        B, T, C = x.shape
+        q = self.q(x).view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, D)
+        y = attention(q, k, v, mask, False, self.dropout if self.training else 0.0)
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return maybe_dropout(self.proj(y), self.dropout, self.training)
 
 
 class MLP(nn.Module):
@@ -209,24 +249,82 @@ def activate(h: torch.Tensor, kind: str) -> torch.Tensor:
 
 class Block(nn.Module):
     """A transformer block. Pre-norm (GPT-2): x + attn(ln_1(x)), then x + mlp(ln_2(x)).
-    Post-norm (Vaswani et al.): ln_1(x + attn(x)), then ln_2(x + mlp(x))."""
+    Post-norm (Vaswani et al.): ln_1(x + attn(x)), then ln_2(x + mlp(x)).
 
-    def __init__(self, cfg: ModelConfig):
+    causal=False makes the encoder's block (every source position sees the whole source);
+    cross=True adds the decoder's cross-attention sublayer between the two, in the same
+    residual form: x + cross_attn(ln_cross(x)), or ln_cross(x + cross_attn(x)).
+    """
+
+    def __init__(self, cfg: ModelConfig, causal: bool = True, cross: bool = False):
         super().__init__()
         self.post_norm = cfg.norm_placement == "post"
         self.ln_1 = make_norm(cfg)
-        self.attn = CausalSelfAttention(cfg)
+        self.attn = SelfAttention(cfg, causal)
+        if cross:  # registered here so a decoder block's state_dict reads in the order it runs
+            self.ln_cross = make_norm(cfg)
+            self.cross_attn = CrossAttention(cfg)
         self.ln_2 = make_norm(cfg)
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, cache: KVCache | None, layer: int,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """x (B, T, C) -> (B, T, C), for training, prefill and decode alike."""
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                mask: torch.Tensor | None = None,
+                cross: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+                ) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C), for training, prefill and decode alike. mask: the
+        self-attention's key mask (encoder). cross: (k, v, mask) for `CrossAttention`, a
+        decoder block's view of the source."""
         if self.post_norm:
-            x = self.ln_1(x + self.attn(x, cache, layer, rope))
+            x = self.ln_1(x + self.attn(x, cache, layer, rope, mask))
+            if cross is not None:
+                x = self.ln_cross(x + self.cross_attn(x, *cross))
             return self.ln_2(x + self.mlp(x))
-        x = x + self.attn(self.ln_1(x), cache, layer, rope)
+        x = x + self.attn(self.ln_1(x), cache, layer, rope, mask)
+        if cross is not None:
+            x = x + self.cross_attn(self.ln_cross(x), *cross)
         return x + self.mlp(self.ln_2(x))
+
+
+def embed(wte: nn.Embedding, wpe: nn.Embedding | None, cfg: ModelConfig, idx: torch.Tensor,
+          pos: torch.Tensor) -> torch.Tensor:
+    """Token ids idx (B, T) at positions pos (T,) -> input vectors (B, T, C), by the token
+    table wte and cfg.pos_encoding (wpe: the learned position table, else None)."""
+    tok = wte(idx)  # (B, T, C)
+    scheme = cfg.pos_encoding
+    if scheme == "learned":
+        return tok + wpe(pos)
+    if scheme == "sinusoidal":  # scaled so the tokens are not drowned by the unit-size table
+        table = sinusoidal_table(pos, cfg.n_embd).to(tok.dtype)
+        return tok * math.sqrt(cfg.n_embd) + table
+    return tok  # rope turns q and k inside attention; none has no positions at all
+
+
+def positions(cache: KVCache | None, T: int, block_size: int,
+              device: torch.device) -> torch.Tensor:
+    """The positions (T,) of T new tokens: after those in the cache, else from 0."""
+    if cache is not None and isinstance(cache.pos, torch.Tensor):  # static shapes, T = 1
+        return cache.pos.view(1)  # the caller keeps it below block_size (no host sync here)
+    start = cache.pos if cache is not None else 0
+    if start + T > block_size:
+        raise ValueError(f"sequence of {start + T} positions exceeds block_size {block_size}")
+    return torch.arange(start, start + T, device=device)
+
+
+def init_weights(module: nn.Module) -> None:
+    """GPT-2's init, for `nn.Module.apply`: N(0, 0.02) weights, zero biases."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
+def scale_residual_projections(module: nn.Module, depth: int) -> None:
+    """GPT-2's init of the projections that add into the residual stream, N(0, 0.02 /
+    sqrt(depth)) for depth additions, so the stream's variance does not grow with depth."""
+    for name, p in module.named_parameters():
+        if name.endswith("proj.weight"):
+            nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(depth))
 
 
 class GPT(nn.Module):
@@ -244,18 +342,8 @@ class GPT(nn.Module):
         self.head = nn.Linear(cfg.n_embd, vocab_size, bias=False)
         if cfg.tie_weights:
             self.head.weight = self.wte.weight
-        self.apply(self._init_weights)
-        # GPT-2: scale the residual output projections by 1/sqrt(2 * n_layer).
-        for name, p in self.named_parameters():
-            if name.endswith("proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
-
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
+        self.apply(init_weights)
+        scale_residual_projections(self, 2 * cfg.n_layer)  # an attention and an MLP per block
 
     def new_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
         cfg = self.cfg
@@ -265,14 +353,7 @@ class GPT(nn.Module):
 
     def embed(self, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Token ids idx (B, T) at positions pos (T,) -> input vectors (B, T, C)."""
-        tok = self.wte(idx)  # (B, T, C)
-        scheme = self.cfg.pos_encoding
-        if scheme == "learned":
-            return tok + self.wpe(pos)
-        if scheme == "sinusoidal":  # scaled so the tokens are not drowned by the unit-size table
-            table = sinusoidal_table(pos, self.cfg.n_embd).to(tok.dtype)
-            return tok * math.sqrt(self.cfg.n_embd) + table
-        return tok  # rope turns q and k inside attention; none has no positions at all
+        return embed(self.wte, getattr(self, "wpe", None), self.cfg, idx, pos)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -282,16 +363,8 @@ class GPT(nn.Module):
         everything cached before them, and the cache position advances by T. A cache position
         that is a 0-d tensor means static shapes (see `KVCache`): T = 1, advanced in place.
         """
-        B, T = idx.shape
-        if cache is not None and isinstance(cache.pos, torch.Tensor):  # static shapes, T = 1
-            pos = cache.pos.view(1)  # the caller keeps it below block_size (no host sync here)
-        else:
-            start = cache.pos if cache is not None else 0
-            if start + T > self.cfg.block_size:
-                raise ValueError(
-                    f"sequence of {start + T} positions exceeds block_size {self.cfg.block_size}"
-                )
-            pos = torch.arange(start, start + T, device=idx.device)
+        T = idx.size(1)
+        pos = positions(cache, T, self.cfg.block_size, idx.device)
         x = maybe_dropout(self.embed(idx, pos), self.cfg.dropout, self.training)  # (B, T, C)
         rope = rope_angles(pos, self.cfg.head_dim) if self.cfg.pos_encoding == "rope" else None
         for i, block in enumerate(self.blocks):
@@ -306,12 +379,15 @@ class GPT(nn.Module):
         return logits, loss
 
 
-def param_counts(model: GPT, n_layer: int | None = None) -> dict[str, int]:
+def param_counts(model: nn.Module, n_layer: int | None = None) -> dict[str, int]:
     """Parameters per component, each shared (tied) tensor counted once, plus the total.
 
     `n_layer` (default: the model's) lets a model built with fewer blocks stand for a deeper one:
     its blocks are all alike, so each block component scales by n_layer / len(model.blocks).
+    An encoder-decoder counts its own components (`EncoderDecoder.component_counts`).
     """
+    if not isinstance(model, GPT):
+        return model.component_counts(n_layer)
     groups = {"token_embedding": "wte.", "position_embedding": "wpe.", "attention": ".attn.",
               "mlp": ".mlp.", "norms": "ln_", "head": "head."}
     counts = dict.fromkeys(groups, 0)
