@@ -1,14 +1,14 @@
 """charlm: train character-level GPT language models on any text file, and sample from them.
 
-The Python API (`load`, `generate`, `sample`, `score`) lives in `charlm.api`; it is imported on
-first use so that `charlm --help` does not pay for importing torch.
+The Python API (`load`, `generate`, `sample`, `score`, `translate`) lives in `charlm.api`; it is
+imported on first use so that `charlm --help` does not pay for importing torch.
 """
 
 import sys
 import types
 
 __version__ = "0.1.0"
-__all__ = ["load", "generate", "sample", "score", "LM", "CharlmError"]
+__all__ = ["load", "generate", "sample", "score", "translate", "LM", "CharlmError"]
 
 
 def __getattr__(name: str):

@@ -11,23 +11,26 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from charlm.config import RunConfig, SampleConfig, coerce, suggest
 from charlm.device import resolve_device
 from charlm.errors import CharlmError
 from charlm.model import GPT
-from charlm.vocab import Vocab
+from charlm.vocab import PairVocab, Vocab
 
 
 @dataclass
 class LM:
     """A loaded model with its vocabulary and the config it was trained with."""
 
-    model: GPT
-    vocab: Vocab
+    model: GPT | torch.nn.Module  # a GPT, or an EncoderDecoder for model.arch=encoder_decoder
+    vocab: Vocab | PairVocab
     config: RunConfig
     source: Path
     train_state: dict[str, Any] = field(default_factory=dict)  # empty for an export
@@ -75,7 +78,7 @@ def _sample_options(options: dict[str, Any]) -> SampleConfig:
 def _sample(lm: LM, prompt: str | None, opts: SampleConfig) -> list:
     from charlm.sampling import default_prompt, encode_prompt, sample_text
 
-    _check_lm(lm)
+    _check_lm(lm, "decoder")
     if prompt is None:  # a newline (or the first character of a vocabulary without one)
         prompt = default_prompt(lm.vocab)
     _check_text(prompt, "prompt")
@@ -98,7 +101,7 @@ def score(lm: LM, text: str, stride: int | None = None, unknown: str = "error",
     """Loss (nats/char), bits per char and perplexity of `text` (see `charlm.scoring`)."""
     from charlm.scoring import score_text
 
-    _check_lm(lm)
+    _check_lm(lm, "decoder")
     _check_text(text, "text")
     stride = coerce(stride, int | None, "--stride")
     result = score_text(lm.model, lm.vocab, text, stride, unknown, progress)
@@ -107,9 +110,29 @@ def score(lm: LM, text: str, stride: int | None = None, unknown: str = "error",
     return result
 
 
-def _check_lm(lm: Any) -> None:
+def translate(lm: LM, sources: str | Sequence[str], **options: Any) -> list:
+    """Transduce each source with an encoder-decoder: a `translation.Translation` per source
+    (`.text`, the best output; `.outputs`, (text, score) for every sample or n-best
+    hypothesis). Options are `sample`'s: temperature 0 (greedy) unless given; beams with
+    num_samples give the n best."""
+    from charlm.translation import translate as run
+
+    _check_lm(lm, "encoder_decoder")
+    if isinstance(sources, str):
+        sources = [sources]
+    for source in sources:
+        _check_text(source, "source")
+    opts = _sample_options({"temperature": 0, **options})
+    return list(run(lm.model, lm.vocab, list(sources), opts))
+
+
+def _check_lm(lm: Any, arch: str) -> None:
     if not isinstance(lm, LM):
         raise CharlmError(f"expected a model from charlm.load(), got {type(lm).__name__}")
+    if lm.config.model.arch != arch:
+        use = "charlm.translate" if arch == "decoder" else "charlm.sample / generate / score"
+        raise CharlmError(f"{lm.source} holds a model.arch={lm.config.model.arch} model; use "
+                          f"{use} with it")
 
 
 def _check_text(text: Any, what: str) -> None:

@@ -20,9 +20,9 @@ import torch
 from charlm.config import RunConfig
 from charlm.errors import CharlmError, first_line, one_line
 from charlm.files import run_write_error, write_atomic
-from charlm.model import GPT
 from charlm.optim import load_state
-from charlm.vocab import Vocab
+from charlm.tasks import build_model, vocab_from_state
+from charlm.vocab import PairVocab, Vocab
 
 FORMAT = "charlm-checkpoint"
 VERSION = 1
@@ -193,14 +193,15 @@ def check_train_state(state: dict[str, Any]) -> None:
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu",
-               ) -> tuple[GPT, Vocab, RunConfig, dict[str, Any]]:
-    """(model in eval mode, vocab, config, checkpoint state) from a run dir or checkpoint."""
+               ) -> tuple[torch.nn.Module, Vocab | PairVocab, RunConfig, dict[str, Any]]:
+    """(model in eval mode, vocab, config, checkpoint state) from a run dir or checkpoint: a
+    GPT with its `Vocab`, or an `EncoderDecoder` with its `PairVocab`."""
     ckpt_path = resolve(path)
     state = load(ckpt_path)  # onto the CPU, where the model is built; then moved as a whole
     try:
         cfg = RunConfig.from_dict(check_config(state), f"{ckpt_path} config")
-        vocab = Vocab(state["vocab"])
-        model = GPT(cfg.model, len(vocab))
+        vocab = vocab_from_state(state["vocab"])
+        model = build_model(cfg, vocab)
         model.load_state_dict(state["model"])
         check_train_state(state)
     except (KeyError, RuntimeError, ValueError, TypeError, CharlmError) as e:

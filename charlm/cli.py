@@ -4,7 +4,6 @@ the traceback)."""
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
 import inspect
 import io
@@ -22,7 +21,16 @@ from typing import Annotated
 import typer
 
 from charlm.config import DataConfig, RunConfig, SampleConfig
-from charlm.errors import CharlmError, characters
+from charlm.errors import (
+    OUT_OF_MEMORY_ADVICE,
+    CharlmError,
+    Interrupt,
+    characters,
+    out_of_memory,
+    raise_interrupt,
+    report,
+    writes_unicode,
+)
 
 app = typer.Typer(
     name="charlm",
@@ -61,10 +69,31 @@ def prepare(
     inputs: Annotated[list[Path], typer.Argument(metavar="INPUT...", help="UTF-8 text files.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Dataset directory to write.")],
     val_fraction: Annotated[
-        float, typer.Option(help="Last fraction of each input used for validation.")
+        float, typer.Option(help="Last fraction of each input used for validation (pairs: the "
+                            "share of sources, by a hash of each).")
     ] = DataConfig.val_fraction,
+    pairs: Annotated[
+        bool, typer.Option("--pairs", help="The inputs hold source<TAB>target lines (for "
+                           "model.arch=encoder_decoder); --set data.KEY=VALUE sets separator, "
+                           "target_units, test_fraction, max_*_len, skip_bad_pairs.")
+    ] = False,
+    set_: SetOpt = None,
 ) -> None:
-    """Encode text files into a dataset dir: meta.json, train.bin, val.bin."""
+    """Encode text files into a dataset dir: meta.json, train.bin, val.bin (pairs: one .npz
+    per split)."""
+    if pairs:
+        from charlm.config import load_config
+        from charlm.pairs import prepare_pairs
+
+        cfg = load_config(None, [("data.format", "pairs"), ("data.val_fraction", val_fraction),
+                                 *(set_ or [])])
+        meta = prepare_pairs(inputs, out, cfg.data, cfg.model.block_size)
+        counts = " / ".join(f"{n:,} {split}" for split, n in meta["pairs"].items())
+        print(f"wrote {out}: {counts} pairs" + (f", {meta['skipped']:,} bad lines skipped"
+                                                if meta["skipped"] else ""))
+        return
+    if set_:
+        raise CharlmError("--set applies to --pairs only; text takes --val-fraction")
     from charlm.data import prepare as prepare_dataset
 
     meta = prepare_dataset(inputs, out, val_fraction)
@@ -164,6 +193,14 @@ def sample(
     prompt_file: Annotated[
         Path | None, typer.Option(help="Read the prompt from this UTF-8 file.")
     ] = None,
+    source: Annotated[
+        str | None, typer.Option(help="Encoder-decoder: the text to transduce; '-' reads one "
+                                 "source per line from stdin.")
+    ] = None,
+    source_file: Annotated[
+        Path | None, typer.Option(help="Encoder-decoder: one source per line of this file; one "
+                                  "output line each.")
+    ] = None,
     stream: Annotated[bool, typer.Option(help="Print characters as they are generated.")] = True,
     json_out: Annotated[
         bool, typer.Option("--json", help="One JSON object per sample: text, prompt, tokens, "
@@ -174,11 +211,21 @@ def sample(
 ) -> None:
     """Generate text from a checkpoint, streamed to stdout as it is produced."""
     from charlm.api import load
-    from charlm.sampling import default_prompt, encode_prompt, sample_text
+    from charlm.sampling import default_prompt, encode_prompt, read_prompt, sample_text
 
     opts = SampleConfig(**options)
-    text = _read_prompt(prompt, prompt_file)
+    sources_given = source is not None or source_file is not None
+    text = None if sources_given else read_prompt(prompt, prompt_file)
     lm = load(target, device, "--device")
+    if lm.config.model.arch == "encoder_decoder" or sources_given:
+        from charlm.translation import print_translations, read_sources
+
+        if prompt is not None or prompt_file is not None:
+            raise CharlmError("--prompt is for a GPT; an encoder-decoder takes --source or "
+                              "--source-file")
+        sources = read_sources(source, source_file, lm.config.model.arch)
+        print_translations(lm.model, lm.vocab, sources, opts, json_out)
+        return
     model, vocab = lm.model, lm.vocab
     if text is None:
         text = default_prompt(vocab)
@@ -203,7 +250,7 @@ def sample(
         if json_out:
             out.write(json.dumps({"text": s.text, "prompt": s.prompt, "tokens": s.tokens,
                                   "seconds": round(s.seconds, 4), "stopped": s.stopped},
-                                 ensure_ascii=not _writes_unicode(out)) + "\n")
+                                 ensure_ascii=not writes_unicode(out)) + "\n")
             continue
         if i > 0:
             out.write(separator)
@@ -212,28 +259,6 @@ def sample(
     if not json_out:
         out.write("\n")
     out.flush()
-
-
-def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
-    """The prompt text, or None for the default (see `sampling.default_prompt`)."""
-    if prompt is not None and prompt_file is not None:
-        raise CharlmError("give the prompt either with --prompt or with --prompt-file, not both")
-    if prompt_file is not None:
-        if prompt_file.is_dir():
-            raise CharlmError(f"prompt file {prompt_file} is a directory; give a text file")
-        if not prompt_file.is_file():
-            raise CharlmError(f"prompt file not found: {prompt_file}")
-        from charlm.data import read_text
-
-        return read_text(prompt_file)  # as prepare reads text: CRLF kept, no byte order mark
-    if prompt == "-":  # the bytes, read as a prompt file is: CRLF kept, no byte order mark
-        from charlm.data import decode_chunks
-
-        if sys.stdin is None:  # started with stdin closed (`<&-`)
-            raise CharlmError("--prompt - reads the prompt from stdin, which is closed; pipe the "
-                              "prompt in, or give --prompt TEXT or --prompt-file")
-        return "".join(text for _, text in decode_chunks(sys.stdin.buffer, "the prompt on stdin"))
-    return prompt
 
 
 @app.command()
@@ -312,7 +337,8 @@ def info(
 def eval_(
     target: TargetArg,
     text_file: Annotated[
-        Path, typer.Argument(metavar="TEXT_FILE", help="UTF-8 text file to score.")
+        Path, typer.Argument(metavar="TEXT_FILE", help="UTF-8 text file to score (pairs for an "
+                             "encoder-decoder).")
     ],
     stride: Annotated[
         int | None, typer.Option(help="Every scored character after the first window sees at "
@@ -324,15 +350,28 @@ def eval_(
         str, typer.Option(help="Characters outside the vocabulary: error or skip.")
     ] = "error",
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    beams: Annotated[
+        int | None, typer.Option(help="Encoder-decoder: decode with beam search of N beams "
+                                 "(default: greedy).")
+    ] = None,
     device: DeviceOpt = "auto",
 ) -> None:
     """Score a text file: loss in nats/char, bits per char, perplexity (a full, deterministic
-    pass in overlapping windows)."""
+    pass in overlapping windows). For an encoder-decoder, a file of source<TAB>target pairs:
+    exact match, WER, CER (PER for space units) and loss."""
     from charlm.api import load
     from charlm.data import read_text
     from charlm.scoring import score_text
 
     lm = load(target, device, "--device")
+    if lm.config.model.arch == "encoder_decoder":
+        from charlm.translation import eval_pairs_file
+
+        eval_pairs_file(lm, text_file, unknown, json_out, beams)
+        return
+    if beams is not None:
+        raise CharlmError("--beams applies to an encoder-decoder's eval; a GPT's eval scores "
+                          "the text as it is")
     result = score_text(lm.model, lm.vocab, read_text(text_file), stride, unknown)
     for note in result.notes():
         print(f"warning: {note}", file=sys.stderr)
@@ -384,7 +423,7 @@ def main(argv: list[str] | None = None) -> None:
     # Typer turns KeyboardInterrupt into a silent exit 130; Ctrl-C raises past it instead.
     sigint = signal.getsignal(signal.SIGINT)
     if sigint is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _raise_interrupt)
+        signal.signal(signal.SIGINT, raise_interrupt)
     try:
         app(args=argv, prog_name="charlm")
     except (CharlmError, OSError) as e:
@@ -392,58 +431,21 @@ def main(argv: list[str] | None = None) -> None:
             raise
         message = str(e) if isinstance(e, CharlmError) else (
             f"{e.strerror or e}: {e.filename}" if e.filename else f"{e.strerror or e}")
-        _report(f"error: {message}")
+        report(f"error: {message}")
         sys.exit(2)
     except RuntimeError as e:  # torch.OutOfMemoryError (CUDA) is one too
-        if "--debug" in argv or not _out_of_memory(e):
+        if "--debug" in argv or not out_of_memory(e):
             raise
         tried = re.search(r"[Tt]ried to allocate (\d[\d.]* ?\w*)", str(e))
         # every process prints it: under torchrun one GPU may run out alone
         command = next((a for a in argv if not a.startswith("-")), "train")
         print(f"error: out of memory{f' (tried to allocate {tried[1]})' if tried else ''}: "
-              f"{_OUT_OF_MEMORY_ADVICE.get(command, _OUT_OF_MEMORY_ADVICE['train'])}",
+              f"{OUT_OF_MEMORY_ADVICE.get(command, OUT_OF_MEMORY_ADVICE['train'])}",
               file=sys.stderr)
         sys.exit(2)
-    except _Interrupt:
+    except Interrupt:
         print("\ninterrupted", file=sys.stderr)
         sys.exit(130)
     finally:
         if sigint is signal.default_int_handler:
             signal.signal(signal.SIGINT, sigint)
-
-
-_OUT_OF_MEMORY_ADVICE = {  # what each command can make smaller
-    "train": "make the model (model.n_layer, model.n_embd), train.batch_size or model.block_size "
-             "smaller",
-    "sample": "use a smaller --num-samples or --beams, or free memory on the device",
-    "eval": "free memory on the device, or score on another --device",
-}
-
-
-def _writes_unicode(stream: object) -> bool:
-    """Whether a text stream's encoding is a UTF one, which can write every character."""
-    return codecs.lookup(getattr(stream, "encoding", None) or "utf-8").name.startswith("utf")
-
-
-def _report(line: str) -> None:
-    """Print an error line on stderr; under torchrun only on the process that reports errors
-    for its machine (`charlm.device.reports_errors`), so one line shows, not one per process."""
-    if "LOCAL_RANK" in os.environ:  # only under torchrun: charlm.device imports torch
-        from charlm.device import reports_errors
-
-        if not reports_errors():
-            return
-    print(line, file=sys.stderr)
-
-
-class _Interrupt(BaseException):
-    """Ctrl-C (SIGINT) outside training, which saves and stops on its own (`faults`)."""
-
-
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise _Interrupt
-
-
-def _out_of_memory(e: RuntimeError) -> bool:
-    """An allocation that failed: CUDA's OutOfMemoryError, or the CPU allocator's error."""
-    return type(e).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(e)

@@ -416,7 +416,8 @@ class SampleConfig:
     """
 
     max_new_tokens: int = _option(500, "Characters to generate per sample.")
-    num_samples: int = _option(1, "Samples, generated as one batch.")
+    num_samples: int = _option(1, "Samples, generated as one batch (for pairs with --beams: "
+                               "the n best).")
     temperature: float = _option(0.8, "Softmax temperature; 0 is greedy.")
     top_k: int | None = _option(None, "Sample only from the k likeliest.")
     top_p: float | None = _option(None, "Nucleus: sample from the smallest set with mass >= p.")
@@ -459,8 +460,6 @@ class SampleConfig:
         need(self.repetition_window >= 1,
              f"--repetition-window must be >= 1, got {self.repetition_window}")
         need(self.beams is None or self.beams >= 1, f"--beams must be >= 1, got {self.beams}")
-        need(self.beams is None or self.num_samples == 1,
-             "--beams returns the single best sequence; use --num-samples 1 with --beams")
         need(self.use_cache or not self.compile,
              "--compile compiles the KV-cached decode step; it cannot go with --no-cache")
         need(all(self.stop), "--stop must not be empty")

@@ -367,12 +367,14 @@ class BatchSampler:
         self.rows = rows
         self.generator = torch.Generator().manual_seed(seed)
         self._arange = torch.arange(block_size + 1)
+        self.tokens = 0  # target tokens drawn (of whole batches, every rank's rows), for the log
 
     def batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """x, y of shape (B, T) as int64 on the device (B: the rows kept); y is x shifted left
         by one."""
         starts = torch.randint(len(self.data) - self.block_size, (self.batch_size,),
                                generator=self.generator)[self.rows]
+        self.tokens += self.batch_size * self.block_size
         index = (starts[:, None] + self._arange).numpy()  # (B, T+1)
         windows = torch.from_numpy(self.data[index].astype(np.int64))
         if self.device.type == "cuda":

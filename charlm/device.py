@@ -111,21 +111,20 @@ def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractCon
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def compile_model(model: torch.nn.Module, batch_shape: tuple[int, int], device: torch.device,
-                  dtype: torch.dtype) -> tuple[torch.nn.Module, str | None]:
-    """`torch.compile(model)`, tried out at once: one forward and backward of a (B, T) batch of
-    zeros under the training autocast, so a backend that cannot build here (no C++ compiler, an
-    unsupported device or op) fails now rather than mid-run. Returns (compiled model, None), or
-    (model, a one-line reason) to train without compile. The probe leaves no gradients and
-    draws no random numbers; its graph is the one training then reuses."""
+def compile_model(model: torch.nn.Module, example: tuple[torch.Tensor, ...],
+                  device: torch.device, dtype: torch.dtype) -> tuple[torch.nn.Module, str | None]:
+    """`torch.compile(model)`, tried out at once: one forward and backward of `example` (a
+    training batch's shapes, in zeros) under the training autocast, so a backend that cannot
+    build here (no C++ compiler, an unsupported device or op) fails now rather than mid-run.
+    Returns (compiled model, None), or (model, a one-line reason) to train without compile. The
+    probe leaves no gradients and draws no random numbers; its graph is the one training then
+    reuses."""
     try:
         compiled = torch.compile(model)
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            # two tensors, as training passes: the graph is built for inputs that are not one
-            # tensor (dynamo guards on that), contiguous ones as BatchSampler returns
-            x, y = (torch.zeros(batch_shape, dtype=torch.long, device=device) for _ in "xy")
+            # separate contiguous tensors, as the samplers return: dynamo guards on that
             with autocast(device, dtype):
-                _, loss = compiled(x, y)
+                _, loss = compiled(*example)
             loss.backward()
         return compiled, None
     except Exception as e:  # any failure: compile is an optimisation, never a requirement

@@ -1,8 +1,13 @@
 """The one exception type that means "the user gave us something we cannot use".
 
 The CLI turns a `CharlmError` into a single `error: ...` line on stderr and exit code 2. Its
-message follows the house pattern: what is wrong, where, and what to do about it.
+message follows the house pattern: what is wrong, where, and what to do about it. Also here: how
+the CLI reports errors (one line, once per machine under torchrun) and the advice it gives.
 """
+
+import codecs
+import os
+import sys
 
 
 class CharlmError(Exception):
@@ -25,3 +30,40 @@ def one_line(e: BaseException | str, limit: int = 300) -> str:
     """The whole message of `e` on one line (torch's state_dict errors span several), cut to
     `limit` characters."""
     return " ".join(str(e).split())[:limit]
+
+
+OUT_OF_MEMORY_ADVICE = {  # what each command can make smaller
+    "train": "make the model (model.n_layer, model.n_embd), train.batch_size or model.block_size "
+             "smaller",
+    "sample": "use a smaller --num-samples or --beams, or free memory on the device",
+    "eval": "free memory on the device, or score on another --device",
+}
+
+
+def writes_unicode(stream: object) -> bool:
+    """Whether a text stream's encoding is a UTF one, which can write every character."""
+    return codecs.lookup(getattr(stream, "encoding", None) or "utf-8").name.startswith("utf")
+
+
+def report(line: str) -> None:
+    """Print an error line on stderr; under torchrun only on the process that reports errors
+    for its machine (`charlm.device.reports_errors`), so one line shows, not one per process."""
+    if "LOCAL_RANK" in os.environ:  # only under torchrun: charlm.device imports torch
+        from charlm.device import reports_errors
+
+        if not reports_errors():
+            return
+    print(line, file=sys.stderr)
+
+
+class Interrupt(BaseException):
+    """Ctrl-C (SIGINT) outside training, which saves and stops on its own (`faults`)."""
+
+
+def raise_interrupt(signum: int, frame: object) -> None:
+    raise Interrupt
+
+
+def out_of_memory(e: RuntimeError) -> bool:
+    """An allocation that failed: CUDA's OutOfMemoryError, or the CPU allocator's error."""
+    return type(e).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(e)

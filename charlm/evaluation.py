@@ -6,20 +6,20 @@ from __future__ import annotations
 import torch
 
 from charlm.config import RunConfig
-from charlm.data import BatchSampler, Dataset
 from charlm.device import Dist, autocast
+from charlm.tasks import Task, TextTask
 
 
-def eval_batches_per_forward(cfg: RunConfig, device: torch.device, vocab_size: int,
-                             rows: int) -> int:
+def eval_batches_per_forward(cfg: RunConfig, task: Task, device: torch.device, rows: int) -> int:
     """How many of the `eval_iters` batches (of `rows` rows each, this rank's) `evaluate` scores
-    in one forward. 1 on the CPU and MPS, where larger eval batches are no faster. On CUDA, as
-    many as fit in a quarter of the free memory, so an eval is a few large forwards
-    instead of `eval_iters` small, launch-bound ones (nanoGPT's 200)."""
-    if device.type != "cuda":
+    in one forward. 1 on the CPU and MPS, where larger eval batches are no faster, and for pairs,
+    whose batches differ in shape. On CUDA, as many as fit in a quarter of the free memory, so an
+    eval is a few large forwards instead of `eval_iters` small, launch-bound ones (nanoGPT's
+    200)."""
+    if device.type != "cuda" or not isinstance(task, TextTask):
         return 1
     free, _ = torch.cuda.mem_get_info(device)
-    return batches_that_fit(free // 4, cfg, vocab_size, rows)
+    return batches_that_fit(free // 4, cfg, len(task.vocab), rows)
 
 
 def batches_that_fit(budget: int, cfg: RunConfig, vocab_size: int, rows: int) -> int:
@@ -35,10 +35,10 @@ def batches_that_fit(budget: int, cfg: RunConfig, vocab_size: int, rows: int) ->
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, data: Dataset, cfg: RunConfig, device: torch.device,
-             dtype: torch.dtype, dist: Dist = Dist(), batches_per_forward: int = 1,
-             ) -> dict[str, float]:
-    """Mean loss (nats/char) over `eval_iters` batches of each split.
+def evaluate(model: torch.nn.Module, task: Task, device: torch.device, dtype: torch.dtype,
+             dist: Dist = Dist(), batches_per_forward: int = 1) -> dict[str, float]:
+    """Mean loss (nats per character, or per target unit for pairs) over `eval_iters` batches
+    of each split.
 
     The batches come from a generator seeded afresh each time, so every evaluation of a run scores
     the same windows (comparable across evals) and the training RNG is left alone. Under DDP each
@@ -50,17 +50,16 @@ def evaluate(model: torch.nn.Module, data: Dataset, cfg: RunConfig, device: torc
     model.eval()
     try:
         losses = {}
-        iters = cfg.train.eval_iters
+        tc = task.cfg.train
+        iters = tc.eval_iters
         for split in ("train", "val"):
-            sampler = BatchSampler(data.split(split), cfg.model.block_size, cfg.train.batch_size,
-                                   device, seed=cfg.train.seed + 1, name=split,
-                                   rows=dist.rows(cfg.train.batch_size))
+            sampler = task.sampler(split, tc.seed + 1, device, rows=dist.rows(tc.batch_size))
             total = torch.zeros((), device=device)
             for first in range(0, iters, batches_per_forward):
                 n = min(batches_per_forward, iters - first)
-                xs, ys = zip(*(sampler.batch() for _ in range(n)), strict=True)
-                with autocast(device, dtype):
-                    _, loss = model(torch.cat(xs), torch.cat(ys))  # the mean of n equal batches
+                batches = zip(*(sampler.batch() for _ in range(n)), strict=True)
+                with autocast(device, dtype):  # the mean of n equal batches
+                    _, loss = model(*(torch.cat(parts) for parts in batches))
                 total += loss * n
             losses[split] = dist.mean_(total / iters).item()
         return losses

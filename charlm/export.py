@@ -22,7 +22,8 @@ from charlm.config import RunConfig
 from charlm.errors import CharlmError, one_line
 from charlm.files import make_writable_dir, temp_beside, write_text_atomic
 from charlm.model import GPT
-from charlm.vocab import Vocab
+from charlm.tasks import build_model, vocab_from_state
+from charlm.vocab import PairVocab, Vocab
 
 EXPORT_FORMAT = "charlm-safetensors"
 EXPORT_VERSION = 1
@@ -39,7 +40,7 @@ def _write_weights(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str,
     os.replace(tmp, path)
 
 
-def _own_state(model: GPT) -> dict[str, torch.Tensor]:
+def _own_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The state dict without the tied head (safetensors stores each tensor once)."""
     state = model.state_dict()
     if model.cfg.tie_weights:
@@ -47,12 +48,15 @@ def _own_state(model: GPT) -> dict[str, torch.Tensor]:
     return state
 
 
-def save_safetensors(model: GPT, vocab: Vocab, cfg: RunConfig, out: Path) -> None:
+def save_safetensors(model: torch.nn.Module, vocab: Vocab | PairVocab, cfg: RunConfig,
+                     out: Path) -> None:
+    """A GPT or an encoder-decoder: weights, config and vocabulary (a `PairVocab` as its dict)."""
     out.mkdir(parents=True, exist_ok=True)
     _write_weights(out / WEIGHTS, _own_state(model), {"format": EXPORT_FORMAT})
     _write_json(out / "config.json", {"format": EXPORT_FORMAT, "version": EXPORT_VERSION,
                                       "config": cfg.to_dict()})
-    _write_json(out / "vocab.json", vocab.chars)
+    _write_json(out / "vocab.json", vocab.to_dict() if isinstance(vocab, PairVocab)
+                else vocab.chars)
 
 
 def resolve_out(out: Path) -> Path:
@@ -94,7 +98,7 @@ def is_export_dir(path: Path) -> bool:
 
 
 def load_safetensors(path: Path, device: str | torch.device = "cpu",
-                     ) -> tuple[GPT, Vocab, RunConfig]:
+                     ) -> tuple[torch.nn.Module, Vocab | PairVocab, RunConfig]:
     """Load a directory written by `save_safetensors` (no pickle anywhere)."""
     try:
         meta = json.loads((path / "config.json").read_text(encoding="utf-8"))
@@ -104,8 +108,8 @@ def load_safetensors(path: Path, device: str | torch.device = "cpu",
         if meta.get("version") != EXPORT_VERSION:
             raise ValueError(f"export format version {meta.get('version')}")
         cfg = RunConfig.from_dict(check_config(meta), f"{path / 'config.json'}")
-        vocab = Vocab(json.loads((path / "vocab.json").read_text(encoding="utf-8")))
-        model = GPT(cfg.model, len(vocab))
+        vocab = vocab_from_state(json.loads((path / "vocab.json").read_text(encoding="utf-8")))
+        model = build_model(cfg, vocab)
         state = load_file(str(path / WEIGHTS))
         # exactly the tensors save_safetensors writes: a tied model's head.weight would be
         # loaded into the token embedding it shares
@@ -124,6 +128,8 @@ def load_safetensors(path: Path, device: str | torch.device = "cpu",
 def hf_unsupported(cfg: RunConfig) -> list[str]:
     """The options of `cfg` that GPT-2 cannot express (empty when it can)."""
     m = cfg.model
+    if m.arch != "decoder":
+        return [f"model.arch={m.arch!r} (GPT-2 is a decoder only)"]
     wanted = {"pos_encoding": "learned", "norm": "layernorm", "norm_placement": "pre",
               "activation": "gelu"}
     return [f"model.{k}={getattr(m, k)!r} (GPT-2 has {v!r})" for k, v in wanted.items()

@@ -20,7 +20,8 @@ from charlm.files import run_write_error, write_text_atomic
 TB_TAGS = {
     "train": {"train_loss": "train/loss", "lr": "lr", "grad_norm": "grad_norm",
               "tokens_per_s": "tokens_per_s", "skipped_steps": "train/skipped_steps"},
-    "eval": {"val_loss": "val/loss", "val_bpc": "val/bpc", "train_loss": "train/eval_loss"},
+    "eval": {"val_loss": "val/loss", "val_bpc": "val/bpc", "train_loss": "train/eval_loss",
+             "val_exact_match": "val/exact_match", "val_cer": "val/cer"},  # the last two: pairs
 }
 
 

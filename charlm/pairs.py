@@ -1,4 +1,4 @@
-"""Paired text for the encoder-decoder (G2P, transliteration, spelling): `PairVocab`, reading
+"""Paired text for the encoder-decoder (G2P, transliteration, spelling): reading
 "source<TAB>target" lines, the hashed train/val/test split, `prepare_pairs` into a dataset dir,
 loading it back, `collate` and the length-bucketed `PairBatchSampler`, and the references of
 a split for multi-reference accuracy (see `charlm.accuracy`).
@@ -19,7 +19,6 @@ import os
 import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,7 @@ from charlm.data import (
 )
 from charlm.errors import CharlmError, characters
 from charlm.files import make_writable_dir, temp_beside, write_text_atomic
-from charlm.vocab import id_dtype, list_unknown
+from charlm.vocab import PairVocab, id_dtype
 
 PAIRS_KIND = "pairs"
 SPLITS = ("train", "val", "test")
@@ -49,135 +48,6 @@ ARRAYS = ("src", "src_offsets", "tgt", "tgt_offsets")
 IGNORE_INDEX = -1  # tgt_out's padding: the loss's ignore_index
 AGAIN = "prepare it again with `charlm prepare --pairs`"
 SKIP_HINT = "set data.skip_bad_pairs=true to skip such lines"
-
-
-@dataclass(frozen=True)
-class PairVocab:
-    """Source characters and target units, each sorted. Ids: source characters 0..S-1, then
-    src_pad = S; target units 0..N-1, then pad, bos and eos (after the units, so they never
-    collide with text and are never printed)."""
-
-    source: tuple[str, ...]
-    target: tuple[str, ...]
-    target_units: str = "char"  # "char": one unit per character; "space": space-separated
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "source", tuple(self.source))  # hashable whatever was given
-        object.__setattr__(self, "target", tuple(self.target))
-        if self.target_units not in ("char", "space"):
-            raise ValueError(f"target_units must be 'char' or 'space', got {self.target_units!r}")
-        if not self.source or any(not isinstance(c, str) or len(c) != 1 for c in self.source):
-            raise ValueError("the source vocabulary must be a non-empty list of characters")
-        # a space unit is one symbol without whitespace: "K AH" must not be a single unit
-        unit = (lambda u: len(u) == 1) if self.target_units == "char" else (
-            lambda u: u.split() == [u])
-        if not self.target or any(not isinstance(u, str) or not unit(u) for u in self.target):
-            raise ValueError(f"the target vocabulary must be a non-empty list of "
-                             f"{'characters' if self.target_units == 'char' else 'symbols'}")
-        for name, units in (("source", self.source), ("target", self.target)):
-            if list(units) != sorted(set(units)):
-                raise ValueError(f"the {name} vocabulary must be sorted and free of duplicates")
-
-    @classmethod
-    def from_pairs(cls, pairs: Sequence[tuple[str, str]], target_units: str) -> PairVocab:
-        source = set("".join(s for s, _ in pairs))
-        targets = (t for _, t in pairs)
-        target = set("".join(targets)) if target_units == "char" else set(
-            " ".join(targets).split())
-        return cls(tuple(sorted(source)), tuple(sorted(target)), target_units)
-
-    @cached_property
-    def _source_index(self) -> dict[str, int]:
-        return {c: i for i, c in enumerate(self.source)}
-
-    @cached_property
-    def _target_index(self) -> dict[str, int]:
-        return {u: i for i, u in enumerate(self.target)}
-
-    @property
-    def source_size(self) -> int:
-        return len(self.source) + 1
-
-    @property
-    def target_size(self) -> int:
-        return len(self.target) + 3
-
-    @property
-    def src_pad(self) -> int:
-        return len(self.source)
-
-    @property
-    def pad(self) -> int:
-        return len(self.target)
-
-    @property
-    def bos(self) -> int:
-        return len(self.target) + 1
-
-    @property
-    def eos(self) -> int:
-        return len(self.target) + 2
-
-    def encode_source(self, text: str, unknown: str = "error",
-                      where: str = "the source") -> list[int]:
-        """Ids of `text`; characters outside the vocabulary are an error, or dropped with
-        unknown='skip'."""
-        if unknown not in ("error", "skip"):
-            raise CharlmError(f"--unknown must be 'error' or 'skip', got {unknown!r}")
-        index = self._source_index
-        bad = [(i, c) for i, c in enumerate(text) if c not in index]
-        if bad and unknown == "error":
-            raise CharlmError(f"{where} has characters outside the model's source vocabulary: "
-                              f"{list_unknown(bad, 'at position')}; remove them or pass "
-                              "--unknown skip")
-        return [index[c] for c in text if c in index]
-
-    def units(self, text: str) -> list[str]:
-        return list(text) if self.target_units == "char" else text.split()
-
-    def encode_target(self, text: str) -> list[int]:
-        units, index = self.units(text), self._target_index
-        bad = [(i, u) for i, u in enumerate(units) if u not in index]
-        if bad:
-            raise CharlmError(f"the target {text!r} has units outside the target vocabulary: "
-                              f"{list_unknown(bad, 'at unit')}; use only the units of the "
-                              "training pairs")
-        return [index[u] for u in units]
-
-    def decode_source(self, ids: Sequence[int] | np.ndarray | torch.Tensor) -> str:
-        """The source text of `ids`, without padding."""
-        return "".join(self.source[i] for i in _int_list(ids) if i != self.src_pad)
-
-    def decode_target(self, ids: Sequence[int] | np.ndarray | torch.Tensor) -> str:
-        """The target text of `ids` up to the first eos; pad and bos are not text."""
-        units = []
-        for i in _int_list(ids):
-            if i == self.eos:
-                break
-            if i in (self.pad, self.bos):
-                continue
-            if not 0 <= i < len(self.target):
-                raise ValueError(f"target id {i} is outside the {self.target_size}-id vocabulary")
-            units.append(self.target[i])
-        return ("" if self.target_units == "char" else " ").join(units)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"source": list(self.source), "target": list(self.target),
-                "target_units": self.target_units}
-
-    @classmethod
-    def from_dict(cls, d: Any) -> PairVocab:
-        """The vocabulary of `to_dict`'s output; anything else is a ValueError."""
-        if not isinstance(d, dict) or set(d) != {"source", "target", "target_units"}:
-            raise ValueError("a pair vocabulary must be a mapping of source, target and "
-                             "target_units")
-        if not isinstance(d["source"], list) or not isinstance(d["target"], list):
-            raise ValueError("a pair vocabulary's source and target must be lists")
-        return cls(tuple(d["source"]), tuple(d["target"]), d["target_units"])
-
-
-def _int_list(ids: Sequence[int] | np.ndarray | torch.Tensor) -> list[int]:
-    return ids.tolist() if hasattr(ids, "tolist") else [int(i) for i in ids]
 
 
 def pair_limits(data: DataConfig, block_size: int) -> tuple[int, int]:
@@ -521,12 +391,15 @@ class PairBatchSampler:
         ties = torch.randperm(len(split), generator=torch.Generator().manual_seed(seed)).numpy()
         self.order = ties[np.lexsort((np.diff(split.src_offsets)[ties], split.lengths()[ties]))]
         self.generator = torch.Generator().manual_seed(seed)
+        self.tokens = 0  # target units drawn, end ids included (whole batches), for the log
 
     def batch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """src (B, S), tgt_in (B, T), tgt_out (B, T) as `collate`, on the device."""
         n = len(self.order)
         start = int(torch.randint(n, (1,), generator=self.generator))
-        picked = self.order[(start + np.arange(self.batch_size)) % n][self.rows]
+        drawn = self.order[(start + np.arange(self.batch_size)) % n]
+        self.tokens += int(np.diff(self.split.tgt_offsets)[drawn].sum()) + len(drawn)
+        picked = drawn[self.rows]
         tensors = collate([self.split.example(i) for i in picked], self.vocab)
         if self.device.type == "cuda":
             return tuple(t.pin_memory().to(self.device, non_blocking=True) for t in tensors)

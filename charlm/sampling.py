@@ -5,13 +5,16 @@ their text through a callback. The decoding itself is `charlm.generate`'s.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from charlm.config import SampleConfig
+from charlm.data import decode_chunks, read_text
 from charlm.device import require_memory
 from charlm.errors import CharlmError, characters
 from charlm.generate import beam_search, generate
@@ -111,6 +114,9 @@ def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
     one batch, or the best beam when opts.beams is set. on_text(sample index, text) is called as
     each piece of text becomes final (stop strings are held back until they cannot match)."""
     if opts.beams is not None:
+        if opts.num_samples != 1:  # an encoder-decoder's beams give an n-best list instead
+            raise CharlmError("--beams returns the single best sequence; use --num-samples 1 "
+                              "with --beams")
         require_cache_memory(model, opts.beams, "--beams")
     else:
         require_cache_memory(model, opts.num_samples, "--num-samples")
@@ -170,3 +176,21 @@ def preview(model: GPT, vocab: Vocab, chars: int, seed: int) -> str:
     finally:
         model.train(was_training)
     return prompt + sample.text
+
+
+def read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
+    """The prompt text, or None for the default (see `sampling.default_prompt`)."""
+    if prompt is not None and prompt_file is not None:
+        raise CharlmError("give the prompt either with --prompt or with --prompt-file, not both")
+    if prompt_file is not None:
+        if prompt_file.is_dir():
+            raise CharlmError(f"prompt file {prompt_file} is a directory; give a text file")
+        if not prompt_file.is_file():
+            raise CharlmError(f"prompt file not found: {prompt_file}")
+        return read_text(prompt_file)  # as prepare reads text: CRLF kept, no byte order mark
+    if prompt == "-":  # the bytes, read as a prompt file is: CRLF kept, no byte order mark
+        if sys.stdin is None:  # started with stdin closed (`<&-`)
+            raise CharlmError("--prompt - reads the prompt from stdin, which is closed; pipe the "
+                              "prompt in, or give --prompt TEXT or --prompt-file")
+        return "".join(text for _, text in decode_chunks(sys.stdin.buffer, "the prompt on stdin"))
+    return prompt

@@ -33,8 +33,8 @@ import torch
 
 from charlm import checkpoint
 from charlm.checkpoint import OptimizerState, RNGState, ScalerState, Stateful
-from charlm.config import DataConfig, ModelConfig, OptimConfig, RunConfig
-from charlm.data import BatchSampler, Dataset, dataset_for, require_window
+from charlm.config import DataConfig, OptimConfig, RunConfig
+from charlm.data import BatchSampler
 from charlm.device import (
     Dist,
     autocast,
@@ -52,11 +52,10 @@ from charlm.evaluation import eval_batches_per_forward, evaluate
 from charlm.faults import BadSteps, Interrupted, StopSignals
 from charlm.generate import NonFiniteOutput
 from charlm.metrics import MetricsLogger
-from charlm.model import GPT, parameter_count
 from charlm.optim import make_optimizer, step_if
+from charlm.pairs import PairBatchSampler
 from charlm.rundir import check_run_dir, clear_run, run_lock, start_run
-from charlm.sampling import preview
-from charlm.vocab import Vocab
+from charlm.tasks import Task, task_for
 
 LN2 = math.log(2)
 
@@ -106,7 +105,8 @@ def lr_at(step: int, optim: OptimConfig, max_iters: int) -> float:
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-               scaler: torch.amp.GradScaler, sampler: BatchSampler, cfg: RunConfig,
+               scaler: torch.amp.GradScaler, sampler: BatchSampler | PairBatchSampler,
+               cfg: RunConfig,
                device: torch.device, dtype: torch.dtype, dist: Dist = Dist(),
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One optimizer update over `grad_accum` micro-batches, skipped when the loss or the
@@ -116,10 +116,10 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     accum = cfg.train.grad_accum
     total = torch.zeros((), device=device)
     for i in range(accum):
-        x, y = sampler.batch()
+        batch = sampler.batch()  # (x, y), or pairs' (src, tgt_in, tgt_out)
         with sync_grads(model, sync=i == accum - 1):
             with autocast(device, dtype):
-                _, loss = model(x, y)
+                _, loss = model(*batch)
             loss = loss / accum
             scaler.scale(loss).backward()
         total += loss.detach()
@@ -136,10 +136,10 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     return total, norm, ok
 
 
-def require_model_memory(model: ModelConfig, vocab_size: int, device: torch.device) -> None:
+def require_model_memory(task: Task, device: torch.device) -> None:
     """Refuse a model whose float32 weights, gradients and two AdamW moments (16 bytes a
     parameter, before any activation) alone exceed the device's memory: it could never train."""
-    params = parameter_count(model, vocab_size)
+    params = task.parameter_count()
     require_memory(16 * params, device,
                    f"the model has {params:,} parameters, whose weights, gradients and AdamW "
                    "state need {gib}", "make model.n_layer or model.n_embd smaller")
@@ -153,9 +153,9 @@ class Run:
     dist: Dist
     device: torch.device
     dtype: torch.dtype
-    data: Dataset
-    sampler: BatchSampler
-    model: GPT  # unwrapped and uncompiled: what checkpoints save and previews sample
+    task: Task  # the data and what goes with it (text for a GPT, pairs for an encoder-decoder)
+    sampler: BatchSampler | PairBatchSampler
+    model: torch.nn.Module  # unwrapped and uncompiled: what checkpoints save and previews use
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     state: TrainState
@@ -182,23 +182,24 @@ class Clock:
     start: float  # time.perf_counter() when train() began
     before: float  # elapsed_s of the checkpoint resumed from
     t_log: float = 0.0
-    steps: int = 0  # steps since the last log line
+    tokens: int = 0  # training tokens since the last log line
 
     def elapsed(self, now: float | None = None) -> float:
         return self.before + (time.perf_counter() if now is None else now) - self.start
 
 
-def require_same_vocab(ckpt: dict[str, Any] | None, data_path: str, vocab: Vocab) -> None:
-    if ckpt is not None and ckpt.get("vocab") != vocab.chars:
+def require_same_vocab(ckpt: dict[str, Any] | None, data_path: str, vocab: Any) -> None:
+    """`vocab`: the data's vocabulary as a checkpoint stores it."""
+    if ckpt is not None and ckpt.get("vocab") != vocab:
         raise CharlmError(
             f"--resume: the vocabulary of {data_path} differs from the run's checkpoint; "
             "resume with the data the run was started on"
         )
 
 
-def warn_about_config(cfg: RunConfig, data: Dataset, dist: Dist) -> None:
+def warn_about_config(cfg: RunConfig, task: Task, dist: Dist) -> None:
     """Warn (rank 0) about settings that do not do what they seem to."""
-    prepared_with = data.meta.get("val_fraction")
+    prepared_with = task.data.meta.get("val_fraction")
     set_by_user = cfg.data.val_fraction != DataConfig.val_fraction  # the default says nothing
     if (Path(cfg.data.path).is_dir() and set_by_user and prepared_with != cfg.data.val_fraction
             and dist.is_main):
@@ -219,17 +220,13 @@ def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dty
     tc = cfg.train
     same_vocab = functools.partial(require_same_vocab, ckpt, cfg.data.path)
     with dist.main_first():  # rank 0 prepares the dataset cache; the others then reuse it
-        data = dataset_for(cfg.data.path, cfg.data.val_fraction,
-                           Path(tc.out_dir) / "dataset", same_vocab)
-    same_vocab(data.vocab)  # also for a prepared dataset dir, or a reused cache
-    warn_about_config(cfg, data, dist)
-    for split in ("train", "val"):
-        require_window(data.split(split), cfg.model.block_size, split, cfg.data.path)
-    sampler = BatchSampler(data.train, cfg.model.block_size, tc.batch_size, device, tc.seed,
-                           name="train", rows=dist.rows(tc.batch_size))
-    require_model_memory(cfg.model, len(data.vocab), device)
-    model = GPT(cfg.model, len(data.vocab)).to(device)
-    return Run(cfg, dist, device, dtype, data, sampler, model,
+        task = task_for(cfg, Path(tc.out_dir) / "dataset", same_vocab)
+    same_vocab(task.vocab_state())  # also for a prepared dataset dir, or a reused cache
+    warn_about_config(cfg, task, dist)
+    sampler = task.sampler("train", tc.seed, device, rows=dist.rows(tc.batch_size))
+    require_model_memory(task, device)
+    model = task.new_model().to(device)
+    return Run(cfg, dist, device, dtype, task, sampler, model,
                optimizer=make_optimizer(model, cfg.optim), scaler=grad_scaler(device, dtype),
                state=TrainState(bad=BadSteps(device)), step_model=model, eval_model=model)
 
@@ -241,13 +238,13 @@ def wrap_model(run: Run) -> None:
     rows = tc.batch_size // dist.world_size  # this rank's micro-batch
     compiled: torch.nn.Module = run.model
     if tc.compile:
-        compiled, failure = compile_model(run.model, (rows, run.cfg.model.block_size),
+        compiled, failure = compile_model(run.model, run.task.example_batch(rows, run.device),
                                           run.device, run.dtype)
         if failure and dist.is_main:
             print(f"warning: torch.compile failed ({failure}); training without compile",
                   file=sys.stderr)
     run.step_model = dist.wrap(compiled, run.device)  # `compiled` itself when not distributed
-    run.eval_group = eval_batches_per_forward(run.cfg, run.device, len(run.data.vocab), rows)
+    run.eval_group = eval_batches_per_forward(run.cfg, run.task, run.device, rows)
     # Stacked eval batches have a shape the compiled graph was not built for: those run eagerly.
     run.eval_model = compiled if run.eval_group == 1 else run.model
 
@@ -320,12 +317,13 @@ def _loop(run: Run, log: MetricsLogger, stop: StopSignals, clock: Clock,
         lr = lr_at(state.step, cfg.optim, cfg.train.max_iters)
         for group in run.optimizer.param_groups:
             group["lr"] = lr
+        drawn = run.sampler.tokens
         loss, norm, ok = train_step(run.step_model, run.optimizer, run.scaler, run.sampler, cfg,
                                     run.device, run.dtype, dist)
         state.step += 1
-        state.tokens += tokens_per_step(cfg)
+        state.tokens += run.sampler.tokens - drawn
+        clock.tokens += run.sampler.tokens - drawn
         state.bad.record(ok, state.step, cfg.train.max_bad_steps)
-        clock.steps += 1
         log.advance()
         signum = dist.agree_signal(stop.signum)
         log_now, eval_now, save_now = due(cfg, state.step, stopping=signum is not None)
@@ -336,7 +334,7 @@ def _loop(run: Run, log: MetricsLogger, stop: StopSignals, clock: Clock,
         t_pause = time.perf_counter()  # evals, samples and saves are not training time
         improved = False
         if eval_now:
-            final = evaluate(run.eval_model, run.data, cfg, run.device, run.dtype, dist,
+            final = evaluate(run.eval_model, run.task, run.device, run.dtype, dist,
                              run.eval_group)
             state.elapsed_s = clock.elapsed()
             improved = final["val"] < state.best_val
@@ -371,10 +369,6 @@ def interrupted(run: Run, signum: int) -> Interrupted:
         f"`charlm train --out {shlex.quote(str(run.run_dir))} --resume`", signum)
 
 
-def tokens_per_step(cfg: RunConfig) -> int:
-    return cfg.train.batch_size * cfg.train.grad_accum * cfg.model.block_size
-
-
 def report_skipped(run: Run, log: MetricsLogger, saved_step: int | None) -> None:
     """Wait for the device's bad-step counters; say how many updates were skipped since the
     last report, or stop the run after max_bad_steps in a row."""
@@ -393,8 +387,8 @@ def train_event(run: Run, loss: torch.Tensor, norm: torch.Tensor, lr: float,
     event = dict(step=state.step, elapsed_s=round(state.elapsed_s, 3), tokens=state.tokens,
                  lr=lr, train_loss=loss.item(), grad_norm=norm.item(),
                  skipped_steps=state.bad.reported,
-                 tokens_per_s=clock.steps * tokens_per_step(run.cfg) / (now - clock.t_log))
-    clock.t_log, clock.steps = now, 0
+                 tokens_per_s=clock.tokens / (now - clock.t_log))
+    clock.t_log, clock.tokens = now, 0
     return event
 
 
@@ -410,7 +404,7 @@ def write(run: Run, log: MetricsLogger, train_event: dict[str, Any] | None,
     if save_last or improved:
         run.state.elapsed_s = clock.elapsed()
         ckpt = checkpoint.collect(run.stateful(), config=run.cfg.to_dict(),
-                                  vocab=run.data.vocab.chars)
+                                  vocab=run.task.vocab_state())
         # best.pt first: a last.pt on disk never counts a best val whose best.pt a crash kept
         # from being written (a resume from the older last.pt evaluates that step again).
         if improved:
@@ -422,18 +416,20 @@ def write(run: Run, log: MetricsLogger, train_event: dict[str, Any] | None,
 def log_eval(run: Run, log: MetricsLogger, losses: dict[str, float], lr: float,
              improved: bool) -> None:
     """An eval's event, its line for the user and, if asked, a sample of the model."""
-    state, tc = run.state, run.cfg.train
+    state = run.state
+    try:
+        metrics, note, sample = run.task.eval_report(run.model)
+    except NonFiniteOutput:  # max_bad_steps decides whether the run stops
+        metrics, note, sample = {}, "", None
+        log.message(f"step {state.step}: no sample, the model's outputs are not finite")
     log.log("eval", step=state.step, elapsed_s=round(state.elapsed_s, 3), tokens=state.tokens,
             lr=lr, train_loss=losses["train"], val_loss=losses["val"],
-            val_bpc=losses["val"] / LN2, best_val_loss=state.best_val)
+            val_bpc=losses["val"] / LN2, best_val_loss=state.best_val, **metrics)
     log.message(f"step {state.step}: train {losses['train']:.4f}, val {losses['val']:.4f} "
-                f"({losses['val'] / LN2:.3f} bpc), {state.elapsed_s:.1f}s"
+                f"({losses['val'] / LN2:.3f} bpc){note}, {state.elapsed_s:.1f}s"
                 + (" *best" if improved else ""))
-    if tc.sample_chars:
-        try:
-            log.sample(preview(run.model, run.data.vocab, tc.sample_chars, tc.seed), state.step)
-        except NonFiniteOutput:  # max_bad_steps decides whether the run stops
-            log.message(f"step {state.step}: no sample, the model's outputs are not finite")
+    if sample is not None:
+        log.sample(sample, state.step)
 
 
 def log_final(run: Run, log: MetricsLogger, final: dict[str, float]) -> None:

@@ -82,8 +82,9 @@ def benchmark(cfg: RunConfig, data: Dataset, steps: int, warmup: int) -> dict:
     model = GPT(cfg.model, len(data.vocab)).to(device)
     step_model = model
     if cfg.train.compile:
-        step_model, failure = compile_model(model, (cfg.train.batch_size, cfg.model.block_size),
-                                            device, dtype)
+        example = tuple(torch.zeros(cfg.train.batch_size, cfg.model.block_size, dtype=torch.long,
+                                    device=device) for _ in "xy")
+        step_model, failure = compile_model(model, example, device, dtype)
         if failure:
             print(f"warning: torch.compile failed ({failure}); timing without compile",
                   file=sys.stderr)

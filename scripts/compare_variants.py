@@ -30,6 +30,7 @@ from charlm.data import BatchSampler, Dataset, dataset_for
 from charlm.device import grad_scaler, resolve_device, resolve_dtype, seed_everything
 from charlm.model import GPT
 from charlm.optim import make_optimizer
+from charlm.tasks import TextTask
 from charlm.train import evaluate, lr_at, train_step
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,7 +78,8 @@ class Contender:
     def result(self) -> dict:
         tc = self.cfg.train
         tokens = self.steps * tc.batch_size * tc.grad_accum * self.cfg.model.block_size
-        val = evaluate(self.model, self.data, self.cfg, self.device, self.dtype)["val"]
+        val = evaluate(self.model, TextTask(self.cfg, self.data), self.device,
+                       self.dtype)["val"]
         return {"params": sum(p.numel() for p in self.model.parameters()), "steps": self.steps,
                 "tokens_per_s": tokens / self.spent, "val_loss": val}
 

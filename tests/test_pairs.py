@@ -12,7 +12,6 @@ from charlm.pairs import (
     IGNORE_INDEX,
     PairBatchSampler,
     PairSplit,
-    PairVocab,
     collate,
     load_pairs,
     pairs_for,
@@ -21,6 +20,7 @@ from charlm.pairs import (
     references,
     split_of,
 )
+from charlm.vocab import PairVocab
 
 from .conftest import ROOT
 

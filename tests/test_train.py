@@ -15,6 +15,7 @@ from charlm.evaluation import batches_that_fit, eval_batches_per_forward
 from charlm.generate import generate
 from charlm.model import GPT
 from charlm.optim import make_optimizer
+from charlm.tasks import TextTask
 from charlm.train import (
     evaluate,
     lr_at,
@@ -162,8 +163,8 @@ def test_evaluate_is_pure_and_restores_train_mode(tiny_cfg, tmp_path):
     model = GPT(tiny_cfg.model, len(data.vocab)).train()
     rng = torch.get_rng_state()
     dev = torch.device("cpu")
-    a = evaluate(model, data, tiny_cfg, dev, resolve_dtype("float32", dev))
-    b = evaluate(model, data, tiny_cfg, dev, resolve_dtype("float32", dev))
+    a = evaluate(model, TextTask(tiny_cfg, data), dev, resolve_dtype("float32", dev))
+    b = evaluate(model, TextTask(tiny_cfg, data), dev, resolve_dtype("float32", dev))
     assert a == b and model.training
     assert torch.equal(rng, torch.get_rng_state())
 
@@ -179,10 +180,11 @@ def test_evaluate_stacks_batches_into_fewer_forwards_with_the_same_losses(per_fo
     dev = torch.device("cpu")
     calls = []
     model.register_forward_pre_hook(lambda m, args: calls.append(args[0].shape[0]))
-    one = evaluate(model, data, tiny_cfg, dev, torch.float32)
+    one = evaluate(model, TextTask(tiny_cfg, data), dev, torch.float32)
     assert calls == [16] * 8  # eval_iters 4 batches of 16, each split
     calls.clear()
-    stacked = evaluate(model, data, tiny_cfg, dev, torch.float32, batches_per_forward=per_forward)
+    stacked = evaluate(model, TextTask(tiny_cfg, data), dev, torch.float32,
+                       batches_per_forward=per_forward)
     expected = {2: [32, 32], 3: [48, 16], 4: [64], 9: [64]}[per_forward]
     assert calls == expected * 2
     assert stacked["train"] == pytest.approx(one["train"], rel=1e-6)
@@ -196,7 +198,7 @@ def test_eval_batches_per_forward_fit_the_memory_budget(tiny_cfg):
     assert batches_that_fit(3 * per_batch - 1, tiny_cfg, 65, 16) == 2
     assert batches_that_fit(10, tiny_cfg, 65, 16) == 1  # never less than one batch
     assert batches_that_fit(10**12, tiny_cfg, 65, 16) == 4  # never more than eval_iters
-    assert eval_batches_per_forward(tiny_cfg, torch.device("cpu"), 65, 16) == 1
+    assert eval_batches_per_forward(tiny_cfg, None, torch.device("cpu"), 16) == 1
 
 
 def test_train_scores_evals_with_the_stacked_batches_eagerly(tiny_cfg, monkeypatch):
@@ -344,10 +346,10 @@ def test_each_variant_learns_on_the_tiny_config(variant, tiny_cfg, tmp_path):
     model = GPT(cfg.model, len(data.vocab))
     optimizer = make_optimizer(model, cfg.optim)
     sampler = BatchSampler(data.train, cfg.model.block_size, cfg.train.batch_size, dev, 0)
-    before = evaluate(model, data, cfg, dev, fp32)["val"]
+    before = evaluate(model, TextTask(cfg, data), dev, fp32)["val"]
     for step in range(cfg.train.max_iters):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg.optim, cfg.train.max_iters)
         train_step(model, optimizer, grad_scaler(dev, fp32), sampler, cfg, dev, fp32)
-    after = evaluate(model, data, cfg, dev, fp32)["val"]
+    after = evaluate(model, TextTask(cfg, data), dev, fp32)["val"]
     assert after < before - 0.7, (before, after)

@@ -1,0 +1,177 @@
+"""What differs between training a GPT on text and an encoder-decoder on pairs: the data, its
+batches, the model, what a checkpoint stores as the vocabulary, and what an eval shows besides
+the loss. `task_for` picks one by `model.arch`; training, evaluation and loading ask it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from charlm.config import RunConfig
+from charlm.data import BatchSampler, Dataset, dataset_for, read_meta, require_window
+from charlm.errors import CharlmError
+from charlm.model import GPT, parameter_count
+from charlm.pairs import PairBatchSampler, PairDataset, pairs_for
+from charlm.vocab import PairVocab, Vocab
+
+
+def check_data_kind(cfg: RunConfig, pairs: bool) -> None:
+    """model.arch and the data must agree: a GPT trains on text, an encoder-decoder on pairs."""
+    if cfg.model.arch == "encoder_decoder" and not pairs:
+        raise CharlmError(
+            f"model.arch=encoder_decoder trains on pairs, but {cfg.data.path} is text; give a "
+            "\"source<TAB>target\" file (.tsv, or data.format=pairs) or a dataset made by "
+            "`charlm prepare --pairs`"
+        )
+    if cfg.model.arch == "decoder" and pairs:
+        raise CharlmError(
+            f"{cfg.data.path} holds pairs, but model.arch=decoder trains on text; set "
+            "model.arch=encoder_decoder, or data.format=text to train a GPT on its lines"
+        )
+
+
+class TextTask:
+    """A decoder-only GPT on a character stream: random windows of block_size + 1."""
+
+    def __init__(self, cfg: RunConfig, data: Dataset):
+        self.cfg, self.data, self.vocab = cfg, data, data.vocab
+        for split in ("train", "val"):
+            require_window(data.split(split), cfg.model.block_size, split, cfg.data.path)
+
+    def vocab_state(self) -> Any:
+        return self.vocab.chars
+
+    def sampler(self, split: str, seed: int, device: torch.device,
+                rows: slice = slice(None)) -> BatchSampler:
+        return BatchSampler(self.data.split(split), self.cfg.model.block_size,
+                            self.cfg.train.batch_size, device, seed, name=split, rows=rows)
+
+    def new_model(self) -> GPT:
+        return GPT(self.cfg.model, len(self.vocab))
+
+    def parameter_count(self) -> int:
+        return parameter_count(self.cfg.model, len(self.vocab))
+
+    def example_batch(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """Zeros shaped like a training batch (what `compile_model` tries the graph on)."""
+        shape = (rows, self.cfg.model.block_size)
+        return tuple(torch.zeros(shape, dtype=torch.long, device=device) for _ in "xy")
+
+    def eval_report(self, model: torch.nn.Module) -> tuple[dict[str, float], str, str | None]:
+        """What an eval logs besides the losses: metrics (none), their text for the eval's
+        line, and a sample of train.sample_chars characters (None when 0)."""
+        from charlm.sampling import preview
+
+        tc = self.cfg.train
+        return {}, "", (preview(model, self.vocab, tc.sample_chars, tc.seed) if tc.sample_chars
+                        else None)
+
+
+class PairsTask:
+    """An encoder-decoder on (source, target) pairs: length-bucketed padded batches."""
+
+    def __init__(self, cfg: RunConfig, data: PairDataset):
+        self.cfg, self.data, self.vocab = cfg, data, data.vocab
+        block = cfg.model.block_size
+        splits = [data.split(name) for name in ("train", "val", "test")]
+        longest = [max((int(np.diff(o).max()) for o in offsets if len(o) > 1), default=0)
+                   for offsets in ([s.src_offsets for s in splits],
+                                   [s.tgt_offsets for s in splits])]
+        if longest[0] > block or longest[1] + 1 > block:  # a target also takes its begin id
+            raise CharlmError(
+                f"{cfg.data.path} holds sources of up to {longest[0]} characters and targets of "
+                f"up to {longest[1]} units, but model.block_size {block} fits sources of "
+                f"{block} and targets of {block - 1}; raise model.block_size"
+            )
+
+    def vocab_state(self) -> Any:
+        return self.vocab.to_dict()
+
+    def sampler(self, split: str, seed: int, device: torch.device,
+                rows: slice = slice(None)) -> PairBatchSampler:
+        return PairBatchSampler(self.data.split(split), self.vocab, self.cfg.train.batch_size,
+                                device, seed, rows=rows)
+
+    def new_model(self) -> torch.nn.Module:
+        from charlm.seq2seq import EncoderDecoder
+
+        return EncoderDecoder(self.cfg.model, self.vocab.source_size, self.vocab.target_size,
+                              self.vocab.src_pad)
+
+    def parameter_count(self) -> int:
+        from charlm.seq2seq import parameter_count
+
+        return parameter_count(self.cfg.model, self.vocab.source_size, self.vocab.target_size)
+
+    def example_batch(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        T = self.cfg.model.block_size
+        src = torch.zeros((rows, T), dtype=torch.long, device=device)
+        return src, src.clone(), src.clone()
+
+    def eval_report(self, model: torch.nn.Module) -> tuple[dict[str, float], str, str | None]:
+        """Exact match and CER (PER for space units) of the greedy outputs for the first
+        train.eval_pairs val sources (the same ones at every eval), and a few of those outputs
+        as the sample."""
+        from charlm.pairs import references
+        from charlm.translation import output_accuracy, rate_name
+
+        n = self.cfg.train.eval_pairs
+        if not n:
+            return {}, "", None
+        refs = references(self.data.val, self.vocab)[:n]
+        was_training = model.training
+        try:
+            acc, hyps = output_accuracy(model, self.vocab, refs)
+        finally:
+            model.train(was_training)
+        shown = "\n".join(f"{s} -> {h}  (ref: {' | '.join(r)})"
+                          for (s, r), h in zip(refs[:5], hyps, strict=False))
+        note = (f", exact match {acc.exact_match:.1%}, {rate_name(self.vocab)} {acc.cer:.2%} "
+                f"({len(refs)} val sources)")
+        return {"val_exact_match": acc.exact_match, "val_cer": acc.cer}, note, shown
+
+
+Task = TextTask | PairsTask
+
+
+def task_for(cfg: RunConfig, cache_dir: Path,
+             check: Callable[[Any], None] | None = None) -> Task:
+    """The run's task over its data (a text or .tsv file is prepared into `cache_dir`, reused
+    while unchanged). `check` sees the data's vocabulary state before a cache is rebuilt."""
+    path = Path(cfg.data.path)
+    pairs = cfg.data.pairs
+    if path.is_dir() and (path / "meta.json").is_file():
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # the loader says why
+            pairs = read_meta(path).get("kind") == "pairs"
+    check_data_kind(cfg, pairs)
+    if pairs:
+        vocab_check = None if check is None else (lambda v: check(v.to_dict()))
+        data = pairs_for(cfg.data, cfg.model.block_size, cache_dir, vocab_check)
+        return PairsTask(cfg, data)
+    text_check = None if check is None else (lambda v: check(v.chars))
+    return TextTask(cfg, dataset_for(cfg.data.path, cfg.data.val_fraction, cache_dir,
+                                     text_check))
+
+
+def vocab_from_state(state: Any) -> Vocab | PairVocab:
+    """The vocabulary a checkpoint stores: a list of characters (GPT) or a PairVocab's dict."""
+    if isinstance(state, dict):
+        return PairVocab.from_dict(state)
+    return Vocab(state)
+
+
+def build_model(cfg: RunConfig, vocab: Vocab | PairVocab) -> torch.nn.Module:
+    """An untrained model of the config's architecture for this vocabulary."""
+    if isinstance(vocab, PairVocab) != (cfg.model.arch == "encoder_decoder"):
+        raise ValueError(f"model.arch {cfg.model.arch} does not match the stored vocabulary")
+    if isinstance(vocab, PairVocab):
+        from charlm.seq2seq import EncoderDecoder
+
+        return EncoderDecoder(cfg.model, vocab.source_size, vocab.target_size, vocab.src_pad)
+    return GPT(cfg.model, len(vocab))

@@ -1,0 +1,149 @@
+"""G2P on CMUdict in a fixed wall time: the encoder-decoder (configs/g2p_cmudict.yaml) against a
+decoder-only GPT trained on the same pairs as text lines ("word<TAB>PH PH ...", prompted with
+"word<TAB>", stopped at the newline), each for --minutes of training, scored on the same
+hash-split test words (exact match, WER = 1 - exact match, PER), stress marks removed.
+
+    python scripts/bench_g2p.py [--minutes 30] [--out /tmp/bench_g2p] [--skip-decoder]
+
+Each run's number of steps is set from its own step time, measured first in a short run, so
+that training, evals and checkpoints end within the budget; the cosine schedule then spans the
+whole budget. Prints one JSON line per model and a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from charlm.accuracy import accuracy
+from charlm.pairs import split_of
+from common import positive, run_script, summary
+
+import charlm
+from charlm.config import SampleConfig, load_config
+from charlm.generate import generate
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "g2p_cmudict.yaml"
+DECODER = ROOT / "configs" / "g2p_cmudict_decoder.yaml"
+
+
+def charlm_cli(*args: str) -> float:
+    """Run `charlm ARGS`; its wall time in seconds."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "charlm", *args], check=True)
+    return time.perf_counter() - t0
+
+
+def step_seconds(config: Path, data: Path, out: Path) -> float:
+    """Seconds per training step, from the log of a 60-step run (steps 20 to 60)."""
+    charlm_cli("train", str(config), "--data", str(data), "--out", str(out), "--overwrite",
+               "--set", "train.max_iters=60", "--set", "train.log_interval=20",
+               "--set", "train.eval_interval=1000", "--set", "train.eval_pairs=0",
+               "--set", "train.sample_chars=0", "--set", "optim.warmup_iters=10")
+    events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    at = {e["step"]: e["elapsed_s"] for e in events if e["event"] == "train"}
+    return (at[60] - at[20]) / 40
+
+
+def train_for(config: Path, data: Path, out: Path, seconds: float) -> dict:
+    """Train `config` for about `seconds` (90 % of them on steps, the rest for the evals,
+    the checkpoints and the start) and return the run's facts."""
+    per_step = step_seconds(config, data, out)
+    steps = max(int(0.9 * seconds / per_step), 100)
+    wall = charlm_cli("train", str(config), "--data", str(data), "--out", str(out),
+                      "--overwrite", "--set", f"train.max_iters={steps}",
+                      "--set", f"train.eval_interval={max(steps // 5, 1)}")
+    return {"step_s": round(per_step, 4), "steps": steps, "train_wall_s": round(wall, 1)}
+
+
+def split_pairs(tsv: Path, out: Path, val: float, test: float) -> tuple[Path, dict]:
+    """The test words' references, and a text file of the other pairs for the GPT."""
+    refs: dict[str, list[str]] = defaultdict(list)
+    lines = []
+    for line in tsv.read_text(encoding="utf-8").splitlines():
+        word, phones = line.split("\t")
+        if split_of(word, val, test) == "test":
+            refs[word].append(phones)
+        else:
+            lines.append(line + "\n")
+    text = out / "cmudict_train_val.txt"
+    text.write_text("".join(lines), encoding="utf-8")
+    return text, refs
+
+
+@torch.inference_mode()
+def decoder_outputs(lm, words: list[str], max_chars: int = 120) -> list[str]:
+    """The GPT's greedy continuation of "word<TAB>" up to the newline, batched over words of
+    equal length (equal prompt lengths need no padding)."""
+    by_len: dict[int, list[int]] = defaultdict(list)
+    for i, w in enumerate(words):
+        by_len[len(w)].append(i)
+    outs = [""] * len(words)
+    newline = lm.vocab.encode("\n")[0]
+    for idx in by_len.values():
+        for first in range(0, len(idx), 256):
+            rows = idx[first:first + 256]
+            prompt = torch.tensor([lm.vocab.encode(words[i] + "\t") for i in rows])
+            ids = torch.stack(list(generate(lm.model, prompt, max_chars,
+                                            SampleConfig(temperature=0))), dim=1)
+            for r, row in zip(rows, ids.tolist(), strict=True):
+                cut = row.index(newline) if newline in row else len(row)
+                outs[r] = lm.vocab.decode(row[:cut])
+    return outs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=summary(__doc__))
+    parser.add_argument("--minutes", type=positive(float), default=30.0)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/bench_g2p"))
+    parser.add_argument("--skip-decoder", action="store_true",
+                        help="train and score the encoder-decoder only")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    tsv = args.out / "cmudict.tsv"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "cmudict_pairs.py"), "--out",
+                    str(tsv)], check=True)
+    cfg = load_config(CONFIG)
+    text, refs = split_pairs(tsv, args.out, cfg.data.val_fraction, cfg.data.test_fraction)
+    test = args.out / "test.tsv"
+    test.write_text("".join(f"{w}\t{p}\n" for w, ps in refs.items() for p in ps),
+                    encoding="utf-8")
+    cpu = torch.backends.cpu.get_cpu_capability()
+    rows = []
+    run = args.out / "encdec"
+    facts = train_for(CONFIG, tsv, run, args.minutes * 60)
+    scored = json.loads(subprocess.run(
+        [sys.executable, "-m", "charlm", "eval", str(run), str(test), "--json"],
+        check=True, capture_output=True, text=True).stdout)
+    rows.append({"model": "encoder_decoder", **facts, "exact_match": scored["exact_match"],
+                 "wer": scored["wer"], "per": scored["cer"], "test_words": scored["sources"],
+                 "threads": torch.get_num_threads(), "cpu_capability": cpu})
+    print(json.dumps(rows[-1]), flush=True)
+    if not args.skip_decoder:
+        run = args.out / "decoder"
+        facts = train_for(DECODER, text, run, args.minutes * 60)
+        lm = charlm.load(run, device="cpu")
+        words = list(refs)
+        acc = accuracy(decoder_outputs(lm, words), [refs[w] for w in words], str.split)
+        rows.append({"model": "decoder (pairs as text)", **facts,
+                     "exact_match": acc.exact_match, "wer": acc.wer, "per": acc.cer,
+                     "test_words": acc.sources, "threads": torch.get_num_threads(),
+                     "cpu_capability": cpu})
+        print(json.dumps(rows[-1]), flush=True)
+    print("\n| model | minutes | steps | test words | exact match | WER | PER |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['model']} | {r['train_wall_s'] / 60:.1f} | {r['steps']} | "
+              f"{r['test_words']:,} | {r['exact_match']:.1%} | {r['wer']:.1%} | "
+              f"{r['per']:.2%} |")
+
+
+if __name__ == "__main__":
+    run_script(main)

@@ -1,0 +1,150 @@
+"""The encoder-decoder end to end: training on pairs (resume, eval metrics), `charlm sample
+--source`, `charlm eval` on pairs, export, the Python API's `translate`, and the errors that keep
+a GPT and an encoder-decoder apart."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+import charlm
+from charlm.config import load_config
+from charlm.train import train
+from tests.conftest import ROOT
+
+ALPHABET = "abcdefg"
+
+
+def reversal_pairs(n: int, seed: int) -> list[tuple[str, str]]:
+    """Random strings and their reversals, as space-separated symbols."""
+    rng = random.Random(seed)
+    words = {"".join(rng.choice(ALPHABET) for _ in range(rng.randint(2, 6))) for _ in range(n)}
+    return [(w, " ".join(reversed(w))) for w in sorted(words)]
+
+
+def write_pairs(path: Path, pairs: list[tuple[str, str]]) -> Path:
+    path.write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
+    return path
+
+
+def pairs_config(data: Path, out: Path, max_iters: int = 20):
+    return load_config(ROOT / "configs" / "tiny.yaml", [
+        "model.arch=encoder_decoder", "model.n_encoder_layer=1", f"data.path={data}",
+        "data.target_units=space", "data.val_fraction=0.2", f"train.out_dir={out}",
+        f"train.max_iters={max_iters}", "train.eval_interval=10", "train.eval_pairs=8",
+        "train.batch_size=8", "optim.lr_decay_iters=20"])
+
+
+@pytest.fixture(scope="session")
+def pairs_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An encoder-decoder trained briefly on string reversal, for the tests that read it."""
+    tmp = tmp_path_factory.mktemp("pairs_run")
+    data = write_pairs(tmp / "reverse.tsv", reversal_pairs(400, 0))
+    train(pairs_config(data, tmp / "run"))
+    return tmp / "run"
+
+
+def test_training_on_pairs_logs_exact_match_and_cer(pairs_run):
+    events = [json.loads(line) for line in (pairs_run / "metrics.jsonl").read_text().splitlines()]
+    evals = [e for e in events if e["event"] == "eval"]
+    assert [e["step"] for e in evals] == [10, 20]
+    for e in evals:
+        assert 0 <= e["val_exact_match"] <= 1 and e["val_cer"] >= 0
+    assert (pairs_run / "best.pt").is_file() and (pairs_run / "dataset" / "meta.json").is_file()
+
+
+def test_a_resumed_pairs_run_ends_with_the_same_weights(tmp_path):
+    data = write_pairs(tmp_path / "reverse.tsv", reversal_pairs(200, 1))
+    straight = pairs_config(data, tmp_path / "a")
+    train(straight)
+    train(pairs_config(data, tmp_path / "b", max_iters=10))
+    train(pairs_config(data, tmp_path / "b"), resume=True)
+    a = torch.load(tmp_path / "a" / "last.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "b" / "last.pt", weights_only=True)["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_sample_transduces_a_source_a_file_and_json_nbest(cli, pairs_run, tmp_path):
+    one = [cli("sample", pairs_run, "--source", w, "--temperature", "0").out
+           for w in ("abc", "gfe")]
+    assert all(out.count("\n") == 1 for out in one)
+    sources = write_pairs(tmp_path / "x", [])  # an empty file: no sources
+    assert cli("sample", pairs_run, "--source-file", sources).err == (
+        "error: there are no sources: the input is empty\n")
+    sources.write_text("abc\ngfe\n", encoding="utf-8")
+    assert cli("sample", pairs_run, "--source-file", sources, "--temperature", "0").out == \
+        "".join(one)
+    nbest = json.loads(cli("sample", pairs_run, "--source", "abc", "--beams", "3",
+                           "--num-samples", "2", "--json").out)
+    assert nbest["source"] == "abc" and len(nbest["outputs"]) == 2
+    scores = [o["score"] for o in nbest["outputs"]]
+    assert scores == sorted(scores, reverse=True)
+    assert nbest["outputs"][0]["text"] != nbest["outputs"][1]["text"]
+
+
+def test_api_translate_matches_the_cli(cli, pairs_run, run_dir):
+    lm = charlm.load(pairs_run, device="cpu")
+    [t] = charlm.translate(lm, "abc")
+    assert cli("sample", pairs_run, "--source", "abc", "--temperature", "0").out == t.text + "\n"
+    assert [x.text for x in charlm.translate(lm, ["abc", "gf"])][0] == t.text
+    with pytest.raises(charlm.CharlmError, match="model.arch=encoder_decoder model; use "
+                                                 "charlm.translate with it"):
+        charlm.generate(lm, "abc")
+    with pytest.raises(charlm.CharlmError, match="model.arch=decoder model; use "
+                                                 "charlm.sample / generate / score with it"):
+        charlm.translate(charlm.load(run_dir, device="cpu"), "abc")
+
+
+def test_eval_on_pairs_scores_every_reference(cli, pairs_run, tmp_path):
+    test = write_pairs(tmp_path / "test.tsv", [("abc", "c b a"), ("abc", "x y"), ("gf", "f g")])
+    scored = cli("eval", pairs_run, test, "--json")
+    result = json.loads(scored.out)
+    assert result["sources"] == 2 and result["units"] == "space"
+    assert result["wer"] == pytest.approx(1 - result["exact_match"])
+    # every reference its units are known of, each with its end id; "x y" counts as a miss
+    assert (result["units_scored"], result["references_not_scored"]) == (4 + 3, 1)
+    assert scored.err == ("warning: 1 references hold target units outside the model's "
+                          "vocabulary: they count for exact match and PER (never matched), "
+                          "not for the loss\n")
+    text = cli("eval", pairs_run, test).out
+    assert text.startswith("exact match ") and ", PER " in text
+
+
+def test_export_safetensors_translates_alike_and_hf_refuses(cli, pairs_run, tmp_path):
+    assert cli("export", pairs_run, "--out", tmp_path / "st").code == 0
+    a = cli("sample", pairs_run, "--source", "abcd", "--temperature", "0").out
+    assert cli("sample", tmp_path / "st", "--source", "abcd", "--temperature", "0").out == a
+    hf = cli("export", pairs_run, "--out", tmp_path / "hf", "--format", "hf")
+    assert (hf.code, hf.err) == (2, "error: this model cannot be exported as GPT-2 (--format "
+                                    "hf): model.arch='encoder_decoder' (GPT-2 is a decoder "
+                                    "only); use --format safetensors\n")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_a_gpt_and_an_encoder_decoder_refuse_each_others_options(cli, pairs_run, run_dir):
+    assert cli("sample", pairs_run, "--prompt", "abc").err == (
+        "error: --prompt is for a GPT; an encoder-decoder takes --source or --source-file\n")
+    assert cli("sample", run_dir, "--source", "abc").err == (
+        "error: --source and --source-file are for an encoder-decoder; this model is a GPT: "
+        "give --prompt or --prompt-file\n")
+    assert cli("sample", pairs_run).err == (
+        "error: an encoder-decoder transduces sources: give --source TEXT, --source - (one per "
+        "line on stdin) or --source-file FILE\n")
+    unknown = cli("sample", pairs_run, "--source", "abz")
+    assert unknown.code == 2 and "--unknown skip" in unknown.err
+
+
+def test_model_arch_and_the_data_must_agree(cli, tmp_path, corpus):
+    data = write_pairs(tmp_path / "reverse.tsv", reversal_pairs(50, 2))
+    gpt = cli("train", ROOT / "configs" / "tiny.yaml", "--data", data, "--out", tmp_path / "a")
+    assert gpt.err == (f"error: {data} holds pairs, but model.arch=decoder trains on text; set "
+                       "model.arch=encoder_decoder, or data.format=text to train a GPT on its "
+                       "lines\n")
+    encdec = cli("train", ROOT / "configs" / "tiny.yaml", "--data", corpus, "--out",
+                 tmp_path / "b", "--set", "model.arch=encoder_decoder")
+    assert encdec.err.startswith("error: model.arch=encoder_decoder trains on pairs, but ")
+    assert not (tmp_path / "a").exists() or not any((tmp_path / "a").glob("*.pt"))
