@@ -270,7 +270,7 @@ def info(
     ],
     set_: SetOpt = None,
     vocab_size: Annotated[
-        int | None, typer.Option(help="Vocab size for a config (default: from its data).")
+        int | None, typer.Option(help="Vocab size for a GPT config (default: from its data).")
     ] = None,
     shapes: Annotated[
         bool, typer.Option("--shapes", help="Also list the tensor shape at each forward stage.")
@@ -283,15 +283,12 @@ def info(
     ] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Parameter table per component, FLOPs per token, forward shapes and the resolved config."""
-    import torch
-
+    """Parameter table per component, FLOPs per token, forward shapes and the resolved config.
+    A config's vocabulary comes from data.path (an encoder-decoder's two from its pairs)."""
     from charlm.checkpoint import load_model
     from charlm.config import dump_yaml, is_config_file, load_config
-    from charlm.data import load_dataset, scan
     from charlm.export import is_export_dir, load_safetensors
-    from charlm.model import GPT
-    from charlm.summary import describe, render_text
+    from charlm.summary import config_model, describe, render_text
 
     train_state = None
     if vocab_size is not None and vocab_size < 1:
@@ -301,18 +298,7 @@ def info(
         raise CharlmError(f"{given} sizes the forward pass of --shapes; add --shapes")
     if is_config_file(target):
         cfg = load_config(target, list(set_ or []))
-        if vocab_size is None:
-            data_path = Path(cfg.data.path)
-            if not data_path.exists():
-                raise CharlmError(
-                    f"the vocabulary size comes from data.path, and {data_path} does not exist; "
-                    "give --vocab-size N, or --set data.path=FILE"
-                )
-            vocab_size = len(
-                load_dataset(data_path).vocab if data_path.is_dir() else scan([data_path])[1]
-            )
-        with torch.device("meta"):  # shapes only: a config too big for memory is explained too
-            model = GPT(dataclasses.replace(cfg.model, n_layer=1), vocab_size)  # alike blocks
+        model = config_model(cfg, vocab_size)  # one block per stack, on the meta device
     else:
         if set_ or vocab_size is not None:
             given = "--set" if set_ else "--vocab-size"

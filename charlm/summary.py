@@ -1,15 +1,19 @@
 """What `charlm info` reports about a model: a parameter table per component (in the style of a
-paper's appendix), FLOPs per token, and the tensor shapes at each stage of one forward pass.
+paper's appendix), FLOPs per token, and the tensor shapes at each stage of one forward pass,
+for the GPT and for the encoder-decoder (`charlm.seq2seq`).
 
 Every function returns plain data (dicts, lists, ints), so the CLI can print it as text or JSON.
-The parameter table is read off the model's own tensors and checked against `model.param_counts`,
-so it cannot drift from the code.
+The parameter table is read off the model's own tensors and checked against the model's own
+count (`model.param_counts`, `EncoderDecoder.component_counts`), so it cannot drift from the code.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,12 +22,15 @@ import torch.nn as nn
 from charlm.config import ModelConfig, RunConfig
 from charlm.errors import CharlmError
 from charlm.model import GPT, Block, param_counts
+from charlm.seq2seq import EncoderDecoder
 
 POSITION_ROWS = {
     "sinusoidal": "position encoding (fixed sinusoids, not trained)",
     "rope": "position encoding (rotary, applied to q and k)",
     "none": "position encoding (none)",
 }
+CROSS = "cross-attention"
+NO_FINAL_NORM = "norm (none: post-norm blocks end in a norm)"
 
 
 def _row(section: str, component: str, shape: tuple[int, ...] | torch.Size | None) -> dict:
@@ -37,66 +44,127 @@ def _shape(p: torch.Tensor | None) -> torch.Size | None:
     return p.shape if p is not None else None
 
 
-def _layer_rows(block: Block, cfg: ModelConfig) -> list[dict]:
-    """Rows for one block, splitting the fused q/k/v (and swiglu gate/up) tensors into parts."""
-    attn, mlp = block.attn, block.mlp
-    C = cfg.n_embd
-    rows = [_row("layer", f"attention {p} weight", (C, C)) for p in "qkv"]
-    rows.append(_row("layer", "attention o weight", attn.proj.weight.shape))
-    rows += [_row("layer", f"attention {p} bias", (C,) if attn.qkv.bias is not None else None)
-             for p in "qkv"]
-    rows.append(_row("layer", "attention o bias", _shape(attn.proj.bias)))
-    hidden = mlp.proj.weight.shape[1]
-    has_bias = mlp.fc.bias is not None
-    ins = ["gate", "up"] if cfg.activation == "swiglu" else ["up"]  # parts fused in mlp.fc
-    rows += [_row("layer", f"mlp {p} weight", (hidden, C)) for p in ins]
-    rows += [_row("layer", f"mlp {p} bias", (hidden,) if has_bias else None) for p in ins]
-    rows.append(_row("layer", "mlp down weight", mlp.proj.weight.shape))
-    rows.append(_row("layer", "mlp down bias", _shape(mlp.proj.bias)))
-    where = "after" if cfg.norm_placement == "post" else "before"
-    for norm, sub in ((block.ln_1, "attention"), (block.ln_2, "mlp")):
-        rows.append(_row("layer", f"{cfg.norm} {where} {sub} weight", norm.weight.shape))
-        rows.append(_row("layer", f"{cfg.norm} {where} {sub} bias",
-                         _shape(getattr(norm, "bias", None))))
+def _norm_rows(section: str, label: str, norm: nn.Module) -> list[dict]:
+    return [_row(section, f"{label} weight", norm.weight.shape),
+            _row(section, f"{label} bias", _shape(getattr(norm, "bias", None)))]
+
+
+def _attention_rows(section: str, label: str, inputs: dict[str, nn.Linear], proj: nn.Linear,
+                    C: int) -> list[dict]:
+    """Rows of one attention: inputs maps each of q, k, v to the Linear it is a C-row part of
+    (the fused qkv, or the cross-attention's q and fused kv); proj is o."""
+    rows = [_row(section, f"{label} {p} weight", (C, C)) for p in inputs]
+    rows.append(_row(section, f"{label} o weight", proj.weight.shape))
+    rows += [_row(section, f"{label} {p} bias", (C,) if lin.bias is not None else None)
+             for p, lin in inputs.items()]
+    rows.append(_row(section, f"{label} o bias", _shape(proj.bias)))
     return rows
 
 
-def parameter_table(model: GPT, n_layer: int | None = None) -> dict[str, Any]:
+def _layer_rows(block: Block, cfg: ModelConfig, section: str = "layer",
+                attention: str = "attention") -> list[dict]:
+    """Rows for one block, splitting the fused q/k/v (and swiglu gate/up) tensors into parts;
+    a decoder block's cross-attention (its k and v fused in `kv`) follows its self-attention."""
+    attn, mlp = block.attn, block.mlp
+    C = cfg.n_embd
+    rows = _attention_rows(section, attention, dict.fromkeys("qkv", attn.qkv), attn.proj, C)
+    sublayers = [(block.ln_1, attention)]
+    cross = getattr(block, "cross_attn", None)
+    if cross is not None:
+        rows += _attention_rows(section, CROSS, {"q": cross.q, "k": cross.kv, "v": cross.kv},
+                                cross.proj, C)
+        sublayers.append((block.ln_cross, CROSS))
+    sublayers.append((block.ln_2, "mlp"))
+    hidden = mlp.proj.weight.shape[1]
+    has_bias = mlp.fc.bias is not None
+    ins = ["gate", "up"] if cfg.activation == "swiglu" else ["up"]  # parts fused in mlp.fc
+    rows += [_row(section, f"mlp {p} weight", (hidden, C)) for p in ins]
+    rows += [_row(section, f"mlp {p} bias", (hidden,) if has_bias else None) for p in ins]
+    rows.append(_row(section, "mlp down weight", mlp.proj.weight.shape))
+    rows.append(_row(section, "mlp down bias", _shape(mlp.proj.bias)))
+    where = "after" if cfg.norm_placement == "post" else "before"
+    for norm, sub in sublayers:
+        rows += _norm_rows(section, f"{cfg.norm} {where} {sub}", norm)
+    return rows
+
+
+def _embedding_rows(wte: nn.Embedding, wpe: nn.Embedding | None, cfg: ModelConfig,
+                    prefix: str = "") -> list[dict]:
+    rows = [_row("embedding", f"{prefix}token embedding", wte.weight.shape)]
+    if cfg.pos_encoding == "learned":
+        rows.append(_row("embedding", f"{prefix}position embedding (learned)", wpe.weight.shape))
+    else:
+        rows.append(_row("embedding", prefix + POSITION_ROWS[cfg.pos_encoding], None))
+    return rows
+
+
+def _final_norm_rows(norm: nn.Module, cfg: ModelConfig, section: str, prefix: str) -> list[dict]:
+    if isinstance(norm, nn.Identity):
+        return [_row(section, f"{prefix} {NO_FINAL_NORM}", None)]
+    return _norm_rows(section, f"{prefix} {cfg.norm}", norm)
+
+
+def _head_row(head: nn.Linear, tied: bool, embedding: str) -> dict:
+    return (_row("output", f"head (tied: the {embedding}, no new parameters)", None) if tied
+            else _row("output", "head", head.weight.shape))
+
+
+def _stack(rows: list[dict], section: str, n_layer: int) -> dict[str, int]:
+    per_layer = sum(r["params"] for r in rows if r["section"] == section)
+    return {"per_layer": per_layer, "n_layer": n_layer, "all_layers": n_layer * per_layer}
+
+
+def _totals(rows: list[dict], all_layers: int, tied: bool, head: int,
+            expected: int) -> dict[str, Any]:
+    """The totals of a table whose layer sections (named "... layer") count all_layers."""
+    total = sum(r["params"] for r in rows if not r["section"].endswith("layer")) + all_layers
+    if total != expected:
+        raise RuntimeError("parameter table does not add up to the model's parameters")
+    return {"tied": tied, "total": total, "total_tied": total - (0 if tied else head),
+            "total_untied": total + (head if tied else 0)}
+
+
+def parameter_table(model: GPT | EncoderDecoder, n_layer: int | None = None,
+                    n_encoder_layer: int | None = None) -> dict[str, Any]:
     """Parameters per component: embeddings, one layer (times n_layer), final norm, head, and
-    the totals with the head tied and untied. `n_layer` (default: the model's) lets a model
-    built with fewer blocks stand for a deeper one: its blocks are all alike.
+    the totals with the head tied and untied; for an encoder-decoder, one encoder layer (times
+    n_encoder_layer) and its final norm come before the decoder's. `n_layer` and
+    `n_encoder_layer` (default: the model's) let a model built with fewer blocks stand for a
+    deeper one: a stack's blocks are all alike.
 
     Raises RuntimeError if the rows do not add up to the model's own parameter count.
     """
+    if isinstance(model, EncoderDecoder):
+        return _encoder_decoder_table(model, n_layer, n_encoder_layer)
     V, C = model.vocab_size, model.cfg.n_embd
     cfg = model.cfg if n_layer is None else dataclasses.replace(model.cfg, n_layer=n_layer)
-    rows = [_row("embedding", "token embedding", model.wte.weight.shape)]
-    if cfg.pos_encoding == "learned":
-        rows.append(_row("embedding", "position embedding (learned)", model.wpe.weight.shape))
-    else:
-        rows.append(_row("embedding", POSITION_ROWS[cfg.pos_encoding], None))
-    layer = _layer_rows(model.blocks[0], cfg)
-    per_layer = sum(r["params"] for r in layer)
-    rows += layer
-    if isinstance(model.ln_f, nn.Identity):
-        rows.append(_row("output", "final norm (none: post-norm blocks end in a norm)", None))
-    else:
-        rows.append(_row("output", f"final {cfg.norm} weight", model.ln_f.weight.shape))
-        rows.append(_row("output", f"final {cfg.norm} bias",
-                         _shape(getattr(model.ln_f, "bias", None))))
-    tied = cfg.tie_weights
-    rows.append(_row("output", "head (tied: the token embedding, no new parameters)", None)
-                if tied else _row("output", "head", model.head.weight.shape))
-    outside = sum(r["params"] for r in rows if r["section"] != "layer")
-    total = outside + cfg.n_layer * per_layer
-    if total != param_counts(model, cfg.n_layer)["total"]:
-        raise RuntimeError("parameter table does not add up to the model's parameters")
-    head = V * C
-    return {
-        "rows": rows, "per_layer": per_layer, "n_layer": cfg.n_layer,
-        "all_layers": cfg.n_layer * per_layer, "tied": tied, "total": total,
-        "total_tied": total - (0 if tied else head), "total_untied": total + (head if tied else 0),
-    }
+    rows = _embedding_rows(model.wte, getattr(model, "wpe", None), cfg)
+    rows += _layer_rows(model.blocks[0], cfg)
+    rows += _final_norm_rows(model.ln_f, cfg, "output", "final")
+    rows.append(_head_row(model.head, cfg.tie_weights, "token embedding"))
+    stack = _stack(rows, "layer", cfg.n_layer)
+    return {"rows": rows, **stack, **_totals(rows, stack["all_layers"], cfg.tie_weights, V * C,
+                                             param_counts(model, cfg.n_layer)["total"])}
+
+
+def _encoder_decoder_table(model: EncoderDecoder, n_layer: int | None,
+                           n_encoder_layer: int | None) -> dict[str, Any]:
+    cfg = dataclasses.replace(model.cfg, n_layer=n_layer or model.cfg.n_layer,
+                              n_encoder_layer=n_encoder_layer or model.cfg.encoder_layers)
+    rows = _embedding_rows(model.src_wte, getattr(model, "src_wpe", None), cfg, "source ")
+    rows += _embedding_rows(model.wte, getattr(model, "wpe", None), cfg, "target ")
+    rows += _layer_rows(model.encoder[0], cfg, "encoder layer", "self-attention")
+    rows += _final_norm_rows(model.ln_enc, cfg, "encoder output", "encoder final")
+    rows += _layer_rows(model.blocks[0], cfg, "decoder layer", "self-attention")
+    rows += _final_norm_rows(model.ln_f, cfg, "output", "decoder final")
+    rows.append(_head_row(model.head, cfg.tie_weights, "target token embedding"))
+    encoder = _stack(rows, "encoder layer", cfg.encoder_layers)
+    decoder = _stack(rows, "decoder layer", cfg.n_layer)
+    expected = model.component_counts(cfg.n_layer, cfg.encoder_layers)["total"]
+    head = model.target_vocab_size * cfg.n_embd
+    return {"rows": rows, "encoder": encoder, "decoder": decoder,
+            **_totals(rows, encoder["all_layers"] + decoder["all_layers"], cfg.tie_weights,
+                      head, expected)}
 
 
 def flops_per_token(table: dict[str, Any], cfg: ModelConfig, vocab_size: int) -> dict[str, int]:
@@ -117,6 +185,127 @@ def flops_per_token(table: dict[str, Any], cfg: ModelConfig, vocab_size: int) ->
             "decode_step": 2 * n + attention}
 
 
+def seq2seq_flops(table: dict[str, Any], cfg: ModelConfig, source_vocab_size: int,
+                  target_vocab_size: int) -> dict[str, int]:
+    """FLOPs per target token of an encoder-decoder, as `flops_per_token` counts them, for a
+    pair of a full-length source and target: S = T = block_size positions each.
+
+    N_source is what runs once per source position: the encoder (and its final norm) and every
+    decoder layer's cross-attention k, v projection of the memory. N_target is what runs once
+    per target position: the rest of the decoder and the head. Attention per layer and query is
+    4 * n_embd per key: the encoder's over S keys (per source position, one per target
+    position here), the decoder's self-attention over T and its cross-attention over S.
+    training: forward and backward of the pair, divided by its T target tokens. encode_source:
+    the forward once per source (encoder and cross-attention keys and values, all S positions).
+    decode_step: one target token at full context, with the source already encoded.
+    """
+    L, Le, C = cfg.n_layer, cfg.encoder_layers, cfg.n_embd
+    S = T = cfg.block_size
+    learned = cfg.pos_encoding == "learned"
+    lookups = (source_vocab_size + target_vocab_size) * C + (S + T) * C * learned
+    rows = table["rows"]
+    kv = sum(r["params"] for r in rows if r["section"] == "decoder layer"
+             and r["component"].startswith((f"{CROSS} k ", f"{CROSS} v ")))
+    n_source = table["encoder"]["all_layers"] + L * kv + sum(
+        r["params"] for r in rows if r["section"] == "encoder output")
+    n_target = table["total_untied"] - lookups - n_source
+    n = n_source + n_target  # S = T: one source position per target position
+    attention = 4 * C * (Le * S + L * T + L * S)  # forward, per target token
+    return {"N_source": n_source, "N_target": n_target, "N": n, "source_context": S,
+            "context": T, "training": 6 * n + 3 * attention,
+            "encode_source": 2 * n_source * S + 4 * Le * C * S * S,
+            "decode_step": 2 * n_target + 4 * L * C * (T + S)}
+
+
+class _Recorder:
+    """The shapes of one forward pass on the meta device: module outputs recorded by forward
+    hooks on `watched` (name -> what), with `after[name]` adding the stages a module's call
+    hides (heads, attention weights) and `before[name]` those that precede it."""
+
+    def __init__(self) -> None:
+        self.stages: list[dict] = []
+        self.watched: dict[str, str] = {}
+        self.after: dict[str, Callable[[], None]] = {}
+        self.before: dict[str, Callable[[], None]] = {}
+
+    def add(self, stage: str, what: str, shape) -> None:
+        self.stages.append({"stage": stage, "what": what, "shape": list(shape)})
+
+    def run(self, model: nn.Module, forward: Callable[[], Any]) -> list[dict]:
+        def record(name: str):
+            def hook(module, inputs, output) -> None:
+                self.add(name, self.watched[name], output.shape)
+                if name in self.after:
+                    self.after[name]()
+            return hook
+
+        handles = []
+        for name, module in model.named_modules():
+            if name in self.before:
+                handles.append(module.register_forward_pre_hook(
+                    lambda m, inputs, f=self.before[name]: f()))
+            if name in self.watched:
+                handles.append(module.register_forward_hook(record(name)))
+        try:
+            forward()
+        finally:
+            for h in handles:
+                h.remove()
+        return self.stages
+
+    def attention(self, cfg: ModelConfig, B: int, T: int, weights: str, key_mask: bool = False,
+                  S: int | None = None) -> None:
+        """The stages inside one attention call of T queries: self-attention from the fused
+        q, k, v, or with S, cross-attention over the memory's S keys and values."""
+        H, D = cfg.n_head, cfg.head_dim
+        if S is None:
+            S = T
+            self.add("  q, k, v", "split into heads (each)", (B, H, T, D))
+            if cfg.pos_encoding == "rope":
+                self.add("  rope", "q, k rotated by position", (B, H, T, D))
+        else:
+            self.add("  q", "split into heads", (B, H, T, D))
+        if key_mask:
+            self.add("  key padding mask", "True = a real source position", (B, 1, 1, S))
+        self.add("  softmax(q k^T / sqrt(D))", weights, (B, H, T, S))
+        self.add("  weights @ v", "per head", (B, H, T, D))
+        self.add("  merge heads", "input to o", (B, T, H * D))
+
+    def block(self, cfg: ModelConfig, prefix: str, B: int, T: int, attention: str,
+              weights: str, key_mask: bool = False, S: int | None = None) -> None:
+        """Watch block `prefix` stage by stage; S (the source length) adds its cross-attention."""
+        norm, where = cfg.norm, cfg.norm_placement
+        names = {"ln_1": f"{norm} ({where}, {attention})", "attn.qkv": "q, k, v",
+                 "attn.proj": f"{attention} output (o)", "ln_2": f"{norm} ({where}, mlp)",
+                 "mlp.fc": "mlp gate and up" if cfg.activation == "swiglu" else "mlp up",
+                 "mlp.proj": "mlp down"}
+        if S is not None:
+            names.update({"ln_cross": f"{norm} ({where}, {CROSS})", "cross_attn.q": f"{CROSS} q",
+                          "cross_attn.proj": f"{CROSS} output (o)"})
+            self.after[f"{prefix}.cross_attn.q"] = lambda: self.attention(
+                cfg, B, T, "weights over the memory's keys, padding masked", S=S)
+        self.watched.update({f"{prefix}.{k}": v for k, v in names.items()})
+        self.after[f"{prefix}.attn.qkv"] = lambda: self.attention(cfg, B, T, weights, key_mask)
+        if cfg.activation == "swiglu":
+            self.after[f"{prefix}.mlp.fc"] = lambda: self.add(
+                "  silu(gate) * up", "swiglu hidden", (B, T, cfg.ff_width))
+
+    def embeddings(self, cfg: ModelConfig, wte: str, wpe: str, T: int, side: str = "") -> None:
+        self.watched[wte] = f"{side}token embedding"
+        if cfg.pos_encoding == "learned":
+            self.watched[wpe] = f"{side}position embedding"
+        if cfg.pos_encoding == "sinusoidal":
+            self.after[wte] = lambda: self.add("  sinusoid table", "added to tokens * sqrt(n_embd)",
+                                               (T, cfg.n_embd))
+
+
+def _check_sizes(cfg: ModelConfig, batch: int, seq_len: int) -> None:
+    if not 1 <= seq_len <= cfg.block_size:
+        raise CharlmError(f"--seq-len {seq_len} must be in 1..block_size ({cfg.block_size})")
+    if batch < 1:
+        raise CharlmError(f"--batch must be >= 1, got {batch}")
+
+
 def forward_shapes(cfg: ModelConfig, vocab_size: int, batch: int, seq_len: int) -> list[dict]:
     """The tensor shape after each stage of one forward pass of idx (batch, seq_len).
 
@@ -124,80 +313,133 @@ def forward_shapes(cfg: ModelConfig, vocab_size: int, batch: int, seq_len: int) 
     module outputs with hooks. Block 0 is shown stage by stage; the stages inside the fused
     attention call (heads, rotation, attention weights) are derived from its inputs.
     """
-    if not 1 <= seq_len <= cfg.block_size:
-        raise CharlmError(f"--seq-len {seq_len} must be in 1..block_size ({cfg.block_size})")
-    if batch < 1:
-        raise CharlmError(f"--batch must be >= 1, got {batch}")
+    _check_sizes(cfg, batch, seq_len)
     with torch.device("meta"):
         model = GPT(cfg, vocab_size).eval()
-    B, T, H, D = batch, seq_len, cfg.n_head, cfg.head_dim
-    stages = [{"stage": "idx", "what": "token ids", "shape": [B, T]}]
-
-    def add(stage: str, what: str, shape) -> None:
-        stages.append({"stage": stage, "what": what, "shape": list(shape)})
-
-    def inside_attention() -> None:
-        add("  q, k, v", "split into heads (each)", (B, H, T, D))
-        if cfg.pos_encoding == "rope":
-            add("  rope", "q, k rotated by position", (B, H, T, D))
-        add("  softmax(q k^T / sqrt(D))", "attention weights, causal", (B, H, T, T))
-        add("  weights @ v", "per head", (B, H, T, D))
-        add("  merge heads", "input to o", (B, T, H * D))
-
-    def inside_mlp() -> None:
-        if cfg.activation == "swiglu":
-            add("  silu(gate) * up", "swiglu hidden", (B, T, cfg.ff_width))
-
-    watched = {"wte": "token embedding"}
-    if cfg.pos_encoding == "learned":
-        watched["wpe"] = "position embedding"
-    names = {"ln_1": f"{cfg.norm} ({cfg.norm_placement}, attention)", "attn.qkv": "q, k, v",
-             "attn.proj": "attention output (o)", "ln_2": f"{cfg.norm} ({cfg.norm_placement}, mlp)",
-             "mlp.fc": "mlp gate and up" if cfg.activation == "swiglu" else "mlp up",
-             "mlp.proj": "mlp down"}
-    watched.update({f"blocks.0.{k}": v for k, v in names.items()})
-    watched.update({f"blocks.{i}": f"block {i} output" for i in range(cfg.n_layer)})
+    B, T = batch, seq_len
+    rec = _Recorder()
+    rec.add("idx", "token ids", (B, T))
+    rec.embeddings(cfg, "wte", "wpe", T)
+    rec.block(cfg, "blocks.0", B, T, "attention", "attention weights, causal")
+    rec.watched.update({f"blocks.{i}": f"block {i} output" for i in range(cfg.n_layer)})
     if not isinstance(model.ln_f, nn.Identity):
-        watched["ln_f"] = "final norm"
-    watched["head"] = "logits"
-    after = {"blocks.0.attn.qkv": inside_attention, "blocks.0.mlp.fc": inside_mlp}
-    if cfg.pos_encoding == "sinusoidal":
-        after["wte"] = lambda: add("  sinusoid table", "added to tokens * sqrt(n_embd)",
-                                   (T, cfg.n_embd))
-
-    def hook(name: str):
-        def record(module, inputs, output) -> None:
-            add(name, watched[name], output.shape)
-            if name in after:
-                after[name]()
-        return record
-
-    handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules() if n in watched]
-    try:
-        model(torch.zeros(B, T, dtype=torch.long, device="meta"))
-    finally:
-        for h in handles:
-            h.remove()
-    return stages
+        rec.watched["ln_f"] = "final norm"
+    rec.watched["head"] = "logits"
+    return rec.run(model, lambda: model(torch.zeros(B, T, dtype=torch.long, device="meta")))
 
 
-def describe(model: GPT, cfg: RunConfig, shapes: tuple[int, int] | None = None,
+def seq2seq_forward_shapes(cfg: ModelConfig, source_vocab_size: int, target_vocab_size: int,
+                           batch: int, seq_len: int) -> list[dict]:
+    """`forward_shapes` of an encoder-decoder over a source and a target of seq_len each
+    (S = T): the encoder's block 0 stage by stage, the memory and every decoder layer's
+    cross-attention keys and values (once per source), then the decoder's block 0 stage by
+    stage with its cross-attention, and the logits."""
+    _check_sizes(cfg, batch, seq_len)
+    with torch.device("meta"):
+        model = EncoderDecoder(cfg, source_vocab_size, target_vocab_size,
+                               source_vocab_size - 1).eval()
+    B, S = batch, seq_len
+    T, H, D, L, Le = seq_len, cfg.n_head, cfg.head_dim, cfg.n_layer, cfg.encoder_layers
+    rec = _Recorder()
+    rec.add("src", "source ids", (B, S))
+    rec.embeddings(cfg, "src_wte", "src_wpe", S, "source ")
+    rec.block(cfg, "encoder.0", B, S, "self-attention",
+              "attention weights, bidirectional, padding masked", key_mask=True)
+    rec.watched.update({f"encoder.{i}": f"encoder block {i} output" for i in range(Le)})
+    last = f"encoder.{Le - 1}"
+    if not isinstance(model.ln_enc, nn.Identity):
+        rec.watched[last := "ln_enc"] = "encoder final norm"
+    rec.after[last] = lambda: rec.add("memory", "the encoder's output", (B, S, cfg.n_embd))
+    for i in range(L):
+        rec.watched[f"blocks.{i}.cross_attn.kv"] = f"block {i} {CROSS} k, v of the memory"
+        rec.after[f"blocks.{i}.cross_attn.kv"] = lambda: rec.add(
+            "  k, v", "split into heads (each), once per source", (B, H, S, D))
+    rec.before["wte"] = lambda: rec.add("tgt_in", "target ids (bos, then the target)", (B, T))
+    rec.embeddings(cfg, "wte", "wpe", T, "target ")
+    rec.block(cfg, "blocks.0", B, T, "self-attention", "attention weights, causal", S=S)
+    rec.watched.update({f"blocks.{i}": f"decoder block {i} output" for i in range(L)})
+    if not isinstance(model.ln_f, nn.Identity):
+        rec.watched["ln_f"] = "decoder final norm"
+    rec.watched["head"] = "logits"
+    ids = torch.zeros(B, S, dtype=torch.long, device="meta")
+    return rec.run(model, lambda: model(ids, ids))
+
+
+def _text_vocab_size(cfg: RunConfig) -> int:
+    from charlm.data import load_dataset, scan
+
+    path = Path(cfg.data.path)
+    if not path.exists():
+        raise CharlmError(f"the vocabulary size comes from data.path, and {path} does not exist; "
+                          "give --vocab-size N, or --set data.path=FILE")
+    return len(load_dataset(path).vocab if path.is_dir() else scan([path])[1])
+
+
+def _pair_vocab(cfg: RunConfig):
+    """The source and target vocabularies of data.path: a .tsv of pairs or a prepared dir."""
+    from charlm.pairs import load_pairs, read_pairs
+    from charlm.tasks import check_data_kind
+    from charlm.vocab import PairVocab
+
+    path = Path(cfg.data.path)
+    if not path.exists():
+        raise CharlmError(f"the source and target vocabularies come from data.path, and {path} "
+                          "does not exist; --set data.path=FILE (a .tsv of pairs, or a dataset "
+                          "made by `charlm prepare --pairs`)")
+    if path.is_dir():
+        return load_pairs(path).vocab
+    check_data_kind(cfg, cfg.data.pairs)
+    pairs, _ = read_pairs(path, cfg.data, cfg.model.block_size)
+    return PairVocab.from_pairs(pairs, cfg.data.target_units)
+
+
+def config_model(cfg: RunConfig, vocab_size: int | None = None) -> GPT | EncoderDecoder:
+    """The model a config describes, with one block per stack on the meta device (no memory:
+    a config too big for memory is described too; `describe` scales the alike blocks up). The
+    vocabulary comes from data.path; a GPT's `vocab_size`, when given, replaces it."""
+    m = cfg.model
+    if m.arch != "encoder_decoder":
+        size = _text_vocab_size(cfg) if vocab_size is None else vocab_size
+        with torch.device("meta"):
+            return GPT(dataclasses.replace(m, n_layer=1), size)
+    if vocab_size is not None:
+        raise CharlmError("--vocab-size gives one vocabulary, and model.arch=encoder_decoder "
+                          "has two (source and target); drop it: both come from data.path")
+    vocab = _pair_vocab(cfg)
+    with torch.device("meta"):
+        return EncoderDecoder(dataclasses.replace(m, n_layer=1, n_encoder_layer=1),
+                              vocab.source_size, vocab.target_size, vocab.src_pad)
+
+
+def describe(model: GPT | EncoderDecoder, cfg: RunConfig, shapes: tuple[int, int] | None = None,
              train_state: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Everything `charlm info` reports, as plain data: vocab size, training progress (for a
-    checkpoint), parameter table, FLOPs per token, forward shapes for shapes=(batch, seq_len)
-    when given, and the resolved config. `model` may have fewer blocks than `cfg` says (a
-    one-layer stand-in, see `parameter_table`)."""
-    table = parameter_table(model, cfg.model.n_layer)
-    info: dict[str, Any] = {"vocab_size": model.vocab_size}
+    """Everything `charlm info` reports, as plain data: vocab size (an encoder-decoder: arch and
+    source and target vocab sizes), training progress (for a checkpoint), parameter table, FLOPs
+    per token, forward shapes for shapes=(batch, seq_len) when given, and the resolved config.
+    `model` may have fewer blocks than `cfg` says (a one-layer stand-in, see `parameter_table`)."""
+    m = cfg.model
+    table = parameter_table(model, m.n_layer, m.encoder_layers)
+    seq2seq = isinstance(model, EncoderDecoder)
+    if seq2seq:
+        vocab = (model.source_vocab_size, model.target_vocab_size)
+        info: dict[str, Any] = {"arch": m.arch, "source_vocab_size": vocab[0],
+                                "target_vocab_size": vocab[1]}
+    else:
+        info = {"vocab_size": model.vocab_size}
     if train_state is not None:
         best = train_state["best_val"]  # inf until the first evaluation: null in JSON
         info["checkpoint"] = {"step": train_state["step"],
                               "best_val_loss": best if math.isfinite(best) else None,
                               "tokens_seen": train_state["tokens"]}
     info["parameters"] = table
-    info["flops_per_token"] = flops_per_token(table, cfg.model, model.vocab_size)
-    if shapes is not None:
-        info["shapes"] = forward_shapes(cfg.model, model.vocab_size, *shapes)
+    if seq2seq:
+        info["flops_per_token"] = seq2seq_flops(table, m, *vocab)
+        if shapes is not None:
+            info["shapes"] = seq2seq_forward_shapes(m, *vocab, *shapes)
+    else:
+        info["flops_per_token"] = flops_per_token(table, m, model.vocab_size)
+        if shapes is not None:
+            info["shapes"] = forward_shapes(m, model.vocab_size, *shapes)
     info["config"] = cfg.to_dict()
     return info
 
@@ -206,9 +448,43 @@ def _fmt_shape(shape: list[int] | None) -> str:
     return " x ".join(map(str, shape)) if shape else "-"
 
 
+def _flops_lines(f: dict[str, int]) -> list[str]:
+    def line(label: str, value: int) -> str:
+        return f"  {label:<70}{value:>15,}"
+
+    if "N_source" not in f:
+        return [f"FLOPs per token, T = block_size = {f['context']}, N = {f['N']:,} (parameters in "
+                "matrix", "multiplies: all but the embedding lookups, the head included even "
+                "when tied):",
+                line("training, forward + backward: 6N + 12 * n_layer * n_embd * T",
+                     f["training"]),
+                line("one decode step at full context: 2N + 4 * n_layer * n_embd * T",
+                     f["decode_step"])]
+    about = (f"FLOPs per target token, S = T = block_size = {f['context']} source and target "
+             f"positions, N = N_source + N_target = {f['N_source']:,} + {f['N_target']:,} "
+             "(parameters in matrix multiplies: all but the embedding lookups, the head included "
+             "even when tied). N_source runs once per source position: the encoder and every "
+             "decoder layer's cross-attention k, v. N_target runs once per target position: the "
+             "rest of the decoder and the head.")
+    return [
+        *textwrap.wrap(about, 85),
+        "  training, forward + backward of a full-length pair, divided by its T target tokens:",
+        line("  6N + 12 * n_embd * (n_encoder_layer * S + n_layer * (T + S))", f["training"]),
+        line("encoding one source, once: 2 N_source S + 4 n_encoder_layer n_embd S^2",
+             f["encode_source"]),
+        line("one decode step at full context: 2 N_target + 4 n_layer n_embd (T + S)",
+             f["decode_step"]),
+    ]
+
+
 def render_text(info: dict[str, Any]) -> str:
     """The human-readable form of `charlm info` (see `cli.info` for the keys of `info`)."""
-    lines = [f"vocab size: {info['vocab_size']}"]
+    if "vocab_size" in info:
+        lines = [f"vocab size: {info['vocab_size']}"]
+    else:
+        lines = [f"architecture: {info['arch']}",
+                 f"source vocab size: {info['source_vocab_size']}",
+                 f"target vocab size: {info['target_vocab_size']}"]
     if "checkpoint" in info:
         ckpt = info["checkpoint"]
         best = ckpt["best_val_loss"]
@@ -226,28 +502,26 @@ def render_text(info: dict[str, Any]) -> str:
             if r["section"] == section:
                 line(r["component"], r["shape"], r["params"], indent)
 
+    def stack(section: str, stats: dict[str, int], name: str = "") -> None:
+        lines.append(f"  {name}per layer:")
+        rows(section, indent=4)
+        line("layer total", "", stats["per_layer"], indent=4)
+        line(f"all {name}layers (x {stats['n_layer']})", "", stats["all_layers"])
+
     lines += ["", f"{'parameters':<60}{'shape':>12}{'count':>13}"]
     rows("embedding")
-    lines.append("  per layer:")
-    rows("layer", indent=4)
-    line("layer total", "", table["per_layer"], indent=4)
-    line(f"all layers (x {table['n_layer']})", "", table["all_layers"])
+    if "encoder" in table:
+        stack("encoder layer", table["encoder"], "encoder ")
+        rows("encoder output")
+        stack("decoder layer", table["decoder"], "decoder ")
+    else:
+        stack("layer", table)
     rows("output")
     line(f"total (head {'tied' if table['tied'] else 'untied'}, as configured)", "",
          table["total"])
     line("total with the head tied", "", table["total_tied"])
     line("total with the head untied", "", table["total_untied"])
-
-    f = info["flops_per_token"]
-    lines += [
-        "",
-        f"FLOPs per token, T = block_size = {f['context']}, N = {f['N']:,} (parameters in matrix",
-        "multiplies: all but the embedding lookups, the head included even when tied):",
-        f"  {'training, forward + backward: 6N + 12 * n_layer * n_embd * T':<70}"
-        f"{f['training']:>15,}",
-        f"  {'one decode step at full context: 2N + 4 * n_layer * n_embd * T':<70}"
-        f"{f['decode_step']:>15,}",
-    ]
+    lines += ["", *_flops_lines(info["flops_per_token"])]
     if "shapes" in info:
         lines += ["", f"{'forward pass':<36}{'shape':<20}what"]
         lines += [f"  {s['stage']:<34}{_fmt_shape(s['shape']):<20}{s['what']}"
