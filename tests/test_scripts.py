@@ -30,6 +30,7 @@ def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
      "error: invalid config value train.eval_iters"),
     ("time_to_loss.py", ["missing.yaml"], "error: config file not found: missing.yaml"),
     ("time_to_loss.py", [TINY, "--set", "model.n_layr=2"], "did you mean 'n_layer'?"),
+    ("cmudict_pairs.py", ["missing.dict"], "error: input file not found: missing.dict"),
 ])
 def test_scripts_report_bad_config_in_one_line(name, args, message):
     result = run_script(name, *args)
@@ -46,6 +47,7 @@ def test_scripts_report_bad_config_in_one_line(name, args, message):
     ("bench_prepare.py", ["--mb", "0"]),
     ("time_to_loss.py", ["--target", "0"]),
     ("time_to_loss.py", ["--at", "0"]),
+    ("bench_g2p.py", ["--minutes", "0"]),
 ])
 def test_scripts_reject_counts_that_are_not_positive(name, args):
     result = run_script(name, *args)
