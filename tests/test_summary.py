@@ -9,14 +9,8 @@ from charlm.config import MODEL_VARIANTS, ModelConfig, RunConfig, load_config
 from charlm.errors import CharlmError
 from charlm.model import GPT
 from charlm.seq2seq import EncoderDecoder
-from charlm.summary import (
-    describe,
-    flops_per_token,
-    forward_shapes,
-    parameter_table,
-    seq2seq_flops,
-    seq2seq_forward_shapes,
-)
+from charlm.shapes import forward_shapes, seq2seq_forward_shapes
+from charlm.summary import describe, flops_per_token, parameter_table, seq2seq_flops
 from charlm.train import train
 
 from .conftest import ROOT
