@@ -146,7 +146,7 @@ def read_meta(path: Path) -> Any:
     return json.loads((path / "meta.json").read_text(encoding="utf-8"))
 
 
-def _dataset_meta(path: Path) -> dict[str, Any] | None:
+def dataset_meta(path: Path) -> dict[str, Any] | None:
     """The meta.json of the directory `path` if it is a charlm dataset's, else None (missing,
     unreadable, or another tool's)."""
     try:
@@ -156,13 +156,13 @@ def _dataset_meta(path: Path) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) and meta.get("format") == DATASET_FORMAT else None
 
 
-def _replaceable(out: Path) -> bool:
+def replaceable(out: Path) -> bool:
     """Whether `prepare` may write into the existing directory `out`: one that holds a charlm
     dataset (its meta.json says so: a meta.json of another tool is not ours to overwrite), or
     nothing but dataset files and the hidden .NAME.tmp-PID files of a killed prepare, with a
     meta.json missing or damaged (a prepare or a machine stopped between moving the .bin files
     into place and writing meta.json, say in a run's own dataset cache)."""
-    if _dataset_meta(out) is not None:
+    if dataset_meta(out) is not None:
         return True
     if not all(p.name.startswith(".") or p.name in DATASET_FILES for p in out.iterdir()):
         return False
@@ -194,7 +194,7 @@ def prepare(
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise CharlmError(f"--out must be a directory, but {out} is a file")
-    if out.is_dir() and not _replaceable(out):
+    if out.is_dir() and not replaceable(out):
         raise CharlmError(f"--out {out} is not empty and holds no charlm dataset; give a new or "
                           "empty directory, or a dataset dir to replace")
 
@@ -267,6 +267,14 @@ class Dataset:
         return self.train if name == "train" else self.val
 
 
+def check_meta_header(meta: Any) -> None:
+    """Raise ValueError unless a dataset's meta.json is charlm's, of the version read here."""
+    if not isinstance(meta, dict) or meta.get("format") != DATASET_FORMAT:
+        raise ValueError("not a charlm dataset")
+    if meta.get("version") != DATASET_VERSION:
+        raise ValueError(f"dataset format version {meta.get('version')}")
+
+
 def load_dataset(path: str | Path) -> Dataset:
     path = Path(path)
     if not (path / "meta.json").is_file():
@@ -276,10 +284,7 @@ def load_dataset(path: str | Path) -> Dataset:
         )
     try:
         meta = read_meta(path)
-        if not isinstance(meta, dict) or meta.get("format") != DATASET_FORMAT:
-            raise ValueError("not a charlm dataset")
-        if meta.get("version") != DATASET_VERSION:
-            raise ValueError(f"dataset format version {meta.get('version')}")
+        check_meta_header(meta)
         vocab = Vocab(meta["vocab"])
         # The declared sizes must be the vocabulary's: a hand-edited one is not silently ignored.
         if meta["vocab_size"] != len(vocab):
@@ -318,7 +323,7 @@ def dataset_for(data_path: str | Path, val_fraction: float, cache_dir: Path,
     if data_path.is_dir():
         return load_dataset(data_path)
     check_source_file(data_path)
-    meta = _dataset_meta(cache_dir)
+    meta = dataset_meta(cache_dir)
     if meta is not None:
         try:
             cached = [s["sha256"] for s in meta["sources"]]

@@ -371,12 +371,20 @@ class GPT(nn.Module):
             x = block(x, cache, i, rope)
         if cache is not None:
             cache.pos += T
-        logits = self.head(self.ln_f(x))  # (B, T, V)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(),
-                                   targets.reshape(-1))
-        return logits, loss
+        return logits_and_loss(self, x, targets)
+
+
+def logits_and_loss(model: nn.Module, x: torch.Tensor, targets: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The last hidden states x (B, T, C) through the model's final norm and head -> logits
+    (B, T, V), and with targets (B, T) the mean cross-entropy in float32 over the positions
+    whose target is not -1 (an encoder-decoder's padding; a GPT's targets never are)."""
+    logits = model.head(model.ln_f(x))  # (B, T, V)
+    loss = None
+    if targets is not None:
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(),
+                               targets.reshape(-1), ignore_index=-1)
+    return logits, loss
 
 
 def param_counts(model: nn.Module, n_layer: int | None = None) -> dict[str, int]:

@@ -30,11 +30,12 @@ from charlm.data import (
     DATASET_FILES,
     DATASET_FORMAT,
     DATASET_VERSION,
-    _dataset_meta,
-    _replaceable,
+    check_meta_header,
     check_source_file,
+    dataset_meta,
     read_meta,
     read_text,
+    replaceable,
     sha256_file,
 )
 from charlm.errors import CharlmError, characters
@@ -166,7 +167,7 @@ def _check_out(out: Path) -> None:
     """`out` may be written: new, empty, a charlm dataset dir, or a killed prepare's."""
     if out.exists() and not out.is_dir():
         raise CharlmError(f"--out must be a directory, but {out} is a file")
-    if out.is_dir() and not (_replaceable(out) or _killed_prepare(out)):
+    if out.is_dir() and not (replaceable(out) or _killed_prepare(out)):
         raise CharlmError(f"--out {out} is not empty and holds no charlm dataset; give a new "
                           "or empty directory, or a dataset dir to replace")
 
@@ -303,10 +304,7 @@ def load_pairs(path: Path) -> PairDataset:
                           "of pairs or run `charlm prepare --pairs` first")
     try:
         meta = read_meta(path)
-        if not isinstance(meta, dict) or meta.get("format") != DATASET_FORMAT:
-            raise ValueError("not a charlm dataset")
-        if meta.get("version") != DATASET_VERSION:
-            raise ValueError(f"dataset format version {meta.get('version')}")
+        check_meta_header(meta)
         if meta.get("kind", "text") == "text":  # not caught below: the dataset is fine
             raise CharlmError(f"{path} holds a text dataset, not pairs; give a .tsv file of "
                               "pairs or a dataset dir made by `charlm prepare --pairs`")
@@ -333,7 +331,7 @@ def pairs_for(data: DataConfig, block_size: int, cache_dir: Path,
     if path.is_dir():
         return load_pairs(path)
     check_source_file(path)
-    meta = _dataset_meta(cache_dir)
+    meta = dataset_meta(cache_dir)
     if meta is not None and meta.get("kind") == PAIRS_KIND:
         try:
             settings = _settings(data, block_size)

@@ -25,7 +25,6 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from charlm.config import ModelConfig, SampleConfig
 from charlm.generate import (
@@ -40,6 +39,7 @@ from charlm.model import (
     KVCache,
     embed,
     init_weights,
+    logits_and_loss,
     make_norm,
     maybe_dropout,
     param_counts,
@@ -169,12 +169,7 @@ class EncoderDecoder(nn.Module):
             x = block(x, cache, i, rope, None, memory.cross(i))
         if cache is not None:
             cache.pos += T
-        logits = self.head(self.ln_f(x))  # (B, T, V)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(),
-                                   targets.reshape(-1), ignore_index=-1)
-        return logits, loss
+        return logits_and_loss(self, x, targets)
 
     def component_counts(self, n_layer: int | None = None,
                          n_encoder_layer: int | None = None) -> dict[str, int]:
