@@ -21,13 +21,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from charlm.accuracy import accuracy
-from charlm.pairs import split_of
 from common import positive, run_script, summary
 
 import charlm
+from charlm.accuracy import accuracy
 from charlm.config import SampleConfig, load_config
 from charlm.generate import generate
+from charlm.pairs import split_of
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "g2p_cmudict.yaml"
