@@ -177,6 +177,13 @@ def _with_sample_options(command: Callable[..., None]) -> Callable[..., None]:
     return command
 
 
+def _default(ctx: typer.Context, option: str) -> bool:
+    """Whether the command's `option` was left at its default (by the source's name: typer
+    may bring its own copy of click)."""
+    source = ctx.get_parameter_source(option)
+    return source is None or source.name == "DEFAULT"
+
+
 def _turn_off(value: bool) -> bool:
     return not value
 
@@ -184,6 +191,7 @@ def _turn_off(value: bool) -> bool:
 @app.command()
 @_with_sample_options
 def sample(
+    ctx: typer.Context,
     target: TargetArg,
     prompt: Annotated[
         str | None, typer.Option(help="Text to continue; '-' reads it from stdin. [default: a "
@@ -224,6 +232,8 @@ def sample(
             raise CharlmError("--prompt is for a GPT; an encoder-decoder takes --source or "
                               "--source-file")
         sources = read_sources(source, source_file, lm.config.model.arch)
+        if _default(ctx, "temperature"):  # a transduction's likeliest output, unless asked
+            opts = dataclasses.replace(opts, temperature=0.0)
         print_translations(lm.model, lm.vocab, sources, opts, json_out)
         return
     model, vocab = lm.model, lm.vocab

@@ -72,6 +72,8 @@ def test_sample_transduces_a_source_a_file_and_json_nbest(cli, pairs_run, tmp_pa
     one = [cli("sample", pairs_run, "--source", w, "--temperature", "0").out
            for w in ("abc", "gfe")]
     assert all(out.count("\n") == 1 for out in one)
+    # greedy unless --temperature is given: the likeliest output
+    assert cli("sample", pairs_run, "--source", "abc").out == one[0]
     sources = write_pairs(tmp_path / "x", [])  # an empty file: no sources
     assert cli("sample", pairs_run, "--source-file", sources).err == (
         "error: there are no sources: the input is empty\n")
