@@ -19,7 +19,7 @@ from charlm.accuracy import Accuracy, accuracy
 from charlm.config import SampleConfig
 from charlm.errors import CharlmError
 from charlm.pairs import collate
-from charlm.seq2seq import EncoderDecoder, beam_search_ids, translate_ids
+from charlm.seq2seq import EncoderDecoder, beam_search_ids, output_limit, translate_ids
 from charlm.vocab import PairVocab
 
 BATCH = 64  # sources decoded together
@@ -88,8 +88,6 @@ def translate(model: EncoderDecoder, vocab: PairVocab, sources: Sequence[str],
 
 
 def _cap(opts: SampleConfig, source_len: int, model: EncoderDecoder) -> int:
-    from charlm.seq2seq import output_limit
-
     return output_limit(source_len, model.cfg.block_size, opts.max_new_tokens)
 
 
