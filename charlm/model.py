@@ -21,6 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from charlm.config import ModelConfig
+from charlm.layers import Embedding, LayerNorm, Linear, Module, child, param
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
@@ -104,9 +105,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + x.roll(x.size(-1) // 2, dims=-1) * sin
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(Module):
     """x / rms(x) * weight (Zhang & Sennrich 2019): LayerNorm without centring, and never a bias
     (so `bias: true` does not add one here)."""
+
+    weight = param()
 
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
@@ -126,18 +129,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.
 def make_norm(cfg: ModelConfig) -> nn.Module:
     if cfg.norm == "rmsnorm":
         return RMSNorm(cfg.n_embd)
-    return nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+    return LayerNorm(cfg.n_embd, bias=cfg.bias)
 
 
-class SelfAttention(nn.Module):
+class SelfAttention(Module):
     """Causal (the GPT, the decoder) or bidirectional (the encoder) self-attention."""
+
+    qkv, proj = child(), child()
 
     def __init__(self, cfg: ModelConfig, causal: bool = True):
         super().__init__()
         self.n_head = cfg.n_head
         self.causal = causal
-        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # fused q, k, v
-        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.qkv = Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # fused q, k, v
+        self.proj = Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
@@ -164,7 +169,7 @@ def attend(qkv: torch.Tensor, n_head: int, cache: KVCache | None, layer: int,
     if rope is not None:  # rotate before caching: cached keys keep their absolute positions
         (q, k), v = apply_rope(qkv[:2], *rope), qkv[2]  # q and k in one go
     else:
-        q, k, v = qkv
+        q, k, v = qkv.unbind(0)
     if cache is None:
         y = attention(q, k, v, mask, causal, dropout)
     elif isinstance(cache.pos, torch.Tensor):  # static shapes: one token at position cache.pos
@@ -190,17 +195,19 @@ def attend(qkv: torch.Tensor, n_head: int, cache: KVCache | None, layer: int,
     return y.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
 
 
-class CrossAttention(nn.Module):
+class CrossAttention(Module):
     """The decoder's attention over the encoder's output: queries from the target, keys and
     values from the source, which `keys_values` projects once per source for every decode step.
     No rotary positions: a target and a source position share no axis to measure along."""
 
+    q, kv, proj = child(), child(), child()
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_head = cfg.n_head
-        self.q = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        self.kv = nn.Linear(cfg.n_embd, 2 * cfg.n_embd, bias=cfg.bias)  # fused k, v
-        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.q = Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.kv = Linear(cfg.n_embd, 2 * cfg.n_embd, bias=cfg.bias)  # fused k, v
+        self.proj = Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = cfg.dropout
 
     def keys_values(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -220,17 +227,19 @@ class CrossAttention(nn.Module):
         return maybe_dropout(self.proj(y), self.dropout, self.training)
 
 
-class MLP(nn.Module):
+class MLP(Module):
     """proj(act(fc(x))) for gelu and relu; for swiglu (Shazeer 2020) proj(silu(gate(x)) * up(x)),
     with gate and up fused into `fc` (C -> 2F) so it is one matmul."""
+
+    fc, proj = child(), child()
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         hidden = cfg.ff_width
         self.activation = cfg.activation
-        self.fc = nn.Linear(cfg.n_embd, 2 * hidden if cfg.activation == "swiglu" else hidden,
-                            bias=cfg.bias)
-        self.proj = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)
+        self.fc = Linear(cfg.n_embd, 2 * hidden if cfg.activation == "swiglu" else hidden,
+                         bias=cfg.bias)
+        self.proj = Linear(hidden, cfg.n_embd, bias=cfg.bias)
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -247,7 +256,7 @@ def activate(h: torch.Tensor, kind: str) -> torch.Tensor:
     return F.relu(h) if kind == "relu" else F.gelu(h)
 
 
-class Block(nn.Module):
+class Block(Module):
     """A transformer block. Pre-norm (GPT-2): x + attn(ln_1(x)), then x + mlp(ln_2(x)).
     Post-norm (Vaswani et al.): ln_1(x + attn(x)), then ln_2(x + mlp(x)).
 
@@ -255,6 +264,9 @@ class Block(nn.Module):
     cross=True adds the decoder's cross-attention sublayer between the two, in the same
     residual form: x + cross_attn(ln_cross(x)), or ln_cross(x + cross_attn(x)).
     """
+
+    ln_1, attn, ln_2, mlp = child(), child(), child(), child()
+    ln_cross, cross_attn = child(), child()  # with cross=True
 
     def __init__(self, cfg: ModelConfig, causal: bool = True, cross: bool = False):
         super().__init__()
@@ -327,19 +339,21 @@ def scale_residual_projections(module: nn.Module, depth: int) -> None:
             nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(depth))
 
 
-class GPT(nn.Module):
+class GPT(Module):
+    wte, wpe, blocks, ln_f, head = child(), child(), child(), child(), child()
+
     def __init__(self, cfg: ModelConfig, vocab_size: int):
         super().__init__()
         self.cfg = cfg
         self.vocab_size = vocab_size
-        self.wte = nn.Embedding(vocab_size, cfg.n_embd)
+        self.wte = Embedding(vocab_size, cfg.n_embd)
         if cfg.pos_encoding == "learned":  # the only scheme with a position table to train
-            self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+            self.wpe = Embedding(cfg.block_size, cfg.n_embd)
 
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         # Post-norm blocks already end in a norm, so there is no final one (as in Vaswani et al.).
         self.ln_f = nn.Identity() if cfg.norm_placement == "post" else make_norm(cfg)
-        self.head = nn.Linear(cfg.n_embd, vocab_size, bias=False)
+        self.head = Linear(cfg.n_embd, vocab_size, bias=False)
         if cfg.tie_weights:
             self.head.weight = self.wte.weight
         self.apply(init_weights)

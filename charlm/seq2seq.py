@@ -34,6 +34,7 @@ from charlm.generate import (
     sample_next,
     search_beams,
 )
+from charlm.layers import Embedding, Linear, Module, child
 from charlm.model import (
     Block,
     KVCache,
@@ -80,7 +81,10 @@ class Memory:
                       [v[index] for v in self.values])
 
 
-class EncoderDecoder(nn.Module):
+class EncoderDecoder(Module):
+    src_wte, src_wpe, encoder, ln_enc = child(), child(), child(), child()
+    wte, wpe, blocks, ln_f, head = child(), child(), child(), child(), child()
+
     def __init__(self, cfg: ModelConfig, source_vocab_size: int, target_vocab_size: int,
                  source_pad: int):
         super().__init__()
@@ -93,19 +97,19 @@ class EncoderDecoder(nn.Module):
         self.source_pad = source_pad
         learned = cfg.pos_encoding == "learned"  # the only scheme with a position table
         post = cfg.norm_placement == "post"  # post-norm blocks end in a norm: no final one
-        self.src_wte = nn.Embedding(source_vocab_size, cfg.n_embd)
+        self.src_wte = Embedding(source_vocab_size, cfg.n_embd)
         if learned:
-            self.src_wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+            self.src_wpe = Embedding(cfg.block_size, cfg.n_embd)
         self.encoder = nn.ModuleList(Block(cfg, causal=False)
                                      for _ in range(cfg.encoder_layers))
         self.ln_enc = nn.Identity() if post else make_norm(cfg)
-        self.wte = nn.Embedding(target_vocab_size, cfg.n_embd)
+        self.wte = Embedding(target_vocab_size, cfg.n_embd)
         if learned:
-            self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+            self.wpe = Embedding(cfg.block_size, cfg.n_embd)
         self.blocks = nn.ModuleList(Block(cfg, causal=True, cross=True)
                                     for _ in range(cfg.n_layer))
         self.ln_f = nn.Identity() if post else make_norm(cfg)
-        self.head = nn.Linear(cfg.n_embd, target_vocab_size, bias=False)
+        self.head = Linear(cfg.n_embd, target_vocab_size, bias=False)
         if cfg.tie_weights:
             self.head.weight = self.wte.weight
         self.apply(init_weights)

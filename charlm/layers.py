@@ -1,0 +1,72 @@
+"""torch's layers with a cheaper call and attribute read, for the models' decode hot path.
+
+`nn.Module` keeps submodules and parameters in registries (`_modules`, `_parameters`) and finds
+them through `__getattr__`, which Python calls only after the ordinary look-up has failed; its
+`__call__` runs two frames of hook bookkeeping before `forward`. A decode step does a few hundred
+of each, a tenth of eager decode time (docs/benchmarks.md). Here a class names its children
+(`child()`, `param()`) so a read is one dict look-up in torch's own registry, and `Module.__call__`
+goes straight to `forward` when no hook, compiled call or tracer could see the call. Everything
+else (registration, `state_dict`, hooks, `to`, `compile`) is `nn.Module`'s, unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.nn.modules import module as _hooks
+
+
+class child:
+    """A class attribute for a registered submodule: `self.attn` reads `self._modules["attn"]`.
+
+    A non-data descriptor, so `nn.Module.__setattr__` / `__delattr__` still own the registry and
+    reading always sees what it holds (an unregistered name raises AttributeError, as before).
+    """
+
+    __slots__ = ("name",)
+    registry = "_modules"
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        try:
+            return obj.__dict__[self.registry][self.name]
+        except KeyError:
+            raise AttributeError(self.name) from None  # nn.Module.__getattr__ says it in full
+
+
+class param(child):
+    """A class attribute for a registered parameter (or a parameter slot set to None)."""
+
+    __slots__ = ()
+    registry = "_parameters"
+
+
+class Module(nn.Module):
+    """`nn.Module` whose call skips torch's hook bookkeeping when there is nothing to run."""
+
+    def __call__(self, *args, **kwargs):
+        # torch's own call has work to do for a hook (the module's or a global one),
+        # `module.compile()` or `torch.jit.trace`; otherwise it would only call forward.
+        if (self._forward_hooks or self._forward_pre_hooks or self._backward_hooks
+                or self._backward_pre_hooks or self._compiled_call_impl is not None
+                or _hooks._global_forward_hooks or _hooks._global_forward_pre_hooks
+                or _hooks._global_backward_hooks or _hooks._global_backward_pre_hooks
+                or torch._C._get_tracing_state()):
+            return super().__call__(*args, **kwargs)
+        return self.forward(*args, **kwargs)
+
+
+class Linear(Module, nn.Linear):
+    weight, bias = param(), param()
+
+
+class LayerNorm(Module, nn.LayerNorm):
+    weight, bias = param(), param()
+
+
+class Embedding(Module, nn.Embedding):
+    weight = param()
