@@ -103,6 +103,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=summary(__doc__))
     parser.add_argument("--minutes", type=positive(float), default=30.0)
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench_g2p"))
+    parser.add_argument("--config", type=Path, default=CONFIG,
+                        help="the encoder-decoder's config (default: %(default)s)")
     parser.add_argument("--skip-decoder", action="store_true",
                         help="train and score the encoder-decoder only")
     args = parser.parse_args()
@@ -110,7 +112,7 @@ def main() -> None:
     tsv = args.out / "cmudict.tsv"
     subprocess.run([sys.executable, str(ROOT / "scripts" / "cmudict_pairs.py"), "--out",
                     str(tsv)], check=True)
-    cfg = load_config(CONFIG)
+    cfg = load_config(args.config)
     text, refs = split_pairs(tsv, args.out, cfg.data.val_fraction, cfg.data.test_fraction)
     test = args.out / "test.tsv"
     test.write_text("".join(f"{w}\t{p}\n" for w, ps in refs.items() for p in ps),
@@ -118,7 +120,7 @@ def main() -> None:
     cpu = torch.backends.cpu.get_cpu_capability()
     rows = []
     run = args.out / "encdec"
-    facts = train_for(CONFIG, tsv, run, args.minutes * 60)
+    facts = train_for(args.config, tsv, run, args.minutes * 60)
     scored = json.loads(subprocess.run(
         [sys.executable, "-m", "charlm", "eval", str(run), str(test), "--json"],
         check=True, capture_output=True, text=True).stdout)
