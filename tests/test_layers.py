@@ -29,7 +29,7 @@ def test_an_absent_child_is_an_attribute_error():
     assert getattr(model, "wpe", None) is None
     assert not hasattr(model.blocks[0], "cross_attn")
     with pytest.raises(AttributeError, match="'Block' object has no attribute 'ln_cross'"):
-        model.blocks[0].ln_cross
+        _ = model.blocks[0].ln_cross
     assert Linear(2, 3, bias=False).bias is None
 
 
@@ -49,7 +49,7 @@ def test_replacing_and_deleting_children_is_seen():
     assert lin.weight is weight
     del lin.bias
     with pytest.raises(AttributeError):
-        lin.bias
+        _ = lin.bias
 
 
 @pytest.mark.parametrize("overwrite", [False, True])
