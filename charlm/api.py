@@ -18,10 +18,11 @@ from typing import Any
 
 import torch
 
-from charlm.config import RunConfig, SampleConfig, coerce, suggest
+from charlm.config import RunConfig, coerce, suggest
 from charlm.device import resolve_device
 from charlm.errors import CharlmError
 from charlm.model import GPT
+from charlm.sample_config import SampleConfig
 from charlm.vocab import PairVocab, Vocab
 
 

@@ -20,7 +20,7 @@ from typing import Annotated
 
 import typer
 
-from charlm.config import DataConfig, RunConfig, SampleConfig
+from charlm.config import DataConfig, RunConfig
 from charlm.errors import (
     OUT_OF_MEMORY_ADVICE,
     CharlmError,
@@ -31,6 +31,7 @@ from charlm.errors import (
     report,
     writes_unicode,
 )
+from charlm.sample_config import SampleConfig
 
 app = typer.Typer(
     name="charlm",

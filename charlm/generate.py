@@ -20,9 +20,9 @@ from typing import Protocol
 
 import torch
 
-from charlm.config import SampleConfig
 from charlm.errors import CharlmError, first_line
 from charlm.model import GPT
+from charlm.sample_config import SampleConfig
 
 
 class NonFiniteOutput(CharlmError):

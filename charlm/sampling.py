@@ -13,12 +13,12 @@ from pathlib import Path
 
 import torch
 
-from charlm.config import SampleConfig
 from charlm.data import decode_chunks, read_text
 from charlm.device import require_memory
 from charlm.errors import CharlmError, characters
 from charlm.generate import beam_search, generate
 from charlm.model import GPT
+from charlm.sample_config import SampleConfig
 from charlm.vocab import Vocab, list_unknown
 
 

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn as nn
 
-from charlm.config import ModelConfig, SampleConfig
+from charlm.config import ModelConfig
 from charlm.generate import (
     RecentIds,
     apply_repetition_penalty,
@@ -48,6 +48,7 @@ from charlm.model import (
     rope_angles,
     scale_residual_projections,
 )
+from charlm.sample_config import SampleConfig
 
 
 def key_mask(mask: torch.Tensor) -> torch.Tensor:

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from charlm.accuracy import Accuracy, accuracy
-from charlm.config import SampleConfig
 from charlm.errors import CharlmError
 from charlm.pairs import collate
+from charlm.sample_config import SampleConfig
 from charlm.seq2seq import EncoderDecoder, beam_search_ids, output_limit, translate_ids
 from charlm.vocab import PairVocab
 

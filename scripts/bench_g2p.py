@@ -25,9 +25,10 @@ from common import positive, run_script, summary
 
 import charlm
 from charlm.accuracy import accuracy
-from charlm.config import SampleConfig, load_config
+from charlm.config import load_config
 from charlm.generate import generate
 from charlm.pairs import split_of
+from charlm.sample_config import SampleConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "g2p_cmudict.yaml"

@@ -22,9 +22,10 @@ from pathlib import Path
 import torch
 from common import positive, run_script, summary
 
-from charlm.config import SampleConfig, load_config
+from charlm.config import load_config
 from charlm.generate import generate
 from charlm.model import GPT, param_counts
+from charlm.sample_config import SampleConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIGS = [ROOT / "configs" / "shakespeare_char_cpu.yaml",

@@ -67,7 +67,7 @@ def test_sample_help_shows_every_sample_option_with_its_help(cli):
     help, its name and its default."""
     from dataclasses import fields
 
-    from charlm.config import SampleConfig
+    from charlm.sample_config import SampleConfig
 
     out = " ".join(cli("sample", "--help").out.split())
     for f in fields(SampleConfig):

@@ -1,5 +1,4 @@
 import re
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -7,7 +6,6 @@ import pytest
 from charlm.config import (
     ModelConfig,
     RunConfig,
-    SampleConfig,
     dump_yaml,
     load_config,
     parse_yaml,
@@ -232,40 +230,6 @@ def test_round_trip_through_dict():
     assert ModelConfig(n_ff=64).ff_width == 64
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"temperature": -0.5}, "--temperature must be >= 0"),
-    ({"top_k": 0}, "--top-k must be >= 1"),
-    ({"num_samples": 0}, "--num-samples must be >= 1"),
-    ({"max_new_tokens": -1}, "--max-new-tokens must be >= 0"),
-])
-def test_sample_options_validated(kwargs, message):
-    with pytest.raises(CharlmError, match=message):
-        SampleConfig(**kwargs)
-
-
-@pytest.mark.parametrize("kwargs, message", [
-    ({"max_new_tokens": "10"}, "invalid value for --max-new-tokens: '10', expected an integer"),
-    ({"max_new_tokens": True}, "invalid value for --max-new-tokens: True, expected an integer"),
-    ({"top_k": 2.5}, "invalid value for --top-k: 2.5, expected an integer or null"),
-    ({"temperature": "0.5"}, "invalid value for --temperature: '0.5', expected a number"),
-    ({"top_p": float("nan")}, "invalid value for --top-p: nan, expected a finite number"),
-    ({"seed": None}, "invalid value for --seed: None, expected an integer"),
-    ({"stop": ("ab", 5)}, "invalid value for --stop: 5, expected a string"),
-    ({"use_cache": "no"}, "invalid value for use_cache: 'no', expected true/false"),
-])
-def test_sample_options_of_the_wrong_type_are_named(kwargs, message):
-    """The Python API passes options through untyped: a wrong type is a CharlmError naming the
-    option, not a TypeError from a comparison or from torch deep inside sampling."""
-    with pytest.raises(CharlmError) as e:
-        SampleConfig(**kwargs)
-    assert str(e.value) == message
-
-
-def test_sample_options_take_ints_for_floats_and_lists_for_stop():
-    opts = SampleConfig(temperature=1, stop=["a", "b"])
-    assert (type(opts.temperature), opts.stop) == (float, ("a", "b"))
-
-
 def test_plain_scalars_are_read_by_their_fields_type(tmp_path):
     """A plain scalar is read by its field's grammar: `08` is a path, not a failed octal;
     `1` for a float is 1.0; YAML 1.1's yes/on are bools; ~ and an empty value are null."""
@@ -400,7 +364,3 @@ def test_train_config_resume_finds_the_run_dir_before_applying_overrides(text_fi
     assert calls == [(Path("r"), None, ["optim.min_lr=0.5", "train.out_dir=r"])]
     train_config(None, ["optim.min_lr=0.5"], out="o", resume=resume)
     assert calls[-1] == (Path("o"), None, ["optim.min_lr=0.5", ("train.out_dir", "o")])
-
-
-def test_every_sample_option_has_help():
-    assert all(f.metadata["help"] for f in fields(SampleConfig))

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from charlm.config import ModelConfig, SampleConfig
+from charlm.config import ModelConfig
 from charlm.errors import CharlmError
 from charlm.generate import (
     apply_min_p,
@@ -16,6 +16,7 @@ from charlm.generate import (
     sample_next,
 )
 from charlm.model import GPT
+from charlm.sample_config import SampleConfig
 
 from .conftest import VARIANTS
 

@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from charlm.config import SampleConfig
 from charlm.errors import CharlmError
 from charlm.generate import apply_repetition_penalty, apply_temperature, sample_next
 from charlm.model import GPT
+from charlm.sample_config import SampleConfig
 from charlm.sampling import StopMatcher, encode_prompt, sample_text
 from charlm.vocab import Vocab
 

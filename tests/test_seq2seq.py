@@ -1,8 +1,9 @@
 import pytest
 import torch
 
-from charlm.config import ModelConfig, SampleConfig
+from charlm.config import ModelConfig
 from charlm.model import RMSNorm, param_counts
+from charlm.sample_config import SampleConfig
 from charlm.seq2seq import (
     EncoderDecoder,
     Seq2SeqDecoder,

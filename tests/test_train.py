@@ -8,13 +8,14 @@ import torch
 
 from charlm import checkpoint
 from charlm import train as train_module
-from charlm.config import OptimConfig, RunConfig, SampleConfig
+from charlm.config import OptimConfig, RunConfig
 from charlm.data import BatchSampler, dataset_for, prepare
 from charlm.device import grad_scaler, resolve_dtype
 from charlm.evaluation import batches_that_fit, eval_batches_per_forward
 from charlm.generate import generate
 from charlm.model import GPT
 from charlm.optim import make_optimizer
+from charlm.sample_config import SampleConfig
 from charlm.tasks import TextTask
 from charlm.train import (
     evaluate,
