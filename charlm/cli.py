@@ -120,6 +120,10 @@ def train(
     device: Annotated[
         str | None, typer.Option(metavar="DEVICE", help=f"{DEVICES} (sets train.device).")
     ] = None,
+    budget: Annotated[
+        str | None, typer.Option("--time", metavar="DURATION", help="Time budget: 90, 30s, 5m, "
+                                 "2h (sets train.max_time); the steps are chosen to fit it.")
+    ] = None,
     set_: SetOpt = None,
     resume: Annotated[bool, typer.Option(help="Continue the run in the run dir from last.pt.")]
     = False,
@@ -133,7 +137,7 @@ def train(
 
     if resume and overwrite:
         raise CharlmError("--resume and --overwrite exclude each other; choose one")
-    cfg = train_config(config, set_ or [], data=data, out=out, device=device,
+    cfg = train_config(config, set_ or [], data=data, out=out, device=device, budget=budget,
                        resume=_resume_config if resume else None)
     from charlm.device import is_main_process
     from charlm.faults import Interrupted

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
+from charlm.budget import duration_seconds
 from charlm.errors import CharlmError
 from charlm.files import write_text_atomic
 from charlm.values import (  # noqa: F401 - parse_yaml and dump_yaml: this module's API too
@@ -149,6 +150,8 @@ class OptimConfig:
 @dataclass
 class TrainConfig:
     max_iters: int = 1500
+    # A time budget (seconds, or "30s", "5m", "2h"): the run sets max_iters to fit it (budget.py)
+    max_time: float | str | None = None
     batch_size: int = 16
     grad_accum: int = 1
     eval_interval: int = 250
@@ -174,6 +177,8 @@ class TrainConfig:
         _check(self.sample_chars >= 0, "train.sample_chars", "must be >= 0 (0 turns samples off)")
         _check(self.eval_pairs >= 0, "train.eval_pairs", "must be >= 0 (0 decodes none)")
         _check(bool(self.out_dir), "train.out_dir", "must not be empty")
+        if self.max_time is not None:
+            self.max_time = duration_seconds(self.max_time)
         unknown_device = device_error(self.device)
         _check(unknown_device is None, "train.device", str(unknown_device))
 
@@ -356,12 +361,13 @@ def save_config(cfg: RunConfig, path: Path) -> None:
 def train_config(
     config: str | Path | None, overrides: typing.Sequence[Override] = (), *,
     data: str | None = None, out: str | None = None, device: str | None = None,
+    budget: str | None = None,
     resume: typing.Callable[[Path, Path | None, list[Override]], RunConfig] | None = None,
 ) -> RunConfig:
-    """The config `charlm train CONFIG_OR_TEXT --data --out --device --set` runs. A CONFIG that
-    is no YAML file is the data; without a CONFIG, the run dir is runs/<data's name> unless
-    --out or --set names one. `resume(run_dir, config, overrides)` gives a resumed run's config
-    (the checkpoint's, see `rundir.resume_config`); None starts a fresh run."""
+    """The config `charlm train CONFIG_OR_TEXT --data --out --device --time --set` runs. A
+    CONFIG that is no YAML file is the data; without a CONFIG, the run dir is runs/<data's name>
+    unless --out or --set names one. `resume(run_dir, config, overrides)` gives a resumed run's
+    config (the checkpoint's, see `rundir.resume_config`); None starts a fresh run."""
     overrides = list(overrides)
     config = None if config is None else Path(config)
     data_given = "--data"
@@ -371,7 +377,7 @@ def train_config(
         data, config, data_given = str(config), None, str(config)
     set_keys = {_dotted(o) for o in overrides}
     options = ((data_given, "data.path", data), ("--out", "train.out_dir", out),
-               ("--device", "train.device", device))
+               ("--device", "train.device", device), ("--time", "train.max_time", budget))
     for given, key, value in options:
         if value is not None and key in set_keys:
             raise CharlmError(f"{given} and --set {key} set the same key; give one of them")
@@ -382,8 +388,8 @@ def train_config(
 
         resolve_device(device, "--device")  # a missing device is an error naming --device
     overrides += [(key, value) for key, value in
-                  (("data.path", data), ("train.out_dir", out), ("train.device", device))
-                  if value is not None]
+                  (("data.path", data), ("train.out_dir", out), ("train.device", device),
+                   ("train.max_time", budget)) if value is not None]
     if resume is not None:
         # Without a CONFIG the overrides apply to the checkpoint's config, not to the defaults
         # (`--set optim.min_lr=...` may be legal only with the run's optim.lr): here only the run

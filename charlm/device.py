@@ -188,12 +188,16 @@ class Dist:
             torch_dist.barrier()
 
     def all_ok(self, ok: bool) -> bool:
-        """Whether every rank says `ok`: one host-side all-reduce of one integer."""
+        """Whether every rank says `ok`."""
+        return bool(self.least(int(ok)))
+
+    def least(self, value: int) -> int:
+        """The smallest of the ranks' `value`: one host-side all-reduce of one integer."""
         if not self.active:
-            return ok
-        flag = torch.tensor(int(ok))
+            return value
+        flag = torch.tensor(value)
         torch_dist.all_reduce(flag, op=torch_dist.ReduceOp.MIN, group=self.flags)
-        return bool(flag)
+        return int(flag)
 
     @contextlib.contextmanager
     def main_first(self) -> Iterator[None]:

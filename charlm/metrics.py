@@ -9,11 +9,13 @@ import contextlib
 import json
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
+from charlm.budget import format_duration
 from charlm.files import run_write_error, write_text_atomic
 
 # metrics.jsonl key -> TensorBoard tag, per event kind.
@@ -62,7 +64,7 @@ def cut_back(path: Path, step: int) -> None:
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: Path, total_steps: int, initial_step: int = 0,
+    def __init__(self, run_dir: Path, total_steps: int | None, initial_step: int = 0,
                  progress: bool | None = None, enabled: bool = True):
         self.enabled = enabled
         if not enabled:
@@ -78,6 +80,13 @@ class MetricsLogger:
         # progress=None: a bar only when stderr is a terminal.
         self.bar = tqdm(total=total_steps, initial=initial_step, desc="train", unit="step",
                         dynamic_ncols=True, disable=None if progress is None else not progress)
+        self.deadline: float | None = None  # a time budget's end, time.perf_counter() based
+
+    def plan(self, total_steps: int, deadline: float) -> None:
+        """A time budget's steps (once fixed) and end, for the progress bar."""
+        if self.enabled:
+            self.bar.total, self.deadline = total_steps, deadline
+            self.bar.refresh()
 
     def log(self, kind: str, **values: Any) -> None:
         """Record one event: a line of metrics.jsonl and its scalars in TensorBoard."""
@@ -93,8 +102,10 @@ class MetricsLogger:
             if values.get(key) is not None:
                 self.tb.add_scalar(tag, values[key], values["step"])
         if kind == "train":
+            left = {} if self.deadline is None else {
+                "left": format_duration(self.deadline - time.perf_counter())}
             self.bar.set_postfix(loss=f"{values['train_loss']:.4f}", lr=f"{values['lr']:.2e}",
-                                 tok_s=f"{values['tokens_per_s']:.0f}", refresh=False)
+                                 tok_s=f"{values['tokens_per_s']:.0f}", **left, refresh=False)
 
     def sample(self, text: str, step: int) -> None:
         """A generated sample, as TensorBoard text under `sample`. Indented four spaces, the

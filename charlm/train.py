@@ -32,8 +32,9 @@ from typing import Any
 import torch
 
 from charlm import checkpoint
+from charlm.budget import StepTimer, format_duration, plan_steps, too_short
 from charlm.checkpoint import OptimizerState, RNGState, ScalerState, Stateful
-from charlm.config import DataConfig, OptimConfig, RunConfig
+from charlm.config import DataConfig, OptimConfig, RunConfig, save_config
 from charlm.data import BatchSampler
 from charlm.device import (
     Dist,
@@ -68,6 +69,7 @@ class TrainState:
     best_val: float = math.inf
     tokens: int = 0  # training tokens consumed
     elapsed_s: float = 0.0  # wall time spent in train(), summed over resumes
+    budget_steps: int | None = None  # the max_iters a time budget fixed (None: not yet, or none)
     # the skipped-step counters, kept on the device so that counting never waits for it
     bad: BadSteps = field(default_factory=BadSteps, repr=False, compare=False)
 
@@ -83,12 +85,13 @@ class TrainState:
         return int(self.bad.streak)
 
     def state_dict(self) -> dict[str, Any]:
+        budget = {} if self.budget_steps is None else {"budget_steps": self.budget_steps}
         return {"step": self.step, "best_val": self.best_val, "tokens": self.tokens,
-                "elapsed_s": self.elapsed_s, **self.bad.state_dict()}
+                "elapsed_s": self.elapsed_s, **budget, **self.bad.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         fresh = TrainState()  # a field added later takes its default
-        for name in ("step", "best_val", "tokens", "elapsed_s"):
+        for name in ("step", "best_val", "tokens", "elapsed_s", "budget_steps"):
             setattr(self, name, state.get(name, getattr(fresh, name)))
         self.bad.load_state_dict(state)
 
@@ -183,6 +186,7 @@ class Clock:
     before: float  # elapsed_s of the checkpoint resumed from
     t_log: float = 0.0
     tokens: int = 0  # training tokens since the last log line
+    paused: float = 0.0  # seconds of evals, samples and saves in this process
 
     def elapsed(self, now: float | None = None) -> float:
         return self.before + (time.perf_counter() if now is None else now) - self.start
@@ -206,6 +210,11 @@ def warn_about_config(cfg: RunConfig, task: Task, dist: Dist) -> None:
         print(f"warning: data.val_fraction={cfg.data.val_fraction} does not apply to the "
               f"prepared dataset {cfg.data.path}, whose split was made with --val-fraction "
               f"{prepared_with}; run `charlm prepare` again to change it", file=sys.stderr)
+    if cfg.train.max_time is None:  # a budget's steps are known later: it warns then
+        warn_short_warmup(cfg, dist)
+
+
+def warn_short_warmup(cfg: RunConfig, dist: Dist) -> None:
     tc = cfg.train
     if cfg.optim.warmup_iters >= tc.max_iters and dist.is_main:  # a short trial run, often
         print(f"warning: optim.warmup_iters={cfg.optim.warmup_iters} is not below "
@@ -290,13 +299,17 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
             start_run(run_dir, cfg)
     wrap_model(run)
     clock.before = run.state.elapsed_s
+    timer = budget_timer(run)
     with dist.main_first():
-        log = MetricsLogger(run_dir, tc.max_iters, run.state.step, progress,
+        log = MetricsLogger(run_dir, None if timer else tc.max_iters, run.state.step, progress,
                             enabled=dist.is_main)
+    if tc.max_time is not None and timer is None:  # a resumed budget: its steps are fixed
+        log.plan(tc.max_iters, clock.start + tc.max_time - clock.before)
     stop = StopSignals(announce=dist.is_main)
     try:
         with stop:
-            final = _loop(run, log, stop, clock, saved_step=run.state.step if resume else None)
+            final = _loop(run, log, stop, clock, saved_step=run.state.step if resume else None,
+                          timer=timer)
         if final is not None:
             with dist.main_first():
                 log_final(run, log, final)
@@ -306,15 +319,17 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
 
 
 def _loop(run: Run, log: MetricsLogger, stop: StopSignals, clock: Clock,
-          saved_step: int | None) -> dict[str, float] | None:
+          saved_step: int | None, timer: StepTimer | None) -> dict[str, float] | None:
     """Train to max_iters: set lr, train_step, maybe log, maybe evaluate, maybe save. Returns
-    the losses of the latest eval. `saved_step`: the step of the last.pt on disk, if any."""
+    the losses of the latest eval. `saved_step`: the step of the last.pt on disk, if any.
+    `timer`: a time budget's, which fixes max_iters once it has timed enough steps."""
     cfg, state, dist = run.cfg, run.state, run.dist
     final: dict[str, float] | None = None
     run.model.train()
     clock.t_log = time.perf_counter()
-    while state.step < cfg.train.max_iters:
-        lr = lr_at(state.step, cfg.optim, cfg.train.max_iters)
+    max_iters = cfg.train.max_iters if timer is None else math.inf
+    while state.step < max_iters:
+        lr = lr_at(state.step, cfg.optim, max_iters)
         for group in run.optimizer.param_groups:
             group["lr"] = lr
         drawn = run.sampler.tokens
@@ -326,7 +341,8 @@ def _loop(run: Run, log: MetricsLogger, stop: StopSignals, clock: Clock,
         state.bad.record(ok, state.step, cfg.train.max_bad_steps)
         log.advance()
         signum = dist.agree_signal(stop.signum)
-        log_now, eval_now, save_now = due(cfg, state.step, stopping=signum is not None)
+        timed = timer is not None and timer.done(state.step, time.perf_counter(), clock.paused)
+        log_now, eval_now, save_now = due(cfg, state.step, max_iters, signum is not None, timed)
         if not (log_now or eval_now or save_now):
             continue  # the only steps that wait for the device are those below
         report_skipped(run, log, saved_step)
@@ -341,21 +357,65 @@ def _loop(run: Run, log: MetricsLogger, stop: StopSignals, clock: Clock,
             state.best_val = min(state.best_val, final["val"])
         # Rank 0 alone writes: should that fail (a full disk), the others hear it and end
         # quietly, instead of in their next collective with a traceback.
+        t_write = time.perf_counter()
         with dist.main_first():
             if dist.is_main:
                 write(run, log, event, final if eval_now else None, lr, improved, save_now, clock)
         saved_step = state.step if save_now else saved_step
-        clock.t_log += time.perf_counter() - t_pause  # tokens/s counts training time only
-        if signum is not None and state.step < cfg.train.max_iters:  # last.pt is saved
+        now = time.perf_counter()
+        clock.t_log += now - t_pause  # tokens/s counts training time only
+        clock.paused += now - t_pause
+        if timed:
+            assert timer is not None
+            max_iters = fix_budget(run, log, clock, timer.step_s, eval_s=t_write - t_pause,
+                                   save_s=now - t_write)
+            timer = None
+        if signum is not None and state.step < max_iters:  # last.pt is saved
             raise interrupted(run, signum)
     return final
 
 
-def due(cfg: RunConfig, step: int, stopping: bool) -> tuple[bool, bool, bool]:
+def budget_timer(run: Run) -> StepTimer | None:
+    """The step timer of a run with a time budget whose steps are not fixed yet. A resumed run
+    whose budget fixed them keeps them (and so its schedule): they become max_iters."""
+    tc, state = run.cfg.train, run.state
+    if tc.max_time is None:
+        return None
+    if state.budget_steps is None:
+        return StepTimer(tc.max_time)
+    tc.max_iters = state.budget_steps
+    return None
+
+
+def fix_budget(run: Run, log: MetricsLogger, clock: Clock, step_s: float, eval_s: float,
+               save_s: float) -> int:
+    """Fix max_iters from the step, eval and save times just measured so that the run ends
+    within train.max_time; save it in config.yaml and last.pt. All ranks take the smallest."""
+    tc, state, dist = run.cfg.train, run.state, run.dist
+    spent = clock.elapsed() + save_s / 2  # and the last.pt written again below
+    more = dist.least(plan_steps(tc.max_time - spent, step_s, eval_s, save_s, tc.eval_interval,
+                                 tc.checkpoint_interval or tc.eval_interval))
+    if more < 0:
+        raise too_short(tc.max_time, spent, state.step, step_s, eval_s, save_s)
+    tc.max_iters = state.budget_steps = state.step + more
+    log.plan(tc.max_iters, clock.start + tc.max_time - clock.before)
+    log.message(f"time budget {format_duration(tc.max_time)}: {tc.max_iters} steps "
+                f"({step_s * 1000:.0f} ms a step, {format_duration(eval_s + save_s)} an eval "
+                "with its checkpoints)")
+    warn_short_warmup(run.cfg, dist)
+    with dist.main_first():
+        if dist.is_main:
+            save_config(run.cfg, run.run_dir / "config.yaml")
+            write(run, log, None, None, 0.0, False, True, clock)
+    return tc.max_iters
+
+
+def due(cfg: RunConfig, step: int, max_iters: float, stopping: bool,
+        timed: bool = False) -> tuple[bool, bool, bool]:
     """Whether step `step` (just done) logs, evaluates and saves last.pt. The last step does all
-    three; a stop signal before it saves."""
+    three, as does the step a time budget's timer ends on; a stop signal saves."""
     tc = cfg.train
-    last = step == tc.max_iters
+    last = step == max_iters or timed
     save_interval = tc.checkpoint_interval or tc.eval_interval  # null: last.pt at every eval
     return (step % tc.log_interval == 0 or last, step % tc.eval_interval == 0 or last,
             step % save_interval == 0 or last or stopping)
