@@ -3,7 +3,8 @@ the memmap batch sampler with its own `torch.Generator`.
 
 `prepare` reads each input twice in fixed-size chunks (pass 1: sha256, character count and the set
 of code points; pass 2: encode and write), so memory stays bounded whatever the file size, and
-every step is a numpy array operation, never a Python loop over characters.
+every step is a numpy array operation, never a Python loop over characters. It imports no torch
+(only the sampler uses it), so `charlm prepare` starts fast.
 """
 
 from __future__ import annotations
@@ -16,15 +17,17 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
 from charlm.errors import CharlmError, characters
 from charlm.files import make_writable_dir, temp_beside, write_text_atomic
 from charlm.vocab import MAX_CODE_POINT, Vocab, code_points
+
+if TYPE_CHECKING:
+    import torch
 
 DATASET_FORMAT = "charlm-dataset"
 DATASET_FILES = ("meta.json", "train.bin", "val.bin")
@@ -364,6 +367,8 @@ class BatchSampler:
     def __init__(self, data: np.ndarray, block_size: int, batch_size: int,
                  device: torch.device, seed: int, name: str = "train",
                  rows: slice = slice(None)):
+        import torch
+
         require_window(data, block_size, name)
         self.data = data
         self.block_size = block_size
@@ -377,6 +382,8 @@ class BatchSampler:
     def batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """x, y of shape (B, T) as int64 on the device (B: the rows kept); y is x shifted left
         by one."""
+        import torch
+
         starts = torch.randint(len(self.data) - self.block_size, (self.batch_size,),
                                generator=self.generator)[self.rows]
         self.tokens += self.batch_size * self.block_size

@@ -6,12 +6,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from charlm.errors import CharlmError
+
+if TYPE_CHECKING:  # `charlm prepare` imports this module and must not pay for importing torch
+    import torch
 
 MAX_CODE_POINT = 0x110000
 

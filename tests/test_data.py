@@ -1,4 +1,7 @@
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -8,7 +11,7 @@ from charlm import data as data_mod
 from charlm.data import BatchSampler, dataset_for, load_dataset, prepare
 from charlm.errors import CharlmError
 
-from .conftest import SHAKESPEARE
+from .conftest import ROOT, SHAKESPEARE
 
 
 def test_tinyshakespeare_matches_nanogpt(tmp_path):
@@ -95,6 +98,21 @@ def test_a_byte_order_mark_is_not_text(tmp_path, monkeypatch, chunk):
     bad.write_bytes(bom + b"hello" + b"\xff")
     with pytest.raises(CharlmError, match="invalid byte 0xff at byte offset 8"):
         prepare([bad], tmp_path / "ds2", progress=False)
+
+
+def test_prepare_imports_no_torch(tmp_path):
+    """`charlm prepare` spent 2.4 s of its time importing torch, which it never uses."""
+    src = tmp_path / "t.txt"
+    src.write_text("hello world, hello world\n", encoding="utf-8")
+    code = ("import sys; from charlm.cli import main\n"
+            "try:\n    main(sys.argv[1:])\n"
+            "finally:\n    print('torch' in sys.modules)")
+    result = subprocess.run(
+        [sys.executable, "-c", code, "prepare", str(src), "--out", str(tmp_path / "ds")],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        f"wrote {tmp_path / 'ds'}: 10 symbols (uint8), 22 train / 3 val characters", "False"]
 
 
 def test_empty_and_single_character_inputs(tmp_path):
