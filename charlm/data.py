@@ -1,35 +1,38 @@
 """Datasets: `prepare` (text files -> meta.json + train.bin + val.bin), loading them back, and
 the memmap batch sampler with its own `torch.Generator`.
 
-`prepare` reads each input twice in fixed-size chunks (pass 1: sha256, character count and the set
-of code points; pass 2: encode and write), so memory stays bounded whatever the file size, and
-every step is a numpy array operation, never a Python loop over characters.
+`prepare` reads each input twice in fixed-size chunks (`charlm.chunks`; pass 1: sha256, character
+count and the set of code points; pass 2: encode and write), so memory stays bounded whatever the
+file size, and every step is a bytes or numpy operation over a whole chunk, never a Python loop
+over characters. It imports no torch (only the sampler uses it), so `charlm prepare` starts fast.
 """
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
+from charlm import chunks
+from charlm.chunks import code_point_chunks, decode_chunks
 from charlm.errors import CharlmError, characters
 from charlm.files import make_writable_dir, temp_beside, write_text_atomic
-from charlm.vocab import MAX_CODE_POINT, Vocab, code_points
+from charlm.vocab import CharacterSet, Vocab
+
+if TYPE_CHECKING:
+    import torch
 
 DATASET_FORMAT = "charlm-dataset"
 DATASET_FILES = ("meta.json", "train.bin", "val.bin")
 DATASET_VERSION = 1
-CHUNK_BYTES = 8 << 20
 PROGRESS_MIN_BYTES = 4 << 20
 
 
@@ -49,47 +52,12 @@ def check_source_file(path: Path) -> None:
                           "reads its text twice, save it to a file first")
 
 
-def _read_text_chunks(path: Path, bar: tqdm | None = None) -> Iterator[tuple[bytes, str]]:
-    """Yield (raw bytes, decoded text) per chunk of the file, as `decode_chunks`."""
-    with open(path, "rb") as f:
-        yield from decode_chunks(f, str(path), bar)
-
-
-def decode_chunks(f: BinaryIO, name: str, bar: tqdm | None = None
-                  ) -> Iterator[tuple[bytes, str]]:
-    """Yield (raw bytes, decoded text) per chunk of `f`, decoding strictly as UTF-8. A byte order
-    mark at the start marks the encoding and is not text: it is dropped.
-
-    An invalid byte sequence is an error naming `name` and the byte offset where it starts.
-    """
-    decoder = codecs.getincrementaldecoder("utf-8")("strict")
-    offset = 0  # bytes read before this chunk
-    while True:
-        raw = f.read(CHUNK_BYTES)
-        final = not raw
-        data = raw[3:] if offset == 0 and raw.startswith(codecs.BOM_UTF8) else raw
-        pending = len(decoder.getstate()[0])
-        try:
-            text = decoder.decode(data, final=final)
-        except UnicodeDecodeError as e:
-            at = offset + len(raw) - len(data) - pending + e.start
-            raise CharlmError(
-                f"{name} is not valid UTF-8 text (invalid byte 0x{e.object[e.start]:02x} at "
-                f"byte offset {at}); charlm reads text files as UTF-8, convert it first"
-            ) from None
-        offset += len(raw)
-        if bar is not None:
-            bar.update(len(raw))
-        yield raw, text
-        if final:
-            return
-
-
 def read_text(path: Path) -> str:
     """A whole text file, read strictly as UTF-8 (with the same errors as `prepare`)."""
     path = Path(path)
     check_input_file(path)
-    return "".join(text for _, text in _read_text_chunks(path))
+    with open(path, "rb") as f:
+        return "".join(text for _, text in decode_chunks(f, str(path)))
 
 
 @dataclass
@@ -100,17 +68,16 @@ class SourceStats:
     sha256: str
 
 
-def _scan(path: Path, seen: np.ndarray, bar: tqdm | None) -> SourceStats:
-    """Pass 1: hash, count characters and mark every code point that occurs in `seen`."""
+def _scan(path: Path, seen: CharacterSet, bar: tqdm | None) -> SourceStats:
+    """Pass 1: hash, count characters and add every character that occurs to `seen`."""
     digest = hashlib.sha256()
     n_bytes = n_chars = 0
-    for raw, text in _read_text_chunks(path, bar):
-        digest.update(raw)
-        n_bytes += len(raw)
-        if text:
-            cps = code_points(text)
+    with open(path, "rb") as f:
+        for raw, cps in code_point_chunks(f, str(path), bar):
+            digest.update(raw)
+            n_bytes += len(raw)
             n_chars += len(cps)
-            seen[cps] = True
+            seen.add(cps)
     return SourceStats(path, n_bytes, n_chars, digest.hexdigest())
 
 
@@ -118,12 +85,12 @@ def scan(paths: Sequence[Path], bar: tqdm | None = None) -> tuple[list[SourceSta
     """Pass 1 over every input: per-file stats and the vocabulary of all of them together."""
     for p in paths:
         check_source_file(p)
-    seen = np.zeros(MAX_CODE_POINT, dtype=bool)
+    seen = CharacterSet()
     stats = [_scan(p, seen, bar) for p in paths]
     for s in stats:
         if s.chars == 0:
             raise CharlmError(f"input file is empty: {s.path}; give it some text to learn from")
-    vocab = Vocab.from_code_points(np.flatnonzero(seen))
+    vocab = seen.vocab()
     if len(vocab) < 2:
         raise CharlmError(
             f"{', '.join(str(p) for p in paths)} holds only one distinct character "
@@ -135,7 +102,7 @@ def scan(paths: Sequence[Path], bar: tqdm | None = None) -> tuple[list[SourceSta
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(CHUNK_BYTES):
+        while chunk := f.read(chunks.CHUNK_BYTES):
             digest.update(chunk)
     return digest.hexdigest()
 
@@ -211,14 +178,13 @@ def prepare(
             for s in stats:
                 n_train = int(s.chars * (1 - val_fraction))
                 done = 0  # characters of this source written so far
-                for _, text in _read_text_chunks(s.path, bar):
-                    if not text:
-                        continue
-                    ids = vocab.encode_array(text)
-                    cut = min(max(n_train - done, 0), len(ids))
-                    ids[:cut].tofile(ftrain)
-                    ids[cut:].tofile(fval)
-                    done += len(ids)
+                with open(s.path, "rb") as f:
+                    for _, cps in code_point_chunks(f, str(s.path), bar):
+                        ids = memoryview(vocab.encode_code_points(cps))  # bytes or an array
+                        cut = min(max(n_train - done, 0), len(ids))
+                        ftrain.write(ids[:cut])
+                        fval.write(ids[cut:])
+                        done += len(ids)
                 sizes["train"] += n_train
                 sizes["val"] += s.chars - n_train
             for f in (ftrain, fval):
@@ -364,6 +330,8 @@ class BatchSampler:
     def __init__(self, data: np.ndarray, block_size: int, batch_size: int,
                  device: torch.device, seed: int, name: str = "train",
                  rows: slice = slice(None)):
+        import torch
+
         require_window(data, block_size, name)
         self.data = data
         self.block_size = block_size
@@ -377,6 +345,8 @@ class BatchSampler:
     def batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """x, y of shape (B, T) as int64 on the device (B: the rows kept); y is x shifted left
         by one."""
+        import torch
+
         starts = torch.randint(len(self.data) - self.block_size, (self.batch_size,),
                                generator=self.generator)[self.rows]
         self.tokens += self.batch_size * self.block_size

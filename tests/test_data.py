@@ -1,14 +1,19 @@
+import hashlib
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
-from charlm import data as data_mod
+from charlm import chunks
+from charlm.chunks import code_point_chunks
 from charlm.data import BatchSampler, dataset_for, load_dataset, prepare
 from charlm.errors import CharlmError
 
-from .conftest import SHAKESPEARE
+from .conftest import ROOT, SHAKESPEARE
 
 
 def test_tinyshakespeare_matches_nanogpt(tmp_path):
@@ -44,7 +49,7 @@ def test_chunked_encoding_equals_whole_file(tmp_path, monkeypatch):
     src = tmp_path / "u.txt"
     src.write_text(text, encoding="utf-8")
     prepare([src], tmp_path / "whole", 0.1, progress=False)
-    monkeypatch.setattr(data_mod, "CHUNK_BYTES", 7)  # split multi-byte characters
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", 7)  # split multi-byte characters
     prepare([src], tmp_path / "chunked", 0.1, progress=False)
     for split in ("train.bin", "val.bin"):
         whole, chunked = (tmp_path / d / split for d in ("whole", "chunked"))
@@ -65,7 +70,7 @@ def test_uint16_ids_for_large_vocab(tmp_path):
 
 @pytest.mark.parametrize("chunk", [1 << 20, 5])
 def test_invalid_utf8_names_file_and_offset(tmp_path, monkeypatch, chunk):
-    monkeypatch.setattr(data_mod, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", chunk)
     src = tmp_path / "bad.txt"
     src.write_bytes("héllo wor".encode() + b"\xff" + b"ld")
     out = tmp_path / "ds"
@@ -81,7 +86,7 @@ def test_invalid_utf8_names_file_and_offset(tmp_path, monkeypatch, chunk):
 def test_a_byte_order_mark_is_not_text(tmp_path, monkeypatch, chunk):
     """Files saved with a UTF-8 BOM (Windows editors) train on their text only, each of several
     inputs too; an invalid byte after a BOM is still named at its offset in the file."""
-    monkeypatch.setattr(data_mod, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", chunk)
     bom = b"\xef\xbb\xbf"
     a, b = tmp_path / "a.txt", tmp_path / "b.txt"
     a.write_bytes(bom + b"abab\r\nba" * 20)
@@ -95,6 +100,113 @@ def test_a_byte_order_mark_is_not_text(tmp_path, monkeypatch, chunk):
     bad.write_bytes(bom + b"hello" + b"\xff")
     with pytest.raises(CharlmError, match="invalid byte 0xff at byte offset 8"):
         prepare([bad], tmp_path / "ds2", progress=False)
+
+
+def reference_dataset(paths, val_fraction):
+    """meta.json, train.bin and val.bin as `prepare` wrote them before its fast paths, spelled out
+    in plain Python: each whole text decoded (a leading BOM dropped), the sorted set of all their
+    characters, one id per character, nanoGPT's split of each source."""
+    raws = [p.read_bytes() for p in paths]
+    texts = [raw.decode("utf-8-sig") for raw in raws]
+    chars = sorted(set("".join(texts)))
+    index = {c: i for i, c in enumerate(chars)}
+    dtype = np.dtype(np.uint8 if len(chars) <= 256 else np.uint16)
+    train, val = bytearray(), bytearray()
+    for text in texts:
+        ids = np.array([index[c] for c in text], dtype=dtype)
+        n_train = int(len(text) * (1 - val_fraction))
+        train += ids[:n_train].tobytes()
+        val += ids[n_train:].tobytes()
+    meta = {
+        "format": "charlm-dataset", "version": 1, "vocab": chars, "vocab_size": len(chars),
+        "dtype": dtype.name, "val_fraction": val_fraction,
+        "train_tokens": len(train) // dtype.itemsize, "val_tokens": len(val) // dtype.itemsize,
+        "sources": [{"path": str(p), "bytes": len(raw), "chars": len(text),
+                     "sha256": hashlib.sha256(raw).hexdigest()}
+                    for p, raw, text in zip(paths, raws, texts, strict=True)],
+    }
+    return {"meta.json": json.dumps(meta, ensure_ascii=False, indent=1).encode(),
+            "train.bin": bytes(train), "val.bin": bytes(val)}
+
+
+BOM = b"\xef\xbb\xbf"
+INPUTS = {  # name: the bytes of each source
+    "ascii": [b"hello world\nthe quick brown fox jumps\n" * 20],
+    "latin1": ["naïve café, Ünïcödé ñ ÿ\n".encode() * 20],  # code points below 256
+    "cyrillic": ["Съешь же ещё этих мягких булок\n".encode() * 20],
+    "astral": ["emoji 🙂 and 🚀, music 𝄞\n".encode() * 20],
+    "ascii after a cut character": ["ab€".encode() + b"cd" * 40],
+    "bom and crlf": [BOM + b"line one\r\nline two\r\n" * 10, BOM + "é\r\n".encode() * 9],
+    "several sources": [b"abc\n" * 30, "Жжж ab\n".encode() * 10,
+                        "🙂 x\n".encode() * 7, b"plain ascii again\n" * 5],
+    "uint16 ids": ["".join(chr(0x4E00 + i) for i in range(300)).encode() + b"abc\n" * 50],
+    "255 characters": ["".join(map(chr, range(255))).encode() * 3],
+    "256 characters": ["".join(map(chr, range(256))).encode() * 3, b"ascii only\n" * 30],
+}
+
+
+@pytest.mark.parametrize("chunk", [3, 7, 64, 1 << 20])
+@pytest.mark.parametrize("name", INPUTS)
+def test_prepare_writes_what_it_wrote_before_its_fast_paths(tmp_path, monkeypatch, name, chunk):
+    """ASCII chunks are encoded as bytes, undecoded, Latin-1 text by bytes.translate, the rest
+    through numpy: whichever path a chunk takes, and however the chunks cut the characters,
+    meta.json, train.bin and val.bin are byte for byte what the plain reference writes (and
+    what prepare wrote before, decoding every chunk)."""
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", chunk)
+    paths = []
+    for i, raw in enumerate(INPUTS[name]):
+        paths.append(tmp_path / f"{i}.txt")
+        paths[-1].write_bytes(raw)
+    prepare(paths, tmp_path / "ds", 0.1, progress=False)
+    written = {f: (tmp_path / "ds" / f).read_bytes() for f in ("meta.json", "train.bin", "val.bin")}
+    assert written == reference_dataset(paths, 0.1)
+
+
+def test_chunks_bound_the_code_points_held_at_once(tmp_path, monkeypatch):
+    """A file is never held whole: each chunk of code points is at most CHUNK_BYTES long, ASCII
+    chunks as bytes, undecoded, and the others as arrays, whose concatenation is the text."""
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", 1000)
+    text = "plain ascii text\n" * 500 + "Жжж 🙂\n" * 300 + "ascii again\n" * 200
+    src = tmp_path / "t.txt"
+    src.write_text(text, encoding="utf-8")
+    with open(src, "rb") as f:
+        parts = [cps for _, cps in code_point_chunks(f, str(src))]
+    assert max(len(p) for p in parts) <= 1000
+    assert {type(p) for p in parts} == {bytes, np.ndarray}
+    assert "".join(p.decode("latin-1") if isinstance(p, bytes) else "".join(map(chr, p))
+                   for p in parts) == text
+
+
+@pytest.mark.parametrize("raw, chunk, offset", [
+    (b"abc\xc3" + b"defg" * 3, 4, 3),  # a cut character, then a chunk of ASCII
+    (b"abcd\xc3", 4, 4),  # a cut character at the end of the file
+    (b"abcd" * 3 + b"\x80", 4, 12),  # a continuation byte after ASCII chunks
+])
+def test_an_invalid_byte_at_a_chunk_boundary_is_named_at_its_offset(tmp_path, monkeypatch, raw,
+                                                                    chunk, offset):
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", chunk)
+    src = tmp_path / "bad.txt"
+    src.write_bytes(raw)
+    with pytest.raises(CharlmError) as e:
+        prepare([src], tmp_path / "ds", progress=False)
+    assert str(e.value) == (
+        f"{src} is not valid UTF-8 text (invalid byte 0x{raw[offset]:02x} at byte offset "
+        f"{offset}); charlm reads text files as UTF-8, convert it first")
+
+
+def test_prepare_imports_no_torch(tmp_path):
+    """`charlm prepare` spent 2.4 s of its time importing torch, which it never uses."""
+    src = tmp_path / "t.txt"
+    src.write_text("hello world, hello world\n", encoding="utf-8")
+    code = ("import sys; from charlm.cli import main\n"
+            "try:\n    main(sys.argv[1:])\n"
+            "finally:\n    print('torch' in sys.modules)")
+    result = subprocess.run(
+        [sys.executable, "-c", code, "prepare", str(src), "--out", str(tmp_path / "ds")],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        f"wrote {tmp_path / 'ds'}: 10 symbols (uint8), 22 train / 3 val characters", "False"]
 
 
 def test_empty_and_single_character_inputs(tmp_path):

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from charlm.errors import CharlmError
-from charlm.vocab import Vocab, id_dtype, list_unknown
+from charlm.vocab import CharacterSet, Vocab, id_dtype, list_unknown
 
 
 def test_vocab_round_trip_unicode():
@@ -68,3 +68,38 @@ def test_unknown_characters_are_listed_up_to_the_limit():
     assert bad[:2] == [(1, "x"), (2, "x")] and len(bad) == 12
     assert list_unknown(bad, limit=2) == "'x' at 1, 'x' at 2 and 10 more"
     assert list_unknown(bad[:2], "at position") == "'x' at position 1, 'x' at position 2"
+
+
+@pytest.mark.parametrize("size", [3, 255, 256, 300])
+def test_code_points_as_bytes_or_arrays_give_the_same_ids(size):
+    """Bytes of code points below 256 are mapped by bytes.translate while the ids fit in a byte
+    (up to 255 characters, the id 255 then marking an unknown one), else through numpy; either
+    way the ids are encode_array's."""
+    vocab = Vocab([chr(i) for i in range(size)])
+    text = "".join(chr(i) for i in range(min(size, 256)))[::-1] * 3
+    expected = vocab.encode_array(text)
+    ids = vocab.encode_code_points(text.encode("latin-1"))
+    assert type(ids) is (bytes if size < 256 else np.ndarray)
+    assert bytes(ids) == expected.tobytes()
+    cps = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    assert vocab.encode_code_points(cps).tobytes() == expected.tobytes()
+    assert len(vocab.encode_code_points(b"")) == 0
+
+
+@pytest.mark.parametrize("chars", ["abc", "abc€", "".join(map(chr, range(1, 256)))])
+def test_code_points_outside_the_vocabulary_are_named(chars):
+    vocab = Vocab(sorted(chars))
+    for cps in (b"ab\x00c\x00", np.array([97, 98, 0, 99, 0], dtype=np.uint32)):
+        with pytest.raises(CharlmError) as e:
+            vocab.encode_code_points(cps)
+        assert str(e.value) == "characters outside the vocabulary: '\\x00' at 2, '\\x00' at 4"
+
+
+def test_character_set_collects_bytes_and_arrays():
+    seen = CharacterSet()
+    seen.add(b"banana")
+    seen.add(b"")
+    seen.add(np.array([], dtype=np.uint32))
+    seen.add(np.array([ord("Ж"), ord("a"), 0x1F642], dtype=np.uint32))
+    seen.add(b"abn\xe9")  # Latin-1: \xe9 is a new character, the rest were met
+    assert seen.vocab() == Vocab(sorted("abn\u00e9\u0416\U0001F642"))
