@@ -220,6 +220,44 @@ def test_bench_train_leaves_no_files_and_reports_consistent_figures(monkeypatch,
         result["tokens_per_s"] * result["flops_per_token"] / 1e12, abs=1e-4)
 
 
+def common_module(monkeypatch):
+    return import_script("common", monkeypatch)
+
+
+@pytest.mark.parametrize("amx", [True, False])
+def test_machine_facts_name_the_cpu_and_what_it_computes_natively(monkeypatch, amx):
+    """Every script prints these with its figures: a figure without its machine cannot be
+    compared. bf16 is native exactly where charlm's `dtype: auto` trains in it."""
+    import charlm.device
+
+    common = common_module(monkeypatch)
+    monkeypatch.setattr(charlm.device, "cpu_has_amx_bf16", lambda: amx)
+    monkeypatch.setattr(common, "cpu_model", lambda: "Test CPU 9000")
+    facts = common.machine_facts()
+    assert list(facts) == ["cpu", "logical_cores", "torch_threads", "torch", "cpu_capability",
+                           "bf16_native", "gpu"]
+    assert facts["cpu"] == "Test CPU 9000" and facts["bf16_native"] is amx
+    assert facts["torch"] == torch.__version__ and facts["logical_cores"] == os.cpu_count()
+    assert common.cpu_native_dtype() == (torch.bfloat16 if amx else torch.float32)
+    line = common.machine_line(facts)
+    assert line.startswith(f"machine: Test CPU 9000, {os.cpu_count()} logical cores, "
+                           f"{torch.get_num_threads()} torch threads, torch {torch.__version__}, "
+                           f"{torch.backends.cpu.get_cpu_capability()}, ")
+    assert line.endswith("bf16 native (AMX)" if amx else "float32 native (no AMX bf16)")
+
+
+def test_cpu_model_reads_cpuinfo_else_asks_platform(monkeypatch, tmp_path):
+    common = common_module(monkeypatch)
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\n"
+                       "model name\t: AMD EPYC 7B12\nflags\t\t: fpu avx2\n")
+    assert common.cpu_model(cpuinfo) == "AMD EPYC 7B12"
+    monkeypatch.setattr(common.platform, "processor", lambda: "arm")
+    assert common.cpu_model(tmp_path / "missing") == "arm"
+    cpuinfo.write_text("processor\t: 0\nBogoMIPS\t: 48.00\n")  # an ARM board's cpuinfo
+    assert common.cpu_model(cpuinfo) == "arm"
+
+
 def test_compare_variants_takes_a_configs_data_from_the_current_directory(monkeypatch, tmp_path,
                                                                           corpus, capsys):
     """A config's relative data.path is taken from the current directory, as `charlm train`
