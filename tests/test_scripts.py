@@ -182,17 +182,32 @@ def test_bench_prepare_stopped_removes_its_generated_file(tmp_path):
 
 
 @pytest.mark.parametrize("amx, dtype, source", [
-    (True, torch.bfloat16, "cpu bf16 2048^3 matmul probe"),
-    (False, torch.float32, "cpu fp32 2048^3 matmul probe (no AMX: bf16 is emulated)"),
+    (True, torch.bfloat16, "cpu bfloat16 512^3 matmul probe, best of 3"),
+    (False, torch.float32, "cpu float32 512^3 matmul probe, best of 3"),
 ])
-def test_bench_train_probes_bf16_only_on_a_cpu_with_amx(monkeypatch, amx, dtype, source):
-    """Without AMX the bf16 2048^3 probe is emulated and took minutes before any figure."""
+def test_bench_train_probes_the_dtype_charlms_auto_picks(monkeypatch, amx, dtype, source):
+    """The peak is probed in the dtype `dtype: auto` trains in on this CPU: bf16 without AMX is
+    emulated, and its 2048^3 probe alone took more than ten minutes on a 2-core EPYC."""
+    import charlm.device
+
     bench_train = import_script("bench_train", monkeypatch)
     probed = []
-    monkeypatch.setattr(bench_train, "cpu_has_amx_bf16", lambda: amx)
-    monkeypatch.setattr(bench_train, "cpu_peak", lambda d: probed.append(d) or 1e12)
-    assert bench_train.device_peak(torch.device("cpu")) == (1e12, source)
+    monkeypatch.setattr(charlm.device, "cpu_has_amx_bf16", lambda: amx)
+    monkeypatch.setattr(bench_train, "cpu_peak", lambda d: probed.append(d) or (1e12, 512))
+    assert bench_train.device_peak(torch.device("cpu")) == (1e12, dtype, source)
     assert probed == [dtype]
+
+
+@pytest.mark.parametrize("unit_s, n", [(0.2 / 512**3, 512), (10.0 / 256**3, 256)])
+def test_bench_train_probe_grows_until_a_matmul_takes_a_fifth_of_a_second(monkeypatch, unit_s,
+                                                                         n):
+    """The probe's size follows the CPU's speed: it grows from 256 until one matmul takes about
+    0.2 s (here n^3 * unit_s, a clock standing in for the CPU), and a CPU slower than that at
+    256 is probed at 256, not at a size that runs for minutes."""
+    bench_train = import_script("bench_train", monkeypatch)
+    monkeypatch.setattr(bench_train, "matmul_seconds", lambda a, b: a.shape[0] ** 3 * unit_s)
+    peak, size = bench_train.cpu_peak(torch.float32)
+    assert size == n and peak == pytest.approx(2 / unit_s)
 
 
 def test_bench_train_leaves_no_files_and_reports_consistent_figures(monkeypatch, tmp_path,
@@ -203,7 +218,7 @@ def test_bench_train_leaves_no_files_and_reports_consistent_figures(monkeypatch,
     import json
 
     bench_train = import_script("bench_train", monkeypatch)
-    monkeypatch.setattr(bench_train, "cpu_peak", lambda dtype: 1e12)  # no 2048^3 probes
+    monkeypatch.setattr(bench_train, "cpu_peak", lambda dtype: (1e12, 64))  # no probes
     work = tmp_path / "elsewhere"
     work.mkdir()
     monkeypatch.chdir(work)
@@ -213,6 +228,8 @@ def test_bench_train_leaves_no_files_and_reports_consistent_figures(monkeypatch,
     result = json.loads(capsys.readouterr().out)
     assert list(work.iterdir()) == []
     assert (result["config"], result["overrides"]) == (TINY, [f"data.path={corpus}"])
+    assert result["machine"] == common_module(monkeypatch).machine_facts()
+    assert result["peak_dtype"] == "float32"
     assert result["tokens_per_step"] == 16 * 16
     assert result["tokens_per_s"] == pytest.approx(256 / (result["ms_per_step"] / 1000), rel=0.01)
     assert result["peak_tflops"] == 1.0 and result["fp32_peak_tflops"] == 1.0
