@@ -1,11 +1,17 @@
 """Benchmark training throughput: steady-state ms/step, tokens/s and MFU, as one JSON line that
 opens with the machine's facts (CPU model, cores, torch threads and version).
 
-    python scripts/bench_train.py CONFIG [--steps 50] [--warmup 10] [--set section.key=value ...]
+    python scripts/bench_train.py CONFIG [--steps 50] [--warmup 10] [--seconds 30]
+        [--set section.key=value ...]
 
 It builds exactly what `charlm train` builds (model, AdamW, batch sampler, autocast) and times
-`train_step` after a warm-up, on the config's data (tiny-shakespeare by default). FLOPs per
-token follow the PaLM appendix: 6N + 12 * n_layer * n_embd * block_size (see charlm.summary).
+`train_step` after a warm-up, on the config's data (tiny-shakespeare by default). The warm-up and
+the timed steps each stop after --seconds (at least one step each), so a config too large for
+the machine ends in bounded time: about twice --seconds, plus one step of each, the peak probe,
+and building the model (compiling it too where the config sets train.compile: minutes on a slow
+CPU, which `--set train.compile=false` skips); `steps` in the output says how many were timed.
+FLOPs per token follow the PaLM appendix: 6N + 12 * n_layer * n_embd * block_size (see
+charlm.summary).
 
 MFU is relative to the dense peak named by `peak_dtype`: for a known GPU its bf16 peak from a
 table; on a CPU a matmul probe in the dtype the CPU computes natively, as `dtype: auto` decides
@@ -85,8 +91,10 @@ def device_peak(device: torch.device) -> tuple[float | None, torch.dtype, str]:
     return peak, dtype, f"cpu {name} {n}^3 matmul probe, best of 3"
 
 
-def benchmark(cfg: RunConfig, data: Dataset, steps: int, warmup: int) -> dict:
-    """Time `steps` training steps of `cfg` on `data` after `warmup` untimed ones."""
+def benchmark(cfg: RunConfig, data: Dataset, steps: int, warmup: int,
+              seconds: float = float("inf")) -> dict:
+    """Time `steps` training steps of `cfg` on `data` after `warmup` untimed ones; the warm-up
+    and the timed steps each stop early (after at least one step) once `seconds` have passed."""
     device = resolve_device(cfg.train.device)
     dtype = resolve_dtype(cfg.train.dtype, device)
     torch.manual_seed(cfg.train.seed)
@@ -103,20 +111,22 @@ def benchmark(cfg: RunConfig, data: Dataset, steps: int, warmup: int) -> dict:
     scaler = grad_scaler(device, dtype)
     sampler = BatchSampler(data.train, cfg.model.block_size, cfg.train.batch_size, device, 0)
 
-    def run(n: int) -> float:
+    def run(n: int) -> tuple[int, float]:
+        """(steps run, seconds): `n` steps, or fewer once `seconds` have passed."""
         t = time.perf_counter()
-        for _ in range(n):
+        done = 0
+        while done < n and (done == 0 or time.perf_counter() - t < seconds):
             loss, _, _ = train_step(step_model, optimizer, scaler, sampler, cfg, device, dtype)
+            done += 1
         loss.item()  # wait for the device
         if device.type == "cuda":
             torch.cuda.synchronize()
-        return time.perf_counter() - t
+        return done, time.perf_counter() - t
 
-    if warmup:
-        run(warmup)
-    elapsed = run(steps)
+    warmed = run(warmup)[0] if warmup else 0
+    timed, elapsed = run(steps)
     tokens_per_step = cfg.train.batch_size * cfg.train.grad_accum * cfg.model.block_size
-    tokens_per_s = steps * tokens_per_step / elapsed
+    tokens_per_s = timed * tokens_per_step / elapsed
     flops = flops_per_token(parameter_table(model), cfg.model, len(data.vocab))["training"]
     peak, peak_dtype, peak_source = device_peak(device)
     fp32_peak = None
@@ -125,8 +135,9 @@ def benchmark(cfg: RunConfig, data: Dataset, steps: int, warmup: int) -> dict:
     return {
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."), "compile": step_model is not model,
-        "threads": torch.get_num_threads(), "tokens_per_step": tokens_per_step,
-        "ms_per_step": round(1000 * elapsed / steps, 2),
+        "threads": torch.get_num_threads(), "warmup_steps": warmed, "steps": timed,
+        "tokens_per_step": tokens_per_step,
+        "ms_per_step": round(1000 * elapsed / timed, 2),
         "tokens_per_s": round(tokens_per_s), "flops_per_token": flops,
         "achieved_tflops": round(tokens_per_s * flops / 1e12, 4),
         "peak_dtype": str(peak_dtype).removeprefix("torch."),
@@ -142,12 +153,16 @@ def main() -> None:
     parser.add_argument("config")
     parser.add_argument("--steps", type=positive(int), default=50)
     parser.add_argument("--warmup", type=positive(int, zero=True), default=10)
+    parser.add_argument("--seconds", type=positive(float), default=30.0,
+                        help="stop the warm-up, and then the timed steps, after this many "
+                        "seconds each (at least one step each), so the script ends in bounded "
+                        "time on a slow CPU (default 30)")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
     cfg = load_config(args.config, args.overrides)
     with tempfile.TemporaryDirectory() as tmp:  # a text file is prepared here, not left behind
         data = dataset_for(cfg.data.path, cfg.data.val_fraction, Path(tmp) / "dataset")
-        result = benchmark(cfg, data, args.steps, args.warmup)
+        result = benchmark(cfg, data, args.steps, args.warmup, args.seconds)
     print(json.dumps({"machine": machine_facts(), "config": args.config,
                       "overrides": args.overrides, **result}))
 

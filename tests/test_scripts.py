@@ -229,12 +229,28 @@ def test_bench_train_leaves_no_files_and_reports_consistent_figures(monkeypatch,
     assert list(work.iterdir()) == []
     assert (result["config"], result["overrides"]) == (TINY, [f"data.path={corpus}"])
     assert result["machine"] == common_module(monkeypatch).machine_facts()
-    assert result["peak_dtype"] == "float32"
+    assert (result["warmup_steps"], result["steps"], result["peak_dtype"]) == (1, 2, "float32")
     assert result["tokens_per_step"] == 16 * 16
     assert result["tokens_per_s"] == pytest.approx(256 / (result["ms_per_step"] / 1000), rel=0.01)
     assert result["peak_tflops"] == 1.0 and result["fp32_peak_tflops"] == 1.0
     assert result["mfu"] == result["mfu_vs_fp32_peak"] == pytest.approx(
         result["tokens_per_s"] * result["flops_per_token"] / 1e12, abs=1e-4)
+
+
+def test_bench_train_stops_its_steps_after_seconds(monkeypatch, tmp_path, corpus, capsys):
+    """--seconds bounds the warm-up and the timed steps on a CPU too slow for --steps: each
+    stops once the time has passed, after one step at least, and the figures cover those."""
+    import json
+
+    bench_train = import_script("bench_train", monkeypatch)
+    monkeypatch.setattr(bench_train, "cpu_peak", lambda dtype: (1e12, 64))
+    monkeypatch.setattr(sys, "argv", ["bench_train.py", TINY, "--steps", "100000", "--warmup",
+                                      "100000", "--seconds", "1e-9",
+                                      "--set", f"data.path={corpus}"])
+    bench_train.main()
+    result = json.loads(capsys.readouterr().out)
+    assert (result["warmup_steps"], result["steps"]) == (1, 1)
+    assert result["tokens_per_s"] == pytest.approx(256 / (result["ms_per_step"] / 1000), rel=0.01)
 
 
 def common_module(monkeypatch):
