@@ -253,6 +253,25 @@ def test_bench_train_stops_its_steps_after_seconds(monkeypatch, tmp_path, corpus
     assert result["tokens_per_s"] == pytest.approx(256 / (result["ms_per_step"] / 1000), rel=0.01)
 
 
+def test_bench_sample_stops_each_path_after_its_seconds(monkeypatch, capsys):
+    """The cached pass had no time limit: on the busy EPYC the baby GPT decodes about 10
+    tokens a second, so each of its 2000-token cached runs took minutes. Each path now stops
+    after its own limit, and the table marks a path cut short with the tokens it covers."""
+    import json
+
+    bench_sample = import_script("bench_sample", monkeypatch)
+    monkeypatch.setattr(sys, "argv", ["bench_sample.py", "--configs", TINY, "--batches", "1",
+                                      "--tokens", "50", "--cached-seconds", "1e-9",
+                                      "--uncached-seconds", "1e-9"])
+    bench_sample.main()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == common_module(monkeypatch).machine_line(
+        common_module(monkeypatch).machine_facts())
+    row = json.loads(lines[1])
+    assert (row["cached_tokens_measured"], row["uncached_tokens_measured"]) == (1, 1)
+    assert lines[-1].startswith("| tiny.yaml | ") and lines[-1].count("(first 1)") == 2
+
+
 def common_module(monkeypatch):
     return import_script("common", monkeypatch)
 
