@@ -158,6 +158,24 @@ def test_time_to_loss_stopped_ends_its_training_run_and_removes_it(tmp_path, cor
     assert orphans == [] and list(scratch.glob("*/run")) == []
 
 
+def test_time_to_loss_ends_a_run_at_max_seconds(monkeypatch, tmp_path):
+    """A preset's fixed step count held a slow CPU for as long as it took; --max-seconds ends
+    the run (here a stand-in that would sleep for a minute) and says that it did."""
+    import time
+
+    time_to_loss = import_script("time_to_loss", monkeypatch)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        t0 = time.perf_counter()
+        curve, hit, cut = time_to_loss.watch(proc, tmp_path / "metrics.jsonl", 1.0, False, t0,
+                                             max_seconds=0.2)
+        assert (curve, hit, cut) == ([], None, True)
+        assert proc.returncode == -15 and time.perf_counter() - t0 < 30
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_bench_prepare_stopped_removes_its_generated_file(tmp_path):
     """SIGTERM while bench_prepare writes its input left the file (up to --mb MB) in the temp
     dir; now the temp dir is removed and the script exits 143."""
