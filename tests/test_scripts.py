@@ -283,8 +283,8 @@ def test_bench_sample_stops_each_path_after_its_seconds(monkeypatch, capsys):
                                       "--uncached-seconds", "1e-9"])
     bench_sample.main()
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == common_module(monkeypatch).machine_line(
-        common_module(monkeypatch).machine_facts())
+    common = common_module(monkeypatch)
+    assert lines[0] == common.machine_line(common.machine_facts())
     row = json.loads(lines[1])
     assert (row["cached_tokens_measured"], row["uncached_tokens_measured"]) == (1, 1)
     assert lines[-1].startswith("| tiny.yaml | ") and lines[-1].count("(first 1)") == 2
@@ -341,5 +341,8 @@ def test_compare_variants_takes_a_configs_data_from_the_current_directory(monkey
                                       "0.05", "--rounds", "1", "--eval-iters", "1", "--only",
                                       "default"])
     compare_variants.main()
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| default")]
+    lines = capsys.readouterr().out.splitlines()
+    common = common_module(monkeypatch)
+    assert lines[0] == common.machine_line(common.machine_facts())
+    rows = [line for line in lines if line.startswith("| default")]
     assert len(rows) == 1 and rows[0].endswith("| +0.000 |")
