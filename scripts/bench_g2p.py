@@ -7,7 +7,9 @@ hash-split test words (exact match, WER = 1 - exact match, PER), stress marks re
 
 Each run's number of steps is set from its own step time, measured first in a short run, so
 that training, evals and checkpoints end within the budget; the cosine schedule then spans the
-whole budget. Prints one JSON line per model and a table.
+whole budget; scoring the test words after it is fixed work (greedy, cached decoding of each
+word), not part of the budget. Prints the machine's facts (CPU model, cores, torch threads and
+version), then one JSON line per model and a table.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from common import positive, run_script, summary
+from common import machine_facts, machine_line, positive, run_script, summary
 
 import charlm
 from charlm.accuracy import accuracy
@@ -109,6 +111,7 @@ def main() -> None:
     parser.add_argument("--skip-decoder", action="store_true",
                         help="train and score the encoder-decoder only")
     args = parser.parse_args()
+    print(machine_line(machine_facts()), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     tsv = args.out / "cmudict.tsv"
     subprocess.run([sys.executable, str(ROOT / "scripts" / "cmudict_pairs.py"), "--out",

@@ -1,17 +1,24 @@
 """What the benchmark scripts share: their --help description, argparse's positive (or
-non-negative) counts, and bad input reported as the charlm CLI reports it (one `error:` line,
+non-negative) counts, the facts of the machine their figures come from (`machine_facts`,
+`machine_line`), and bad input reported as the charlm CLI reports it (one `error:` line,
 exit code 2, no traceback);
 Ctrl-C and SIGTERM end a script with 130 and 143, running its cleanup (`finally`) on the way."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import signal
 import sys
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from charlm.errors import CharlmError
+
+if TYPE_CHECKING:
+    import torch
 
 
 def summary(doc: str | None) -> str:
@@ -29,6 +36,52 @@ def positive(kind: type, zero: bool = False) -> Callable[[str], Any]:
             raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
         return value
     return parse
+
+
+def cpu_native_dtype() -> torch.dtype:
+    """The dtype this CPU computes matmuls in natively: charlm's own `dtype: auto` for the CPU
+    (bf16 where AMX multiplies it, else float32; bf16 elsewhere is emulated, and slow)."""
+    import torch  # here, not above: scripts that print no machine facts start without torch
+
+    from charlm.device import resolve_dtype
+    return resolve_dtype("auto", torch.device("cpu"))
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name: /proc/cpuinfo's "model name" on Linux, else what `platform` knows
+    (on macOS and Windows, or a Linux whose cpuinfo has no model name, as on some ARM boards)."""
+    try:
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def machine_facts() -> dict:
+    """What a figure depends on besides the code: the CPU model, its logical cores, torch's
+    threads and version, the CPU capability torch dispatches to (AVX2, AVX512, ...), whether
+    the CPU computes bf16 natively, and the GPU, if torch sees one."""
+    import torch
+
+    return {
+        "cpu": cpu_model(), "logical_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "bf16_native": cpu_native_dtype() == torch.bfloat16,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+
+
+def machine_line(facts: dict) -> str:
+    """`machine_facts` as the one line a script prints above its figures."""
+    bf16 = "bf16 native (AMX)" if facts["bf16_native"] else "float32 native (no AMX bf16)"
+    gpu = f", GPU {facts['gpu']}" if facts["gpu"] else ""
+    return (f"machine: {facts['cpu']}, {facts['logical_cores']} logical cores, "
+            f"{facts['torch_threads']} torch threads, torch {facts['torch']}, "
+            f"{facts['cpu_capability']}, {bf16}{gpu}")
 
 
 def terminated(signum: int, frame: Any) -> None:

@@ -10,8 +10,10 @@ stops when the wall-time budget is spent; the learning-rate schedule (warmup, co
 over that budget instead of over `train.max_iters`, so a faster variant is not cut off mid-decay.
 The variants take turns in `--rounds` slices of their budget, so load from other processes falls on
 all of them alike. The val loss (nats/char) is then measured on the same fixed val windows for
-every variant; evaluation time is not counted. Timings depend on the machine and on what else runs
-on it: compare figures from one run only.
+every variant; evaluation time is not counted. The script ends after about the number of variants
+times --seconds, plus building the models and the final evaluations, on any CPU. Timings depend on
+the machine (its facts are printed first: CPU model, cores, torch threads and version) and on what
+else runs on it: compare figures from one run only.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import positive, run_script, summary
+from common import machine_facts, machine_line, positive, run_script, summary
 
 from charlm.config import MODEL_VARIANTS, RunConfig, load_config
 from charlm.data import BatchSampler, Dataset, dataset_for
@@ -108,8 +110,8 @@ def main() -> None:
         device = resolve_device(base.train.device)
         load = os.getloadavg()[0]
         recipe = args.config.name if args.config else "the built-in defaults"
-        print(f"{args.seconds:g} s of training per variant, {recipe}, device {device}, "
-              f"{torch.get_num_threads()} torch threads, torch {torch.__version__}\n")
+        print(machine_line(machine_facts()))
+        print(f"{args.seconds:g} s of training per variant, {recipe}, device {device}\n")
         contenders = {n: Contender(with_model(base, VARIANTS[n]), data, args.seconds)
                       for n in names}
         # Round-robin slices: load from other processes that comes and goes then hits every

@@ -158,6 +158,24 @@ def test_time_to_loss_stopped_ends_its_training_run_and_removes_it(tmp_path, cor
     assert orphans == [] and list(scratch.glob("*/run")) == []
 
 
+def test_time_to_loss_ends_a_run_at_max_seconds(monkeypatch, tmp_path):
+    """A preset's fixed step count held a slow CPU for as long as it took; --max-seconds ends
+    the run (here a stand-in that would sleep for a minute) and says that it did."""
+    import time
+
+    time_to_loss = import_script("time_to_loss", monkeypatch)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        t0 = time.perf_counter()
+        curve, hit, cut = time_to_loss.watch(proc, tmp_path / "metrics.jsonl", 1.0, False, t0,
+                                             max_seconds=0.2)
+        assert (curve, hit, cut) == ([], None, True)
+        assert proc.returncode == -15 and time.perf_counter() - t0 < 30
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_bench_prepare_stopped_removes_its_generated_file(tmp_path):
     """SIGTERM while bench_prepare writes its input left the file (up to --mb MB) in the temp
     dir; now the temp dir is removed and the script exits 143."""
@@ -182,17 +200,32 @@ def test_bench_prepare_stopped_removes_its_generated_file(tmp_path):
 
 
 @pytest.mark.parametrize("amx, dtype, source", [
-    (True, torch.bfloat16, "cpu bf16 2048^3 matmul probe"),
-    (False, torch.float32, "cpu fp32 2048^3 matmul probe (no AMX: bf16 is emulated)"),
+    (True, torch.bfloat16, "cpu bfloat16 512^3 matmul probe, best of 3"),
+    (False, torch.float32, "cpu float32 512^3 matmul probe, best of 3"),
 ])
-def test_bench_train_probes_bf16_only_on_a_cpu_with_amx(monkeypatch, amx, dtype, source):
-    """Without AMX the bf16 2048^3 probe is emulated and took minutes before any figure."""
+def test_bench_train_probes_the_dtype_charlms_auto_picks(monkeypatch, amx, dtype, source):
+    """The peak is probed in the dtype `dtype: auto` trains in on this CPU: bf16 without AMX is
+    emulated, and its 2048^3 probe alone took more than ten minutes on a 2-core EPYC."""
+    import charlm.device
+
     bench_train = import_script("bench_train", monkeypatch)
     probed = []
-    monkeypatch.setattr(bench_train, "cpu_has_amx_bf16", lambda: amx)
-    monkeypatch.setattr(bench_train, "cpu_peak", lambda d: probed.append(d) or 1e12)
-    assert bench_train.device_peak(torch.device("cpu")) == (1e12, source)
+    monkeypatch.setattr(charlm.device, "cpu_has_amx_bf16", lambda: amx)
+    monkeypatch.setattr(bench_train, "cpu_peak", lambda d: probed.append(d) or (1e12, 512))
+    assert bench_train.device_peak(torch.device("cpu")) == (1e12, dtype, source)
     assert probed == [dtype]
+
+
+@pytest.mark.parametrize("unit_s, n", [(0.2 / 512**3, 512), (10.0 / 256**3, 256)])
+def test_bench_train_probe_grows_until_a_matmul_takes_a_fifth_of_a_second(monkeypatch, unit_s,
+                                                                         n):
+    """The probe's size follows the CPU's speed: it grows from 256 until one matmul takes about
+    0.2 s (here n^3 * unit_s, a clock standing in for the CPU), and a CPU slower than that at
+    256 is probed at 256, not at a size that runs for minutes."""
+    bench_train = import_script("bench_train", monkeypatch)
+    monkeypatch.setattr(bench_train, "matmul_seconds", lambda a, b: a.shape[0] ** 3 * unit_s)
+    peak, size = bench_train.cpu_peak(torch.float32)
+    assert size == n and peak == pytest.approx(2 / unit_s)
 
 
 def test_bench_train_leaves_no_files_and_reports_consistent_figures(monkeypatch, tmp_path,
@@ -203,7 +236,7 @@ def test_bench_train_leaves_no_files_and_reports_consistent_figures(monkeypatch,
     import json
 
     bench_train = import_script("bench_train", monkeypatch)
-    monkeypatch.setattr(bench_train, "cpu_peak", lambda dtype: 1e12)  # no 2048^3 probes
+    monkeypatch.setattr(bench_train, "cpu_peak", lambda dtype: (1e12, 64))  # no probes
     work = tmp_path / "elsewhere"
     work.mkdir()
     monkeypatch.chdir(work)
@@ -213,11 +246,86 @@ def test_bench_train_leaves_no_files_and_reports_consistent_figures(monkeypatch,
     result = json.loads(capsys.readouterr().out)
     assert list(work.iterdir()) == []
     assert (result["config"], result["overrides"]) == (TINY, [f"data.path={corpus}"])
+    assert result["machine"] == common_module(monkeypatch).machine_facts()
+    assert (result["warmup_steps"], result["steps"], result["peak_dtype"]) == (1, 2, "float32")
     assert result["tokens_per_step"] == 16 * 16
     assert result["tokens_per_s"] == pytest.approx(256 / (result["ms_per_step"] / 1000), rel=0.01)
     assert result["peak_tflops"] == 1.0 and result["fp32_peak_tflops"] == 1.0
     assert result["mfu"] == result["mfu_vs_fp32_peak"] == pytest.approx(
         result["tokens_per_s"] * result["flops_per_token"] / 1e12, abs=1e-4)
+
+
+def test_bench_train_stops_its_steps_after_seconds(monkeypatch, tmp_path, corpus, capsys):
+    """--seconds bounds the warm-up and the timed steps on a CPU too slow for --steps: each
+    stops once the time has passed, after one step at least, and the figures cover those."""
+    import json
+
+    bench_train = import_script("bench_train", monkeypatch)
+    monkeypatch.setattr(bench_train, "cpu_peak", lambda dtype: (1e12, 64))
+    monkeypatch.setattr(sys, "argv", ["bench_train.py", TINY, "--steps", "100000", "--warmup",
+                                      "100000", "--seconds", "1e-9",
+                                      "--set", f"data.path={corpus}"])
+    bench_train.main()
+    result = json.loads(capsys.readouterr().out)
+    assert (result["warmup_steps"], result["steps"]) == (1, 1)
+    assert result["tokens_per_s"] == pytest.approx(256 / (result["ms_per_step"] / 1000), rel=0.01)
+
+
+def test_bench_sample_stops_each_path_after_its_seconds(monkeypatch, capsys):
+    """The cached pass had no time limit: on the busy EPYC the baby GPT decodes about 10
+    tokens a second, so each of its 2000-token cached runs took minutes. Each path now stops
+    after its own limit, and the table marks a path cut short with the tokens it covers."""
+    import json
+
+    bench_sample = import_script("bench_sample", monkeypatch)
+    monkeypatch.setattr(sys, "argv", ["bench_sample.py", "--configs", TINY, "--batches", "1",
+                                      "--tokens", "50", "--cached-seconds", "1e-9",
+                                      "--uncached-seconds", "1e-9"])
+    bench_sample.main()
+    lines = capsys.readouterr().out.splitlines()
+    common = common_module(monkeypatch)
+    assert lines[0] == common.machine_line(common.machine_facts())
+    row = json.loads(lines[1])
+    assert (row["cached_tokens_measured"], row["uncached_tokens_measured"]) == (1, 1)
+    assert lines[-1].startswith("| tiny.yaml | ") and lines[-1].count("(first 1)") == 2
+
+
+def common_module(monkeypatch):
+    return import_script("common", monkeypatch)
+
+
+@pytest.mark.parametrize("amx", [True, False])
+def test_machine_facts_name_the_cpu_and_what_it_computes_natively(monkeypatch, amx):
+    """Every script prints these with its figures: a figure without its machine cannot be
+    compared. bf16 is native exactly where charlm's `dtype: auto` trains in it."""
+    import charlm.device
+
+    common = common_module(monkeypatch)
+    monkeypatch.setattr(charlm.device, "cpu_has_amx_bf16", lambda: amx)
+    monkeypatch.setattr(common, "cpu_model", lambda: "Test CPU 9000")
+    facts = common.machine_facts()
+    assert list(facts) == ["cpu", "logical_cores", "torch_threads", "torch", "cpu_capability",
+                           "bf16_native", "gpu"]
+    assert facts["cpu"] == "Test CPU 9000" and facts["bf16_native"] is amx
+    assert facts["torch"] == torch.__version__ and facts["logical_cores"] == os.cpu_count()
+    assert common.cpu_native_dtype() == (torch.bfloat16 if amx else torch.float32)
+    line = common.machine_line(facts)
+    assert line.startswith(f"machine: Test CPU 9000, {os.cpu_count()} logical cores, "
+                           f"{torch.get_num_threads()} torch threads, torch {torch.__version__}, "
+                           f"{torch.backends.cpu.get_cpu_capability()}, ")
+    assert line.endswith("bf16 native (AMX)" if amx else "float32 native (no AMX bf16)")
+
+
+def test_cpu_model_reads_cpuinfo_else_asks_platform(monkeypatch, tmp_path):
+    common = common_module(monkeypatch)
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\n"
+                       "model name\t: AMD EPYC 7B12\nflags\t\t: fpu avx2\n")
+    assert common.cpu_model(cpuinfo) == "AMD EPYC 7B12"
+    monkeypatch.setattr(common.platform, "processor", lambda: "arm")
+    assert common.cpu_model(tmp_path / "missing") == "arm"
+    cpuinfo.write_text("processor\t: 0\nBogoMIPS\t: 48.00\n")  # an ARM board's cpuinfo
+    assert common.cpu_model(cpuinfo) == "arm"
 
 
 def test_compare_variants_takes_a_configs_data_from_the_current_directory(monkeypatch, tmp_path,
@@ -233,5 +341,8 @@ def test_compare_variants_takes_a_configs_data_from_the_current_directory(monkey
                                       "0.05", "--rounds", "1", "--eval-iters", "1", "--only",
                                       "default"])
     compare_variants.main()
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| default")]
+    lines = capsys.readouterr().out.splitlines()
+    common = common_module(monkeypatch)
+    assert lines[0] == common.machine_line(common.machine_facts())
+    rows = [line for line in lines if line.startswith("| default")]
     assert len(rows) == 1 and rows[0].endswith("| +0.000 |")
