@@ -25,7 +25,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from common import positive, run_script, summary
+from common import cpu_model, positive, run_script, summary
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_RATIO = 0.8  # issue 19: prepare at no less than 0.8x the reference's speed
@@ -95,16 +95,6 @@ def run_child(args: list[str], scratch: Path) -> tuple[float, float]:
         raise SystemExit(f"error: {' '.join(args[:4])} ... failed with exit code "
                          f"{proc.returncode}: {(scratch / 'stderr').read_text().strip()}")
     return seconds, maxrss_mb(usage.ru_maxrss)
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
 
 
 def version(package: str) -> str | None:
