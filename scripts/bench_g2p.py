@@ -5,9 +5,9 @@ hash-split test words (exact match, WER = 1 - exact match, PER), stress marks re
 
     python scripts/bench_g2p.py [--minutes 30] [--out /tmp/bench_g2p] [--skip-decoder]
 
-Each run's number of steps is set from its own step time, measured first in a short run, so
-that training, evals and checkpoints end within the budget; the cosine schedule then spans the
-whole budget; scoring the test words after it is fixed work (greedy, cached decoding of each
+Each run trains with `charlm train --time`: it times its own first steps and an eval, then sets
+its number of steps so that training, evals and checkpoints end within the budget, and the
+cosine schedule spans it; scoring the test words after it is fixed work (greedy, cached decoding of each
 word), not part of the budget. Prints the machine's facts (CPU model, cores, torch threads and
 version), then one JSON line per model and a table.
 """
@@ -44,26 +44,13 @@ def charlm_cli(*args: str) -> float:
     return time.perf_counter() - t0
 
 
-def step_seconds(config: Path, data: Path, out: Path) -> float:
-    """Seconds per training step, from the log of a 60-step run (steps 20 to 60)."""
-    charlm_cli("train", str(config), "--data", str(data), "--out", str(out), "--overwrite",
-               "--set", "train.max_iters=60", "--set", "train.log_interval=20",
-               "--set", "train.eval_interval=1000", "--set", "train.eval_pairs=0",
-               "--set", "train.sample_chars=0", "--set", "optim.warmup_iters=10")
-    events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    at = {e["step"]: e["elapsed_s"] for e in events if e["event"] == "train"}
-    return (at[60] - at[20]) / 40
-
-
 def train_for(config: Path, data: Path, out: Path, seconds: float) -> dict:
-    """Train `config` for about `seconds` (90 % of them on steps, the rest for the evals,
-    the checkpoints and the start) and return the run's facts."""
-    per_step = step_seconds(config, data, out)
-    steps = max(int(0.9 * seconds / per_step), 100)
+    """Train `config` on a time budget of `seconds` (`charlm train --time`, which sets the
+    steps to end the run, its evals and its checkpoints within it) and return the run's facts."""
     wall = charlm_cli("train", str(config), "--data", str(data), "--out", str(out),
-                      "--overwrite", "--set", f"train.max_iters={steps}",
-                      "--set", f"train.eval_interval={max(steps // 5, 1)}")
-    return {"step_s": round(per_step, 4), "steps": steps, "train_wall_s": round(wall, 1)}
+                      "--overwrite", "--time", f"{seconds:g}")
+    steps = load_config(out / "config.yaml").train.max_iters
+    return {"budget_s": seconds, "steps": steps, "train_wall_s": round(wall, 1)}
 
 
 def split_pairs(tsv: Path, out: Path, val: float, test: float) -> tuple[Path, dict]:
