@@ -7,9 +7,9 @@ hash-split test words (exact match, WER = 1 - exact match, PER), stress marks re
 
 Each run trains with `charlm train --time`: it times its own first steps and an eval, then sets
 its number of steps so that training, evals and checkpoints end within the budget, and the
-cosine schedule spans it; scoring the test words after it is fixed work (greedy, cached decoding of each
-word), not part of the budget. Prints the machine's facts (CPU model, cores, torch threads and
-version), then one JSON line per model and a table.
+cosine schedule spans it; scoring the test words after it is fixed work (greedy, cached
+decoding of each word), not part of the budget. Prints the machine's facts (CPU model, cores,
+torch threads and version), then one JSON line per model and a table.
 """
 
 from __future__ import annotations
