@@ -1,11 +1,10 @@
-"""Training: `TrainState`, `train(cfg)`, `train_step`, `evaluate` and the schedule `lr_at`.
+"""Training: `train(cfg)` and its loop, `train_step` and the schedule `lr_at`.
 
-`build_run` builds a run's objects once (data, sampler, model and its compiled / DDP wrappers,
-optimizer, scaler, state) into a `Run`; fresh and resumed runs build the same objects, and a
-resume then loads the map of stateful objects (`Run.stateful`) from `last.pt`, the map every
-checkpoint saves. `step` counts completed optimizer updates, skipped ones included: a step whose
-loss or gradient norm is not finite skips its update. SIGINT / SIGTERM finish the current step,
-save `last.pt` and raise `Interrupted` (see `charlm.faults`).
+`charlm.run.build_run` builds a run's objects once into a `Run`; a resume then loads the map of
+stateful objects (`Run.stateful`) from `last.pt`, the map every checkpoint saves. `step` counts
+completed optimizer updates, skipped ones included: a step whose loss or gradient norm is not
+finite skips its update. SIGINT / SIGTERM finish the current step, save `last.pt` and raise
+`Interrupted` (see `charlm.faults`).
 
 Under torchrun the same loop runs on every rank with DistributedDataParallel (see
 `charlm.device.distributed`): each rank trains on its rows of the global batch that the
@@ -19,13 +18,10 @@ that fails there (a full disk) does not leave them to die in a collective.
 
 from __future__ import annotations
 
-import functools
 import math
 import shlex
 import signal
-import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,67 +29,28 @@ import torch
 
 from charlm import checkpoint
 from charlm.budget import StepTimer, format_duration, plan_steps, too_short
-from charlm.checkpoint import OptimizerState, RNGState, ScalerState, Stateful
-from charlm.config import DataConfig, OptimConfig, RunConfig, save_config
+from charlm.config import OptimConfig, RunConfig, save_config
 from charlm.data import BatchSampler
 from charlm.device import (
     Dist,
     autocast,
-    compile_model,
     distributed,
-    grad_scaler,
-    require_memory,
     resolve_device,
     resolve_dtype,
     seed_everything,
     sync_grads,
 )
 from charlm.errors import CharlmError
-from charlm.evaluation import eval_batches_per_forward, evaluate
-from charlm.faults import BadSteps, Interrupted, StopSignals
+from charlm.evaluation import evaluate
+from charlm.faults import Interrupted, StopSignals
 from charlm.generate import NonFiniteOutput
 from charlm.metrics import MetricsLogger
-from charlm.optim import make_optimizer, step_if
+from charlm.optim import step_if
 from charlm.pairs import PairBatchSampler
+from charlm.run import Clock, Run, TrainState, build_run, warn_short_warmup, wrap_model
 from charlm.rundir import check_run_dir, clear_run, run_lock, start_run
-from charlm.tasks import Task, task_for
 
 LN2 = math.log(2)
-
-
-@dataclass
-class TrainState:
-    """What a run has done so far; saved in every checkpoint as "train_state"."""
-
-    step: int = 0  # training steps done, skipped updates included (the schedule moves on)
-    best_val: float = math.inf
-    tokens: int = 0  # training tokens consumed
-    elapsed_s: float = 0.0  # wall time spent in train(), summed over resumes
-    budget_steps: int | None = None  # the max_iters a time budget fixed (None: not yet, or none)
-    # the skipped-step counters, kept on the device so that counting never waits for it
-    bad: BadSteps = field(default_factory=BadSteps, repr=False, compare=False)
-
-    @property
-    def skipped_steps(self) -> int:
-        """Steps whose update was skipped for a non-finite loss or grad norm (waits for the
-        device)."""
-        return int(self.bad.total)
-
-    @property
-    def bad_streak(self) -> int:
-        """Of those, how many in a row ended at `step` (max_bad_steps stops a run)."""
-        return int(self.bad.streak)
-
-    def state_dict(self) -> dict[str, Any]:
-        budget = {} if self.budget_steps is None else {"budget_steps": self.budget_steps}
-        return {"step": self.step, "best_val": self.best_val, "tokens": self.tokens,
-                "elapsed_s": self.elapsed_s, **budget, **self.bad.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        fresh = TrainState()  # a field added later takes its default
-        for name in ("step", "best_val", "tokens", "elapsed_s", "budget_steps"):
-            setattr(self, name, state.get(name, getattr(fresh, name)))
-        self.bad.load_state_dict(state)
 
 
 def lr_at(step: int, optim: OptimConfig, max_iters: int) -> float:
@@ -137,125 +94,6 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return total, norm, ok
-
-
-def require_model_memory(task: Task, device: torch.device) -> None:
-    """Refuse a model whose float32 weights, gradients and two AdamW moments (16 bytes a
-    parameter, before any activation) alone exceed the device's memory: it could never train."""
-    params = task.parameter_count()
-    require_memory(16 * params, device,
-                   f"the model has {params:,} parameters, whose weights, gradients and AdamW "
-                   "state need {gib}", "make model.n_layer or model.n_embd smaller")
-
-
-@dataclass
-class Run:
-    """A run's objects, built once by `build_run` (the wrappers by `wrap_model`)."""
-
-    cfg: RunConfig
-    dist: Dist
-    device: torch.device
-    dtype: torch.dtype
-    task: Task  # the data and what goes with it (text for a GPT, pairs for an encoder-decoder)
-    sampler: BatchSampler | PairBatchSampler
-    model: torch.nn.Module  # unwrapped and uncompiled: what checkpoints save and previews use
-    optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler
-    state: TrainState
-    step_model: torch.nn.Module  # what train_step calls: `model`, compiled and / or in DDP
-    eval_model: torch.nn.Module  # what evaluate calls
-    eval_group: int = 1  # eval batches per forward
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.cfg.train.out_dir)
-
-    def stateful(self) -> dict[str, Stateful]:
-        """Everything a checkpoint saves and a resume loads, under its name in the file."""
-        return {"model": self.model, "optimizer": OptimizerState(self.optimizer),
-                "scaler": ScalerState(self.scaler), "train_state": self.state,
-                "sampler": self.sampler, "rng": RNGState(self.device)}
-
-
-@dataclass
-class Clock:
-    """The run's wall time in train(), summed over resumes, and the training time since the
-    last log line (for tokens/s: evals, samples and saves are paused out of it)."""
-
-    start: float  # time.perf_counter() when train() began
-    before: float  # elapsed_s of the checkpoint resumed from
-    t_log: float = 0.0
-    tokens: int = 0  # training tokens since the last log line
-    paused: float = 0.0  # seconds of evals, samples and saves in this process
-
-    def elapsed(self, now: float | None = None) -> float:
-        return self.before + (time.perf_counter() if now is None else now) - self.start
-
-
-def require_same_vocab(ckpt: dict[str, Any] | None, data_path: str, vocab: Any) -> None:
-    """`vocab`: the data's vocabulary as a checkpoint stores it."""
-    if ckpt is not None and ckpt.get("vocab") != vocab:
-        raise CharlmError(
-            f"--resume: the vocabulary of {data_path} differs from the run's checkpoint; "
-            "resume with the data the run was started on"
-        )
-
-
-def warn_about_config(cfg: RunConfig, task: Task, dist: Dist) -> None:
-    """Warn (rank 0) about settings that do not do what they seem to."""
-    prepared_with = task.data.meta.get("val_fraction")
-    set_by_user = cfg.data.val_fraction != DataConfig.val_fraction  # the default says nothing
-    if (Path(cfg.data.path).is_dir() and set_by_user and prepared_with != cfg.data.val_fraction
-            and dist.is_main):
-        print(f"warning: data.val_fraction={cfg.data.val_fraction} does not apply to the "
-              f"prepared dataset {cfg.data.path}, whose split was made with --val-fraction "
-              f"{prepared_with}; run `charlm prepare` again to change it", file=sys.stderr)
-    if cfg.train.max_time is None:  # a budget's steps are known later: it warns then
-        warn_short_warmup(cfg, dist)
-
-
-def warn_short_warmup(cfg: RunConfig, dist: Dist) -> None:
-    tc = cfg.train
-    if cfg.optim.warmup_iters >= tc.max_iters and dist.is_main:  # a short trial run, often
-        print(f"warning: optim.warmup_iters={cfg.optim.warmup_iters} is not below "
-              f"train.max_iters={tc.max_iters}: the learning rate never reaches optim.lr="
-              f"{cfg.optim.lr:g}; lower optim.warmup_iters to train at full rate", file=sys.stderr)
-
-
-def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dtype,
-              ckpt: dict[str, Any] | None) -> Run:
-    """Build a run's objects, the same for a fresh and a resumed run (`ckpt`, whose state is
-    loaded afterwards, is only checked against the data's vocabulary)."""
-    tc = cfg.train
-    same_vocab = functools.partial(require_same_vocab, ckpt, cfg.data.path)
-    with dist.main_first():  # rank 0 prepares the dataset cache; the others then reuse it
-        task = task_for(cfg, Path(tc.out_dir) / "dataset", same_vocab)
-    same_vocab(task.vocab_state())  # also for a prepared dataset dir, or a reused cache
-    warn_about_config(cfg, task, dist)
-    sampler = task.sampler("train", tc.seed, device, rows=dist.rows(tc.batch_size))
-    require_model_memory(task, device)
-    model = task.new_model().to(device)
-    return Run(cfg, dist, device, dtype, task, sampler, model,
-               optimizer=make_optimizer(model, cfg.optim), scaler=grad_scaler(device, dtype),
-               state=TrainState(bad=BadSteps(device)), step_model=model, eval_model=model)
-
-
-def wrap_model(run: Run) -> None:
-    """Compile the model (if asked) and wrap it in DDP (if distributed) for training; pick the
-    model and batch grouping for evals."""
-    tc, dist = run.cfg.train, run.dist
-    rows = tc.batch_size // dist.world_size  # this rank's micro-batch
-    compiled: torch.nn.Module = run.model
-    if tc.compile:
-        compiled, failure = compile_model(run.model, run.task.example_batch(rows, run.device),
-                                          run.device, run.dtype)
-        if failure and dist.is_main:
-            print(f"warning: torch.compile failed ({failure}); training without compile",
-                  file=sys.stderr)
-    run.step_model = dist.wrap(compiled, run.device)  # `compiled` itself when not distributed
-    run.eval_group = eval_batches_per_forward(run.cfg, run.task, run.device, rows)
-    # Stacked eval batches have a shape the compiled graph was not built for: those run eagerly.
-    run.eval_model = compiled if run.eval_group == 1 else run.model
 
 
 def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,

@@ -18,8 +18,9 @@ from charlm.config import RunConfig, save_config
 from charlm.errors import CharlmError
 from charlm.faults import BadSteps, Interrupted
 from charlm.model import GPT
+from charlm.run import TrainState
 from charlm.rundir import resume_config
-from charlm.train import TrainState, train
+from charlm.train import train
 
 from .conftest import ROOT
 from .test_train import with_
