@@ -5,33 +5,33 @@ the traceback)."""
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import io
 import json
 import math
-import os
-import re
 import signal
 import sys
-import typing
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+try:  # typer vendors click since 0.2x
+    from typer._click.exceptions import ClickException
+except ImportError:  # an older typer, on click
+    from click.exceptions import ClickException
+
 from charlm.config import DataConfig, RunConfig
 from charlm.errors import (
-    OUT_OF_MEMORY_ADVICE,
     CharlmError,
     Interrupt,
     characters,
     out_of_memory,
+    out_of_memory_line,
     raise_interrupt,
     report,
+    tolerant_stdout,
     writes_unicode,
 )
-from charlm.sample_config import SampleConfig
+from charlm.sample_config import SampleConfig, with_sample_options
 
 app = typer.Typer(
     name="charlm",
@@ -161,27 +161,6 @@ def _resume_config(*args: object) -> RunConfig:
     return resume_config(*args)
 
 
-def _with_sample_options(command: Callable[..., None]) -> Callable[..., None]:
-    """Give `command` one option per `SampleConfig` field (name, default and help from the
-    field), before its `stream` parameter; they arrive in its `**options` as the field takes
-    them (`--no-cache` as use_cache=False)."""
-    options, hints = [], typing.get_type_hints(SampleConfig)
-    for f in dataclasses.fields(SampleConfig):
-        flag, tp, default, convert = f.metadata["flag"], hints[f.name], f.default, None
-        if typing.get_origin(tp) is tuple:  # repeatable; SampleConfig takes a list
-            tp = list[typing.get_args(tp)[0]]
-        elif (flag or "").startswith("--no-"):  # a flag that turns the field off
-            default, convert = not default, _turn_off
-        option = typer.Option(*([flag] if flag else []), help=f.metadata["help"], callback=convert)
-        options.append(inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                         default=default, annotation=Annotated[tp, option]))
-    params = [p for p in inspect.signature(command, eval_str=True).parameters.values()
-              if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    at = [p.name for p in params].index("stream")
-    command.__signature__ = inspect.Signature(params[:at] + options + params[at:])
-    return command
-
-
 def _default(ctx: typer.Context, option: str) -> bool:
     """Whether the command's `option` was left at its default (by the source's name: typer
     may bring its own copy of click)."""
@@ -189,12 +168,8 @@ def _default(ctx: typer.Context, option: str) -> bool:
     return source is None or source.name == "DEFAULT"
 
 
-def _turn_off(value: bool) -> bool:
-    return not value
-
-
 @app.command()
-@_with_sample_options
+@with_sample_options
 def sample(
     ctx: typer.Context,
     target: TargetArg,
@@ -412,21 +387,22 @@ def export(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the app, turning bad input into one `error:` line and exit code 2
-    (Typer reports usage errors, such as an unknown option, itself, also with exit code 2)."""
+    """Entry point: run the app, turning bad input into one `error:` line and exit code 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if sys.stdout is None:  # started with stdout closed (`>&-`): output goes nowhere, as >/dev/null
-        sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (the process's)
-    # A stdout that cannot encode every character (PYTHONIOENCODING=ascii, a Latin-1 terminal)
-    # shows the others as escapes, as Python's stderr does, instead of a traceback mid-stream.
-    if isinstance(sys.stdout, io.TextIOWrapper) and sys.stdout.errors == "strict":
-        sys.stdout.reconfigure(errors="backslashreplace")
+    tolerant_stdout()
     # Typer turns KeyboardInterrupt into a silent exit 130; Ctrl-C raises past it instead.
     sigint = signal.getsignal(signal.SIGINT)
     if sigint is signal.default_int_handler:
         signal.signal(signal.SIGINT, raise_interrupt)
     try:
-        app(args=argv, prog_name="charlm")
+        code = app(args=argv, prog_name="charlm", standalone_mode=False)
+    except ClickException as e:  # a usage error (an unknown option, ...); `charlm` alone: help
+        where = e.ctx.command_path if getattr(e, "ctx", None) else "charlm"
+        if argv:
+            report(f"error: {e.format_message()} (see `{where} -h`)")
+        else:
+            e.show()
+        sys.exit(e.exit_code)
     except (CharlmError, OSError) as e:
         if "--debug" in argv:
             raise
@@ -437,12 +413,9 @@ def main(argv: list[str] | None = None) -> None:
     except RuntimeError as e:  # torch.OutOfMemoryError (CUDA) is one too
         if "--debug" in argv or not out_of_memory(e):
             raise
-        tried = re.search(r"[Tt]ried to allocate (\d[\d.]* ?\w*)", str(e))
         # every process prints it: under torchrun one GPU may run out alone
         command = next((a for a in argv if not a.startswith("-")), "train")
-        print(f"error: out of memory{f' (tried to allocate {tried[1]})' if tried else ''}: "
-              f"{OUT_OF_MEMORY_ADVICE.get(command, OUT_OF_MEMORY_ADVICE['train'])}",
-              file=sys.stderr)
+        print(out_of_memory_line(e, command), file=sys.stderr)
         sys.exit(2)
     except Interrupt:
         print("\ninterrupted", file=sys.stderr)
@@ -450,3 +423,5 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if sigint is signal.default_int_handler:
             signal.signal(signal.SIGINT, sigint)
+    if code:  # typer.Exit(code): an interrupted run's 130 or 143
+        sys.exit(code)

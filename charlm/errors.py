@@ -6,7 +6,9 @@ the CLI reports errors (one line, once per machine under torchrun) and the advic
 """
 
 import codecs
+import io
 import os
+import re
 import sys
 
 
@@ -67,3 +69,21 @@ def raise_interrupt(signum: int, frame: object) -> None:
 def out_of_memory(e: RuntimeError) -> bool:
     """An allocation that failed: CUDA's OutOfMemoryError, or the CPU allocator's error."""
     return type(e).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(e)
+
+
+def out_of_memory_line(e: RuntimeError, command: str) -> str:
+    """The one `error:` line for an allocation of `command` that failed, with what it tried to
+    allocate and what to make smaller."""
+    tried = re.search(r"[Tt]ried to allocate (\d[\d.]* ?\w*)", str(e))
+    return (f"error: out of memory{f' (tried to allocate {tried[1]})' if tried else ''}: "
+            f"{OUT_OF_MEMORY_ADVICE.get(command, OUT_OF_MEMORY_ADVICE['train'])}")
+
+
+def tolerant_stdout() -> None:
+    """Make stdout safe to print to: a closed one (`>&-`) goes nowhere, as >/dev/null would,
+    and one that cannot encode every character (PYTHONIOENCODING=ascii, a Latin-1 terminal)
+    shows the others as escapes, as Python's stderr does, instead of a traceback mid-stream."""
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (the process's)
+    if isinstance(sys.stdout, io.TextIOWrapper) and sys.stdout.errors == "strict":
+        sys.stdout.reconfigure(errors="backslashreplace")

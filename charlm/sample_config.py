@@ -1,14 +1,18 @@
-"""The options of `charlm sample` and of the Python API's generation calls, validated.
-
-Not part of a run's YAML: a run's config is `charlm.config.RunConfig`.
+"""The options of `charlm sample` and of the Python API's generation calls, validated, and the
+CLI options made from them (declared once, here). Not part of a run's YAML: a run's config is
+`charlm.config.RunConfig`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from charlm.errors import CharlmError
 from charlm.values import coerce
@@ -80,3 +84,28 @@ class SampleConfig:
              f"--unknown must be 'error' or 'skip', got {self.unknown!r}")
         need(-2**63 <= self.seed < 2**64,  # what torch.Generator.manual_seed takes
              f"--seed must be in [-2**63, 2**64 - 1], got {self.seed}")
+
+
+def with_sample_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Give `command` one option per `SampleConfig` field (name, default and help from the
+    field), before its `stream` parameter; they arrive in its `**options` as the field takes
+    them (`--no-cache` as use_cache=False)."""
+    options, hints = [], typing.get_type_hints(SampleConfig)
+    for f in dataclasses.fields(SampleConfig):
+        flag, tp, default, convert = f.metadata["flag"], hints[f.name], f.default, None
+        if typing.get_origin(tp) is tuple:  # repeatable; SampleConfig takes a list
+            tp = list[typing.get_args(tp)[0]]
+        elif (flag or "").startswith("--no-"):  # a flag that turns the field off
+            default, convert = not default, turn_off
+        option = typer.Option(*([flag] if flag else []), help=f.metadata["help"], callback=convert)
+        options.append(inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                         default=default, annotation=Annotated[tp, option]))
+    params = [p for p in inspect.signature(command, eval_str=True).parameters.values()
+              if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    at = [p.name for p in params].index("stream")
+    command.__signature__ = inspect.Signature(params[:at] + options + params[at:])
+    return command
+
+
+def turn_off(value: bool) -> bool:
+    return not value

@@ -633,3 +633,21 @@ def test_out_of_memory_outside_training_gives_that_command_s_advice(cli, monkeyp
     result = cli(*args)
     assert (result.code, result.err) == (
         2, f"error: out of memory (tried to allocate 2.00 GiB): {advice}\n")
+
+
+@pytest.mark.parametrize("args, line", [
+    (["train", "--bogus"], "error: No such option: --bogus"),
+    (["sample"], "error: Missing argument 'RUN_DIR_OR_CKPT'. (see `charlm sample -h`)"),
+    (["sample", "run", "--top-k", "1.5"], "error: Invalid value for '--top-k': "),
+    (["bogus"], "error: No such command 'bogus'. (see `charlm -h`)"),
+])
+def test_usage_errors_are_one_line(cli, args, line):
+    """Typer printed a four-line block (usage, hint, blank, error) for these."""
+    result = cli(*args)
+    assert result.code == 2 and result.out == ""
+    assert len(result.err.splitlines()) == 1 and result.err.startswith(line), result.err
+
+
+def test_charlm_alone_shows_the_commands(cli):
+    result = cli()
+    assert result.code == 2 and "Usage: charlm [OPTIONS] COMMAND" in result.out + result.err
