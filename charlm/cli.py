@@ -372,16 +372,20 @@ def export(
 ) -> None:
     """Export a model as safetensors, or as a Hugging Face GPT-2 directory."""
     from charlm.api import load
-    from charlm.export import resolve_out, save_hf, save_safetensors, write_dir
+    from charlm.export import is_export_dir, resolve_out, save_hf, save_safetensors, write_dir
 
     savers = {"safetensors": save_safetensors, "hf": save_hf}
     if format_ not in savers:
         raise CharlmError(f"--format must be safetensors or hf, got {format_!r}")
     lm = load(target, "cpu")
-    source = lm.source.resolve()
-    if resolve_out(out) in (source, *source.parents):  # --overwrite would delete it
+    source, real = lm.source.resolve(), resolve_out(out)
+    if real in (source, *source.parents):  # --overwrite would delete it
         raise CharlmError(f"--out {out} holds the model being exported ({lm.source}); give "
                           "another directory")
+    run = source.parent if source.is_file() else source  # its run dir, or the export itself
+    if run in real.parents and real.exists() and not is_export_dir(real):  # tb/, dataset/
+        raise CharlmError(f"--out {out} is part of the run in {run}; give a directory outside "
+                          "it (or an earlier export)")
     write_dir(out, lambda d: savers[format_](lm.model, lm.vocab, lm.config, d), overwrite)
     print(f"wrote {out} ({format_})")
 

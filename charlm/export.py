@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from charlm.checkpoint import check_config
 from charlm.config import RunConfig
 from charlm.errors import CharlmError, one_line
-from charlm.files import make_writable_dir, temp_beside, write_text_atomic
+from charlm.files import make_writable_dir, temp_beside, write_atomic, write_text_atomic
 from charlm.model import GPT
 from charlm.tasks import build_model, vocab_from_state
 from charlm.vocab import PairVocab, Vocab
@@ -35,9 +35,10 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 def _write_weights(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> None:
-    tmp = temp_beside(path)
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp), meta)
-    os.replace(tmp, path)
+    """Written as the other files are (`write_atomic`: the umask's mode, fsync, one move);
+    safetensors' own save_file makes the file 0600."""
+    data = save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, meta)
+    write_atomic(path, lambda f: f.write(data))
 
 
 def _own_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

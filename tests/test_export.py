@@ -1,6 +1,8 @@
 import importlib.util
 import json
+import os
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -234,3 +236,32 @@ def test_export_refuses_to_overwrite_the_dir_that_holds_its_own_model(cli, run_d
     assert (result.code, result.err) == (2, f"error: --out {export_dir} holds the model being "
                                             f"exported ({export_dir}); give another directory\n")
     assert cli("sample", export_dir, "--max-new-tokens", "5").code == 0
+
+
+def test_export_refuses_to_overwrite_a_part_of_the_run(cli, run_dir, tmp_path):
+    """`--out RUN/tb --overwrite` replaced the run's TensorBoard logs with the export."""
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    (run / "dataset").mkdir(exist_ok=True)
+    (run / "dataset" / "meta.json").write_text("{}")
+    before = {str(p): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    for part in ("tb", "dataset"):
+        result = cli("export", run, "--out", run / part, "--overwrite")
+        assert (result.code, result.out, result.err) == (
+            2, "", f"error: --out {run / part} is part of the run in {run}; give a directory "
+                   "outside it (or an earlier export)\n")
+    assert {str(p): p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    assert cli("export", run, "--out", run / "export").code == 0  # a new dir in the run is fine
+    assert cli("export", run, "--out", run / "export", "--overwrite").code == 0
+
+
+def test_exported_weights_follow_the_umask_as_the_other_files_do(cli, run_dir, tmp_path):
+    """model.safetensors was written 0600 (safetensors' save_file) while config.json followed
+    the umask."""
+    old = os.umask(0o022)
+    try:
+        assert cli("export", run_dir, "--out", tmp_path / "e").code == 0
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "e").iterdir()}
+    assert set(modes.values()) == {0o644}, modes
