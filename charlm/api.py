@@ -98,10 +98,13 @@ def generate(lm: LM, prompt: str | None = None, **options: Any) -> str:
 
 
 def score(lm: LM, text: str, stride: int | None = None, unknown: str = "error",
-          progress: bool = False):
+          progress: bool = False, **other: Any):
     """Loss (nats/char), bits per char and perplexity of `text` (see `charlm.scoring`)."""
     from charlm.scoring import score_text
 
+    for name in other:  # named as generate's options are, not a bare TypeError
+        raise CharlmError(f"unknown option '{name}' for charlm.score"
+                          f"{suggest(name, ['stride', 'unknown', 'progress'])}")
     _check_lm(lm, "decoder")
     _check_text(text, "text")
     stride = coerce(stride, int | None, "--stride")

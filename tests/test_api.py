@@ -80,6 +80,8 @@ def test_api_arguments_of_the_wrong_kind_raise_charlm_error(run_dir):
         (lambda: charlm.score(lm, b"First"), "the text must be a str, got bytes"),
         (lambda: charlm.score(lm, "First Citizen", stride=4.0),
          "invalid value for --stride: 4.0, expected an integer or null"),
+        (lambda: charlm.score(lm, "First Citizen", strde=2),  # was a bare TypeError
+         "unknown option 'strde' for charlm.score, did you mean 'stride'?"),
     ]
     for call, message in calls:
         with pytest.raises(CharlmError) as e:
