@@ -101,11 +101,23 @@ class _Recorder:
                                                (T, cfg.n_embd))
 
 
+MAX_LAYERS_SHOWN = 1000  # every block is a row; the meta model is built layer by layer
+
+
 def _check_sizes(cfg: ModelConfig, batch: int, seq_len: int) -> None:
     if not 1 <= seq_len <= cfg.block_size:
         raise CharlmError(f"--seq-len {seq_len} must be in 1..block_size ({cfg.block_size})")
     if batch < 1:
         raise CharlmError(f"--batch must be >= 1, got {batch}")
+    weights = batch * cfg.n_head * seq_len * seq_len
+    if weights >= 2**62:  # what torch can size a tensor to, even on the meta device
+        raise CharlmError(f"--shapes: the attention weights ({batch} x {cfg.n_head} x {seq_len} "
+                          f"x {seq_len}) would have {weights:.3g} elements, more than a tensor "
+                          "can hold; give a smaller --seq-len")
+    layers = max(cfg.n_layer, cfg.encoder_layers)
+    if layers > MAX_LAYERS_SHOWN:
+        raise CharlmError(f"--shapes lists every block, and {layers:,} are too many to list; "
+                          f"every block has the same shapes: try --set model.n_layer=2")
 
 
 def forward_shapes(cfg: ModelConfig, vocab_size: int, batch: int, seq_len: int) -> list[dict]:

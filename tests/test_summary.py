@@ -112,6 +112,20 @@ def test_forward_shapes_refuse_a_sequence_longer_than_the_block():
         forward_shapes(tiny(), V, 1, 17)
 
 
+@pytest.mark.parametrize("override, message", [
+    ("model.block_size=1000000000", "error: --shapes: the attention weights (16 x 2 x 1000000000 "
+     "x 1000000000) would have 3.2e+19 elements, more than a tensor can hold; give a smaller "
+     "--seq-len"),
+    ("model.n_layer=1000000", "error: --shapes lists every block, and 1,000,000 are too many to "
+     "list; every block has the same shapes: try --set model.n_layer=2"),
+])
+def test_info_shapes_of_a_huge_model_is_one_error(cli, override, message):
+    """A billion positions ended in torch's storage-size RuntimeError (a traceback); a million
+    layers built a million meta blocks for minutes."""
+    result = cli("info", ROOT / "configs" / "tiny.yaml", "--set", override, "--shapes")
+    assert (result.code, result.out, result.err) == (2, "", message + "\n")
+
+
 def test_describe_is_plain_data():
     cfg = RunConfig(model=tiny())
     info = describe(GPT(cfg.model, V), cfg, shapes=(2, 5))
