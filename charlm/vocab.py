@@ -61,6 +61,8 @@ class Vocab:
             raise CharlmError("a vocabulary must hold at least one character")
         if chars != sorted(set(chars)):
             raise CharlmError("a vocabulary must be sorted and free of duplicates")
+        if any("\ud800" <= c <= "\udfff" for c in chars):  # no UTF-8 text has one; printing fails
+            raise CharlmError("a vocabulary must not hold a surrogate (U+D800..U+DFFF)")
         self.chars = chars
         self.index = {c: i for i, c in enumerate(chars)}
         self.dtype = id_dtype(len(chars))

@@ -405,6 +405,20 @@ def test_checkpoint_or_export_with_an_empty_vocabulary_gives_one_error_line(cli,
                                             "must hold at least one character")
 
 
+def test_checkpoint_whose_vocabulary_holds_a_surrogate_gives_one_error_line(cli, fails, trained,
+                                                                          tmp_path):
+    """`sample`, `sample --json` and `export --format hf` failed printing it
+    (UnicodeEncodeError)."""
+    state = torch.load(trained / "best.pt", weights_only=True)
+    state["vocab"] = sorted(state["vocab"][:-1] + ["\udc80"])
+    torch.save(state, trained / "best.pt")
+    message = (f"checkpoint {trained / 'best.pt'} is damaged or incomplete: a vocabulary must "
+               "not hold a surrogate (U+D800..U+DFFF)")
+    fails("sample", trained, message=message)
+    fails("sample", trained, "--json", message=message)
+    fails("export", trained, "--format", "hf", "--out", tmp_path / "hf", message=message)
+
+
 def test_dataset_whose_meta_json_is_not_an_object(fails, tmp_path):
     ds = tmp_path / "ds"
     ds.mkdir()

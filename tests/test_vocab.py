@@ -55,6 +55,7 @@ def test_vocab_from_code_points_sorts_and_equals_by_characters():
     ([], "a vocabulary must hold at least one character"),
     (["ab"], "a vocabulary must be a list of single characters"),
     ([1], "a vocabulary must be a list of single characters"),
+    (["a", "\udc80"], "a vocabulary must not hold a surrogate (U+D800..U+DFFF)"),
 ])
 def test_a_bad_vocabulary_is_refused(chars, message):
     with pytest.raises(CharlmError) as e:
