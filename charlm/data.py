@@ -24,7 +24,7 @@ from tqdm import tqdm
 from charlm import chunks
 from charlm.chunks import code_point_chunks, decode_chunks
 from charlm.errors import CharlmError, characters
-from charlm.files import make_writable_dir, temp_beside, write_text_atomic
+from charlm.files import make_writable_dir, remove_temps, temp_beside, write_text_atomic
 from charlm.vocab import CharacterSet, Vocab
 
 if TYPE_CHECKING:
@@ -97,6 +97,11 @@ def scan(paths: Sequence[Path], bar: tqdm | None = None) -> tuple[list[SourceSta
             f"({vocab.chars[0]!r}); a language model needs at least two, give it real text"
         )
     return stats, vocab
+
+
+def changed_while_read(path: Path) -> CharlmError:
+    return CharlmError(f"{path} changed while prepare read it (the two reads differ); run it "
+                       "again once nothing writes to the file")
 
 
 def sha256_file(path: Path) -> str:
@@ -172,19 +177,27 @@ def prepare(
         stats, vocab = scan(paths, bar)
         make_writable_dir(out, f"dataset dir {out}")
         final = {split: out / f"{split}.bin" for split in ("train", "val")}
+        for path in final.values():  # what a killed prepare left
+            remove_temps(path, only_dead=True)
         sizes = {"train": 0, "val": 0}
         with (open(temp_beside(final["train"]), "wb") as ftrain,
               open(temp_beside(final["val"]), "wb") as fval):
             for s in stats:
                 n_train = int(s.chars * (1 - val_fraction))
-                done = 0  # characters of this source written so far
+                done, digest = 0, hashlib.sha256()  # of this source's second read
                 with open(s.path, "rb") as f:
-                    for _, cps in code_point_chunks(f, str(s.path), bar):
-                        ids = memoryview(vocab.encode_code_points(cps))  # bytes or an array
+                    for raw, cps in code_point_chunks(f, str(s.path), bar):
+                        digest.update(raw)
+                        try:
+                            ids = memoryview(vocab.encode_code_points(cps))  # bytes or array
+                        except CharlmError:  # a character the first read did not see
+                            raise changed_while_read(s.path) from None
                         cut = min(max(n_train - done, 0), len(ids))
                         ftrain.write(ids[:cut])
                         fval.write(ids[cut:])
                         done += len(ids)
+                if (done, digest.hexdigest()) != (s.chars, s.sha256):
+                    raise changed_while_read(s.path)
                 sizes["train"] += n_train
                 sizes["val"] += s.chars - n_train
             for f in (ftrain, fval):

@@ -19,13 +19,24 @@ def temp_beside(path: Path, tag: str = "tmp") -> Path:
     return path.with_name(f".{path.name}.{tag}-{os.getpid()}")
 
 
-def remove_temps(path: Path, tag: str = "tmp") -> None:
+def remove_temps(path: Path, tag: str = "tmp", only_dead: bool = False) -> None:
     """Remove the temporary files of `temp_beside(path, tag)` that any process left (a SIGKILL
     between writing one and moving it into place). Only for a caller that knows no other process
-    is writing `path`."""
+    is writing `path`, or with `only_dead`, those of processes that no longer run."""
     for tmp in path.parent.glob(f".{glob.escape(path.name)}.{tag}-*"):
-        if tmp.name[len(path.name) + len(tag) + 3:].isdigit() and tmp.is_file():
+        pid = tmp.name[len(path.name) + len(tag) + 3:]
+        if pid.isdigit() and tmp.is_file() and not (only_dead and _running(int(pid))):
             tmp.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # none; a PID out of range
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from charlm import chunks
+from charlm import data as data_module
 from charlm.chunks import code_point_chunks
 from charlm.data import BatchSampler, dataset_for, load_dataset, prepare
 from charlm.errors import CharlmError
@@ -354,3 +355,42 @@ def test_text_file_is_prepared_once_and_rebuilt_when_changed(tmp_path):
     src.write_text("xyz" * 50)
     ds2 = dataset_for(src, 0.1, cache)
     assert ds2.vocab.chars == ["x", "y", "z"]
+
+
+@pytest.mark.parametrize("change", ["append known", "append new", "same size"])
+def test_prepare_refuses_a_file_that_changes_between_its_reads(tmp_path, monkeypatch, change):
+    """Appending during a prepare exited 0 with a meta.json that disagreed with val.bin, and a
+    sha256 of another read than the one encoded."""
+    src = tmp_path / "in.txt"
+    src.write_text("hello world\n" * 100, encoding="utf-8")
+    out = tmp_path / "ds"
+    prepare([src], out, progress=False)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real_scan = data_module.scan
+
+    def scan_then_change(paths, bar=None):
+        result = real_scan(paths, bar)
+        text = src.read_text(encoding="utf-8")
+        src.write_text({"append known": text + "low\n", "append new": text + "xyz\n",
+                        "same size": text[::-1]}[change], encoding="utf-8")
+        return result
+
+    monkeypatch.setattr(data_module, "scan", scan_then_change)
+    with pytest.raises(CharlmError) as e:
+        prepare([src], out, progress=False)
+    assert str(e.value) == (f"{src} changed while prepare read it (the two reads differ); run it "
+                            "again once nothing writes to the file")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no temporary file either
+
+
+def test_prepare_removes_what_a_killed_prepare_left(tmp_path):
+    """A SIGKILLed prepare's .train.bin.tmp-PID stayed forever; a live process's is its own."""
+    src = tmp_path / "in.txt"
+    src.write_text("hello world\n" * 100, encoding="utf-8")
+    out = tmp_path / "ds"
+    prepare([src], out, progress=False)
+    dead, live = out / ".train.bin.tmp-999999999", out / f".val.bin.tmp-{os.getppid()}"
+    for path in (dead, live):
+        path.write_bytes(b"x" * 100)
+    prepare([src], out, progress=False)
+    assert not dead.exists() and live.exists()
