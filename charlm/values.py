@@ -47,7 +47,34 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+    def construct_document(self, node: yaml.Node) -> Any:
+        _check_expansion(node, 0, {})
+        return super().construct_document(node)
+
+
 _Loader.add_constructor("tag:yaml.org,2002:str", _Loader.construct_yaml_str)
+
+# A config is a few dozen values a few levels deep; aliases that expand far beyond that (a
+# "billion laughs") would hang whatever walks the expanded data.
+MAX_VALUES, MAX_DEPTH = 10_000, 32
+
+
+def _check_expansion(node: yaml.Node, depth: int, counted: dict[int, int]) -> int:
+    """The number of values `node` expands to, each alias counted in full (once per node:
+    `counted`); a YAMLError beyond MAX_VALUES or MAX_DEPTH."""
+    if depth > MAX_DEPTH:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"values nested more than {MAX_DEPTH} levels deep", node.start_mark)
+    if id(node) not in counted:
+        children = (node.value if isinstance(node, yaml.SequenceNode) else
+                    [n for pair in node.value for n in pair]
+                    if isinstance(node, yaml.MappingNode) else [])
+        counted[id(node)] = 1 + sum(_check_expansion(c, depth + 1, counted) for c in children)
+        if counted[id(node)] > MAX_VALUES:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"aliases expand to more than {MAX_VALUES:,} values",
+                node.start_mark)
+    return counted[id(node)]
 
 
 class _Dumper(yaml.SafeDumper):
@@ -66,7 +93,10 @@ _Dumper.add_representer(str, _Dumper.represent_str)
 
 def load_text(text: str) -> Any:
     """YAML text as data, each plain scalar kept as its text (`Text`)."""
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:  # PyYAML's parser recurses per level, before the loader can count
+        raise yaml.YAMLError(f"values nested more than {MAX_DEPTH} levels deep") from None
 
 
 def parse_yaml(text: str) -> Any:
@@ -225,7 +255,13 @@ def coerce(value: Any, tp: Any, key: str, where: str = "") -> Any:
     elif tp is str and isinstance(value, str):
         return value
     raise CharlmError(
-        f"invalid value for {key}{at}: {untext(value)!r}, expected {_type_name(tp)}")
+        f"invalid value for {key}{at}: {shown(untext(value))}, expected {_type_name(tp)}")
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """repr(value), cut to about `limit` characters: an error line stays one line."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
 def read_yaml_file(path: Path) -> Any:

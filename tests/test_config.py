@@ -364,3 +364,40 @@ def test_train_config_resume_finds_the_run_dir_before_applying_overrides(text_fi
     assert calls == [(Path("r"), None, ["optim.min_lr=0.5", "train.out_dir=r"])]
     train_config(None, ["optim.min_lr=0.5"], out="o", resume=resume)
     assert calls[-1] == (Path("o"), None, ["optim.min_lr=0.5", ("train.out_dir", "o")])
+
+
+def alias_bomb(levels: int) -> str:
+    """A "billion laughs" inside a config value: each level ten aliases of the one below."""
+    text = "model:\n  bias:\n  - &a0 [x, x, x, x, x, x, x, x, x, x]\n"
+    for i in range(1, levels + 1):
+        text += f"  - &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]\n"
+    return text
+
+
+@pytest.mark.parametrize("levels", [3, 6, 9])
+def test_an_alias_bomb_is_one_short_error(tmp_path, levels):
+    """Six levels hung `charlm info` and `train`; three gave a 58 KB error line (the value
+    expanded in full)."""
+    path = write(tmp_path, alias_bomb(levels))
+    with pytest.raises(CharlmError) as e:
+        load_config(path)
+    assert str(e.value) == (f"YAML syntax error in {path} at line 6, column 5: aliases expand to "
+                            "more than 10,000 values")
+
+
+def test_yaml_nested_deeper_than_a_config_is_one_error(tmp_path):
+    """600 levels ended in a RecursionError traceback from PyYAML's parser."""
+    for depth in (40, 600):
+        path = write(tmp_path, "model:\n  n_layer: " + "[" * depth + "]" * depth + "\n")
+        with pytest.raises(CharlmError) as e:
+            load_config(path)
+        assert str(e.value).startswith(f"YAML syntax error in {path}")
+        assert str(e.value).endswith("values nested more than 32 levels deep")
+
+
+def test_a_long_bad_value_is_cut_in_its_error(tmp_path):
+    path = write(tmp_path, "model:\n  n_layer: [" + ", ".join(["x"] * 2000) + "]\n")
+    with pytest.raises(CharlmError) as e:
+        load_config(path)
+    assert str(e.value) == (f"invalid value for model.n_layer in {path}: " + repr(["x"] * 2000)[:80]
+                            + "... (10,000 characters), expected an integer")
