@@ -21,7 +21,7 @@ from charlm.config import RunConfig
 from charlm.errors import CharlmError, first_line, one_line
 from charlm.files import run_write_error, write_atomic
 from charlm.optim import load_state
-from charlm.tasks import build_model, vocab_from_state
+from charlm.tasks import build_model, check_stored_shapes, vocab_from_state
 from charlm.vocab import PairVocab, Vocab
 
 FORMAT = "charlm-checkpoint"
@@ -201,6 +201,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
     try:
         cfg = RunConfig.from_dict(check_config(state), f"{ckpt_path} config")
         vocab = vocab_from_state(state["vocab"])
+        check_stored_shapes(cfg, vocab, state["model"])
         model = build_model(cfg, vocab)
         model.load_state_dict(state["model"])
         check_train_state(state)

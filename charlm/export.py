@@ -22,7 +22,7 @@ from charlm.config import RunConfig
 from charlm.errors import CharlmError, one_line
 from charlm.files import make_writable_dir, temp_beside, write_atomic, write_text_atomic
 from charlm.model import GPT
-from charlm.tasks import build_model, vocab_from_state
+from charlm.tasks import build_model, check_stored_shapes, vocab_from_state
 from charlm.vocab import PairVocab, Vocab
 
 EXPORT_FORMAT = "charlm-safetensors"
@@ -110,8 +110,9 @@ def load_safetensors(path: Path, device: str | torch.device = "cpu",
             raise ValueError(f"export format version {meta.get('version')}")
         cfg = RunConfig.from_dict(check_config(meta), f"{path / 'config.json'}")
         vocab = vocab_from_state(json.loads((path / "vocab.json").read_text(encoding="utf-8")))
-        model = build_model(cfg, vocab)
         state = load_file(str(path / WEIGHTS))
+        check_stored_shapes(cfg, vocab, state)
+        model = build_model(cfg, vocab)
         # exactly the tensors save_safetensors writes: a tied model's head.weight would be
         # loaded into the token embedding it shares
         expected = _own_state(model).keys()

@@ -6,7 +6,8 @@ the loss. `task_for` picks one by `model.arch`; training, evaluation and loading
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -175,3 +176,25 @@ def build_model(cfg: RunConfig, vocab: Vocab | PairVocab) -> torch.nn.Module:
 
         return EncoderDecoder(cfg.model, vocab.source_size, vocab.target_size, vocab.src_pad)
     return GPT(cfg.model, len(vocab))
+
+
+def check_stored_shapes(cfg: RunConfig, vocab: Vocab | PairVocab,
+                        stored: Mapping[str, torch.Tensor]) -> None:
+    """Raise ValueError unless the config's model has the stored tensors' shapes, checked
+    before the model is built: the block counts against the stored names first, then every
+    shape on the meta device (no memory). A config that claims a million layers or a width the
+    weights do not have is refused before a byte is allocated for it."""
+    m = cfg.model
+    stacks = {"model.n_layer": ("blocks", m.n_layer)}
+    if m.arch == "encoder_decoder":
+        stacks["model.n_encoder_layer"] = ("encoder", m.encoder_layers)
+    for key, (stack, layers) in stacks.items():
+        found = {int(x[1]) for name in stored if (x := re.match(rf"{stack}\.(\d+)\.", name))}
+        if found != set(range(layers)):
+            raise ValueError(f"{key}={layers} but the weights hold {len(found)} {stack}")
+    with torch.device("meta"):
+        model = build_model(cfg, vocab)
+    for name, tensor in model.state_dict().items():
+        if name in stored and tuple(stored[name].shape) != tuple(tensor.shape):
+            raise ValueError(f"{name} has shape {tuple(stored[name].shape)} in the weights but "
+                             f"{tuple(tensor.shape)} in the config")

@@ -4,6 +4,7 @@ every file that existed before is left as it was. (`charlm sample` cases live in
 from __future__ import annotations
 
 import errno
+import json
 import os
 import warnings
 from pathlib import Path
@@ -417,6 +418,30 @@ def test_checkpoint_whose_vocabulary_holds_a_surrogate_gives_one_error_line(cli,
     fails("sample", trained, message=message)
     fails("sample", trained, "--json", message=message)
     fails("export", trained, "--format", "hf", "--out", tmp_path / "hf", message=message)
+
+
+@pytest.mark.parametrize("key, value, detail", [
+    ("n_layer", 1000000, "model.n_layer=1000000 but the weights hold 2 blocks"),
+    ("n_embd", 64, "wte.weight has shape (58, 32) in the weights but (58, 64) in the config"),
+])
+def test_a_config_that_disagrees_with_its_weights_is_refused_before_building(
+        cli, fails, trained, tmp_path, key, value, detail):
+    """A 358 KB best.pt (or an export's config.json) saying n_layer: 1000000 made `sample`
+    and `info` allocate until the machine ran out: the model was built before its config was
+    checked against the stored tensors."""
+    export = tmp_path / "exported"
+    assert cli("export", trained, "--out", export).code == 0
+    meta = json.loads((export / "config.json").read_text())
+    meta["config"]["model"][key] = value
+    write(export / "config.json", json.dumps(meta))
+    state = torch.load(trained / "best.pt", weights_only=True)
+    state["config"]["model"][key] = value
+    torch.save(state, trained / "best.pt")
+    fails("sample", trained, message=f"checkpoint {trained / 'best.pt'} is damaged or "
+                                     f"incomplete: {detail}")
+    fails("info", trained, message=f"checkpoint {trained / 'best.pt'} is damaged or "
+                                   f"incomplete: {detail}")
+    fails("sample", export, message=f"cannot load exported model {export}: {detail}")
 
 
 def test_dataset_whose_meta_json_is_not_an_object(fails, tmp_path):
