@@ -40,8 +40,8 @@ def save(state: dict[str, Any], path: Path) -> None:
         # while handling the OSError, which is the reason to report.
         error = e.__context__ if isinstance(e, RuntimeError) else e
         if isinstance(error, OSError):  # a full disk, a vanished or read-only run dir
-            raise run_write_error(f"checkpoint {path}", error, f"the previous {path.name}, if "
-                                  "any, is unchanged; ") from None
+            raise run_write_error(f"checkpoint {path}", error, path.parent,
+                                  f"the previous {path.name}, if any, is unchanged; ") from None
         raise
 
 

@@ -77,8 +77,11 @@ def make_writable_dir(path: Path, what: str) -> None:
         raise CharlmError(f"cannot write to {what}: {e.strerror}; choose another --out") from None
 
 
-def run_write_error(what: str, e: OSError, kept: str = "") -> CharlmError:
+def run_write_error(what: str, e: OSError, run_dir: Path, kept: str = "") -> CharlmError:
     """The one-line error for a run file that could not be written (a full disk, a vanished or
-    read-only run dir): which file (`what`), why, and that the run goes on with --resume."""
+    read-only run dir): which file (`what`), why, and how the run goes on: with --resume from
+    its last.pt, or, before it has one, by starting again."""
+    then = ("continue with --resume" if (run_dir / "last.pt").is_file() else
+            "start the run again with --overwrite (it has no last.pt to resume from yet)")
     return CharlmError(f"cannot write {what}: {e.strerror or e}; {kept}free disk space (or fix "
-                       "the run dir), then continue with --resume")
+                       f"the run dir), then {then}")

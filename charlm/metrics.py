@@ -97,7 +97,7 @@ class MetricsLogger:
             self.jsonl.write(json.dumps(event, allow_nan=False) + "\n")
             self.jsonl.flush()
         except OSError as e:  # a full disk: say which file, and that the run can go on later
-            raise run_write_error(self.jsonl.name, e) from None
+            raise run_write_error(self.jsonl.name, e, Path(self.jsonl.name).parent) from None
         for key, tag in TB_TAGS.get(kind, {}).items():
             if values.get(key) is not None:
                 self.tb.add_scalar(tag, values[key], values["step"])

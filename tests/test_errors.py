@@ -345,6 +345,26 @@ def test_prepare_and_export_out_that_cannot_be_written(fails, tmp_path, corpus, 
                   "another --out")
 
 
+def test_a_failed_first_checkpoint_does_not_advise_resume(cli, tmp_path, corpus, monkeypatch):
+    """The first write of last.pt failing said "continue with --resume", which has nothing to
+    resume from."""
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if str(dst).endswith("last.pt"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    run = tmp_path / "run"
+    result = cli("train", TINY, "--data", corpus, "--out", run, "--set", "train.max_iters=10",
+                 "--set", "train.eval_interval=10")
+    assert (result.code, result.err) == (
+        2, f"error: cannot write checkpoint {run / 'last.pt'}: No space left on device; the "
+           "previous last.pt, if any, is unchanged; free disk space (or fix the run dir), then "
+           "start the run again with --overwrite (it has no last.pt to resume from yet)\n")
+
+
 def test_disk_full_during_a_save_keeps_the_previous_checkpoints(cli, trained, monkeypatch):
     real_fsync, calls = os.fsync, []
 
