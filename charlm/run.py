@@ -153,8 +153,12 @@ def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dty
     loaded afterwards, is only checked against the data's vocabulary)."""
     tc = cfg.train
     same_vocab = functools.partial(require_same_vocab, ckpt, cfg.data.path)
+    cache = Path(tc.out_dir) / "dataset"
+    if ckpt is not None and not Path(cfg.data.path).exists() and (cache / "meta.json").is_file():
+        raise CharlmError(f"--resume: input file not found: {cfg.data.path} (data.path), but the "
+                          f"run's prepared copy is in {cache}; resume with --data {cache}")
     with dist.main_first():  # rank 0 prepares the dataset cache; the others then reuse it
-        task = task_for(cfg, Path(tc.out_dir) / "dataset", same_vocab)
+        task = task_for(cfg, cache, same_vocab)
     same_vocab(task.vocab_state())  # also for a prepared dataset dir, or a reused cache
     warn_about_config(cfg, task, dist)
     sampler = task.sampler("train", tc.seed, device, rows=dist.rows(tc.batch_size))

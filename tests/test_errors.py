@@ -365,6 +365,18 @@ def test_a_failed_first_checkpoint_does_not_advise_resume(cli, tmp_path, corpus,
            "start the run again with --overwrite (it has no last.pt to resume from yet)\n")
 
 
+def test_resume_after_the_text_moved_points_to_the_runs_copy(cli, fails, trained, corpus):
+    """It said "input file not found" though RUN/dataset held the prepared text."""
+    corpus.rename(corpus.with_suffix(".moved"))
+    cache = trained / "dataset"
+    fails("train", "--out", trained, "--resume", "--set", "train.max_iters=30",
+          message=f"--resume: input file not found: {corpus} (data.path), but the run's prepared "
+                  f"copy is in {cache}; resume with --data {cache}")
+    result = cli("train", "--out", trained, "--resume", "--data", cache, "--set",
+                 "train.max_iters=30")
+    assert result.code == 0, result.err
+
+
 def test_disk_full_during_a_save_keeps_the_previous_checkpoints(cli, trained, monkeypatch):
     real_fsync, calls = os.fsync, []
 
