@@ -3,6 +3,8 @@ how many eval batches to score in one forward (`eval_batches_per_forward`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from charlm.config import RunConfig
@@ -34,9 +36,14 @@ def batches_that_fit(budget: int, cfg: RunConfig, vocab_size: int, rows: int) ->
     return max(1, min(cfg.train.eval_iters, budget // (per_row * rows)))
 
 
+class EvalStopped(Exception):
+    """`evaluate` gave up between batches because `stop()` said so (a stop signal)."""
+
+
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, task: Task, device: torch.device, dtype: torch.dtype,
-             dist: Dist = Dist(), batches_per_forward: int = 1) -> dict[str, float]:
+             dist: Dist = Dist(), batches_per_forward: int = 1,
+             stop: Callable[[], bool] | None = None) -> dict[str, float]:
     """Mean loss (nats per character, or per target unit for pairs) over `eval_iters` batches
     of each split.
 
@@ -56,6 +63,8 @@ def evaluate(model: torch.nn.Module, task: Task, device: torch.device, dtype: to
             sampler = task.sampler(split, tc.seed + 1, device, rows=dist.rows(tc.batch_size))
             total = torch.zeros((), device=device)
             for first in range(0, iters, batches_per_forward):
+                if stop is not None and stop():
+                    raise EvalStopped
                 n = min(batches_per_forward, iters - first)
                 batches = zip(*(sampler.batch() for _ in range(n)), strict=True)
                 with autocast(device, dtype):  # the mean of n equal batches

@@ -27,21 +27,38 @@ class Interrupted(KeyboardInterrupt):
         self.exit_code = 128 + signum  # the shell convention: 130 for SIGINT, 143 for SIGTERM
 
 
+ABORT_GRACE_S = 2.0  # how long a second signal may wait for the main thread to take it
+ABORTED = b"aborted: last.pt holds the last completed save\n"
+
+
 class StopSignals:
     """While active, the first SIGINT / SIGTERM only sets `signum`, so the loop can finish its step
     and save; a second one raises KeyboardInterrupt at once. The previous handlers come back on
     exit. Outside the main thread (where Python cannot install handlers) it does nothing.
-    `announce=False` keeps the first signal quiet (the DDP ranks other than 0)."""
+    `announce=False` keeps the first signal quiet (the DDP ranks other than 0).
+
+    Python runs a handler only between bytecodes of the main thread, so a signal sent during
+    one long native call (an attention backward over a huge block) waits for it to end. The C
+    handler also writes the signal's number to a wakeup fd, which a thread reads: when the
+    main thread has not taken a second signal within ABORT_GRACE_S, that thread ends the
+    process (exit 128 + signal), as a second Ctrl-C promises.
+    """
 
     def __init__(self, announce: bool = True) -> None:
         self.signum: int | None = None
         self.announce = announce
         self._previous: dict[int, Any] = {}
+        self._aborting = threading.Event()
+        self._wakeup: tuple[int, int, int] | None = None  # read end, write end, previous fd
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._previous[sig] = signal.signal(sig, self._handle)
+            read, write = os.pipe()
+            os.set_blocking(write, False)
+            self._wakeup = (read, write, signal.set_wakeup_fd(write, warn_on_full_buffer=False))
+            threading.Thread(target=self._watch, args=(read,), daemon=True).start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -49,11 +66,33 @@ class StopSignals:
             # None: the previous handler was not installed from Python; the default is closest.
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
         self._previous.clear()
+        if self._wakeup is not None:
+            read, write, previous = self._wakeup
+            signal.set_wakeup_fd(previous)
+            self._aborting.set()  # the watcher has nothing left to do
+            os.close(write)  # its read ends
+            self._wakeup = None
+
+    def requested(self) -> bool:
+        """Whether a stop signal has come."""
+        return self.signum is not None
+
+    def _watch(self, read: int) -> None:
+        seen = 0
+        try:
+            while data := os.read(read, 64):
+                seen += sum(sig in (signal.SIGINT, signal.SIGTERM) for sig in data)
+                if seen >= 2 and not self._aborting.wait(ABORT_GRACE_S):
+                    os.write(2, ABORTED)
+                    os._exit(128 + data[-1])
+        finally:
+            os.close(read)
 
     def _handle(self, signum: int, frame: object) -> None:
         # os.write, not print: a handler may run in the middle of another write to stderr.
         if self.signum is not None:
-            os.write(2, b"aborted: last.pt holds the last completed save\n")
+            self._aborting.set()
+            os.write(2, ABORTED)
             raise KeyboardInterrupt
         self.signum = signum
         if self.announce:

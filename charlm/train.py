@@ -41,7 +41,7 @@ from charlm.device import (
     sync_grads,
 )
 from charlm.errors import CharlmError
-from charlm.evaluation import evaluate
+from charlm.evaluation import EvalStopped, evaluate
 from charlm.faults import Interrupted, StopSignals
 from charlm.generate import NonFiniteOutput
 from charlm.metrics import MetricsLogger
@@ -188,11 +188,15 @@ def _loop(run: Run, log: MetricsLogger, stop: StopSignals, clock: Clock,
         t_pause = time.perf_counter()  # evals, samples and saves are not training time
         improved = False
         if eval_now:
-            final = evaluate(run.eval_model, run.task, run.device, run.dtype, dist,
-                             run.eval_group)
-            state.elapsed_s = clock.elapsed()
-            improved = final["val"] < state.best_val
-            state.best_val = min(state.best_val, final["val"])
+            try:  # one process checks for a signal between eval batches (ranks cannot)
+                final = evaluate(run.eval_model, run.task, run.device, run.dtype, dist,
+                                 run.eval_group, None if dist.active else stop.requested)
+                state.elapsed_s = clock.elapsed()
+                improved = final["val"] < state.best_val
+                state.best_val = min(state.best_val, final["val"])
+            except EvalStopped:  # save last.pt (below) and stop instead
+                eval_now, save_now, timed, final = False, True, False, None
+                signum = stop.signum
         # Rank 0 alone writes: should that fail (a full disk), the others hear it and end
         # quietly, instead of in their next collective with a traceback.
         t_write = time.perf_counter()
@@ -208,7 +212,7 @@ def _loop(run: Run, log: MetricsLogger, stop: StopSignals, clock: Clock,
             max_iters = fix_budget(run, log, clock, timer.step_s, eval_s=t_write - t_pause,
                                    save_s=now - t_write)
             timer = None
-        if signum is not None and state.step < max_iters:  # last.pt is saved
+        if signum is not None and (state.step < max_iters or final is None):  # last.pt saved
             raise interrupted(run, signum)
     return final
 

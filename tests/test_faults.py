@@ -333,3 +333,63 @@ def test_the_bad_step_counters_are_saved_and_loaded_with_the_train_state():
     older.load_state_dict({"step": 7, "best_val": 1.0, "tokens": 9})  # before the counters
     assert (older.step, older.elapsed_s, older.skipped_steps, older.bad_streak) == (7, 0.0, 0, 0)
     assert isinstance(BadSteps().state_dict()["skipped_steps"], int)
+
+
+LONG_NATIVE_CALL = """
+import time, torch
+from charlm.faults import StopSignals
+a = torch.randn(512, 512)
+a @ a
+t = time.perf_counter()
+a @ a
+n = min(int(512 * (30 / max(time.perf_counter() - t, 1e-4)) ** (1 / 3)), 12000)
+x = torch.randn(n, n)  # one matmul of about 30 s: no bytecode runs until it ends
+with StopSignals():
+    print("ready", flush=True)
+    x @ x
+print("finished", flush=True)
+"""
+
+
+def test_a_second_signal_ends_a_long_native_call():
+    """SIGTERM, a second SIGTERM and SIGINT were ignored for 20 minutes while the main thread
+    sat in one attention backward over a huge block: Python runs handlers between bytecodes."""
+    proc = subprocess.Popen([sys.executable, "-c", LONG_NATIVE_CALL], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        waited = time.monotonic() - t0
+    finally:
+        proc.kill()
+    assert (proc.returncode, out) == (143, "")
+    assert err.endswith("aborted: last.pt holds the last completed save\n")
+    assert waited < 10  # the grace of 2 s, not the matmul's 30
+
+
+def test_a_signal_during_an_evaluation_stops_it_between_batches(tiny_cfg, monkeypatch):
+    """SIGINT during a long evaluation (train.eval_iters=20000) took 82 s to land: the eval
+    ran to its end first."""
+    cfg = with_(tiny_cfg, train={"eval_interval": 5, "eval_iters": 200})
+    real_evaluate, forwards = train_module.evaluate, []
+
+    def evaluate_after_a_signal(model, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # handled before the first eval batch
+        handle = model.register_forward_hook(lambda *_: forwards.append(1))
+        try:
+            return real_evaluate(model, *args, **kwargs)
+        finally:
+            handle.remove()
+
+    monkeypatch.setattr(train_module, "evaluate", evaluate_after_a_signal)
+    with pytest.raises(Interrupted) as e:
+        train(cfg)
+    run = Path(cfg.train.out_dir)
+    assert e.value.exit_code == 130 and forwards == []
+    assert checkpoint.load(run / "last.pt")["train_state"]["step"] == 5
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert not [e for e in events if e["event"] == "eval"]
