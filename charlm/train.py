@@ -248,7 +248,8 @@ def fix_budget(run: Run, log: MetricsLogger, clock: Clock, step_s: float, eval_s
     with dist.main_first():
         if dist.is_main:
             save_config(run.cfg, run.run_dir / "config.yaml")
-            write(run, log, None, None, 0.0, False, True, clock)
+            write(run, log, train_event=None, losses=None, lr=0.0, improved=False,
+                  save_last=True, clock=clock)  # last.pt again, now with its fixed steps
     return tc.max_iters
 
 
