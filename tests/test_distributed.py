@@ -204,3 +204,28 @@ def test_gradient_accumulation_all_reduces_on_the_last_micro_batch_only(tiny_cfg
     assert probe["calls"] == [False, False, True]
     reduced = probe["reduced"]
     assert reduced and len(reduced) == len(set(reduced))  # each bucket once: one all-reduce
+
+
+def test_an_encoder_decoder_trains_under_two_gloo_processes_as_in_one(tmp_path):
+    """DDP for model.arch=encoder_decoder: the pair sampler's rows split each global batch, so
+    two processes train as one does (up to the order of float sums)."""
+    from .test_translation import pairs_config, reversal_pairs, write_pairs
+
+    data = write_pairs(tmp_path / "reverse.tsv", reversal_pairs(200, 1))
+    cfg = with_(pairs_config(data, tmp_path / "one", max_iters=4),
+                optim={"lr": 3e-3, "min_lr": 3e-4, "warmup_iters": 2},
+                train={"eval_interval": 2, "eval_pairs": 4, "sample_chars": 0,
+                       "dtype": "float32"})
+    train(cfg)
+    run = tmp_path / "ddp"
+    config = tmp_path / "ddp.yaml"
+    save_config(with_(cfg, train={"out_dir": str(run)}), config)
+    result = torchrun(["train", config], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert_close_weights(tmp_path / "one" / "last.pt", run / "last.pt")
+    one, ddp = events(tmp_path / "one"), events(run)
+    assert [(e["event"], e["step"]) for e in ddp] == [(e["event"], e["step"]) for e in one]
+    # Each rank's loss is the mean over its own target units, and ranks average those means: with
+    # padding, rows differ in length, so the val loss is close to one process's, not equal.
+    for a, b in zip(one, ddp, strict=True):
+        assert b.get("val_loss", 0) == pytest.approx(a.get("val_loss", 0), abs=1e-2)
