@@ -427,5 +427,4 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if sigint is signal.default_int_handler:
             signal.signal(signal.SIGINT, sigint)
-    if code:  # typer.Exit(code): an interrupted run's 130 or 143
-        sys.exit(code)
+    sys.exit(code or 0)  # as typer's own main ends; code: typer.Exit's (130, 143 if interrupted)

@@ -190,7 +190,7 @@ def _loop(run: Run, log: MetricsLogger, stop: StopSignals, clock: Clock,
         if eval_now:
             try:  # one process checks for a signal between eval batches (ranks cannot)
                 final = evaluate(run.eval_model, run.task, run.device, run.dtype, dist,
-                                 run.eval_group, None if dist.active else stop.requested)
+                                 run.eval_group, stop=None if dist.active else stop.requested)
                 state.elapsed_s = clock.elapsed()
                 improved = final["val"] < state.best_val
                 state.best_val = min(state.best_val, final["val"])

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from charlm import checkpoint
-from charlm import train as train_module
+from charlm import run as run_module
 from charlm.errors import CharlmError
 from charlm.rundir import resume_config
 from charlm.train import train
@@ -273,7 +273,7 @@ def test_resume_may_switch_to_and_from_float16_loss_scaling(tiny_cfg, monkeypatc
     run = Path(cfg.train.out_dir)
     assert checkpoint.load(run / "last.pt")["scaler"] == {}
     with monkeypatch.context() as m:
-        m.setattr(train_module, "grad_scaler",
+        m.setattr(run_module, "grad_scaler",
                   lambda device, dtype: torch.amp.GradScaler("cpu", enabled=True))
         assert train(resume_config(run, None, ["train.max_iters=3"]), resume=True).step == 3
     assert checkpoint.load(run / "last.pt")["scaler"]["scale"] == 2.0**16

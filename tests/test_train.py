@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from charlm import checkpoint
+from charlm import run as run_module
 from charlm import train as train_module
 from charlm.config import OptimConfig, RunConfig
 from charlm.data import BatchSampler, dataset_for, prepare
@@ -217,18 +218,18 @@ def test_train_scores_evals_with_the_stacked_batches_eagerly(tiny_cfg, monkeypat
         def forward(self, *args):
             return self.inner(*args)
 
-    monkeypatch.setattr(train_module, "compile_model", lambda model, *a: (Compiled(model), None))
+    monkeypatch.setattr(run_module, "compile_model", lambda model, *a: (Compiled(model), None))
     seen = []
     real_evaluate = train_module.evaluate
 
-    def spy(model, *args):
+    def spy(model, *args, **kwargs):
         seen.append((type(model).__name__, args[-1]))
-        return real_evaluate(model, *args)
+        return real_evaluate(model, *args, **kwargs)
 
     monkeypatch.setattr(train_module, "evaluate", spy)
     train(cfg)
     ungrouped = read_evals(cfg)
-    monkeypatch.setattr(train_module, "eval_batches_per_forward", lambda *a: 3)
+    monkeypatch.setattr(run_module, "eval_batches_per_forward", lambda *a: 3)
     train(cfg, overwrite=True)
     assert seen == [("Compiled", 1)] * 2 + [("GPT", 3)] * 2
     for a, b in zip(ungrouped, read_evals(cfg), strict=True):
@@ -326,9 +327,9 @@ def test_tokens_per_s_counts_training_time_only(checkpoint_interval, tiny_cfg, m
         clock[0] += 1.0
         return real_step(*args)
 
-    def evaluate_slowly(*args):
+    def evaluate_slowly(*args, **kwargs):
         clock[0] += 100.0
-        return real_eval(*args)
+        return real_eval(*args, **kwargs)
 
     monkeypatch.setattr(train_module, "train_step", step)
     monkeypatch.setattr(train_module, "evaluate", evaluate_slowly)
