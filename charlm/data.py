@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 from tqdm import tqdm
@@ -97,6 +97,26 @@ def scan(paths: Sequence[Path], bar: tqdm | None = None) -> tuple[list[SourceSta
             f"({vocab.chars[0]!r}); a language model needs at least two, give it real text"
         )
     return stats, vocab
+
+
+def _encode(s: SourceStats, vocab: Vocab, n_train: int, ftrain: BinaryIO, fval: BinaryIO,
+            bar: tqdm | None) -> None:
+    """Pass 2 over one input: its first n_train ids to ftrain, the rest to fval. What it reads
+    must be what pass 1 read (`s`: the same characters and sha256), else the file changed."""
+    done, digest = 0, hashlib.sha256()
+    with open(s.path, "rb") as f:
+        for raw, cps in code_point_chunks(f, str(s.path), bar):
+            digest.update(raw)
+            try:
+                ids = memoryview(vocab.encode_code_points(cps))  # bytes or an array
+            except CharlmError:  # a character the first read did not see
+                raise changed_while_read(s.path) from None
+            cut = min(max(n_train - done, 0), len(ids))
+            ftrain.write(ids[:cut])
+            fval.write(ids[cut:])
+            done += len(ids)
+    if (done, digest.hexdigest()) != (s.chars, s.sha256):
+        raise changed_while_read(s.path)
 
 
 def changed_while_read(path: Path) -> CharlmError:
@@ -184,20 +204,7 @@ def prepare(
               open(temp_beside(final["val"]), "wb") as fval):
             for s in stats:
                 n_train = int(s.chars * (1 - val_fraction))
-                done, digest = 0, hashlib.sha256()  # of this source's second read
-                with open(s.path, "rb") as f:
-                    for raw, cps in code_point_chunks(f, str(s.path), bar):
-                        digest.update(raw)
-                        try:
-                            ids = memoryview(vocab.encode_code_points(cps))  # bytes or array
-                        except CharlmError:  # a character the first read did not see
-                            raise changed_while_read(s.path) from None
-                        cut = min(max(n_train - done, 0), len(ids))
-                        ftrain.write(ids[:cut])
-                        fval.write(ids[cut:])
-                        done += len(ids)
-                if (done, digest.hexdigest()) != (s.chars, s.sha256):
-                    raise changed_while_read(s.path)
+                _encode(s, vocab, n_train, ftrain, fval, bar)
                 sizes["train"] += n_train
                 sizes["val"] += s.chars - n_train
             for f in (ftrain, fval):
