@@ -80,11 +80,12 @@ class StopSignals:
     def _watch(self, read: int) -> None:
         seen = 0
         try:
-            while data := os.read(read, 64):
-                seen += sum(sig in (signal.SIGINT, signal.SIGTERM) for sig in data)
-                if seen >= 2 and not self._aborting.wait(ABORT_GRACE_S):
+            while data := os.read(read, 64):  # every signal with a Python handler, not ours only
+                stops = [sig for sig in data if sig in (signal.SIGINT, signal.SIGTERM)]
+                seen += len(stops)
+                if stops and seen >= 2 and not self._aborting.wait(ABORT_GRACE_S):
                     os.write(2, ABORTED)
-                    os._exit(128 + data[-1])
+                    os._exit(128 + stops[-1])
         finally:
             os.close(read)
 

@@ -34,8 +34,8 @@ def _running(pid: int) -> bool:
         os.kill(pid, 0)
     except (ProcessLookupError, OverflowError):  # none; a PID out of range
         return False
-    except PermissionError:  # another user's process
-        return True
+    except PermissionError:  # another user's process: it runs
+        pass
     return True
 
 
