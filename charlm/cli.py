@@ -390,6 +390,11 @@ def export(
     print(f"wrote {out} ({format_})")
 
 
+from charlm.cli_tune import tune  # noqa: E402 - registered after the shared options
+
+app.command()(tune)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning bad input into one `error:` line and exit code 2."""
     argv = list(sys.argv[1:] if argv is None else argv)

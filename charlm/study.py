@@ -1,0 +1,409 @@
+"""`charlm tune`: an Optuna study over a config's search space, whose trials are child
+`charlm train` processes (`charlm.trial`), with the study kept in a journal file in --out or a
+database that workers on many machines share.
+
+--out holds `tune.yaml` (what the study is: the base config, the search and where the study is
+stored, for --resume), `study.journal` (the default storage), the prepared `dataset/`, one run
+dir per trial (`trial-0007/`), and at the end `best.yaml`, `trials.txt` and the plots.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import fcntl
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from charlm.config import RunConfig
+from charlm.errors import CharlmError, one_line
+from charlm.files import make_writable_dir, write_text_atomic
+from charlm.search import OBJECTIVES, Search, add, check_space, lookup
+from charlm.trial import Outcome, Stop, run_trial
+from charlm.values import dump_yaml, read_yaml_file, untext
+
+PLAN_FILE, JOURNAL = "tune.yaml", "study.journal"
+BY_TOKENS = ("model.block_size", "train.batch_size", "train.grad_accum")  # change tokens a step
+RESUMABLE = ("--trials", "--timeout", "--workers")  # what --resume may change
+
+
+@dataclass
+class Plan:
+    """What a study is, saved in OUT/tune.yaml: the base config (resolved), the search, where
+    the study is stored, and the data its trials train on (prepared once)."""
+
+    out: Path
+    base: dict[str, Any]
+    search: Search
+    storage: str | None
+    study_name: str
+    data: str
+
+    def save(self) -> None:
+        write_text_atomic(self.out / PLAN_FILE, dump_yaml({
+            "config": self.base, "search": {**self.search.spec(), **self.search.settings},
+            "storage": self.storage, "study": self.study_name, "data": self.data}))
+
+    @classmethod
+    def load(cls, out: Path) -> Plan:
+        path = out / PLAN_FILE
+        if not path.is_file():
+            raise CharlmError(f"--resume: {out} holds no study ({PLAN_FILE} is missing); start "
+                              "one with `charlm tune CONFIG --search FILE --out DIR`")
+        raw = untext(read_yaml_file(path))
+        try:
+            search = Search()
+            for key, spec in raw["search"].items():
+                add(search, key, spec, str(path))
+            RunConfig.from_dict(raw["config"], str(path))
+            return cls(out, raw["config"], search, raw["storage"], raw["study"], raw["data"])
+        except (KeyError, TypeError, AttributeError) as e:
+            raise CharlmError(f"{path} is damaged ({one_line(e)}); start a new study") from None
+
+    def trial_base(self, run_dir: Path) -> dict[str, Any]:
+        """The base config of one trial: the study's data, the trial's run dir."""
+        base = copy.deepcopy(self.base)
+        base["data"]["path"], base["train"]["out_dir"] = self.data, str(run_dir)
+        return base
+
+
+def new_plan(cfg: RunConfig, search: Search, out: Path, storage: str | None,
+             study_name: str | None) -> Plan:
+    """A new study's plan: the space checked against the config, the data prepared once."""
+    base = cfg.to_dict()
+    check_space(search, base, "the search")
+    objective = search.setting("objective")
+    if objective.startswith("val_") and cfg.model.arch != "encoder_decoder":
+        raise CharlmError(f"objective {objective} is measured on pairs (model.arch="
+                          "encoder_decoder); a GPT's objectives are best_val_loss, final_val_loss")
+    if (out / PLAN_FILE).exists():
+        raise CharlmError(f"{out} already holds a study; continue it with --resume, or choose "
+                          "another --out")
+    if storage and storage.startswith("sqlite"):
+        raise CharlmError("--storage: SQLite cannot take several workers at once; use the "
+                          "default journal file in --out, or PostgreSQL / MySQL")
+    make_writable_dir(out, f"--out {out}")
+    plan = Plan(out, base, search, storage, study_name or out.resolve().name,
+                prepare_data(cfg, search, out))
+    plan.save()
+    return plan
+
+
+def prepare_data(cfg: RunConfig, search: Search, out: Path) -> str:
+    """The data every trial trains on: a prepared dataset dir as is, else the text prepared
+    once into OUT/dataset (pairs whose length limits follow a searched block_size: each trial
+    prepares its own)."""
+    path = Path(cfg.data.path)
+    limits = cfg.data.max_source_len is not None and cfg.data.max_target_len is not None
+    if path.is_dir() or (cfg.data.pairs and "model.block_size" in search.params and not limits):
+        return str(path.resolve())
+    from charlm.tasks import task_for  # imports torch
+
+    print(f"preparing {path} once for every trial ...", file=sys.stderr)
+    task_for(cfg, out / "dataset")
+    return str((out / "dataset").resolve())
+
+
+def make_storage(plan: Plan) -> Any:
+    import optuna
+
+    if plan.storage is None:
+        from optuna.storages.journal import JournalFileBackend
+
+        return optuna.storages.JournalStorage(JournalFileBackend(str(plan.out / JOURNAL)))
+    try:
+        return optuna.storages.RDBStorage(plan.storage)
+    except ImportError as e:
+        raise CharlmError(f"--storage needs a database driver: {one_line(e)}; pip install "
+                          "psycopg2-binary (PostgreSQL) or pymysql (MySQL)") from None
+    except Exception as e:  # sqlalchemy's errors: a wrong URL, a database that is down
+        raise CharlmError(f"cannot open --storage {hidden(plan.storage)}: {one_line(e)}") from None
+
+
+def hidden(url: str) -> str:
+    """A database URL with its password hidden, for messages."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "(the URL given)"
+
+
+def make_sampler(search: Search, seed: int | None, workers: int) -> Any:
+    import optuna
+
+    name = search.setting("sampler")
+    if name == "grid":
+        return optuna.samplers.GridSampler({p.key: p.grid() for p in search.sampled()}, seed=seed)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=search.setting("startup_trials"),
+                                      multivariate=True, constant_liar=workers > 1)
+
+
+def make_pruner(search: Search, base: dict[str, Any]) -> Any:
+    import optuna
+
+    name, warmup = search.setting("pruner"), search.setting("pruner_warmup") or 0
+    interval = lookup(base, "train.eval_interval")
+    if name == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=search.setting("startup_trials"),
+                                           n_warmup_steps=warmup)
+    if name == "halving":
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=max(warmup, interval))
+    if name == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=max(warmup, interval),
+                                              max_resource=lookup(base, "train.max_iters"))
+    return optuna.pruners.NopPruner()
+
+
+class Tuner:
+    """Runs a study's trials, `workers` at a time, until its budget is spent or it is stopped."""
+
+    def __init__(self, plan: Plan, workers: int, trials: int, timeout: float | None):
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.plan, self.workers, self.trials, self.timeout = plan, workers, trials, timeout
+        self.key, direction = OBJECTIVES[plan.search.setting("objective")]
+        self.storage = make_storage(plan)
+        seed = plan.search.setting("seed")
+        self.study = optuna.create_study(
+            storage=self.storage, study_name=plan.study_name, direction=direction,
+            pruner=make_pruner(plan.search, plan.base), load_if_exists=True)
+        self.check_joined()
+        done = len(self.study.get_trials(deepcopy=False))
+        self.study.sampler = make_sampler(plan.search, None if seed is None else seed + done,
+                                          workers)
+        self.stop = Stop(threading.Event(), threading.Event())
+        self.start = time.monotonic()
+        self.host = socket.gethostname()
+        self.by_tokens = any(k in plan.search.params for k in BY_TOKENS)
+        self.gpus = cuda_slots(plan.base, workers)
+        self.bar: tqdm | None = None
+
+    def check_joined(self) -> None:
+        """A worker joins a study only if it searches the same space from the same config."""
+        mine = {"space": self.plan.search.spec(), "config": self.plan.base,
+                "objective": self.plan.search.setting("objective")}
+        theirs = self.study.user_attrs.get("charlm")
+        if theirs is None:
+            self.study.set_user_attr("charlm", mine)
+        elif theirs != mine:
+            differ = ", ".join(k for k in mine if theirs.get(k) != mine[k])
+            raise CharlmError(f"the study {self.plan.study_name} in the storage has another "
+                              f"{differ}; give the same config and search, or another --study")
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Held while counting trials and asking for one, so that workers on this machine never
+        start more trials than asked (a database study also takes PostgreSQL's advisory lock,
+        for workers on other machines)."""
+        with open(self.plan.out / ".tune.lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            engine = getattr(self.storage, "engine", None)
+            if engine is None or engine.dialect.name != "postgresql":
+                yield
+                return
+            from sqlalchemy import text
+
+            with engine.connect() as conn:
+                conn.execute(text("SELECT pg_advisory_lock(4242)"))
+                try:
+                    yield
+                finally:
+                    conn.execute(text("SELECT pg_advisory_unlock(4242)"))
+
+    def counted(self) -> int:
+        """Trials that count toward --trials (an interrupted one is run again on --resume)."""
+        return sum(not t.user_attrs.get("interrupted")
+                   for t in self.study.get_trials(deepcopy=False))
+
+    def recover(self) -> None:
+        """Before running: a trial left RUNNING by a tuner of this machine that is gone (killed)
+        is interrupted; every interrupted trial is queued again, to resume from its last.pt."""
+        from optuna.trial import TrialState
+
+        with self.lock():
+            trials = self.study.get_trials(deepcopy=False)
+            for t in trials:
+                host, _, pid = str(t.user_attrs.get("worker", "")).rpartition(":")
+                if (t.state == TrialState.RUNNING and host == self.host and pid.isdigit()
+                        and not alive(int(pid))):
+                    self.study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
+                    self.study.tell(t.number, state=TrialState.FAIL)
+            trials = self.study.get_trials(deepcopy=False)
+            queued = {t.user_attrs.get("resume_of") for t in trials}
+            for t in trials:
+                if t.user_attrs.get("interrupted") and t.number not in queued:
+                    run_dir = Path(t.user_attrs.get("run_dir", ""))
+                    again = {"resume_of": t.number}
+                    if t.user_attrs.get("host") == self.host and (run_dir / "last.pt").is_file():
+                        again["run_dir"] = str(run_dir)
+                    self.study.enqueue_trial(t.params, user_attrs=again)
+
+    def next_trial(self) -> Any:
+        """The next trial to run, or None when the budget is spent or the study is stopping."""
+        with self.lock():
+            over = self.timeout is not None and time.monotonic() - self.start > self.timeout
+            if self.stop.requested.is_set() or over or self.counted() >= self.trials:
+                return None
+            trial = self.study.ask()
+            trial.set_user_attr("worker", f"{self.host}:{os.getpid()}")
+            trial.set_user_attr("host", self.host)
+            return trial
+
+    def work(self, slot: int) -> None:
+        while (trial := self.next_trial()) is not None:
+            self.run_one(trial, slot)
+
+    def run_one(self, trial: Any, slot: int) -> None:
+        plan = self.plan
+        sampled = {p.key: p.suggest(trial) for p in plan.search.sampled()}
+        resumed = trial.user_attrs.get("run_dir")
+        run_dir = Path(resumed or plan.out.resolve() / f"trial-{trial.number:04d}")
+        trial.set_user_attr("run_dir", str(run_dir))
+        try:
+            cfg = plan.search.trial_config(plan.trial_base(run_dir), sampled,
+                                           f"trial {trial.number}")
+        except CharlmError as e:
+            return self.finish(trial, Outcome("failed", error=f"error: {e}"))
+        cmd = [sys.executable, "-m", "charlm", "train"]
+        if resumed:
+            cmd += ["--out", str(run_dir), "--resume"]
+        else:
+            from charlm.config import save_config
+
+            run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, run_dir / "trial.yaml")
+            cmd.append(str(run_dir / "trial.yaml"))
+        outcome = run_trial(cmd, run_dir, self.env(slot), self.key, self.reporter(trial),
+                            self.stop)
+        self.finish(trial, outcome)
+
+    def reporter(self, trial: Any) -> Any:
+        """Report each eval's objective at its step (or its tokens seen, in steps of the base
+        config, when the search changes the tokens of a step); True: prune it."""
+        reported: set[int] = set()
+        train = self.plan.base["train"]
+        tokens_per_eval = (train["batch_size"] * train["grad_accum"]
+                           * self.plan.base["model"]["block_size"] * train["eval_interval"])
+
+        def report(event: dict[str, Any]) -> bool:
+            value = event.get(self.key)
+            at = event.get("step")
+            if self.by_tokens and event.get("tokens") is not None:
+                at = event["tokens"] // tokens_per_eval * train["eval_interval"]
+            if value is None or at is None or at in reported or at <= 0:
+                return False
+            reported.add(at)
+            trial.report(float(value), at)
+            return trial.should_prune()
+
+        return report
+
+    def finish(self, trial: Any, outcome: Outcome) -> None:
+        from optuna.trial import TrialState
+
+        attrs = {"state": outcome.state, "step": outcome.step,
+                 "seconds": round(outcome.seconds, 1), "error": outcome.error,
+                 "interrupted": outcome.state == "interrupted" or None}
+        for name, value in attrs.items():
+            if value is not None:
+                trial.set_user_attr(name, value)
+        state = {"complete": TrialState.COMPLETE, "pruned": TrialState.PRUNED,
+                 "diverged": TrialState.PRUNED}.get(outcome.state, TrialState.FAIL)
+        self.study.tell(trial, outcome.value if state == TrialState.COMPLETE else None,
+                        state=state)
+        if self.bar is not None:
+            from charlm.study_report import trial_line
+
+            self.bar.write(trial_line(trial.number, outcome, trial.params), file=sys.stderr)
+            if outcome.state != "interrupted":
+                self.bar.update()
+
+    def env(self, slot: int) -> dict[str, str]:
+        """A trial's environment: with several workers, its GPU, or its share of the cores."""
+        env = dict(os.environ)
+        if self.workers > 1 and self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpus[slot]
+        elif self.workers > 1:
+            threads = str(max(1, (os.cpu_count() or 1) // self.workers))
+            env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+        return env
+
+    def run(self) -> bool:
+        """Run the workers until done; True unless the user stopped the study."""
+        self.recover()
+        self.bar = tqdm(total=self.trials, initial=min(self.counted(), self.trials), desc="tune",
+                        unit="trial", dynamic_ncols=True, disable=None)
+        threads = [threading.Thread(target=self.work, args=(slot,), daemon=True)
+                   for slot in range(self.workers)]
+        with stop_signals(self.stop):
+            for t in threads:
+                t.start()
+            while any(t.is_alive() for t in threads):
+                for t in threads:
+                    t.join(0.2)
+        self.bar.close()
+        return not self.stop.requested.is_set()
+
+
+def cuda_slots(base: dict[str, Any], workers: int) -> list[str]:
+    """The GPU of each worker slot, when trials run on CUDA GPUs (one each); else []."""
+    device = lookup(base, "train.device")
+    if workers < 2 or device not in ("auto", "cuda"):
+        return []
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    if len(gpus) < workers:
+        raise CharlmError(f"--workers {workers} runs one trial per GPU, and this machine has "
+                          f"{len(gpus)}; give --workers {len(gpus)} or fewer")
+    return gpus[:workers]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def stop_signals(stop: Stop) -> Iterator[None]:
+    """The first SIGINT / SIGTERM asks every running trial to save and stop; a second aborts
+    them."""
+
+    def handle(signum: int, frame: object) -> None:
+        if stop.requested.is_set():
+            stop.aborted.set()
+            os.write(2, b"aborting the running trials without saving\n")
+            return
+        stop.requested.set()
+        os.write(2, f"\n{signal.Signals(signum).name}: each running trial saves last.pt and stops "
+                    "(press Ctrl-C again to abort them)\n".encode())
+
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
