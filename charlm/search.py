@@ -291,7 +291,7 @@ def invalid_space(values: dict[str, Any], search: Search, message: str) -> str:
     """Say which sampled values give which invalid config, and what to search with them."""
     given = ", ".join(f"{k}={v!r}" for k, v in values.items())
     text = f"the search space can give an invalid config: with {given}: {message}"
-    named = re.search(r"(?:config value|value for|key '?)([a-z_]+\.[a-z_]+)", message)
+    named = re.search(r"(?:config value|value for|key) '?([a-z_]+\.[a-z_]+)", message)
     key = named.group(1) if named else None
     if key and key not in search.params:
         of = next(iter(values))

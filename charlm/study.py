@@ -93,8 +93,10 @@ def new_plan(cfg: RunConfig, search: Search, out: Path, storage: str | None,
         raise CharlmError("--storage: SQLite cannot take several workers at once; use the "
                           "default journal file in --out, or PostgreSQL / MySQL")
     make_writable_dir(out, f"--out {out}")
-    plan = Plan(out, base, search, storage, study_name or out.resolve().name,
-                prepare_data(cfg, search, out))
+    plan = Plan(out, base, search, storage, study_name or out.resolve().name, cfg.data.path)
+    if storage:  # a wrong URL or a missing driver is said before the data is prepared
+        make_storage(plan)
+    plan.data = prepare_data(cfg, search, out)
     plan.save()
     return plan
 
@@ -125,7 +127,7 @@ def make_storage(plan: Plan) -> Any:
         return optuna.storages.RDBStorage(plan.storage)
     except ImportError as e:
         raise CharlmError(f"--storage needs a database driver: {one_line(e)}; pip install "
-                          "psycopg2-binary (PostgreSQL) or pymysql (MySQL)") from None
+                          "'psycopg[binary]' (PostgreSQL) or pymysql (MySQL)") from None
     except Exception as e:  # sqlalchemy's errors: a wrong URL, a database that is down
         raise CharlmError(f"cannot open --storage {hidden(plan.storage)}: {one_line(e)}") from None
 
@@ -174,7 +176,7 @@ class Tuner:
     def __init__(self, plan: Plan, workers: int, trials: int, timeout: float | None):
         import optuna
 
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
         self.plan, self.workers, self.trials, self.timeout = plan, workers, trials, timeout
         self.key, direction = OBJECTIVES[plan.search.setting("objective")]
         self.storage = make_storage(plan)
@@ -195,7 +197,9 @@ class Tuner:
 
     def check_joined(self) -> None:
         """A worker joins a study only if it searches the same space from the same config."""
-        mine = {"space": self.plan.search.spec(), "config": self.plan.base,
+        config = copy.deepcopy(self.plan.base)  # where each machine keeps its files may differ
+        del config["train"]["out_dir"], config["data"]["path"]
+        mine = {"space": self.plan.search.spec(), "config": config,
                 "objective": self.plan.search.setting("objective")}
         theirs = self.study.user_attrs.get("charlm")
         if theirs is None:
@@ -226,8 +230,11 @@ class Tuner:
                     conn.execute(text("SELECT pg_advisory_unlock(4242)"))
 
     def counted(self) -> int:
-        """Trials that count toward --trials (an interrupted one is run again on --resume)."""
-        return sum(not t.user_attrs.get("interrupted")
+        """Trials that count toward --trials: not an interrupted one (it is queued again on
+        --resume), nor a queued one (it runs next)."""
+        from optuna.trial import TrialState
+
+        return sum(not t.user_attrs.get("interrupted") and t.state != TrialState.WAITING
                    for t in self.study.get_trials(deepcopy=False))
 
     def recover(self) -> None:
@@ -238,9 +245,7 @@ class Tuner:
         with self.lock():
             trials = self.study.get_trials(deepcopy=False)
             for t in trials:
-                host, _, pid = str(t.user_attrs.get("worker", "")).rpartition(":")
-                if (t.state == TrialState.RUNNING and host == self.host and pid.isdigit()
-                        and not alive(int(pid))):
+                if t.state == TrialState.RUNNING and self.orphaned(t):
                     self.study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
                     self.study.tell(t.number, state=TrialState.FAIL)
             trials = self.study.get_trials(deepcopy=False)
@@ -252,6 +257,29 @@ class Tuner:
                     if t.user_attrs.get("host") == self.host and (run_dir / "last.pt").is_file():
                         again["run_dir"] = str(run_dir)
                     self.study.enqueue_trial(t.params, user_attrs=again)
+
+    def orphaned(self, trial: Any) -> bool:
+        """Whether a trial's worker was a tuner on this machine that is gone."""
+        host, _, pid = str(trial.user_attrs.get("worker", "")).rpartition(":")
+        return host == self.host and pid.isdigit() and not alive(int(pid))
+
+    def wait_for_others(self) -> None:
+        """Wait for the trials other workers are running, so that the table and best.yaml
+        cover the whole study."""
+        from optuna.trial import TrialState
+
+        said = False
+        while not self.stop.requested.is_set():
+            running = [t for t in self.study.get_trials(deepcopy=False,
+                                                        states=(TrialState.RUNNING,))
+                       if not self.orphaned(t)]
+            if not running:
+                return
+            if not said:
+                print(f"waiting for {len(running)} trial(s) of other workers to end (Ctrl-C "
+                      "stops waiting)", file=sys.stderr)
+                said = True
+            self.stop.requested.wait(1.0)
 
     def next_trial(self) -> Any:
         """The next trial to run, or None when the budget is spent or the study is stopping."""
@@ -356,6 +384,7 @@ class Tuner:
             while any(t.is_alive() for t in threads):
                 for t in threads:
                     t.join(0.2)
+            self.wait_for_others()
         self.bar.close()
         return not self.stop.requested.is_set()
 
