@@ -1,0 +1,115 @@
+"""Benchmark `charlm tune`: does TPE with pruning find a config as good as a full grid's best, for
+a third of the grid's training steps?
+
+A 27-config grid (optim.lr x optim.warmup_iters x model.n_layer, on configs/tiny.yaml with a
+longer block and more steps, tiny-shakespeare) runs once with `--sampler grid --pruner none`;
+then, for each seed, `charlm tune --sampler tpe --pruner median` searches the same ranges (lr
+continuous on a log scale, warmup and depth as integer ranges) for --trials trials. Steps are
+counted per trial from its metrics.jsonl and the step its SIGTERM stopped it at (train.log).
+A seed hits when its best value is within 0.01 nats/char of the grid's best and it trained at
+most a third of the grid's steps; the target is 4 hits in 5 seeds. Prints a table and one JSON
+line, with the machine.
+
+    python scripts/bench_tune.py [--seeds 5] [--trials 12] [--steps 300] [--workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import machine_facts, machine_line, positive, run_script, summary
+
+ROOT = Path(__file__).resolve().parents[1]
+GAP, SHARE, HITS = 0.01, 1 / 3, 4  # issue 18's target: within 0.01 nats, a third of the steps
+GRID = {"optim.lr": "[0.003, 0.01, 0.03]", "optim.warmup_iters": "[0, 30, 100]",
+        "model.n_layer": "[1, 2, 3]"}
+RANGES = {"optim.lr": "{type: float, low: 0.003, high: 0.03, log: true}",
+          "optim.warmup_iters": "{type: int, low: 0, high: 100}",
+          "model.n_layer": "{type: int, low: 1, high: 3}"}
+
+
+def base_args(steps: int) -> list[str]:
+    sets = {"model.block_size": 32, "train.max_iters": steps, "train.eval_interval": steps // 6,
+            "train.eval_iters": 20, "train.log_interval": 10, "train.sample_chars": 0}
+    return [str(ROOT / "configs" / "tiny.yaml"), "--data", str(ROOT / "data" /
+            "tinyshakespeare.txt"), "--search", "optim.min_lr={of: optim.lr, times: 0.1}",
+            *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
+
+
+def study(out: Path, space: dict[str, str], args: list[str]) -> float:
+    """Run one `charlm tune`; its wall time in seconds."""
+    cmd = [sys.executable, "-m", "charlm", "tune", *args, "--out", str(out),
+           *[a for k, v in space.items() for a in ("--search", f"{k}={v}")]]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"charlm tune failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    return time.perf_counter() - start
+
+
+def steps_run(trial_dir: Path) -> int:
+    """The steps a trial trained: its last logged step, or the step a SIGTERM stopped it at."""
+    steps = [0]
+    log = trial_dir / "metrics.jsonl"
+    if log.is_file():
+        steps += [json.loads(line).get("step", 0) for line in log.read_text().splitlines()]
+    text = (trial_dir / "train.log").read_text() if (trial_dir / "train.log").is_file() else ""
+    steps += [int(n) for n in re.findall(r"interrupted by SIGTERM at step (\d+)", text)]
+    return max(steps)
+
+
+def result(out: Path) -> tuple[float, int, int]:
+    """A study's best value (best.yaml's trial, from trials.txt), steps and trial count."""
+    rows = [line.split() for line in (out / "trials.txt").read_text().splitlines()[1:]]
+    best = min(float(r[2]) for r in rows if r[1] == "complete")
+    dirs = sorted(out.glob("trial-*"))
+    return best, sum(steps_run(d) for d in dirs), len(dirs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=summary(__doc__))
+    parser.add_argument("--seeds", type=positive(int), default=5)
+    parser.add_argument("--trials", type=positive(int), default=12, help="TPE trials per seed")
+    parser.add_argument("--steps", type=positive(int), default=300, help="steps of a trial")
+    parser.add_argument("--workers", type=positive(int), default=2)
+    parser.add_argument("--keep", type=Path, help="keep the studies in this directory")
+    args = parser.parse_args()
+    facts = machine_facts()
+    print(machine_line(facts), flush=True)
+    root = args.keep or Path(tempfile.mkdtemp(prefix="bench_tune-"))
+    common = [*base_args(args.steps), "--workers", str(args.workers)]
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.workers))
+    grid_s = study(root / "grid", GRID, [*common, "--sampler", "grid", "--pruner", "none"])
+    grid_best, grid_steps, grid_trials = result(root / "grid")
+    print(f"grid: {grid_trials} trials, best {grid_best:.4f}, {grid_steps} steps, "
+          f"{grid_s:.0f} s", flush=True)
+    seeds = []
+    for seed in range(args.seeds):
+        out = root / f"tpe-{seed}"
+        wall = study(out, RANGES, [*common, "--seed", str(seed), "--trials", str(args.trials)])
+        best, steps, trials = result(out)
+        hit = best <= grid_best + GAP and steps <= SHARE * grid_steps
+        seeds.append({"seed": seed, "best": round(best, 4), "gap": round(best - grid_best, 4),
+                      "steps": steps, "share": round(steps / grid_steps, 3), "trials": trials,
+                      "seconds": round(wall, 1), "hit": hit})
+        print(f"tpe seed {seed}: best {best:.4f} ({best - grid_best:+.4f}), {steps} steps "
+              f"({steps / grid_steps:.2f} of the grid's), {trials} trials, {wall:.0f} s"
+              + ("  hit" if hit else "  miss"), flush=True)
+    hits = sum(s["hit"] for s in seeds)
+    print(json.dumps({"machine": facts, "grid": {"best": round(grid_best, 4), "steps":
+                      grid_steps, "trials": grid_trials, "seconds": round(grid_s, 1)},
+                      "tpe": seeds, "hits": hits, "target": f">= {HITS} of 5 within {GAP} "
+                      f"nats in <= {SHARE:.2f} of the grid's steps"}))
+    print(f"{hits} of {len(seeds)} seeds hit (target {HITS} of 5); studies in {root}")
+
+
+if __name__ == "__main__":
+    run_script(main)
