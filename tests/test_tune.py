@@ -335,3 +335,58 @@ def test_two_machines_share_a_study_in_postgresql(tmp_path: Path, corpus: Path) 
     for out in ("a", "b"):  # each machine's best.yaml agrees with the database
         best = load_config(tmp_path / out / "best.yaml")
         assert best.optim.lr == study.best_trial.params["optim.lr"]
+
+
+# --- the command's errors, and how values are reported ---------------------------------------
+
+
+def test_tune_command_errors_are_one_line(cli, tmp_path: Path, corpus: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "study"
+    lr = "optim.lr={type: float, low: 1e-3, high: 1e-2}"
+    cases = [
+        ((TINY, "--out", out), "error: give the search space with --search FILE or --search "
+                               "KEY=SPEC"),
+        (("--out", out, "--resume"), f"error: --resume: {out} holds no study (tune.yaml is "
+                                     "missing); start one with `charlm tune CONFIG --search FILE "
+                                     "--out DIR`"),
+        ((TINY, "--search", lr, "--out", out, "--storage", "sqlite:///x.db"),
+         "error: --storage: SQLite cannot take several workers at once; use the default journal "
+         "file in --out, or PostgreSQL / MySQL"),
+        ((TINY, "--search", lr, "--out", out, "--objective", "val_cer"),
+         "error: objective val_cer is measured on pairs (model.arch=encoder_decoder); a GPT's "
+         "objectives are best_val_loss, final_val_loss"),
+        ((TINY, "--search", lr, "--out", out, "--workers", "0"),
+         "error: --workers must be >= 1, got 0"),
+        ((TINY, "--search", "optim.lr={type: float, low: 1e-4, high: 1e-2}", "--out", out),
+         "error: the search space can give an invalid config: with optim.lr=0.0001: invalid "
+         "config value optim.min_lr"),
+    ]
+    for args, line in cases:
+        result = cli("tune", *args, "--data", corpus) if args[0] == TINY else cli("tune", *args)
+        assert (result.code, result.err.splitlines()[0][:len(line)]) == (2, line)
+        assert len(result.err.splitlines()) == 1
+        assert not (out / "tune.yaml").exists()
+    monkeypatch.setitem(sys.modules, "optuna", None)  # the extra is not installed
+    result = cli("tune", TINY, "--search", lr, "--out", out)
+    assert (result.code, result.err) == (
+        2, "error: charlm tune needs Optuna: pip install 'charlm[tune]'\n")
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("optim.lr=[0.002, 0.01]", {20: 3.0, 40: 2.5, 60: 2.4}),  # at the step
+    # a batch of 32 sees the base config's (16) tokens of 40 steps in 20, of 80 in 40, ...
+    ("train.batch_size=[8, 32]", {40: 3.0, 80: 2.5, 120: 2.4}),
+])
+def test_values_are_reported_at_tokens_seen_when_a_step_changes_size(
+        tmp_path: Path, spec: str, expected: dict[int, float]) -> None:
+    from charlm.study import Plan, Tuner
+
+    base = load_config(TINY).to_dict()  # batch 16 x block 16, an eval every 20 steps
+    tuner = Tuner(Plan(tmp_path, base, read_search([spec]), None, "s", "data"), 1, 5, None)
+    trial = tuner.study.ask()
+    report = tuner.reporter(trial)
+    for step, value in ((20, 3.0), (40, 2.5), (60, 2.4)):
+        assert not report({"event": "eval", "step": step, "tokens": step * 32 * 16,
+                           "best_val_loss": value})
+    assert tuner.study.get_trials()[0].intermediate_values == expected
