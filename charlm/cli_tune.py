@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -62,8 +63,8 @@ def tune(
     except ImportError:
         raise CharlmError("charlm tune needs Optuna: pip install 'charlm[tune]'") from None
     from charlm.search import check_setting
-    from charlm.study import RESUMABLE, Plan, Tuner, new_plan
     from charlm.study_report import summarize
+    from charlm.tuner import Tuner
 
     if workers < 1:
         raise CharlmError(f"--workers must be >= 1, got {workers}")
@@ -71,34 +72,52 @@ def tune(
                 "pruner_warmup": pruner_warmup, "seed": seed, "trials": trials,
                 "timeout": timeout}
     if resume:
-        given = [p.opts[0] for p in ctx.command.params if p.name not in (
-            "out", "trials", "timeout", "workers", "resume")
-            and getattr(ctx.get_parameter_source(p.name), "name", "DEFAULT") != "DEFAULT"]
-        if given:
-            raise CharlmError(f"--resume continues the study as it was made; {given[0]} cannot "
-                              f"change it (only {', '.join(RESUMABLE)} can)")
-        plan = Plan.load(out)
+        plan = _saved_plan(ctx, out)
     else:
-        from charlm.config import train_config
-        from charlm.search import read_search
-
-        if not search:
-            raise CharlmError("give the search space with --search FILE or --search KEY=SPEC")
-        found = read_search(search)
-        found.settings.update({k: check_setting(k, v, "the options")
-                               for k, v in settings.items() if v is not None})
-        cfg = train_config(config, set_ or [], data=data, out=str(out / "base"))
-        plan = new_plan(cfg, found, out, storage, study)
-    budget = trials if trials is not None else plan.search.setting("trials")
-    if plan.search.setting("sampler") == "grid" and trials is None and \
-            "trials" not in plan.search.settings:
-        import math
-
-        budget = math.prod(len(p.grid()) for p in plan.search.sampled())
-    limit = check_setting("timeout", timeout, "--timeout") if timeout is not None else \
-        plan.search.setting("timeout")
-    tuner = Tuner(plan, workers, check_setting("trials", budget, "--trials"), limit)
+        plan = _new_plan(config, search, settings, set_, data, out, storage, study)
+    limit = plan.search.setting("timeout") if timeout is None else check_setting(
+        "timeout", timeout, "--timeout")
+    tuner = Tuner(plan, workers, check_setting("trials", _budget(plan, trials), "--trials"), limit)
     code = summarize(tuner, tuner.run())
     if code:
         raise typer.Exit(code)
 
+
+def _saved_plan(ctx: typer.Context, out: Path) -> Any:
+    """--resume: the study in --out as it was made; only --trials, --timeout, --workers change."""
+    from charlm.study import RESUMABLE, Plan
+
+    given = [p.opts[0] for p in ctx.command.params if p.name not in (
+        "out", "trials", "timeout", "workers", "resume")
+        and getattr(ctx.get_parameter_source(p.name), "name", "DEFAULT") != "DEFAULT"]
+    if given:
+        raise CharlmError(f"--resume continues the study as it was made; {given[0]} cannot "
+                          f"change it (only {', '.join(RESUMABLE)} can)")
+    return Plan.load(out)
+
+
+def _new_plan(config: Path | None, search: list[str] | None, settings: dict[str, Any],
+              set_: list[str] | None, data: str | None, out: Path, storage: str | None,
+              study: str | None) -> Any:
+    """A new study: its search (options win over the search file's settings), the base config
+    as `charlm train` reads it, the data prepared once."""
+    from charlm.config import train_config
+    from charlm.search import check_setting, read_search
+    from charlm.study import new_plan
+
+    if not search:
+        raise CharlmError("give the search space with --search FILE or --search KEY=SPEC")
+    found = read_search(search)
+    found.settings.update({k: check_setting(k, v, "the options")
+                           for k, v in settings.items() if v is not None})
+    cfg = train_config(config, set_ or [], data=data, out=str(out / "base"))
+    return new_plan(cfg, found, out, storage, study)
+
+
+def _budget(plan: Any, trials: int | None) -> int:
+    """--trials, else the search's; a grid without either: every combination."""
+    if trials is not None:
+        return trials
+    if plan.search.setting("sampler") == "grid" and "trials" not in plan.search.settings:
+        return math.prod(len(p.grid()) for p in plan.search.sampled())
+    return plan.search.setting("trials")

@@ -380,7 +380,8 @@ def test_tune_command_errors_are_one_line(cli, tmp_path: Path, corpus: Path,
 ])
 def test_values_are_reported_at_tokens_seen_when_a_step_changes_size(
         tmp_path: Path, spec: str, expected: dict[int, float]) -> None:
-    from charlm.study import Plan, Tuner
+    from charlm.study import Plan
+    from charlm.tuner import Tuner
 
     base = load_config(TINY).to_dict()  # batch 16 x block 16, an eval every 20 steps
     tuner = Tuner(Plan(tmp_path, base, read_search([spec]), None, "s", "data"), 1, 5, None)
