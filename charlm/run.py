@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from charlm import memory
 from charlm.checkpoint import OptimizerState, RNGState, ScalerState, Stateful
 from charlm.config import DataConfig, RunConfig
 from charlm.data import BatchSampler
@@ -71,6 +72,20 @@ def require_model_memory(task: Task, device: torch.device) -> None:
     require_memory(16 * params, device,
                    f"the model has {params:,} parameters, whose weights, gradients and AdamW "
                    "state need {gib}", "make model.n_layer or model.n_embd smaller")
+
+
+def require_batch_memory(task: Task, device: torch.device, dtype: torch.dtype, rows: int) -> None:
+    """Refuse a micro-batch of `rows` whose activations (kept for the backward), with the
+    model's training state, exceed the device's memory, before the first step allocates them.
+    An eval forward of the same rows keeps no activations: this covers it too."""
+    m = task.cfg.model
+    vocab = task.vocab.target_size if m.arch == "encoder_decoder" else len(task.vocab)
+    need = memory.training_bytes(m, vocab, rows, dtype, device) + 16 * task.parameter_count()
+    require_memory(need, device,
+                   f"a batch of {rows:,} x {m.block_size} needs about {{gib}} for its "
+                   "activations in training (with the model's weights, gradients and AdamW "
+                   "state)", "lower train.batch_size (raising train.grad_accum keeps the tokens "
+                   "per step) or model.block_size")
 
 
 @dataclass
@@ -163,6 +178,7 @@ def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dty
     warn_about_config(cfg, task, dist)
     sampler = task.sampler("train", tc.seed, device, rows=dist.rows(tc.batch_size))
     require_model_memory(task, device)
+    require_batch_memory(task, device, dtype, len(range(sampler.batch_size)[sampler.rows]))
     model = task.new_model().to(device)
     return Run(cfg, dist, device, dtype, task, sampler, model,
                optimizer=make_optimizer(model, cfg.optim), scaler=grad_scaler(device, dtype),

@@ -5,17 +5,26 @@ device before the first allocation, in training, sampling, `info --shapes` and l
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 import torch
 
-from charlm.config import load_config
+from charlm import train as train_module
+from charlm.config import RunConfig, load_config
 from charlm.device import autocast
+from charlm.errors import CharlmError
 from charlm.memory import training_bytes
 from charlm.model import GPT
+from charlm.run import require_batch_memory
+from charlm.rundir import RUN_FILES
 from charlm.seq2seq import EncoderDecoder
+from charlm.tasks import task_for
+from charlm.train import train
 
 from .conftest import ROOT
+from .test_train import with_
+from .test_translation import pairs_config, reversal_pairs, write_pairs
 
 TINY = ROOT / "configs" / "tiny.yaml"
 CPU = torch.device("cpu")
@@ -80,3 +89,75 @@ def test_the_estimate_grows_with_every_size():
             < training_bytes(dropout, 65, 16, torch.float32, CPU))
     assert (training_bytes(cfg, 65, 16, torch.bfloat16, cuda)
             < training_bytes(cfg, 65, 16, torch.bfloat16, CPU))
+
+
+def fixed_memory(monkeypatch: pytest.MonkeyPatch, gib: float) -> None:
+    """The machine has `gib` GiB, whatever it really has (the error lines name it)."""
+    monkeypatch.setattr("charlm.device.memory_bytes", lambda device: int(gib * GIB))
+
+
+def no_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A training step fails the test: a refused batch must never reach one (and without the
+    guard, this one would take the machine's memory)."""
+    def step(*args, **kwargs):
+        raise AssertionError("the first training step ran")
+
+    monkeypatch.setattr(train_module, "train_step", step)
+
+
+def test_a_batch_too_big_for_memory_is_one_error_line_before_the_first_step(
+        cli, monkeypatch, tmp_path, corpus):
+    """`--set train.batch_size=100000000` grew to 24 GB and was killed by the kernel (exit 137,
+    no error line): only the weights were checked, not the batch's activations."""
+    fixed_memory(monkeypatch, 24)
+    no_step(monkeypatch)
+    run = tmp_path / "run"
+    t0 = time.perf_counter()
+    result = cli("train", TINY, "--data", corpus, "--out", run, "--set",
+                 "train.batch_size=100000000", "--set", "train.max_iters=3")
+    assert time.perf_counter() - t0 < 5
+    assert result.code == 2 and result.err.count("error:") == 1  # after a warmup warning
+    assert result.err.endswith(
+        "\nerror: a batch of 100,000,000 x 16 needs about 8,297.0 GiB for its activations in "
+        "training (with the model's weights, gradients and AdamW state), more than the 24.0 GiB "
+        "of cpu; lower train.batch_size (raising train.grad_accum keeps the tokens per step) or "
+        "model.block_size\n")
+    assert not [name for name in RUN_FILES if (run / name).exists()]  # nothing written
+
+
+def short(cfg: RunConfig) -> RunConfig:
+    return with_(cfg, train={"max_iters": 2, "eval_interval": 2, "eval_iters": 1,
+                             "sample_chars": 0})
+
+
+def test_a_normal_run_trains_on_an_8_gib_machine(tiny_cfg, monkeypatch):
+    fixed_memory(monkeypatch, 8)
+    assert train(short(tiny_cfg)).step == 2
+
+
+@pytest.mark.parametrize("config", [None, "shakespeare_char_cpu.yaml", "shakespeare_char.yaml"])
+def test_the_presets_pass_the_guard_of_an_8_gib_laptop(config, corpus, tmp_path, monkeypatch):
+    """On the CPU, float32: the default, the CPU preset, and the GPU preset (whose dropout takes
+    the attention's math path, T x T weights and all) need well under 8 GiB."""
+    cfg = load_config(None if config is None else ROOT / "configs" / config,
+                      [f"data.path={corpus}"])
+    task = task_for(cfg, tmp_path / "dataset")
+    need = training_bytes(cfg.model, len(task.vocab), cfg.train.batch_size, torch.float32, CPU)
+    assert need < (6 if config == "shakespeare_char.yaml" else 0.1) * GIB  # 5.0 estimated
+    fixed_memory(monkeypatch, 8)
+    require_batch_memory(task, CPU, torch.float32, cfg.train.batch_size)
+
+
+def test_an_encoder_decoder_batch_is_guarded_by_its_pairs_shapes(tmp_path, monkeypatch):
+    """The guard sizes an encoder-decoder's batch as its sampler draws it: at most as many pairs
+    as the split holds, sources and targets of up to block_size."""
+    data = write_pairs(tmp_path / "reverse.tsv", reversal_pairs(400, 0))
+    cfg = with_(pairs_config(data, tmp_path / "run"), train={"batch_size": 10**8})
+    fixed_memory(monkeypatch, 0.01)
+    no_step(monkeypatch)
+    with pytest.raises(CharlmError) as e:
+        train(cfg)
+    rows = int(str(e.value).split()[3].replace(",", ""))
+    assert 200 < rows < 400  # the train split's pairs, not 10**8
+    assert str(e.value).startswith(f"a batch of {rows:,} x 16 needs about 0.0")  # ~13 MiB
+    assert "more than the 0.0 GiB of cpu" in str(e.value)
