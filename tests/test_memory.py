@@ -5,15 +5,18 @@ device before the first allocation, in training, sampling, `info --shapes` and l
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
+from charlm import checkpoint
 from charlm import train as train_module
 from charlm.config import RunConfig, load_config
 from charlm.device import autocast
-from charlm.errors import CharlmError
+from charlm.errors import CharlmError, Interrupt
 from charlm.memory import training_bytes
 from charlm.model import GPT
 from charlm.run import require_batch_memory
@@ -161,3 +164,61 @@ def test_an_encoder_decoder_batch_is_guarded_by_its_pairs_shapes(tmp_path, monke
     assert 200 < rows < 400  # the train split's pairs, not 10**8
     assert str(e.value).startswith(f"a batch of {rows:,} x 16 needs about 0.0")  # ~13 MiB
     assert "more than the 0.0 GiB of cpu" in str(e.value)
+
+
+def files_of(run: Path) -> dict[str, bytes]:
+    """Every file of a run dir but its dataset cache, by path, with its bytes."""
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*"))
+            if p.is_file() and "dataset" not in p.relative_to(run).parts}
+
+
+def test_overwrite_keeps_the_previous_run_until_the_new_one_has_stepped(
+        cli, monkeypatch, tmp_path, corpus):
+    """`--overwrite` deleted the previous run before the new one had shown it could start: a
+    batch too big, a failure at the first step or Ctrl-C before it left neither run. Now the
+    previous run's files stay byte for byte until the new run's first step is done."""
+    run = tmp_path / "run"
+    common = ["train", TINY, "--data", corpus, "--out", run, "--set", "train.eval_interval=2",
+              "--set", "train.eval_iters=1", "--set", "train.sample_chars=0"]
+    assert cli(*common, "--set", "train.max_iters=2").code == 0
+    before = files_of(run)
+    assert {"config.yaml", "metrics.jsonl", "last.pt", "best.pt"} <= set(before)
+    assert any(name.startswith("tb/") for name in before)
+    with monkeypatch.context() as patch:
+        fixed_memory(patch, 24)
+        no_step(patch)
+        result = cli(*common, "--overwrite", "--set", "train.batch_size=100000000")
+    assert result.code == 2 and result.err.startswith("error: a batch of 100,000,000 x 16 ")
+    assert files_of(run) == before
+
+    def out_of_memory(*args, **kwargs):  # the allocator's failure at the first step
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(train_module, "train_step", out_of_memory)
+        result = cli(*common, "--overwrite")
+    assert result.code == 2 and result.err.startswith("error: out of memory")
+    assert files_of(run) == before
+
+    def ctrl_c(*args, **kwargs):  # before the first step (here: while compiling)
+        raise Interrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(train_module, "wrap_model", ctrl_c)
+        assert cli(*common, "--overwrite").code == 130
+    assert files_of(run) == before
+    assert cli(*common, "--overwrite", "--set", "train.max_iters=4").code == 0  # replaced
+    assert checkpoint.load(run / "last.pt")["train_state"]["step"] == 4
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").open()]
+    assert steps == [2, 4, 4]  # the new run's evals and its last train event only
+
+
+def test_a_fresh_run_that_fails_at_its_first_step_writes_nothing(tiny_cfg, monkeypatch):
+    """Its config.yaml and logs would have made the next `charlm train` ask for --overwrite."""
+    no_step(monkeypatch)
+    with pytest.raises(AssertionError):
+        train(short(tiny_cfg))
+    run = Path(tiny_cfg.train.out_dir)
+    assert not [name for name in RUN_FILES if (run / name).exists()]
+    monkeypatch.undo()
+    assert train(short(tiny_cfg)).step == 2  # no --overwrite needed
