@@ -222,3 +222,24 @@ def test_a_fresh_run_that_fails_at_its_first_step_writes_nothing(tiny_cfg, monke
     assert not [name for name in RUN_FILES if (run / name).exists()]
     monkeypatch.undo()
     assert train(short(tiny_cfg)).step == 2  # no --overwrite needed
+
+
+def test_info_shapes_of_a_huge_batch_allocate_nothing(cli):
+    """`info --shapes` runs its forward on the meta device: a batch of 10**8 costs nothing."""
+    t0 = time.perf_counter()
+    result = cli("info", TINY, "--shapes", "--batch", "100000000", "--vocab-size", "65")
+    assert result.code == 0 and time.perf_counter() - t0 < 5
+    assert "head                              100000000 x 16 x 65 logits\n" in result.out
+
+
+def test_a_checkpoint_larger_than_memory_is_refused_before_it_is_read(run_dir, monkeypatch):
+    size = (run_dir / "last.pt").stat().st_size
+    monkeypatch.setattr("charlm.device.memory_bytes", lambda device: size - 1)
+    with pytest.raises(CharlmError, match=f"^checkpoint {run_dir / 'last.pt'} holds 0.0 GiB, "
+                       "more than the 0.0 GiB of cpu; load it on a machine with more memory$"):
+        checkpoint.load(run_dir / "last.pt")
+    # the file fits, the model's weights on the device do not
+    answers = iter([2**40, 1])
+    monkeypatch.setattr("charlm.device.memory_bytes", lambda device: next(answers))
+    with pytest.raises(CharlmError, match="needs 0.0 GiB for its weights, more than"):
+        checkpoint.load_model(run_dir / "last.pt")
