@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import torch
 
 from charlm.config import RunConfig
+from charlm.device import require_memory
 from charlm.errors import CharlmError, first_line, one_line
 from charlm.files import run_write_error, write_atomic
 from charlm.optim import load_state
@@ -142,6 +143,9 @@ def load(path: str | Path) -> dict[str, Any]:
     if path.is_file() and not zipfile.is_zipfile(path):  # what torch.save writes is a zip
         raise CharlmError(f"cannot load checkpoint {path}: not a readable charlm checkpoint "
                           "(not a complete torch.save file)")
+    if path.is_file():  # read whole into memory: a file larger than it would only swap or die
+        require_memory(path.stat().st_size, torch.device("cpu"), f"checkpoint {path} holds {{gib}}",
+                       "load it on a machine with more memory")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except OSError:
@@ -202,6 +206,13 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
         cfg = RunConfig.from_dict(check_config(state), f"{ckpt_path} config")
         vocab = vocab_from_state(state["vocab"])
         check_stored_shapes(cfg, vocab, state["model"])
+        weights = sum(t.numel() * t.element_size() for t in state["model"].values())
+    except (KeyError, RuntimeError, ValueError, TypeError, AttributeError, CharlmError) as e:
+        raise damaged(ckpt_path, e) from None
+    device = torch.device(device)
+    require_memory(weights, device, f"the model in {ckpt_path} needs {{gib}} for its weights",
+                   "load it on a device with more memory (--device)")
+    try:
         model = build_model(cfg, vocab)
         model.load_state_dict(state["model"])
         check_train_state(state)

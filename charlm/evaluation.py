@@ -9,6 +9,7 @@ import torch
 
 from charlm.config import RunConfig
 from charlm.device import Dist, autocast
+from charlm.memory import forward_bytes
 from charlm.tasks import Task, TextTask
 
 
@@ -25,15 +26,10 @@ def eval_batches_per_forward(cfg: RunConfig, task: Task, device: torch.device, r
 
 
 def batches_that_fit(budget: int, cfg: RunConfig, vocab_size: int, rows: int) -> int:
-    """Batches of `rows` rows whose no-grad forward fits in `budget` bytes, between 1 and
-    `eval_iters`. A generous per-row estimate in float32: the MLP's hidden activations (up to
-    4 F per position: SwiGLU's fc is 2 F wide), the logits three times over (bf16, the float32
-    copy, log-softmax), 8 residual-width tensors, and an H x T x T attention matrix should SDPA
-    take its math path."""
-    m = cfg.model
-    T = m.block_size
-    per_row = 4 * T * (4 * m.ff_width + 3 * vocab_size + 8 * m.n_embd + m.n_head * T)
-    return max(1, min(cfg.train.eval_iters, budget // (per_row * rows)))
+    """Batches of `rows` rows whose no-grad forward (`memory.forward_bytes`) fits in `budget`
+    bytes, between 1 and `eval_iters`."""
+    per_batch = forward_bytes(cfg.model, vocab_size, rows)
+    return max(1, min(cfg.train.eval_iters, budget // per_batch))
 
 
 class EvalStopped(Exception):

@@ -1,5 +1,6 @@
 """A training run's objects: `TrainState`, the `Run` that `build_run` makes once (data, sampler,
-model and its compiled / DDP wrappers, optimizer, scaler, state), and the run's `Clock`.
+model and its compiled / DDP wrappers, optimizer, scaler, state), the run's `Clock`, and its
+files (`RunFiles`), opened once the run has started.
 
 Fresh and resumed runs build the same objects; a resume then loads the map of stateful objects
 (`Run.stateful`) from `last.pt`, the map every checkpoint saves. The loop is `charlm.train`'s.
@@ -17,6 +18,7 @@ from typing import Any
 
 import torch
 
+from charlm import memory
 from charlm.checkpoint import OptimizerState, RNGState, ScalerState, Stateful
 from charlm.config import DataConfig, RunConfig
 from charlm.data import BatchSampler
@@ -24,8 +26,10 @@ from charlm.device import Dist, compile_model, grad_scaler, require_memory
 from charlm.errors import CharlmError
 from charlm.evaluation import eval_batches_per_forward
 from charlm.faults import BadSteps
+from charlm.metrics import MetricsLogger
 from charlm.optim import make_optimizer
 from charlm.pairs import PairBatchSampler
+from charlm.rundir import clear_run, start_run
 from charlm.tasks import Task, task_for
 
 
@@ -73,6 +77,20 @@ def require_model_memory(task: Task, device: torch.device) -> None:
                    "state need {gib}", "make model.n_layer or model.n_embd smaller")
 
 
+def require_batch_memory(task: Task, device: torch.device, dtype: torch.dtype, rows: int) -> None:
+    """Refuse a micro-batch of `rows` whose activations (kept for the backward), with the
+    model's training state, exceed the device's memory, before the first step allocates them.
+    An eval forward of the same rows keeps no activations: this covers it too."""
+    m = task.cfg.model
+    vocab = task.vocab.target_size if m.arch == "encoder_decoder" else len(task.vocab)
+    need = memory.training_bytes(m, vocab, rows, dtype, device) + 16 * task.parameter_count()
+    require_memory(need, device,
+                   f"a batch of {rows:,} x {m.block_size} needs about {{gib}} for its "
+                   "activations in training (with the model's weights, gradients and AdamW "
+                   "state)", "lower train.batch_size (raising train.grad_accum keeps the tokens "
+                   "per step) or model.block_size")
+
+
 @dataclass
 class Run:
     """A run's objects, built once by `build_run` (the wrappers by `wrap_model`)."""
@@ -115,6 +133,41 @@ class Clock:
 
     def elapsed(self, now: float | None = None) -> float:
         return self.before + (time.perf_counter() if now is None else now) - self.start
+
+
+@dataclass
+class RunFiles:
+    """A run's config.yaml and log (metrics.jsonl, tb/), opened by the first `open`: a resume's
+    at once, a fresh run's once its first step has run. A run that cannot start (a batch too big
+    for memory, bad data, an error or Ctrl-C before that step) so writes nothing, and
+    `--overwrite` removes the previous run's files only then. Rank 0 writes; the other ranks'
+    log is disabled."""
+
+    run: Run
+    overwrite: bool  # a fresh run over a previous one: clear it when opening
+    total_steps: int | None  # for the progress bar (None: a time budget's, not known yet)
+    start_step: int  # the step the run starts from (0, or the resumed checkpoint's)
+    progress: bool | None = None
+    log: MetricsLogger | None = None
+
+    def open(self) -> MetricsLogger:
+        """The run's log, its files opened at the first call (on every rank at the same step:
+        rank 0 tells the others whether its writes went through)."""
+        if self.log is not None:
+            return self.log
+        run, dist = self.run, self.run.dist
+        with dist.main_first():
+            if dist.is_main:
+                if self.overwrite:
+                    clear_run(run.run_dir)
+                start_run(run.run_dir, run.cfg)
+            self.log = MetricsLogger(run.run_dir, self.total_steps, self.start_step,
+                                     self.progress, enabled=dist.is_main)
+        return self.log
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
 
 
 def require_same_vocab(ckpt: dict[str, Any] | None, data_path: str, vocab: Any) -> None:
@@ -163,6 +216,7 @@ def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dty
     warn_about_config(cfg, task, dist)
     sampler = task.sampler("train", tc.seed, device, rows=dist.rows(tc.batch_size))
     require_model_memory(task, device)
+    require_batch_memory(task, device, dtype, len(range(sampler.batch_size)[sampler.rows]))
     model = task.new_model().to(device)
     return Run(cfg, dist, device, dtype, task, sampler, model,
                optimizer=make_optimizer(model, cfg.optim), scaler=grad_scaler(device, dtype),

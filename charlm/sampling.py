@@ -17,6 +17,7 @@ from charlm.data import decode_chunks, read_text
 from charlm.device import require_memory
 from charlm.errors import CharlmError, characters
 from charlm.generate import beam_search, generate
+from charlm.memory import sampling_bytes
 from charlm.model import GPT
 from charlm.sample_config import SampleConfig
 from charlm.vocab import Vocab, list_unknown
@@ -100,12 +101,13 @@ def encode_prompt(vocab: Vocab, prompt: str, unknown: str,
 
 def require_cache_memory(model: GPT, rows: int, option: str) -> None:
     """Refuse `rows` samples or beams whose keys and values over a full context (what the KV
-    cache holds; the uncached forward computes as much) alone exceed the device's memory."""
-    cfg, weight = model.cfg, model.wte.weight
-    need = 2 * cfg.n_layer * rows * cfg.block_size * cfg.n_embd * weight.element_size()
+    cache holds; the uncached forward computes as much) and one forward's activations and
+    logits exceed the device's memory."""
+    weight = model.wte.weight
+    need = sampling_bytes(model.cfg, model.vocab_size, rows, weight.element_size())
     require_memory(need, weight.device,
-                   f"{option} {rows:,} needs {{gib}} for the keys and values of the context",
-                   f"use a smaller {option}")
+                   f"{option} {rows:,} needs about {{gib}} for the keys and values of the "
+                   "context and a forward's activations", f"use a smaller {option}")
 
 
 def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,

@@ -47,8 +47,16 @@ from charlm.generate import NonFiniteOutput
 from charlm.metrics import MetricsLogger
 from charlm.optim import step_if
 from charlm.pairs import PairBatchSampler
-from charlm.run import Clock, Run, TrainState, build_run, warn_short_warmup, wrap_model
-from charlm.rundir import check_run_dir, clear_run, run_lock, start_run
+from charlm.run import (
+    Clock,
+    Run,
+    RunFiles,
+    TrainState,
+    build_run,
+    warn_short_warmup,
+    wrap_model,
+)
+from charlm.rundir import check_run_dir, run_lock
 
 LN2 = math.log(2)
 
@@ -130,37 +138,34 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
                 f"reached ({run.state.step}, {run_dir / 'last.pt'}); give at least "
                 f"{run.state.step}"
             )
-    elif overwrite and dist.is_main:  # only now that data, model and config are known to be good
-        clear_run(run_dir)
-    with dist.main_first():  # rank 0 writes (here and below); the others hear if it failed
-        if dist.is_main:
-            start_run(run_dir, cfg)
     wrap_model(run)
     clock.before = run.state.elapsed_s
     timer = budget_timer(run)
-    with dist.main_first():
-        log = MetricsLogger(run_dir, None if timer else tc.max_iters, run.state.step, progress,
-                            enabled=dist.is_main)
-    if tc.max_time is not None and timer is None:  # a resumed budget: its steps are fixed
-        log.plan(tc.max_iters, clock.start + tc.max_time - clock.before)
+    # A fresh run writes nothing (and --overwrite removes nothing) until its first step has run.
+    files = RunFiles(run, overwrite, None if timer else tc.max_iters, run.state.step, progress)
     stop = StopSignals(announce=dist.is_main)
     try:
+        if ckpt is not None:
+            files.open()
+        if tc.max_time is not None and timer is None:  # a resumed budget: its steps are fixed
+            files.open().plan(tc.max_iters, clock.start + tc.max_time - clock.before)
         with stop:
-            final = _loop(run, log, stop, clock, saved_step=run.state.step if resume else None,
+            final = _loop(run, files, stop, clock, saved_step=run.state.step if resume else None,
                           timer=timer)
         if final is not None:
             with dist.main_first():
-                log_final(run, log, final)
+                log_final(run, files.open(), final)
     finally:
-        log.close()
+        files.close()
     return run.state
 
 
-def _loop(run: Run, log: MetricsLogger, stop: StopSignals, clock: Clock,
+def _loop(run: Run, files: RunFiles, stop: StopSignals, clock: Clock,
           saved_step: int | None, timer: StepTimer | None) -> dict[str, float] | None:
     """Train to max_iters: set lr, train_step, maybe log, maybe evaluate, maybe save. Returns
-    the losses of the latest eval. `saved_step`: the step of the last.pt on disk, if any.
-    `timer`: a time budget's, which fixes max_iters once it has timed enough steps."""
+    the losses of the latest eval. `files`: opened after the first step, if not before.
+    `saved_step`: the step of the last.pt on disk, if any. `timer`: a time budget's, which
+    fixes max_iters once it has timed enough steps."""
     cfg, state, dist = run.cfg, run.state, run.dist
     final: dict[str, float] | None = None
     run.model.train()
@@ -177,6 +182,7 @@ def _loop(run: Run, log: MetricsLogger, stop: StopSignals, clock: Clock,
         state.tokens += run.sampler.tokens - drawn
         clock.tokens += run.sampler.tokens - drawn
         state.bad.record(ok, state.step, cfg.train.max_bad_steps)
+        log = open_files(files, clock)  # a fresh run's, once its first step has run
         log.advance()
         signum = dist.agree_signal(stop.signum)
         timed = timer is not None and timer.done(state.step, time.perf_counter(), clock.paused)
@@ -215,6 +221,16 @@ def _loop(run: Run, log: MetricsLogger, stop: StopSignals, clock: Clock,
         if signum is not None and (state.step < max_iters or final is None):  # last.pt saved
             raise interrupted(run, signum)
     return final
+
+
+def open_files(files: RunFiles, clock: Clock) -> MetricsLogger:
+    """The run's log, its files opened (and for --overwrite the previous run's removed) at the
+    first call; that time is not training time, for tokens/s."""
+    if files.log is None:
+        t_open = time.perf_counter()
+        files.open()
+        clock.t_log += time.perf_counter() - t_open
+    return files.open()
 
 
 def budget_timer(run: Run) -> StepTimer | None:

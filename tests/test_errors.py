@@ -520,7 +520,10 @@ def test_dataset_whose_meta_json_contradicts_its_vocab(cli, fails, tmp_path, cor
           message=f"cannot read dataset {ds}: {detail}; prepare it again with `charlm prepare`")
 
 
-def test_a_batch_too_big_for_memory_is_an_error_line(fails, tmp_path, corpus):
+def test_a_batch_too_big_for_memory_is_an_error_line(fails, tmp_path, corpus, monkeypatch):
+    """Where the device's memory is unknown (MPS), the guard of tests/test_memory.py cannot
+    refuse the batch first: the allocator's failure is the error line."""
+    monkeypatch.setattr("charlm.device.memory_bytes", lambda device: None)
     # 10^12 rows: their window starts alone are 8 TB, which the CPU allocator refuses
     fails("train", TINY, "--data", corpus, "--out", tmp_path / "run", "--set",
           "train.batch_size=1000000000000",

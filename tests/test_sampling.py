@@ -3,6 +3,7 @@ import torch
 
 from charlm.errors import CharlmError
 from charlm.generate import apply_repetition_penalty, apply_temperature, sample_next
+from charlm.memory import sampling_bytes
 from charlm.model import GPT
 from charlm.sample_config import SampleConfig
 from charlm.sampling import StopMatcher, encode_prompt, sample_text
@@ -20,16 +21,19 @@ def model() -> GPT:
 
 def test_more_samples_or_beams_than_memory_holds_is_a_plain_error(model, monkeypatch):
     """A mistyped --num-samples or --beams is refused up front, naming the memory its keys and
-    values need, rather than exhausting the machine or failing in the allocator."""
+    values and a forward need, rather than exhausting the machine or failing in the
+    allocator."""
     monkeypatch.setattr("charlm.device.memory_bytes", lambda device: 2**30)
     for opts, option in [(SampleConfig(beams=10**12, max_new_tokens=1), "--beams"),
                          (SampleConfig(num_samples=10**12, max_new_tokens=1), "--num-samples")]:
-        with pytest.raises(CharlmError) as e:  # 8 KiB of keys and values per row
+        with pytest.raises(CharlmError) as e:  # 8 KiB of keys and values, 52 KiB forward a row
             sample_text(model, VOCAB, "ab", opts)
         assert str(e.value) == (
-            f"{option} 1,000,000,000,000 needs 7,629,394.5 GiB for the keys and values of the "
-            f"context, more than the 1.0 GiB of cpu; use a smaller {option}")
-    monkeypatch.setattr("charlm.device.memory_bytes", lambda device: 4 * 8192)
+            f"{option} 1,000,000,000,000 needs about 57,637,691.5 GiB for the keys and values of "
+            f"the context and a forward's activations, more than the 1.0 GiB of cpu; use a "
+            f"smaller {option}")
+    four = sampling_bytes(model.cfg, V, 4, 4)
+    monkeypatch.setattr("charlm.device.memory_bytes", lambda device: four)
     assert len(sample_text(model, VOCAB, "ab", SampleConfig(num_samples=4, max_new_tokens=3))) == 4
     with pytest.raises(CharlmError):
         sample_text(model, VOCAB, "ab", SampleConfig(num_samples=5, max_new_tokens=3))
