@@ -20,7 +20,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from charlm.errors import CharlmError
+from charlm.errors import CharlmError, first_line
 from charlm.search import OBJECTIVES, lookup
 from charlm.study import Plan, make_pruner, make_sampler, make_storage
 from charlm.trial import Outcome, Stop, run_trial
@@ -52,6 +52,7 @@ class Tuner:
         self.by_tokens = any(k in plan.search.params for k in BY_TOKENS)
         self.gpus = cuda_slots(plan.base, workers)
         self.bar: tqdm | None = None
+        self.error: Exception | None = None  # what stopped a worker
 
     def check_joined(self) -> None:
         """A worker joins a study only if it searches the same space from the same config."""
@@ -151,8 +152,14 @@ class Tuner:
             return trial
 
     def work(self, slot: int) -> None:
-        while (trial := self.next_trial()) is not None:
-            self.run_one(trial, slot)
+        """One worker's loop. An error (a database that went away) stops the study: the other
+        workers' trials save and stop, and `run` raises it."""
+        try:
+            while (trial := self.next_trial()) is not None:
+                self.run_one(trial, slot)
+        except Exception as e:
+            self.error = self.error or e
+            self.stop.requested.set()
 
     def run_one(self, trial: Any, slot: int) -> None:
         plan = self.plan
@@ -242,8 +249,15 @@ class Tuner:
             while any(t.is_alive() for t in threads):
                 for t in threads:
                     t.join(0.2)
-            self.wait_for_others()
+            if self.error is None:
+                self.wait_for_others()
         self.bar.close()
+        if isinstance(self.error, CharlmError):
+            raise self.error
+        if self.error is not None:
+            raise CharlmError(f"the study stopped: {first_line(self.error)}; its trials so far are "
+                              f"saved: continue with `charlm tune --out {self.plan.out} --resume` "
+                              "once the cause is fixed") from self.error
         return not self.stop.requested.is_set()
 
 

@@ -391,3 +391,23 @@ def test_values_are_reported_at_tokens_seen_when_a_step_changes_size(
         assert not report({"event": "eval", "step": step, "tokens": step * 32 * 16,
                            "best_val_loss": value})
     assert tuner.study.get_trials()[0].intermediate_values == expected
+
+
+def test_an_error_in_a_worker_stops_the_study_with_one_line(tmp_path: Path) -> None:
+    from charlm.study import Plan
+    from charlm.tuner import Tuner
+
+    base = load_config(TINY).to_dict()
+    tuner = Tuner(Plan(tmp_path, base, read_search(["optim.lr=[0.002, 0.01]"]), None, "s",
+                       "data"), 2, 5, None)
+
+    def lost(trial, slot: int) -> None:
+        raise RuntimeError("server closed the connection unexpectedly\nmore detail")
+
+    tuner.run_one = lost
+    with pytest.raises(CharlmError) as e:
+        tuner.run()
+    assert str(e.value) == (
+        "the study stopped: RuntimeError: server closed the connection unexpectedly; its trials "
+        f"so far are saved: continue with `charlm tune --out {tmp_path} --resume` once the cause "
+        "is fixed")
