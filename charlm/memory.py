@@ -4,7 +4,8 @@ than growing until the kernel kills the process, or the machine.
 
 `training_bytes`: what one micro-batch's forward keeps for its backward. `forward_bytes`: the
 peak of a forward without gradients (evals, scoring, a sampling step). `sampling_bytes`: the KV
-cache of a batch of samples and one such forward. `scoring_bytes`: `charlm eval`'s pass over a text. Rough but on the
+cache of a batch of samples (an encoder-decoder's: its sources' cross-attention keys and values
+too) and one such forward. `scoring_bytes`: `charlm eval`'s pass over a text. Rough but on the
 high side: within a small factor of the tensors autograd really saves (tests/test_memory.py
 measures them); they guard against sizes that cannot fit, not against the last gigabyte.
 
@@ -82,8 +83,11 @@ def cache_bytes(cfg: ModelConfig, rows: int, element_size: int) -> int:
 
 def sampling_bytes(cfg: ModelConfig, vocab_size: int, rows: int, element_size: int) -> int:
     """Generating `rows` samples (or beams) at once: the KV cache, and one forward over the
-    whole context (the prefill, or each step without a cache)."""
-    return cache_bytes(cfg, rows, element_size) + forward_bytes(cfg, vocab_size, rows)
+    whole context (the prefill, or each step without a cache). An encoder-decoder's rows also
+    hold their source's memory: per decoder layer, cross-attention keys and values over up to
+    block_size source positions, as many bytes again as the cache."""
+    caches = 2 if cfg.arch == "encoder_decoder" else 1
+    return caches * cache_bytes(cfg, rows, element_size) + forward_bytes(cfg, vocab_size, rows)
 
 
 def scoring_bytes(cfg: ModelConfig, vocab_size: int, chars: int, windows: int,
