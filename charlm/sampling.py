@@ -122,10 +122,13 @@ def require_cache_memory(model: GPT | EncoderDecoder, option: str, value: int,
 
 
 def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
-                on_text: Callable[[int, str], None] | None = None) -> list[Sample]:
+                on_text: Callable[[int, str], None] | None = None,
+                stop: Callable[[], bool] | None = None) -> list[Sample]:
     """Generate opts.num_samples continuations of `prompt` (checked by `encode_prompt`), as
     one batch, or the best beam when opts.beams is set. on_text(sample index, text) is called as
-    each piece of text becomes final (stop strings are held back until they cannot match)."""
+    each piece of text becomes final (stop strings are held back until they cannot match).
+    Sampling ends early, each sample as far as it got, once stop() says so (a training run's
+    stop signal): it is asked after every token."""
     if opts.beams is not None:
         if opts.num_samples != 1:  # an encoder-decoder's beams give an n-best list instead
             raise CharlmError("--beams returns the single best sequence; use --num-samples 1 "
@@ -165,7 +168,7 @@ def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
             if piece:
                 texts[i] += piece
                 emit(i, piece)
-        if all(m.done for m in matchers):
+        if all(m.done for m in matchers) or (stop is not None and stop()):
             steps.close()
             break
     for i, m in enumerate(matchers):
@@ -178,14 +181,18 @@ def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
     return [Sample(prompt, texts[i], counts[i], seconds[i], matchers[i].done) for i in range(K)]
 
 
-def preview(model: GPT, vocab: Vocab, chars: int, seed: int) -> str:
+def preview(model: GPT, vocab: Vocab, chars: int, seed: int,
+            stop: Callable[[], bool] | None = None) -> str:
     """A short sample for a training run's log: `chars` characters continuing a newline (or the
-    vocabulary's first character when it has none), prompt included. It draws from its own
-    seeded generator, so the training RNG is untouched, and it restores the model's mode."""
+    vocabulary's first character when it has none), prompt included; fewer once stop() says so
+    (a stop signal: a huge train.sample_chars must not keep the run from saving and ending). It
+    draws from its own seeded generator, so the training RNG is untouched, and it restores the
+    model's mode."""
     was_training = model.training
     prompt = default_prompt(vocab)
     try:
-        [sample] = sample_text(model, vocab, prompt, SampleConfig(max_new_tokens=chars, seed=seed))
+        [sample] = sample_text(model, vocab, prompt, SampleConfig(max_new_tokens=chars, seed=seed),
+                               stop=stop)
     finally:
         model.train(was_training)
     return prompt + sample.text
