@@ -70,6 +70,9 @@ def translate(model: EncoderDecoder, vocab: PairVocab, sources: Sequence[str],
     generator = torch.Generator(device=device).manual_seed(opts.seed)
     K = opts.num_samples
     if opts.beams is not None:
+        if opts.beams < K:
+            raise CharlmError(f"--num-samples {K} asks for the {K} best of --beams "
+                              f"{opts.beams}; give at most {opts.beams}, or more beams")
         require_cache_memory(model, "--beams", opts.beams)
     else:
         require_cache_memory(model, "--num-samples", K, min(BATCH, len(encoded)))

@@ -172,5 +172,8 @@ def test_decoding_more_than_memory_holds_is_one_error_line(cli, pairs_run, tmp_p
         "error: --beams 5,000 needs about 0.3 GiB for the decoder's keys and values, the "
         "sources' cross-attention keys and values and a forward's activations, more than the "
         "0.2 GiB of cpu; use a smaller --beams\n"))
+    nbest = cli("sample", pairs_run, "--source", "abc", "--beams", "2", "--num-samples", "3")
+    assert (nbest.code, nbest.err) == (2, "error: --num-samples 3 asks for the 3 best of "
+                                          "--beams 2; give at most 2, or more beams\n")
     assert cli("sample", pairs_run, "--source-file", sources, "--num-samples", "2").code == 0
     assert cli("eval", pairs_run, test, "--beams", "2").code == 0
