@@ -4,9 +4,10 @@ than growing until the kernel kills the process, or the machine.
 
 `training_bytes`: what one micro-batch's forward keeps for its backward. `forward_bytes`: the
 peak of a forward without gradients (evals, scoring, a sampling step). `sampling_bytes`: the KV
-cache of a batch of samples and one such forward. Rough but on the high side: within a small
-factor of the tensors autograd really saves (tests/test_memory.py measures them); they guard
-against sizes that cannot fit, not against the last gigabyte.
+cache of a batch of samples (an encoder-decoder's: its sources' cross-attention keys and values
+too) and one such forward. `scoring_bytes`: `charlm eval`'s pass over a text. Rough but on the
+high side: within a small factor of the tensors autograd really saves (tests/test_memory.py
+measures them); they guard against sizes that cannot fit, not against the last gigabyte.
 
 Shapes: B rows, T positions (block_size), C n_embd, H n_head, F the MLP's hidden width, V the
 (target) vocabulary, L layers.
@@ -20,6 +21,8 @@ from charlm.config import ModelConfig
 
 IDS_BYTES = 32  # a position's int64 ids: the sampler's index and window, then x and y
 LOGITS_COPIES = 4  # the logits, their float32 copy, the log-softmax kept, and its gradient
+TEXT_BYTES = 12  # a scored character: its code point (up to 4 bytes) and its int64 id
+WINDOW_BYTES = 100  # a scoring window's (start, offset): a tuple of two ints in a list
 
 
 def attention_is_materialised(cfg: ModelConfig, device: torch.device) -> bool:
@@ -80,5 +83,18 @@ def cache_bytes(cfg: ModelConfig, rows: int, element_size: int) -> int:
 
 def sampling_bytes(cfg: ModelConfig, vocab_size: int, rows: int, element_size: int) -> int:
     """Generating `rows` samples (or beams) at once: the KV cache, and one forward over the
-    whole context (the prefill, or each step without a cache)."""
-    return cache_bytes(cfg, rows, element_size) + forward_bytes(cfg, vocab_size, rows)
+    whole context (the prefill, or each step without a cache). An encoder-decoder's rows also
+    hold their source's memory: per decoder layer, cross-attention keys and values over up to
+    block_size source positions, as many bytes again as the cache."""
+    caches = 2 if cfg.arch == "encoder_decoder" else 1
+    return caches * cache_bytes(cfg, rows, element_size) + forward_bytes(cfg, vocab_size, rows)
+
+
+def scoring_bytes(cfg: ModelConfig, vocab_size: int, chars: int, windows: int,
+                  rows: int) -> int:
+    """Scoring a text of `chars` characters in `windows` windows, `rows` windows a forward:
+    the text's code points and ids, the plan of windows, and one forward of `rows` x
+    min(block_size, chars - 1)."""
+    seq_len = max(1, min(cfg.block_size, chars - 1))
+    return (TEXT_BYTES * chars + WINDOW_BYTES * windows
+            + forward_bytes(cfg, vocab_size, rows, seq_len))

@@ -21,7 +21,7 @@ import torch
 from charlm import memory
 from charlm.checkpoint import OptimizerState, RNGState, ScalerState, Stateful
 from charlm.config import DataConfig, RunConfig
-from charlm.data import BatchSampler
+from charlm.data import BatchSampler, dataset_meta
 from charlm.device import Dist, compile_model, grad_scaler, require_memory
 from charlm.errors import CharlmError
 from charlm.evaluation import eval_batches_per_forward
@@ -30,7 +30,7 @@ from charlm.metrics import MetricsLogger
 from charlm.optim import make_optimizer
 from charlm.pairs import PairBatchSampler
 from charlm.rundir import clear_run, start_run
-from charlm.tasks import Task, task_for
+from charlm.tasks import PairsTask, Task, task_for
 
 
 @dataclass
@@ -192,6 +192,43 @@ def warn_about_config(cfg: RunConfig, task: Task, dist: Dist) -> None:
         warn_short_warmup(cfg, dist)
 
 
+def source_hashes(meta: dict[str, Any]) -> list[Any] | None:
+    """The sha256 of each text a dataset's meta.json says it was made from (None if damaged)."""
+    sources = meta.get("sources")
+    if not isinstance(sources, list) or not all(isinstance(s, dict) for s in sources):
+        return None
+    return [s.get("sha256") for s in sources]
+
+
+def warn_about_split(ckpt: dict[str, Any] | None, cfg: RunConfig, task: Task,
+                     before: dict[str, Any] | None, dist: Dist) -> None:
+    """Warn (rank 0) when a resumed run's validation split may not be the one its best val loss
+    was measured on: a split fraction differs from the checkpoint's config, or the text from the
+    one the run's dataset cache (`before`: its meta.json before this resume) was made from. The
+    best val loss and best.pt stay: only an eval whose val loss is below it replaces them."""
+    # read with care: the checkpoint is checked only when it is restored, after this
+    state, config = (ckpt.get("train_state"), ckpt.get("config")) if ckpt else (None, None)
+    best = state.get("best_val") if isinstance(state, dict) else None
+    if (not dist.is_main or not isinstance(best, (int, float)) or not math.isfinite(best)
+            or not isinstance(config, dict) or Path(cfg.data.path).is_dir()):
+        return  # nothing to compare with yet; a prepared dataset dir has its split fixed
+    saved = config.get("data") if isinstance(config.get("data"), dict) else {}
+    keys = ("val_fraction", "test_fraction") if isinstance(task, PairsTask) else ("val_fraction",)
+    reasons = [f"data.{key} {saved.get(key, getattr(DataConfig, key))} -> "
+               f"{getattr(cfg.data, key)}" for key in keys
+               if saved.get(key, getattr(DataConfig, key)) != getattr(cfg.data, key)]
+    certain = bool(reasons)
+    old = source_hashes(before) if before is not None else None
+    if old is not None and old != source_hashes(task.data.meta):
+        reasons.append(f"{cfg.data.path} is not the text the run's dataset cache was made from")
+    if reasons:
+        print(f"warning: --resume: the validation split {'' if certain else 'may have '}changed "
+              f"({'; '.join(reasons)}): val losses from here on "
+              f"{'are not' if certain else 'may not be'} comparable with the run's best "
+              f"{best:.4f} so far, and best.pt is replaced only by an eval whose val loss is "
+              "below it", file=sys.stderr)
+
+
 def warn_short_warmup(cfg: RunConfig, dist: Dist) -> None:
     tc = cfg.train
     if cfg.optim.warmup_iters >= tc.max_iters and dist.is_main:  # a short trial run, often
@@ -207,6 +244,7 @@ def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dty
     tc = cfg.train
     same_vocab = functools.partial(require_same_vocab, ckpt, cfg.data.path)
     cache = Path(tc.out_dir) / "dataset"
+    before = dataset_meta(cache) if ckpt is not None and dist.is_main else None
     if ckpt is not None and not Path(cfg.data.path).exists() and (cache / "meta.json").is_file():
         raise CharlmError(f"--resume: input file not found: {cfg.data.path} (data.path), but the "
                           f"run's prepared copy is in {cache}; resume with --data {cache}")
@@ -214,6 +252,7 @@ def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dty
         task = task_for(cfg, cache, same_vocab)
     same_vocab(task.vocab_state())  # also for a prepared dataset dir, or a reused cache
     warn_about_config(cfg, task, dist)
+    warn_about_split(ckpt, cfg, task, before, dist)
     sampler = task.sampler("train", tc.seed, device, rows=dist.rows(tc.batch_size))
     require_model_memory(task, device)
     require_batch_memory(task, device, dtype, len(range(sampler.batch_size)[sampler.rows]))

@@ -20,6 +20,7 @@ from charlm.generate import beam_search, generate
 from charlm.memory import sampling_bytes
 from charlm.model import GPT
 from charlm.sample_config import SampleConfig
+from charlm.seq2seq import EncoderDecoder
 from charlm.vocab import Vocab, list_unknown
 
 
@@ -99,29 +100,42 @@ def encode_prompt(vocab: Vocab, prompt: str, unknown: str,
     return prompt, vocab.encode(prompt), warnings
 
 
-def require_cache_memory(model: GPT, rows: int, option: str) -> None:
-    """Refuse `rows` samples or beams whose keys and values over a full context (what the KV
-    cache holds; the uncached forward computes as much) and one forward's activations and
-    logits exceed the device's memory."""
+def require_cache_memory(model: GPT | EncoderDecoder, option: str, value: int,
+                         sources: int = 1) -> None:
+    """Refuse decoding `value` samples or beams (`option`) for each of `sources` sources (an
+    encoder-decoder's batch; a GPT continues one prompt) when their keys and values over a full
+    context (what the KV cache holds; the uncached forward computes as much), an
+    encoder-decoder's cross-attention keys and values, and one forward's activations and logits
+    exceed the device's memory."""
     weight = model.wte.weight
-    need = sampling_bytes(model.cfg, model.vocab_size, rows, weight.element_size())
-    require_memory(need, weight.device,
-                   f"{option} {rows:,} needs about {{gib}} for the keys and values of the "
-                   "context and a forward's activations", f"use a smaller {option}")
+    encdec = model.cfg.arch == "encoder_decoder"
+    vocab = model.target_vocab_size if encdec else model.vocab_size
+    need = sampling_bytes(model.cfg, vocab, value * sources, weight.element_size())
+    head = f"{option} {value:,}" if value > 1 else "one output"
+    if sources > 1:
+        head += f" for each of {sources:,} sources decoded together"
+    held = ("the decoder's keys and values, the sources' cross-attention keys and values"
+            if encdec else "the keys and values of the context")
+    require_memory(need, weight.device, f"{head} needs about {{gib}} for {held} and a "
+                   "forward's activations",
+                   f"use a smaller {option}" if value > 1 else "use a device with more memory")
 
 
 def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
-                on_text: Callable[[int, str], None] | None = None) -> list[Sample]:
+                on_text: Callable[[int, str], None] | None = None,
+                stop: Callable[[], bool] | None = None) -> list[Sample]:
     """Generate opts.num_samples continuations of `prompt` (checked by `encode_prompt`), as
     one batch, or the best beam when opts.beams is set. on_text(sample index, text) is called as
-    each piece of text becomes final (stop strings are held back until they cannot match)."""
+    each piece of text becomes final (stop strings are held back until they cannot match).
+    Sampling ends early, each sample as far as it got, once stop() says so (a training run's
+    stop signal): it is asked after every token."""
     if opts.beams is not None:
         if opts.num_samples != 1:  # an encoder-decoder's beams give an n-best list instead
             raise CharlmError("--beams returns the single best sequence; use --num-samples 1 "
                               "with --beams")
-        require_cache_memory(model, opts.beams, "--beams")
+        require_cache_memory(model, "--beams", opts.beams)
     else:
-        require_cache_memory(model, opts.num_samples, "--num-samples")
+        require_cache_memory(model, "--num-samples", opts.num_samples)
     device = model.wte.weight.device
     ids = torch.tensor([vocab.encode(prompt)], device=device)
     t0 = time.perf_counter()
@@ -154,7 +168,7 @@ def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
             if piece:
                 texts[i] += piece
                 emit(i, piece)
-        if all(m.done for m in matchers):
+        if all(m.done for m in matchers) or (stop is not None and stop()):
             steps.close()
             break
     for i, m in enumerate(matchers):
@@ -167,14 +181,18 @@ def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
     return [Sample(prompt, texts[i], counts[i], seconds[i], matchers[i].done) for i in range(K)]
 
 
-def preview(model: GPT, vocab: Vocab, chars: int, seed: int) -> str:
+def preview(model: GPT, vocab: Vocab, chars: int, seed: int,
+            stop: Callable[[], bool] | None = None) -> str:
     """A short sample for a training run's log: `chars` characters continuing a newline (or the
-    vocabulary's first character when it has none), prompt included. It draws from its own
-    seeded generator, so the training RNG is untouched, and it restores the model's mode."""
+    vocabulary's first character when it has none), prompt included; fewer once stop() says so
+    (a stop signal: a huge train.sample_chars must not keep the run from saving and ending). It
+    draws from its own seeded generator, so the training RNG is untouched, and it restores the
+    model's mode."""
     was_training = model.training
     prompt = default_prompt(vocab)
     try:
-        [sample] = sample_text(model, vocab, prompt, SampleConfig(max_new_tokens=chars, seed=seed))
+        [sample] = sample_text(model, vocab, prompt, SampleConfig(max_new_tokens=chars, seed=seed),
+                               stop=stop)
     finally:
         model.train(was_training)
     return prompt + sample.text

@@ -14,12 +14,15 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
+from charlm.device import require_memory
 from charlm.errors import CharlmError, characters
+from charlm.memory import scoring_bytes
 from charlm.metrics import finite_or_none
 from charlm.model import GPT
 from charlm.vocab import Vocab, list_unknown
 
 PROGRESS_MIN_WINDOWS = 200
+WINDOWS_PER_FORWARD = 32
 
 
 @dataclass
@@ -58,15 +61,38 @@ def windows(n_ids: int, block: int, min_context: int) -> list[tuple[int, int]]:
     return out
 
 
-@torch.inference_mode()
-def score_ids(model: GPT, ids: torch.Tensor, min_context: int, batch_size: int = 32,
-              progress: bool = True) -> tuple[float, int]:
-    """(total negative log-likelihood in nats, characters scored) of ids (N,)."""
-    model.eval()
-    block = model.cfg.block_size
+def check_stride(block: int, min_context: int) -> None:
+    """Each window must score at least one new character: min_context below block_size."""
     if not 0 <= min_context < block:
         raise CharlmError(f"--stride must be in [0, {block - 1}] for block_size {block}, "
                           f"got {min_context}")
+
+
+def require_score_memory(model: GPT, n_ids: int, min_context: int) -> None:
+    """Refuse to score n_ids ids whose ids, plan of windows and one forward of
+    `WINDOWS_PER_FORWARD` windows (`memory.scoring_bytes`) exceed the device's memory, before
+    the text is encoded: a long text with a high --stride is millions of windows."""
+    block = model.cfg.block_size
+    beyond = n_ids - 1 - block  # targets past the first window
+    count = 1 + max(0, -(-beyond // (block - min_context)))  # len(windows(...)), unbuilt
+    full = beyond // (block - min_context) + 1 if beyond >= 0 else 0  # windows of `block`
+    rows = min(WINDOWS_PER_FORWARD, full) or 1
+    weight = model.wte.weight
+    need = scoring_bytes(model.cfg, model.vocab_size, n_ids, count, rows)
+    require_memory(need, weight.device,
+                   f"scoring {characters(n_ids)} in {count:,} windows of {block} needs about "
+                   f"{{gib}} for their ids, the windows and a forward of {rows} windows",
+                   "score a shorter text (split the file into parts), or lower --stride for "
+                   "fewer windows")
+
+
+@torch.inference_mode()
+def score_ids(model: GPT, ids: torch.Tensor, min_context: int,
+              batch_size: int = WINDOWS_PER_FORWARD, progress: bool = True) -> tuple[float, int]:
+    """(total negative log-likelihood in nats, characters scored) of ids (N,)."""
+    model.eval()
+    block = model.cfg.block_size
+    check_stride(block, min_context)
     plan = windows(len(ids), block, min_context)
     # Windows of exactly `block` inputs come first; at most one shorter window ends the plan.
     n_full = sum(1 for start, _ in plan if start + block <= len(ids) - 1)
@@ -123,9 +149,11 @@ def score_text(model: GPT, vocab: Vocab, text: str, min_context: int | None = No
     if len(text) < 2:
         raise CharlmError("the text needs at least two characters the model knows to be scored")
     block = model.cfg.block_size
+    min_context = block // 2 if min_context is None else min_context
+    check_stride(block, min_context)
+    require_score_memory(model, len(text), min_context)
     ids = torch.from_numpy(vocab.encode_array(text).astype("int64")).to(model.wte.weight.device)
-    total, count = score_ids(model, ids, block // 2 if min_context is None else min_context,
-                             progress=progress)
+    total, count = score_ids(model, ids, min_context, progress=progress)
     loss = total / count
     try:
         perplexity = math.exp(loss)

@@ -64,14 +64,16 @@ class TextTask:
         shape = (rows, self.cfg.model.block_size)
         return tuple(torch.zeros(shape, dtype=torch.long, device=device) for _ in "xy")
 
-    def eval_report(self, model: torch.nn.Module) -> tuple[dict[str, float], str, str | None]:
+    def eval_report(self, model: torch.nn.Module, stop: Callable[[], bool] | None = None
+                    ) -> tuple[dict[str, float], str, str | None]:
         """What an eval logs besides the losses: metrics (none), their text for the eval's
-        line, and a sample of train.sample_chars characters (None when 0)."""
+        line, and a sample of train.sample_chars characters (None when 0), cut short once
+        stop() says so."""
         from charlm.sampling import preview
 
         tc = self.cfg.train
-        return {}, "", (preview(model, self.vocab, tc.sample_chars, tc.seed) if tc.sample_chars
-                        else None)
+        return {}, "", (preview(model, self.vocab, tc.sample_chars, tc.seed, stop)
+                        if tc.sample_chars else None)
 
 
 class PairsTask:
@@ -115,10 +117,11 @@ class PairsTask:
         src = torch.zeros((rows, T), dtype=torch.long, device=device)
         return src, src.clone(), src.clone()
 
-    def eval_report(self, model: torch.nn.Module) -> tuple[dict[str, float], str, str | None]:
+    def eval_report(self, model: torch.nn.Module, stop: Callable[[], bool] | None = None
+                    ) -> tuple[dict[str, float], str, str | None]:
         """Exact match and CER (PER for space units) of the greedy outputs for the first
         train.eval_pairs val sources (the same ones at every eval), and a few of those outputs
-        as the sample."""
+        as the sample. `stop` is not asked: the metrics need every output."""
         from charlm.pairs import references
         from charlm.translation import output_accuracy, rate_name
 

@@ -22,6 +22,7 @@ import math
 import shlex
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -208,7 +209,8 @@ def _loop(run: Run, files: RunFiles, stop: StopSignals, clock: Clock,
         t_write = time.perf_counter()
         with dist.main_first():
             if dist.is_main:
-                write(run, log, event, final if eval_now else None, lr, improved, save_now, clock)
+                write(run, log, event, final if eval_now else None, lr, improved, save_now, clock,
+                      stop.requested)
         saved_step = state.step if save_now else saved_step
         now = time.perf_counter()
         clock.t_log += now - t_pause  # tokens/s counts training time only
@@ -313,13 +315,13 @@ def train_event(run: Run, loss: torch.Tensor, norm: torch.Tensor, lr: float,
 
 def write(run: Run, log: MetricsLogger, train_event: dict[str, Any] | None,
           losses: dict[str, float] | None, lr: float, improved: bool, save_last: bool,
-          clock: Clock) -> None:
+          clock: Clock, stop: Callable[[], bool] | None = None) -> None:
     """Rank 0's part of a log, eval or checkpoint step: the log events, the eval's line and
-    sample, then best.pt and last.pt."""
+    sample (cut short once stop() says so), then best.pt and last.pt."""
     if train_event is not None:
         log.log("train", **train_event)
     if losses is not None:
-        log_eval(run, log, losses, lr, improved)
+        log_eval(run, log, losses, lr, improved, stop)
     if save_last or improved:
         run.state.elapsed_s = clock.elapsed()
         ckpt = checkpoint.collect(run.stateful(), config=run.cfg.to_dict(),
@@ -333,11 +335,13 @@ def write(run: Run, log: MetricsLogger, train_event: dict[str, Any] | None,
 
 
 def log_eval(run: Run, log: MetricsLogger, losses: dict[str, float], lr: float,
-             improved: bool) -> None:
-    """An eval's event, its line for the user and, if asked, a sample of the model."""
+             improved: bool, stop: Callable[[], bool] | None = None) -> None:
+    """An eval's event, its line for the user and, if asked, a sample of the model: cut short
+    once stop() says so, for a stop signal to end the run within seconds (the loop saves
+    last.pt at the next step, as after any signal)."""
     state = run.state
     try:
-        metrics, note, sample = run.task.eval_report(run.model)
+        metrics, note, sample = run.task.eval_report(run.model, stop)
     except NonFiniteOutput:  # max_bad_steps decides whether the run stops
         metrics, note, sample = {}, "", None
         log.message(f"step {state.step}: no sample, the model's outputs are not finite")

@@ -19,6 +19,7 @@ from charlm.accuracy import Accuracy, accuracy
 from charlm.errors import CharlmError
 from charlm.pairs import collate
 from charlm.sample_config import SampleConfig
+from charlm.sampling import require_cache_memory
 from charlm.seq2seq import EncoderDecoder, beam_search_ids, output_limit, translate_ids
 from charlm.vocab import PairVocab
 
@@ -68,6 +69,13 @@ def translate(model: EncoderDecoder, vocab: PairVocab, sources: Sequence[str],
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(opts.seed)
     K = opts.num_samples
+    if opts.beams is not None:
+        if opts.beams < K:
+            raise CharlmError(f"--num-samples {K} asks for the {K} best of --beams "
+                              f"{opts.beams}; give at most {opts.beams}, or more beams")
+        require_cache_memory(model, "--beams", opts.beams)
+    else:
+        require_cache_memory(model, "--num-samples", K, min(BATCH, len(encoded)))
     for first in range(0, len(sources), BATCH):
         chunk = encoded[first:first + BATCH]
         if opts.beams is not None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from charlm import checkpoint
+from charlm import checkpoint, sampling
 from charlm import train as train_module
 from charlm.config import RunConfig, save_config
 from charlm.errors import CharlmError
@@ -393,3 +393,31 @@ def test_a_signal_during_an_evaluation_stops_it_between_batches(tiny_cfg, monkey
     assert checkpoint.load(run / "last.pt")["train_state"]["step"] == 5
     events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert not [e for e in events if e["event"] == "eval"]
+
+
+def test_ctrl_c_during_a_ten_million_character_eval_sample_ends_the_run(cli, tmp_path, corpus,
+                                                                         monkeypatch):
+    """With train.sample_chars=10,000,000 the first Ctrl-C waited for the eval's sample to end
+    (hours on a CPU). The sample now stops at the next token once a stop signal has come; the
+    run saves last.pt at the next step and exits 130, as after any Ctrl-C. Here the signal comes
+    as the sample starts, and a sample that goes on past 1,000 tokens fails the test."""
+    real, tokens = sampling.generate, [0]
+
+    def generate(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        for ids in real(*args, **kwargs):
+            tokens[0] += 1
+            assert tokens[0] < 1000, "the eval's sample went on after Ctrl-C"
+            yield ids
+
+    monkeypatch.setattr(sampling, "generate", generate)
+    run = tmp_path / "run"
+    t0 = time.perf_counter()
+    result = cli("train", ROOT / "configs" / "tiny.yaml", "--data", corpus, "--out", run,
+                 "--set", "train.sample_chars=10000000", "--set", "train.eval_interval=2",
+                 "--set", "train.eval_iters=1")
+    assert time.perf_counter() - t0 < 20
+    assert result.code == 130 and tokens == [1]
+    assert result.err.endswith(f"interrupted by SIGINT at step 3: saved {run / 'last.pt'}; "
+                               f"continue with `charlm train --out {run} --resume`\n")
+    assert checkpoint.load(run / "last.pt")["train_state"]["step"] == 3

@@ -243,3 +243,27 @@ def test_a_checkpoint_larger_than_memory_is_refused_before_it_is_read(run_dir, m
     monkeypatch.setattr("charlm.device.memory_bytes", lambda device: next(answers))
     with pytest.raises(CharlmError, match="needs 0.0 GiB for its weights, more than"):
         checkpoint.load_model(run_dir / "last.pt")
+
+
+def test_eval_of_a_text_too_big_for_memory_is_one_error_line(cli, run_dir, tmp_path,
+                                                            monkeypatch):
+    """`charlm eval` encoded the whole text, planned every window (one a character with
+    `--stride block_size - 1`) and scored 32 windows a forward without asking whether they fit:
+    a long text ran the machine out of memory instead of ending in an error line."""
+    text = tmp_path / "long.txt"
+    text.write_text("to be or not to be\n" * 100_000, encoding="utf-8")  # 1,900,000 characters
+    fixed_memory(monkeypatch, 0.1)
+
+    def never(*args, **kwargs):
+        raise AssertionError("the text was scored")
+
+    with monkeypatch.context() as patch:
+        patch.setattr("charlm.scoring.score_ids", never)
+        result = cli("eval", run_dir, text, "--stride", "15")
+    assert (result.code, result.out, result.err) == (2, "", (
+        "error: scoring 1,900,000 characters in 1,899,984 windows of 16 needs about 0.2 GiB for "
+        "their ids, the windows and a forward of 32 windows, more than the 0.1 GiB of cpu; "
+        "score a shorter text (split the file into parts), or lower --stride for fewer "
+        "windows\n"))
+    text.write_text("to be or not to be\n" * 10, encoding="utf-8")
+    assert cli("eval", run_dir, text, "--stride", "15").code == 0

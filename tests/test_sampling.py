@@ -127,3 +127,18 @@ def test_a_tiny_temperature_or_penalty_that_overflows_the_logits_still_samples(m
     boosted = apply_repetition_penalty(logits, torch.tensor([[1]]), 1e-40)
     g = torch.Generator().manual_seed(0)
     assert [sample_next(boosted, 1.0, generator=g).item() for _ in range(20)] == [1] * 20
+
+
+def test_sample_text_ends_where_it_is_once_stop_says_so(model):
+    """What lets a training run's eval sample (train.sample_chars) give way to a stop signal."""
+    opts = SampleConfig(num_samples=2, max_new_tokens=50, seed=1)
+    full = sample_text(model, VOCAB, "ab", opts)
+    asked: list[int] = []
+
+    def stop() -> bool:
+        asked.append(1)
+        return len(asked) == 5
+
+    cut = sample_text(model, VOCAB, "ab", opts, stop=stop)
+    assert len(asked) == 5
+    assert [(s.tokens, s.text, s.stopped) for s in cut] == [(5, s.text[:5], False) for s in full]

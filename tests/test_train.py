@@ -110,6 +110,36 @@ def test_val_fraction_that_a_prepared_dataset_ignores_is_warned_about(tiny_cfg, 
             "it"])
 
 
+def test_a_resume_onto_another_validation_split_is_warned_about_once(tiny_cfg, capsys):
+    """Resuming with another data.val_fraction, or with changed text of the same characters,
+    compared val losses (and kept best.pt) across different validation sets without a word."""
+    run = Path(tiny_cfg.train.out_dir)
+    short = {"eval_interval": 1, "eval_iters": 1, "sample_chars": 0}
+
+    def resume(max_iters: int, **data) -> list[str]:
+        best = checkpoint.load(run / "last.pt")["train_state"]["best_val"]
+        train(with_(tiny_cfg, data=data, optim={"warmup_iters": 0},
+                    train={"max_iters": max_iters, **short}), resume=True, progress=False)
+        return [line.replace(f"{best:.4f}", "BEST") for line in capsys.readouterr().err
+                .splitlines() if line.startswith("warning:")]
+
+    train(with_(tiny_cfg, optim={"warmup_iters": 0}, train={"max_iters": 1, **short}),
+          progress=False)
+    assert resume(2) == []  # the same split
+    assert resume(3, val_fraction=0.2) == [
+        "warning: --resume: the validation split changed (data.val_fraction 0.1 -> 0.2): val "
+        "losses from here on are not comparable with the run's best BEST so far, and best.pt is "
+        "replaced only by an eval whose val loss is below it"]
+    assert resume(4, val_fraction=0.2) == []  # said once: the run's split is now 0.2's
+    corpus = Path(tiny_cfg.data.path)
+    corpus.write_text(corpus.read_text(encoding="utf-8")[::-1], encoding="utf-8")
+    assert resume(5, val_fraction=0.2) == [
+        f"warning: --resume: the validation split may have changed ({corpus} is not the text "
+        "the run's dataset cache was made from): val losses from here on may not be comparable "
+        "with the run's best BEST so far, and best.pt is replaced only by an eval whose val "
+        "loss is below it"]
+
+
 def test_a_warmup_as_long_as_the_run_is_warned_about(tiny_cfg, tmp_path, capsys):
     """The learning rate would only ramp up (a trial run with few steps, often): say so, once."""
     for max_iters, out in ((5, "five"), (6, "six")):  # tiny.yaml: warmup_iters 5

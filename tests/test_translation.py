@@ -150,3 +150,30 @@ def test_model_arch_and_the_data_must_agree(cli, tmp_path, corpus):
                  tmp_path / "b", "--set", "model.arch=encoder_decoder")
     assert encdec.err.startswith("error: model.arch=encoder_decoder trains on pairs, but ")
     assert not (tmp_path / "a").exists() or not any((tmp_path / "a").glob("*.pt"))
+
+
+def test_decoding_more_than_memory_holds_is_one_error_line(cli, pairs_run, tmp_path,
+                                                           monkeypatch):
+    """A mistyped --num-samples or --beams for an encoder-decoder went unchecked: `charlm sample
+    --source-file` decodes up to 64 sources x --num-samples rows at once, and `charlm eval
+    --beams` that many beams, each with its self-attention cache and its source's
+    cross-attention keys and values, until the allocator or the kernel gave up."""
+    monkeypatch.setattr("charlm.device.memory_bytes", lambda device: int(0.2 * 2**30))
+    sources = tmp_path / "sources.txt"
+    sources.write_text("abc\ngfe\n", encoding="utf-8")
+    sampled = cli("sample", pairs_run, "--source-file", sources, "--num-samples", "5000")
+    assert (sampled.code, sampled.out, sampled.err) == (2, "", (
+        "error: --num-samples 5,000 for each of 2 sources decoded together needs about 0.6 GiB "
+        "for the decoder's keys and values, the sources' cross-attention keys and values and "
+        "a forward's activations, more than the 0.2 GiB of cpu; use a smaller --num-samples\n"))
+    test = write_pairs(tmp_path / "test.tsv", [("abc", "c b a"), ("gf", "f g")])
+    beams = cli("eval", pairs_run, test, "--beams", "5000")
+    assert (beams.code, beams.out, beams.err) == (2, "", (
+        "error: --beams 5,000 needs about 0.3 GiB for the decoder's keys and values, the "
+        "sources' cross-attention keys and values and a forward's activations, more than the "
+        "0.2 GiB of cpu; use a smaller --beams\n"))
+    nbest = cli("sample", pairs_run, "--source", "abc", "--beams", "2", "--num-samples", "3")
+    assert (nbest.code, nbest.err) == (2, "error: --num-samples 3 asks for the 3 best of "
+                                          "--beams 2; give at most 2, or more beams\n")
+    assert cli("sample", pairs_run, "--source-file", sources, "--num-samples", "2").code == 0
+    assert cli("eval", pairs_run, test, "--beams", "2").code == 0
