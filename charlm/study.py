@@ -135,11 +135,24 @@ def make_sampler(search: Search, seed: int | None, workers: int) -> Any:
 
     name = search.setting("sampler")
     if name == "grid":
-        return optuna.samplers.GridSampler({p.key: p.grid() for p in search.sampled()}, seed=seed)
+        return grid_sampler()({p.key: p.grid() for p in search.sampled()}, seed=seed)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=search.setting("startup_trials"),
                                       multivariate=True, constant_liar=workers > 1)
+
+
+def grid_sampler() -> type:
+    """Optuna's GridSampler without its stop at the end of the grid: `Study.stop` works only
+    inside `Study.optimize` and raises in an ask-and-tell study such as this one (before the last
+    trial is recorded). The tuner ends at --trials, which defaults to the grid's size."""
+    import optuna
+
+    class Grid(optuna.samplers.GridSampler):
+        def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+            pass
+
+    return Grid
 
 
 def make_pruner(search: Search, base: dict[str, Any]) -> Any:

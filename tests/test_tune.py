@@ -411,3 +411,17 @@ def test_an_error_in_a_worker_stops_the_study_with_one_line(tmp_path: Path) -> N
         "the study stopped: RuntimeError: server closed the connection unexpectedly; its trials "
         f"so far are saved: continue with `charlm tune --out {tmp_path} --resume` once the cause "
         "is fixed")
+
+
+def test_the_grid_sampler_ends_the_grid_without_raising() -> None:
+    """Optuna's GridSampler calls Study.stop after the last point, which raises outside
+    Study.optimize: the last trial of a grid was never recorded."""
+    from charlm.study import make_sampler
+
+    search = read_search(["optim.lr=[0.002, 0.01]"])
+    study = optuna.create_study(sampler=make_sampler(search, 0, 1))
+    for _ in range(2):
+        trial = study.ask()
+        study.tell(trial, search.params["optim.lr"].suggest(trial))
+    assert sorted(t.params["optim.lr"] for t in study.get_trials()) == [0.002, 0.01]
+    assert all(t.state.name == "COMPLETE" for t in study.get_trials())
