@@ -293,7 +293,7 @@ def test_ctrl_c_leaves_a_resumable_study_and_no_child(tmp_path: Path, corpus: Pa
 def two_workers(tmp_path: Path, corpus: Path, first: list, second: list, trials: int = 4):
     """Start a study, then a second worker on it once the first has made it; both must end."""
     base = [TINY, "--search", "optim.lr={type: float, low: 0.005, high: 0.02, log: true}",
-            "--data", corpus, "--trials", trials, "--set", "train.max_iters=60", *QUICK]
+            "--data", corpus, "--trials", trials, "--set", "train.max_iters=30", *QUICK]
     one = start_tune(*base, *first, cwd=tmp_path)
     wait_for(lambda: list(tmp_path.glob("*/trial-0000/metrics.jsonl")), "first trial", one)
     two = start_tune(*(base if "--storage" in second else []), *second, cwd=tmp_path)
