@@ -43,7 +43,8 @@ def tune(
         str | None, Opt(help="median (default), halving, hyperband or none.")
     ] = None,
     pruner_warmup: Annotated[
-        int | None, Opt(metavar="STEPS", help="Steps before a trial may be pruned.")
+        int | None, Opt(metavar="STEPS", help="Steps before a trial may be pruned (default: "
+                        "half of train.max_iters).")
     ] = None,
     seed: Annotated[int | None, Opt(help="Seed of the sampler.")] = None,
     storage: Annotated[

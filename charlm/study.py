@@ -158,8 +158,10 @@ def grid_sampler() -> type:
 def make_pruner(search: Search, base: dict[str, Any]) -> Any:
     import optuna
 
-    name, warmup = search.setting("pruner"), search.setting("pruner_warmup") or 0
+    name, warmup = search.setting("pruner"), search.setting("pruner_warmup")
     interval = lookup(base, "train.eval_interval")
+    if warmup is None:  # a higher lr looks worse early under a cosine: judge from half-way on
+        warmup = lookup(base, "train.max_iters") // 2
     if name == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=search.setting("startup_trials"),
                                            n_warmup_steps=warmup)

@@ -425,3 +425,12 @@ def test_the_grid_sampler_ends_the_grid_without_raising() -> None:
         study.tell(trial, search.params["optim.lr"].suggest(trial))
     assert sorted(t.params["optim.lr"] for t in study.get_trials()) == [0.002, 0.01]
     assert all(t.state.name == "COMPLETE" for t in study.get_trials())
+
+
+def test_the_pruner_judges_from_half_the_steps_unless_told() -> None:
+    from charlm.study import make_pruner
+
+    base = load_config(TINY, ["train.max_iters=600"]).to_dict()
+    assert make_pruner(read_search(["optim.lr=[0.002, 0.01]"]), base)._n_warmup_steps == 300
+    told = read_search(["optim.lr=[0.002, 0.01]", "pruner_warmup=40"])
+    assert make_pruner(told, base)._n_warmup_steps == 40
