@@ -89,6 +89,7 @@ def main() -> None:
                         help="trials sampled at random before TPE and the pruner take over")
     parser.add_argument("--steps", type=positive(int), default=600, help="steps of a trial")
     parser.add_argument("--workers", type=positive(int), default=2)
+    parser.add_argument("--pruner", default="median", help="the TPE studies' pruner")
     parser.add_argument("--keep", type=Path, help="keep the studies in this directory")
     args = parser.parse_args()
     facts = machine_facts()
@@ -104,7 +105,7 @@ def main() -> None:
     for seed in range(args.seeds):
         out = root / f"tpe-{seed}"
         wall = study(out, RANGES, [*common, "--seed", str(seed), "--trials", str(args.trials),
-                                   "--pruner-warmup", str(args.steps // 2),
+                                   "--pruner", args.pruner, "--pruner-warmup", str(args.steps // 2),
                                    "--search", f"startup_trials={args.startup}"])
         best, steps, trials = result(out)
         hit = best <= grid_best + GAP and steps <= SHARE * grid_steps
