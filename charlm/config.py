@@ -55,6 +55,7 @@ class ModelConfig:
     n_embd: int = 128
     n_ff: int | None = None  # hidden width of the MLP; None: see `ff_width`
     dropout: float = 0.0
+    label_smoothing: float = 0.0  # training loss only (like dropout); eval losses are plain
     bias: bool = False
     tie_weights: bool = True
     pos_encoding: Literal["learned", "sinusoidal", "rope", "none"] = "learned"
@@ -78,6 +79,8 @@ class ModelConfig:
         )
         _check(self.n_ff is None or self.n_ff >= 1, "model.n_ff", "must be >= 1 or null")
         _check(0.0 <= self.dropout < 1.0, "model.dropout", f"{self.dropout} is outside [0, 1)")
+        _check(0.0 <= self.label_smoothing < 1.0, "model.label_smoothing",
+               f"{self.label_smoothing} is outside [0, 1)")
         _check(
             self.pos_encoding != "rope" or self.head_dim % 2 == 0,
             "model.pos_encoding",

@@ -392,12 +392,15 @@ def logits_and_loss(model: nn.Module, x: torch.Tensor, targets: torch.Tensor | N
                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The last hidden states x (B, T, C) through the model's final norm and head -> logits
     (B, T, V), and with targets (B, T) the mean cross-entropy in float32 over the positions
-    whose target is not -1 (an encoder-decoder's padding; a GPT's targets never are)."""
+    whose target is not -1 (an encoder-decoder's padding; a GPT's targets never are). In
+    training mode the targets are smoothed by model.label_smoothing; in eval mode never, so
+    val losses stay comparable across runs."""
     logits = model.head(model.ln_f(x))  # (B, T, V)
     loss = None
     if targets is not None:
+        smoothing = model.cfg.label_smoothing if model.training else 0.0
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(),
-                               targets.reshape(-1), ignore_index=-1)
+                               targets.reshape(-1), ignore_index=-1, label_smoothing=smoothing)
     return logits, loss
 
 

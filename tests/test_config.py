@@ -94,6 +94,7 @@ def test_wrong_type_says_what_is_allowed(tmp_path):
     ("optim.lr=-1e-3", "must be > 0"),
     ("model.dropout=1.0", "model.dropout: 1.0 is outside [0, 1)"),
     ("model.dropout=-0.1", "is outside [0, 1)"),
+    ("model.label_smoothing=1", "model.label_smoothing: 1.0 is outside [0, 1)"),
     ("train.batch_size=0", "train.batch_size: must be >= 1"),
     ("data.val_fraction=1.5", "data.val_fraction: 1.5 is outside (0, 1)"),
     ("optim.lr=.inf", "invalid value for optim.lr in --set overrides: inf, expected a finite "

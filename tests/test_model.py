@@ -37,6 +37,30 @@ def test_output_shapes_and_loss():
                                                              abs=0.3)
 
 
+@pytest.mark.parametrize("arch", ["decoder", "encoder_decoder"])
+def test_label_smoothing_applies_to_the_training_loss_only(arch):
+    torch.manual_seed(0)
+    if arch == "decoder":
+        model = GPT(tiny(label_smoothing=0.4), V)
+        inputs = (torch.randint(0, V, (3, 10)),)
+    else:
+        from charlm.seq2seq import EncoderDecoder
+        model = EncoderDecoder(tiny(arch=arch, label_smoothing=0.4), V, V, source_pad=V - 1)
+        inputs = (torch.randint(0, V - 1, (3, 7)), torch.randint(0, V, (3, 10)))
+    targets = torch.randint(0, V, (3, 10))
+    targets[0, 6:] = -1  # padding: ignored in both modes
+    keep = targets != -1
+    logits, smoothed = model(*inputs, targets)
+    logp = torch.log_softmax(logits.float(), -1)[keep]
+    nll = -logp.gather(1, targets[keep][:, None]).squeeze(1)
+    assert smoothed.item() == pytest.approx((0.6 * nll - 0.4 * logp.mean(-1)).mean().item(),
+                                            rel=1e-5)
+    model.eval()
+    logits, plain = model(*inputs, targets)
+    assert plain.item() == pytest.approx(nll.mean().item(), rel=1e-5)
+    assert abs(plain.item() - smoothed.item()) > 1e-3  # the two checks above differ
+
+
 def test_too_long_sequence_is_refused():
     with pytest.raises(ValueError, match="exceeds block_size 16"):
         GPT(tiny(), V)(torch.zeros(1, 17, dtype=torch.long))
