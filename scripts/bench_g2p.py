@@ -3,13 +3,14 @@ decoder-only GPT trained on the same pairs as text lines ("word<TAB>PH PH ...", 
 "word<TAB>", stopped at the newline), each for --minutes of training, scored on the same
 hash-split test words (exact match, WER = 1 - exact match, PER), stress marks removed.
 
-    python scripts/bench_g2p.py [--minutes 30] [--out /tmp/bench_g2p] [--skip-decoder]
+    python scripts/bench_g2p.py [--minutes 30] [--out /tmp/bench_g2p] [--beams 5] [--skip-decoder]
 
 Each run trains with `charlm train --time`: it times its own first steps and an eval, then sets
 its number of steps so that training, evals and checkpoints end within the budget, and the
 cosine schedule spans it; scoring the test words after it is fixed work (greedy, cached
-decoding of each word), not part of the budget. Prints the machine's facts (CPU model, cores,
-torch threads and version), then one JSON line per model and a table.
+decoding of each word, and with --beams also beam search), not part of the budget. Prints the
+machine's facts (CPU model, cores, torch threads and version), then one JSON line per model
+and a table.
 """
 
 from __future__ import annotations
@@ -95,6 +96,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench_g2p"))
     parser.add_argument("--config", type=Path, default=CONFIG,
                         help="the encoder-decoder's config (default: %(default)s)")
+    parser.add_argument("--beams", type=positive(int), default=1,
+                        help="also score the encoder-decoder with this many beams (default: "
+                        "greedy only)")
     parser.add_argument("--skip-decoder", action="store_true",
                         help="train and score the encoder-decoder only")
     args = parser.parse_args()
@@ -112,13 +116,16 @@ def main() -> None:
     rows = []
     run = args.out / "encdec"
     facts = train_for(args.config, tsv, run, args.minutes * 60)
-    scored = json.loads(subprocess.run(
-        [sys.executable, "-m", "charlm", "eval", str(run), str(test), "--json"],
-        check=True, capture_output=True, text=True).stdout)
-    rows.append({"model": "encoder_decoder", **facts, "exact_match": scored["exact_match"],
-                 "wer": scored["wer"], "per": scored["cer"], "test_words": scored["sources"],
-                 "threads": torch.get_num_threads(), "cpu_capability": cpu})
-    print(json.dumps(rows[-1]), flush=True)
+    for beams in sorted({1, args.beams}):
+        scored = json.loads(subprocess.run(
+            [sys.executable, "-m", "charlm", "eval", str(run), str(test), "--json",
+             *(["--beams", str(beams)] if beams > 1 else [])],
+            check=True, capture_output=True, text=True).stdout)
+        name = "encoder_decoder" + (f", {beams} beams" if beams > 1 else "")
+        rows.append({"model": name, **facts, "exact_match": scored["exact_match"],
+                     "wer": scored["wer"], "per": scored["cer"], "test_words": scored["sources"],
+                     "threads": torch.get_num_threads(), "cpu_capability": cpu})
+        print(json.dumps(rows[-1]), flush=True)
     if not args.skip_decoder:
         run = args.out / "decoder"
         facts = train_for(DECODER, text, run, args.minutes * 60)
