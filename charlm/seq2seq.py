@@ -11,8 +11,8 @@ decoder with the same prefill / step / reorder interface as `generate`'s decoder
 `translate_ids` (greedy or sampled, batched) and `beam_search_ids` (`generate.search_beams`)
 reuse the logits processors and the one beam search.
 
-Target ids follow `charlm.pairs.PairVocab`: units 0..N-1, then pad, bos and eos, so with
-V = target_vocab_size, pad = V - 3, bos = V - 2 and eos = V - 1.
+Target ids follow `charlm.vocab.PairVocab`: units 0..N-1, then pad, bos and eos
+(`charlm.vocab.target_specials`).
 
 Shapes: B batch, S source length, T target length (new tokens this forward), C n_embd,
 H n_head, D head_dim, L decoder layers.
@@ -49,6 +49,7 @@ from charlm.model import (
     scale_residual_projections,
 )
 from charlm.sample_config import SampleConfig
+from charlm.vocab import target_specials
 
 
 def key_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -121,15 +122,15 @@ class EncoderDecoder(Module):
 
     @property
     def pad(self) -> int:
-        return self.target_vocab_size - 3
+        return target_specials(self.target_vocab_size)[0]
 
     @property
     def bos(self) -> int:
-        return self.target_vocab_size - 2
+        return target_specials(self.target_vocab_size)[1]
 
     @property
     def eos(self) -> int:
-        return self.target_vocab_size - 1
+        return target_specials(self.target_vocab_size)[2]
 
     def new_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
         """A cache for the decoder's self-attention (the source's keys are in `Memory`)."""

@@ -150,6 +150,12 @@ class CharacterSet:
         return Vocab.from_code_points(np.flatnonzero(self._seen))
 
 
+def target_specials(target_size: int) -> tuple[int, int, int]:
+    """The pad, bos and eos ids of a target vocabulary of `target_size` ids: its last three,
+    after the units. The one place this layout is written (PairVocab, EncoderDecoder)."""
+    return target_size - 3, target_size - 2, target_size - 1
+
+
 @dataclass(frozen=True)
 class PairVocab:
     """Source characters and target units, each sorted. Ids: source characters 0..S-1, then
@@ -207,15 +213,15 @@ class PairVocab:
 
     @property
     def pad(self) -> int:
-        return len(self.target)
+        return target_specials(self.target_size)[0]
 
     @property
     def bos(self) -> int:
-        return len(self.target) + 1
+        return target_specials(self.target_size)[1]
 
     @property
     def eos(self) -> int:
-        return len(self.target) + 2
+        return target_specials(self.target_size)[2]
 
     def encode_source(self, text: str, unknown: str = "error",
                       where: str = "the source") -> list[int]:
