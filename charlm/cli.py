@@ -212,6 +212,9 @@ def sample(
             raise CharlmError("--prompt is for a GPT; an encoder-decoder takes --source or "
                               "--source-file")
         sources = read_sources(source, source_file, lm.config.model.arch)
+        if opts.compile:
+            print("warning: --compile compiles a GPT's decode step; an encoder-decoder decodes "
+                  "eagerly", file=sys.stderr)
         if _default(ctx, "temperature"):  # a transduction's likeliest output, unless asked
             opts = dataclasses.replace(opts, temperature=0.0)
         print_translations(lm.model, lm.vocab, sources, opts, json_out)

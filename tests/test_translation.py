@@ -74,6 +74,9 @@ def test_sample_transduces_a_source_a_file_and_json_nbest(cli, pairs_run, tmp_pa
     assert all(out.count("\n") == 1 for out in one)
     # greedy unless --temperature is given: the likeliest output
     assert cli("sample", pairs_run, "--source", "abc").out == one[0]
+    compiled = cli("sample", pairs_run, "--source", "abc", "--compile")
+    assert (compiled.out, compiled.err) == (one[0], "warning: --compile compiles a GPT's decode "
+                                            "step; an encoder-decoder decodes eagerly\n")
     sources = write_pairs(tmp_path / "x", [])  # an empty file: no sources
     assert cli("sample", pairs_run, "--source-file", sources).err == (
         "error: there are no sources: the input is empty\n")
