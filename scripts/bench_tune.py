@@ -1,15 +1,15 @@
 """Benchmark `charlm tune`: does TPE with pruning find a config as good as a full grid's best, for
 a third of the grid's training steps?
 
-A 27-config grid (optim.lr x optim.warmup_iters x model.n_layer, on configs/tiny.yaml made 64
-wide with a block of 64 and 600 steps, tiny-shakespeare) runs once with `--sampler grid
---pruner none`; then, for each seed, `charlm tune --sampler tpe --pruner median` (4 random
-startup trials, no pruning before half the steps) searches the same ranges (lr continuous on a
-log scale, warmup and depth as integer ranges) for --trials trials. Steps are
-counted per trial from its metrics.jsonl and the step its SIGTERM stopped it at (train.log).
-A seed hits when its best value is within 0.01 nats/char of the grid's best and it trained at
-most a third of the grid's steps; the target is 4 hits in 5 seeds. Prints a table and one JSON
-line, with the machine.
+A 27-config grid (optim.lr 0.015 / 0.03 / 0.06 x optim.warmup_iters 100 / 250 / 400 x
+model.n_layer 1-3, on configs/tiny.yaml made 64 wide with a block of 64 and 600 steps, val loss
+over 50 batches, tiny-shakespeare) runs once with `--sampler grid --pruner none`; then, for each
+seed, `charlm tune --sampler tpe --pruner median` (4 random startup trials, no pruning before
+half the steps) searches the same ranges (lr continuous on a log scale, warmup and depth as
+integer ranges) for --trials trials. Steps are counted per trial from its metrics.jsonl and the
+step its SIGTERM stopped it at (train.log). A seed hits when its best value is within 0.01
+nats/char of the grid's best and it trained at most a third of the grid's steps; the target is 4
+hits in 5 seeds. Prints a table and one JSON line, with the machine.
 
     python scripts/bench_tune.py [--seeds 5] [--trials 10] [--startup 4] [--steps 600] [--workers 2]
 """
@@ -30,16 +30,19 @@ from common import machine_facts, machine_line, positive, run_script, summary
 
 ROOT = Path(__file__).resolve().parents[1]
 GAP, SHARE, HITS = 0.01, 1 / 3, 4  # issue 18's target: within 0.01 nats, a third of the steps
-GRID = {"optim.lr": "[0.004, 0.01, 0.025]", "optim.warmup_iters": "[50, 150, 300]",
+# The ranges hold the optimum inside them: on narrower ones (lr up to 0.025, warmup up to 300)
+# the grid's best was their corner, where a tuner can only match the grid by luck
+# (docs/benchmarks.md).
+GRID = {"optim.lr": "[0.015, 0.03, 0.06]", "optim.warmup_iters": "[100, 250, 400]",
         "model.n_layer": "[1, 2, 3]"}
-RANGES = {"optim.lr": "{type: float, low: 0.004, high: 0.025, log: true}",
-          "optim.warmup_iters": "{type: int, low: 50, high: 300}",
+RANGES = {"optim.lr": "{type: float, low: 0.015, high: 0.06, log: true}",
+          "optim.warmup_iters": "{type: int, low: 100, high: 400}",
           "model.n_layer": "{type: int, low: 1, high: 3}"}
 
 
 def base_args(steps: int) -> list[str]:
     sets = {"model.n_embd": 64, "model.n_head": 4, "model.block_size": 64,
-            "train.max_iters": steps, "train.eval_interval": steps // 6, "train.eval_iters": 20,
+            "train.max_iters": steps, "train.eval_interval": steps // 6, "train.eval_iters": 50,
             "train.log_interval": 10, "train.sample_chars": 0}
     return [str(ROOT / "configs" / "tiny.yaml"), "--data", str(ROOT / "data" /
             "tinyshakespeare.txt"), "--search", "optim.min_lr={of: optim.lr, times: 0.1}",
