@@ -48,6 +48,7 @@ def test_scripts_report_bad_config_in_one_line(name, args, message):
     ("time_to_loss.py", ["--target", "0"]),
     ("time_to_loss.py", ["--at", "0"]),
     ("bench_g2p.py", ["--minutes", "0"]),
+    ("bench_presets.py", ["--skip-nanogpt", "0"]),
 ])
 def test_scripts_reject_counts_that_are_not_positive(name, args):
     result = run_script(name, *args)
@@ -83,6 +84,33 @@ def test_script_help_describes_in_whole_sentences(name, description):
     result = run_script(name, "--help")
     assert result.returncode == 0, result.stderr
     assert description in " ".join(result.stdout.split())
+
+
+def test_bench_presets_needs_a_nanogpt_clone(tmp_path):
+    result = run_script("bench_presets.py", "--nanogpt", str(tmp_path))
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.endswith("error: --nanogpt must name a clone of karpathy/nanoGPT (or "
+                                  "give --skip-nanogpt)\n")
+
+
+def test_bench_presets_writes_nanogpts_data_as_its_prepare_does(monkeypatch, tmp_path):
+    """nanoGPT's shakespeare_char/prepare.py: ids of the sorted characters as uint16, the first
+    90 % of the text in train.bin, the rest in val.bin, and meta.pkl with the vocabulary."""
+    import pickle
+
+    import numpy as np
+
+    script = import_script("bench_presets", monkeypatch)
+    monkeypatch.setattr(script, "TEXT", tmp_path / "input.txt")
+    (tmp_path / "input.txt").write_text("hello world\n" * 5, encoding="utf-8")
+    script.nanogpt_data(tmp_path)
+    meta = pickle.loads((tmp_path / "meta.pkl").read_bytes())
+    assert meta["itos"] == dict(enumerate(sorted(set("hello world\n"))))
+    assert meta["vocab_size"] == 9 and meta["stoi"]["h"] == 4  # "\n", " ", d, e, h, ...
+    ids = np.concatenate([np.fromfile(tmp_path / f, dtype=np.uint16)
+                          for f in ("train.bin", "val.bin")])
+    assert "".join(meta["itos"][i] for i in ids) == "hello world\n" * 5
+    assert len(np.fromfile(tmp_path / "train.bin", dtype=np.uint16)) == int(60 * 0.9)
 
 
 def import_script(name: str, monkeypatch):
