@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from charlm.config import RunConfig, coerce, suggest
-from charlm.device import resolve_device
+from charlm.device import resolve_device, weights_dtype
 from charlm.errors import CharlmError
 from charlm.model import GPT
 from charlm.sample_config import SampleConfig
@@ -37,22 +37,26 @@ class LM:
     train_state: dict[str, Any] = field(default_factory=dict)  # empty for an export
 
 
-def load(path: str | Path, device: str = "auto", option: str = "device") -> LM:
+def load(path: str | Path, device: str = "auto", option: str = "device",
+         dtype: str = "float32") -> LM:
     """Load a run dir (its best.pt, else last.pt), a checkpoint file, or a directory written by
-    `charlm export --format safetensors`. `option` names `device` in an error (the CLI's
-    `--device`)."""
+    `charlm export --format safetensors`, with its weights in `dtype` (float32, as trained;
+    bfloat16 or float16 decode faster, see `device.weights_dtype`). `option` names `device` in
+    an error (the CLI's `--device`, whose `--dtype` is then named the same way)."""
     from charlm import checkpoint, export
 
     if not isinstance(path, (str, os.PathLike)):
         raise CharlmError(f"charlm.load() takes a path (str or Path), got {type(path).__name__}")
     device = coerce(device, str, option)
+    dtype_option = "--dtype" if option.startswith("--") else "dtype"
+    weights = weights_dtype(coerce(dtype, str, dtype_option), dtype_option)
     path = Path(path)
     dev = resolve_device(device, option)
     if export.is_export_dir(path):
         model, vocab, cfg = export.load_safetensors(path, dev)
-        return LM(model, vocab, cfg, path)
+        return LM(model.to(weights), vocab, cfg, path)
     model, vocab, cfg, state = checkpoint.load_model(path, dev)
-    return LM(model, vocab, cfg, checkpoint.resolve(path), state["train_state"])
+    return LM(model.to(weights), vocab, cfg, checkpoint.resolve(path), state["train_state"])
 
 
 def sample(lm: LM, prompt: str | None = None, **options: Any) -> list:

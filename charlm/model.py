@@ -24,17 +24,24 @@ from charlm.config import ModelConfig
 from charlm.layers import Embedding, LayerNorm, Linear, Module, child, param
 
 
+def attention_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype attention computes in for inputs of `dtype` on `device`: float32 on the CPU,
+    where PyTorch's bf16/fp16 flash kernel is slower than its float32 one (much slower in
+    backward, docs/benchmarks.md; 2-4x in a decode step without AMX), else `dtype`. A KV cache
+    is kept in it, so a decode step converts only the new token's q, k and v."""
+    return torch.float32 if device.type == "cpu" else dtype
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
               causal: bool, dropout: float) -> torch.Tensor:
-    """SDPA of q (B, H, T, D) over k, v (B, H, S, D) -> (B, H, T, D), in q's dtype.
-
-    On the CPU, bf16/fp16 attention runs in float32: PyTorch's CPU flash kernel is much slower
-    in reduced precision backward (docs/benchmarks.md), more than autocast saves elsewhere.
-    """
-    if q.device.type == "cpu" and q.dtype != torch.float32:
+    """SDPA of q (B, H, T, D) over k, v (B, H, S, D) -> (B, H, T, D), in q's dtype, computed in
+    `attention_dtype`."""
+    dtype = attention_dtype(q.dtype, q.device)
+    if dtype != q.dtype:
         with torch.autocast("cpu", enabled=False):  # CPU autocast would cast back to bf16
-            y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
-                                               dropout_p=dropout, is_causal=causal)
+            y = F.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype),
+                                               attn_mask=mask, dropout_p=dropout,
+                                               is_causal=causal)
         return y.to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
                                           is_causal=causal)
@@ -213,8 +220,8 @@ class CrossAttention(Module):
     def keys_values(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The encoder's output memory (B, S, C) -> k, v, each (B, H, S, D)."""
         B, S, C = memory.shape
-        k, v = self.kv(memory).view(B, S, 2, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
-        return k, v
+        kv = self.kv(memory).view(B, S, 2, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        return kv.to(attention_dtype(kv.dtype, kv.device)).unbind(0)  # converted once per source
 
     def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:
@@ -363,7 +370,7 @@ class GPT(Module):
         cfg = self.cfg
         p = self.wte.weight
         return KVCache(cfg.n_layer, batch_size, cfg.n_head, max_len or cfg.block_size,
-                       cfg.n_embd // cfg.n_head, p.device, p.dtype)
+                       cfg.n_embd // cfg.n_head, p.device, attention_dtype(p.dtype, p.device))
 
     def embed(self, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Token ids idx (B, T) at positions pos (T,) -> input vectors (B, T, C)."""

@@ -38,6 +38,7 @@ from charlm.layers import Embedding, Linear, Module, child
 from charlm.model import (
     Block,
     KVCache,
+    attention_dtype,
     embed,
     init_weights,
     logits_and_loss,
@@ -136,7 +137,7 @@ class EncoderDecoder(Module):
         """A cache for the decoder's self-attention (the source's keys are in `Memory`)."""
         cfg, p = self.cfg, self.wte.weight
         return KVCache(cfg.n_layer, batch_size, cfg.n_head, max_len or cfg.block_size,
-                       cfg.head_dim, p.device, p.dtype)
+                       cfg.head_dim, p.device, attention_dtype(p.dtype, p.device))
 
     def _rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         return rope_angles(pos, self.cfg.head_dim) if self.cfg.pos_encoding == "rope" else None

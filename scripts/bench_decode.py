@@ -4,10 +4,14 @@ in the order a decode step reads them) and Hugging Face transformers' `generate`
 cache on the same weights (exported as `charlm export --format hf` does).
 
     python scripts/bench_decode.py [CONFIG] [--tokens 250] [--repeat 3]
+                                   [--dtypes float32 bfloat16 float16]
 
-Random weights (vocab 65), eager, greedy, the best of --repeat runs of each. Prints one JSON
-line: the machine's facts, tokens/s of charlm, of transformers and of the ceiling, and charlm's
-ratio to each. Bounded: about 3 x --repeat generations of --tokens tokens.
+Random weights (vocab 65), eager, greedy, the best of --repeat runs of each. For each of
+--dtypes, the weights of all three are cast to it (`charlm sample --dtype`, transformers'
+`.to(dtype)`), and the float32 ceiling stays the yardstick. Prints one JSON line per dtype:
+the machine's facts, tokens/s of charlm, of transformers, of that dtype's ceiling and of the
+float32 one, and charlm's ratios. Bounded: about 3 x --repeat generations of --tokens tokens
+per dtype.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch.nn.functional as F
 from common import machine_facts, positive, run_script, summary
 
 from charlm.config import load_config
+from charlm.device import DTYPES
 from charlm.export import save_hf
 from charlm.generate import generate
 from charlm.model import GPT
@@ -49,7 +54,7 @@ def ceiling(model: GPT, repeat: int) -> float:
     """Passes per second of one matrix-vector product with each weight matrix of a decode step:
     what a decoder that did nothing else would reach, bound by memory bandwidth."""
     weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    inputs = [torch.randn(1, w.shape[1]) for w in weights]
+    inputs = [torch.randn(1, w.shape[1], dtype=w.dtype) for w in weights]
 
     def one_pass() -> None:
         for w, x in zip(weights, inputs, strict=True):
@@ -70,9 +75,11 @@ def charlm_rate(model: GPT, tokens: int, repeat: int) -> float:
 def transformers_rate(model: GPT, cfg, tokens: int, repeat: int) -> float:
     from transformers import GPT2LMHeadModel
 
+    dtype = model.wte.weight.dtype
     with tempfile.TemporaryDirectory() as tmp:
-        save_hf(model, VOCAB, cfg, Path(tmp))
-        hf = GPT2LMHeadModel.from_pretrained(tmp).eval()
+        save_hf(model.float(), VOCAB, cfg, Path(tmp))
+        hf = GPT2LMHeadModel.from_pretrained(tmp).eval().to(dtype)
+    model.to(dtype)
     prompt = torch.zeros(1, 1, dtype=torch.long)
 
     @torch.inference_mode()
@@ -89,19 +96,26 @@ def main() -> None:
                         default=ROOT / "configs" / "shakespeare_char.yaml")
     parser.add_argument("--tokens", type=positive(int), default=250)
     parser.add_argument("--repeat", type=positive(int), default=3)
+    parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES),
+                        default=["float32", "bfloat16", "float16"])
     args = parser.parse_args()
     cfg = load_config(args.config)
     torch.manual_seed(0)
     model = GPT(cfg.model, len(VOCAB)).eval()
-    rates = {"ceiling": ceiling(model, args.repeat),
-             "charlm": charlm_rate(model, args.tokens, args.repeat),
-             "transformers": transformers_rate(model, cfg, args.tokens, args.repeat)}
-    print(json.dumps({
-        "machine": machine_facts(), "config": args.config.name, "tokens": args.tokens,
-        **{f"{name}_tokens_per_s": round(rate, 1) for name, rate in rates.items()},
-        "charlm_vs_ceiling": round(rates["charlm"] / rates["ceiling"], 3),
-        "charlm_vs_transformers": round(rates["charlm"] / rates["transformers"], 2),
-    }))
+    base = ceiling(model, args.repeat)
+    for name in args.dtypes:
+        model.to(DTYPES[name])
+        rates = {"ceiling": ceiling(model, args.repeat),
+                 "charlm": charlm_rate(model, args.tokens, args.repeat),
+                 "transformers": transformers_rate(model, cfg, args.tokens, args.repeat)}
+        print(json.dumps({
+            "machine": machine_facts(), "config": args.config.name, "tokens": args.tokens,
+            "dtype": name, "float32_ceiling_tokens_per_s": round(base, 1),
+            **{f"{key}_tokens_per_s": round(rate, 1) for key, rate in rates.items()},
+            "charlm_vs_float32_ceiling": round(rates["charlm"] / base, 3),
+            "charlm_vs_ceiling": round(rates["charlm"] / rates["ceiling"], 3),
+            "charlm_vs_transformers": round(rates["charlm"] / rates["transformers"], 2),
+        }), flush=True)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ import re
 import sys
 
 import pytest
+import torch
 
 from charlm.errors import CharlmError
 
@@ -123,3 +124,36 @@ def test_charlm_generate_stays_the_api_function_after_importing_the_generate_mod
 
     assert charlm.generate is charlm.api.generate
     assert sys.modules["charlm.generate"].generate.__module__ == "charlm.generate"
+
+
+def test_load_casts_the_weights_to_dtype_and_samples_close_to_float32(run_dir):
+    import charlm
+    from charlm.generate import CachedDecoder
+
+    full = charlm.load(run_dir, "cpu")
+    prompt = torch.tensor([[0, 1, 2, 3]])
+    want = CachedDecoder(full.model, 1).prefill(prompt)
+    for name, dtype in [("bfloat16", torch.bfloat16), ("float16", torch.float16)]:
+        lm = charlm.load(run_dir, "cpu", dtype=name)
+        assert {p.dtype for p in lm.model.parameters()} == {dtype}
+        decoder = CachedDecoder(lm.model, 1)
+        # on the CPU attention runs in float32, and the KV cache is kept in it
+        assert decoder.cache.k[0].dtype == torch.float32
+        got = decoder.prefill(prompt)
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.float(), want, atol=0.05, rtol=0.05)
+        text = charlm.generate(lm, "First", max_new_tokens=40, temperature=0.8, seed=3)
+        assert len(text) == 40
+
+
+def test_an_unknown_dtype_is_one_error_naming_the_choices(cli, run_dir):
+    import charlm
+
+    with pytest.raises(CharlmError) as e:
+        charlm.load(run_dir, "cpu", dtype="float8")
+    assert str(e.value) == "dtype must be one of float32, bfloat16, float16, got 'float8'"
+    for command in ("sample", "eval"):
+        args = [run_dir, "--dtype", "half"] + (["x.txt"] if command == "eval" else [])
+        result = cli(command, *args)
+        assert (result.code, result.out, result.err) == (
+            2, "", "error: --dtype must be one of float32, bfloat16, float16, got 'half'\n")

@@ -130,6 +130,19 @@ def test_export_safetensors_translates_alike_and_hf_refuses(cli, pairs_run, tmp_
     assert not (tmp_path / "hf").exists()
 
 
+def test_an_encoder_decoder_decodes_and_scores_in_half_precision(cli, pairs_run, tmp_path):
+    greedy = cli("sample", pairs_run, "--source", "abcd", "--temperature", "0").out
+    half = cli("sample", pairs_run, "--source", "abcd", "--temperature", "0", "--dtype",
+               "float16")
+    assert (half.code, half.out) == (0, greedy)
+    beams = cli("sample", pairs_run, "--source", "abcd", "--beams", "3", "--dtype", "bfloat16")
+    assert beams.code == 0 and beams.out.count("\n") == 1
+    test = write_pairs(tmp_path / "test.tsv", [("abc", "c b a"), ("gf", "f g")])
+    full = json.loads(cli("eval", pairs_run, test, "--json").out)
+    scored = json.loads(cli("eval", pairs_run, test, "--json", "--dtype", "bfloat16").out)
+    assert scored["sources"] == 2 and scored["loss"] == pytest.approx(full["loss"], abs=0.05)
+
+
 def test_a_gpt_and_an_encoder_decoder_refuse_each_others_options(cli, pairs_run, run_dir):
     assert cli("sample", pairs_run, "--prompt", "abc").err == (
         "error: --prompt is for a GPT; an encoder-decoder takes --source or --source-file\n")
