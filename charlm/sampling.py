@@ -18,7 +18,7 @@ from charlm.device import require_memory
 from charlm.errors import CharlmError, characters
 from charlm.generate import beam_search, generate
 from charlm.memory import sampling_bytes
-from charlm.model import GPT
+from charlm.model import GPT, attention_dtype
 from charlm.sample_config import SampleConfig
 from charlm.seq2seq import EncoderDecoder
 from charlm.vocab import Vocab, list_unknown
@@ -110,7 +110,8 @@ def require_cache_memory(model: GPT | EncoderDecoder, option: str, value: int,
     weight = model.wte.weight
     encdec = model.cfg.arch == "encoder_decoder"
     vocab = model.target_vocab_size if encdec else model.vocab_size
-    need = sampling_bytes(model.cfg, vocab, value * sources, weight.element_size())
+    cache_dtype = attention_dtype(weight.dtype, weight.device)  # what the caches are kept in
+    need = sampling_bytes(model.cfg, vocab, value * sources, cache_dtype.itemsize)
     head = f"{option} {value:,}" if value > 1 else "one output"
     if sources > 1:
         head += f" for each of {sources:,} sources decoded together"

@@ -17,6 +17,7 @@ per dtype.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import tempfile
 import time
@@ -75,11 +76,9 @@ def charlm_rate(model: GPT, tokens: int, repeat: int) -> float:
 def transformers_rate(model: GPT, cfg, tokens: int, repeat: int) -> float:
     from transformers import GPT2LMHeadModel
 
-    dtype = model.wte.weight.dtype
-    with tempfile.TemporaryDirectory() as tmp:
-        save_hf(model.float(), VOCAB, cfg, Path(tmp))
-        hf = GPT2LMHeadModel.from_pretrained(tmp).eval().to(dtype)
-    model.to(dtype)
+    with tempfile.TemporaryDirectory() as tmp:  # saved in float32, the weights rounded alike
+        save_hf(copy.deepcopy(model).float(), VOCAB, cfg, Path(tmp))
+        hf = GPT2LMHeadModel.from_pretrained(tmp).eval().to(model.wte.weight.dtype)
     prompt = torch.zeros(1, 1, dtype=torch.long)
 
     @torch.inference_mode()

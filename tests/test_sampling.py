@@ -39,6 +39,19 @@ def test_more_samples_or_beams_than_memory_holds_is_a_plain_error(model, monkeyp
         sample_text(model, VOCAB, "ab", SampleConfig(num_samples=5, max_new_tokens=3))
 
 
+def test_the_memory_guard_counts_the_float32_cache_of_a_half_precision_model(model,
+                                                                            monkeypatch):
+    """On the CPU a bf16 model keeps its KV cache in float32 (`model.attention_dtype`), so four
+    samples need what they need in float32, not half the cache."""
+    model = model.to(torch.bfloat16)
+    four = sampling_bytes(model.cfg, V, 4, 4)
+    monkeypatch.setattr("charlm.device.memory_bytes", lambda device: four)
+    assert len(sample_text(model, VOCAB, "ab", SampleConfig(num_samples=4, max_new_tokens=3))) == 4
+    monkeypatch.setattr("charlm.device.memory_bytes", lambda device: four - 1)
+    with pytest.raises(CharlmError, match="--num-samples 4 needs about"):
+        sample_text(model, VOCAB, "ab", SampleConfig(num_samples=4, max_new_tokens=3))
+
+
 def test_stop_matcher_holds_back_and_cuts():
     m = StopMatcher(["\n\n", "END"], include_stop=False)
     assert [m.feed(c) for c in "ab\nc"] == ["a", "b", "", "\nc"]
