@@ -47,6 +47,10 @@ def tune(
                         "half of train.max_iters).")
     ] = None,
     seed: Annotated[int | None, Opt(help="Seed of the sampler.")] = None,
+    repeats: Annotated[
+        int | None, Opt(metavar="N", help="Train each trial N times, with train.seed, seed + 1, "
+                        "...; its value is their mean (less noise, N times the compute).")
+    ] = None,
     storage: Annotated[
         str | None, Opt(metavar="URL", help="A database for the study (postgresql://...), "
                         "shared by workers on many machines; default: a journal file in --out.")
@@ -70,8 +74,8 @@ def tune(
     if workers < 1:
         raise CharlmError(f"--workers must be >= 1, got {workers}")
     settings = {"objective": objective, "sampler": sampler, "pruner": pruner,
-                "pruner_warmup": pruner_warmup, "seed": seed, "trials": trials,
-                "timeout": timeout}
+                "pruner_warmup": pruner_warmup, "seed": seed, "repeats": repeats,
+                "trials": trials, "timeout": timeout}
     if resume:
         plan = _saved_plan(ctx, out)
     else:

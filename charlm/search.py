@@ -9,6 +9,7 @@ A search file maps dotted config keys to distributions, in Optuna's short form:
     model.n_layer: {type: int, low: 2, high: 6}
     model.activation: [gelu, swiglu]               # categorical
     trials: 40                                     # settings: the keys without a dot
+    repeats: 2                                     # each trial's value: the mean of 2 seeds
 
 Setting keys (`SETTINGS`) may also be given as `charlm tune` options, which win.
 """
@@ -31,7 +32,7 @@ from charlm.values import load_text, read_yaml_file, shown, untext
 # Study settings a search file may hold, with their defaults (None: unset).
 SETTINGS: dict[str, Any] = {
     "objective": "best_val_loss", "sampler": "tpe", "pruner": "median", "pruner_warmup": None,
-    "startup_trials": 5, "trials": 20, "timeout": None, "seed": None,
+    "startup_trials": 5, "trials": 20, "timeout": None, "seed": None, "repeats": 1,
 }
 OBJECTIVES = {  # objective -> (the eval event's key reported as it goes, direction)
     "best_val_loss": ("best_val_loss", "minimize"),
@@ -250,10 +251,9 @@ def check_setting(name: str, value: Any, where: str) -> Any:
         return None if value is None else duration_seconds(value, name)
     if value is None and name in ("pruner_warmup", "seed"):
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < (
-            1 if name == "trials" else 0):
-        raise CharlmError(f"{at}: {shown(value)} must be an integer >= "
-                          f"{1 if name == 'trials' else 0}")
+    least = 1 if name in ("trials", "repeats") else 0
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise CharlmError(f"{at}: {shown(value)} must be an integer >= {least}")
     return value
 
 

@@ -1,6 +1,6 @@
-"""One trial of `charlm tune`: a child `charlm train` process in its own run dir, followed through
-its metrics.jsonl, stopped with one SIGTERM when the pruner (or the user) says so, and what its
-ending means for the study (`Outcome`).
+"""One trial of `charlm tune`: a child `charlm train` process in its own run dir (or one per seed,
+for a study that repeats each trial), followed through its metrics.jsonl, stopped with one SIGTERM
+when the pruner (or the user) says so, and what its ending means for the study (`Outcome`).
 
 A child runs in its own session, so a Ctrl-C at the terminal reaches the tuner alone, which then
 sends each child exactly one SIGTERM: it finishes its step, saves last.pt and exits 143.
@@ -74,54 +74,97 @@ class Follower:
         return events
 
 
-def run_trial(cmd: list[str], run_dir: Path, env: dict[str, str], objective_key: str,
+def run_trial(runs: list[tuple[list[str], Path]], env: dict[str, str], objective_key: str,
               report: Callable[[dict[str, Any]], bool], stop: Stop) -> Outcome:
-    """Run `cmd` (a `charlm train` into `run_dir`) to its end. `report(eval_event)` says whether
-    to prune; `stop` carries the user's requests to stop the study."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    """Run a trial's children to their end: each (command, run dir) a `charlm train`, all at
+    once (one, or one per seed of a trial that repeats). `report(eval_event)` gets each step's
+    eval once every child has logged it, with the mean of their objectives, and says whether to
+    prune; `stop` carries the user's requests to stop the study."""
     start = time.monotonic()
-    with open(run_dir / LOG, "ab") as log:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    follower = Follower(run_dir / "metrics.jsonl")
-    sent: str | None = None  # why the child was sent its SIGTERM: pruned / interrupted
-    last: dict[str, Any] | None = None
+    children = [Child.start(cmd, run_dir, env) for cmd, run_dir in runs]
+    sent: str | None = None  # why the children were sent their SIGTERM: pruned / interrupted
+    merged: list[dict[str, Any]] = []  # the eval events every child has logged, merged
     try:
         while True:
-            code = proc.poll()
-            for event in follower.events():
-                if event.get("event") == "eval":
-                    last = event
-                    if report(event) and sent is None and code is None:
-                        sent = terminate(proc, "pruned")
-            if code is not None:
+            codes = [child.proc.poll() for child in children]
+            for child in children:
+                child.read()
+            for event in merge(children, objective_key, merged):
+                merged.append(event)
+                if report(event) and sent is None:
+                    sent = terminate(children, "pruned")
+            if None not in codes:
                 break
             if stop.requested.is_set() and sent is None:
-                sent = terminate(proc, "interrupted")
+                sent = terminate(children, "interrupted")
             if stop.aborted.is_set():  # a second Ctrl-C: no waiting for a save
-                proc.kill()
+                for child in children:
+                    child.proc.kill()
             time.sleep(POLL_S)
-    except BaseException:  # the tuner itself is going down: take the child with it
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+    except BaseException:  # the tuner itself is going down: take the children with it
+        for child in children:
+            if child.proc.poll() is None:
+                child.proc.kill()
+            child.proc.wait()
         raise
     seconds = time.monotonic() - start
-    step = None if last is None else last.get("step")
-    value = None if last is None else last.get(objective_key)
-    if code == 0:
+    step = merged[-1].get("step") if merged else None
+    value = merged[-1].get(objective_key) if merged else None
+    if all(code == 0 for code in codes):
         if value is None:
             return Outcome("failed", None, step, seconds, f"no finite {objective_key} logged")
         return Outcome("complete", float(value), step, seconds)
     if sent is not None:
         return Outcome(sent, value, step, seconds)
+    code, run_dir = next((c, child.run_dir) for c, child in zip(codes, children, strict=True)
+                         if c != 0)
     error = last_error(run_dir / LOG) or f"exit code {code}"
     return Outcome("diverged" if DIVERGED in error else "failed", value, step, seconds, error)
 
 
-def terminate(proc: subprocess.Popen[bytes], why: str) -> str:
-    """One SIGTERM: the child saves last.pt and exits 143 (a second one would abort it)."""
-    proc.send_signal(signal.SIGTERM)
+@dataclass
+class Child:
+    """One `charlm train` of a trial and the eval events of its metrics.jsonl, by step."""
+
+    proc: subprocess.Popen[bytes]
+    run_dir: Path
+    follower: Follower
+    evals: dict[int, dict[str, Any]]
+
+    @classmethod
+    def start(cls, cmd: list[str], run_dir: Path, env: dict[str, str]) -> Child:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with open(run_dir / LOG, "ab") as log:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        return cls(proc, run_dir, Follower(run_dir / "metrics.jsonl"), {})
+
+    def read(self) -> None:
+        for event in self.follower.events():
+            if event.get("event") == "eval" and isinstance(event.get("step"), int):
+                self.evals[event["step"]] = event
+
+
+def merge(children: list[Child], key: str, done: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The evals, after those `done`, that every child has logged: the first child's event
+    with the mean of the children's `key` (None if one lacks it)."""
+    after = done[-1]["step"] if done else -1
+    steps = sorted(s for s in children[0].evals if s > after
+                   and all(s in child.evals for child in children))
+    merged = []
+    for s in steps:
+        values = [child.evals[s].get(key) for child in children]
+        mean = None if None in values else sum(float(v) for v in values) / len(values)
+        merged.append({**children[0].evals[s], key: mean})
+    return merged
+
+
+def terminate(children: list[Child], why: str) -> str:
+    """One SIGTERM to each running child: it saves last.pt and exits 143 (a second one would
+    abort it)."""
+    for child in children:
+        if child.proc.poll() is None:
+            child.proc.send_signal(signal.SIGTERM)
     return why
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from charlm.config import RunConfig, save_config
 from charlm.errors import CharlmError, first_line
 from charlm.search import OBJECTIVES, lookup
 from charlm.study import Plan, make_pruner, make_sampler, make_storage
@@ -37,6 +38,7 @@ class Tuner:
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         self.plan, self.workers, self.trials, self.timeout = plan, workers, trials, timeout
         self.key, direction = OBJECTIVES[plan.search.setting("objective")]
+        self.repeats = plan.search.setting("repeats")
         self.storage = make_storage(plan)
         seed = plan.search.setting("seed")
         self.study = optuna.create_study(
@@ -59,7 +61,7 @@ class Tuner:
         config = copy.deepcopy(self.plan.base)  # where each machine keeps its files may differ
         del config["train"]["out_dir"], config["data"]["path"]
         mine = {"space": self.plan.search.spec(), "config": config,
-                "objective": self.plan.search.setting("objective")}
+                "objective": self.plan.search.setting("objective"), "repeats": self.repeats}
         theirs = self.study.user_attrs.get("charlm")
         if theirs is None:
             self.study.set_user_attr("charlm", mine)
@@ -113,7 +115,7 @@ class Tuner:
                 if t.user_attrs.get("interrupted") and t.number not in queued:
                     run_dir = Path(t.user_attrs.get("run_dir", ""))
                     again = {"resume_of": t.number}
-                    if t.user_attrs.get("host") == self.host and (run_dir / "last.pt").is_file():
+                    if t.user_attrs.get("host") == self.host and saved(run_dir):
                         again["run_dir"] = str(run_dir)
                     self.study.enqueue_trial(t.params, user_attrs=again)
 
@@ -172,18 +174,21 @@ class Tuner:
                                            f"trial {trial.number}")
         except CharlmError as e:
             return self.finish(trial, Outcome("failed", error=f"error: {e}"))
-        cmd = [sys.executable, "-m", "charlm", "train"]
-        if resumed:
-            cmd += ["--out", str(run_dir), "--resume"]
-        else:
-            from charlm.config import save_config
-
-            run_dir.mkdir(parents=True, exist_ok=True)
-            save_config(cfg, run_dir / "trial.yaml")
-            cmd.append(str(run_dir / "trial.yaml"))
-        outcome = run_trial(cmd, run_dir, self.env(slot), self.key, self.reporter(trial),
-                            self.stop)
+        runs = [self.command(c, bool(resumed)) for c in repeated(cfg, self.repeats)]
+        outcome = run_trial(runs, self.env(slot), self.key, self.reporter(trial), self.stop)
         self.finish(trial, outcome)
+
+    @staticmethod
+    def command(cfg: RunConfig, resumed: bool) -> tuple[list[str], Path]:
+        """The `charlm train` of one run of a trial, and its run dir: a resumed trial's run
+        continues from its last.pt, or starts over if it saved none."""
+        run_dir = Path(cfg.train.out_dir)
+        cmd = [sys.executable, "-m", "charlm", "train"]
+        if resumed and (run_dir / "last.pt").is_file():
+            return [*cmd, "--out", str(run_dir), "--resume"], run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "trial.yaml")
+        return [*cmd, str(run_dir / "trial.yaml"), *(["--overwrite"] if resumed else [])], run_dir
 
     def reporter(self, trial: Any) -> Any:
         """Report each eval's objective at its step (or its tokens seen, in steps of the base
@@ -227,12 +232,13 @@ class Tuner:
                 self.bar.update()
 
     def env(self, slot: int) -> dict[str, str]:
-        """A trial's environment: with several workers, its GPU, or its share of the cores."""
+        """A trial's environment: with several workers, its GPU; with several workers or
+        repeats, each run's share of the cores."""
         env = dict(os.environ)
         if self.workers > 1 and self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = self.gpus[slot]
-        elif self.workers > 1:
-            threads = str(max(1, (os.cpu_count() or 1) // self.workers))
+        elif self.workers * self.repeats > 1:
+            threads = str(max(1, (os.cpu_count() or 1) // (self.workers * self.repeats)))
             env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
         return env
 
@@ -259,6 +265,24 @@ class Tuner:
                               f"saved: continue with `charlm tune --out {self.plan.out} --resume` "
                               "once the cause is fixed") from self.error
         return not self.stop.requested.is_set()
+
+
+def repeated(cfg: RunConfig, repeats: int) -> list[RunConfig]:
+    """A trial's runs: its config alone, or `repeats` copies with train.seed, seed + 1, ...,
+    each in a `seed-N` dir of the trial's run dir."""
+    if repeats == 1:
+        return [cfg]
+    runs = []
+    for seed in range(cfg.train.seed, cfg.train.seed + repeats):
+        run = copy.deepcopy(cfg)
+        run.train.seed, run.train.out_dir = seed, str(Path(cfg.train.out_dir) / f"seed-{seed}")
+        runs.append(run)
+    return runs
+
+
+def saved(run_dir: Path) -> bool:
+    """Whether a trial's run dir holds a last.pt to resume from (one of its seeds' will do)."""
+    return (run_dir / "last.pt").is_file() or any(run_dir.glob("seed-*/last.pt"))
 
 
 def cuda_slots(base: dict[str, Any], workers: int) -> list[str]:

@@ -118,11 +118,12 @@ def test_a_space_that_can_give_an_invalid_config_is_refused_up_front(tmp_path: P
 FAKE_TRAIN = """
 import json, signal, sys, time
 log, mode = sys.argv[1], sys.argv[2]
+offset = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0  # another seed's values
 signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))  # charlm train saves, then exits 143
 with open(log, "a") as f:
     for step in (10, 20, 30, 40):
-        f.write(json.dumps({"event": "eval", "step": step, "best_val_loss": 4 - step / 100})
-                + "\\n")
+        f.write(json.dumps({"event": "eval", "step": step,
+                            "best_val_loss": 4 - step / 100 + offset}) + "\\n")
         f.flush()
         if mode == "crash" and step == 20:
             print("warning: something\\nerror: boom", flush=True)
@@ -153,11 +154,42 @@ def test_a_trial_ends_complete_pruned_failed_or_diverged(
         return event["step"] == prune_at
 
     run = tmp_path / "trial"
-    outcome = run_trial([sys.executable, str(fake), str(run / "metrics.jsonl"), mode], run, ENV,
-                        "best_val_loss", report, Stop(threading.Event(), threading.Event()))
+    outcome = run_trial([([sys.executable, str(fake), str(run / "metrics.jsonl"), mode], run)],
+                        ENV, "best_val_loss", report, Stop(threading.Event(), threading.Event()))
     assert (outcome.state, outcome.value, outcome.step, outcome.error) == (
         state, pytest.approx(value), step, error)
     assert seen == [10, 20, 30, 40][:seen.index(step) + 1]  # each eval once, none after a prune
+
+
+@pytest.mark.parametrize("modes, prune_at, state, value, step, error", [
+    (("complete", "complete"), None, "complete", 3.7, 40, None),
+    (("complete", "complete"), 20, "pruned", 3.9, 20, None),
+    (("complete", "crash"), None, "failed", 3.9, 20, "error: boom"),
+])
+def test_a_repeated_trial_reports_the_mean_of_its_runs(
+        tmp_path: Path, modes: tuple[str, str], prune_at: int | None, state: str, value: float,
+        step: int, error: str | None) -> None:
+    """Two runs of one trial (the second's values 0.2 higher): each step is reported once
+    both have logged it, with their mean; a prune stops both; one run's error fails it."""
+    fake = write(tmp_path / "fake.py", FAKE_TRAIN)
+    seen: list[tuple[int, float]] = []
+
+    def report(event: dict) -> bool:
+        seen.append((event["step"], event["best_val_loss"]))
+        return event["step"] == prune_at
+
+    runs = [([sys.executable, str(fake), str(tmp_path / name / "metrics.jsonl"), mode, offset],
+             tmp_path / name)
+            for name, mode, offset in zip(("a", "b"), modes, ("0", "0.2"), strict=True)]
+    outcome = run_trial(runs, ENV, "best_val_loss", report,
+                        Stop(threading.Event(), threading.Event()))
+    assert (outcome.state, outcome.value, outcome.step, outcome.error) == (
+        state, pytest.approx(value), step, error)
+    steps = [10, 20, 30, 40][:[10, 20, 30, 40].index(step) + 1]
+    assert seen == [(s, pytest.approx(4.1 - s / 100)) for s in steps]
+    if state == "pruned":  # both stopped, before their last eval
+        assert [json.loads(line)["step"] for line in (tmp_path / "b" / "metrics.jsonl")
+                .read_text().splitlines()][-1] <= 30
 
 
 def test_a_stop_request_sends_one_sigterm_and_the_trial_is_interrupted(tmp_path: Path) -> None:
@@ -166,7 +198,7 @@ def test_a_stop_request_sends_one_sigterm_and_the_trial_is_interrupted(tmp_path:
     threading.Timer(1.0, stop.requested.set).start()
     start = time.monotonic()
     cmd = [sys.executable, str(fake), str(tmp_path / "metrics.jsonl"), "slow"]
-    outcome = run_trial(cmd, tmp_path, ENV, "best_val_loss", lambda e: False, stop)
+    outcome = run_trial([(cmd, tmp_path)], ENV, "best_val_loss", lambda e: False, stop)
     assert (outcome.state, outcome.step) == ("interrupted", 10)
     assert time.monotonic() - start < 10  # not the 30 s the child would sleep
 
@@ -288,6 +320,40 @@ def test_ctrl_c_leaves_a_resumable_study_and_no_child(tmp_path: Path, corpus: Pa
     assert (changed.returncode, changed.stderr.strip()) == (2, (
         "error: --resume continues the study as it was made; --sampler cannot change it (only "
         "--trials, --timeout, --workers can)"))
+
+
+def test_a_repeated_trial_trains_each_seed_and_resumes_them(tmp_path: Path,
+                                                           corpus: Path) -> None:
+    """--repeats 2: the trial trains train.seed and seed + 1, each in its own dir; Ctrl-C stops
+    both, --resume continues both, and the trial's value is the mean of their objectives."""
+    out = tmp_path / "study"
+    proc = start_tune(TINY, "--search", "optim.lr={type: float, low: 0.005, high: 0.01}",
+                      "--data", corpus, "--out", out, "--trials", "1", "--repeats", "2",
+                      "--set", "train.max_iters=150", "--set", "train.seed=7", *QUICK,
+                      cwd=tmp_path)
+    runs = [out / "trial-0000" / f"seed-{seed}" for seed in (7, 8)]
+    logs = [run / "metrics.jsonl" for run in runs]
+    wait_for(lambda: all(log.is_file() and '"eval"' in log.read_text() for log in logs),
+             "first evals", proc)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert processes_with(str(out / "trial-0000")) == []
+    assert [load_config(run / "trial.yaml").train.seed for run in runs] == [7, 8]
+    assert all((run / "last.pt").is_file() for run in runs)
+
+    resumed = tune("--out", out, "--resume", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    first, again = load_study(out).get_trials()
+    assert again.state.name == "COMPLETE" and again.params == first.params
+    assert again.user_attrs["step"] == 150
+    finals = [json.loads(log.read_text().splitlines()[-1]) for log in logs]
+    assert [f["step"] for f in finals] == [150, 150]
+    assert finals[0]["best_val_loss"] != finals[1]["best_val_loss"]  # two seeds, two runs
+    assert again.value == pytest.approx((finals[0]["best_val_loss"]
+                                         + finals[1]["best_val_loss"]) / 2)
+    assert all("resum" in (run / "train.log").read_text().lower() for run in runs)
+    assert load_config(out / "best.yaml").train.seed == 7  # the config, trained once
 
 
 def two_workers(tmp_path: Path, corpus: Path, first: list, second: list, trials: int = 4):
