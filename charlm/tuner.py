@@ -175,7 +175,8 @@ class Tuner:
         except CharlmError as e:
             return self.finish(trial, Outcome("failed", error=f"error: {e}"))
         runs = [self.command(c, bool(resumed)) for c in repeated(cfg, self.repeats)]
-        outcome = run_trial(runs, self.env(slot), self.key, self.reporter(trial), self.stop)
+        last = None if cfg.train.max_time is not None else cfg.train.max_iters  # budget: unknown
+        outcome = run_trial(runs, self.env(slot), self.key, self.reporter(trial, last), self.stop)
         self.finish(trial, outcome)
 
     @staticmethod
@@ -190,9 +191,11 @@ class Tuner:
         save_config(cfg, run_dir / "trial.yaml")
         return [*cmd, str(run_dir / "trial.yaml"), *(["--overwrite"] if resumed else [])], run_dir
 
-    def reporter(self, trial: Any) -> Any:
+    def reporter(self, trial: Any, last_step: int | None = None) -> Any:
         """Report each eval's objective at its step (or its tokens seen, in steps of the base
-        config, when the search changes the tokens of a step); True: prune it."""
+        config, when the search changes the tokens of a step); True: prune it. The eval at
+        `last_step` (the trial's train.max_iters) is its final one: reported, never pruned, so
+        a trial that has trained to its end is complete."""
         reported: set[int] = set()
         train = self.plan.base["train"]
         tokens_per_eval = (train["batch_size"] * train["grad_accum"]
@@ -207,7 +210,7 @@ class Tuner:
                 return False
             reported.add(at)
             trial.report(float(value), at)
-            return trial.should_prune()
+            return (last_step is None or event["step"] < last_step) and trial.should_prune()
 
         return report
 

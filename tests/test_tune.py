@@ -459,6 +459,27 @@ def test_values_are_reported_at_tokens_seen_when_a_step_changes_size(
     assert tuner.study.get_trials()[0].intermediate_values == expected
 
 
+def test_a_trial_is_not_pruned_at_its_final_eval(tmp_path: Path) -> None:
+    """Worse than the median of two complete trials: pruned at step 40, not at step 60, its
+    train.max_iters (it has trained to its end, and completes)."""
+    from charlm.study import Plan
+    from charlm.tuner import Tuner
+
+    base = load_config(TINY, ["train.max_iters=60"]).to_dict()
+    search = read_search(["optim.lr=[0.002, 0.01]", "startup_trials=2", "pruner_warmup=0"])
+    tuner = Tuner(Plan(tmp_path, base, search, None, "s", "data"), 1, 5, None)
+    for _ in range(2):
+        done = tuner.study.ask()
+        for step in (20, 40, 60):
+            done.report(2.0, step)
+        tuner.study.tell(done, 2.0)
+    trial = tuner.study.ask()
+    report = tuner.reporter(trial, last_step=60)
+    assert [report({"event": "eval", "step": s, "best_val_loss": 3.0}) for s in (20, 40, 60)] == [
+        True, True, False]
+    assert tuner.study.get_trials()[2].intermediate_values == {20: 3.0, 40: 3.0, 60: 3.0}
+
+
 def test_an_error_in_a_worker_stops_the_study_with_one_line(tmp_path: Path) -> None:
     from charlm.study import Plan
     from charlm.tuner import Tuner
