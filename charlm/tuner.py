@@ -26,6 +26,12 @@ from charlm.search import OBJECTIVES, lookup
 from charlm.study import Plan, make_pruner, make_sampler, make_storage
 from charlm.trial import Outcome, Stop, run_trial
 
+# A database's named lock, held by one session at a time: (take it, waiting; give it back).
+DATABASE_LOCKS = {
+    "postgresql": ("SELECT pg_advisory_lock(4242)", "SELECT pg_advisory_unlock(4242)"),
+    "mysql": ("SELECT GET_LOCK('charlm_tune', 31536000)", "SELECT RELEASE_LOCK('charlm_tune')"),
+    "mariadb": ("SELECT GET_LOCK('charlm_tune', 31536000)", "SELECT RELEASE_LOCK('charlm_tune')"),
+}
 BY_TOKENS = ("model.block_size", "train.batch_size", "train.grad_accum")  # change tokens a step
 
 
@@ -73,22 +79,23 @@ class Tuner:
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
         """Held while counting trials and asking for one, so that workers on this machine never
-        start more trials than asked (a database study also takes PostgreSQL's advisory lock,
+        start more trials than asked (a database study also takes the database's named lock,
         for workers on other machines)."""
         with open(self.plan.out / ".tune.lock", "w") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             engine = getattr(self.storage, "engine", None)
-            if engine is None or engine.dialect.name != "postgresql":
+            sql = DATABASE_LOCKS.get(engine.dialect.name) if engine is not None else None
+            if sql is None:
                 yield
                 return
             from sqlalchemy import text
 
             with engine.connect() as conn:
-                conn.execute(text("SELECT pg_advisory_lock(4242)"))
+                conn.execute(text(sql[0]))
                 try:
                     yield
                 finally:
-                    conn.execute(text("SELECT pg_advisory_unlock(4242)"))
+                    conn.execute(text(sql[1]))
 
     def counted(self) -> int:
         """Trials that count toward --trials: not an interrupted one (it is queued again on

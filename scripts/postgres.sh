@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sourced by .ci/run: installs PostgreSQL from Debian's packages if it is missing, starts a
 # throwaway server on loopback (its own data dir, port 55432, trust auth, stopped on exit) and
-# exports CHARLM_TEST_POSTGRES_URL for tests/test_tune.py. Without root, or where it cannot
-# start, it says so and the PostgreSQL test is skipped.
+# exports CHARLM_TEST_POSTGRES_URL for tests/test_tune.py; `charlm_pg_stop` stops it. Without root,
+# or where it cannot start, it says so and the PostgreSQL test is skipped.
 charlm_pg_start() {
   local bin dir port=55432
   if ! ls -d /usr/lib/postgresql/*/bin >/dev/null 2>&1; then
@@ -26,8 +26,8 @@ charlm_pg_start() {
     "$bin/createdb" -h 127.0.0.1 -p "$port" -U postgres charlm_test ||
     { echo "postgres: could not start a server (see $dir): the PostgreSQL test is skipped"; return 0; }
   export CHARLM_TEST_POSTGRES_URL="postgresql://postgres@127.0.0.1:$port/charlm_test"
-  # shellcheck disable=SC2064 # expand now: stop this server when the sourcing shell exits
-  trap "run_pg '$bin/pg_ctl -D $dir/data -m fast stop' >/dev/null 2>&1; rm -rf '$dir'" EXIT
+  CHARLM_PG_STOP="run_pg '$bin/pg_ctl -D $dir/data -m fast stop' >/dev/null 2>&1 || true; rm -rf '$dir' || true"
   echo "postgres: running at $CHARLM_TEST_POSTGRES_URL"
 }
+charlm_pg_stop() { eval "${CHARLM_PG_STOP:-}"; }  # never fails: it runs in .ci/run's EXIT trap
 charlm_pg_start

@@ -386,17 +386,52 @@ def test_two_workers_share_the_journal_file(tmp_path: Path, corpus: Path) -> Non
     assert best.optim.lr == study.best_trial.params["optim.lr"]
 
 
-POSTGRES = os.environ.get("CHARLM_TEST_POSTGRES_URL")
+DATABASES = {  # name: (env var with the URL, an example URL, SQL that tries the tuner's lock)
+    "postgresql": ("CHARLM_TEST_POSTGRES_URL", "postgresql://USER@HOST/DB",
+                   "SELECT pg_try_advisory_lock(4242)::int"),
+    "mysql": ("CHARLM_TEST_MYSQL_URL", "mysql+pymysql://USER@HOST/DB",
+              "SELECT GET_LOCK('charlm_tune', 0)"),
+}
 
 
-@pytest.mark.skipif(not POSTGRES, reason="set CHARLM_TEST_POSTGRES_URL=postgresql://USER@HOST/DB "
-                    "to run it (.ci/run starts PostgreSQL and sets it)")
-def test_two_machines_share_a_study_in_postgresql(tmp_path: Path, corpus: Path) -> None:
+def database_url(name: str) -> str:
+    env, example, _ = DATABASES[name]
+    url = os.environ.get(env)
+    if not url:
+        pytest.skip(f"set {env}={example} to run it (.ci/run starts the server and sets it)")
+    return url
+
+
+@pytest.mark.parametrize("name", DATABASES)
+def test_the_tuner_holds_the_databases_lock_for_other_machines(tmp_path: Path,
+                                                               name: str) -> None:
+    """Workers on other machines (another --out, so another file lock) wait for it."""
+    from sqlalchemy import text
+
+    from charlm.study import Plan
+    from charlm.tuner import DATABASE_LOCKS, Tuner
+
+    url = database_url(name)
+    plan = Plan(tmp_path, load_config(TINY).to_dict(), read_search(["optim.lr=[0.002, 0.01]"]),
+                url, f"test-{uuid.uuid4().hex[:8]}", "data")
+    tuner = Tuner(plan, 1, 5, None)
+    dialect = tuner.storage.engine.dialect.name
+    with tuner.storage.engine.connect() as other:
+        with tuner.lock():
+            assert other.execute(text(DATABASES[name][2])).scalar() == 0  # held by the tuner
+        assert other.execute(text(DATABASES[name][2])).scalar() == 1  # given back
+        other.execute(text(DATABASE_LOCKS[dialect][1]))
+
+
+@pytest.mark.parametrize("name", DATABASES)
+def test_two_machines_share_a_study_in_a_database(tmp_path: Path, corpus: Path,
+                                                  name: str) -> None:
+    url = database_url(name)
     name = f"test-{uuid.uuid4().hex[:8]}"
-    db = ["--storage", POSTGRES, "--study", name]
+    db = ["--storage", url, "--study", name]
     one, two = two_workers(tmp_path, corpus, ["--out", tmp_path / "a", *db],
                            ["--out", tmp_path / "b", *db])
-    study = optuna.load_study(study_name=name, storage=POSTGRES)
+    study = optuna.load_study(study_name=name, storage=url)
     check_shared(study, 4, {one.pid, two.pid})
     for out in ("a", "b"):  # each machine's best.yaml agrees with the database
         best = load_config(tmp_path / out / "best.yaml")
