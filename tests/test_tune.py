@@ -80,6 +80,7 @@ def test_search_file_and_options_give_params_and_settings(tmp_path: Path) -> Non
      "model.activation in {f}: a choice is listed twice in ['gelu', 'gelu']"),
     ("trails: 5\n", "unknown setting 'trails' in {f}, did you mean 'trials'?"),
     ("sampler: cmaes\n", "sampler in {f}: 'cmaes' is not one of tpe, random, grid"),
+    ("repeats: 0\n", "repeats in {f}: 0 must be an integer >= 1"),
     ("data.path: [a.txt, b.txt]\n", "data.path cannot be searched: a study trains every trial "
                                     "on the same data"),
 ])
@@ -459,6 +460,8 @@ def test_tune_command_errors_are_one_line(cli, tmp_path: Path, corpus: Path,
          "objectives are best_val_loss, final_val_loss"),
         ((TINY, "--search", lr, "--out", out, "--workers", "0"),
          "error: --workers must be >= 1, got 0"),
+        ((TINY, "--search", lr, "--out", out, "--repeats", "0"),
+         "error: repeats in the options: 0 must be an integer >= 1"),
         ((TINY, "--search", "optim.lr={type: float, low: 1e-4, high: 1e-2}", "--out", out),
          "error: the search space can give an invalid config: with optim.lr=0.0001: invalid "
          "config value optim.min_lr"),
