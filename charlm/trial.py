@@ -111,9 +111,13 @@ def run_trial(runs: list[tuple[list[str], Path]], env: dict[str, str], objective
     step = merged[-1].get("step") if merged else None
     value = merged[-1].get(objective_key) if merged else None
     if all(code == 0 for code in codes):
-        if value is None:
+        # each run's own last eval: runs with a time budget may end at different steps
+        finals = [child.evals[max(child.evals)] if child.evals else {} for child in children]
+        values = [final.get(objective_key) for final in finals]
+        if None in values:
             return Outcome("failed", None, step, seconds, f"no finite {objective_key} logged")
-        return Outcome("complete", float(value), step, seconds)
+        return Outcome("complete", sum(float(v) for v in values) / len(values),
+                       max(final["step"] for final in finals), seconds)
     if sent is not None:
         return Outcome(sent, value, step, seconds)
     code, run_dir = next((c, child.run_dir) for c, child in zip(codes, children, strict=True)

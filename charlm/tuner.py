@@ -27,10 +27,11 @@ from charlm.study import Plan, make_pruner, make_sampler, make_storage
 from charlm.trial import Outcome, Stop, run_trial
 
 # A database's named lock, held by one session at a time: (take it, waiting; give it back).
+# MySQL's GET_LOCK waits a year: MariaDB takes no lock (NULL) for its "forever", -1.
+MYSQL_LOCK = ("SELECT GET_LOCK('charlm_tune', 31536000)", "SELECT RELEASE_LOCK('charlm_tune')")
 DATABASE_LOCKS = {
     "postgresql": ("SELECT pg_advisory_lock(4242)", "SELECT pg_advisory_unlock(4242)"),
-    "mysql": ("SELECT GET_LOCK('charlm_tune', 31536000)", "SELECT RELEASE_LOCK('charlm_tune')"),
-    "mariadb": ("SELECT GET_LOCK('charlm_tune', 31536000)", "SELECT RELEASE_LOCK('charlm_tune')"),
+    "mysql": MYSQL_LOCK, "mariadb": MYSQL_LOCK,
 }
 BY_TOKENS = ("model.block_size", "train.batch_size", "train.grad_accum")  # change tokens a step
 
