@@ -16,6 +16,13 @@ from charlm.cli import main
 from charlm.config import MODEL_VARIANTS, RunConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# Under pytest-xdist each core runs a worker: one thread each, in the worker and in the processes
+# it starts (charlm train, torchrun), or the cores are oversubscribed and every op waits (the
+# suite took 2.5x as long on 2 cores with torch's default threads).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 SHAKESPEARE = ROOT / "data" / "tinyshakespeare.txt"
 
 # Each single-option change of the architecture from the default, and one with every option

@@ -409,6 +409,7 @@ def database_url(name: str) -> str:
     return url
 
 
+@pytest.mark.xdist_group("databases")  # both take the same lock on the same servers
 @pytest.mark.parametrize("name", DATABASES)
 def test_the_tuner_holds_the_databases_lock_for_other_machines(tmp_path: Path,
                                                                name: str) -> None:
@@ -430,6 +431,7 @@ def test_the_tuner_holds_the_databases_lock_for_other_machines(tmp_path: Path,
         other.execute(text(DATABASE_LOCKS[dialect][1]))
 
 
+@pytest.mark.xdist_group("databases")
 @pytest.mark.parametrize("name", DATABASES)
 def test_two_machines_share_a_study_in_a_database(tmp_path: Path, corpus: Path,
                                                   name: str) -> None:
