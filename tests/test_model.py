@@ -12,6 +12,7 @@ from charlm.model import (
     RMSNorm,
     apply_rope,
     attention,
+    gelu,
     param_counts,
     parameter_count,
     rope_angles,
@@ -109,6 +110,23 @@ def test_parameter_count_matches_formula_for_every_combination(activation, n_ff)
         assert param_counts(model)["head"] == (0 if tie else V * cfg.n_embd), where
         assert param_counts(model)["position_embedding"] == (
             cfg.block_size * cfg.n_embd if pos == "learned" else 0), where
+
+
+@pytest.mark.parametrize("rows", [1, 2, 16])
+def test_gelu_of_a_decode_step_runs_pytorchs_own_kernel_and_leaves_onednn_on(rows: int):
+    """Below ONEDNN_GELU_FROM values (1 or 2 rows of 1,536 here) the exact GELU comes from
+    PyTorch's kernel, as F.gelu gives it with oneDNN off; from there on it is F.gelu's own."""
+    h = torch.randn(rows, 1536) * 3
+    small = h.numel() < model_module.ONEDNN_GELU_FROM
+    assert torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = not small
+    try:
+        expected = torch.nn.functional.gelu(h)
+    finally:
+        torch.backends.mkldnn.enabled = True
+    assert torch.equal(gelu(h), expected)
+    assert torch.backends.mkldnn.enabled
+    assert (gelu(h) - torch.nn.functional.gelu(h)).abs().max() < 1e-6  # the two kernels agree
 
 
 def test_swiglu_hidden_size_rule():
