@@ -17,13 +17,14 @@ from charlm.config import MODEL_VARIANTS, RunConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
+SHAKESPEARE = ROOT / "data" / "tinyshakespeare.txt"
+
 # Under pytest-xdist each core runs a worker: one thread each, in the worker and in the processes
-# it starts (charlm train, torchrun), or the cores are oversubscribed and every op waits (the
-# suite took 2.5x as long on 2 cores with torch's default threads).
+# it starts (charlm train, torchrun), or the cores are oversubscribed and every op waits (on the
+# 2-core EPYC two workers took 8 min 53 s with torch's default threads, 3 min 34 s with one).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
-SHAKESPEARE = ROOT / "data" / "tinyshakespeare.txt"
 
 # Each single-option change of the architecture from the default, and one with every option
 # changed at once. Keys are `model` config keys.
