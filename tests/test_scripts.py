@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import importlib
 import os
+import runpy
+import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -16,10 +19,37 @@ from .conftest import ROOT
 TINY = str(ROOT / "configs" / "tiny.yaml")
 
 
-def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=60)
+@dataclass
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def run_script(monkeypatch, capsys):
+    """Run a script of scripts/ as `python scripts/NAME ARGS` would, in this process: the
+    refusals tested with it end before any work, and a child process would spend 3 s of each
+    test importing torch again. An exception that escapes the script fails the test, as its
+    traceback would fail the command's; the SIGTERM handler the script sets is put back."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))  # the scripts import `common` by name
+
+    def run(name: str, *args: str) -> Ran:
+        path = ROOT / "scripts" / name
+        monkeypatch.setattr(sys, "argv", [str(path), *args])
+        capsys.readouterr()
+        handler = signal.getsignal(signal.SIGTERM)
+        try:
+            runpy.run_path(str(path), run_name="__main__")
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        finally:
+            signal.signal(signal.SIGTERM, handler)
+        return Ran(code, *capsys.readouterr())
+
+    return run
 
 
 @pytest.mark.parametrize("name, args, message", [
@@ -32,7 +62,7 @@ def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
     ("time_to_loss.py", [TINY, "--set", "model.n_layr=2"], "did you mean 'n_layer'?"),
     ("cmudict_pairs.py", ["missing.dict"], "error: input file not found: missing.dict"),
 ])
-def test_scripts_report_bad_config_in_one_line(name, args, message):
+def test_scripts_report_bad_config_in_one_line(run_script, name, args, message):
     result = run_script(name, *args)
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ")
@@ -50,13 +80,13 @@ def test_scripts_report_bad_config_in_one_line(name, args, message):
     ("bench_g2p.py", ["--minutes", "0"]),
     ("bench_presets.py", ["--skip-nanogpt", "0"]),
 ])
-def test_scripts_reject_counts_that_are_not_positive(name, args):
+def test_scripts_reject_counts_that_are_not_positive(run_script, name, args):
     result = run_script(name, *args)
     assert result.returncode == 2
     assert "must be greater than 0, got 0" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_bench_train_rejects_a_negative_warmup():
+def test_bench_train_rejects_a_negative_warmup(run_script):
     """--warmup -5 ran no warm-up, as 0 would, without a word; --warmup 0 is allowed."""
     result = run_script("bench_train.py", TINY, "--warmup", "-5")
     assert result.returncode == 2 and result.stdout == ""
@@ -64,7 +94,7 @@ def test_bench_train_rejects_a_negative_warmup():
 
 
 @pytest.mark.parametrize("value", ["nan", "-1"])
-def test_time_to_loss_rejects_a_target_no_loss_can_reach(value):
+def test_time_to_loss_rejects_a_target_no_loss_can_reach(run_script, value):
     """A loss is positive: --target -1 would never be reached, and --target nan never compared
     true and was printed as NaN, which is not JSON. Both are refused before any training."""
     result = run_script("time_to_loss.py", TINY, "--target", value)
@@ -79,14 +109,14 @@ def test_time_to_loss_rejects_a_target_no_loss_can_reach(value):
     ("bench_prepare.py", "Benchmark `charlm prepare`: MB/s and peak RSS on a generated text file "
      "(default 200 MB)."),
 ])
-def test_script_help_describes_in_whole_sentences(name, description):
+def test_script_help_describes_in_whole_sentences(run_script, name, description):
     """--help shows the docstring's first paragraph, not its first line cut mid-sentence."""
     result = run_script(name, "--help")
     assert result.returncode == 0, result.stderr
     assert description in " ".join(result.stdout.split())
 
 
-def test_bench_presets_needs_a_nanogpt_clone(tmp_path):
+def test_bench_presets_needs_a_nanogpt_clone(run_script, tmp_path):
     result = run_script("bench_presets.py", "--nanogpt", str(tmp_path))
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.endswith("error: --nanogpt must name a clone of karpathy/nanoGPT (or "
