@@ -28,7 +28,7 @@ from charlm.evaluation import eval_batches_per_forward
 from charlm.faults import BadSteps
 from charlm.metrics import MetricsLogger
 from charlm.optim import make_optimizer
-from charlm.pairs import PairBatchSampler
+from charlm.pair_batches import PairBatchSampler
 from charlm.rundir import clear_run, start_run
 from charlm.tasks import PairsTask, Task, task_for
 

@@ -18,7 +18,8 @@ from charlm.config import RunConfig
 from charlm.data import BatchSampler, Dataset, dataset_for, read_meta, require_window
 from charlm.errors import CharlmError
 from charlm.model import GPT, parameter_count
-from charlm.pairs import PairBatchSampler, PairDataset, pairs_for
+from charlm.pair_batches import PairBatchSampler
+from charlm.pairs import PairDataset, pairs_for
 from charlm.vocab import PairVocab, Vocab
 
 

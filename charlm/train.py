@@ -47,7 +47,7 @@ from charlm.faults import Interrupted, StopSignals
 from charlm.generate import NonFiniteOutput
 from charlm.metrics import MetricsLogger
 from charlm.optim import step_if
-from charlm.pairs import PairBatchSampler
+from charlm.pair_batches import PairBatchSampler
 from charlm.run import (
     Clock,
     Run,

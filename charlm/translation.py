@@ -17,7 +17,7 @@ import torch
 
 from charlm.accuracy import Accuracy, accuracy
 from charlm.errors import CharlmError
-from charlm.pairs import collate
+from charlm.pair_batches import collate
 from charlm.sample_config import SampleConfig
 from charlm.sampling import require_cache_memory
 from charlm.seq2seq import EncoderDecoder, beam_search_ids, output_limit, translate_ids

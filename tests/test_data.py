@@ -195,19 +195,24 @@ def test_an_invalid_byte_at_a_chunk_boundary_is_named_at_its_offset(tmp_path, mo
         f"{offset}); charlm reads text files as UTF-8, convert it first")
 
 
-def test_prepare_imports_no_torch(tmp_path):
-    """`charlm prepare` spent 2.4 s of its time importing torch, which it never uses."""
-    src = tmp_path / "t.txt"
-    src.write_text("hello world, hello world\n", encoding="utf-8")
+@pytest.mark.parametrize("name, text, option, wrote", [
+    ("t.txt", "hello world, hello world\n", [], "10 symbols (uint8), 22 train / 3 val characters"),
+    ("p.tsv", "".join(f"{w}\t{w.upper()}\n" for w in ("cat", "dog", "hat", "bat", "rat")),
+     ["--pairs"], "4 train / 1 val / 0 test pairs"),
+])
+def test_prepare_imports_no_torch(tmp_path, name, text, option, wrote):
+    """`charlm prepare` spent 2.4 s of its time importing torch, which it never uses (with
+    --pairs too, until the pairs' batches moved out of charlm.pairs)."""
+    src = tmp_path / name
+    src.write_text(text, encoding="utf-8")
     code = ("import sys; from charlm.cli import main\n"
             "try:\n    main(sys.argv[1:])\n"
             "finally:\n    print('torch' in sys.modules)")
     result = subprocess.run(
-        [sys.executable, "-c", code, "prepare", str(src), "--out", str(tmp_path / "ds")],
+        [sys.executable, "-c", code, "prepare", *option, str(src), "--out", str(tmp_path / "ds")],
         env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == [
-        f"wrote {tmp_path / 'ds'}: 10 symbols (uint8), 22 train / 3 val characters", "False"]
+    assert result.stdout.splitlines() == [f"wrote {tmp_path / 'ds'}: {wrote}", "False"]
 
 
 def test_empty_and_single_character_inputs(tmp_path):
