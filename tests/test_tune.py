@@ -266,8 +266,8 @@ def processes_with(text: str) -> list[int]:
     return found
 
 
-def test_a_study_records_crashed_and_diverged_trials_and_goes_on(tmp_path: Path,
-                                                                  corpus: Path) -> None:
+def test_a_study_records_crashed_and_diverged_trials_and_goes_on(tmp_path: Path, corpus: Path,
+                                                                  cli) -> None:
     """Grid of 4: a good lr, a diverging one, each with a block too long for the val split."""
     out = tmp_path / "study"
     result = tune(TINY, "--search", "optim.lr=[0.01, 1000000.0]", "--search",
@@ -292,9 +292,8 @@ def test_a_study_records_crashed_and_diverged_trials_and_goes_on(tmp_path: Path,
     best = load_config(out / "best.yaml")
     assert (best.optim.lr, best.model.block_size, best.train.max_iters) == (0.01, 16, 10)
     assert best.data.path == str(corpus) and best.train.out_dir == str(out / "best")
-    trained = subprocess.run([sys.executable, "-m", "charlm", "train", out / "best.yaml"],
-                             cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
-    assert trained.returncode == 0, trained.stderr
+    trained = cli("train", out / "best.yaml")
+    assert trained.code == 0, trained.err
     assert (out / "best" / "best.pt").is_file()
 
 
