@@ -142,9 +142,13 @@ def test_a_fifo_is_refused_without_reading_it(tmp_path):
         assert str(e.value) == (f"cannot load checkpoint {fifo}: not a regular file (a "
                                 "directory, FIFO or device); give a .pt file that charlm train "
                                 "wrote")
-    finally:
-        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # lets the writer finish
-        writer.join(5)
+    finally:  # a reader lets the writer's open return, whenever it comes
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            writer.join(5)
+            assert not writer.is_alive()
+        finally:
+            os.close(reader)
 
 
 GOOD_TRAIN_STATE = {"step": 20, "best_val": 3.3, "tokens": 5120, "skipped_steps": 0,
