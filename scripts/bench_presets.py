@@ -4,13 +4,15 @@ time to its final val loss (1.886 in its README), then each preset's wall time t
 
     git clone https://github.com/karpathy/nanoGPT /tmp/nanoGPT     # once; never committed here
     python scripts/bench_presets.py --nanogpt /tmp/nanoGPT [--repeat 1] [--skip-nanogpt S]
+        [--set section.key=value ...]
 
 nanoGPT runs from a copy in a temporary dir, on data/tinyshakespeare.txt encoded as its
 shakespeare_char/prepare.py does (sorted characters, the first 90 % for training), with its
 README's CPU command line. Its time is taken from launch to the line of its last eval. The
 targets (issue 19): `shakespeare_char_cpu.yaml` at val <= 1.88 in at most 0.25x that time,
-`shakespeare_char_cpu_long.yaml` at <= 1.70 in at most 0.75x. Prints the machine's facts,
-one JSON line per run and a table.
+`shakespeare_char_cpu_long.yaml` at <= 1.70 in at most 0.75x. --set changes both presets
+alike (`--set train.dtype=float32` times them without bf16 autocast on a CPU with AMX). Prints
+the machine's facts, one JSON line per run and a table.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 from common import machine_facts, machine_line, positive, run_script, summary
+
+from charlm.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = ROOT / "data" / "tinyshakespeare.txt"
@@ -75,12 +79,14 @@ def run_nanogpt(clone: Path) -> dict:
             "final_val": curve[-1]["val_loss"], "curve": curve}
 
 
-def run_preset(config: str, target: float, max_seconds: float) -> dict:
-    """`scripts/time_to_loss.py` on a preset, stopped at its target: its JSON result."""
+def run_preset(config: str, target: float, max_seconds: float, overrides: list[str]) -> dict:
+    """`scripts/time_to_loss.py` on a preset with `--set` overrides, stopped at its target:
+    its JSON result."""
+    sets = [arg for item in overrides for arg in ("--set", item)]
     out = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "time_to_loss.py"), str(ROOT / config),
-         "--target", f"{target}", "--stop-at-target", "--max-seconds", f"{max_seconds:g}"],
-        check=True, capture_output=True, text=True).stdout
+         "--target", f"{target}", "--stop-at-target", "--max-seconds", f"{max_seconds:g}",
+         *sets], check=True, capture_output=True, text=True).stdout
     result = json.loads(out.strip().splitlines()[-1])
     result.pop("machine")
     return {"run": config, **result}
@@ -93,10 +99,14 @@ def main() -> None:
                         help="use this nanoGPT time (from an earlier run here) instead")
     parser.add_argument("--repeat", type=positive(int), default=1,
                         help="runs of each preset (default 1)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="a config override for both presets")
     args = parser.parse_args()
     if args.skip_nanogpt is None and (args.nanogpt is None or
                                       not (args.nanogpt / "train.py").exists()):
         parser.error("--nanogpt must name a clone of karpathy/nanoGPT (or give --skip-nanogpt)")
+    for config, _, _ in PRESETS:  # a bad --set is said now, not after nanoGPT's minutes
+        load_config(ROOT / config, args.overrides)
     facts = machine_facts()
     print(machine_line(facts), flush=True)
     if args.skip_nanogpt is None:
@@ -107,11 +117,13 @@ def main() -> None:
     rows = []
     for config, target, fraction in PRESETS:
         for _ in range(args.repeat):
-            result = run_preset(config, target, max_seconds=1.5 * ref["time_s"])
+            result = run_preset(config, target, 1.5 * ref["time_s"], args.overrides)
             print(json.dumps(result), flush=True)
             rows.append((config, target, fraction, result["time_to_target_s"]))
     print(f"\nnanoGPT's CPU recipe: {ref['time_s']:.1f} s to its final val "
           f"{ref.get('final_val', '(given)')}")
+    if args.overrides:
+        print(f"both presets with --set {' --set '.join(args.overrides)}")
     print("| preset | target | time to target | vs nanoGPT | goal |")
     print("|---|---|---|---|---|")
     for config, target, fraction, seconds in rows:

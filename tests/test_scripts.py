@@ -4,6 +4,7 @@ the figures they report are computed right."""
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import runpy
 import signal
@@ -121,6 +122,37 @@ def test_bench_presets_needs_a_nanogpt_clone(run_script, tmp_path):
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.endswith("error: --nanogpt must name a clone of karpathy/nanoGPT (or "
                                   "give --skip-nanogpt)\n")
+
+
+def test_bench_presets_refuses_a_bad_set_before_nanogpt_runs(run_script, tmp_path):
+    (tmp_path / "train.py").write_text("raise SystemExit('nanoGPT must not run')\n")
+    result = run_script("bench_presets.py", "--nanogpt", str(tmp_path),
+                        "--set", "train.dtyp=float32")
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+    assert "did you mean 'dtype'?" in result.stderr
+
+
+def test_bench_presets_hands_its_overrides_to_each_preset(monkeypatch, capsys):
+    """--set reaches time_to_loss.py for both presets, and the table says it was given."""
+    script = import_script("bench_presets", monkeypatch)
+    commands = []
+
+    def fake_run(command, **kw):
+        commands.append(command)
+        line = json.dumps({"machine": {}, "time_to_target_s": 50.0})
+        return subprocess.CompletedProcess(command, 0, stdout=line + "\n", stderr="")
+
+    monkeypatch.setattr(script.subprocess, "run", fake_run)
+    monkeypatch.setattr(sys, "argv", ["bench_presets.py", "--skip-nanogpt", "200", "--set",
+                                      "train.dtype=float32", "--set", "train.seed=3"])
+    script.main()
+    assert [c[2] for c in commands] == [str(ROOT / c) for c, _, _ in script.PRESETS]
+    assert all(c[-4:] == ["--set", "train.dtype=float32", "--set", "train.seed=3"]
+               for c in commands)
+    out = capsys.readouterr().out
+    assert "both presets with --set train.dtype=float32 --set train.seed=3" in out
+    assert "| shakespeare_char_cpu.yaml | 1.88 | 50.0 s | 0.25x | <= 0.25x |" in out
 
 
 def test_bench_presets_writes_nanogpts_data_as_its_prepare_does(monkeypatch, tmp_path):
