@@ -7,6 +7,7 @@ import faulthandler
 import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -121,19 +122,25 @@ class CliResult:
         self.code, self.out, self.err = code, out, err
 
 
+def run_main(capsys: pytest.CaptureFixture, call: Callable[[], object]) -> CliResult:
+    """Call a command's entry point in this process: its exit code (SystemExit's, as the
+    interpreter would make it), stdout and stderr."""
+    capsys.readouterr()
+    code = 0
+    try:
+        call()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    captured = capsys.readouterr()
+    return CliResult(code, captured.out, captured.err)
+
+
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch):
     """Run `charlm ARGS...` in-process; returns exit code, stdout and stderr."""
 
     def run(*args: str) -> CliResult:
-        capsys.readouterr()
         monkeypatch.setattr(sys, "argv", ["charlm", *map(str, args)])
-        code = 0
-        try:
-            main([str(a) for a in args])
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        captured = capsys.readouterr()
-        return CliResult(code, captured.out, captured.err)
+        return run_main(capsys, lambda: main([str(a) for a in args]))
 
     return run

@@ -10,21 +10,13 @@ import runpy
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
 
 import pytest
 import torch
 
-from .conftest import ROOT
+from .conftest import ROOT, CliResult, run_main
 
 TINY = str(ROOT / "configs" / "tiny.yaml")
-
-
-@dataclass
-class Ran:
-    returncode: int
-    stdout: str
-    stderr: str
 
 
 @pytest.fixture
@@ -36,19 +28,14 @@ def run_script(monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))  # the scripts import `common` by name
 
-    def run(name: str, *args: str) -> Ran:
+    def run(name: str, *args: str) -> CliResult:
         path = ROOT / "scripts" / name
         monkeypatch.setattr(sys, "argv", [str(path), *args])
-        capsys.readouterr()
         handler = signal.getsignal(signal.SIGTERM)
         try:
-            runpy.run_path(str(path), run_name="__main__")
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+            return run_main(capsys, lambda: runpy.run_path(str(path), run_name="__main__"))
         finally:
             signal.signal(signal.SIGTERM, handler)
-        return Ran(code, *capsys.readouterr())
 
     return run
 
@@ -65,9 +52,9 @@ def run_script(monkeypatch, capsys):
 ])
 def test_scripts_report_bad_config_in_one_line(run_script, name, args, message):
     result = run_script(name, *args)
-    assert result.returncode == 2, result.stderr
-    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ")
-    assert message in result.stderr and "Traceback" not in result.stderr
+    assert result.code == 2, result.err
+    assert result.err.count("\n") == 1 and result.err.startswith("error: ")
+    assert message in result.err and "Traceback" not in result.err
 
 
 @pytest.mark.parametrize("name, args", [
@@ -83,15 +70,15 @@ def test_scripts_report_bad_config_in_one_line(run_script, name, args, message):
 ])
 def test_scripts_reject_counts_that_are_not_positive(run_script, name, args):
     result = run_script(name, *args)
-    assert result.returncode == 2
-    assert "must be greater than 0, got 0" in result.stderr and "Traceback" not in result.stderr
+    assert result.code == 2
+    assert "must be greater than 0, got 0" in result.err and "Traceback" not in result.err
 
 
 def test_bench_train_rejects_a_negative_warmup(run_script):
     """--warmup -5 ran no warm-up, as 0 would, without a word; --warmup 0 is allowed."""
     result = run_script("bench_train.py", TINY, "--warmup", "-5")
-    assert result.returncode == 2 and result.stdout == ""
-    assert "argument --warmup: must be at least 0, got -5" in result.stderr
+    assert result.code == 2 and result.out == ""
+    assert "argument --warmup: must be at least 0, got -5" in result.err
 
 
 @pytest.mark.parametrize("value", ["nan", "-1"])
@@ -99,8 +86,8 @@ def test_time_to_loss_rejects_a_target_no_loss_can_reach(run_script, value):
     """A loss is positive: --target -1 would never be reached, and --target nan never compared
     true and was printed as NaN, which is not JSON. Both are refused before any training."""
     result = run_script("time_to_loss.py", TINY, "--target", value)
-    assert result.returncode == 2 and result.stdout == ""
-    assert f"argument --target: must be greater than 0, got {value}" in result.stderr
+    assert result.code == 2 and result.out == ""
+    assert f"argument --target: must be greater than 0, got {value}" in result.err
 
 
 @pytest.mark.parametrize("name, description", [
@@ -113,14 +100,14 @@ def test_time_to_loss_rejects_a_target_no_loss_can_reach(run_script, value):
 def test_script_help_describes_in_whole_sentences(run_script, name, description):
     """--help shows the docstring's first paragraph, not its first line cut mid-sentence."""
     result = run_script(name, "--help")
-    assert result.returncode == 0, result.stderr
-    assert description in " ".join(result.stdout.split())
+    assert result.code == 0, result.err
+    assert description in " ".join(result.out.split())
 
 
 def test_bench_presets_needs_a_nanogpt_clone(run_script, tmp_path):
     result = run_script("bench_presets.py", "--nanogpt", str(tmp_path))
-    assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.endswith("error: --nanogpt must name a clone of karpathy/nanoGPT (or "
+    assert result.code == 2 and result.out == ""
+    assert result.err.endswith("error: --nanogpt must name a clone of karpathy/nanoGPT (or "
                                   "give --skip-nanogpt)\n")
 
 
@@ -128,9 +115,9 @@ def test_bench_presets_refuses_a_bad_set_before_nanogpt_runs(run_script, tmp_pat
     (tmp_path / "train.py").write_text("raise SystemExit('nanoGPT must not run')\n")
     result = run_script("bench_presets.py", "--nanogpt", str(tmp_path),
                         "--set", "train.dtyp=float32")
-    assert (result.returncode, result.stdout) == (2, "")
-    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
-    assert "did you mean 'dtype'?" in result.stderr
+    assert (result.code, result.out) == (2, "")
+    assert result.err.startswith("error: ") and result.err.count("\n") == 1
+    assert "did you mean 'dtype'?" in result.err
 
 
 def test_bench_presets_hands_its_overrides_to_each_preset(monkeypatch, capsys):
