@@ -63,6 +63,20 @@ def cut_back(path: Path, step: int) -> None:
     write_text_atomic(path, "".join(kept))
 
 
+def wait_to_sort_last(tb_dir: Path) -> None:
+    """Wait, if need be, until a new TensorBoard event file's name sorts after every one in
+    tb_dir. TensorBoard reads a run's files in name order, and a resume's `purge_step` drops
+    only the events read before it. A name starts with its creation second, then the host,
+    the pid and a per-process counter, compared as text (so pid 10000 sorts before 9999): a
+    file of the same second may sort either way. So this waits for the next second when a file
+    has the current one. A stamp more than a second ahead is a clock set back: no wait."""
+    stamps = [int(part) for p in tb_dir.glob("events.out.tfevents.*")
+              if (part := p.name.split(".")[3]).isdigit()]
+    wait = max(stamps, default=0) + 1 - time.time()
+    if 0 < wait <= 2:
+        time.sleep(wait)
+
+
 class MetricsLogger:
     def __init__(self, run_dir: Path, total_steps: int | None, initial_step: int = 0,
                  progress: bool | None = None, enabled: bool = True):
@@ -75,6 +89,8 @@ class MetricsLogger:
             cut_back(run_dir / "metrics.jsonl", initial_step)
         self.jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
         self.tb_dir = run_dir / "tb"
+        if initial_step:
+            wait_to_sort_last(self.tb_dir)
         self.tb = SummaryWriter(str(self.tb_dir), purge_step=initial_step + 1 if initial_step
                                 else None)
         # progress=None: a bar only when stderr is a terminal.

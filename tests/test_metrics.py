@@ -84,8 +84,11 @@ def test_flatten_names_keys_by_section():
 def test_resume_after_a_crash_logs_each_step_once(tiny_cfg):
     """A run killed after its last checkpoint (step 10) had logged steps 12 and 14 and half a
     line: the resume cuts metrics.jsonl and TensorBoard back to step 10 and logs 12 and 14
-    again, so every step appears once, with the resumed run's values."""
+    again, so every step appears once, with the resumed run's values. The crashed run's event
+    file is named as one of the next second would be, after any the resume could open now:
+    the resume waits, so that TensorBoard reads its file (and its purge) last."""
     import json
+    import time
 
     from torch.utils.tensorboard import SummaryWriter
 
@@ -97,10 +100,14 @@ def test_resume_after_a_crash_logs_each_step_once(tiny_cfg):
         for step in (12, 14):
             f.write(json.dumps({"event": "train", "step": step, "train_loss": 99.0}) + "\n")
         f.write('{"event": "train", "st')
+    before = set((run / "tb").iterdir())
     crashed = SummaryWriter(str(run / "tb"))
     for step in (12, 14):
         crashed.add_scalar("train/loss", 99.0, step)
     crashed.close()
+    [crashed_file] = set((run / "tb").iterdir()) - before
+    crashed_file = crashed_file.rename(
+        run / "tb" / f"events.out.tfevents.{int(time.time()) + 1:010d}.~.0.0")
 
     train(with_(cfg, train={"max_iters": 14}), resume=True)
     events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -110,6 +117,7 @@ def test_resume_after_a_crash_logs_each_step_once(tiny_cfg):
     loss = read_tb(run).Scalars("train/loss")
     assert [e.step for e in loss] == [2, 4, 6, 8, 10, 12, 14]
     assert all(e.value != 99.0 for e in loss)
+    assert max((run / "tb").iterdir()).name > crashed_file.name
 
 
 def test_a_full_disk_while_logging_is_one_error_line_and_the_run_resumes(cli, tmp_path, corpus,
