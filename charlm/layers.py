@@ -1,4 +1,5 @@
-"""torch's layers with a cheaper call and attribute read, for the models' decode hot path.
+"""torch's layers with a cheaper call and attribute read, for the models' decode hot path, and
+a `Linear` whose one-row float32 product on the CPU uses every thread (`row_product`).
 
 `nn.Module` keeps submodules and parameters in registries (`_modules`, `_parameters`) and finds
 them through `__getattr__`, which Python calls only after the ordinary look-up has failed; its
@@ -11,8 +12,11 @@ else (registration, `state_dict`, hooks, `to`, `compile`) is `nn.Module`'s, unch
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.nn.modules import module as _hooks
 
 
@@ -61,7 +65,37 @@ class Module(nn.Module):
 
 
 class Linear(Module, nn.Linear):
+    """`nn.Linear`, whose product with one float32 row on the CPU, outside autograd (a batch-1
+    decode step), is split over the threads (`row_product`)."""
+
     weight, bias = param(), param()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if (x.size(-1) == x.numel() == w.size(1) and w.dtype == torch.float32
+                and w.device.type == "cpu" and not torch.is_grad_enabled()
+                and w.is_contiguous()):
+            parts = math.gcd(w.size(0), torch.get_num_threads())
+            if parts > 1:
+                return row_product(x, w, self.bias, parts)
+        return F.linear(x, w, self.bias)
+
+
+def row_product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+                parts: int) -> torch.Tensor:
+    """F.linear(x, w, bias) for x holding one row (..., K), w (N, K): w's rows in `parts`
+    equal blocks, one batched product (N / parts, K) @ (K, 1) per block.
+
+    MKL computes a one-row product on one core: on the EPYC a pass over the baby GPT's weights
+    took 4.2 ms with one thread or two. As a batched product it runs a block per thread,
+    16-17.5 against 9-12.5 GB/s from memory for its four weight shapes, and a float32 decode
+    step is about 20 % faster (docs/benchmarks.md). The sums are the same dot products, so
+    the result matches F.linear's within rounding. Half precision is left to F.linear, which
+    was faster for it."""
+    N, K = w.shape
+    column = x.reshape(1, K).t().expand(parts, K, 1)  # strides MKL takes as a transpose
+    y = torch.bmm(w.view(parts, N // parts, K), column).view(*x.shape[:-1], N)
+    return y if bias is None else y.add_(bias)
 
 
 class LayerNorm(Module, nn.LayerNorm):

@@ -9,9 +9,9 @@ cache on the same weights (exported as `charlm export --format hf` does).
 Random weights (vocab 65), eager, greedy, the best of --repeat runs of each. For each of
 --dtypes, the weights of all three are cast to it (`charlm sample --dtype`, transformers'
 `.to(dtype)`), and the float32 ceiling stays the yardstick. Prints one JSON line per dtype:
-the machine's facts, tokens/s of charlm, of transformers, of that dtype's ceiling and of the
-float32 one, and charlm's ratios. Bounded: about 3 x --repeat generations of --tokens tokens
-per dtype.
+the machine's facts, tokens/s of charlm, of transformers, of that dtype's ceiling (by
+F.linear, and by charlm's own `Linear`) and of the float32 one, and charlm's ratios.
+Bounded: about 3 x --repeat generations of --tokens tokens per dtype.
 """
 
 from __future__ import annotations
@@ -51,15 +51,17 @@ def best_rate(run, tokens: int, repeat: int) -> float:
 
 
 @torch.inference_mode()
-def ceiling(model: GPT, repeat: int) -> float:
+def ceiling(model: GPT, repeat: int, own: bool = False) -> float:
     """Passes per second of one matrix-vector product with each weight matrix of a decode step:
-    what a decoder that did nothing else would reach, bound by memory bandwidth."""
-    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    inputs = [torch.randn(1, w.shape[1], dtype=w.dtype) for w in weights]
+    what a decoder that did nothing else would reach, bound by memory bandwidth. By F.linear
+    (the yardstick issue 19 set), or with own=True by charlm's `Linear` layers themselves,
+    whose one-row float32 product runs on every thread (`layers.row_product`)."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = [torch.randn(1, m.weight.shape[1], dtype=m.weight.dtype) for m in linears]
 
     def one_pass() -> None:
-        for w, x in zip(weights, inputs, strict=True):
-            F.linear(x, w)
+        for m, x in zip(linears, inputs, strict=True):
+            m(x) if own else F.linear(x, m.weight)
 
     return best_rate(lambda: [one_pass() for _ in range(20)], 20, repeat)
 
@@ -105,6 +107,7 @@ def main() -> None:
     for name in args.dtypes:
         model.to(DTYPES[name])
         rates = {"ceiling": ceiling(model, args.repeat),
+                 "own_ceiling": ceiling(model, args.repeat, own=True),
                  "charlm": charlm_rate(model, args.tokens, args.repeat),
                  "transformers": transformers_rate(model, cfg, args.tokens, args.repeat)}
         print(json.dumps({
@@ -113,6 +116,7 @@ def main() -> None:
             **{f"{key}_tokens_per_s": round(rate, 1) for key, rate in rates.items()},
             "charlm_vs_float32_ceiling": round(rates["charlm"] / base, 3),
             "charlm_vs_ceiling": round(rates["charlm"] / rates["ceiling"], 3),
+            "charlm_vs_own_ceiling": round(rates["charlm"] / rates["own_ceiling"], 3),
             "charlm_vs_transformers": round(rates["charlm"] / rates["transformers"], 2),
         }), flush=True)
 

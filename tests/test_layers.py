@@ -1,12 +1,15 @@
-"""charlm.layers: named children read from torch's registries, and the hook-free call path."""
+"""charlm.layers: named children read from torch's registries, the hook-free call path, and the
+threaded one-row product."""
 
 import pytest
 import torch
 import torch.nn as nn
 from torch.nn.modules.module import register_module_forward_hook
 
+from charlm import layers
 from charlm.config import ModelConfig
-from charlm.layers import Linear, Module, child, param
+from charlm.generate import CachedDecoder
+from charlm.layers import Linear, Module, child, param, row_product
 from charlm.model import GPT, MLP
 
 
@@ -119,3 +122,69 @@ def test_a_plain_module_subclass_gets_the_fast_call():
     m.compile(backend=backend)  # module.compile() is honoured
     assert m(torch.full((2,), 3.0)).tolist() == [6.0, 6.0]
     assert len(graphs) == 1
+
+
+@pytest.mark.parametrize("parts", [2, 3, 4])
+@pytest.mark.parametrize("shape", [(24,), (1, 24), (1, 1, 24)])
+def test_a_row_product_in_blocks_is_the_linear_product(shape, parts):
+    torch.manual_seed(0)
+    w, bias, x = torch.randn(12, 24), torch.randn(12), torch.randn(shape)
+    for b in (None, bias):
+        got = row_product(x, w, b, parts)
+        assert got.shape == shape[:-1] + (12,)
+        torch.testing.assert_close(got, torch.nn.functional.linear(x, w, b))
+
+
+def test_linear_splits_only_a_float32_cpu_row_outside_autograd(monkeypatch):
+    """The blocked product is taken for one row under no_grad or inference_mode, with as many
+    blocks as the thread count shares with the output width; never with autograd on, for two
+    rows, half precision, an odd width on two threads, or one thread."""
+    calls = []
+    real = layers.row_product
+    monkeypatch.setattr(layers, "row_product",
+                        lambda x, w, b, parts: calls.append(parts) or real(x, w, b, parts))
+    threads = torch.get_num_threads()
+    torch.manual_seed(0)
+    even, odd = Linear(8, 12), Linear(8, 13)
+    row = torch.randn(1, 1, 8)
+    try:
+        torch.set_num_threads(2)
+        with torch.no_grad():
+            even(row), even(torch.randn(2, 8)), odd(row), even.half()(row.half())
+        even.float()
+        assert calls == [2]
+        with torch.inference_mode():
+            even(row)
+        assert calls == [2, 2]
+        y = even(row)
+        assert y.requires_grad and calls == [2, 2]
+        torch.set_num_threads(3)
+        with torch.no_grad():
+            even(row), odd(row)
+        assert calls == [2, 2, 3]
+        torch.set_num_threads(1)
+        with torch.no_grad():
+            even(row)
+        assert calls == [2, 2, 3]
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_decode_step_with_the_blocked_product_matches_one_thread():
+    """The cached decode of a GPT on two threads (blocked products) gives the logits of one
+    thread (plain products), within rounding."""
+    model = tiny_gpt().eval()
+    prompt = torch.tensor([[1, 2, 3]])
+    threads = torch.get_num_threads()
+    logits = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            with torch.inference_mode():
+                decoder = CachedDecoder(model, 1)
+                decoder.prefill(prompt)
+                logits.append([decoder.step(torch.tensor([t])) for t in (4, 5, 6)])
+    finally:
+        torch.set_num_threads(threads)
+    for one, two in zip(*logits, strict=True):
+        torch.testing.assert_close(two, one)
