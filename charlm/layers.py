@@ -1,5 +1,6 @@
 """torch's layers with a cheaper call and attribute read, for the models' decode hot path, and
-a `Linear` whose one-row float32 product on the CPU uses every thread (`row_product`).
+a `Linear` whose float32 product with a few rows on the CPU uses every thread
+(`split_product`).
 
 `nn.Module` keeps submodules and parameters in registries (`_modules`, `_parameters`) and finds
 them through `__getattr__`, which Python calls only after the ordinary look-up has failed; its
@@ -64,37 +65,43 @@ class Module(nn.Module):
         return self.forward(*args, **kwargs)
 
 
+SPLIT_ROWS = 64  # up to this many rows, `split_product` beats F.linear (timed to 256)
+
+
 class Linear(Module, nn.Linear):
-    """`nn.Linear`, whose product with one float32 row on the CPU, outside autograd (a batch-1
-    decode step), is split over the threads (`row_product`)."""
+    """`nn.Linear`, whose float32 product on the CPU with a few rows (a decode step, a small
+    batch of samples or beams), outside autograd, is split over the threads (`split_product`)."""
 
     weight, bias = param(), param()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        if (x.size(-1) == x.numel() == w.size(1) and w.dtype == torch.float32
+        if (x.numel() <= SPLIT_ROWS * x.size(-1) and w.dtype == torch.float32
                 and w.device.type == "cpu" and not torch.is_grad_enabled()
-                and w.is_contiguous()):
+                and w.is_contiguous() and x.size(-1) == w.size(1)):
             parts = math.gcd(w.size(0), torch.get_num_threads())
             if parts > 1:
-                return row_product(x, w, self.bias, parts)
+                return split_product(x, w, self.bias, parts)
         return F.linear(x, w, self.bias)
 
 
-def row_product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
-                parts: int) -> torch.Tensor:
-    """F.linear(x, w, bias) for x holding one row (..., K), w (N, K): w's rows in `parts`
-    equal blocks, one batched product (N / parts, K) @ (K, 1) per block.
+def split_product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+                  parts: int) -> torch.Tensor:
+    """F.linear(x, w, bias) for x (..., K) of M rows, w (N, K): w's rows in `parts` equal
+    blocks, one batched product (N / parts, K) @ (K, M) per block.
 
-    MKL computes a one-row product on one core: on the EPYC a pass over the baby GPT's weights
-    took 4.2 ms with one thread or two. As a batched product it runs a block per thread,
-    16-17.5 against 9-12.5 GB/s from memory for its four weight shapes, and a float32 decode
-    step is about 20 % faster (docs/benchmarks.md). The sums are the same dot products, so
-    the result matches F.linear's within rounding. Half precision is left to F.linear, which
-    was faster for it."""
+    MKL computes a product with few rows on one core (on the EPYC a pass over the baby GPT's
+    weights with one row took 4.2 ms with one thread or two). As a batched product it runs a
+    block per thread: with one row, 16-17.5 against 9-12.5 GB/s from memory for the model's
+    four weight shapes, a float32 decode step about 20 % faster; with 2-64 rows, 1.5-2.5x
+    faster products; with 256 rows 1.14x; from 1024 rows none (docs/benchmarks.md). The sums
+    are the same dot products, so the result matches F.linear's within rounding. Half
+    precision is left to F.linear, which was faster for it."""
     N, K = w.shape
-    column = x.reshape(1, K).t().expand(parts, K, 1)  # strides MKL takes as a transpose
-    y = torch.bmm(w.view(parts, N // parts, K), column).view(*x.shape[:-1], N)
+    M = x.numel() // K
+    columns = x.reshape(M, K).t().expand(parts, K, M)  # strides MKL takes as a transpose
+    y = torch.bmm(w.view(parts, N // parts, K), columns)  # (parts, N / parts, M)
+    y = y.permute(2, 0, 1).reshape(*x.shape[:-1], N)  # a view for one row
     return y if bias is None else y.add_(bias)
 
 

@@ -1,5 +1,5 @@
 """charlm.layers: named children read from torch's registries, the hook-free call path, and the
-threaded one-row product."""
+threaded product with a few rows."""
 
 import pytest
 import torch
@@ -9,7 +9,7 @@ from torch.nn.modules.module import register_module_forward_hook
 from charlm import layers
 from charlm.config import ModelConfig
 from charlm.generate import CachedDecoder
-from charlm.layers import Linear, Module, child, param, row_product
+from charlm.layers import Linear, Module, child, param, split_product
 from charlm.model import GPT, MLP
 
 
@@ -126,46 +126,50 @@ def test_a_plain_module_subclass_gets_the_fast_call():
 
 @pytest.mark.parametrize("parts", [2, 3, 4])
 @pytest.mark.parametrize("shape", [(24,), (1, 24), (1, 1, 24)])
-def test_a_row_product_in_blocks_is_the_linear_product(shape, parts):
+def test_a_split_product_in_blocks_is_the_linear_product(shape, parts):
     torch.manual_seed(0)
     w, bias, x = torch.randn(12, 24), torch.randn(12), torch.randn(shape)
     for b in (None, bias):
-        got = row_product(x, w, b, parts)
+        got = split_product(x, w, b, parts)
         assert got.shape == shape[:-1] + (12,)
         torch.testing.assert_close(got, torch.nn.functional.linear(x, w, b))
 
 
-def test_linear_splits_only_a_float32_cpu_row_outside_autograd(monkeypatch):
-    """The blocked product is taken for one row under no_grad or inference_mode, with as many
-    blocks as the thread count shares with the output width; never with autograd on, for two
-    rows, half precision, an odd width on two threads, or one thread."""
+def test_linear_splits_only_a_few_float32_cpu_rows_outside_autograd(monkeypatch):
+    """The blocked product is taken for up to SPLIT_ROWS rows under no_grad or inference_mode,
+    with as many blocks as the thread count shares with the output width; never with autograd
+    on, for more rows, half precision, an odd width on two threads, or one thread."""
     calls = []
-    real = layers.row_product
-    monkeypatch.setattr(layers, "row_product",
-                        lambda x, w, b, parts: calls.append(parts) or real(x, w, b, parts))
+    real = layers.split_product
+    def spy(x, w, b, parts):
+        calls.append((x.shape, parts))
+        return real(x, w, b, parts)
+
+    monkeypatch.setattr(layers, "split_product", spy)
     threads = torch.get_num_threads()
     torch.manual_seed(0)
     even, odd = Linear(8, 12), Linear(8, 13)
-    row = torch.randn(1, 1, 8)
+    row, most = torch.randn(1, 1, 8), torch.randn(layers.SPLIT_ROWS, 8)
     try:
         torch.set_num_threads(2)
         with torch.no_grad():
-            even(row), even(torch.randn(2, 8)), odd(row), even.half()(row.half())
+            even(row), even(most), even(torch.randn(layers.SPLIT_ROWS + 1, 8))
+            odd(row), even.half()(row.half())
         even.float()
-        assert calls == [2]
+        assert calls == [(row.shape, 2), (most.shape, 2)]
         with torch.inference_mode():
             even(row)
-        assert calls == [2, 2]
+        assert calls[2:] == [(row.shape, 2)]
         y = even(row)
-        assert y.requires_grad and calls == [2, 2]
+        assert y.requires_grad and len(calls) == 3
         torch.set_num_threads(3)
         with torch.no_grad():
             even(row), odd(row)
-        assert calls == [2, 2, 3]
+        assert calls[3:] == [(row.shape, 3)]
         torch.set_num_threads(1)
         with torch.no_grad():
             even(row)
-        assert calls == [2, 2, 3]
+        assert len(calls) == 4
     finally:
         torch.set_num_threads(threads)
 
