@@ -70,7 +70,9 @@ SPLIT_ROWS = 64  # up to this many rows, `split_product` beats F.linear (timed t
 
 class Linear(Module, nn.Linear):
     """`nn.Linear`, whose float32 product on the CPU with a few rows (a decode step, a small
-    batch of samples or beams), outside autograd, is split over the threads (`split_product`)."""
+    batch of samples or beams), outside autograd and torch.compile, is split over the threads
+    (`split_product`). Inside a compiled graph the split would break the graph at
+    `torch.get_num_threads`."""
 
     weight, bias = param(), param()
 
@@ -78,7 +80,8 @@ class Linear(Module, nn.Linear):
         w = self.weight
         if (x.numel() <= SPLIT_ROWS * x.size(-1) and w.dtype == torch.float32
                 and w.device.type == "cpu" and not torch.is_grad_enabled()
-                and w.is_contiguous() and x.size(-1) == w.size(1)):
+                and w.is_contiguous() and x.size(-1) == w.size(1)
+                and not torch.compiler.is_compiling()):  # a graph has its own kernels
             parts = math.gcd(w.size(0), torch.get_num_threads())
             if parts > 1:
                 return split_product(x, w, self.bias, parts)

@@ -192,3 +192,17 @@ def test_a_decode_step_with_the_blocked_product_matches_one_thread():
         torch.set_num_threads(threads)
     for one, two in zip(*logits, strict=True):
         torch.testing.assert_close(two, one)
+
+
+def test_a_compiled_decode_step_is_one_graph_without_breaks():
+    """Inside torch.compile the split is not taken: its `torch.get_num_threads` broke the graph
+    at the first Linear of a compiled decode step, and dynamo then ran the forward eagerly."""
+    model = tiny_gpt().eval()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with torch.inference_mode():
+            explained = torch._dynamo.explain(model)(torch.tensor([[1]]))
+    finally:
+        torch.set_num_threads(threads)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
