@@ -96,7 +96,7 @@ def split_product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
     MKL computes a product with few rows on one core (on the EPYC a pass over the baby GPT's
     weights with one row took 4.2 ms with one thread or two). As a batched product it runs a
     block per thread: with one row, 16-17.5 against 9-12.5 GB/s from memory for the model's
-    four weight shapes, a float32 decode step about 20 % faster; with 2-64 rows, 1.5-2.5x
+    four weight shapes, a float32 decode step about 20 % faster; with 2-64 rows, 1.4-2.4x
     faster products; with 256 rows 1.14x; from 1024 rows none (docs/benchmarks.md). The sums
     are the same dot products, so the result matches F.linear's within rounding. Half
     precision is left to F.linear, which was faster for it."""

@@ -55,7 +55,7 @@ def ceiling(model: GPT, repeat: int, own: bool = False) -> float:
     """Passes per second of one matrix-vector product with each weight matrix of a decode step:
     what a decoder that did nothing else would reach, bound by memory bandwidth. By F.linear
     (the yardstick issue 19 set), or with own=True by charlm's `Linear` layers themselves,
-    whose one-row float32 product runs on every thread (`layers.row_product`)."""
+    whose one-row float32 product runs on every thread (`layers.split_product`)."""
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     inputs = [torch.randn(1, m.weight.shape[1], dtype=m.weight.dtype) for m in linears]
 
