@@ -78,8 +78,8 @@ class Linear(Module, nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        if (x.numel() <= SPLIT_ROWS * x.size(-1) and w.dtype == torch.float32
-                and w.device.type == "cpu" and not torch.is_grad_enabled()
+        if (not torch.is_grad_enabled() and w.dtype == torch.float32  # training fails here
+                and x.numel() <= SPLIT_ROWS * x.size(-1) and w.is_cpu
                 and w.is_contiguous() and x.size(-1) == w.size(1)
                 and not torch.compiler.is_compiling()):  # a graph has its own kernels
             parts = math.gcd(w.size(0), torch.get_num_threads())
@@ -102,9 +102,13 @@ def split_product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
     precision is left to F.linear, which was faster for it."""
     N, K = w.shape
     M = x.numel() // K
-    columns = x.reshape(M, K).t().expand(parts, K, M)  # strides MKL takes as a transpose
-    y = torch.bmm(w.view(parts, N // parts, K), columns)  # (parts, N / parts, M)
-    y = y.permute(2, 0, 1).reshape(*x.shape[:-1], N)  # a view for one row
+    blocks = w.view(parts, N // parts, K)
+    if M == 1 and x.is_contiguous():  # a decode step: the fewest ops (each costs microseconds)
+        y = torch.bmm(blocks, x.as_strided((parts, K, 1), (0, 1, K)))  # (parts, N / parts, 1)
+        y = y.view(*x.shape[:-1], N)  # (unpacked: a torch.Size argument parses 2.5x slower)
+    else:
+        columns = x.reshape(M, K).t().expand(parts, K, M)  # strides MKL takes as a transpose
+        y = torch.bmm(blocks, columns).permute(2, 0, 1).reshape(*x.shape[:-1], N)
     return y if bias is None else y.add_(bias)
 
 

@@ -125,10 +125,17 @@ def test_a_plain_module_subclass_gets_the_fast_call():
 
 
 @pytest.mark.parametrize("parts", [2, 3, 4])
-@pytest.mark.parametrize("shape", [(24,), (1, 24), (1, 1, 24)])
+@pytest.mark.parametrize("shape", [(24,), (1, 24), (1, 1, 24), (3, 24), (2, 5, 24), "strided"])
 def test_a_split_product_in_blocks_is_the_linear_product(shape, parts):
+    """One contiguous row takes the decode step's short path; several rows, or a row that is
+    a strided view, the general one."""
     torch.manual_seed(0)
-    w, bias, x = torch.randn(12, 24), torch.randn(12), torch.randn(shape)
+    w, bias = torch.randn(12, 24), torch.randn(12)
+    if shape == "strided":
+        x, shape = torch.randn(1, 48)[:, ::2], (1, 24)
+        assert not x.is_contiguous()
+    else:
+        x = torch.randn(shape)
     for b in (None, bias):
         got = split_product(x, w, b, parts)
         assert got.shape == shape[:-1] + (12,)
