@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from charlm.config import ModelConfig
-from charlm.layers import Embedding, LayerNorm, Linear, Module, child, param
+from charlm.layers import Embedding, LayerNorm, Linear, Module, child, normal_, param
 
 
 def attention_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
@@ -355,7 +355,7 @@ def positions(cache: KVCache | None, T: int, block_size: int,
 def init_weights(module: nn.Module) -> None:
     """GPT-2's init, for `nn.Module.apply`: N(0, 0.02) weights, zero biases."""
     if isinstance(module, (nn.Linear, nn.Embedding)):
-        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        normal_(module.weight, std=0.02)
     if isinstance(module, nn.Linear) and module.bias is not None:
         nn.init.zeros_(module.bias)
 
@@ -365,7 +365,7 @@ def scale_residual_projections(module: nn.Module, depth: int) -> None:
     sqrt(depth)) for depth additions, so the stream's variance does not grow with depth."""
     for name, p in module.named_parameters():
         if name.endswith("proj.weight"):
-            nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(depth))
+            normal_(p, std=0.02 / math.sqrt(depth))
 
 
 class GPT(Module):
