@@ -65,27 +65,34 @@ class Module(nn.Module):
         return self.forward(*args, **kwargs)
 
 
+@torch.compiler.assume_constant_result
+def threads() -> int:
+    """torch's thread count, which torch.compile takes as a constant (a call to
+    `torch.get_num_threads` in a graph breaks it). A compiled graph keeps the count it was
+    traced with: another count changes only how its products are split, not their result."""
+    return torch.get_num_threads()
+
+
 SPLIT_ROWS = 64  # up to this many rows, `split_product` beats F.linear (timed to 256)
 
 
 class Linear(Module, nn.Linear):
     """`nn.Linear`, whose float32 product on the CPU with a few rows (a decode step, a small
-    batch of samples or beams), outside autograd and torch.compile, is split over the threads
-    (`split_product`). Inside a compiled graph the split would break the graph at
-    `torch.get_num_threads`."""
+    batch of samples or beams), outside autograd, is split over the threads (`split_product`),
+    eagerly or in a compiled graph."""
 
     weight, bias = param(), param()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        if (not torch.is_grad_enabled() and w.dtype == torch.float32  # training fails here
-                and x.numel() <= SPLIT_ROWS * x.size(-1) and w.is_cpu
-                and w.is_contiguous() and x.size(-1) == w.size(1)
-                and not torch.compiler.is_compiling()):  # a graph has its own kernels
-            parts = math.gcd(w.size(0), torch.get_num_threads())
-            if parts > 1:
-                return split_product(x, w, self.bias, parts)
-        return F.linear(x, w, self.bias)
+        if (torch.is_grad_enabled() or w.dtype is not torch.float32 or not w.is_cpu
+                or not w.is_contiguous()):
+            return F.linear(x, w, self.bias)  # training leaves at the first test
+        N, K = w.shape
+        parts = math.gcd(N, threads())
+        if parts == 1 or x.numel() > SPLIT_ROWS * K or x.size(-1) != K:
+            return F.linear(x, w, self.bias)
+        return split_product(x, w, self.bias, parts)
 
 
 def split_product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
@@ -114,6 +121,9 @@ def split_product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
 
 class LayerNorm(Module, nn.LayerNorm):
     weight, bias = param(), param()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # F.layer_norm's call, minus its checks
+        return torch.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
 class Embedding(Module, nn.Embedding):

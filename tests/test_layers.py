@@ -202,8 +202,9 @@ def test_a_decode_step_with_the_blocked_product_matches_one_thread():
 
 
 def test_a_compiled_decode_step_is_one_graph_without_breaks():
-    """Inside torch.compile the split is not taken: its `torch.get_num_threads` broke the graph
-    at the first Linear of a compiled decode step, and dynamo then ran the forward eagerly."""
+    """The split is traced into a compiled decode step's graph: `torch.get_num_threads` broke
+    the graph at the first Linear, and dynamo then ran the forward eagerly; the thread count
+    is now a constant to the compiler (`layers.threads`)."""
     model = tiny_gpt().eval()
     threads = torch.get_num_threads()
     try:
@@ -213,3 +214,5 @@ def test_a_compiled_decode_step_is_one_graph_without_breaks():
     finally:
         torch.set_num_threads(threads)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+    targets = [node.target for node in explained.graphs[0].graph.nodes]
+    assert targets.count(torch.bmm) == 2 * 4  # qkv, proj, fc, proj of each block (head: 11 rows)
