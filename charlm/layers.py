@@ -65,12 +65,16 @@ class Module(nn.Module):
         return self.forward(*args, **kwargs)
 
 
-@torch.compiler.assume_constant_result
 def threads() -> int:
     """torch's thread count, which torch.compile takes as a constant (a call to
     `torch.get_num_threads` in a graph breaks it). A compiled graph keeps the count it was
     traced with: another count changes only how its products are split, not their result."""
     return torch.get_num_threads()
+
+
+# What `torch.compiler.assume_constant_result` sets (a test checks it), without its import of
+# torch._dynamo, which would add 1.8 s to every command's start on the EPYC.
+threads._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 SPLIT_ROWS = 64  # up to this many rows, `split_product` beats F.linear (timed to 256)

@@ -201,6 +201,14 @@ def test_a_decode_step_with_the_blocked_product_matches_one_thread():
         torch.testing.assert_close(two, one)
 
 
+def test_the_thread_count_is_marked_constant_as_torch_compiler_marks_it():
+    def count() -> int:
+        return 2
+
+    marked = torch.compiler.assume_constant_result(count)
+    assert vars(marked) == {"_dynamo_marked_constant": True} == vars(layers.threads)
+
+
 def test_a_compiled_decode_step_is_one_graph_without_breaks():
     """The split is traced into a compiled decode step's graph: `torch.get_num_threads` broke
     the graph at the first Linear, and dynamo then ran the forward eagerly; the thread count
