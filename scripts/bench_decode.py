@@ -4,14 +4,15 @@ in the order a decode step reads them) and Hugging Face transformers' `generate`
 cache on the same weights (exported as `charlm export --format hf` does).
 
     python scripts/bench_decode.py [CONFIG] [--tokens 250] [--repeat 3]
-                                   [--dtypes float32 bfloat16 float16]
+                                   [--dtypes float32 bfloat16 float16] [--compile]
 
 Random weights (vocab 65), eager, greedy, the best of --repeat runs of each. For each of
 --dtypes, the weights of all three are cast to it (`charlm sample --dtype`, transformers'
 `.to(dtype)`), and the float32 ceiling stays the yardstick. Prints one JSON line per dtype:
 the machine's facts, tokens/s of charlm, of transformers, of that dtype's ceiling (by
 F.linear, and by charlm's own `Linear`) and of the float32 one, and charlm's ratios.
-Bounded: about 3 x --repeat generations of --tokens tokens per dtype.
+Bounded: about 3 x --repeat generations of --tokens tokens per dtype. --compile also times
+`charlm sample --compile` (the decode step compiled; the compile, in the warm-up, not counted).
 """
 
 from __future__ import annotations
@@ -66,10 +67,12 @@ def ceiling(model: GPT, repeat: int, own: bool = False) -> float:
     return best_rate(lambda: [one_pass() for _ in range(20)], 20, repeat)
 
 
-def charlm_rate(model: GPT, tokens: int, repeat: int) -> float:
+def charlm_rate(model: GPT, tokens: int, repeat: int, compile: bool = False) -> float:
+    opts = SampleConfig(temperature=0, compile=compile)
+
     def run() -> None:
         prompt = torch.zeros(1, 1, dtype=torch.long)
-        for ids in generate(model, prompt, tokens, SampleConfig(temperature=0)):
+        for ids in generate(model, prompt, tokens, opts):
             ids.tolist()  # as streaming does
 
     return best_rate(run, tokens, repeat)
@@ -99,6 +102,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=positive(int), default=3)
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES),
                         default=["float32", "bfloat16", "float16"])
+    parser.add_argument("--compile", action="store_true",
+                        help="also time the compiled decode step (charlm sample --compile)")
     args = parser.parse_args()
     cfg = load_config(args.config)
     torch.manual_seed(0)
@@ -110,6 +115,8 @@ def main() -> None:
                  "own_ceiling": ceiling(model, args.repeat, own=True),
                  "charlm": charlm_rate(model, args.tokens, args.repeat),
                  "transformers": transformers_rate(model, cfg, args.tokens, args.repeat)}
+        if args.compile:
+            rates["charlm_compiled"] = charlm_rate(model, args.tokens, args.repeat, compile=True)
         print(json.dumps({
             "machine": machine_facts(), "config": args.config.name, "tokens": args.tokens,
             "dtype": name, "float32_ceiling_tokens_per_s": round(base, 1),
@@ -118,6 +125,9 @@ def main() -> None:
             "charlm_vs_ceiling": round(rates["charlm"] / rates["ceiling"], 3),
             "charlm_vs_own_ceiling": round(rates["charlm"] / rates["own_ceiling"], 3),
             "charlm_vs_transformers": round(rates["charlm"] / rates["transformers"], 2),
+            **({"charlm_compiled_vs_ceiling": round(rates["charlm_compiled"] / rates["ceiling"], 3),
+                "charlm_compiled_vs_transformers": round(
+                    rates["charlm_compiled"] / rates["transformers"], 2)} if args.compile else {}),
         }), flush=True)
 
 
