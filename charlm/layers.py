@@ -141,5 +141,5 @@ class Embedding(Module, nn.Embedding):
 def normal_(t: torch.Tensor, std: float = 1.0) -> torch.Tensor:
     """nn.init.normal_(t, 0, std), the same draws, except on the meta device: there a tensor
     has no values to draw, and torch's normal_ for it imports torch._dynamo, 1.8 s on the EPYC,
-    which every `charlm train` paid for counting its parameters on that device."""
+    which `charlm sample` and `info` paid at start for counting parameters on that device."""
     return t if t.is_meta else nn.init.normal_(t, 0.0, std)
