@@ -19,6 +19,7 @@ from charlm.config import RunConfig
 from charlm.errors import CharlmError, one_line
 from charlm.files import make_writable_dir, write_text_atomic
 from charlm.search import Search, add, check_space, lookup
+from charlm.tasks import task_for
 from charlm.values import dump_yaml, read_yaml_file, untext
 
 PLAN_FILE, JOURNAL = "tune.yaml", "study.journal"
@@ -97,8 +98,6 @@ def prepare_data(cfg: RunConfig, search: Search, out: Path) -> str:
     limits = cfg.data.max_source_len is not None and cfg.data.max_target_len is not None
     if path.is_dir() or (cfg.data.pairs and "model.block_size" in search.params and not limits):
         return str(path.resolve())
-    from charlm.tasks import task_for  # imports torch
-
     print(f"preparing {path} once for every trial ...", file=sys.stderr)
     task_for(cfg, out / "dataset")
     return str((out / "dataset").resolve())

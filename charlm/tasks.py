@@ -1,6 +1,9 @@
 """What differs between training a GPT on text and an encoder-decoder on pairs: the data, its
 batches, the model, what a checkpoint stores as the vocabulary, and what an eval shows besides
 the loss. `task_for` picks one by `model.arch`; training, evaluation and loading ask it.
+
+torch is imported where a model or a batch is made, not with this module: preparing the data
+(`task_for`, as `charlm tune`'s own process does once for every trial) needs none of it.
 """
 
 from __future__ import annotations
@@ -9,18 +12,21 @@ import contextlib
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from charlm.config import RunConfig
 from charlm.data import BatchSampler, Dataset, dataset_for, read_meta, require_window
 from charlm.errors import CharlmError
-from charlm.model import GPT, parameter_count
-from charlm.pair_batches import PairBatchSampler
 from charlm.pairs import PairDataset, pairs_for
 from charlm.vocab import PairVocab, Vocab
+
+if TYPE_CHECKING:
+    import torch
+
+    from charlm.model import GPT
+    from charlm.pair_batches import PairBatchSampler
 
 
 def check_data_kind(cfg: RunConfig, pairs: bool) -> None:
@@ -55,13 +61,19 @@ class TextTask:
                             self.cfg.train.batch_size, device, seed, name=split, rows=rows)
 
     def new_model(self) -> GPT:
+        from charlm.model import GPT
+
         return GPT(self.cfg.model, len(self.vocab))
 
     def parameter_count(self) -> int:
+        from charlm.model import parameter_count
+
         return parameter_count(self.cfg.model, len(self.vocab))
 
     def example_batch(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
         """Zeros shaped like a training batch (what `compile_model` tries the graph on)."""
+        import torch
+
         shape = (rows, self.cfg.model.block_size)
         return tuple(torch.zeros(shape, dtype=torch.long, device=device) for _ in "xy")
 
@@ -99,6 +111,8 @@ class PairsTask:
 
     def sampler(self, split: str, seed: int, device: torch.device,
                 rows: slice = slice(None)) -> PairBatchSampler:
+        from charlm.pair_batches import PairBatchSampler
+
         return PairBatchSampler(self.data.split(split), self.vocab, self.cfg.train.batch_size,
                                 device, seed, rows=rows)
 
@@ -114,6 +128,8 @@ class PairsTask:
         return parameter_count(self.cfg.model, self.vocab.source_size, self.vocab.target_size)
 
     def example_batch(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        import torch
+
         T = self.cfg.model.block_size
         src = torch.zeros((rows, T), dtype=torch.long, device=device)
         return src, src.clone(), src.clone()
@@ -179,6 +195,8 @@ def build_model(cfg: RunConfig, vocab: Vocab | PairVocab) -> torch.nn.Module:
         from charlm.seq2seq import EncoderDecoder
 
         return EncoderDecoder(cfg.model, vocab.source_size, vocab.target_size, vocab.src_pad)
+    from charlm.model import GPT
+
     return GPT(cfg.model, len(vocab))
 
 
@@ -188,6 +206,8 @@ def check_stored_shapes(cfg: RunConfig, vocab: Vocab | PairVocab,
     before the model is built: the block counts against the stored names first, then every
     shape on the meta device (no memory). A config that claims a million layers or a width the
     weights do not have is refused before a byte is allocated for it."""
+    import torch
+
     m = cfg.model
     stacks = {"model.n_layer": ("blocks", m.n_layer)}
     if m.arch == "encoder_decoder":
