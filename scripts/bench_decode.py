@@ -3,16 +3,19 @@ weight-streaming ceiling (one pass of matrix-vector products over the model's we
 in the order a decode step reads them) and Hugging Face transformers' `generate` with its KV
 cache on the same weights (exported as `charlm export --format hf` does).
 
-    python scripts/bench_decode.py [CONFIG] [--tokens 250] [--repeat 3]
+    python scripts/bench_decode.py [CONFIG] [--tokens 250] [--repeat 5]
                                    [--dtypes float32 bfloat16 float16] [--compile]
 
-Random weights (vocab 65), eager, greedy, the best of --repeat runs of each. For each of
---dtypes, the weights of all three are cast to it (`charlm sample --dtype`, transformers'
-`.to(dtype)`), and the float32 ceiling stays the yardstick. Prints one JSON line per dtype:
-the machine's facts, tokens/s of charlm, of transformers, of that dtype's ceiling (by
-F.linear, and by charlm's own `Linear`) and of the float32 one, and charlm's ratios.
-Bounded: about 3 x --repeat generations of --tokens tokens per dtype. --compile also times
-`charlm sample --compile` (the decode step compiled; the compile, in the warm-up, not counted).
+Random weights (vocab 65), eager, greedy. For each of --dtypes, the weights of all three are
+cast to it (`charlm sample --dtype`, transformers' `.to(dtype)`), and the float32 ceiling
+stays the yardstick. --repeat rounds each time every measure once, in turn, so a ratio is
+taken within a round and the median over rounds is printed: the machine's speed drifts, and
+on a shared host jumps by a fifth from one run to the next. Prints one JSON line per dtype:
+the machine's facts, the best tokens/s of charlm, of transformers, of that dtype's ceiling
+(by F.linear, and by charlm's own `Linear`) and of the float32 one, and charlm's ratios.
+Bounded: about 2 x (--repeat + 1) generations of --tokens tokens per dtype. --compile also
+times `charlm sample --compile` (the decode step compiled; the compile, in the warm-up, not
+counted).
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -40,34 +45,42 @@ ROOT = Path(__file__).resolve().parents[1]
 VOCAB = Vocab([chr(c) for c in range(32, 97)])  # 65 characters, as tiny-shakespeare has
 
 
-def best_rate(run, tokens: int, repeat: int) -> float:
-    """Tokens/s of the fastest of `repeat` calls of run() (after one warm-up call)."""
-    run()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
+Runner = Callable[[], None]
+
+
+def rounds(runners: dict[str, tuple[Runner, int]], repeat: int) -> dict[str, list[float]]:
+    """Tokens/s of each runner (a call and the tokens it yields) in each of `repeat` rounds,
+    after one warm-up call each. A round times every runner once, back to back, so the
+    machine's speed (which drifts, and on a shared host jumps) is alike within a round."""
+    for run, _ in runners.values():
         run()
-        times.append(time.perf_counter() - t0)
-    return tokens / min(times)
+    rates: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(repeat):
+        for name, (run, tokens) in runners.items():
+            t0 = time.perf_counter()
+            run()
+            rates[name].append(tokens / (time.perf_counter() - t0))
+    return rates
 
 
-@torch.inference_mode()
-def ceiling(model: GPT, repeat: int, own: bool = False) -> float:
-    """Passes per second of one matrix-vector product with each weight matrix of a decode step:
+def ceiling(model: GPT, own: bool = False) -> tuple[Runner, int]:
+    """Twenty passes of one matrix-vector product with each weight matrix of a decode step:
     what a decoder that did nothing else would reach, bound by memory bandwidth. By F.linear
     (the yardstick issue 19 set), or with own=True by charlm's `Linear` layers themselves,
     whose one-row float32 product runs on every thread (`layers.split_product`)."""
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     inputs = [torch.randn(1, m.weight.shape[1], dtype=m.weight.dtype) for m in linears]
 
-    def one_pass() -> None:
-        for m, x in zip(linears, inputs, strict=True):
-            m(x) if own else F.linear(x, m.weight)
+    @torch.inference_mode()
+    def run() -> None:
+        for _ in range(20):
+            for m, x in zip(linears, inputs, strict=True):
+                m(x) if own else F.linear(x, m.weight)
 
-    return best_rate(lambda: [one_pass() for _ in range(20)], 20, repeat)
+    return run, 20
 
 
-def charlm_rate(model: GPT, tokens: int, repeat: int, compile: bool = False) -> float:
+def charlm_decode(model: GPT, tokens: int, compile: bool = False) -> tuple[Runner, int]:
     opts = SampleConfig(temperature=0, compile=compile)
 
     def run() -> None:
@@ -75,10 +88,10 @@ def charlm_rate(model: GPT, tokens: int, repeat: int, compile: bool = False) -> 
         for ids in generate(model, prompt, tokens, opts):
             ids.tolist()  # as streaming does
 
-    return best_rate(run, tokens, repeat)
+    return run, tokens
 
 
-def transformers_rate(model: GPT, cfg, tokens: int, repeat: int) -> float:
+def transformers_decode(model: GPT, cfg, tokens: int) -> tuple[Runner, int]:
     from transformers import GPT2LMHeadModel
 
     with tempfile.TemporaryDirectory() as tmp:  # saved in float32, the weights rounded alike
@@ -91,7 +104,12 @@ def transformers_rate(model: GPT, cfg, tokens: int, repeat: int) -> float:
         hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
                     max_new_tokens=tokens, min_new_tokens=tokens, pad_token_id=0)
 
-    return best_rate(run, tokens, repeat)
+    return run, tokens
+
+
+def ratio(rates: dict[str, list[float]], a: str, b: str) -> float:
+    """The median over the rounds of a's rate over b's in the same round."""
+    return statistics.median(x / y for x, y in zip(rates[a], rates[b], strict=True))
 
 
 def main() -> None:
@@ -99,7 +117,7 @@ def main() -> None:
     parser.add_argument("config", nargs="?", type=Path,
                         default=ROOT / "configs" / "shakespeare_char.yaml")
     parser.add_argument("--tokens", type=positive(int), default=250)
-    parser.add_argument("--repeat", type=positive(int), default=3)
+    parser.add_argument("--repeat", type=positive(int), default=5)
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES),
                         default=["float32", "bfloat16", "float16"])
     parser.add_argument("--compile", action="store_true",
@@ -108,26 +126,24 @@ def main() -> None:
     cfg = load_config(args.config)
     torch.manual_seed(0)
     model = GPT(cfg.model, len(VOCAB)).eval()
-    base = ceiling(model, args.repeat)
+    base = copy.deepcopy(model)  # stays float32: the float32 ceiling is timed in every round
     for name in args.dtypes:
         model.to(DTYPES[name])
-        rates = {"ceiling": ceiling(model, args.repeat),
-                 "own_ceiling": ceiling(model, args.repeat, own=True),
-                 "charlm": charlm_rate(model, args.tokens, args.repeat),
-                 "transformers": transformers_rate(model, cfg, args.tokens, args.repeat)}
+        runners = {"float32_ceiling": ceiling(base), "ceiling": ceiling(model),
+                   "own_ceiling": ceiling(model, own=True),
+                   "charlm": charlm_decode(model, args.tokens),
+                   "transformers": transformers_decode(model, cfg, args.tokens)}
         if args.compile:
-            rates["charlm_compiled"] = charlm_rate(model, args.tokens, args.repeat, compile=True)
+            runners["charlm_compiled"] = charlm_decode(model, args.tokens, compile=True)
+        rates = rounds(runners, args.repeat)
+        compiled = ["charlm_compiled"] if args.compile else []
         print(json.dumps({
             "machine": machine_facts(), "config": args.config.name, "tokens": args.tokens,
-            "dtype": name, "float32_ceiling_tokens_per_s": round(base, 1),
-            **{f"{key}_tokens_per_s": round(rate, 1) for key, rate in rates.items()},
-            "charlm_vs_float32_ceiling": round(rates["charlm"] / base, 3),
-            "charlm_vs_ceiling": round(rates["charlm"] / rates["ceiling"], 3),
-            "charlm_vs_own_ceiling": round(rates["charlm"] / rates["own_ceiling"], 3),
-            "charlm_vs_transformers": round(rates["charlm"] / rates["transformers"], 2),
-            **({"charlm_compiled_vs_ceiling": round(rates["charlm_compiled"] / rates["ceiling"], 3),
-                "charlm_compiled_vs_transformers": round(
-                    rates["charlm_compiled"] / rates["transformers"], 2)} if args.compile else {}),
+            "dtype": name, "rounds": args.repeat,
+            **{f"{key}_tokens_per_s": round(max(r), 1) for key, r in rates.items()},
+            **{f"{key}_vs_{yardstick}": round(ratio(rates, key, yardstick), 3)
+               for key in ["charlm", *compiled]
+               for yardstick in ("float32_ceiling", "ceiling", "own_ceiling", "transformers")},
         }), flush=True)
 
 

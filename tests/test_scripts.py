@@ -168,6 +168,24 @@ def import_script(name: str, monkeypatch):
     return importlib.import_module(name)
 
 
+def test_bench_decode_times_its_measures_in_turn_and_pairs_them_by_round(monkeypatch):
+    """Every round times each measure once, back to back, after one warm-up call each; a
+    ratio is the median of the rounds' own ratios, not of the best rates, which may come from
+    rounds far apart on a machine whose speed jumps."""
+    script = import_script("bench_decode", monkeypatch)
+    calls, clock = [], iter(range(0, 1000, 1))
+    monkeypatch.setattr(script.time, "perf_counter", lambda: next(clock) * 0.5)
+
+    def runner(name, tokens):
+        return (lambda: calls.append(name)), tokens
+
+    rates = script.rounds({"a": runner("a", 10), "b": runner("b", 5)}, 3)
+    assert calls == ["a", "b"] * 4
+    assert rates == {"a": [20.0] * 3, "b": [10.0] * 3}  # each call took one tick, 0.5 s
+    rates = {"a": [100.0, 60.0, 45.0], "b": [40.0, 50.0, 100.0]}
+    assert script.ratio(rates, "a", "b") == 1.2  # rounds: 2.5, 1.2, 0.45; best rates: 1.0
+
+
 @pytest.mark.parametrize("device_name, peak, key", [
     ("NVIDIA H100 80GB HBM3", 989e12, "H100"),
     ("NVIDIA H100 PCIe", 756e12, "H100 PCIe"),
