@@ -222,8 +222,8 @@ def sample_next(logits: torch.Tensor, temperature: float, procs: Sequence[Proces
     # reads a number per row on the host, as torch.isfinite (several ops under the hood) cost
     # about 60 us a token, 1 % of a CPU decode step.
     if temperature == 0:
-        ids = logits.argmax(dim=-1)  # a row with a NaN gives the NaN's id
-        if not all(map(math.isfinite, logits.gather(-1, ids[:, None]).view(-1).tolist())):
+        best, ids = logits.max(dim=-1)  # the first of tied ids, as argmax; a NaN row: the NaN
+        if not all(map(math.isfinite, best.tolist())):
             raise NonFiniteOutput
         return ids
     for proc in procs:

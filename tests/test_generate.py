@@ -138,8 +138,8 @@ def test_beam_search_that_stops_early_returns_a_finished_hypothesis(model):
 
 
 def test_temperature_zero_is_argmax():
-    logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 2.9]])
-    assert sample_next(logits, temperature=0).tolist() == [1, 0]
+    logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 2.9], [1.0, 2.0, 2.0]])
+    assert sample_next(logits, temperature=0).tolist() == [1, 0, 1]  # a tie: the first
 
 
 @pytest.mark.parametrize("multinomial", ["cpu", "unchecked"])
