@@ -1,5 +1,5 @@
 """torch's layers with a cheaper call and attribute read, for the models' decode hot path, and
-a `Linear` whose float32 product with a few rows on the CPU uses every thread
+a `Linear` whose float32 product with a few rows by a large weight on the CPU uses every thread
 (`split_product`).
 
 `nn.Module` keeps submodules and parameters in registries (`_modules`, `_parameters`) and finds
@@ -78,19 +78,22 @@ threads._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 SPLIT_ROWS = 64  # up to this many rows, `split_product` beats F.linear (timed to 256)
+# From this many values in a weight (512 KiB of float32) the split can win; below it, the threads'
+# start and join cost more than the product (a row by a 96 x 32 weight: 21.5 against 8.1 us).
+SPLIT_MIN_WEIGHTS = 1 << 17
 
 
 class Linear(Module, nn.Linear):
     """`nn.Linear`, whose float32 product on the CPU with a few rows (a decode step, a small
-    batch of samples or beams), outside autograd, is split over the threads (`split_product`),
-    eagerly or in a compiled graph."""
+    batch of samples or beams) by a large weight, outside autograd, is split over the threads
+    (`split_product`), eagerly or in a compiled graph."""
 
     weight, bias = param(), param()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         if (torch.is_grad_enabled() or w.dtype is not torch.float32 or not w.is_cpu
-                or not w.is_contiguous()):
+                or w.numel() < SPLIT_MIN_WEIGHTS or not w.is_contiguous()):
             return F.linear(x, w, self.bias)  # training leaves at the first test
         N, K = w.shape
         parts = math.gcd(N, threads())

@@ -143,9 +143,10 @@ def test_a_split_product_in_blocks_is_the_linear_product(shape, parts):
 
 
 def test_linear_splits_only_a_few_float32_cpu_rows_outside_autograd(monkeypatch):
-    """The blocked product is taken for up to SPLIT_ROWS rows under no_grad or inference_mode,
-    with as many blocks as the thread count shares with the output width; never with autograd
-    on, for more rows, half precision, an odd width on two threads, or one thread."""
+    """The blocked product is taken for up to SPLIT_ROWS rows by a weight of at least
+    SPLIT_MIN_WEIGHTS under no_grad or inference_mode, with as many blocks as the thread count
+    shares with the output width; never with autograd on, for more rows, a smaller weight, half
+    precision, an odd width on two threads, or one thread."""
     calls = []
     real = layers.split_product
     def spy(x, w, b, parts):
@@ -153,15 +154,16 @@ def test_linear_splits_only_a_few_float32_cpu_rows_outside_autograd(monkeypatch)
         return real(x, w, b, parts)
 
     monkeypatch.setattr(layers, "split_product", spy)
+    monkeypatch.setattr(layers, "SPLIT_MIN_WEIGHTS", 8 * 12)
     threads = torch.get_num_threads()
     torch.manual_seed(0)
-    even, odd = Linear(8, 12), Linear(8, 13)
+    even, odd, small = Linear(8, 12), Linear(8, 13), Linear(8, 10)
     row, most = torch.randn(1, 1, 8), torch.randn(layers.SPLIT_ROWS, 8)
     try:
         torch.set_num_threads(2)
         with torch.no_grad():
             even(row), even(most), even(torch.randn(layers.SPLIT_ROWS + 1, 8))
-            odd(row), even.half()(row.half())
+            odd(row), small(row), even.half()(row.half())
         even.float()
         assert calls == [(row.shape, 2), (most.shape, 2)]
         with torch.inference_mode():
@@ -181,9 +183,10 @@ def test_linear_splits_only_a_few_float32_cpu_rows_outside_autograd(monkeypatch)
         torch.set_num_threads(threads)
 
 
-def test_a_decode_step_with_the_blocked_product_matches_one_thread():
+def test_a_decode_step_with_the_blocked_product_matches_one_thread(monkeypatch):
     """The cached decode of a GPT on two threads (blocked products) gives the logits of one
     thread (plain products), within rounding."""
+    monkeypatch.setattr(layers, "SPLIT_MIN_WEIGHTS", 0)  # every product of this small model
     model = tiny_gpt().eval()
     prompt = torch.tensor([[1, 2, 3]])
     threads = torch.get_num_threads()
@@ -209,10 +212,11 @@ def test_the_thread_count_is_marked_constant_as_torch_compiler_marks_it():
     assert vars(marked) == {"_dynamo_marked_constant": True} == vars(layers.threads)
 
 
-def test_a_compiled_decode_step_is_one_graph_without_breaks():
+def test_a_compiled_decode_step_is_one_graph_without_breaks(monkeypatch):
     """The split is traced into a compiled decode step's graph: `torch.get_num_threads` broke
     the graph at the first Linear, and dynamo then ran the forward eagerly; the thread count
     is now a constant to the compiler (`layers.threads`)."""
+    monkeypatch.setattr(layers, "SPLIT_MIN_WEIGHTS", 0)  # every product of this small model
     model = tiny_gpt().eval()
     threads = torch.get_num_threads()
     try:
