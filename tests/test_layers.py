@@ -183,6 +183,24 @@ def test_linear_splits_only_a_few_float32_cpu_rows_outside_autograd(monkeypatch)
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("in_features, out_features, splits", [
+    (384, 384, True), (384, 1152, True), (1536, 384, True),  # the baby GPT's, smallest first
+    (128, 688, False), (96, 512, False), (32, 128, False),  # the CPU presets' and tiny's largest
+])
+def test_only_weights_of_at_least_2_to_the_17_values_are_split(monkeypatch, in_features,
+                                                               out_features, splits):
+    calls = []
+    monkeypatch.setattr(layers, "split_product", lambda *a: calls.append(a) or a[0].new_zeros(1))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with torch.no_grad():
+            Linear(in_features, out_features)(torch.randn(1, 1, in_features))
+    finally:
+        torch.set_num_threads(threads)
+    assert len(calls) == splits
+
+
 def test_a_decode_step_with_the_blocked_product_matches_one_thread(monkeypatch):
     """The cached decode of a GPT on two threads (blocked products) gives the logits of one
     thread (plain products), within rounding."""
