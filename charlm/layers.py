@@ -126,6 +126,12 @@ def split_product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
     return y if bias is None else y.add_(bias)
 
 
+def maybe_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """F.dropout, minus the call when it is the identity (decoding runs this per layer per
+    token)."""
+    return F.dropout(x, p, training) if training and p > 0 else x
+
+
 class LayerNorm(Module, nn.LayerNorm):
     weight, bias = param(), param()
 

@@ -37,7 +37,7 @@ def block_bytes(cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
     """Bytes a position keeps for the backward in one block of `attentions` attention
     sublayers (1; a decoder block with cross-attention, 2) and an MLP."""
     C, e = cfg.n_embd, torch.empty((), dtype=dtype).element_size()
-    attn_e = 4 if device.type == "cpu" else e  # the CPU attends in float32 (model.attention)
+    attn_e = 4 if device.type == "cpu" else e  # the CPU attends in float32 (attention.attention)
     hidden = (4 if cfg.activation == "swiglu" else 2) * cfg.ff_width  # fc out, activation
     sublayers = attentions + 1
     kept = sublayers * 4 * C  # each sublayer's norm input: the float32 residual stream

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import torch
 
+from charlm.attention import attention_dtype
 from charlm.data import decode_chunks, read_text
 from charlm.device import require_memory
 from charlm.errors import CharlmError, characters
 from charlm.generate import beam_search, generate
 from charlm.memory import sampling_bytes
-from charlm.model import GPT, attention_dtype
+from charlm.model import GPT
 from charlm.sample_config import SampleConfig
 from charlm.seq2seq import EncoderDecoder
 from charlm.vocab import Vocab, list_unknown

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn as nn
 
+from charlm.attention import KVCache, attention_dtype, rope_angles
 from charlm.config import ModelConfig
 from charlm.generate import (
     RecentIds,
@@ -34,19 +35,15 @@ from charlm.generate import (
     sample_next,
     search_beams,
 )
-from charlm.layers import Embedding, Linear, Module, child
+from charlm.layers import Embedding, Linear, Module, child, maybe_dropout
 from charlm.model import (
     Block,
-    KVCache,
-    attention_dtype,
     embed,
     init_weights,
     logits_and_loss,
     make_norm,
-    maybe_dropout,
     param_counts,
     positions,
-    rope_angles,
     scale_residual_projections,
 )
 from charlm.sample_config import SampleConfig

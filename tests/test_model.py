@@ -7,17 +7,7 @@ import torch
 from charlm import model as model_module
 from charlm.config import ModelConfig
 from charlm.errors import CharlmError
-from charlm.model import (
-    GPT,
-    RMSNorm,
-    apply_rope,
-    attention,
-    gelu,
-    param_counts,
-    parameter_count,
-    rope_angles,
-    sinusoidal_table,
-)
+from charlm.model import GPT, RMSNorm, gelu, param_counts, parameter_count, sinusoidal_table
 
 from .conftest import VARIANTS
 
@@ -204,27 +194,6 @@ def test_sinusoidal_embedding_scales_tokens_and_adds_the_table():
     torch.testing.assert_close(model.embed(idx, pos), expected)
 
 
-def test_rope_preserves_norms_and_depends_only_on_relative_position():
-    torch.manual_seed(0)
-    D = 16
-    q, k = torch.randn(1, 1, 1, D), torch.randn(1, 1, 1, D)
-
-    def at(x, p):
-        return apply_rope(x, *rope_angles(torch.tensor([p]), D))
-
-    for p in (0, 1, 7, 100):
-        torch.testing.assert_close(at(q, p).norm(), q.norm())
-    assert not torch.allclose(at(q, 3), q)  # it does rotate
-
-    def score(m, n):
-        return (at(q, m) * at(k, n)).sum().item()
-
-    assert score(3, 1) == pytest.approx(score(10, 8), abs=1e-5)
-    assert score(3, 1) == pytest.approx(score(60, 58), abs=1e-5)
-    assert score(0, 0) == pytest.approx((q * k).sum().item(), abs=1e-5)
-    assert score(3, 1) != pytest.approx(score(3, 2), abs=1e-3)
-
-
 def test_rope_needs_an_even_head_size():
     with pytest.raises(CharlmError, match="rope .* even head size, but n_embd / n_head = 15"):
         ModelConfig(n_embd=30, n_head=2, pos_encoding="rope")
@@ -271,42 +240,6 @@ def test_default_architecture_keeps_the_state_dict_names():
     expected += [f"blocks.{i}.{name}" for i in range(2) for name in per_block]
     expected += ["ln_f.weight", "head.weight"]
     assert list(GPT(tiny(), V).state_dict()) == expected
-
-
-def test_rope_equals_the_rotation_of_feature_pairs():
-    torch.manual_seed(0)
-    D, T = 8, 5
-    x = torch.randn(2, 3, T, D)
-    pos = torch.arange(4, 4 + T)
-    y = apply_rope(x, *rope_angles(pos, D))
-    theta = 10000.0 ** -(torch.arange(0, D, 2).float() / D)  # (D/2,)
-    angle = pos.float()[:, None] * theta  # (T, D/2)
-    x1, x2 = x[..., : D // 2], x[..., D // 2:]
-    expected = torch.cat([x1 * angle.cos() - x2 * angle.sin(),
-                          x1 * angle.sin() + x2 * angle.cos()], dim=-1)
-    torch.testing.assert_close(y, expected)
-
-
-@pytest.mark.parametrize("autocast", [False, True])
-def test_cpu_attention_in_bf16_runs_the_kernel_in_float32(autocast, monkeypatch):
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 2, 8, 16, requires_grad=True) for _ in range(3))
-    seen = []
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-
-    def spy(*args, **kwargs):
-        seen.append({a.dtype for a in args})
-        return sdpa(*args, **kwargs)
-
-    monkeypatch.setattr(model_module.F, "scaled_dot_product_attention", spy)
-    reference = attention(q, k, v, None, True, 0.0)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        y = attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), None, True, 0.0)
-    assert seen == [{torch.float32}, {torch.float32}]  # never the slow bf16 kernel
-    assert y.dtype == torch.bfloat16
-    torch.testing.assert_close(y.float(), reference, atol=2e-2, rtol=2e-2)
-    y.float().sum().backward()  # gradients flow back to the float32 leaves through the casts
-    assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in (q, k, v))
 
 
 @pytest.mark.parametrize("variant", ["default", "all_changed", "pos_encoding=sinusoidal"])

@@ -41,7 +41,7 @@ def test_more_samples_or_beams_than_memory_holds_is_a_plain_error(model, monkeyp
 
 def test_the_memory_guard_counts_the_float32_cache_of_a_half_precision_model(model,
                                                                             monkeypatch):
-    """On the CPU a bf16 model keeps its KV cache in float32 (`model.attention_dtype`), so four
+    """On the CPU a bf16 model keeps its KV cache in float32 (`attention.attention_dtype`), so four
     samples need what they need in float32, not half the cache."""
     model = model.to(torch.bfloat16)
     four = sampling_bytes(model.cfg, V, 4, 4)
