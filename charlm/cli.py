@@ -29,7 +29,6 @@ from charlm.errors import (
     raise_interrupt,
     report,
     tolerant_stdout,
-    writes_unicode,
 )
 from charlm.sample_config import SampleConfig, with_sample_options
 
@@ -203,7 +202,7 @@ def sample(
 ) -> None:
     """Generate text from a checkpoint, streamed to stdout as it is produced."""
     from charlm.api import load
-    from charlm.sampling import default_prompt, encode_prompt, read_prompt, sample_text
+    from charlm.sampling import default_prompt, encode_prompt, print_samples, read_prompt
 
     opts = SampleConfig(**options)
     sources_given = source is not None or source_file is not None
@@ -223,39 +222,12 @@ def sample(
             opts = dataclasses.replace(opts, temperature=0.0)
         print_translations(lm.model, lm.vocab, sources, opts, json_out)
         return
-    model, vocab = lm.model, lm.vocab
     if text is None:
-        text = default_prompt(vocab)
-    text, _, warnings = encode_prompt(vocab, text, opts.unknown, model.cfg.block_size)
+        text = default_prompt(lm.vocab)
+    text, _, warnings = encode_prompt(lm.vocab, text, opts.unknown, lm.model.cfg.block_size)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
-
-    out = sys.stdout
-    separator = "\n" + "-" * 40 + "\n"
-    live = stream and not json_out and opts.beams is None
-
-    def show(i: int, piece: str) -> None:
-        if live and i == 0:  # the first sample streams; the others are printed when done
-            out.write(piece)
-            out.flush()
-
-    if live:
-        out.write(text)
-        out.flush()
-    samples = sample_text(model, vocab, text, opts, show)
-    for i, s in enumerate(samples):
-        if json_out:
-            out.write(json.dumps({"text": s.text, "prompt": s.prompt, "tokens": s.tokens,
-                                  "seconds": round(s.seconds, 4), "stopped": s.stopped},
-                                 ensure_ascii=not writes_unicode(out)) + "\n")
-            continue
-        if i > 0:
-            out.write(separator)
-        if not (live and i == 0):
-            out.write(s.prompt + s.text)
-    if not json_out:
-        out.write("\n")
-    out.flush()
+    print_samples(lm.model, lm.vocab, text, opts, stream, json_out)
 
 
 @app.command()
@@ -380,21 +352,12 @@ def export(
 ) -> None:
     """Export a model as safetensors, or as a Hugging Face GPT-2 directory."""
     from charlm.api import load
-    from charlm.export import is_export_dir, resolve_out, save_hf, save_safetensors, write_dir
+    from charlm.export import FORMATS, export_model
 
-    savers = {"safetensors": save_safetensors, "hf": save_hf}
-    if format_ not in savers:
+    if format_ not in FORMATS:
         raise CharlmError(f"--format must be safetensors or hf, got {format_!r}")
     lm = load(target, "cpu")
-    source, real = lm.source.resolve(), resolve_out(out)
-    if real in (source, *source.parents):  # --overwrite would delete it
-        raise CharlmError(f"--out {out} holds the model being exported ({lm.source}); give "
-                          "another directory")
-    run = source.parent if source.is_file() else source  # its run dir, or the export itself
-    if run in real.parents and real.exists() and not is_export_dir(real):  # tb/, dataset/
-        raise CharlmError(f"--out {out} is part of the run in {run}; give a directory outside "
-                          "it (or an earlier export)")
-    write_dir(out, lambda d: savers[format_](lm.model, lm.vocab, lm.config, d), overwrite)
+    export_model(lm.model, lm.vocab, lm.config, lm.source, out, format_, overwrite)
     print(f"wrote {out} ({format_})")
 
 

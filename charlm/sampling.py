@@ -5,6 +5,7 @@ their text through a callback. The decoding itself is `charlm.generate`'s.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -16,7 +17,7 @@ import torch
 from charlm.attention import attention_dtype
 from charlm.data import decode_chunks, read_text
 from charlm.device import require_memory
-from charlm.errors import CharlmError, characters
+from charlm.errors import CharlmError, characters, writes_unicode
 from charlm.generate import beam_search, generate
 from charlm.memory import sampling_bytes
 from charlm.model import GPT
@@ -181,6 +182,39 @@ def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
         if not m.done:
             seconds[i] = time.perf_counter() - t0
     return [Sample(prompt, texts[i], counts[i], seconds[i], matchers[i].done) for i in range(K)]
+
+
+def print_samples(model: GPT, vocab: Vocab, text: str, opts: SampleConfig, stream: bool,
+                  json_out: bool) -> None:
+    """`charlm sample`'s output: the first sample streamed after its prompt as it is generated
+    (unless stream is off, or with --json or beams), the others printed when done, separated by
+    a line of dashes; with json_out one JSON object per sample."""
+    out = sys.stdout
+    separator = "\n" + "-" * 40 + "\n"
+    live = stream and not json_out and opts.beams is None
+
+    def show(i: int, piece: str) -> None:
+        if live and i == 0:  # the first sample streams; the others are printed when done
+            out.write(piece)
+            out.flush()
+
+    if live:
+        out.write(text)
+        out.flush()
+    samples = sample_text(model, vocab, text, opts, show)
+    for i, s in enumerate(samples):
+        if json_out:
+            out.write(json.dumps({"text": s.text, "prompt": s.prompt, "tokens": s.tokens,
+                                  "seconds": round(s.seconds, 4), "stopped": s.stopped},
+                                 ensure_ascii=not writes_unicode(out)) + "\n")
+            continue
+        if i > 0:
+            out.write(separator)
+        if not (live and i == 0):
+            out.write(s.prompt + s.text)
+    if not json_out:
+        out.write("\n")
+    out.flush()
 
 
 def preview(model: GPT, vocab: Vocab, chars: int, seed: int,
