@@ -28,6 +28,7 @@ from charlm.vocab import PairVocab, Vocab
 EXPORT_FORMAT = "charlm-safetensors"
 EXPORT_VERSION = 1
 WEIGHTS = "model.safetensors"
+FORMATS = ("safetensors", "hf")  # charlm export --format
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -200,3 +201,20 @@ def save_hf(model: GPT, vocab: Vocab, cfg: RunConfig, out: Path) -> None:
         "tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
         "model_max_length": m.block_size,
     })
+
+
+def export_model(model: torch.nn.Module, vocab: Vocab | PairVocab, cfg: RunConfig, source: Path,
+                 out: Path, format_: str, overwrite: bool) -> None:
+    """`charlm export`: the model loaded from `source` (a checkpoint or an export) written to
+    the directory `out` in one of `FORMATS`, by `write_dir`. An `out` that holds the source, or
+    lies inside its run dir (its tb/ or dataset/), is refused: --overwrite would delete it."""
+    real, resolved = resolve_out(out), source.resolve()
+    if real in (resolved, *resolved.parents):
+        raise CharlmError(f"--out {out} holds the model being exported ({source}); give "
+                          "another directory")
+    run = resolved.parent if resolved.is_file() else resolved  # its run dir, or the export
+    if run in real.parents and real.exists() and not is_export_dir(real):  # tb/, dataset/
+        raise CharlmError(f"--out {out} is part of the run in {run}; give a directory outside "
+                          "it (or an earlier export)")
+    writer = {"safetensors": save_safetensors, "hf": save_hf}[format_]
+    write_dir(out, lambda d: writer(model, vocab, cfg, d), overwrite)
