@@ -1,6 +1,6 @@
-"""torch's layers with a cheaper call and attribute read, for the models' decode hot path, and
-a `Linear` whose float32 product with a few rows by a large weight on the CPU uses every thread
-(`split_product`).
+"""torch's layers with a cheaper call and attribute read, for the models' decode hot path, a
+`Linear` whose float32 product with a few rows by a large weight on the CPU uses every thread
+(`split_product`), and `maybe_dropout`, which skips dropout's call where it does nothing.
 
 `nn.Module` keeps submodules and parameters in registries (`_modules`, `_parameters`) and finds
 them through `__getattr__`, which Python calls only after the ordinary look-up has failed; its
