@@ -176,44 +176,20 @@ def prepare(
     The validation split is the last `val_fraction` of each input, so the split of one file is the
     same as nanoGPT's (`n_train = int(n * (1 - val_fraction))`).
     """
-    if not 0 < val_fraction < 1:
-        raise CharlmError(f"--val-fraction must be in (0, 1), got {val_fraction}")
-    paths = [Path(p) for p in inputs]
-    if not paths:
-        raise CharlmError("no input files given")
-    for p in paths:
-        check_source_file(p)  # before reading any sizes
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise CharlmError(f"--out must be a directory, but {out} is a file")
-    if out.is_dir() and not replaceable(out):
-        raise CharlmError(f"--out {out} is not empty and holds no charlm dataset; give a new or "
-                          "empty directory, or a dataset dir to replace")
-
+    paths, out = [Path(p) for p in inputs], Path(out)
+    check_prepare(paths, out, val_fraction)
     total = sum(p.stat().st_size for p in paths)
     bar = tqdm(total=2 * total, unit="B", unit_scale=True, desc="prepare",
                disable=True if not progress or total < PROGRESS_MIN_BYTES else None)
+    final = {split: out / f"{split}.bin" for split in ("train", "val")}
     try:
         stats, vocab = scan(paths, bar)
         make_writable_dir(out, f"dataset dir {out}")
-        final = {split: out / f"{split}.bin" for split in ("train", "val")}
-        for path in final.values():  # what a killed prepare left
-            remove_temps(path, only_dead=True)
-        sizes = {"train": 0, "val": 0}
-        with (open(temp_beside(final["train"]), "wb") as ftrain,
-              open(temp_beside(final["val"]), "wb") as fval):
-            for s in stats:
-                n_train = int(s.chars * (1 - val_fraction))
-                _encode(s, vocab, n_train, ftrain, fval, bar)
-                sizes["train"] += n_train
-                sizes["val"] += s.chars - n_train
-            for f in (ftrain, fval):
-                f.flush()
-                os.fsync(f.fileno())
+        sizes = write_splits(stats, vocab, final, val_fraction, bar)
     except BaseException:
-        for split in ("train", "val"):
+        for path in final.values():
             with contextlib.suppress(OSError):  # must not hide the error being raised
-                temp_beside(out / f"{split}.bin").unlink()
+                temp_beside(path).unlink()
         raise
     finally:
         bar.close()
@@ -237,6 +213,43 @@ def prepare(
     meta_path = out / "meta.json"
     write_text_atomic(meta_path, json.dumps(meta, ensure_ascii=False, indent=1))
     return meta
+
+
+def check_prepare(paths: list[Path], out: Path, val_fraction: float) -> None:
+    """`prepare`'s refusals, before it reads anything: a split fraction outside (0, 1), no
+    inputs or an input that is not a readable file, an --out that is a file or a non-empty
+    directory that holds no dataset."""
+    if not 0 < val_fraction < 1:
+        raise CharlmError(f"--val-fraction must be in (0, 1), got {val_fraction}")
+    if not paths:
+        raise CharlmError("no input files given")
+    for p in paths:
+        check_source_file(p)  # before reading any sizes
+    if out.exists() and not out.is_dir():
+        raise CharlmError(f"--out must be a directory, but {out} is a file")
+    if out.is_dir() and not replaceable(out):
+        raise CharlmError(f"--out {out} is not empty and holds no charlm dataset; give a new or "
+                          "empty directory, or a dataset dir to replace")
+
+
+def write_splits(stats: Sequence[SourceStats], vocab: Vocab, final: dict[str, Path],
+                 val_fraction: float, bar: tqdm) -> dict[str, int]:
+    """Encode each source's first 1 - val_fraction into the temp file beside final["train"]
+    and the rest beside final["val"], synced to disk; the tokens written to each."""
+    for path in final.values():  # what a killed prepare left
+        remove_temps(path, only_dead=True)
+    sizes = {"train": 0, "val": 0}
+    with (open(temp_beside(final["train"]), "wb") as ftrain,
+          open(temp_beside(final["val"]), "wb") as fval):
+        for s in stats:
+            n_train = int(s.chars * (1 - val_fraction))
+            _encode(s, vocab, n_train, ftrain, fval, bar)
+            sizes["train"] += n_train
+            sizes["val"] += s.chars - n_train
+        for f in (ftrain, fval):
+            f.flush()
+            os.fsync(f.fileno())
+    return sizes
 
 
 @dataclass
