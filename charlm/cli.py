@@ -355,7 +355,7 @@ def export(
     from charlm.export import FORMATS, export_model
 
     if format_ not in FORMATS:
-        raise CharlmError(f"--format must be safetensors or hf, got {format_!r}")
+        raise CharlmError(f"--format must be {' or '.join(FORMATS)}, got {format_!r}")
     lm = load(target, "cpu")
     export_model(lm.model, lm.vocab, lm.config, lm.source, out, format_, overwrite)
     print(f"wrote {out} ({format_})")

@@ -28,7 +28,6 @@ from charlm.vocab import PairVocab, Vocab
 EXPORT_FORMAT = "charlm-safetensors"
 EXPORT_VERSION = 1
 WEIGHTS = "model.safetensors"
-FORMATS = ("safetensors", "hf")  # charlm export --format
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -203,6 +202,10 @@ def save_hf(model: GPT, vocab: Vocab, cfg: RunConfig, out: Path) -> None:
     })
 
 
+# `charlm export --format NAME`: each format's writer of (model, vocab, cfg, dir)
+FORMATS: dict[str, Callable[..., None]] = {"safetensors": save_safetensors, "hf": save_hf}
+
+
 def export_model(model: torch.nn.Module, vocab: Vocab | PairVocab, cfg: RunConfig, source: Path,
                  out: Path, format_: str, overwrite: bool) -> None:
     """`charlm export`: the model loaded from `source` (a checkpoint or an export) written to
@@ -216,5 +219,4 @@ def export_model(model: torch.nn.Module, vocab: Vocab | PairVocab, cfg: RunConfi
     if run in real.parents and real.exists() and not is_export_dir(real):  # tb/, dataset/
         raise CharlmError(f"--out {out} is part of the run in {run}; give a directory outside "
                           "it (or an earlier export)")
-    writer = {"safetensors": save_safetensors, "hf": save_hf}[format_]
-    write_dir(out, lambda d: writer(model, vocab, cfg, d), overwrite)
+    write_dir(out, lambda d: FORMATS[format_](model, vocab, cfg, d), overwrite)
