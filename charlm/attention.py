@@ -15,27 +15,25 @@ from charlm.config import ModelConfig
 from charlm.layers import Linear, Module, child, maybe_dropout
 
 
-def attention_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """The dtype attention computes in for inputs of `dtype` on `device`: float32 on the CPU,
-    where PyTorch's bf16/fp16 flash kernel is slower than its float32 one (much slower in
-    backward, docs/benchmarks.md; 2-4x in a decode step without AMX), else `dtype`. A KV cache
-    is kept in it, so a decode step converts only the new token's q, k and v."""
-    return torch.float32 if device.type == "cpu" else dtype
+def attention_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype attention computes in for inputs like x: float32 on the CPU, where PyTorch's
+    bf16/fp16 flash kernel is slower than its float32 one (much slower in backward,
+    docs/benchmarks.md; 2-4x in a decode step without AMX), else x's dtype. A KV cache is kept
+    in it, so a decode step converts only the new token's q, k and v."""
+    return torch.float32 if x.is_cpu else x.dtype
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
               causal: bool, dropout: float) -> torch.Tensor:
     """SDPA of q (B, H, T, D) over k, v (B, H, S, D) -> (B, H, T, D), in q's dtype, computed in
     `attention_dtype`."""
-    dtype = attention_dtype(q.dtype, q.device)
-    if dtype != q.dtype:
+    dtype = attention_dtype(q)
+    if dtype is not q.dtype:
         with torch.autocast("cpu", enabled=False):  # CPU autocast would cast back to bf16
-            y = F.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype),
-                                               attn_mask=mask, dropout_p=dropout,
-                                               is_causal=causal)
+            y = F.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), mask,
+                                               dropout, causal)
         return y.to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
-                                          is_causal=causal)
+    return F.scaled_dot_product_attention(q, k, v, mask, dropout, causal)
 
 
 class KVCache:
@@ -165,7 +163,7 @@ class CrossAttention(Module):
         """The encoder's output memory (B, S, C) -> k, v, each (B, H, S, D)."""
         B, S, C = memory.shape
         kv = self.kv(memory).view(B, S, 2, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
-        return kv.to(attention_dtype(kv.dtype, kv.device)).unbind(0)  # converted once per source
+        return kv.to(attention_dtype(kv)).unbind(0)  # converted once per source
 
     def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:

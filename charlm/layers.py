@@ -56,8 +56,11 @@ class Module(nn.Module):
     def __call__(self, *args, **kwargs):
         # torch's own call has work to do for a hook (the module's or a global one),
         # `module.compile()` or `torch.jit.trace`; otherwise it would only call forward.
-        if (self._forward_hooks or self._forward_pre_hooks or self._backward_hooks
-                or self._backward_pre_hooks or self._compiled_call_impl is not None
+        # The module's own slots are read from its __dict__ in one go (this runs about 60
+        # times a decode step).
+        own = self.__dict__
+        if (own["_forward_hooks"] or own["_forward_pre_hooks"] or own["_backward_hooks"]
+                or own["_backward_pre_hooks"] or own.get("_compiled_call_impl") is not None
                 or _hooks._global_forward_hooks or _hooks._global_forward_pre_hooks
                 or _hooks._global_backward_hooks or _hooks._global_backward_pre_hooks
                 or torch._C._get_tracing_state()):
@@ -92,12 +95,12 @@ class Linear(Module, nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        if (torch.is_grad_enabled() or w.dtype is not torch.float32 or not w.is_cpu
-                or w.numel() < SPLIT_MIN_WEIGHTS or not w.is_contiguous()):
+        if torch.is_grad_enabled() or w.dtype is not torch.float32 or not w.is_cpu:
             return F.linear(x, w, self.bias)  # training leaves at the first test
         N, K = w.shape
         parts = math.gcd(N, threads())
-        if parts == 1 or x.numel() > SPLIT_ROWS * K or x.size(-1) != K:
+        if (parts == 1 or N * K < SPLIT_MIN_WEIGHTS or x.numel() > SPLIT_ROWS * K
+                or x.shape[-1] != K or not w.is_contiguous()):
             return F.linear(x, w, self.bias)
         return split_product(x, w, self.bias, parts)
 
@@ -141,6 +144,12 @@ class LayerNorm(Module, nn.LayerNorm):
 
 class Embedding(Module, nn.Embedding):
     weight = param()
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:  # F.embedding's call, minus its checks
+        if self.max_norm is not None:  # renormalizes rows in place: F.embedding's own path
+            return super().forward(idx)
+        padding = -1 if self.padding_idx is None else self.padding_idx
+        return torch.embedding(self.weight, idx, padding, self.scale_grad_by_freq, self.sparse)
 
     def reset_parameters(self) -> None:  # nn.Embedding's, by `normal_`
         normal_(self.weight)

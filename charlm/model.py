@@ -107,7 +107,7 @@ def gelu(h: torch.Tensor) -> torch.Tensor:
     this one call; the two differ by about 1e-7. The switch is process-wide for that moment,
     so an op of another thread then would also skip oneDNN (which changes its speed, and its
     result only within rounding)."""
-    if (h.numel() >= ONEDNN_GELU_FROM or h.device.type != "cpu"
+    if (h.numel() >= ONEDNN_GELU_FROM or not h.is_cpu
             or not torch.backends.mkldnn.enabled or torch.compiler.is_compiling()):
         return F.gelu(h)
     torch.backends.mkldnn.enabled = False
@@ -224,7 +224,7 @@ class GPT(Module):
         cfg = self.cfg
         p = self.wte.weight
         return KVCache(cfg.n_layer, batch_size, cfg.n_head, max_len or cfg.block_size,
-                       cfg.n_embd // cfg.n_head, p.device, attention_dtype(p.dtype, p.device))
+                       cfg.n_embd // cfg.n_head, p.device, attention_dtype(p))
 
     def embed(self, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Token ids idx (B, T) at positions pos (T,) -> input vectors (B, T, C)."""

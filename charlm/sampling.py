@@ -112,7 +112,7 @@ def require_cache_memory(model: GPT | EncoderDecoder, option: str, value: int,
     weight = model.wte.weight
     encdec = model.cfg.arch == "encoder_decoder"
     vocab = model.target_vocab_size if encdec else model.vocab_size
-    cache_dtype = attention_dtype(weight.dtype, weight.device)  # what the caches are kept in
+    cache_dtype = attention_dtype(weight)  # what the caches are kept in
     need = sampling_bytes(model.cfg, vocab, value * sources, cache_dtype.itemsize)
     head = f"{option} {value:,}" if value > 1 else "one output"
     if sources > 1:

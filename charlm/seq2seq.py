@@ -134,7 +134,7 @@ class EncoderDecoder(Module):
         """A cache for the decoder's self-attention (the source's keys are in `Memory`)."""
         cfg, p = self.cfg, self.wte.weight
         return KVCache(cfg.n_layer, batch_size, cfg.n_head, max_len or cfg.block_size,
-                       cfg.head_dim, p.device, attention_dtype(p.dtype, p.device))
+                       cfg.head_dim, p.device, attention_dtype(p))
 
     def _rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         return rope_angles(pos, self.cfg.head_dim) if self.cfg.pos_encoding == "rope" else None

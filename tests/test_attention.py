@@ -51,7 +51,7 @@ def test_cpu_attention_in_bf16_runs_the_kernel_in_float32(autocast, monkeypatch)
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def spy(*args, **kwargs):
-        seen.append({a.dtype for a in args})
+        seen.append({a.dtype for a in args if isinstance(a, torch.Tensor)})
         return sdpa(*args, **kwargs)
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)

@@ -124,6 +124,27 @@ def test_a_plain_module_subclass_gets_the_fast_call():
     assert len(graphs) == 1
 
 
+@pytest.mark.parametrize("options", [{}, {"padding_idx": 2}, {"padding_idx": -1},
+                                     {"max_norm": 0.5}, {"scale_grad_by_freq": True}])
+def test_an_embedding_looks_up_as_torch_does(options):
+    """`Embedding.forward` calls torch.embedding itself: the same rows and the same gradient as
+    nn.Embedding's F.embedding, a padding row's gradient zero, max_norm's rows renormalized."""
+    torch.manual_seed(0)
+    ours = layers.Embedding(6, 4, **options)
+    theirs = nn.Embedding(6, 4, **options)
+    theirs.load_state_dict(ours.state_dict())
+    idx = torch.tensor([[0, 2, 5, 2], [1, 1, 4, 5]])
+    y, expected = ours(idx), theirs(idx)
+    torch.testing.assert_close(y, expected, rtol=0, atol=0)
+    (y * torch.arange(32.0).view(2, 4, 4)).sum().backward()
+    (expected * torch.arange(32.0).view(2, 4, 4)).sum().backward()
+    torch.testing.assert_close(ours.weight.grad, theirs.weight.grad, rtol=0, atol=0)
+    if "padding_idx" in options:
+        assert ours.weight.grad[options["padding_idx"]].abs().sum() == 0
+    if "max_norm" in options:
+        assert ours.weight.detach()[[0, 1, 2, 4, 5]].norm(dim=1).max() <= 0.5 + 1e-6
+
+
 @pytest.mark.parametrize("parts", [2, 3, 4])
 @pytest.mark.parametrize("shape", [(24,), (1, 24), (1, 1, 24), (3, 24), (2, 5, 24), "strided"])
 def test_a_split_product_in_blocks_is_the_linear_product(shape, parts):
