@@ -20,25 +20,21 @@ import torch
 from charlm.config import OptimConfig
 
 
-def _unwrapped(method: Any) -> Any:
-    """torch's function under its decorators (`functools.wraps` names it `__wrapped__`)."""
-    return inspect.unwrap(method)
-
-
 class AdamW(torch.optim.AdamW):
     """`torch.optim.AdamW`, the same updates and state, whose methods do not import
     `torch._dynamo`. torch wraps them so that a compiled function calling them graph-breaks
     around them (`torch._disable_dynamo`, and for `step` a wrapper that also sets grad mode);
     each wrapper imports the compiler at its first call, even when nothing is compiled.
-    Eagerly the wrappers do nothing else, so here the methods are torch's own functions and
-    `step` sets grad mode as its wrapper does. Step hooks still run: `Optimizer.__init__` wraps
-    this class's `step` for them (`_patch_step_function`)."""
+    Eagerly the wrappers do nothing else, so here the methods are torch's own functions (under
+    its decorators, which `functools.wraps` names `__wrapped__`) and `step` sets grad mode as
+    its wrapper does. Step hooks still run: `Optimizer.__init__` wraps this class's `step` for
+    them (`_patch_step_function`)."""
 
-    add_param_group = _unwrapped(torch.optim.Optimizer.add_param_group)
-    zero_grad = _unwrapped(torch.optim.Optimizer.zero_grad)
-    state_dict = _unwrapped(torch.optim.Optimizer.state_dict)
-    load_state_dict = _unwrapped(torch.optim.Optimizer.load_state_dict)
-    _step = _unwrapped(torch.optim.AdamW.step)
+    add_param_group = inspect.unwrap(torch.optim.Optimizer.add_param_group)
+    zero_grad = inspect.unwrap(torch.optim.Optimizer.zero_grad)
+    state_dict = inspect.unwrap(torch.optim.Optimizer.state_dict)
+    load_state_dict = inspect.unwrap(torch.optim.Optimizer.load_state_dict)
+    _step = inspect.unwrap(torch.optim.AdamW.step)
 
     def step(self, closure=None):  # type: ignore[override]
         with torch.set_grad_enabled(self.defaults["differentiable"]):
