@@ -116,7 +116,8 @@ def test_gelu_of_a_decode_step_runs_pytorchs_own_kernel_and_leaves_onednn_on(row
         torch.backends.mkldnn.enabled = True
     assert torch.equal(gelu(h), expected)
     assert torch.backends.mkldnn.enabled
-    assert (gelu(h) - torch.nn.functional.gelu(h)).abs().max() < 1e-6  # the two kernels agree
+    # the two kernels agree within rounding (on AVX-512, PyTorch's differs by up to 5 ulps)
+    torch.testing.assert_close(gelu(h), torch.nn.functional.gelu(h), rtol=2e-6, atol=1e-6)
 
 
 def test_swiglu_hidden_size_rule():
