@@ -11,8 +11,8 @@ shakespeare_char/prepare.py does (sorted characters, the first 90 % for training
 README's CPU command line. Its time is taken from launch to the line of its last eval. The
 targets (issue 19): `shakespeare_char_cpu.yaml` at val <= 1.88 in at most 0.25x that time,
 `shakespeare_char_cpu_long.yaml` at <= 1.70 in at most 0.75x. --set changes both presets
-alike (`--set train.dtype=float32` times them without bf16 autocast on a CPU with AMX). Prints
-the machine's facts, one JSON line per run and a table.
+alike (`--set train.dtype=float32` times them without bf16 autocast on a CPU with AMX or
+AVX512_BF16). Prints the machine's facts, one JSON line per run and a table.
 """
 
 from __future__ import annotations

@@ -15,9 +15,10 @@ charlm.summary).
 
 MFU is relative to the dense peak named by `peak_dtype`: for a known GPU its bf16 peak from a
 table; on a CPU a matmul probe in the dtype the CPU computes natively, as `dtype: auto` decides
-(bf16 where AMX computes it, else float32: emulated bf16 is slow and no peak to aim at). The
-probe grows its n x n x n matmul until one takes about 0.2 s, then keeps the best of three, so it
-ends in a second or two on any CPU. On a CPU the MFU against the float32 peak is printed too.
+(bf16 where AMX or AVX512_BF16 computes it, else float32: emulated bf16 is slow and no peak to
+aim at). The probe grows its n x n x n matmul until one takes about 0.2 s, then keeps the best of
+three, so it ends in a second or two on any CPU. On a CPU the MFU against the float32 peak is
+printed too.
 """
 
 from __future__ import annotations

@@ -40,7 +40,8 @@ def positive(kind: type, zero: bool = False) -> Callable[[str], Any]:
 
 def cpu_native_dtype() -> torch.dtype:
     """The dtype this CPU computes matmuls in natively: charlm's own `dtype: auto` for the CPU
-    (bf16 where AMX multiplies it, else float32; bf16 elsewhere is emulated, and slow)."""
+    (bf16 where AMX or AVX512_BF16 multiplies it, else float32; bf16 elsewhere is emulated, and
+    slow)."""
     import torch  # here, not above: scripts that print no machine facts start without torch
 
     from charlm.device import resolve_dtype
@@ -62,22 +63,26 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
 
 def machine_facts() -> dict:
     """What a figure depends on besides the code: the CPU model, its logical cores, torch's
-    threads and version, the CPU capability torch dispatches to (AVX2, AVX512, ...), whether
-    the CPU computes bf16 natively, and the GPU, if torch sees one."""
+    threads and version, the CPU capability torch dispatches to (AVX2, AVX512, ...), what
+    computes bf16 natively on the CPU (`cpu_bf16_unit`: AMX, AVX512_BF16, or None where it is
+    emulated and `dtype: auto` trains in float32), and the GPU, if torch sees one."""
     import torch
+
+    from charlm.device import cpu_bf16_unit
 
     return {
         "cpu": cpu_model(), "logical_cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "bf16_native": cpu_native_dtype() == torch.bfloat16,
+        "bf16_unit": cpu_bf16_unit(),
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
     }
 
 
 def machine_line(facts: dict) -> str:
     """`machine_facts` as the one line a script prints above its figures."""
-    bf16 = "bf16 native (AMX)" if facts["bf16_native"] else "float32 native (no AMX bf16)"
+    unit = facts["bf16_unit"]
+    bf16 = f"bf16 native ({unit})" if unit else "float32 native (bf16 emulated)"
     gpu = f", GPU {facts['gpu']}" if facts["gpu"] else ""
     return (f"machine: {facts['cpu']}, {facts['logical_cores']} logical cores, "
             f"{facts['torch_threads']} torch threads, torch {facts['torch']}, "

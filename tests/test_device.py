@@ -8,14 +8,31 @@ from charlm.device import resolve_device, resolve_dtype
 from charlm.errors import CharlmError
 
 
-def test_auto_dtype_is_bf16_on_a_cpu_with_amx_only(monkeypatch):
+@pytest.mark.parametrize("amx, avx512_bf16, unit", [
+    (True, True, "AMX"), (True, False, "AMX"), (False, True, "AVX512_BF16"),
+    (False, False, None),
+])
+def test_auto_dtype_is_bf16_on_a_cpu_that_multiplies_it_in_hardware(monkeypatch, amx,
+                                                                    avx512_bf16, unit):
+    """AMX tiles or AVX512_BF16's dot products compute bf16 (4.1x float32's matmul on a Zen 5
+    EPYC); elsewhere it is emulated and `auto` is float32."""
     from charlm import device as device_module
     cpu = torch.device("cpu")
-    monkeypatch.setattr(device_module, "cpu_has_amx_bf16", lambda: True)
-    assert resolve_dtype("auto", cpu) == torch.bfloat16
-    monkeypatch.setattr(device_module, "cpu_has_amx_bf16", lambda: False)
-    assert resolve_dtype("auto", cpu) == torch.float32
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16,
+                        raising=False)
+    assert device_module.cpu_bf16_unit() == unit
+    assert resolve_dtype("auto", cpu) == (torch.bfloat16 if unit else torch.float32)
     assert resolve_dtype("float32", cpu) == torch.float32
+    assert resolve_dtype("bfloat16", cpu) == torch.bfloat16
+
+
+def test_a_torch_without_the_cpu_probes_trains_in_float32(monkeypatch):
+    from charlm import device as device_module
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported", raising=False)
+    monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported", raising=False)
+    assert device_module.cpu_bf16_unit() is None
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
 
 
 def test_auto_dtype_on_a_gpu_before_ampere_is_float16(monkeypatch):

@@ -298,18 +298,20 @@ def test_bench_prepare_stopped_removes_its_generated_file(tmp_path):
     assert list(tmp_path.glob("*/big.txt")) == []
 
 
-@pytest.mark.parametrize("amx, dtype, source", [
-    (True, torch.bfloat16, "cpu bfloat16 512^3 matmul probe, best of 3"),
-    (False, torch.float32, "cpu float32 512^3 matmul probe, best of 3"),
+@pytest.mark.parametrize("unit, dtype, source", [
+    ("AMX", torch.bfloat16, "cpu bfloat16 512^3 matmul probe, best of 3"),
+    ("AVX512_BF16", torch.bfloat16, "cpu bfloat16 512^3 matmul probe, best of 3"),
+    (None, torch.float32, "cpu float32 512^3 matmul probe, best of 3"),
 ])
-def test_bench_train_probes_the_dtype_charlms_auto_picks(monkeypatch, amx, dtype, source):
-    """The peak is probed in the dtype `dtype: auto` trains in on this CPU: bf16 without AMX is
-    emulated, and its 2048^3 probe alone took more than ten minutes on a 2-core EPYC."""
+def test_bench_train_probes_the_dtype_charlms_auto_picks(monkeypatch, unit, dtype, source):
+    """The peak is probed in the dtype `dtype: auto` trains in on this CPU: bf16 without AMX or
+    AVX512_BF16 is emulated, and its 2048^3 probe alone took more than ten minutes on a 2-core
+    AVX2 EPYC."""
     import charlm.device
 
     bench_train = import_script("bench_train", monkeypatch)
     probed = []
-    monkeypatch.setattr(charlm.device, "cpu_has_amx_bf16", lambda: amx)
+    monkeypatch.setattr(charlm.device, "cpu_bf16_unit", lambda: unit)
     monkeypatch.setattr(bench_train, "cpu_peak", lambda d: probed.append(d) or (1e12, 512))
     assert bench_train.device_peak(torch.device("cpu")) == (1e12, dtype, source)
     assert probed == [dtype]
@@ -334,8 +336,11 @@ def test_bench_train_leaves_no_files_and_reports_consistent_figures(monkeypatch,
     describes, each computed from the others as documented."""
     import json
 
+    import charlm.device
+
     bench_train = import_script("bench_train", monkeypatch)
     monkeypatch.setattr(bench_train, "cpu_peak", lambda dtype: (1e12, 64))  # no probes
+    monkeypatch.setattr(charlm.device, "cpu_bf16_unit", lambda: None)  # float32 on any CPU
     work = tmp_path / "elsewhere"
     work.mkdir()
     monkeypatch.chdir(work)
@@ -419,26 +424,26 @@ def common_module(monkeypatch):
     return import_script("common", monkeypatch)
 
 
-@pytest.mark.parametrize("amx", [True, False])
-def test_machine_facts_name_the_cpu_and_what_it_computes_natively(monkeypatch, amx):
+@pytest.mark.parametrize("unit", ["AMX", "AVX512_BF16", None])
+def test_machine_facts_name_the_cpu_and_what_it_computes_natively(monkeypatch, unit):
     """Every script prints these with its figures: a figure without its machine cannot be
     compared. bf16 is native exactly where charlm's `dtype: auto` trains in it."""
     import charlm.device
 
     common = common_module(monkeypatch)
-    monkeypatch.setattr(charlm.device, "cpu_has_amx_bf16", lambda: amx)
+    monkeypatch.setattr(charlm.device, "cpu_bf16_unit", lambda: unit)
     monkeypatch.setattr(common, "cpu_model", lambda: "Test CPU 9000")
     facts = common.machine_facts()
     assert list(facts) == ["cpu", "logical_cores", "torch_threads", "torch", "cpu_capability",
-                           "bf16_native", "gpu"]
-    assert facts["cpu"] == "Test CPU 9000" and facts["bf16_native"] is amx
+                           "bf16_unit", "gpu"]
+    assert facts["cpu"] == "Test CPU 9000" and facts["bf16_unit"] == unit
     assert facts["torch"] == torch.__version__ and facts["logical_cores"] == os.cpu_count()
-    assert common.cpu_native_dtype() == (torch.bfloat16 if amx else torch.float32)
+    assert common.cpu_native_dtype() == (torch.bfloat16 if unit else torch.float32)
     line = common.machine_line(facts)
     assert line.startswith(f"machine: Test CPU 9000, {os.cpu_count()} logical cores, "
                            f"{torch.get_num_threads()} torch threads, torch {torch.__version__}, "
                            f"{torch.backends.cpu.get_cpu_capability()}, ")
-    assert line.endswith("bf16 native (AMX)" if amx else "float32 native (no AMX bf16)")
+    assert line.endswith(f"bf16 native ({unit})" if unit else "float32 native (bf16 emulated)")
 
 
 def test_cpu_model_reads_cpuinfo_else_asks_platform(monkeypatch, tmp_path):
