@@ -2,15 +2,16 @@
 the memmap batch sampler with its own `torch.Generator`.
 
 `prepare` reads each input twice in fixed-size chunks (`charlm.chunks`; pass 1: sha256, character
-count and the set of code points; pass 2: encode and write), so memory stays bounded whatever the
-file size, and every step is a bytes or numpy operation over a whole chunk, never a Python loop
-over characters. It imports no torch (only the sampler uses it), so `charlm prepare` starts fast.
+count and the set of code points; pass 2: encode and write, and sha256 again, to catch a file
+that changed between the passes), so memory stays bounded whatever the file size, and every step
+is a bytes or numpy operation over a whole chunk, never a Python loop over characters. The sha256
+runs on a second thread beside the rest (`charlm.digest`). It imports no torch (only the sampler
+uses it), so `charlm prepare` starts fast.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -21,8 +22,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 from tqdm import tqdm
 
-from charlm import chunks
 from charlm.chunks import code_point_chunks, decode_chunks
+from charlm.digest import ChunkDigest, sha256_file
 from charlm.errors import CharlmError, characters
 from charlm.files import make_writable_dir, remove_temps, temp_beside, write_text_atomic
 from charlm.vocab import CharacterSet, Vocab
@@ -70,15 +71,14 @@ class SourceStats:
 
 def _scan(path: Path, seen: CharacterSet, bar: tqdm | None) -> SourceStats:
     """Pass 1: hash, count characters and add every character that occurs to `seen`."""
-    digest = hashlib.sha256()
     n_bytes = n_chars = 0
-    with open(path, "rb") as f:
+    with open(path, "rb") as f, ChunkDigest() as digest:
         for raw, cps in code_point_chunks(f, str(path), bar):
             digest.update(raw)
             n_bytes += len(raw)
             n_chars += len(cps)
             seen.add(cps)
-    return SourceStats(path, n_bytes, n_chars, digest.hexdigest())
+        return SourceStats(path, n_bytes, n_chars, digest.hexdigest())
 
 
 def scan(paths: Sequence[Path], bar: tqdm | None = None) -> tuple[list[SourceStats], Vocab]:
@@ -103,8 +103,8 @@ def _encode(s: SourceStats, vocab: Vocab, n_train: int, ftrain: BinaryIO, fval: 
             bar: tqdm | None) -> None:
     """Pass 2 over one input: its first n_train ids to ftrain, the rest to fval. What it reads
     must be what pass 1 read (`s`: the same characters and sha256), else the file changed."""
-    done, digest = 0, hashlib.sha256()
-    with open(s.path, "rb") as f:
+    done = 0
+    with open(s.path, "rb") as f, ChunkDigest() as digest:
         for raw, cps in code_point_chunks(f, str(s.path), bar):
             digest.update(raw)
             try:
@@ -115,21 +115,13 @@ def _encode(s: SourceStats, vocab: Vocab, n_train: int, ftrain: BinaryIO, fval: 
             ftrain.write(ids[:cut])
             fval.write(ids[cut:])
             done += len(ids)
-    if (done, digest.hexdigest()) != (s.chars, s.sha256):
-        raise changed_while_read(s.path)
+        if (done, digest.hexdigest()) != (s.chars, s.sha256):
+            raise changed_while_read(s.path)
 
 
 def changed_while_read(path: Path) -> CharlmError:
     return CharlmError(f"{path} changed while prepare read it (the two reads differ); run it "
                        "again once nothing writes to the file")
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(chunks.CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def read_meta(path: Path) -> Any:

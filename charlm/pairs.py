@@ -36,8 +36,8 @@ from charlm.data import (
     read_meta,
     read_text,
     replaceable,
-    sha256_file,
 )
+from charlm.digest import sha256_file
 from charlm.errors import CharlmError, characters
 from charlm.files import make_writable_dir, temp_beside, write_text_atomic
 from charlm.vocab import PairVocab, id_dtype
