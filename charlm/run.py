@@ -163,11 +163,21 @@ class RunFiles:
                 start_run(run.run_dir, run.cfg)
             self.log = MetricsLogger(run.run_dir, self.total_steps, self.start_step,
                                      self.progress, enabled=dist.is_main)
+        self.log.message(precision_line(run))
         return self.log
 
     def close(self) -> None:
         if self.log is not None:
             self.log.close()
+
+
+def precision_line(run: Run) -> str:
+    """What the run computes in, said once as it starts: `train.dtype: auto` differs from one
+    machine to the next (bf16 on a CPU with AMX or AVX512_BF16, float32 on others)."""
+    setting = run.cfg.train.dtype
+    how = str(run.dtype).removeprefix("torch.")
+    how = how if run.dtype == torch.float32 else f"{how} autocast"
+    return f"training on {run.device} in {how} (train.dtype: {setting})"
 
 
 def require_same_vocab(ckpt: dict[str, Any] | None, data_path: str, vocab: Any) -> None:

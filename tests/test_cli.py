@@ -683,3 +683,27 @@ def test_usage_errors_are_one_line(cli, args, line):
 def test_charlm_alone_shows_the_commands(cli):
     result = cli()
     assert result.code == 2 and "Usage: charlm [OPTIONS] COMMAND" in result.out + result.err
+
+
+@pytest.mark.parametrize("unit, dtype, line", [
+    ("AVX512_BF16", "auto", "training on cpu in bfloat16 autocast (train.dtype: auto)"),
+    (None, "auto", "training on cpu in float32 (train.dtype: auto)"),
+    ("AMX", "float32", "training on cpu in float32 (train.dtype: float32)"),
+])
+def test_train_says_what_it_computes_in_once_as_it_starts(cli, tmp_path, corpus, monkeypatch,
+                                                          unit, dtype, line):
+    """`dtype: auto` is bf16 on one CPU and float32 on the next: a run says which, first, and a
+    resume says it again, once."""
+    import charlm.device
+
+    monkeypatch.setattr(charlm.device, "cpu_bf16_unit", lambda: unit)
+    run = tmp_path / "run"
+    common = ["--set", f"train.dtype={dtype}", "--set", "train.eval_interval=2"]
+    fresh = cli("train", ROOT / "configs" / "tiny.yaml", "--data", corpus, "--out", run,
+                "--set", "train.max_iters=2", "--set", "optim.warmup_iters=1", *common)
+    resumed = cli("train", "--out", run, "--resume", "--set", "train.max_iters=4", *common)
+    for result in (fresh, resumed):
+        assert result.code == 0, result.err
+        lines = result.out.splitlines()
+        assert lines[0] == line and lines.count(line) == 1
+        assert lines[1].startswith("step 2: train " if result is fresh else "step 4: train ")
