@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -27,16 +28,19 @@ LAUNCH_FAILURES = ("EADDRINUSE", "address already in use", "DistNetworkError", "
 
 
 def torchrun(args: list, cwd: Path) -> subprocess.CompletedProcess:
-    """`torchrun --standalone --nproc_per_node=2 -m charlm ARGS` (rendezvous on loopback)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "charlm", *map(str, args)]
-    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
-    # --standalone picks a free port and then binds it: another process can take it in between.
-    # Such a launch failure (not a training one) is worth one more try.
-    if result.returncode != 0 and any(s in result.stderr for s in LAUNCH_FAILURES):
+    """`torchrun --standalone --nproc_per_node=2 -m charlm ARGS` (rendezvous on loopback).
+    Its TMPDIR is a temporary dir of its own: torchrun leaves a torchelastic_* dir there."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": tmp}
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node=2", "-m", "charlm", *map(str, args)]
         result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
                                 timeout=120)
+        # --standalone picks a free port and then binds it: another process can take it in
+        # between. Such a launch failure (not a training one) is worth one more try.
+        if result.returncode != 0 and any(s in result.stderr for s in LAUNCH_FAILURES):
+            result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
+                                    timeout=120)
     return result
 
 
