@@ -18,7 +18,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
 from charlm.checkpoint import check_config
-from charlm.config import RunConfig
+from charlm.config import ModelConfig, RunConfig
 from charlm.errors import CharlmError, one_line
 from charlm.files import make_writable_dir, temp_beside, write_atomic, write_text_atomic
 from charlm.model import GPT
@@ -148,33 +148,9 @@ def save_hf(model: GPT, vocab: Vocab, cfg: RunConfig, out: Path) -> None:
             + "; use --format safetensors"
         )
     m = cfg.model
-    state = model.state_dict()
-
-    def bias(key: str, size: int) -> torch.Tensor:
-        return state.get(key, torch.zeros(size))
-
-    hf: dict[str, torch.Tensor] = {
-        "transformer.wte.weight": state["wte.weight"],
-        "transformer.wpe.weight": state["wpe.weight"],
-        "transformer.ln_f.weight": state["ln_f.weight"],
-        "transformer.ln_f.bias": bias("ln_f.bias", m.n_embd),
-    }
-    for i in range(m.n_layer):
-        src, dst = f"blocks.{i}.", f"transformer.h.{i}."
-        # GPT-2's Conv1D keeps weights as (in, out): the transpose of nn.Linear's (out, in).
-        pairs = {"attn.c_attn": ("attn.qkv", 3 * m.n_embd), "attn.c_proj": ("attn.proj", m.n_embd),
-                 "mlp.c_fc": ("mlp.fc", m.ff_width), "mlp.c_proj": ("mlp.proj", m.n_embd)}
-        for hf_name, (name, out_features) in pairs.items():
-            hf[f"{dst}{hf_name}.weight"] = state[f"{src}{name}.weight"].t()
-            hf[f"{dst}{hf_name}.bias"] = bias(f"{src}{name}.bias", out_features)
-        for ln in ("ln_1", "ln_2"):
-            hf[f"{dst}{ln}.weight"] = state[f"{src}{ln}.weight"]
-            hf[f"{dst}{ln}.bias"] = bias(f"{src}{ln}.bias", m.n_embd)
-    if not m.tie_weights:
-        hf["lm_head.weight"] = state["head.weight"]
-
+    weights = gpt2_weights(model.state_dict(), m)
     out.mkdir(parents=True, exist_ok=True)
-    _write_weights(out / WEIGHTS, hf, {"format": "pt"})
+    _write_weights(out / WEIGHTS, weights, {"format": "pt"})
     _write_json(out / "config.json", {
         "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
         "vocab_size": len(vocab), "n_positions": m.block_size, "n_ctx": m.block_size,
@@ -200,6 +176,35 @@ def save_hf(model: GPT, vocab: Vocab, cfg: RunConfig, out: Path) -> None:
         "tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
         "model_max_length": m.block_size,
     })
+
+
+def gpt2_weights(state: dict[str, torch.Tensor], m: ModelConfig) -> dict[str, torch.Tensor]:
+    """A GPT's state dict under GPT-2's names, its linear weights in Conv1D's (in, out) layout,
+    and a zero bias for each one a model without biases lacks."""
+
+    def bias(key: str, size: int) -> torch.Tensor:
+        return state.get(key, torch.zeros(size))
+
+    hf: dict[str, torch.Tensor] = {
+        "transformer.wte.weight": state["wte.weight"],
+        "transformer.wpe.weight": state["wpe.weight"],
+        "transformer.ln_f.weight": state["ln_f.weight"],
+        "transformer.ln_f.bias": bias("ln_f.bias", m.n_embd),
+    }
+    for i in range(m.n_layer):
+        src, dst = f"blocks.{i}.", f"transformer.h.{i}."
+        # GPT-2's Conv1D keeps weights as (in, out): the transpose of nn.Linear's (out, in).
+        pairs = {"attn.c_attn": ("attn.qkv", 3 * m.n_embd), "attn.c_proj": ("attn.proj", m.n_embd),
+                 "mlp.c_fc": ("mlp.fc", m.ff_width), "mlp.c_proj": ("mlp.proj", m.n_embd)}
+        for hf_name, (name, out_features) in pairs.items():
+            hf[f"{dst}{hf_name}.weight"] = state[f"{src}{name}.weight"].t()
+            hf[f"{dst}{hf_name}.bias"] = bias(f"{src}{name}.bias", out_features)
+        for ln in ("ln_1", "ln_2"):
+            hf[f"{dst}{ln}.weight"] = state[f"{src}{ln}.weight"]
+            hf[f"{dst}{ln}.bias"] = bias(f"{src}{ln}.bias", m.n_embd)
+    if not m.tie_weights:
+        hf["lm_head.weight"] = state["head.weight"]
+    return hf
 
 
 # `charlm export --format NAME`: each format's writer of (model, vocab, cfg, dir)
