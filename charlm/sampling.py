@@ -144,13 +144,7 @@ def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
     t0 = time.perf_counter()
     emit = on_text or (lambda i, s: None)
     if opts.beams is not None:
-        stops = [vocab.encode(s) for s in opts.stop if not vocab.unknown(s)]
-        best = beam_search(model, ids, opts.max_new_tokens, opts.beams, stops, opts.use_cache,
-                           compile=opts.compile)
-        matcher = StopMatcher(opts.stop, opts.include_stop)
-        text = matcher.feed(vocab.decode(best)) + matcher.flush()
-        emit(0, text)
-        return [Sample(prompt, text, len(best), time.perf_counter() - t0, matcher.done)]
+        return [best_beam(model, vocab, prompt, ids, opts, emit, t0)]
 
     K = opts.num_samples
     generator = torch.Generator(device=device).manual_seed(opts.seed)
@@ -182,6 +176,18 @@ def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
         if not m.done:
             seconds[i] = time.perf_counter() - t0
     return [Sample(prompt, texts[i], counts[i], seconds[i], matchers[i].done) for i in range(K)]
+
+
+def best_beam(model: GPT, vocab: Vocab, prompt: str, ids: torch.Tensor, opts: SampleConfig,
+              emit: Callable[[int, str], None], t0: float) -> Sample:
+    """`sample_text` with opts.beams: the best beam, cut at a stop string, emitted whole."""
+    stops = [vocab.encode(s) for s in opts.stop if not vocab.unknown(s)]
+    best = beam_search(model, ids, opts.max_new_tokens, opts.beams, stops, opts.use_cache,
+                       compile=opts.compile)
+    matcher = StopMatcher(opts.stop, opts.include_stop)
+    text = matcher.feed(vocab.decode(best)) + matcher.flush()
+    emit(0, text)
+    return Sample(prompt, text, len(best), time.perf_counter() - t0, matcher.done)
 
 
 def print_samples(model: GPT, vocab: Vocab, text: str, opts: SampleConfig, stream: bool,
