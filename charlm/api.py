@@ -18,12 +18,19 @@ from typing import Any
 
 import torch
 
-from charlm.config import RunConfig, coerce, suggest
-from charlm.device import resolve_device, weights_dtype
-from charlm.errors import CharlmError
-from charlm.model import GPT
-from charlm.sample_config import SampleConfig
-from charlm.vocab import PairVocab, Vocab
+from charlm import export
+from charlm.config.sampling import SampleConfig
+from charlm.config.schema import RunConfig, suggest
+from charlm.config.values import coerce
+from charlm.core.errors import CharlmError
+from charlm.data.vocab import PairVocab, Vocab
+from charlm.evaluation.scoring import score_text
+from charlm.generation import translation
+from charlm.generation.text import default_prompt, encode_prompt, sample_text
+from charlm.model.gpt import GPT
+from charlm.runtime.device import resolve_device
+from charlm.runtime.precision import weights_dtype
+from charlm.training import checkpoint
 
 
 @dataclass
@@ -43,8 +50,6 @@ def load(path: str | Path, device: str = "auto", option: str = "device",
     `charlm export --format safetensors`, with its weights in `dtype` (float32, as trained;
     bfloat16 or float16 decode faster, see `device.weights_dtype`). `option` names `device` in
     an error (the CLI's `--device`, whose `--dtype` is then named the same way)."""
-    from charlm import checkpoint, export
-
     if not isinstance(path, (str, os.PathLike)):
         raise CharlmError(f"charlm.load() takes a path (str or Path), got {type(path).__name__}")
     device = coerce(device, str, option)
@@ -81,8 +86,6 @@ def _sample_options(options: dict[str, Any]) -> SampleConfig:
 
 
 def _sample(lm: LM, prompt: str | None, opts: SampleConfig) -> list:
-    from charlm.sampling import default_prompt, encode_prompt, sample_text
-
     _check_lm(lm, "decoder")
     if prompt is None:  # a newline (or the first character of a vocabulary without one)
         prompt = default_prompt(lm.vocab)
@@ -103,9 +106,8 @@ def generate(lm: LM, prompt: str | None = None, **options: Any) -> str:
 
 def score(lm: LM, text: str, stride: int | None = None, unknown: str = "error",
           progress: bool = False, **other: Any):
-    """Loss (nats/char), bits per char and perplexity of `text` (see `charlm.scoring`)."""
-    from charlm.scoring import score_text
-
+    """Loss (nats/char), bits per char and perplexity of `text` (see
+    `charlm.evaluation.scoring`)."""
     for name in other:  # named as generate's options are, not a bare TypeError
         raise CharlmError(f"unknown option '{name}' for charlm.score"
                           f"{suggest(name, ['stride', 'unknown', 'progress'])}")
@@ -123,15 +125,13 @@ def translate(lm: LM, sources: str | Sequence[str], **options: Any) -> list:
     (`.text`, the best output; `.outputs`, (text, score) for every sample or n-best
     hypothesis). Options are `sample`'s: temperature 0 (greedy) unless given; beams with
     num_samples give the n best."""
-    from charlm.translation import translate as run
-
     _check_lm(lm, "encoder_decoder")
     if isinstance(sources, str):
         sources = [sources]
     for source in sources:
         _check_text(source, "source")
     opts = _sample_options({"temperature": 0, **options})
-    return list(run(lm.model, lm.vocab, list(sources), opts))
+    return list(translation.translate(lm.model, lm.vocab, list(sources), opts))
 
 
 def _check_lm(lm: Any, arch: str) -> None:

@@ -17,16 +17,20 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
-from charlm.checkpoint import check_config
-from charlm.config import ModelConfig, RunConfig
-from charlm.errors import CharlmError, one_line
-from charlm.files import make_writable_dir, temp_beside, write_atomic, write_text_atomic
-from charlm.model import GPT
-from charlm.tasks import build_model, check_stored_shapes, vocab_from_state
-from charlm.vocab import PairVocab, Vocab
+from charlm.config.schema import ModelConfig, RunConfig
+from charlm.core.errors import CharlmError, one_line
+from charlm.core.files import make_writable_dir, temp_beside, write_atomic, write_text_atomic
+from charlm.data.vocab import PairVocab, Vocab
+from charlm.model.gpt import GPT
+from charlm.training.checkpoint import check_config
+from charlm.training.tasks import build_model, check_stored_shapes, vocab_from_state
 
 EXPORT_FORMAT = "charlm-safetensors"
+
+
 EXPORT_VERSION = 1
+
+
 WEIGHTS = "model.safetensors"
 
 

@@ -33,13 +33,13 @@ import torch
 import torch.nn.functional as F
 from common import machine_facts, positive, run_script, summary
 
-from charlm.config import load_config
-from charlm.device import DTYPES
+from charlm.config.loading import load_config
+from charlm.config.sampling import SampleConfig
+from charlm.data.vocab import Vocab
 from charlm.export import save_hf
-from charlm.generate import generate
-from charlm.model import GPT
-from charlm.sample_config import SampleConfig
-from charlm.vocab import Vocab
+from charlm.generation.decoding import generate
+from charlm.model.gpt import GPT
+from charlm.runtime.precision import DTYPES
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = Vocab([chr(c) for c in range(32, 97)])  # 65 characters, as tiny-shakespeare has

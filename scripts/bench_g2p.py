@@ -27,11 +27,11 @@ import torch
 from common import machine_facts, machine_line, positive, run_script, summary
 
 import charlm
-from charlm.accuracy import accuracy
-from charlm.config import load_config
-from charlm.generate import generate
-from charlm.pairs import split_of
-from charlm.sample_config import SampleConfig
+from charlm.config.loading import load_config
+from charlm.config.sampling import SampleConfig
+from charlm.data.pairs import split_of
+from charlm.evaluation.accuracy import accuracy
+from charlm.generation.decoding import generate
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "g2p_cmudict.yaml"

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 from common import machine_facts, machine_line, positive, run_script, summary
 
-from charlm.config import load_config
+from charlm.config.loading import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = ROOT / "data" / "tinyshakespeare.txt"

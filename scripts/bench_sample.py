@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 from common import machine_facts, machine_line, positive, run_script, summary
 
-from charlm.config import load_config
-from charlm.generate import generate
-from charlm.model import GPT, param_counts
-from charlm.sample_config import SampleConfig
+from charlm.config.loading import load_config
+from charlm.config.sampling import SampleConfig
+from charlm.generation.decoding import generate
+from charlm.model.gpt import GPT, param_counts
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIGS = [ROOT / "configs" / "shakespeare_char_cpu.yaml",

@@ -22,11 +22,11 @@ from pathlib import Path
 import torch
 from common import machine_facts, machine_line, positive, run_script, summary
 
-from charlm import layers
-from charlm.config import load_config
-from charlm.generate import generate
-from charlm.model import GPT
-from charlm.sample_config import SampleConfig
+from charlm.config.loading import load_config
+from charlm.config.sampling import SampleConfig
+from charlm.generation.decoding import generate
+from charlm.model import layers
+from charlm.model.gpt import GPT
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIGS = [ROOT / "configs" / name for name in

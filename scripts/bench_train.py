@@ -33,13 +33,16 @@ from pathlib import Path
 import torch
 from common import cpu_native_dtype, machine_facts, positive, run_script, summary
 
-from charlm.config import RunConfig, load_config
-from charlm.data import BatchSampler, Dataset, dataset_for
-from charlm.device import compile_model, grad_scaler, resolve_device, resolve_dtype
-from charlm.model import GPT
-from charlm.optim import make_optimizer
-from charlm.summary import flops_per_token, parameter_table
-from charlm.train import train_step
+from charlm.config.loading import load_config
+from charlm.config.schema import RunConfig
+from charlm.data.batches import BatchSampler
+from charlm.data.dataset import Dataset, dataset_for
+from charlm.info.parameters import flops_per_token, parameter_table
+from charlm.model.gpt import GPT
+from charlm.runtime.device import resolve_device
+from charlm.runtime.precision import compile_model, grad_scaler, resolve_dtype
+from charlm.training.loop import train_step
+from charlm.training.optimizer import make_optimizer
 
 # bf16 dense (no sparsity) per GPU, from NVIDIA's datasheets. The first key found in the device
 # name wins, so the PCIe and NVL cards (fewer SMs or lower clocks) come before the SXM parts.

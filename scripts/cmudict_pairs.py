@@ -18,9 +18,9 @@ from pathlib import Path
 
 from common import run_script, summary
 
-from charlm.data import read_text
-from charlm.errors import CharlmError
-from charlm.files import write_text_atomic
+from charlm.core.errors import CharlmError
+from charlm.core.files import write_text_atomic
+from charlm.data.text import read_text
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANT = re.compile(r"\(\d+\)$")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from charlm.errors import CharlmError
+from charlm.core.errors import CharlmError
 
 if TYPE_CHECKING:
     import torch
@@ -44,7 +44,7 @@ def cpu_native_dtype() -> torch.dtype:
     slow)."""
     import torch  # here, not above: scripts that print no machine facts start without torch
 
-    from charlm.device import resolve_dtype
+    from charlm.runtime.precision import resolve_dtype
     return resolve_dtype("auto", torch.device("cpu"))
 
 
@@ -68,7 +68,7 @@ def machine_facts() -> dict:
     emulated and `dtype: auto` trains in float32), and the GPU, if torch sees one."""
     import torch
 
-    from charlm.device import cpu_bf16_unit
+    from charlm.runtime.precision import cpu_bf16_unit
 
     return {
         "cpu": cpu_model(), "logical_cores": os.cpu_count(),

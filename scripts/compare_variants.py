@@ -27,13 +27,17 @@ from pathlib import Path
 import torch
 from common import machine_facts, machine_line, positive, run_script, summary
 
-from charlm.config import MODEL_VARIANTS, RunConfig, load_config
-from charlm.data import BatchSampler, Dataset, dataset_for
-from charlm.device import grad_scaler, resolve_device, resolve_dtype, seed_everything
-from charlm.model import GPT
-from charlm.optim import make_optimizer
-from charlm.tasks import TextTask
-from charlm.train import evaluate, lr_at, train_step
+from charlm.config.loading import load_config
+from charlm.config.schema import MODEL_VARIANTS, RunConfig
+from charlm.data.batches import BatchSampler
+from charlm.data.dataset import Dataset, dataset_for
+from charlm.model.gpt import GPT
+from charlm.runtime.device import resolve_device, seed_everything
+from charlm.runtime.precision import grad_scaler, resolve_dtype
+from charlm.training.loop import lr_at, train_step
+from charlm.training.optimizer import make_optimizer
+from charlm.training.tasks import TextTask
+from charlm.training.validation import evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = MODEL_VARIANTS  # name -> the one model key it changes

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from charlm.cli import main
-from charlm.config import MODEL_VARIANTS, RunConfig, load_config
+from charlm.cli.app import main
+from charlm.config.loading import load_config
+from charlm.config.schema import MODEL_VARIANTS, RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,7 +88,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run of configs/tiny.yaml over all of tiny-shakespeare (all 65 symbols), trained once
     for the tests that only read it (export, the Python API)."""
-    from charlm.train import train
+    from charlm.training.loop import train
 
     tmp = tmp_path_factory.mktemp("shakespeare_run")
     train(load_config(ROOT / "configs" / "tiny.yaml",

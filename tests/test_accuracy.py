@@ -1,7 +1,7 @@
 import pytest
 
-from charlm.accuracy import Accuracy, accuracy, edit_distance
-from charlm.errors import CharlmError
+from charlm.core.errors import CharlmError
+from charlm.evaluation.accuracy import Accuracy, accuracy, edit_distance
 
 
 def chars(text):

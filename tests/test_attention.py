@@ -5,7 +5,7 @@ test_model.py."""
 import pytest
 import torch
 
-from charlm.attention import apply_rope, attention, rope_angles
+from charlm.model.attention import apply_rope, attention, rope_angles
 
 
 def test_rope_preserves_norms_and_depends_only_on_relative_position():

@@ -8,15 +8,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from charlm import budget
-from charlm import train as train_module
-from charlm.budget import duration_seconds, format_duration, plan_steps
-from charlm.checkpoint import load
-from charlm.config import load_config
-from charlm.errors import CharlmError
-from charlm.faults import Interrupted
-from charlm.rundir import resume_config
-from charlm.train import lr_at, train
+from charlm.config.loading import load_config
+from charlm.core.durations import duration_seconds, format_duration
+from charlm.core.errors import CharlmError
+from charlm.training import budget
+from charlm.training import loop as train_module
+from charlm.training.budget import plan_steps
+from charlm.training.checkpoint import load
+from charlm.training.faults import Interrupted
+from charlm.training.loop import lr_at, train
+from charlm.training.run_dir import resume_config
 
 from .test_faults import assert_same_weights, signal_after_steps
 from .test_train import with_

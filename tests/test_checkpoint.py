@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from charlm import checkpoint
-from charlm import run as run_module
-from charlm.errors import CharlmError
-from charlm.rundir import resume_config
-from charlm.train import train
+from charlm.core.errors import CharlmError
+from charlm.training import checkpoint
+from charlm.training import run_objects as run_module
+from charlm.training.loop import train
+from charlm.training.run_dir import resume_config
 
 from .test_faults import assert_same_weights
 from .test_train import with_

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from charlm.config import load_config
-from charlm.train import train
+from charlm.config.loading import load_config
+from charlm.training.loop import train
 
 from .conftest import ROOT, SHAKESPEARE, VARIANTS
 
@@ -38,7 +38,7 @@ def test_python_m_charlm_help():
 
 def test_a_bad_train_config_is_reported_before_torch_is_imported(tmp_path):
     """A mistyped --set key or config path took 2 s to report: the time to import torch."""
-    code = ("import sys; from charlm.cli import main\n"
+    code = ("import sys; from charlm.cli.app import main\n"
             "try:\n    main(sys.argv[1:])\n"
             "finally:\n    print('torch' in sys.modules)")
     for args, error in [(["missing.yaml"], "error: config file not found: missing.yaml"),
@@ -53,7 +53,7 @@ def test_a_bad_train_config_is_reported_before_torch_is_imported(tmp_path):
 def test_sample_and_info_do_not_import_the_compiler(run_dir):
     """Counting parameters on the meta device drew normal values there, which imports
     torch._dynamo: 1.8 s of the 5 s `charlm sample` took to start on the EPYC."""
-    code = ("import sys; from charlm.cli import main\n"
+    code = ("import sys; from charlm.cli.app import main\n"
             "run, config = sys.argv[1:]\n"
             "for args in (['sample', run, '--max-new-tokens', '5'], ['info', run],\n"
             "             ['info', config]):\n"
@@ -69,7 +69,7 @@ def test_training_and_resuming_without_compile_do_not_import_the_compiler(tmp_pa
     """torch.optim's methods import torch._dynamo at their first call (2.1 s of every
     `charlm train`'s start on the EPYC); charlm's AdamW does not, so a run that compiles
     nothing never imports it, through evals, checkpoints and a resume."""
-    code = ("import sys; from charlm.cli import main\n"
+    code = ("import sys; from charlm.cli.app import main\n"
             "config, out = sys.argv[1:]\n"
             "for args in (['train', config, '--out', out, '--set', 'train.max_iters=4'],\n"
             "             ['train', '--resume', '--out', out, '--set', 'train.max_iters=6']):\n"
@@ -99,7 +99,7 @@ def test_sample_help_shows_every_sample_option_with_its_help(cli):
     help, its name and its default."""
     from dataclasses import fields
 
-    from charlm.sample_config import SampleConfig
+    from charlm.config.sampling import SampleConfig
 
     out = " ".join(cli("sample", "--help").out.split())
     for f in fields(SampleConfig):
@@ -495,9 +495,9 @@ def test_sample_default_prompt_for_a_model_without_newlines(cli, tmp_path):
 def test_ctrl_c_while_sampling_ends_the_line_and_says_interrupted(cli, run_dir, monkeypatch):
     """Typer alone would exit 130 without a word; the CLI says `interrupted` on a line of its
     own and puts the Ctrl-C handler back."""
-    import charlm.sampling
+    import charlm.generation.text
 
-    real = charlm.sampling.sample_text
+    real = charlm.generation.text.sample_text
 
     def interrupted_after_20(model, vocab, text, opts, show):
         pieces = []
@@ -510,7 +510,7 @@ def test_ctrl_c_while_sampling_ends_the_line_and_says_interrupted(cli, run_dir, 
 
         return real(model, vocab, text, opts, counting)
 
-    monkeypatch.setattr(charlm.sampling, "sample_text", interrupted_after_20)
+    monkeypatch.setattr(charlm.generation.text, "sample_text", interrupted_after_20)
     handler = signal.getsignal(signal.SIGINT)
     result = cli("sample", run_dir, "--prompt", "First", "--max-new-tokens", "100000")
     assert (result.code, result.err) == (130, "\ninterrupted\n")
@@ -519,8 +519,8 @@ def test_ctrl_c_while_sampling_ends_the_line_and_says_interrupted(cli, run_dir, 
 
 
 def test_info_on_a_safetensors_export_dir(cli, run_dir, tmp_path):
-    from charlm.checkpoint import load_model
     from charlm.export import save_safetensors
+    from charlm.training.checkpoint import load_model
 
     model, vocab, cfg, _ = load_model(run_dir)
     save_safetensors(model, vocab, cfg, tmp_path / "st")
@@ -561,11 +561,11 @@ def test_train_without_a_config_names_the_run_dir_after_the_data(cli, tmp_path, 
 @pytest.fixture
 def train_configs(monkeypatch) -> list:
     """The configs `charlm train` would train, in order; nothing is trained."""
-    import charlm.train
+    import charlm.training.loop
 
     seen = []
-    monkeypatch.setattr(charlm.train, "train", lambda cfg, **kw: seen.append(cfg) or
-                        charlm.train.TrainState())
+    monkeypatch.setattr(charlm.training.loop, "train", lambda cfg, **kw: seen.append(cfg) or
+                        charlm.training.run_objects.TrainState())
     return seen
 
 
@@ -601,10 +601,10 @@ def test_a_config_suffix_in_capitals_is_a_config(cli, tmp_path, corpus, train_co
 @pytest.fixture
 def non_ascii_model(tmp_path) -> Path:
     """An export of a random model whose every character is outside ASCII."""
-    from charlm.config import ModelConfig, RunConfig
+    from charlm.config.schema import ModelConfig, RunConfig
+    from charlm.data.vocab import Vocab
     from charlm.export import save_safetensors
-    from charlm.model import GPT
-    from charlm.vocab import Vocab
+    from charlm.model.gpt import GPT
 
     cfg = RunConfig(model=ModelConfig(block_size=16, n_layer=1, n_head=2, n_embd=16))
     save_safetensors(GPT(cfg.model, 3), Vocab(["ß", "é", "😀"]), cfg, tmp_path / "st")
@@ -622,7 +622,7 @@ def test_sample_to_a_stdout_that_cannot_encode_the_text(non_ascii_model, monkeyp
     """PYTHONIOENCODING=ascii or a Latin-1 terminal: characters the stream cannot encode are
     written as escapes (JSON's own in --json) instead of a UnicodeEncodeError traceback."""
     import charlm
-    from charlm.cli import main
+    from charlm.cli.app import main
 
     text = charlm.generate(charlm.load(non_ascii_model), "é😀", max_new_tokens=20, seed=1)
 
@@ -646,9 +646,9 @@ def test_sample_to_a_stdout_that_cannot_encode_the_text(non_ascii_model, monkeyp
 
 
 @pytest.mark.parametrize("command, module, function, advice", [
-    ("sample", "charlm.sampling", "sample_text",
+    ("sample", "charlm.generation.text", "sample_text",
      "use a smaller --num-samples or --beams, or free memory on the device"),
-    ("eval", "charlm.scoring", "score_text",
+    ("eval", "charlm.evaluation.scoring", "score_text",
      "free memory on the device, or score on another --device"),
 ])
 def test_out_of_memory_outside_training_gives_that_command_s_advice(cli, monkeypatch, run_dir,
@@ -694,9 +694,9 @@ def test_train_says_what_it_computes_in_once_as_it_starts(cli, tmp_path, corpus,
                                                           unit, dtype, line):
     """`dtype: auto` is bf16 on one CPU and float32 on the next: a run says which, first, and a
     resume says it again, once."""
-    import charlm.device
+    import charlm.runtime.precision
 
-    monkeypatch.setattr(charlm.device, "cpu_bf16_unit", lambda: unit)
+    monkeypatch.setattr(charlm.runtime.precision, "cpu_bf16_unit", lambda: unit)
     run = tmp_path / "run"
     common = ["--set", f"train.dtype={dtype}", "--set", "train.eval_interval=2"]
     fresh = cli("train", ROOT / "configs" / "tiny.yaml", "--data", corpus, "--out", run,

@@ -3,16 +3,11 @@ from pathlib import Path
 
 import pytest
 
-from charlm.config import (
-    ModelConfig,
-    RunConfig,
-    dump_yaml,
-    load_config,
-    parse_yaml,
-    save_config,
-    train_config,
-)
-from charlm.errors import CharlmError
+from charlm.cli.train import train_config
+from charlm.config.loading import load_config, save_config
+from charlm.config.schema import ModelConfig, RunConfig
+from charlm.config.values import dump_yaml, parse_yaml
+from charlm.core.errors import CharlmError
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted((ROOT / "configs").glob("*.yaml"))

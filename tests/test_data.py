@@ -8,11 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from charlm import chunks
-from charlm import data as data_module
-from charlm.chunks import code_point_chunks
-from charlm.data import BatchSampler, dataset_for, load_dataset, prepare
-from charlm.errors import CharlmError
+from charlm.core.errors import CharlmError
+from charlm.data import chunks
+from charlm.data import text as data_module
+from charlm.data.batches import BatchSampler
+from charlm.data.chunks import code_point_chunks
+from charlm.data.dataset import dataset_for, load_dataset
+from charlm.data.text import prepare
 
 from .conftest import ROOT, SHAKESPEARE
 
@@ -205,7 +207,7 @@ def test_prepare_imports_no_torch(tmp_path, name, text, option, wrote):
     --pairs too, until the pairs' batches moved out of charlm.pairs)."""
     src = tmp_path / name
     src.write_text(text, encoding="utf-8")
-    code = ("import sys; from charlm.cli import main\n"
+    code = ("import sys; from charlm.cli.app import main\n"
             "try:\n    main(sys.argv[1:])\n"
             "finally:\n    print('torch' in sys.modules)")
     result = subprocess.run(

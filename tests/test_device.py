@@ -4,8 +4,9 @@
 import pytest
 import torch
 
-from charlm.device import resolve_device, resolve_dtype
-from charlm.errors import CharlmError
+from charlm.core.errors import CharlmError
+from charlm.runtime.device import resolve_device
+from charlm.runtime.precision import resolve_dtype
 
 
 @pytest.mark.parametrize("amx, avx512_bf16, unit", [
@@ -16,7 +17,7 @@ def test_auto_dtype_is_bf16_on_a_cpu_that_multiplies_it_in_hardware(monkeypatch,
                                                                     avx512_bf16, unit):
     """AMX tiles or AVX512_BF16's dot products compute bf16 (4.1x float32's matmul on a Zen 5
     EPYC); elsewhere it is emulated and `auto` is float32."""
-    from charlm import device as device_module
+    from charlm.runtime import precision as device_module
     cpu = torch.device("cpu")
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16,
@@ -28,7 +29,7 @@ def test_auto_dtype_is_bf16_on_a_cpu_that_multiplies_it_in_hardware(monkeypatch,
 
 
 def test_a_torch_without_the_cpu_probes_trains_in_float32(monkeypatch):
-    from charlm import device as device_module
+    from charlm.runtime import precision as device_module
     monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported", raising=False)
     monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported", raising=False)
     assert device_module.cpu_bf16_unit() is None
@@ -50,7 +51,7 @@ def test_auto_dtype_on_a_gpu_before_ampere_is_float16(monkeypatch):
 
 def test_a_run_on_cuda_n_makes_that_gpu_the_current_one(monkeypatch):
     """Without it, pinned memory and other lazily made CUDA state went to GPU 0."""
-    from charlm.device import distributed
+    from charlm.runtime.distributed import distributed
     made_current = []
     monkeypatch.setattr(torch.cuda, "set_device", made_current.append)
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):

@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from charlm import digest as digest_module
-from charlm.chunks import CHUNK_BYTES
-from charlm.digest import ChunkDigest, sha256_file
+from charlm.data import digest as digest_module
+from charlm.data.chunks import CHUNK_BYTES
+from charlm.data.digest import ChunkDigest, sha256_file
 
 
 def test_chunks_hash_in_their_order_to_hashlibs_digest():

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from charlm import checkpoint
-from charlm import train as train_module
-from charlm.config import save_config
-from charlm.data import BatchSampler
-from charlm.device import Dist
-from charlm.errors import CharlmError
-from charlm.optim import make_optimizer
-from charlm.train import train
+from charlm.config.loading import save_config
+from charlm.core.errors import CharlmError
+from charlm.data.batches import BatchSampler
+from charlm.runtime.distributed import Dist
+from charlm.training import checkpoint
+from charlm.training import loop as train_module
+from charlm.training.loop import train
+from charlm.training.optimizer import make_optimizer
 
 from .test_train import with_
 
@@ -158,9 +158,9 @@ def accumulation_probe(config: str) -> None:
     a gloo group of one rank; prints, as JSON, which micro-batches ran with DDP's gradient sync
     on and the gradient buckets all-reduced. The group lives and dies with that process: when
     this test brought it up and tore it down inside pytest's process, CI hung right after it."""
-    from charlm.config import load_config
-    from charlm.data import dataset_for
-    from charlm.model import GPT
+    from charlm.config.loading import load_config
+    from charlm.data.dataset import dataset_for
+    from charlm.model.gpt import GPT
 
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
         os.environ[key] = value

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from charlm import checkpoint
-from charlm.data import prepare as prepare_dataset
+from charlm.data.text import prepare as prepare_dataset
+from charlm.training import checkpoint
 
 from .conftest import ROOT
 
@@ -523,7 +523,7 @@ def test_dataset_whose_meta_json_contradicts_its_vocab(cli, fails, tmp_path, cor
 def test_a_batch_too_big_for_memory_is_an_error_line(fails, tmp_path, corpus, monkeypatch):
     """Where the device's memory is unknown (MPS), the guard of tests/test_memory.py cannot
     refuse the batch first: the allocator's failure is the error line."""
-    monkeypatch.setattr("charlm.device.memory_bytes", lambda device: None)
+    monkeypatch.setattr("charlm.runtime.device.memory_bytes", lambda device: None)
     # 10^12 rows: their window starts alone are 8 TB, which the CPU allocator refuses
     fails("train", TINY, "--data", corpus, "--out", tmp_path / "run", "--set",
           "train.batch_size=1000000000000",
@@ -533,13 +533,13 @@ def test_a_batch_too_big_for_memory_is_an_error_line(fails, tmp_path, corpus, mo
 
 
 def test_cuda_out_of_memory_is_an_error_line(cli, monkeypatch, tmp_path, corpus):
-    import charlm.train
+    import charlm.training.loop
 
     def oom(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has "
                                      "a total capacity of 79.11 GiB of which 1.5 GiB is free.")
 
-    monkeypatch.setattr(charlm.train, "train_step", oom)
+    monkeypatch.setattr(charlm.training.loop, "train_step", oom)
     result = cli("train", TINY, "--data", corpus, "--out", tmp_path / "run")
     assert (result.code, result.err) == (2, "error: out of memory (tried to allocate 2.00 GiB): "
                                             "make the model (model.n_layer, model.n_embd), "
@@ -548,12 +548,12 @@ def test_cuda_out_of_memory_is_an_error_line(cli, monkeypatch, tmp_path, corpus)
 
 def test_other_runtime_errors_are_not_dressed_up_as_input_errors(cli, monkeypatch, tmp_path,
                                                                  corpus):
-    import charlm.train
+    import charlm.training.loop
 
     def bug(*args, **kwargs):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(charlm.train, "train_step", bug)
+    monkeypatch.setattr(charlm.training.loop, "train_step", bug)
     with pytest.raises(RuntimeError, match="a bug"):
         cli("train", TINY, "--data", corpus, "--out", tmp_path / "run")
 

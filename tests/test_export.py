@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from charlm import checkpoint
-from charlm.config import load_config
-from charlm.errors import CharlmError
+from charlm.config.loading import load_config
+from charlm.core.errors import CharlmError
 from charlm.export import load_safetensors, save_hf, save_safetensors, write_dir
+from charlm.training import checkpoint
 
 from .conftest import ROOT, SHAKESPEARE
 
@@ -152,8 +152,8 @@ def test_hf_export_loads_in_transformers_with_matching_logits(run_dir, tmp_path)
 def test_hf_export_refuses_what_gpt2_cannot_express(tmp_path):
     cfg = load_config(ROOT / "configs" / "tiny.yaml", ["model.pos_encoding=rope",
                                                       "model.norm=rmsnorm"])
-    from charlm.model import GPT
-    from charlm.vocab import Vocab
+    from charlm.data.vocab import Vocab
+    from charlm.model.gpt import GPT
 
     with pytest.raises(Exception) as e:
         save_hf(GPT(cfg.model, 3), Vocab(list("abc")), cfg, tmp_path / "hf")

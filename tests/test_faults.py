@@ -12,15 +12,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from charlm import checkpoint, sampling
-from charlm import train as train_module
-from charlm.config import RunConfig, save_config
-from charlm.errors import CharlmError
-from charlm.faults import BadSteps, Interrupted
-from charlm.model import GPT
-from charlm.run import TrainState
-from charlm.rundir import resume_config
-from charlm.train import train
+from charlm.config.loading import save_config
+from charlm.config.schema import RunConfig
+from charlm.core.errors import CharlmError
+from charlm.generation import text as sampling
+from charlm.model.gpt import GPT
+from charlm.training import checkpoint
+from charlm.training import loop as train_module
+from charlm.training.faults import BadSteps, Interrupted
+from charlm.training.loop import train
+from charlm.training.run_dir import resume_config
+from charlm.training.run_objects import TrainState
 
 from .conftest import ROOT
 from .test_train import with_
@@ -337,7 +339,7 @@ def test_the_bad_step_counters_are_saved_and_loaded_with_the_train_state():
 
 LONG_NATIVE_CALL = """
 import time, torch
-from charlm.faults import StopSignals
+from charlm.training.faults import StopSignals
 a = torch.randn(512, 512)
 a @ a
 t = time.perf_counter()

@@ -3,9 +3,12 @@ import os
 
 import pytest
 
-from charlm import checkpoint, cli, files
-from charlm.config import RunConfig, save_config
-from charlm.files import write_text_atomic
+from charlm.cli import app as cli
+from charlm.config.loading import save_config
+from charlm.config.schema import RunConfig
+from charlm.core import files
+from charlm.core.files import write_text_atomic
+from charlm.training import checkpoint
 
 
 def test_a_failed_atomic_write_names_the_target_and_keeps_it(tmp_path, monkeypatch):

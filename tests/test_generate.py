@@ -4,19 +4,19 @@ import math
 import pytest
 import torch
 
-from charlm.config import ModelConfig
-from charlm.errors import CharlmError
-from charlm.generate import (
+from charlm.config.sampling import SampleConfig
+from charlm.config.schema import ModelConfig
+from charlm.core.errors import CharlmError
+from charlm.generation.beams import beam_search
+from charlm.generation.decoding import (
     apply_min_p,
     apply_repetition_penalty,
     apply_top_k,
     apply_top_p,
-    beam_search,
     generate,
     sample_next,
 )
-from charlm.model import GPT
-from charlm.sample_config import SampleConfig
+from charlm.model.gpt import GPT
 
 from .conftest import VARIANTS
 

@@ -6,11 +6,11 @@ import torch
 import torch.nn as nn
 from torch.nn.modules.module import register_module_forward_hook
 
-from charlm import layers
-from charlm.config import ModelConfig
-from charlm.generate import CachedDecoder
-from charlm.layers import Linear, Module, child, param, split_product
-from charlm.model import GPT, MLP
+from charlm.config.schema import ModelConfig
+from charlm.generation.decoding import CachedDecoder
+from charlm.model import layers
+from charlm.model.gpt import GPT, MLP
+from charlm.model.layers import Linear, Module, child, param, split_product
 
 
 def tiny_gpt(**over) -> GPT:

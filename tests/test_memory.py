@@ -12,18 +12,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from charlm import checkpoint
-from charlm import train as train_module
-from charlm.config import RunConfig, load_config
-from charlm.device import autocast
-from charlm.errors import CharlmError, Interrupt
-from charlm.memory import training_bytes
-from charlm.model import GPT
-from charlm.run import require_batch_memory
-from charlm.rundir import RUN_FILES
-from charlm.seq2seq import EncoderDecoder
-from charlm.tasks import task_for
-from charlm.train import train
+from charlm.cli.reporting import Interrupt
+from charlm.config.loading import load_config
+from charlm.config.schema import RunConfig
+from charlm.core.errors import CharlmError
+from charlm.model.encoder_decoder import EncoderDecoder
+from charlm.model.footprint import training_bytes
+from charlm.model.gpt import GPT
+from charlm.runtime.precision import autocast
+from charlm.training import checkpoint
+from charlm.training import loop as train_module
+from charlm.training.loop import train
+from charlm.training.run_dir import RUN_FILES
+from charlm.training.run_objects import require_batch_memory
+from charlm.training.tasks import task_for
 
 from .conftest import ROOT
 from .test_train import with_
@@ -96,7 +98,7 @@ def test_the_estimate_grows_with_every_size():
 
 def fixed_memory(monkeypatch: pytest.MonkeyPatch, gib: float) -> None:
     """The machine has `gib` GiB, whatever it really has (the error lines name it)."""
-    monkeypatch.setattr("charlm.device.memory_bytes", lambda device: int(gib * GIB))
+    monkeypatch.setattr("charlm.runtime.device.memory_bytes", lambda device: int(gib * GIB))
 
 
 def no_step(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -234,13 +236,13 @@ def test_info_shapes_of_a_huge_batch_allocate_nothing(cli):
 
 def test_a_checkpoint_larger_than_memory_is_refused_before_it_is_read(run_dir, monkeypatch):
     size = (run_dir / "last.pt").stat().st_size
-    monkeypatch.setattr("charlm.device.memory_bytes", lambda device: size - 1)
+    monkeypatch.setattr("charlm.runtime.device.memory_bytes", lambda device: size - 1)
     with pytest.raises(CharlmError, match=f"^checkpoint {run_dir / 'last.pt'} holds 0.0 GiB, "
                        "more than the 0.0 GiB of cpu; load it on a machine with more memory$"):
         checkpoint.load(run_dir / "last.pt")
     # the file fits, the model's weights on the device do not
     answers = iter([2**40, 1])
-    monkeypatch.setattr("charlm.device.memory_bytes", lambda device: next(answers))
+    monkeypatch.setattr("charlm.runtime.device.memory_bytes", lambda device: next(answers))
     with pytest.raises(CharlmError, match="needs 0.0 GiB for its weights, more than"):
         checkpoint.load_model(run_dir / "last.pt")
 
@@ -258,7 +260,7 @@ def test_eval_of_a_text_too_big_for_memory_is_one_error_line(cli, run_dir, tmp_p
         raise AssertionError("the text was scored")
 
     with monkeypatch.context() as patch:
-        patch.setattr("charlm.scoring.score_ids", never)
+        patch.setattr("charlm.evaluation.scoring.score_ids", never)
         result = cli("eval", run_dir, text, "--stride", "15")
     assert (result.code, result.out, result.err) == (2, "", (
         "error: scoring 1,900,000 characters in 1,899,984 windows of 16 needs about 0.2 GiB for "

@@ -8,10 +8,10 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-from charlm import checkpoint
-from charlm.metrics import flatten
-from charlm.sampling import preview
-from charlm.train import train
+from charlm.generation.text import preview
+from charlm.training import checkpoint
+from charlm.training.loop import train
+from charlm.training.metrics import flatten
 
 from .conftest import ROOT
 from .test_train import with_
@@ -128,7 +128,7 @@ def test_a_full_disk_while_logging_is_one_error_line_and_the_run_resumes(cli, tm
     import errno
     import json
 
-    from charlm import metrics
+    from charlm.training import metrics
 
     class FullDisk:
         def __init__(self, f):

@@ -4,10 +4,10 @@ import math
 import pytest
 import torch
 
-from charlm import model as model_module
-from charlm.config import ModelConfig
-from charlm.errors import CharlmError
-from charlm.model import GPT, RMSNorm, gelu, param_counts, parameter_count, sinusoidal_table
+from charlm.config.schema import ModelConfig
+from charlm.core.errors import CharlmError
+from charlm.model import gpt as model_module
+from charlm.model.gpt import GPT, RMSNorm, gelu, param_counts, parameter_count, sinusoidal_table
 
 from .conftest import VARIANTS
 
@@ -35,7 +35,7 @@ def test_label_smoothing_applies_to_the_training_loss_only(arch):
         model = GPT(tiny(label_smoothing=0.4), V)
         inputs = (torch.randint(0, V, (3, 10)),)
     else:
-        from charlm.seq2seq import EncoderDecoder
+        from charlm.model.encoder_decoder import EncoderDecoder
         model = EncoderDecoder(tiny(arch=arch, label_smoothing=0.4), V, V, source_pad=V - 1)
         inputs = (torch.randint(0, V - 1, (3, 7)), torch.randint(0, V, (3, 10)))
     targets = torch.randint(0, V, (3, 10))

@@ -5,9 +5,10 @@ from typing import Any
 import pytest
 import torch
 
-from charlm.config import OptimConfig, load_config
-from charlm.model import GPT
-from charlm.optim import AdamW, has_fused_kernel, load_state, make_optimizer, step_if
+from charlm.config.loading import load_config
+from charlm.config.schema import OptimConfig
+from charlm.model.gpt import GPT
+from charlm.training.optimizer import AdamW, has_fused_kernel, load_state, make_optimizer, step_if
 
 from .conftest import ROOT
 

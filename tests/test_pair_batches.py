@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from charlm.errors import CharlmError
-from charlm.pair_batches import IGNORE_INDEX, PairBatchSampler, collate
-from charlm.pairs import PairSplit
-from charlm.vocab import PairVocab
+from charlm.core.errors import CharlmError
+from charlm.data.batches import IGNORE_INDEX, PairBatchSampler, collate
+from charlm.data.pair_dataset import PairSplit
+from charlm.data.vocab import PairVocab
 
 CPU = torch.device("cpu")
 

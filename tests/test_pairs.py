@@ -5,19 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from charlm.config import DataConfig
-from charlm.data import prepare
-from charlm.errors import CharlmError
-from charlm.pairs import (
-    PairSplit,
-    load_pairs,
-    pairs_for,
-    prepare_pairs,
-    read_pairs,
-    references,
-    split_of,
-)
-from charlm.vocab import PairVocab
+from charlm.config.schema import DataConfig
+from charlm.core.errors import CharlmError
+from charlm.data.pair_dataset import PairSplit, load_pairs, pairs_for, references
+from charlm.data.pairs import prepare_pairs, read_pairs, split_of
+from charlm.data.text import prepare
+from charlm.data.vocab import PairVocab
 
 from .conftest import ROOT
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from charlm import rundir
-from charlm.errors import CharlmError
-from charlm.rundir import resume_config
-from charlm.train import train
+from charlm.core.errors import CharlmError
+from charlm.training import run_dir as rundir
+from charlm.training.loop import train
+from charlm.training.run_dir import resume_config
 
 from .test_train import with_
 

@@ -4,8 +4,8 @@ from dataclasses import fields
 
 import pytest
 
-from charlm.errors import CharlmError
-from charlm.sample_config import SampleConfig
+from charlm.config.sampling import SampleConfig
+from charlm.core.errors import CharlmError
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -1,13 +1,13 @@
 import pytest
 import torch
 
-from charlm.errors import CharlmError
-from charlm.generate import apply_repetition_penalty, apply_temperature, sample_next
-from charlm.memory import sampling_bytes
-from charlm.model import GPT
-from charlm.sample_config import SampleConfig
-from charlm.sampling import StopMatcher, encode_prompt, sample_text
-from charlm.vocab import Vocab
+from charlm.config.sampling import SampleConfig
+from charlm.core.errors import CharlmError
+from charlm.data.vocab import Vocab
+from charlm.generation.decoding import apply_repetition_penalty, apply_temperature, sample_next
+from charlm.generation.text import StopMatcher, encode_prompt, sample_text
+from charlm.model.footprint import sampling_bytes
+from charlm.model.gpt import GPT
 
 from .test_generate import V, random_model
 
@@ -23,7 +23,7 @@ def test_more_samples_or_beams_than_memory_holds_is_a_plain_error(model, monkeyp
     """A mistyped --num-samples or --beams is refused up front, naming the memory its keys and
     values and a forward need, rather than exhausting the machine or failing in the
     allocator."""
-    monkeypatch.setattr("charlm.device.memory_bytes", lambda device: 2**30)
+    monkeypatch.setattr("charlm.runtime.device.memory_bytes", lambda device: 2**30)
     for opts, option in [(SampleConfig(beams=10**12, max_new_tokens=1), "--beams"),
                          (SampleConfig(num_samples=10**12, max_new_tokens=1), "--num-samples")]:
         with pytest.raises(CharlmError) as e:  # 8 KiB of keys and values, 52 KiB forward a row
@@ -33,7 +33,7 @@ def test_more_samples_or_beams_than_memory_holds_is_a_plain_error(model, monkeyp
             f"the context and a forward's activations, more than the 1.0 GiB of cpu; use a "
             f"smaller {option}")
     four = sampling_bytes(model.cfg, V, 4, 4)
-    monkeypatch.setattr("charlm.device.memory_bytes", lambda device: four)
+    monkeypatch.setattr("charlm.runtime.device.memory_bytes", lambda device: four)
     assert len(sample_text(model, VOCAB, "ab", SampleConfig(num_samples=4, max_new_tokens=3))) == 4
     with pytest.raises(CharlmError):
         sample_text(model, VOCAB, "ab", SampleConfig(num_samples=5, max_new_tokens=3))
@@ -45,9 +45,9 @@ def test_the_memory_guard_counts_the_float32_cache_of_a_half_precision_model(mod
     samples need what they need in float32, not half the cache."""
     model = model.to(torch.bfloat16)
     four = sampling_bytes(model.cfg, V, 4, 4)
-    monkeypatch.setattr("charlm.device.memory_bytes", lambda device: four)
+    monkeypatch.setattr("charlm.runtime.device.memory_bytes", lambda device: four)
     assert len(sample_text(model, VOCAB, "ab", SampleConfig(num_samples=4, max_new_tokens=3))) == 4
-    monkeypatch.setattr("charlm.device.memory_bytes", lambda device: four - 1)
+    monkeypatch.setattr("charlm.runtime.device.memory_bytes", lambda device: four - 1)
     with pytest.raises(CharlmError, match="--num-samples 4 needs about"):
         sample_text(model, VOCAB, "ab", SampleConfig(num_samples=4, max_new_tokens=3))
 

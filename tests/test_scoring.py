@@ -3,11 +3,11 @@ import math
 import pytest
 import torch
 
-from charlm.config import ModelConfig
-from charlm.errors import CharlmError
-from charlm.model import GPT
-from charlm.scoring import score_ids, score_text, windows
-from charlm.vocab import Vocab
+from charlm.config.schema import ModelConfig
+from charlm.core.errors import CharlmError
+from charlm.data.vocab import Vocab
+from charlm.evaluation.scoring import score_ids, score_text, windows
+from charlm.model.gpt import GPT
 
 V = 7
 VOCAB = Vocab(list("abcdefg"))

@@ -307,11 +307,11 @@ def test_bench_train_probes_the_dtype_charlms_auto_picks(monkeypatch, unit, dtyp
     """The peak is probed in the dtype `dtype: auto` trains in on this CPU: bf16 without AMX or
     AVX512_BF16 is emulated, and its 2048^3 probe alone took more than ten minutes on a 2-core
     AVX2 EPYC."""
-    import charlm.device
+    import charlm.runtime.precision
 
     bench_train = import_script("bench_train", monkeypatch)
     probed = []
-    monkeypatch.setattr(charlm.device, "cpu_bf16_unit", lambda: unit)
+    monkeypatch.setattr(charlm.runtime.precision, "cpu_bf16_unit", lambda: unit)
     monkeypatch.setattr(bench_train, "cpu_peak", lambda d: probed.append(d) or (1e12, 512))
     assert bench_train.device_peak(torch.device("cpu")) == (1e12, dtype, source)
     assert probed == [dtype]
@@ -336,11 +336,12 @@ def test_bench_train_leaves_no_files_and_reports_consistent_figures(monkeypatch,
     describes, each computed from the others as documented."""
     import json
 
-    import charlm.device
+    import charlm.runtime.precision
 
     bench_train = import_script("bench_train", monkeypatch)
     monkeypatch.setattr(bench_train, "cpu_peak", lambda dtype: (1e12, 64))  # no probes
-    monkeypatch.setattr(charlm.device, "cpu_bf16_unit", lambda: None)  # float32 on any CPU
+    # float32 on any CPU
+    monkeypatch.setattr(charlm.runtime.precision, "cpu_bf16_unit", lambda: None)
     work = tmp_path / "elsewhere"
     work.mkdir()
     monkeypatch.chdir(work)
@@ -399,7 +400,7 @@ def test_bench_split_pairs_the_two_rules_on_the_same_tokens(monkeypatch, capsys)
     tokens; the rule is restored after each decode."""
     import json
 
-    from charlm import layers
+    from charlm.model import layers
 
     bench_split = import_script("bench_split", monkeypatch)
     rules = []
@@ -428,10 +429,10 @@ def common_module(monkeypatch):
 def test_machine_facts_name_the_cpu_and_what_it_computes_natively(monkeypatch, unit):
     """Every script prints these with its figures: a figure without its machine cannot be
     compared. bf16 is native exactly where charlm's `dtype: auto` trains in it."""
-    import charlm.device
+    import charlm.runtime.precision
 
     common = common_module(monkeypatch)
-    monkeypatch.setattr(charlm.device, "cpu_bf16_unit", lambda: unit)
+    monkeypatch.setattr(charlm.runtime.precision, "cpu_bf16_unit", lambda: unit)
     monkeypatch.setattr(common, "cpu_model", lambda: "Test CPU 9000")
     facts = common.machine_facts()
     assert list(facts) == ["cpu", "logical_cores", "torch_threads", "torch", "cpu_capability",

@@ -1,17 +1,11 @@
 import pytest
 import torch
 
-from charlm.config import ModelConfig
-from charlm.model import RMSNorm, param_counts
-from charlm.sample_config import SampleConfig
-from charlm.seq2seq import (
-    EncoderDecoder,
-    Seq2SeqDecoder,
-    beam_search_ids,
-    output_limit,
-    parameter_count,
-    translate_ids,
-)
+from charlm.config.sampling import SampleConfig
+from charlm.config.schema import ModelConfig
+from charlm.generation.seq2seq import Seq2SeqDecoder, beam_search_ids, translate_ids
+from charlm.model.encoder_decoder import EncoderDecoder, output_limit, parameter_count
+from charlm.model.gpt import RMSNorm, param_counts
 
 from .conftest import VARIANTS
 

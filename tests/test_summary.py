@@ -5,13 +5,15 @@ from pathlib import Path
 
 import pytest
 
-from charlm.config import MODEL_VARIANTS, ModelConfig, RunConfig, load_config
-from charlm.errors import CharlmError
-from charlm.model import GPT
-from charlm.seq2seq import EncoderDecoder
-from charlm.shapes import forward_shapes, seq2seq_forward_shapes
-from charlm.summary import describe, flops_per_token, parameter_table, seq2seq_flops
-from charlm.train import train
+from charlm.config.loading import load_config
+from charlm.config.schema import MODEL_VARIANTS, ModelConfig, RunConfig
+from charlm.core.errors import CharlmError
+from charlm.info.parameters import flops_per_token, parameter_table, seq2seq_flops
+from charlm.info.shapes import forward_shapes, seq2seq_forward_shapes
+from charlm.info.summary import describe
+from charlm.model.encoder_decoder import EncoderDecoder
+from charlm.model.gpt import GPT
+from charlm.training.loop import train
 
 from .conftest import ROOT
 from .test_model import V, expected_params, tiny
@@ -139,7 +141,7 @@ def test_a_checkpoint_not_yet_evaluated_has_no_best_val_loss_and_valid_json():
     has no Infinity) and the text says so in words."""
     import math
 
-    from charlm.summary import render_text
+    from charlm.info.summary import render_text
 
     cfg = RunConfig(model=tiny())
     state = {"step": 3, "best_val": math.inf, "tokens": 96}
@@ -275,8 +277,8 @@ def pairs_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_info_on_an_encoder_decoder_run_checkpoint_and_export(cli, pairs_run, tmp_path):
-    from charlm.checkpoint import load_model
     from charlm.export import save_safetensors
+    from charlm.training.checkpoint import load_model
 
     model, vocab, cfg, _ = load_model(pairs_run)
     text = cli("info", pairs_run)

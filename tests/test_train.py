@@ -6,24 +6,21 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from charlm import checkpoint
-from charlm import run as run_module
-from charlm import train as train_module
-from charlm.config import OptimConfig, RunConfig
-from charlm.data import BatchSampler, dataset_for, prepare
-from charlm.device import grad_scaler, resolve_dtype
-from charlm.evaluation import batches_that_fit, eval_batches_per_forward
-from charlm.generate import generate
-from charlm.model import GPT
-from charlm.optim import make_optimizer
-from charlm.sample_config import SampleConfig
-from charlm.tasks import TextTask
-from charlm.train import (
-    evaluate,
-    lr_at,
-    train,
-    train_step,
-)
+from charlm.config.sampling import SampleConfig
+from charlm.config.schema import OptimConfig, RunConfig
+from charlm.data.batches import BatchSampler
+from charlm.data.dataset import dataset_for
+from charlm.data.text import prepare
+from charlm.generation.decoding import generate
+from charlm.model.gpt import GPT
+from charlm.runtime.precision import grad_scaler, resolve_dtype
+from charlm.training import checkpoint
+from charlm.training import loop as train_module
+from charlm.training import run_objects as run_module
+from charlm.training.loop import lr_at, train, train_step
+from charlm.training.optimizer import make_optimizer
+from charlm.training.tasks import TextTask
+from charlm.training.validation import batches_that_fit, eval_batches_per_forward, evaluate
 
 from .conftest import VARIANTS
 

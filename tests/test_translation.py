@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import charlm
-from charlm.config import load_config
-from charlm.train import train
+from charlm.config.loading import load_config
+from charlm.training.loop import train
 from tests.conftest import ROOT
 
 ALPHABET = "abcdefg"
@@ -174,7 +174,7 @@ def test_decoding_more_than_memory_holds_is_one_error_line(cli, pairs_run, tmp_p
     --source-file` decodes up to 64 sources x --num-samples rows at once, and `charlm eval
     --beams` that many beams, each with its self-attention cache and its source's
     cross-attention keys and values, until the allocator or the kernel gave up."""
-    monkeypatch.setattr("charlm.device.memory_bytes", lambda device: int(0.2 * 2**30))
+    monkeypatch.setattr("charlm.runtime.device.memory_bytes", lambda device: int(0.2 * 2**30))
     sources = tmp_path / "sources.txt"
     sources.write_text("abc\ngfe\n", encoding="utf-8")
     sampled = cli("sample", pairs_run, "--source-file", sources, "--num-samples", "5000")

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from charlm.config import load_config
-from charlm.errors import CharlmError
-from charlm.search import check_space, read_search
-from charlm.trial import Follower, Stop, run_trial
+from charlm.config.loading import load_config
+from charlm.core.errors import CharlmError
+from charlm.tune.space import check_space, read_search
+from charlm.tune.trial import Follower, Stop, run_trial
 
 optuna = pytest.importorskip("optuna")
 
@@ -398,9 +398,9 @@ def test_the_study_prepares_its_data_without_torch(tmp_path: Path, name: str, te
     src.write_text(text, encoding="utf-8")
     code = ("import sys\n"
             "from pathlib import Path\n"
-            "from charlm.config import load_config\n"
-            "from charlm.search import read_search\n"
-            "from charlm.study import prepare_data\n"
+            "from charlm.config.loading import load_config\n"
+            "from charlm.tune.space import read_search\n"
+            "from charlm.tune.study import prepare_data\n"
             "cfg = load_config(sys.argv[1], [f'data.path={sys.argv[2]}', sys.argv[3]])\n"
             "print(prepare_data(cfg, read_search(['optim.lr=[0.01, 0.02]']), Path(sys.argv[4])))\n"
             "print('torch' in sys.modules)")
@@ -444,8 +444,9 @@ def test_the_tuner_holds_the_databases_lock_for_other_machines(tmp_path: Path,
     """Workers on other machines (another --out, so another file lock) wait for it."""
     from sqlalchemy import text
 
-    from charlm.study import Plan
-    from charlm.tuner import DATABASE_LOCKS, Tuner
+    from charlm.tune.runner import Tuner
+    from charlm.tune.study import Plan
+    from charlm.tune.workers import DATABASE_LOCKS
 
     url = database_url(name)
     plan = Plan(tmp_path, load_config(TINY).to_dict(), read_search(["optim.lr=[0.002, 0.01]"]),
@@ -520,8 +521,8 @@ def test_tune_command_errors_are_one_line(cli, tmp_path: Path, corpus: Path,
 ])
 def test_values_are_reported_at_tokens_seen_when_a_step_changes_size(
         tmp_path: Path, spec: str, expected: dict[int, float]) -> None:
-    from charlm.study import Plan
-    from charlm.tuner import Tuner
+    from charlm.tune.runner import Tuner
+    from charlm.tune.study import Plan
 
     base = load_config(TINY).to_dict()  # batch 16 x block 16, an eval every 20 steps
     tuner = Tuner(Plan(tmp_path, base, read_search([spec]), None, "s", "data"), 1, 5, None)
@@ -536,8 +537,8 @@ def test_values_are_reported_at_tokens_seen_when_a_step_changes_size(
 def test_a_trial_is_not_pruned_at_its_final_eval(tmp_path: Path) -> None:
     """Worse than the median of two complete trials: pruned at step 40, not at step 60, its
     train.max_iters (it has trained to its end, and completes)."""
-    from charlm.study import Plan
-    from charlm.tuner import Tuner
+    from charlm.tune.runner import Tuner
+    from charlm.tune.study import Plan
 
     base = load_config(TINY, ["train.max_iters=60"]).to_dict()
     search = read_search(["optim.lr=[0.002, 0.01]", "startup_trials=2", "pruner_warmup=0"])
@@ -555,8 +556,8 @@ def test_a_trial_is_not_pruned_at_its_final_eval(tmp_path: Path) -> None:
 
 
 def test_an_error_in_a_worker_stops_the_study_with_one_line(tmp_path: Path) -> None:
-    from charlm.study import Plan
-    from charlm.tuner import Tuner
+    from charlm.tune.runner import Tuner
+    from charlm.tune.study import Plan
 
     base = load_config(TINY).to_dict()
     tuner = Tuner(Plan(tmp_path, base, read_search(["optim.lr=[0.002, 0.01]"]), None, "s",
@@ -577,7 +578,7 @@ def test_an_error_in_a_worker_stops_the_study_with_one_line(tmp_path: Path) -> N
 def test_the_grid_sampler_ends_the_grid_without_raising() -> None:
     """Optuna's GridSampler calls Study.stop after the last point, which raises outside
     Study.optimize: the last trial of a grid was never recorded."""
-    from charlm.study import make_sampler
+    from charlm.tune.study import make_sampler
 
     search = read_search(["optim.lr=[0.002, 0.01]"])
     study = optuna.create_study(sampler=make_sampler(search, 0, 1))
@@ -589,7 +590,7 @@ def test_the_grid_sampler_ends_the_grid_without_raising() -> None:
 
 
 def test_the_pruner_judges_from_half_the_steps_unless_told() -> None:
-    from charlm.study import make_pruner
+    from charlm.tune.study import make_pruner
 
     base = load_config(TINY, ["train.max_iters=600"]).to_dict()
     assert make_pruner(read_search(["optim.lr=[0.002, 0.01]"]), base)._n_warmup_steps == 300

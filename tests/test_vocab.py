@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from charlm.errors import CharlmError
-from charlm.vocab import CharacterSet, Vocab, id_dtype, list_unknown
+from charlm.core.errors import CharlmError
+from charlm.data.vocab import CharacterSet, Vocab, id_dtype, list_unknown
 
 
 def test_vocab_round_trip_unicode():

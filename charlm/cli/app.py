@@ -1,0 +1,102 @@
+"""The `charlm` command line: the root app, which imports a command's module only when that
+command runs (or `charlm --help` lists it), and `main`, which turns bad input into one
+`error: ...` line on stderr with exit code 2 (`--debug` shows the traceback)."""
+
+from __future__ import annotations
+
+import importlib
+import signal
+import sys
+from typing import Annotated
+
+import typer
+import typer.core
+import typer.main
+
+try:  # typer vendors click since 0.2x
+    from typer._click.exceptions import ClickException
+except ImportError:  # an older typer, on click
+    from click.exceptions import ClickException
+
+from charlm.cli.reporting import (
+    Interrupt,
+    out_of_memory,
+    out_of_memory_line,
+    raise_interrupt,
+    report,
+    tolerant_stdout,
+)
+from charlm.core.errors import CharlmError
+
+COMMANDS = ("prepare", "train", "sample", "info", "eval", "export", "tune")  # charlm.cli.<name>
+
+
+class LazyGroup(typer.core.TyperGroup):
+    """The commands, each loaded from its module `charlm.cli.app.<name>` when it is asked for."""
+
+    def list_commands(self, ctx: typer.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: typer.Context, name: str):
+        if name not in COMMANDS:
+            return None
+        return typer.main.get_command(importlib.import_module(f"charlm.cli.{name}").app)
+
+
+app = typer.Typer(
+    cls=LazyGroup,
+    name="charlm",
+    help="Train character-level GPT language models on any text file, and sample from them.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+@app.callback()
+def _root(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+) -> None:
+    """charlm: prepare text, train a GPT on it, sample from the checkpoints."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the app, turning bad input into one `error:` line and exit code 2."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    tolerant_stdout()
+    # Typer turns KeyboardInterrupt into a silent exit 130; Ctrl-C raises past it instead.
+    sigint = signal.getsignal(signal.SIGINT)
+    if sigint is signal.default_int_handler:
+        signal.signal(signal.SIGINT, raise_interrupt)
+    try:
+        code = app(args=argv, prog_name="charlm", standalone_mode=False)
+    except ClickException as e:  # a usage error (an unknown option, ...); `charlm` alone: help
+        where = e.ctx.command_path if getattr(e, "ctx", None) else "charlm"
+        if argv:
+            report(f"error: {e.format_message()} (see `{where} -h`)")
+        else:
+            e.show()
+        sys.exit(e.exit_code)
+    except (CharlmError, OSError) as e:
+        if "--debug" in argv:
+            raise
+        message = str(e) if isinstance(e, CharlmError) else (
+            f"{e.strerror or e}: {e.filename}" if e.filename else f"{e.strerror or e}")
+        report(f"error: {message}")
+        sys.exit(2)
+    except RuntimeError as e:  # torch.OutOfMemoryError (CUDA) is one too
+        if "--debug" in argv or not out_of_memory(e):
+            raise
+        # every process prints it: under torchrun one GPU may run out alone
+        command = next((a for a in argv if not a.startswith("-")), "train")
+        print(out_of_memory_line(e, command), file=sys.stderr)
+        sys.exit(2)
+    except Interrupt:
+        print("\ninterrupted", file=sys.stderr)
+        sys.exit(130)
+    finally:
+        if sigint is signal.default_int_handler:
+            signal.signal(signal.SIGINT, sigint)
+    sys.exit(code or 0)  # as typer's own main ends; code: typer.Exit's (130, 143 if interrupted)

@@ -1,0 +1,95 @@
+"""`charlm eval`: bits per character of a text file, or an encoder-decoder's exact match,
+WER and CER on a file of pairs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from charlm.cli.options import DeviceOpt, DtypeOpt, TargetArg, command_app
+from charlm.config.sampling import SampleConfig
+from charlm.core.errors import CharlmError, characters
+
+app = command_app()
+
+@app.command("eval")
+def eval_(
+    target: TargetArg,
+    text_file: Annotated[
+        Path, typer.Argument(metavar="TEXT_FILE", help="UTF-8 text file to score (pairs for an "
+                             "encoder-decoder).")
+    ],
+    stride: Annotated[
+        int | None, typer.Option(help="Every scored character after the first window sees at "
+                                 "least this many characters of context; windows advance by "
+                                 "block_size - stride. "
+                                 "[default: block_size // 2]", show_default=False),
+    ] = None,
+    unknown: Annotated[
+        str, typer.Option(help="Characters outside the vocabulary: error or skip.")
+    ] = "error",
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    beams: Annotated[
+        int | None, typer.Option(help="Encoder-decoder: decode with beam search of N beams "
+                                 "(default: greedy).")
+    ] = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "float32",
+) -> None:
+    """Score a text file: loss in nats/char, bits per char, perplexity (a full, deterministic
+    pass in overlapping windows). For an encoder-decoder, a file of source<TAB>target pairs:
+    exact match, WER, CER (PER for space units) and loss."""
+    from charlm.api import load
+    from charlm.data.text import read_text
+    from charlm.evaluation.scoring import score_text
+
+    lm = load(target, device, "--device", dtype)
+    if lm.config.model.arch == "encoder_decoder":
+        eval_pairs_file(lm, text_file, unknown, json_out, beams)
+        return
+    if beams is not None:
+        raise CharlmError("--beams applies to an encoder-decoder's eval; a GPT's eval scores "
+                          "the text as it is")
+    result = score_text(lm.model, lm.vocab, read_text(text_file), stride, unknown)
+    for note in result.notes():
+        print(f"warning: {note}", file=sys.stderr)
+    if json_out:
+        print(json.dumps(result.as_dict(), allow_nan=False))
+        return
+    print(f"loss {result.loss:.4f} nats/char, {result.bpc:.4f} bits/char, perplexity "
+          f"{result.perplexity:.3f}, {characters(result.chars_scored)} scored")
+
+
+def eval_pairs_file(lm: Any, path: Path, unknown: str, json_out: bool,
+                    beams: int | None) -> None:
+    """`charlm eval` of an encoder-decoder on a file of pairs (the run's separator and units):
+    every reference of a source counts (see `score_pairs`)."""
+    from charlm.data.pairs import read_pairs
+    from charlm.data.text import check_input_file
+    from charlm.evaluation.pairs import rate_name, score_pairs
+
+    check_input_file(path)
+    cfg = lm.config
+    pairs, _ = read_pairs(path, cfg.data, cfg.model.block_size)
+    grouped: dict[str, list[str]] = {}
+    for s, t in pairs:
+        grouped.setdefault(s, []).append(t)
+    opts = SampleConfig(temperature=0, beams=beams, unknown=unknown)
+    result = score_pairs(lm.model, lm.vocab, list(grouped.items()), opts)
+    if result["references_not_scored"]:
+        print(f"warning: {result['references_not_scored']:,} references hold target units "
+              "outside the model's vocabulary: they count for exact match and "
+              f"{rate_name(lm.vocab)} (never matched), not for the loss", file=sys.stderr)
+    if json_out:
+        print(json.dumps(result, allow_nan=False))
+        return
+    rate = rate_name(lm.vocab)
+    loss = ("no loss (no reference in the vocabulary)" if result["loss"] is None else
+            f"loss {result['loss']:.4f} nats/unit, {result['bits_per_unit']:.4f} bits/unit")
+    print(f"exact match {result['exact_match']:.2%}, WER {result['wer']:.2%}, {rate} "
+          f"{result['cer']:.2%} ({result['sources']:,} sources, {result['ref_units']:,} "
+          f"reference units), {loss}")

@@ -1,0 +1,50 @@
+"""`charlm prepare`: text files (or paired text) into a dataset dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from charlm.cli.options import SetOpt, command_app
+from charlm.config.schema import DataConfig
+from charlm.core.errors import CharlmError
+
+app = command_app()
+
+@app.command()
+def prepare(
+    inputs: Annotated[list[Path], typer.Argument(metavar="INPUT...", help="UTF-8 text files.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Dataset directory to write.")],
+    val_fraction: Annotated[
+        float, typer.Option(help="Last fraction of each input used for validation (pairs: the "
+                            "share of sources, by a hash of each).")
+    ] = DataConfig.val_fraction,
+    pairs: Annotated[
+        bool, typer.Option("--pairs", help="The inputs hold source<TAB>target lines (for "
+                           "model.arch=encoder_decoder); --set data.KEY=VALUE sets separator, "
+                           "target_units, test_fraction, max_*_len, skip_bad_pairs.")
+    ] = False,
+    set_: SetOpt = None,
+) -> None:
+    """Encode text files into a dataset dir: meta.json, train.bin, val.bin (pairs: one .npz
+    per split)."""
+    if pairs:
+        from charlm.config.loading import load_config
+        from charlm.data.pairs import prepare_pairs
+
+        cfg = load_config(None, [("data.format", "pairs"), ("data.val_fraction", val_fraction),
+                                 *(set_ or [])])
+        meta = prepare_pairs(inputs, out, cfg.data, cfg.model.block_size)
+        counts = " / ".join(f"{n:,} {split}" for split, n in meta["pairs"].items())
+        print(f"wrote {out}: {counts} pairs" + (f", {meta['skipped']:,} bad lines skipped"
+                                                if meta["skipped"] else ""))
+        return
+    if set_:
+        raise CharlmError("--set applies to --pairs only; text takes --val-fraction")
+    from charlm.data.text import prepare as prepare_dataset
+
+    meta = prepare_dataset(inputs, out, val_fraction)
+    print(f"wrote {out}: {meta['vocab_size']} symbols ({meta['dtype']}), "
+          f"{meta['train_tokens']:,} train / {meta['val_tokens']:,} val characters")

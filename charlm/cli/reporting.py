@@ -1,0 +1,62 @@
+"""How the command line reports what went wrong: one `error:` line (once per machine under
+torchrun), out-of-memory advice for each command, Ctrl-C outside training, and a stdout that
+never raises on a character its encoding lacks."""
+
+import codecs
+import io
+import os
+import re
+import sys
+
+from charlm.core.ranks import reports_errors
+
+OUT_OF_MEMORY_ADVICE = {  # what each command can make smaller
+    "train": "make the model (model.n_layer, model.n_embd), train.batch_size or model.block_size "
+             "smaller",
+    "sample": "use a smaller --num-samples or --beams, or free memory on the device",
+    "eval": "free memory on the device, or score on another --device",
+}
+
+
+def writes_unicode(stream: object) -> bool:
+    """Whether a text stream's encoding is a UTF one, which can write every character."""
+    return codecs.lookup(getattr(stream, "encoding", None) or "utf-8").name.startswith("utf")
+
+
+def report(line: str) -> None:
+    """Print an error line on stderr; under torchrun only on the process that reports errors
+    for its machine (`charlm.core.ranks.reports_errors`), so one line shows, not one per process."""
+    if not reports_errors():
+        return
+    print(line, file=sys.stderr)
+
+
+class Interrupt(BaseException):
+    """Ctrl-C (SIGINT) outside training, which saves and stops on its own (`faults`)."""
+
+
+def raise_interrupt(signum: int, frame: object) -> None:
+    raise Interrupt
+
+
+def out_of_memory(e: RuntimeError) -> bool:
+    """An allocation that failed: CUDA's OutOfMemoryError, or the CPU allocator's error."""
+    return type(e).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(e)
+
+
+def out_of_memory_line(e: RuntimeError, command: str) -> str:
+    """The one `error:` line for an allocation of `command` that failed, with what it tried to
+    allocate and what to make smaller."""
+    tried = re.search(r"[Tt]ried to allocate (\d[\d.]* ?\w*)", str(e))
+    return (f"error: out of memory{f' (tried to allocate {tried[1]})' if tried else ''}: "
+            f"{OUT_OF_MEMORY_ADVICE.get(command, OUT_OF_MEMORY_ADVICE['train'])}")
+
+
+def tolerant_stdout() -> None:
+    """Make stdout safe to print to: a closed one (`>&-`) goes nowhere, as >/dev/null would,
+    and one that cannot encode every character (PYTHONIOENCODING=ascii, a Latin-1 terminal)
+    shows the others as escapes, as Python's stderr does, instead of a traceback mid-stream."""
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (the process's)
+    if isinstance(sys.stdout, io.TextIOWrapper) and sys.stdout.errors == "strict":
+        sys.stdout.reconfigure(errors="backslashreplace")

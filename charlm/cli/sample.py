@@ -1,0 +1,194 @@
+"""`charlm sample`: a GPT's samples streamed as they are generated, or an encoder-decoder's
+outputs for its sources; the prompt and the sources read from options, files or stdin."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from charlm.cli.options import (
+    DeviceOpt,
+    DtypeOpt,
+    TargetArg,
+    command_app,
+    is_default,
+    with_sample_options,
+)
+from charlm.cli.reporting import writes_unicode
+from charlm.config.sampling import SampleConfig
+from charlm.core.errors import CharlmError
+
+if TYPE_CHECKING:
+    from charlm.data.vocab import PairVocab, Vocab
+    from charlm.model.encoder_decoder import EncoderDecoder
+    from charlm.model.gpt import GPT
+
+app = command_app()
+
+@app.command()
+@with_sample_options
+def sample(
+    ctx: typer.Context,
+    target: TargetArg,
+    prompt: Annotated[
+        str | None, typer.Option(help="Text to continue; '-' reads it from stdin. [default: a "
+                                 "newline, or the first character of a vocabulary without one]",
+                                 show_default=False),
+    ] = None,
+    prompt_file: Annotated[
+        Path | None, typer.Option(help="Read the prompt from this UTF-8 file.")
+    ] = None,
+    source: Annotated[
+        str | None, typer.Option(help="Encoder-decoder: the text to transduce; '-' reads one "
+                                 "source per line from stdin.")
+    ] = None,
+    source_file: Annotated[
+        Path | None, typer.Option(help="Encoder-decoder: one source per line of this file; one "
+                                  "output line each.")
+    ] = None,
+    stream: Annotated[bool, typer.Option(help="Print characters as they are generated.")] = True,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="One JSON object per sample: text, prompt, tokens, "
+                           "seconds, stopped.")
+    ] = False,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "float32",
+    **options: object,
+) -> None:
+    """Generate text from a checkpoint, streamed to stdout as it is produced."""
+    from charlm.api import load
+    from charlm.generation.text import default_prompt, encode_prompt
+
+    opts = SampleConfig(**options)
+    sources_given = source is not None or source_file is not None
+    text = None if sources_given else read_prompt(prompt, prompt_file)
+    lm = load(target, device, "--device", dtype)
+    if lm.config.model.arch == "encoder_decoder" or sources_given:
+        if prompt is not None or prompt_file is not None:
+            raise CharlmError("--prompt is for a GPT; an encoder-decoder takes --source or "
+                              "--source-file")
+        sources = read_sources(source, source_file, lm.config.model.arch)
+        if opts.compile:
+            print("warning: --compile compiles a GPT's decode step; an encoder-decoder decodes "
+                  "eagerly", file=sys.stderr)
+        if is_default(ctx, "temperature"):  # a transduction's likeliest output, unless asked
+            opts = dataclasses.replace(opts, temperature=0.0)
+        print_translations(lm.model, lm.vocab, sources, opts, json_out)
+        return
+    if text is None:
+        text = default_prompt(lm.vocab)
+    text, _, warnings = encode_prompt(lm.vocab, text, opts.unknown, lm.model.cfg.block_size)
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    print_samples(lm.model, lm.vocab, text, opts, stream, json_out)
+
+
+def print_samples(model: GPT, vocab: Vocab, text: str, opts: SampleConfig, stream: bool,
+                  json_out: bool) -> None:
+    """`charlm sample`'s output: the first sample streamed after its prompt as it is generated
+    (unless stream is off, or with --json or beams), the others printed when done, separated by
+    a line of dashes; with json_out one JSON object per sample."""
+    from charlm.generation.text import sample_text
+
+    out = sys.stdout
+    separator = "\n" + "-" * 40 + "\n"
+    live = stream and not json_out and opts.beams is None
+
+    def show(i: int, piece: str) -> None:
+        if live and i == 0:  # the first sample streams; the others are printed when done
+            out.write(piece)
+            out.flush()
+
+    if live:
+        out.write(text)
+        out.flush()
+    samples = sample_text(model, vocab, text, opts, show)
+    for i, s in enumerate(samples):
+        if json_out:
+            out.write(json.dumps({"text": s.text, "prompt": s.prompt, "tokens": s.tokens,
+                                  "seconds": round(s.seconds, 4), "stopped": s.stopped},
+                                 ensure_ascii=not writes_unicode(out)) + "\n")
+            continue
+        if i > 0:
+            out.write(separator)
+        if not (live and i == 0):
+            out.write(s.prompt + s.text)
+    if not json_out:
+        out.write("\n")
+    out.flush()
+
+
+def read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
+    """The prompt text, or None for the default (see `sampling.default_prompt`)."""
+    from charlm.data.chunks import decode_chunks
+    from charlm.data.text import read_text
+
+    if prompt is not None and prompt_file is not None:
+        raise CharlmError("give the prompt either with --prompt or with --prompt-file, not both")
+    if prompt_file is not None:
+        if prompt_file.is_dir():
+            raise CharlmError(f"prompt file {prompt_file} is a directory; give a text file")
+        if not prompt_file.is_file():
+            raise CharlmError(f"prompt file not found: {prompt_file}")
+        return read_text(prompt_file)  # as prepare reads text: CRLF kept, no byte order mark
+    if prompt == "-":  # the bytes, read as a prompt file is: CRLF kept, no byte order mark
+        if sys.stdin is None:  # started with stdin closed (`<&-`)
+            raise CharlmError("--prompt - reads the prompt from stdin, which is closed; pipe the "
+                              "prompt in, or give --prompt TEXT or --prompt-file")
+        return "".join(text for _, text in decode_chunks(sys.stdin.buffer, "the prompt on stdin"))
+    return prompt
+
+
+def read_sources(source: str | None, source_file: Path | None, arch: str) -> list[str]:
+    """The sources of `charlm sample`: --source TEXT, --source - (stdin) or --source-file, one
+    source per line (a final newline ends the last line; CRLF is taken as a line end)."""
+    if arch != "encoder_decoder":
+        raise CharlmError("--source and --source-file are for an encoder-decoder; this model is "
+                          "a GPT: give --prompt or --prompt-file")
+    if source is not None and source_file is not None:
+        raise CharlmError("give the sources either with --source or with --source-file, not both")
+    if source is None and source_file is None:
+        raise CharlmError("an encoder-decoder transduces sources: give --source TEXT, --source - "
+                          "(one per line on stdin) or --source-file FILE")
+    if source is not None and source != "-":
+        return [source]
+    from charlm.data.chunks import decode_chunks
+    from charlm.data.text import read_text
+
+    if source_file is not None:
+        if not source_file.is_file():
+            raise CharlmError(f"source file not found (or not a file): {source_file}")
+        text = read_text(source_file)
+    else:
+        if sys.stdin is None:
+            raise CharlmError("--source - reads the sources from stdin, which is closed")
+        text = "".join(t for _, t in decode_chunks(sys.stdin.buffer, "the sources on stdin"))
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    if lines and lines[-1] == "":
+        lines.pop()
+    if not lines:
+        raise CharlmError("there are no sources: the input is empty")
+    return lines
+
+
+def print_translations(model: EncoderDecoder, vocab: PairVocab, sources: Sequence[str],
+                       opts: SampleConfig, json_out: bool) -> None:
+    """One output line per source and output (--num-samples or n-best), or with json_out one
+    JSON object per source, each printed as soon as it is decoded."""
+    from charlm.generation.translation import translate
+
+    out = sys.stdout
+    for t in translate(model, vocab, sources, opts):
+        if json_out:
+            out.write(json.dumps(t.as_dict(), ensure_ascii=False) + "\n")
+        else:
+            out.write("".join(text + "\n" for text, _ in t.outputs))
+        out.flush()
+
+

@@ -1,0 +1,125 @@
+"""`charlm train`: what its arguments and options resolve to (`train_config`), and the run."""
+
+from __future__ import annotations
+
+import math
+import sys
+import typing
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from charlm.cli.options import DEVICES, SetOpt, command_app
+from charlm.config.loading import Override, dotted_key, is_config_file, load_config
+from charlm.config.schema import RunConfig
+from charlm.core.errors import CharlmError
+from charlm.core.ranks import is_main_process
+
+app = command_app()
+
+@app.command()
+def train(
+    config: Annotated[
+        Path | None,
+        typer.Argument(
+            metavar="CONFIG_OR_TEXT",
+            help="A YAML config (default: the built-in defaults, a small GPT-2), or a text file "
+            "/ dataset dir to train the defaults on (run dir runs/<name> unless --out).",
+        ),
+    ] = None,
+    data: Annotated[
+        str | None, typer.Option(help="Text file or prepared dataset dir (sets data.path; "
+                                 "without a CONFIG, the run dir is runs/<name> unless --out).")
+    ] = None,
+    out: Annotated[str | None, typer.Option(help="Run dir (sets train.out_dir).")] = None,
+    device: Annotated[
+        str | None, typer.Option(metavar="DEVICE", help=f"{DEVICES} (sets train.device).")
+    ] = None,
+    budget: Annotated[
+        str | None, typer.Option("--time", metavar="DURATION", help="Time budget: 90, 30s, 5m, "
+                                 "2h (sets train.max_time); the steps are chosen to fit it.")
+    ] = None,
+    set_: SetOpt = None,
+    resume: Annotated[bool, typer.Option(help="Continue the run in the run dir from last.pt.")]
+    = False,
+    overwrite: Annotated[
+        bool, typer.Option(help="Start over in a run dir that already holds a run.")
+    ] = False,
+) -> None:
+    """Train a GPT (or resume a run) and write checkpoints, metrics and TensorBoard logs."""
+    # torch only after the config is checked: a mistyped key or path is reported at once
+    if resume and overwrite:
+        raise CharlmError("--resume and --overwrite exclude each other; choose one")
+    cfg = train_config(config, set_ or [], data=data, out=out, device=device, budget=budget,
+                       resume=_resume_config if resume else None)
+    from charlm.training.faults import Interrupted
+    from charlm.training.loop import train as run_training
+
+    main_rank = is_main_process()  # under torchrun, rank 0 alone speaks for the run
+    try:
+        state = run_training(cfg, resume=resume, overwrite=overwrite)
+    except Interrupted as e:  # last.pt is saved; say where, exit 130 / 143
+        if main_rank:
+            print(e, file=sys.stderr)
+        raise typer.Exit(e.exit_code) from None
+    if main_rank:
+        best = f"{state.best_val:.4f}" if math.isfinite(state.best_val) else "none (no finite eval)"
+        print(f"done: {state.step} steps, best val loss {best}, checkpoints in {cfg.train.out_dir}")
+
+
+def _resume_config(*args: object) -> RunConfig:
+    from charlm.training.run_dir import (
+        resume_config,  # imports torch: only once the run dir is known
+    )
+
+    return resume_config(*args)
+
+
+def train_config(
+    config: str | Path | None, overrides: typing.Sequence[Override] = (), *,
+    data: str | None = None, out: str | None = None, device: str | None = None,
+    budget: str | None = None,
+    resume: typing.Callable[[Path, Path | None, list[Override]], RunConfig] | None = None,
+) -> RunConfig:
+    """The config `charlm train CONFIG_OR_TEXT --data --out --device --time --set` runs. A
+    CONFIG that is no YAML file is the data; without a CONFIG, the run dir is runs/<data's name>
+    unless --out or --set names one. `resume(run_dir, config, overrides)` gives a resumed run's
+    config (the checkpoint's, see `rundir.resume_config`); None starts a fresh run."""
+    overrides = list(overrides)
+    config = None if config is None else Path(config)
+    data_given = "--data"
+    if config is not None and not is_config_file(config):
+        if data is not None:
+            raise CharlmError(f"give the data either as {config} or as --data, not both")
+        data, config, data_given = str(config), None, str(config)
+    set_keys = {dotted_key(o) for o in overrides}
+    options = ((data_given, "data.path", data), ("--out", "train.out_dir", out),
+               ("--device", "train.device", device), ("--time", "train.max_time", budget))
+    for given, key, value in options:
+        if value is not None and key in set_keys:
+            raise CharlmError(f"{given} and --set {key} set the same key; give one of them")
+    if config is None and data is not None and "train.out_dir" not in set_keys and out is None:
+        out = str(Path("runs") / Path(data).resolve().stem)  # the defaults on the user's data
+    if device is not None:
+        from charlm.runtime.device import resolve_device  # imports torch: only when asked for
+
+        resolve_device(device, "--device")  # a missing device is an error naming --device
+    overrides += [(key, value) for key, value in
+                  (("data.path", data), ("train.out_dir", out), ("train.device", device),
+                   ("train.max_time", budget)) if value is not None]
+    if resume is not None:
+        # Without a CONFIG the overrides apply to the checkpoint's config, not to the defaults
+        # (`--set optim.min_lr=...` may be legal only with the run's optim.lr): here only the run
+        # dir is needed, to find the checkpoint.
+        run = load_config(config, overrides if config else
+                          [o for o in overrides if dotted_key(o) == "train.out_dir"])
+        return resume(Path(run.train.out_dir), config, overrides)
+    cfg = load_config(config, overrides)
+    if data is None and "data.path" not in set_keys and not Path(cfg.data.path).exists():
+        raise CharlmError(  # data.path is not the user's own words: say where it came from
+            f"input file not found: {cfg.data.path} (data.path of "
+            f"{config or 'the built-in defaults'}, taken from the current directory); "
+            "give your text as `charlm train my.txt` or --data PATH"
+        )
+    return cfg

@@ -1,0 +1,93 @@
+"""Reading a run config: a YAML file (or the defaults), `--set section.key=value` overrides
+(values read as YAML would read them), validated by the schema; and writing the resolved config."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from charlm.config.schema import RunConfig
+from charlm.config.values import (
+    Text,
+    dump_yaml,
+    load_text,
+    plain_value,
+    read_yaml_file,
+)
+from charlm.core.errors import CharlmError
+from charlm.core.files import write_text_atomic
+
+
+def is_config_file(path: Path) -> bool:
+    """Whether a command-line path names a YAML config (`.yaml` / `.yml`, in any case) rather
+    than text, a dataset dir or a checkpoint."""
+    return path.suffix.lower() in (".yaml", ".yml") and not path.is_dir()
+
+
+Override = str | tuple[str, Any]  # "section.key=YAML text", or (section.key, value)
+
+
+def dotted_key(item: Override) -> str:
+    return item[0] if isinstance(item, tuple) else item.partition("=")[0].strip()
+
+
+def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[Override]) -> dict[str, Any]:
+    """Apply overrides onto a raw config dict: `section.key=value` strings, whose value is read
+    as a value in a YAML file is, or `(section.key, value)` pairs, whose value is taken as it is
+    (an option's text, exactly). A key given twice is an error, as it is in a YAML file: the
+    later one would win silently."""
+    seen: set[str] = set()
+    for item in overrides:
+        dotted = dotted_key(item)
+        section, dot, key = dotted.partition(".")
+        if isinstance(item, tuple):
+            value = item[1]
+        else:
+            text = item.partition("=")[2]
+            if "=" not in item or not dot or not section or not key:
+                raise CharlmError(
+                    f"--set expects section.key=value, got {item!r} (e.g. --set optim.lr=1e-3)"
+                )
+            try:
+                value = load_text(text) if text.strip() else None
+            except yaml.YAMLError:
+                value = text
+        if dotted in seen:
+            raise CharlmError(f"--set {dotted} is given twice; give it once")
+        seen.add(dotted)
+        section_raw = raw.setdefault(section, {})
+        if not isinstance(section_raw, dict):
+            raise CharlmError(f"cannot --set {dotted}: section '{section}' is not a mapping")
+        section_raw[key] = value
+    return raw
+
+
+def load_config(path: str | Path | None = None,
+                overrides: typing.Sequence[Override] = ()) -> RunConfig:
+    """Defaults <- YAML file (if any) <- overrides (see `apply_overrides`), validated."""
+    raw: Any = {}
+    where = "the defaults"
+    if path is not None:
+        raw = read_yaml_file(Path(path))
+        where = str(path)
+        if isinstance(raw, Text):  # a file of one plain scalar: name its type as YAML does
+            raw = plain_value(raw)
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise CharlmError(
+                f"{path} must hold a mapping of sections (model, optim, train, data), "
+                f"got {type(raw).__name__}"
+            )
+    if overrides:
+        raw = apply_overrides(raw, overrides)
+        where = f"{where} with --set overrides" if path else "--set overrides"
+    return RunConfig.from_dict(raw, where)
+
+
+def save_config(cfg: RunConfig, path: Path) -> None:
+    """Write the resolved config as YAML, atomically (a resume rewrites it)."""
+    write_text_atomic(path, dump_yaml(cfg.to_dict()))

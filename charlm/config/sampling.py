@@ -1,0 +1,82 @@
+"""The options of `charlm sample` and of the Python API's generation calls, validated, and the
+CLI options made from them (declared once, here). Not part of a run's YAML: a run's config is
+`charlm.config.schema.schema.RunConfig`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from charlm.config.values import coerce
+from charlm.core.errors import CharlmError
+
+
+def _option(default: Any, help: str, flag: str | None = None) -> Any:
+    """A `SampleConfig` field and its `charlm sample` option: `flag` names it where the field's
+    name does not (`--no-cache` turns `use_cache` off)."""
+    return field(default=default, metadata={"help": help, "flag": flag})
+
+
+@dataclass
+class SampleConfig:
+    """Options of `charlm sample` (each field's metadata holds its help) and of
+    `sampling.sample_text`; not part of a run's YAML.
+
+    Logits processors apply in this order: repetition penalty, temperature, top-k, top-p, min-p.
+    """
+
+    max_new_tokens: int = _option(500, "Characters to generate per sample.")
+    num_samples: int = _option(1, "Samples, generated as one batch (for pairs with --beams: "
+                               "the n best).")
+    temperature: float = _option(0.8, "Softmax temperature; 0 is greedy.")
+    top_k: int | None = _option(None, "Sample only from the k likeliest.")
+    top_p: float | None = _option(None, "Nucleus: sample from the smallest set with mass >= p.")
+    min_p: float | None = _option(
+        None, "Drop characters below min_p x the likeliest one's probability.")
+    repetition_penalty: float = _option(
+        1.0, "> 1 discourages characters in the recent window; 1 is off.")
+    repetition_window: int = _option(64, "Recent characters the repetition penalty looks at.")
+    beams: int | None = _option(  # None samples
+        None, "Beam search with N beams; prints the best (1 = greedy).")
+    stop: tuple[str, ...] = _option((), "End a sample when it ends with this text; repeatable.")
+    include_stop: bool = _option(False, "Print the stop string that ended a sample.")
+    unknown: str = _option("error", "Prompt characters outside the vocabulary: error or skip.")
+    seed: int = _option(1337, "Random seed; the same seed gives the same text.")
+    use_cache: bool = _option(True, "Recompute the whole context every step.", flag="--no-cache")
+    compile: bool = _option(False, "torch.compile the one-token decode step (static shapes; "
+                            "pays for long generations, mainly on a GPU).", flag="--compile")
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise CharlmError(msg)
+
+        # The CLI's options arrive typed; the Python API's (`charlm.sample(**options)`) may not.
+        hints = typing.get_type_hints(SampleConfig)
+        for f in dataclasses.fields(self):
+            option = f.name if f.name == "use_cache" else "--" + f.name.replace("_", "-")
+            setattr(self, f.name, coerce(getattr(self, f.name), hints[f.name], option))
+        need(self.max_new_tokens >= 0, f"--max-new-tokens must be >= 0, got {self.max_new_tokens}")
+        need(self.num_samples >= 1, f"--num-samples must be >= 1, got {self.num_samples}")
+        need(self.temperature >= 0,
+             f"--temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        need(self.top_k is None or self.top_k >= 1, f"--top-k must be >= 1, got {self.top_k}")
+        need(self.top_p is None or 0 < self.top_p <= 1,
+             f"--top-p must be in (0, 1], got {self.top_p}")
+        need(self.min_p is None or 0 <= self.min_p <= 1,
+             f"--min-p must be in [0, 1], got {self.min_p}")
+        need(self.repetition_penalty > 0,
+             f"--repetition-penalty must be > 0 (1 is off), got {self.repetition_penalty}")
+        need(self.repetition_window >= 1,
+             f"--repetition-window must be >= 1, got {self.repetition_window}")
+        need(self.beams is None or self.beams >= 1, f"--beams must be >= 1, got {self.beams}")
+        need(self.use_cache or not self.compile,
+             "--compile compiles the KV-cached decode step; it cannot go with --no-cache")
+        need(all(self.stop), "--stop must not be empty")
+        need(self.unknown in ("error", "skip"),
+             f"--unknown must be 'error' or 'skip', got {self.unknown!r}")
+        need(-2**63 <= self.seed < 2**64,  # what torch.Generator.manual_seed takes
+             f"--seed must be in [-2**63, 2**64 - 1], got {self.seed}")

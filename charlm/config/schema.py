@@ -1,0 +1,281 @@
+"""Typed run configuration: the dataclasses, YAML loading, `--set` overrides and validation.
+
+Defaults live only here. YAML -> `--set section.key=value` overrides (values read as YAML) ->
+strict `from_dict` (unknown keys rejected with the nearest valid name; each value read by its
+field's type, see `charlm.config.values`) -> `__post_init__` validation. Precedence: CLI > YAML >
+defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from charlm.config.values import (
+    Text,
+    coerce,
+    plain_value,
+)
+from charlm.core.durations import duration_seconds
+from charlm.core.errors import CharlmError
+
+
+def device_error(name: str) -> str | None:
+    """Why `name` is not a device name (auto, cpu, cuda, cuda:N, mps), or None when it is one.
+    Whether the device is there is `device.resolve_device`'s question."""
+    if name in ("auto", "cpu", "cuda", "mps") or re.fullmatch(r"cuda:\d+", name):
+        return None
+    return f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps"
+
+
+def _check(ok: bool, key: str, msg: str) -> None:
+    if not ok:
+        raise CharlmError(f"invalid config value {key}: {msg}")
+
+
+@dataclass
+class ModelConfig:
+    arch: Literal["decoder", "encoder_decoder"] = "decoder"  # a GPT, or Vaswani's for pairs
+    n_encoder_layer: int | None = None  # encoder_decoder: encoder blocks; None: n_layer
+    block_size: int = 64  # encoder_decoder: the longest source and target (with its begin id)
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    n_ff: int | None = None  # hidden width of the MLP; None: see `ff_width`
+    dropout: float = 0.0
+    label_smoothing: float = 0.0  # training loss only (like dropout); eval losses are plain
+    bias: bool = False
+    tie_weights: bool = True
+    pos_encoding: Literal["learned", "sinusoidal", "rope", "none"] = "learned"
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    norm_placement: Literal["pre", "post"] = "pre"
+    activation: Literal["gelu", "relu", "swiglu"] = "gelu"
+
+    def __post_init__(self) -> None:
+        for key in ("block_size", "n_layer", "n_head", "n_embd"):
+            _check(getattr(self, key) >= 1, f"model.{key}", "must be >= 1")
+        _check(self.n_encoder_layer is None or self.n_encoder_layer >= 1,
+               "model.n_encoder_layer", "must be >= 1, or null for model.n_layer")
+        _check(self.arch == "encoder_decoder" or self.n_encoder_layer is None,
+               "model.n_encoder_layer", "applies to model.arch=encoder_decoder only; remove it "
+               "or set model.arch=encoder_decoder")
+        _check(
+            self.n_embd % self.n_head == 0,
+            "model.n_embd",
+            f"{self.n_embd} is not divisible by model.n_head={self.n_head}; "
+            "choose n_embd as a multiple of n_head",
+        )
+        _check(self.n_ff is None or self.n_ff >= 1, "model.n_ff", "must be >= 1 or null")
+        _check(0.0 <= self.dropout < 1.0, "model.dropout", f"{self.dropout} is outside [0, 1)")
+        _check(0.0 <= self.label_smoothing < 1.0, "model.label_smoothing",
+               f"{self.label_smoothing} is outside [0, 1)")
+        _check(
+            self.pos_encoding != "rope" or self.head_dim % 2 == 0,
+            "model.pos_encoding",
+            f"rope rotates pairs of features and needs an even head size, but n_embd / n_head = "
+            f"{self.head_dim}; choose n_embd as a multiple of 2 * n_head",
+        )
+
+    @property
+    def encoder_layers(self) -> int:
+        """The encoder's depth (encoder_decoder); n_layer is the decoder's."""
+        return self.n_layer if self.n_encoder_layer is None else self.n_encoder_layer
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def ff_width(self) -> int:
+        """Hidden width of the MLP: n_ff when set; else 4 * n_embd, or for swiglu 2/3 of that
+        rounded up to a multiple of 8 (LLaMA's rule), so its three projections hold about as
+        many parameters as the two of the 4 * n_embd MLP."""
+        if self.n_ff is not None:
+            return self.n_ff
+        if self.activation == "swiglu":
+            return 8 * ((self.n_embd + 2) // 3)  # = 8 * ceil((2/3 * 4 * n_embd) / 8)
+        return 4 * self.n_embd
+
+
+# Each single-option change of the architecture from the default GPT, by `key=value` name: what
+# scripts/compare_variants.py measures and the tests run every model path with.
+MODEL_VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    **{f"{key}={value}": {key: value} for key, value in [
+        ("pos_encoding", "sinusoidal"), ("pos_encoding", "rope"), ("pos_encoding", "none"),
+        ("norm", "rmsnorm"), ("norm_placement", "post"), ("activation", "relu"),
+        ("activation", "swiglu"), ("tie_weights", False), ("bias", True),
+    ]},
+}
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 4e-3
+    min_lr: float = 4e-4
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0  # 0 disables clipping
+    warmup_iters: int = 50
+    lr_decay_iters: int | None = None  # None means train.max_iters
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, "optim.lr", f"{self.lr} must be > 0")
+        _check(0 <= self.min_lr <= self.lr, "optim.min_lr",
+               f"{self.min_lr} must be in [0, lr], and lr is {self.lr}; set optim.min_lr to at "
+               f"most lr, e.g. lr / 10 = {self.lr / 10:g}")
+        _check(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+        for key in ("beta1", "beta2"):
+            value = getattr(self, key)
+            _check(0 <= value < 1, f"optim.{key}", f"{value} is outside [0, 1)")
+        _check(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (0 disables clipping)")
+        _check(self.warmup_iters >= 0, "optim.warmup_iters", "must be >= 0")
+        _check(  # the cosine runs from the end of the warmup to lr_decay_iters
+            self.lr_decay_iters is None or self.lr_decay_iters > max(self.warmup_iters, 0),
+            "optim.lr_decay_iters",
+            f"must be more than optim.warmup_iters ({self.warmup_iters}), or null",
+        )
+
+
+@dataclass
+class TrainConfig:
+    max_iters: int = 1500
+    # A time budget (seconds, or "30s", "5m", "2h"): the run sets max_iters to fit it (budget.py)
+    max_time: float | str | None = None
+    batch_size: int = 16
+    grad_accum: int = 1
+    eval_interval: int = 250
+    eval_iters: int = 20
+    log_interval: int = 50
+    checkpoint_interval: int | None = None  # steps between writes of last.pt; None: every eval
+    max_bad_steps: int = 5  # non-finite steps (updates skipped) in a row that stop the run
+    sample_chars: int = 200  # characters sampled at each eval for TensorBoard; 0: none
+    eval_pairs: int = 200  # pairs: val pairs decoded at each eval for exact match and CER; 0: none
+    seed: int = 1337
+    device: str = "auto"  # auto, cpu, cuda (the first GPU), cuda:N or mps
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    compile: bool = False
+    out_dir: str = "runs/shakespeare_char_cpu"
+
+    def __post_init__(self) -> None:
+        for key in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters",
+                    "log_interval"):
+            _check(getattr(self, key) >= 1, f"train.{key}", "must be >= 1")
+        _check(self.checkpoint_interval is None or self.checkpoint_interval >= 1,
+               "train.checkpoint_interval", "must be >= 1, or null to write last.pt at every eval")
+        _check(self.max_bad_steps >= 1, "train.max_bad_steps", "must be >= 1")
+        _check(self.sample_chars >= 0, "train.sample_chars", "must be >= 0 (0 turns samples off)")
+        _check(self.eval_pairs >= 0, "train.eval_pairs", "must be >= 0 (0 decodes none)")
+        _check(bool(self.out_dir), "train.out_dir", "must not be empty")
+        if self.max_time is not None:
+            self.max_time = duration_seconds(self.max_time)
+        unknown_device = device_error(self.device)
+        _check(unknown_device is None, "train.device", str(unknown_device))
+
+
+@dataclass
+class DataConfig:
+    path: str = "data/tinyshakespeare.txt"  # a text file, or a directory made by `charlm prepare`
+    val_fraction: float = 0.1
+    # Paired text (model.arch=encoder_decoder): one "source<separator>target" per line.
+    format: Literal["auto", "text", "pairs"] = "auto"  # auto: pairs for a .tsv file
+    separator: str = "\t"
+    target_units: Literal["char", "space"] = "char"  # space: targets are space-separated symbols
+    test_fraction: float = 0.0  # pairs: the share of sources held out for `charlm eval`
+    max_source_len: int | None = None  # characters; None: model.block_size
+    max_target_len: int | None = None  # target units; None: model.block_size - 1
+    skip_bad_pairs: bool = False  # skip (and count) bad lines instead of stopping at the first
+
+    def __post_init__(self) -> None:
+        _check(bool(self.path), "data.path", "must not be empty")
+        _check(
+            0 < self.val_fraction < 1,
+            "data.val_fraction",
+            f"{self.val_fraction} is outside (0, 1)",
+        )
+        _check(0 <= self.test_fraction < 1 and self.val_fraction + self.test_fraction < 1,
+               "data.test_fraction", f"{self.test_fraction} must be in [0, 1) and leave "
+               f"training pairs beside data.val_fraction={self.val_fraction}")
+        _check(bool(self.separator) and self.separator != "\n", "data.separator",
+               "must be a non-empty string other than a newline")
+        for key in ("max_source_len", "max_target_len"):
+            value = getattr(self, key)
+            _check(value is None or value >= 1, f"data.{key}", "must be >= 1, or null")
+
+    @property
+    def pairs(self) -> bool:
+        """Whether data.path holds pairs: data.format, or for auto a .tsv file. (A prepared
+        dataset dir says so itself, in its meta.json.)"""
+        if self.format != "auto":
+            return self.format == "pairs"
+        return self.path.lower().endswith(".tsv")
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str = "config") -> RunConfig:
+        """Build a validated config from plain data, rejecting unknown sections and keys. Values
+        may be typed (a checkpoint's config) or text from YAML (`load_config`)."""
+        if isinstance(raw, Text):
+            raw = plain_value(raw)
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise CharlmError(
+                f"{where} must be a mapping of sections (model, optim, train, data), "
+                f"got {type(raw).__name__}"
+            )
+        sections = {f.name: f.type for f in dataclasses.fields(cls)}
+        hints = typing.get_type_hints(cls)
+        kwargs = {}
+        for name, value in raw.items():
+            if name not in sections:
+                raise CharlmError(f"unknown section '{name}' in {where}{suggest(name, sections)}")
+            kwargs[name] = _build_section(hints[name], name, value, where)
+        return cls(**kwargs)
+
+
+def suggest(name: str, valid: typing.Iterable[str]) -> str:
+    valid = list(valid)
+    close = difflib.get_close_matches(str(name), valid, n=1, cutoff=0.5)
+    if close:
+        return f", did you mean '{close[0]}'?"
+    return f"; valid names are: {', '.join(valid)}"
+
+
+def _build_section(section_cls: type, section: str, raw: Any, where: str) -> Any:
+    if isinstance(raw, Text):
+        raw = plain_value(raw)
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise CharlmError(
+            f"section '{section}' in {where} must be a mapping of keys, got {type(raw).__name__}"
+        )
+    hints = typing.get_type_hints(section_cls)
+    kwargs = {}
+    for key, value in raw.items():
+        if key not in hints:
+            raise CharlmError(
+                f"unknown key '{section}.{key}' in {where}{suggest(key, hints)}"
+            )
+        value = coerce(value, hints[key], f"{section}.{key}", where)
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
+            # torch sizes and steps are 64-bit
+            raise CharlmError(f"invalid value for {section}.{key} in {where}: {value} is too large")
+        kwargs[key] = value
+    return section_cls(**kwargs)

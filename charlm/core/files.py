@@ -1,0 +1,87 @@
+"""Files written so that no failure leaves one half-written: each is written under a temporary
+name beside its target (same directory, so the same filesystem) and moved into place with
+`os.replace`, which readers see as one step: the old file or the new one, never a mix."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+from charlm.core.errors import CharlmError
+
+
+def temp_beside(path: Path, tag: str = "tmp") -> Path:
+    """`.NAME.TAG-PID` in the directory of `path`: hidden, and one per process."""
+    return path.with_name(f".{path.name}.{tag}-{os.getpid()}")
+
+
+def remove_temps(path: Path, tag: str = "tmp", only_dead: bool = False) -> None:
+    """Remove the temporary files of `temp_beside(path, tag)` that any process left (a SIGKILL
+    between writing one and moving it into place). Only for a caller that knows no other process
+    is writing `path`, or with `only_dead`, those of processes that no longer run."""
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.{tag}-*"):
+        pid = tmp.name[len(path.name) + len(tag) + 3:]
+        if pid.isdigit() and tmp.is_file() and not (only_dead and _running(int(pid))):
+            tmp.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # none; a PID out of range
+        return False
+    except PermissionError:  # another user's process: it runs
+        pass
+    return True
+
+
+def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Replace `path` with what `write` writes to a binary file, in one step: the data reaches
+    the disk (fsync) before the move, so a crash or a power loss leaves the old file or the new
+    one. On failure `path` is as it was and no temporary file is left."""
+    tmp = temp_beside(path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """`write_atomic` of `text` in UTF-8; an OSError names `path`, not the temporary file."""
+    data = text.encode("utf-8")
+    try:
+        write_atomic(path, lambda f: f.write(data))
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(path)) from None
+
+
+def make_writable_dir(path: Path, what: str) -> None:
+    """Make `path` (and its parents) if needed and check that a file can be created in it; else
+    one CharlmError naming `what` (the path the user gave), not a temporary file's name."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}-{id(path)}"  # one per process (DDP ranks)
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise CharlmError(f"cannot write to {what}: {e.strerror}; choose another --out") from None
+
+
+def run_write_error(what: str, e: OSError, run_dir: Path, kept: str = "") -> CharlmError:
+    """The one-line error for a run file that could not be written (a full disk, a vanished or
+    read-only run dir): which file (`what`), why, and how the run goes on: with --resume from
+    its last.pt, or, before it has one, by starting again."""
+    then = ("continue with --resume" if (run_dir / "last.pt").is_file() else
+            "start the run again with --overwrite (it has no last.pt to resume from yet)")
+    return CharlmError(f"cannot write {what}: {e.strerror or e}; {kept}free disk space (or fix "
+                       f"the run dir), then {then}")

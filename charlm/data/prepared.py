@@ -1,0 +1,50 @@
+"""Which data a run trains on: its text or pairs, prepared into a cache dir where they are not a
+dataset dir already, and checked against `model.arch`. Torch-free: `charlm tune`'s own process
+prepares the data once for all its trials.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from charlm.config.schema import RunConfig
+from charlm.core.errors import CharlmError
+from charlm.data.dataset import Dataset, dataset_for
+from charlm.data.pair_dataset import PairDataset, pairs_for
+from charlm.data.text import read_meta
+
+
+def check_data_kind(cfg: RunConfig, pairs: bool) -> None:
+    """model.arch and the data must agree: a GPT trains on text, an encoder-decoder on pairs."""
+    if cfg.model.arch == "encoder_decoder" and not pairs:
+        raise CharlmError(
+            f"model.arch=encoder_decoder trains on pairs, but {cfg.data.path} is text; give a "
+            "\"source<TAB>target\" file (.tsv, or data.format=pairs) or a dataset made by "
+            "`charlm prepare --pairs`"
+        )
+    if cfg.model.arch == "decoder" and pairs:
+        raise CharlmError(
+            f"{cfg.data.path} holds pairs, but model.arch=decoder trains on text; set "
+            "model.arch=encoder_decoder, or data.format=text to train a GPT on its lines"
+        )
+
+
+
+def prepared_data(cfg: RunConfig, cache_dir: Path,
+                  check: Callable[[Any], None] | None = None) -> Dataset | PairDataset:
+    """The run's data (a text or .tsv file is prepared into `cache_dir`, reused while
+    unchanged). `check` sees the data's vocabulary state before a cache is rebuilt."""
+    path = Path(cfg.data.path)
+    pairs = cfg.data.pairs
+    if path.is_dir() and (path / "meta.json").is_file():
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # the loader says why
+            pairs = read_meta(path).get("kind") == "pairs"
+    check_data_kind(cfg, pairs)
+    if pairs:
+        vocab_check = None if check is None else (lambda v: check(v.to_dict()))
+        return pairs_for(cfg.data, cfg.model.block_size, cache_dir, vocab_check)
+    text_check = None if check is None else (lambda v: check(v.chars))
+    return dataset_for(cfg.data.path, cfg.data.val_fraction, cache_dir, text_check)

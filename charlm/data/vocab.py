@@ -1,0 +1,288 @@
+"""`Vocab`: the character vocabulary, a sorted list of Unicode code points, stored as JSON, with
+`CharacterSet`, the characters of a text met chunk by chunk that make one; and `PairVocab`, an
+encoder-decoder's source characters and target units with their special ids."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from charlm.core.errors import CharlmError
+
+if TYPE_CHECKING:  # `charlm prepare` imports this module and must not pay for importing torch
+    import torch
+
+
+MAX_CODE_POINT = 0x110000
+
+
+GATHER_SLICE = 1 << 16
+
+
+def id_dtype(vocab_size: int) -> np.dtype:
+    """The smallest unsigned integer dtype that holds every id of a vocabulary this size."""
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if vocab_size - 1 <= np.iinfo(dtype).max:
+            return np.dtype(dtype)
+    raise CharlmError(f"vocabulary of {vocab_size} symbols is too large")
+
+
+def gather(table: np.ndarray, cps: np.ndarray) -> np.ndarray:
+    """`table[cps]`, in slices: np.take makes an intp copy of its indices, which for a slice of
+    64K code points stays in the cache (twice as fast as one take of a whole chunk, and eight
+    bytes a code point less memory)."""
+    out = np.empty(len(cps), dtype=table.dtype)
+    for i in range(0, len(cps), GATHER_SLICE):
+        np.take(table, cps[i:i + GATHER_SLICE], out=out[i:i + GATHER_SLICE])
+    return out
+
+
+def code_points(text: str) -> np.ndarray:
+    """The code points of `text` as a uint32 array, without a Python loop over characters."""
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+
+
+def list_unknown(bad: Sequence[tuple[int, str]], at: str = "at", limit: int = 10) -> str:
+    """The first `limit` of `Vocab.unknown`'s (position, character) pairs as text for a message,
+    then how many more: a long text in another script must not make an endless error line."""
+    listed = ", ".join(f"{c!r} {at} {i}" for i, c in bad[:limit])
+    return listed + (f" and {len(bad) - limit} more" if len(bad) > limit else "")
+
+
+class Vocab:
+    """Maps characters to ids 0..V-1 in code point order, and back."""
+
+    def __init__(self, chars: Sequence[str]):
+        chars = list(chars)
+        if any(not isinstance(c, str) or len(c) != 1 for c in chars):
+            raise CharlmError("a vocabulary must be a list of single characters")
+        if not chars:  # a model with no symbols cannot be built (torch warns, then fails)
+            raise CharlmError("a vocabulary must hold at least one character")
+        if chars != sorted(set(chars)):
+            raise CharlmError("a vocabulary must be sorted and free of duplicates")
+        if any("\ud800" <= c <= "\udfff" for c in chars):  # no UTF-8 text has one; printing fails
+            raise CharlmError("a vocabulary must not hold a surrogate (U+D800..U+DFFF)")
+        self.chars = chars
+        self.index = {c: i for i, c in enumerate(chars)}
+        self.dtype = id_dtype(len(chars))
+        # Code point -> id lookup table for vectorised encoding. The id len(chars) marks a
+        # character outside the vocabulary, so the table is uint8 up to 255 characters; then its
+        # first 256 entries also serve `bytes.translate` for code points given as bytes.
+        self._code_points = code_points("".join(chars))
+        self._table = np.full(MAX_CODE_POINT, len(chars), dtype=id_dtype(len(chars) + 1))
+        self._table[self._code_points] = np.arange(len(chars))
+        self._byte_table = (self._table[:256].tobytes() if self._table.dtype == np.uint8
+                            else None)
+
+    def __len__(self) -> int:
+        return len(self.chars)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Vocab) and self.chars == other.chars
+
+    @classmethod
+    def from_code_points(cls, cps: np.ndarray) -> Vocab:
+        return cls("".join(map(chr, np.sort(cps))))
+
+    def unknown(self, text: str) -> list[tuple[int, str]]:
+        """(position, character) of each character of `text` outside the vocabulary."""
+        return self._unknown(code_points(text))
+
+    def _unknown(self, cps: np.ndarray) -> list[tuple[int, str]]:
+        ids = gather(self._table, cps)
+        return [(int(i), chr(int(cps[i]))) for i in np.flatnonzero(ids == len(self))]
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """Ids of `text` as an array of `self.dtype`; unknown characters are an error."""
+        return self.encode_code_points(code_points(text))
+
+    def encode_code_points(self, cps: bytes | np.ndarray) -> bytes | np.ndarray:
+        """Ids of the characters with code points `cps`; unknown characters are an error.
+
+        Code points given as bytes (each below 256: ASCII or Latin-1 text) come back as bytes
+        of ids when every id fits in a byte, mapped by `bytes.translate`, many times faster than
+        a numpy gather; anything else comes back as an array of `self.dtype`.
+        """
+        if isinstance(cps, bytes):
+            if self._byte_table is not None:
+                ids = cps.translate(self._byte_table)
+                if len(self) not in ids:  # a memchr for the mark of an unknown character
+                    return ids
+            cps = np.frombuffer(cps, dtype=np.uint8)
+        ids = gather(self._table, cps)
+        if len(ids) and ids.max() == len(self):  # the mark: the one value above every id
+            raise CharlmError(f"characters outside the vocabulary: "
+                              f"{list_unknown(self._unknown(cps))}")
+        return ids.astype(self.dtype, copy=False)
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_array(text).astype(np.int64).tolist()
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        # Through code points, not a numpy string array: that would drop U+0000 (NUL), which
+        # numpy takes for padding.
+        cps = self._code_points[np.asarray(ids, dtype=np.int64)]
+        return cps.tobytes().decode("utf-32-le", "surrogatepass")
+
+
+class CharacterSet:
+    """The characters met so far, added as code points in chunks (bytes or arrays, as
+    `Vocab.encode_code_points` takes them), each chunk by one vectorised pass that changes
+    nothing once every character of the chunk has been met before (most chunks of a text)."""
+
+    def __init__(self) -> None:
+        self._seen = np.zeros(MAX_CODE_POINT, dtype=np.uint8)
+        self._seen_bytes = b""  # the code points below 256 met so far, one a byte
+
+    def add(self, cps: bytes | np.ndarray) -> None:
+        if isinstance(cps, bytes):
+            new = cps.translate(None, self._seen_bytes)  # what is left was not met before
+            if new:
+                self._seen[np.frombuffer(new, dtype=np.uint8)] = 1
+                self._seen_bytes = np.flatnonzero(self._seen[:256]).astype(np.uint8).tobytes()
+        elif len(cps) and gather(self._seen, cps).min() == 0:
+            self._seen[cps] = 1
+            self._seen_bytes = np.flatnonzero(self._seen[:256]).astype(np.uint8).tobytes()
+
+    def vocab(self) -> Vocab:
+        """The vocabulary of the characters met, in code point order."""
+        return Vocab.from_code_points(np.flatnonzero(self._seen))
+
+
+def target_specials(target_size: int) -> tuple[int, int, int]:
+    """The pad, bos and eos ids of a target vocabulary of `target_size` ids: its last three,
+    after the units. The one place this layout is written (PairVocab, EncoderDecoder)."""
+    return target_size - 3, target_size - 2, target_size - 1
+
+
+@dataclass(frozen=True)
+class PairVocab:
+    """Source characters and target units, each sorted. Ids: source characters 0..S-1, then
+    src_pad = S; target units 0..N-1, then pad, bos and eos (after the units, so they never
+    collide with text and are never printed)."""
+
+    source: tuple[str, ...]
+    target: tuple[str, ...]
+    target_units: str = "char"  # "char": one unit per character; "space": space-separated
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "source", tuple(self.source))  # hashable whatever was given
+        object.__setattr__(self, "target", tuple(self.target))
+        if self.target_units not in ("char", "space"):
+            raise ValueError(f"target_units must be 'char' or 'space', got {self.target_units!r}")
+        if not self.source or any(not isinstance(c, str) or len(c) != 1 for c in self.source):
+            raise ValueError("the source vocabulary must be a non-empty list of characters")
+        # a space unit is one symbol without whitespace: "K AH" must not be a single unit
+        unit = (lambda u: len(u) == 1) if self.target_units == "char" else (
+            lambda u: u.split() == [u])
+        if not self.target or any(not isinstance(u, str) or not unit(u) for u in self.target):
+            raise ValueError(f"the target vocabulary must be a non-empty list of "
+                             f"{'characters' if self.target_units == 'char' else 'symbols'}")
+        for name, units in (("source", self.source), ("target", self.target)):
+            if list(units) != sorted(set(units)):
+                raise ValueError(f"the {name} vocabulary must be sorted and free of duplicates")
+
+    @classmethod
+    def from_pairs(cls, pairs: Sequence[tuple[str, str]], target_units: str) -> PairVocab:
+        source = set("".join(s for s, _ in pairs))
+        targets = (t for _, t in pairs)
+        target = set("".join(targets)) if target_units == "char" else set(
+            " ".join(targets).split())
+        return cls(tuple(sorted(source)), tuple(sorted(target)), target_units)
+
+    @cached_property
+    def _source_index(self) -> dict[str, int]:
+        return {c: i for i, c in enumerate(self.source)}
+
+    @cached_property
+    def target_index(self) -> dict[str, int]:
+        return {u: i for i, u in enumerate(self.target)}
+
+    @property
+    def source_size(self) -> int:
+        return len(self.source) + 1
+
+    @property
+    def target_size(self) -> int:
+        return len(self.target) + 3
+
+    @property
+    def src_pad(self) -> int:
+        return len(self.source)
+
+    @property
+    def pad(self) -> int:
+        return target_specials(self.target_size)[0]
+
+    @property
+    def bos(self) -> int:
+        return target_specials(self.target_size)[1]
+
+    @property
+    def eos(self) -> int:
+        return target_specials(self.target_size)[2]
+
+    def encode_source(self, text: str, unknown: str = "error",
+                      where: str = "the source") -> list[int]:
+        """Ids of `text`; characters outside the vocabulary are an error, or dropped with
+        unknown='skip'."""
+        if unknown not in ("error", "skip"):
+            raise CharlmError(f"--unknown must be 'error' or 'skip', got {unknown!r}")
+        index = self._source_index
+        bad = [(i, c) for i, c in enumerate(text) if c not in index]
+        if bad and unknown == "error":
+            raise CharlmError(f"{where} has characters outside the model's source vocabulary: "
+                              f"{list_unknown(bad, 'at position')}; remove them or pass "
+                              "--unknown skip")
+        return [index[c] for c in text if c in index]
+
+    def units(self, text: str) -> list[str]:
+        return list(text) if self.target_units == "char" else text.split()
+
+    def encode_target(self, text: str) -> list[int]:
+        units, index = self.units(text), self.target_index
+        bad = [(i, u) for i, u in enumerate(units) if u not in index]
+        if bad:
+            raise CharlmError(f"the target {text!r} has units outside the target vocabulary: "
+                              f"{list_unknown(bad, 'at unit')}; use only the units of the "
+                              "training pairs")
+        return [index[u] for u in units]
+
+    def decode_source(self, ids: Sequence[int] | np.ndarray | torch.Tensor) -> str:
+        """The source text of `ids`, without padding."""
+        return "".join(self.source[i] for i in _int_list(ids) if i != self.src_pad)
+
+    def decode_target(self, ids: Sequence[int] | np.ndarray | torch.Tensor) -> str:
+        """The target text of `ids` up to the first eos; pad and bos are not text."""
+        units = []
+        for i in _int_list(ids):
+            if i == self.eos:
+                break
+            if i in (self.pad, self.bos):
+                continue
+            if not 0 <= i < len(self.target):
+                raise ValueError(f"target id {i} is outside the {self.target_size}-id vocabulary")
+            units.append(self.target[i])
+        return ("" if self.target_units == "char" else " ").join(units)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": list(self.source), "target": list(self.target),
+                "target_units": self.target_units}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> PairVocab:
+        """The vocabulary of `to_dict`'s output; anything else is a ValueError."""
+        if not isinstance(d, dict) or set(d) != {"source", "target", "target_units"}:
+            raise ValueError("a pair vocabulary must be a mapping of source, target and "
+                             "target_units")
+        if not isinstance(d["source"], list) or not isinstance(d["target"], list):
+            raise ValueError("a pair vocabulary's source and target must be lists")
+        return cls(tuple(d["source"]), tuple(d["target"]), d["target_units"])
+
+
+def _int_list(ids: Sequence[int] | np.ndarray | torch.Tensor) -> list[int]:
+    return ids.tolist() if hasattr(ids, "tolist") else [int(i) for i in ids]

@@ -1,0 +1,72 @@
+"""Accuracy of an encoder-decoder's outputs against multi-reference pairs (G2P, say): the
+edit distance, and `accuracy` with exact match, word error rate and unit error rate."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from charlm.core.errors import CharlmError
+
+
+def edit_distance(a: Sequence, b: Sequence) -> int:
+    """Levenshtein distance (insertions, deletions and substitutions each cost 1), in
+    O(len(a) * len(b)) time and O(min(len(a), len(b))) memory: one row of the table."""
+    if len(a) < len(b):
+        a, b = b, a
+    row = list(range(len(b) + 1))  # distances from a[:0] to each prefix of b
+    for i, x in enumerate(a, 1):
+        diagonal, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (x != y))
+    return row[-1]
+
+
+@dataclass
+class Accuracy:
+    """How a model's outputs compare with the references of `sources` distinct sources."""
+
+    sources: int
+    exact_match: float  # share of sources whose output equals one of its references
+    wer: float  # 1 - exact_match: the G2P literature's word error rate
+    cer: float  # edit distance / reference units: the phoneme error rate with space units
+    ref_units: int  # units of the closest reference of each source, summed
+    errors: int  # edit distance to the closest reference of each source, summed
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def accuracy(hypotheses: Sequence[str], references: Sequence[Sequence[str]],
+             units: Callable[[str], list[str]]) -> Accuracy:
+    """Compare each hypothesis with the references of its source, as lists of `units` (so
+    "K  AH" equals "K AH" with space units).
+
+    wer is the word error rate of the G2P literature: the share of words (sources) whose output
+    matches none of their references, 1 - exact_match. It is not fairseq's WER, an edit rate
+    over tokens. cer sums, over sources, the edit distance to the closest reference (ties: the
+    shorter one) and divides by the units of those references: with space units (phonemes) it
+    is the phoneme error rate (PER).
+    """
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} sources")
+    if not hypotheses:
+        raise CharlmError("no sources to measure accuracy on: the split is empty; give more "
+                          "pairs or a larger data.test_fraction")
+    matches = errors = ref_units = 0
+    for hypothesis, refs in zip(hypotheses, references, strict=True):
+        if not refs:
+            raise ValueError(f"no reference for the hypothesis {hypothesis!r}")
+        hyp = units(hypothesis)
+        candidates = [units(r) for r in refs]
+        matches += any(hyp == ref for ref in candidates)
+        distance, length = min((edit_distance(hyp, ref), len(ref)) for ref in candidates)
+        errors += distance
+        ref_units += length
+    exact = matches / len(hypotheses)
+    # only empty references (no units to get wrong): any output unit is infinitely many errors
+    cer = errors / ref_units if ref_units else (math.inf if errors else 0.0)
+    return Accuracy(len(hypotheses), exact, 1 - exact, cer, ref_units, errors)

@@ -1,0 +1,97 @@
+"""Beam search over a `Decoder`: `search_beams` keeps the best `beams` sequences by their summed
+log-probability, and `beam_search` runs it for a GPT from a prompt."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+from charlm.generation.decoding import Decoder, NonFiniteOutput, make_decoder
+from charlm.model.gpt import GPT
+
+
+def _ends_with_any(ids: list[int], stops: Sequence[list[int]]) -> bool:
+    return any(len(ids) >= len(s) and ids[-len(s):] == s for s in stops)
+
+
+@torch.inference_mode()
+def beam_search(model: GPT, prompt: torch.Tensor, max_new_tokens: int, beams: int,
+                stops: Sequence[list[int]] = (), use_cache: bool = True,
+                length_penalty: float = 1.0, compile: bool = False) -> list[int]:
+    """The best continuation of prompt (1, T0) under beam search.
+
+    Hypotheses are ranked by sum of log-probabilities / length**length_penalty, so beams that
+    end early at a stop sequence (`stops`, as id lists) compete fairly with longer ones.
+    beams=1 is greedy decoding.
+    """
+    model.eval()
+    decoder = make_decoder(model, beams, use_cache, compile)
+    ends = (lambda seq: _ends_with_any(seq, stops)) if stops else None
+    hyps = search_beams(decoder, prompt[:, -decoder.block:].expand(beams, -1), max_new_tokens,
+                        beams, ends, length_penalty)
+    return hyps[0][1] if hyps else []
+
+
+def search_beams(decoder: Decoder, start: torch.Tensor, max_steps: int, beams: int,
+                 ends: Callable[[list[int]], bool] | None,
+                 length_penalty: float) -> list[tuple[float, list[int]]]:
+    """Beam search over a decoder of `beams` rows, from start (beams, T0) (identical rows):
+    the hypotheses, best first, as (sum of log-probabilities / length**length_penalty, ids).
+
+    A hypothesis whose ids `ends` says are complete finishes there; the search stops when
+    `beams` have finished, or after max_steps ids. Only the finished ones count if any did;
+    after max_steps the live beams count too. `generate.beam_search` (stop strings) and
+    `seq2seq.beam_search_ids` (end of sequence) are this with their `ends`.
+    """
+    device = start.device
+    scores = torch.full((beams,), float("-inf"), device=device)
+    scores[0] = 0.0  # all beams start identical: expand only the first
+    seqs: list[list[int]] = [[] for _ in range(beams)]
+    finished: list[tuple[float, list[int]]] = []
+    last = None
+    for t in range(max_steps):
+        logits = decoder.prefill(start) if t == 0 else decoder.step(last)
+        logp = torch.log_softmax(logits.float(), dim=-1)  # (N, V)
+        V = logp.size(-1)
+        cand_scores, cand = (scores[:, None] + logp).view(-1).topk(min(2 * beams, beams * V))
+        keep_rows, keep_ids, keep_scores = [], [], []
+        for score, flat in zip(cand_scores.tolist(), cand.tolist(), strict=True):
+            if math.isnan(score):  # NaN or inf logits (topk ranks NaN first)
+                raise NonFiniteOutput
+            if score == float("-inf"):
+                break
+            row, token = divmod(flat, V)
+            seq = seqs[row] + [token]
+            if ends is not None and ends(seq):
+                finished.append((score / len(seq) ** length_penalty, seq))
+            elif len(keep_rows) < beams:
+                keep_rows.append(row)
+                keep_ids.append(token)
+                keep_scores.append(score)
+            if len(keep_rows) == beams:
+                break
+        if len(finished) >= beams or not keep_rows:
+            # the live beams are cut short here: they count only if nothing finished
+            break
+        while len(keep_rows) < beams:  # pad with a dead beam
+            keep_rows.append(keep_rows[0])
+            keep_ids.append(keep_ids[0])
+            keep_scores.append(float("-inf"))
+        index = torch.tensor(keep_rows, device=device)
+        decoder.reorder(index)
+        seqs = [seqs[r] + [i] for r, i in zip(keep_rows, keep_ids, strict=True)]
+        scores = torch.tensor(keep_scores, device=device)
+        last = torch.tensor(keep_ids, device=device)
+    else:  # every step ran: the live beams end at max_steps, complete hypotheses too
+        finished += _ranked(scores, seqs, length_penalty)
+    hyps = finished or _ranked(scores, seqs, length_penalty)
+    return sorted(hyps, key=lambda h: h[0], reverse=True)  # stable: ties keep their order
+
+
+def _ranked(scores: torch.Tensor, seqs: list[list[int]],
+            length_penalty: float) -> list[tuple[float, list[int]]]:
+    """(length-normalised score, sequence) of each live beam."""
+    return [(s / max(len(q), 1) ** length_penalty, q)
+            for s, q in zip(scores.tolist(), seqs, strict=True) if s != float("-inf")]

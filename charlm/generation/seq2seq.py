@@ -1,0 +1,161 @@
+"""An encoder-decoder's decoding: `Seq2SeqDecoder` steps the decoder over the encoder's `Memory`
+with a KV cache, `translate_ids` decodes greedily or by sampling, `beam_search_ids` keeps the
+n best outputs of each source."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from charlm.config.sampling import SampleConfig
+from charlm.generation.beams import search_beams
+from charlm.generation.decoding import (
+    RecentIds,
+    apply_repetition_penalty,
+    build_processors,
+    sample_next,
+)
+from charlm.model.encoder_decoder import EncoderDecoder, Memory, output_limit
+
+
+class Seq2SeqDecoder:
+    """Feeds target ids through the decoder over a fixed `Memory` (B rows): `prefill` (B, T)
+    from bos, `step` one id per row, `reorder` rows, as `generate.CachedDecoder` does.
+    use_cache=False recomputes the whole target prefix each step (the reference path).
+
+    pad and bos are never an output, so their logits come back as -inf.
+    """
+
+    def __init__(self, model: EncoderDecoder, memory: Memory, use_cache: bool = True,
+                 max_len: int | None = None):
+        self.model = model
+        self.memory = memory
+        self.block = model.cfg.block_size
+        B = memory.out.size(0)
+        self.cache = model.new_cache(B, max_len) if use_cache else None
+        # the target prefix so far, which the uncached path feeds whole at every step
+        self.context = torch.empty(B, 0, dtype=torch.long, device=memory.out.device)
+        self.never = torch.tensor([model.pad, model.bos], device=memory.out.device)
+
+    def _next(self, idx: torch.Tensor) -> torch.Tensor:
+        logits, _ = self.model(None, idx, cache=self.cache, memory=self.memory)
+        return logits[:, -1, :].index_fill(-1, self.never, float("-inf"))  # (B, V)
+
+    def prefill(self, idx: torch.Tensor) -> torch.Tensor:
+        """Start over from the target prefix idx (B, T); logits (B, V) for the next id."""
+        self.context = idx
+        if self.cache is not None:
+            self.cache.reset()
+        return self._next(idx)
+
+    def step(self, ids: torch.Tensor) -> torch.Tensor:
+        """Append one id per row, ids (B,); logits (B, V) for the next position."""
+        if self.cache is None:
+            return self.prefill(torch.cat([self.context, ids[:, None]], dim=1))
+        return self._next(ids[:, None])
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Make row i continue from row index[i]; index may be shorter than the batch (rows
+        that finished are dropped)."""
+        if self.cache is not None:
+            self.cache.k = [k[index] for k in self.cache.k]
+            self.cache.v = [v[index] for v in self.cache.v]
+        self.context = self.context[index]
+        self.memory = self.memory.select(index)
+
+
+def _limits(model: EncoderDecoder, memory: Memory, cap: int,
+            max_len: int | Sequence[int] | None) -> list[int]:
+    """Each row's longest output: given, or `output_limit` of its source's length; never past
+    the target window."""
+    block = model.cfg.block_size
+    if max_len is None:
+        return [output_limit(n, block, cap) for n in memory.mask.sum(dim=1).tolist()]
+    B = memory.out.size(0)
+    limits = [max_len] * B if isinstance(max_len, int) else list(max_len)
+    if len(limits) != B:
+        raise ValueError(f"max_len has {len(limits)} entries for {B} sources")
+    return [max(min(m, block - 1), 0) for m in limits]
+
+
+@torch.inference_mode()
+def translate_ids(model: EncoderDecoder, src: torch.Tensor, opts: SampleConfig,
+                  max_len: int | Sequence[int] | None = None,
+                  generator: torch.Generator | None = None) -> list[list[int]]:
+    """Decode every source row of src (B, S): greedy for temperature 0, else sampled through
+    `opts`'s logits processors. Returns each row's target ids, without bos, eos or pad.
+
+    One forward per step for the whole batch. A row ends at eos or at its limit (`max_len`,
+    default `output_limit` of its source's length capped by opts.max_new_tokens); it then
+    leaves the batch, so it costs nothing more and affects nothing. Of `opts`, the beam, stop,
+    prompt and compile options do not apply here.
+    """
+    model.eval()
+    memory = model.encode(src)
+    limits = _limits(model, memory, opts.max_new_tokens, max_len)
+    out: list[list[int]] = [[] for _ in limits]
+    rows = [r for r, n in enumerate(limits) if n > 0]  # the source row of each decoder row
+    if not rows:
+        return out
+    if len(rows) < len(limits):
+        memory = memory.select(torch.tensor(rows, device=src.device))
+    steps = max(limits)
+    decoder = Seq2SeqDecoder(model, memory, opts.use_cache, steps)
+    procs = build_processors(opts)
+    recent = None
+    if opts.repetition_penalty != 1.0:  # over the output only: the source is another vocab
+        recent = RecentIds(src.new_empty(len(rows), 0), opts.repetition_window, steps)
+    nxt = torch.full((len(rows), 1), model.bos, dtype=torch.long, device=src.device)
+    for t in range(steps):
+        logits = decoder.prefill(nxt) if t == 0 else decoder.step(nxt)
+        if recent is not None:
+            logits = apply_repetition_penalty(logits.float(), recent.ids, opts.repetition_penalty)
+        nxt = sample_next(logits, opts.temperature, procs, generator)  # (B,)
+        live = []
+        for j, token in enumerate(nxt.tolist()):
+            r = rows[j]
+            if token != model.eos:
+                out[r].append(token)
+                if len(out[r]) < limits[r]:
+                    live.append(j)
+        if not live:
+            break
+        if recent is not None:
+            recent.push(nxt)
+        if len(live) < len(rows):
+            index = torch.tensor(live, device=src.device)
+            decoder.reorder(index)
+            nxt = nxt[index]
+            if recent is not None:
+                recent.select(index)
+            rows = [rows[j] for j in live]
+    return out
+
+
+@torch.inference_mode()
+def beam_search_ids(model: EncoderDecoder, src: torch.Tensor, beams: int,
+                    max_len: int | None = None, n_best: int = 1, length_penalty: float = 1.0,
+                    use_cache: bool = True) -> list[tuple[float, list[int]]]:
+    """The n_best hypotheses for one source src (1, S) under beam search, best first, as
+    (sum of log-probabilities / length**length_penalty, ids without eos); the length counts
+    the eos. A hypothesis ends at eos, or at max_len ids (default: `output_limit`).
+
+    The source is encoded once and its memory, cross-attention keys and values included,
+    copied to the beams. beams=1 is greedy decoding.
+    """
+    if src.size(0) != 1:
+        raise ValueError(f"beam search decodes one source at a time, got {src.size(0)}")
+    if not 1 <= n_best <= beams:
+        raise ValueError(f"n_best must be in 1..beams={beams}, got {n_best}")
+    model.eval()
+    memory = model.encode(src)
+    limit = _limits(model, memory, model.cfg.block_size, max_len)[0]
+    first = torch.zeros(beams, dtype=torch.long, device=src.device)
+    decoder = Seq2SeqDecoder(model, memory.select(first), use_cache, max(limit, 1))
+    start = torch.full((beams, 1), model.bos, dtype=torch.long, device=src.device)
+    eos = model.eos
+    hyps = search_beams(decoder, start, limit, beams, lambda seq: seq[-1] == eos,
+                        length_penalty)
+    return [(score, seq[:-1] if seq and seq[-1] == eos else seq)
+            for score, seq in hyps[:n_best]]

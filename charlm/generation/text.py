@@ -1,0 +1,204 @@
+"""The text layer of generation: prompts (`default_prompt`, `encode_prompt`), stop strings
+(`StopMatcher`), and `sample_text`, which turns a prompt string into finished samples and streams
+their text through a callback. The decoding itself is `charlm.generation.decoding`'s.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from charlm.config.sampling import SampleConfig
+from charlm.core.errors import CharlmError, characters
+from charlm.data.vocab import Vocab, list_unknown
+from charlm.generation.beams import beam_search
+from charlm.generation.decoding import generate
+from charlm.model.attention import attention_dtype
+from charlm.model.encoder_decoder import EncoderDecoder
+from charlm.model.footprint import sampling_bytes
+from charlm.model.gpt import GPT
+from charlm.runtime.device import require_memory
+
+
+class StopMatcher:
+    """Streams one sample's text while holding back what could be the start of a stop string.
+
+    `feed` returns the text that is safe to show; `done` turns true once the generated text ends
+    with a stop string, which is cut off unless `include_stop`.
+    """
+
+    def __init__(self, stops: Sequence[str], include_stop: bool):
+        # longest first: of stop strings that end together ("ab" and "b"), the longest is cut,
+        # whatever the order they were given in
+        self.stops = sorted(stops, key=len, reverse=True)
+        self.include_stop = include_stop
+        self.pending = ""
+        self.done = False
+
+    def feed(self, piece: str) -> str:
+        self.pending += piece
+        for s in self.stops:
+            if self.pending.endswith(s):
+                self.done = True
+                out = self.pending if self.include_stop else self.pending[: -len(s)]
+                self.pending = ""
+                return out
+        hold = max((n for s in self.stops for n in range(1, len(s))
+                    if self.pending.endswith(s[:n])), default=0)
+        out, self.pending = self.pending[: len(self.pending) - hold], self.pending[
+            len(self.pending) - hold:]
+        return out
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+@dataclass
+class Sample:
+    prompt: str  # the prompt as the model saw it (after --unknown skip and cropping)
+    text: str  # the generated text, without the prompt
+    tokens: int  # characters generated (stop string included)
+    seconds: float  # from the start of the call until this sample finished
+    stopped: bool  # ended by a stop string, not by max_new_tokens
+
+
+def default_prompt(vocab: Vocab) -> str:
+    """The prompt when none is given: a newline, or the vocabulary's first character when the
+    model never saw a newline."""
+    return "\n" if not vocab.unknown("\n") else vocab.chars[0]
+
+
+def encode_prompt(vocab: Vocab, prompt: str, unknown: str,
+                  block_size: int) -> tuple[str, list[int], list[str]]:
+    """(prompt as used, its ids, warnings). Unknown characters are an error listing each one
+    and its position, or dropped with `unknown='skip'`; a prompt longer than the context keeps
+    its last block_size characters."""
+    warnings = []
+    bad = vocab.unknown(prompt)
+    if bad:
+        listed = list_unknown(bad, "at position")
+        if unknown == "error":
+            raise CharlmError(
+                f"prompt has characters outside the model's vocabulary: {listed}; "
+                "remove them or pass --unknown skip"
+            )
+        drop = {i for i, _ in bad}
+        prompt = "".join(c for i, c in enumerate(prompt) if i not in drop)
+        warnings.append(f"skipped {characters(len(bad))} of the prompt outside the vocabulary: "
+                        f"{listed}")
+    if not prompt:
+        raise CharlmError("the prompt is empty; give at least one character the model knows")
+    if len(prompt) > block_size:
+        warnings.append(f"the prompt has {len(prompt)} characters, more than the context of "
+                        f"{block_size}; using its last {block_size}")
+        prompt = prompt[-block_size:]
+    return prompt, vocab.encode(prompt), warnings
+
+
+def require_cache_memory(model: GPT | EncoderDecoder, option: str, value: int,
+                         sources: int = 1) -> None:
+    """Refuse decoding `value` samples or beams (`option`) for each of `sources` sources (an
+    encoder-decoder's batch; a GPT continues one prompt) when their keys and values over a full
+    context (what the KV cache holds; the uncached forward computes as much), an
+    encoder-decoder's cross-attention keys and values, and one forward's activations and logits
+    exceed the device's memory."""
+    weight = model.wte.weight
+    encdec = model.cfg.arch == "encoder_decoder"
+    vocab = model.target_vocab_size if encdec else model.vocab_size
+    cache_dtype = attention_dtype(weight)  # what the caches are kept in
+    need = sampling_bytes(model.cfg, vocab, value * sources, cache_dtype.itemsize)
+    head = f"{option} {value:,}" if value > 1 else "one output"
+    if sources > 1:
+        head += f" for each of {sources:,} sources decoded together"
+    held = ("the decoder's keys and values, the sources' cross-attention keys and values"
+            if encdec else "the keys and values of the context")
+    require_memory(need, weight.device, f"{head} needs about {{gib}} for {held} and a "
+                   "forward's activations",
+                   f"use a smaller {option}" if value > 1 else "use a device with more memory")
+
+
+def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
+                on_text: Callable[[int, str], None] | None = None,
+                stop: Callable[[], bool] | None = None) -> list[Sample]:
+    """Generate opts.num_samples continuations of `prompt` (checked by `encode_prompt`), as
+    one batch, or the best beam when opts.beams is set. on_text(sample index, text) is called as
+    each piece of text becomes final (stop strings are held back until they cannot match).
+    Sampling ends early, each sample as far as it got, once stop() says so (a training run's
+    stop signal): it is asked after every token."""
+    if opts.beams is not None:
+        if opts.num_samples != 1:  # an encoder-decoder's beams give an n-best list instead
+            raise CharlmError("--beams returns the single best sequence; use --num-samples 1 "
+                              "with --beams")
+        require_cache_memory(model, "--beams", opts.beams)
+    else:
+        require_cache_memory(model, "--num-samples", opts.num_samples)
+    device = model.wte.weight.device
+    ids = torch.tensor([vocab.encode(prompt)], device=device)
+    t0 = time.perf_counter()
+    emit = on_text or (lambda i, s: None)
+    if opts.beams is not None:
+        return [best_beam(model, vocab, prompt, ids, opts, emit, t0)]
+
+    K = opts.num_samples
+    generator = torch.Generator(device=device).manual_seed(opts.seed)
+    matchers = [StopMatcher(opts.stop, opts.include_stop) for _ in range(K)]
+    texts = [""] * K
+    counts = [0] * K
+    seconds = [0.0] * K
+    steps = generate(model, ids.expand(K, -1), opts.max_new_tokens, opts, generator)
+    for step_ids in steps:
+        for i, token in enumerate(step_ids.tolist()):
+            m = matchers[i]
+            if m.done:
+                continue
+            counts[i] += 1
+            piece = m.feed(vocab.chars[token])
+            if m.done:
+                seconds[i] = time.perf_counter() - t0
+            if piece:
+                texts[i] += piece
+                emit(i, piece)
+        if all(m.done for m in matchers) or (stop is not None and stop()):
+            steps.close()
+            break
+    for i, m in enumerate(matchers):
+        rest = m.flush()
+        if rest:
+            texts[i] += rest
+            emit(i, rest)
+        if not m.done:
+            seconds[i] = time.perf_counter() - t0
+    return [Sample(prompt, texts[i], counts[i], seconds[i], matchers[i].done) for i in range(K)]
+
+
+def best_beam(model: GPT, vocab: Vocab, prompt: str, ids: torch.Tensor, opts: SampleConfig,
+              emit: Callable[[int, str], None], t0: float) -> Sample:
+    """`sample_text` with opts.beams: the best beam, cut at a stop string, emitted whole."""
+    stops = [vocab.encode(s) for s in opts.stop if not vocab.unknown(s)]
+    best = beam_search(model, ids, opts.max_new_tokens, opts.beams, stops, opts.use_cache,
+                       compile=opts.compile)
+    matcher = StopMatcher(opts.stop, opts.include_stop)
+    text = matcher.feed(vocab.decode(best)) + matcher.flush()
+    emit(0, text)
+    return Sample(prompt, text, len(best), time.perf_counter() - t0, matcher.done)
+
+
+def preview(model: GPT, vocab: Vocab, chars: int, seed: int,
+            stop: Callable[[], bool] | None = None) -> str:
+    """A short sample for a training run's log: `chars` characters continuing a newline (or the
+    vocabulary's first character when it has none), prompt included; fewer once stop() says so
+    (a stop signal: a huge train.sample_chars must not keep the run from saving and ending). It
+    draws from its own seeded generator, so the training RNG is untouched, and it restores the
+    model's mode."""
+    was_training = model.training
+    prompt = default_prompt(vocab)
+    try:
+        [sample] = sample_text(model, vocab, prompt, SampleConfig(max_new_tokens=chars, seed=seed),
+                               stop=stop)
+    finally:
+        model.train(was_training)
+    return prompt + sample.text

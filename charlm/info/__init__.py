@@ -1,0 +1,2 @@
+"""Info: what `charlm info` reports: the parameter table, FLOPs per token and forward shapes.
+May import: everything below it (core up to training)."""

@@ -1,0 +1,191 @@
+"""What `charlm info` reports about a model: a parameter table per component (in the style of a
+paper's appendix), FLOPs per token, and the tensor shapes at each stage of one forward pass
+(`charlm.info.shapes`), for the GPT and for the encoder-decoder (`charlm.generation.seq2seq`).
+
+Every function returns plain data (dicts, lists, ints), so the CLI can print it as text or JSON.
+The parameter table is read off the model's own tensors and checked against the model's own
+count (`model.param_counts`, `EncoderDecoder.component_counts`), so it cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from charlm.config.schema import RunConfig
+from charlm.core.errors import CharlmError
+from charlm.data.dataset import load_dataset
+from charlm.data.pair_dataset import load_pairs
+from charlm.data.pairs import read_pairs
+from charlm.data.prepared import check_data_kind
+from charlm.data.text import scan
+from charlm.data.vocab import PairVocab
+from charlm.info.parameters import flops_per_token, parameter_table, seq2seq_flops
+from charlm.info.shapes import forward_shapes, seq2seq_forward_shapes
+from charlm.model.encoder_decoder import EncoderDecoder
+from charlm.model.gpt import GPT
+
+
+def _text_vocab_size(cfg: RunConfig) -> int:
+
+    path = Path(cfg.data.path)
+    if not path.exists():
+        raise CharlmError(f"the vocabulary size comes from data.path, and {path} does not exist; "
+                          "give --vocab-size N, or --set data.path=FILE")
+    return len(load_dataset(path).vocab if path.is_dir() else scan([path])[1])
+
+
+def _pair_vocab(cfg: RunConfig):
+    """The source and target vocabularies of data.path: a .tsv of pairs or a prepared dir."""
+
+    path = Path(cfg.data.path)
+    if not path.exists():
+        raise CharlmError(f"the source and target vocabularies come from data.path, and {path} "
+                          "does not exist; --set data.path=FILE (a .tsv of pairs, or a dataset "
+                          "made by `charlm prepare --pairs`)")
+    if path.is_dir():
+        return load_pairs(path).vocab
+    check_data_kind(cfg, cfg.data.pairs)
+    pairs, _ = read_pairs(path, cfg.data, cfg.model.block_size)
+    return PairVocab.from_pairs(pairs, cfg.data.target_units)
+
+
+def config_model(cfg: RunConfig, vocab_size: int | None = None) -> GPT | EncoderDecoder:
+    """The model a config describes, with one block per stack on the meta device (no memory:
+    a config too big for memory is described too; `describe` scales the alike blocks up). The
+    vocabulary comes from data.path; a GPT's `vocab_size`, when given, replaces it."""
+    m = cfg.model
+    if m.arch != "encoder_decoder":
+        size = _text_vocab_size(cfg) if vocab_size is None else vocab_size
+        with torch.device("meta"):
+            return GPT(dataclasses.replace(m, n_layer=1), size)
+    if vocab_size is not None:
+        raise CharlmError("--vocab-size gives one vocabulary, and model.arch=encoder_decoder "
+                          "has two (source and target); drop it: both come from data.path")
+    vocab = _pair_vocab(cfg)
+    with torch.device("meta"):
+        return EncoderDecoder(dataclasses.replace(m, n_layer=1, n_encoder_layer=1),
+                              vocab.source_size, vocab.target_size, vocab.src_pad)
+
+
+def describe(model: GPT | EncoderDecoder, cfg: RunConfig, shapes: tuple[int, int] | None = None,
+             train_state: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything `charlm info` reports, as plain data: vocab size (an encoder-decoder: arch and
+    source and target vocab sizes), training progress (for a checkpoint), parameter table, FLOPs
+    per token, forward shapes for shapes=(batch, seq_len) when given, and the resolved config.
+    `model` may have fewer blocks than `cfg` says (a one-layer stand-in, see `parameter_table`)."""
+    m = cfg.model
+    table = parameter_table(model, m.n_layer, m.encoder_layers)
+    seq2seq = isinstance(model, EncoderDecoder)
+    if seq2seq:
+        vocab = (model.source_vocab_size, model.target_vocab_size)
+        info: dict[str, Any] = {"arch": m.arch, "source_vocab_size": vocab[0],
+                                "target_vocab_size": vocab[1]}
+    else:
+        info = {"vocab_size": model.vocab_size}
+    if train_state is not None:
+        best = train_state["best_val"]  # inf until the first evaluation: null in JSON
+        info["checkpoint"] = {"step": train_state["step"],
+                              "best_val_loss": best if math.isfinite(best) else None,
+                              "tokens_seen": train_state["tokens"]}
+    info["parameters"] = table
+    if seq2seq:
+        info["flops_per_token"] = seq2seq_flops(table, m, *vocab)
+        if shapes is not None:
+            info["shapes"] = seq2seq_forward_shapes(m, *vocab, *shapes)
+    else:
+        info["flops_per_token"] = flops_per_token(table, m, model.vocab_size)
+        if shapes is not None:
+            info["shapes"] = forward_shapes(m, model.vocab_size, *shapes)
+    info["config"] = cfg.to_dict()
+    return info
+
+
+def _fmt_shape(shape: list[int] | None) -> str:
+    return " x ".join(map(str, shape)) if shape else "-"
+
+
+def _flops_lines(f: dict[str, int]) -> list[str]:
+    def line(label: str, value: int) -> str:
+        return f"  {label:<70}{value:>15,}"
+
+    if "N_source" not in f:
+        return [f"FLOPs per token, T = block_size = {f['context']}, N = {f['N']:,} (parameters in "
+                "matrix", "multiplies: all but the embedding lookups, the head included even "
+                "when tied):",
+                line("training, forward + backward: 6N + 12 * n_layer * n_embd * T",
+                     f["training"]),
+                line("one decode step at full context: 2N + 4 * n_layer * n_embd * T",
+                     f["decode_step"])]
+    about = (f"FLOPs per target token, S = T = block_size = {f['context']} source and target "
+             f"positions, N = N_source + N_target = {f['N_source']:,} + {f['N_target']:,} "
+             "(parameters in matrix multiplies: all but the embedding lookups, the head included "
+             "even when tied). N_source runs once per source position: the encoder and every "
+             "decoder layer's cross-attention k, v. N_target runs once per target position: the "
+             "rest of the decoder and the head.")
+    return [
+        *textwrap.wrap(about, 85),
+        "  training, forward + backward of a full-length pair, divided by its T target tokens:",
+        line("  6N + 12 * n_embd * (n_encoder_layer * S + n_layer * (T + S))", f["training"]),
+        line("encoding one source, once: 2 N_source S + 4 n_encoder_layer n_embd S^2",
+             f["encode_source"]),
+        line("one decode step at full context: 2 N_target + 4 n_layer n_embd (T + S)",
+             f["decode_step"]),
+    ]
+
+
+def render_text(info: dict[str, Any]) -> str:
+    """The human-readable form of `charlm info` (see `cli.info` for the keys of `info`)."""
+    if "vocab_size" in info:
+        lines = [f"vocab size: {info['vocab_size']}"]
+    else:
+        lines = [f"architecture: {info['arch']}",
+                 f"source vocab size: {info['source_vocab_size']}",
+                 f"target vocab size: {info['target_vocab_size']}"]
+    if "checkpoint" in info:
+        ckpt = info["checkpoint"]
+        best = ckpt["best_val_loss"]
+        lines += [f"step: {ckpt['step']}",
+                  f"best val loss: {'none yet' if best is None else f'{best:.4f}'}",
+                  f"tokens seen: {ckpt['tokens_seen']:,}"]
+    table = info["parameters"]
+
+    def line(label: str, shape: list[int] | None | str, count: int, indent: int = 2) -> None:
+        shown = shape if isinstance(shape, str) else _fmt_shape(shape)
+        lines.append(f"{' ' * indent}{label:<{60 - indent}}{shown:>12}{count:>13,}")
+
+    def rows(section: str, indent: int = 2) -> None:
+        for r in table["rows"]:
+            if r["section"] == section:
+                line(r["component"], r["shape"], r["params"], indent)
+
+    def stack(section: str, stats: dict[str, int], name: str = "") -> None:
+        lines.append(f"  {name}per layer:")
+        rows(section, indent=4)
+        line("layer total", "", stats["per_layer"], indent=4)
+        line(f"all {name}layers (x {stats['n_layer']})", "", stats["all_layers"])
+
+    lines += ["", f"{'parameters':<60}{'shape':>12}{'count':>13}"]
+    rows("embedding")
+    if "encoder" in table:
+        stack("encoder layer", table["encoder"], "encoder ")
+        rows("encoder output")
+        stack("decoder layer", table["decoder"], "decoder ")
+    else:
+        stack("layer", table)
+    rows("output")
+    line(f"total (head {'tied' if table['tied'] else 'untied'}, as configured)", "",
+         table["total"])
+    line("total with the head tied", "", table["total_tied"])
+    line("total with the head untied", "", table["total_untied"])
+    lines += ["", *_flops_lines(info["flops_per_token"])]
+    if "shapes" in info:
+        lines += ["", f"{'forward pass':<36}{'shape':<20}what"]
+        lines += [f"  {s['stage']:<34}{_fmt_shape(s['shape']):<20}{s['what']}"
+                  for s in info["shapes"]]
+    return "\n".join(lines)

@@ -1,0 +1,176 @@
+"""Attention: SDPA in the dtype each device computes it in, the `KVCache` a decode step reads
+and writes, rotary positions, and the self- and cross-attention sublayers of `charlm.model.gpt`'s
+`Block` (the GPT's, the encoder's and the decoder's).
+
+Shapes: B batch, T time (new tokens this forward), S source or key length, L the cache's length,
+C n_embd, H n_head, D head_dim = C // H.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from charlm.config.schema import ModelConfig
+from charlm.model.layers import Linear, Module, child, maybe_dropout
+
+
+def attention_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype attention computes in for inputs like x: float32 on the CPU, where PyTorch's
+    bf16/fp16 flash kernel is slower than its float32 one (much slower in backward,
+    docs/benchmarks.md; 2-4x in a decode step without AMX), else x's dtype. A KV cache is kept
+    in it, so a decode step converts only the new token's q, k and v."""
+    return torch.float32 if x.is_cpu else x.dtype
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+              causal: bool, dropout: float) -> torch.Tensor:
+    """SDPA of q (B, H, T, D) over k, v (B, H, S, D) -> (B, H, T, D), in q's dtype, computed in
+    `attention_dtype`."""
+    dtype = attention_dtype(q)
+    if dtype is not q.dtype:
+        with torch.autocast("cpu", enabled=False):  # CPU autocast would cast back to bf16
+            y = F.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), mask,
+                                               dropout, causal)
+        return y.to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, mask, dropout, causal)
+
+
+class KVCache:
+    """Preallocated keys and values for every layer and one write position.
+
+    A plain object (not a module or buffer), so it never lands in a `state_dict`. `pos` is the
+    number of positions already written; `GPT.forward` advances it once per call. `pos` may also
+    be a 0-d integer tensor on the device: then a forward takes one token per row and attends
+    over the whole cache with the positions after `pos` masked, so every step has the same
+    shapes and one compiled graph serves them all (`charlm sample --compile`).
+    """
+
+    def __init__(self, n_layer: int, batch_size: int, n_head: int, max_len: int, head_dim: int,
+                 device: torch.device | str, dtype: torch.dtype):
+        shape = (batch_size, n_head, max_len, head_dim)  # (B, H, L, D)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.max_len = max_len
+        self.pos = 0
+
+    def reset(self) -> None:
+        self.pos = 0
+
+
+def rope_angles(pos: torch.Tensor, head_dim: int,
+                base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotary tables (Su et al. 2021) for positions pos (T,): cos and signed sin, each
+    (T, D), laid out for `apply_rope`: with angles a_i = p * base^(-2i/D), i < D/2,
+    cos = [cos a, cos a] and sin = [-sin a, sin a]."""
+    inv_freq = base ** -(torch.arange(0, head_dim, 2, device=pos.device).float() / head_dim)
+    angles = pos.float()[:, None] * inv_freq[None, :]  # (T, D/2)
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x (..., T, D) by position: feature pair (i, i + D/2) of the token at position p
+    turns by angle p * theta_i (the "rotate half" pairing of GPT-NeoX). A rotation keeps norms,
+    and the dot product of a query at m with a key at n then depends only on m - n.
+
+    [x1, x2] -> [x1 cos - x2 sin, x1 sin + x2 cos] = x * cos + [x2, x1] * sin, where rolling
+    by D/2 swaps the halves: four ops (it runs on q and k together, per layer and step).
+    """
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return x * cos + x.roll(x.size(-1) // 2, dims=-1) * sin
+
+
+class SelfAttention(Module):
+    """Causal (the GPT, the decoder) or bidirectional (the encoder) self-attention."""
+
+    qkv, proj = child(), child()
+
+    def __init__(self, cfg: ModelConfig, causal: bool = True):
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.causal = causal
+        self.qkv = Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # fused q, k, v
+        self.proj = Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.dropout = cfg.dropout
+
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C). rope: `rope_angles` tables (T, D) of the tokens' positions.
+        mask (B, 1, 1, T) bool, True = a key to attend to: the encoder's source padding."""
+        y = attend(self.qkv(x), self.n_head, cache, layer, rope,
+                   self.dropout if self.training else 0.0, self.causal, mask)
+        return maybe_dropout(self.proj(y), self.dropout, self.training)
+
+
+def attend(qkv: torch.Tensor, n_head: int, cache: KVCache | None, layer: int,
+           rope: tuple[torch.Tensor, torch.Tensor] | None, dropout: float,
+           causal: bool = True, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Self-attention from the fused projections qkv (B, T, 3C) -> (B, T, C), before the
+    output projection. With a cache (causal only), the T new keys and values are written at
+    cache.pos and the queries attend to everything cached up to them. Without one, `mask`
+    (broadcast to (B, H, T, T), True = attend) and `causal` apply."""
+    B, T, C3 = qkv.shape
+    C = C3 // 3
+    # (B, T, 3C) -> 3 x (B, H, T, D), in two view ops (this runs once per token when decoding)
+    qkv = qkv.view(B, T, 3, n_head, C // n_head).permute(2, 0, 3, 1, 4)
+    if rope is not None:  # rotate before caching: cached keys keep their absolute positions
+        (q, k), v = apply_rope(qkv[:2], *rope), qkv[2]  # q and k in one go
+    else:
+        q, k, v = qkv.unbind(0)
+    if cache is None:
+        y = attention(q, k, v, mask, causal, dropout)
+    elif isinstance(cache.pos, torch.Tensor):  # static shapes: one token at position cache.pos
+        at = cache.pos.view(1)
+        cache.k[layer].index_copy_(2, at, k)
+        cache.v[layer].index_copy_(2, at, v)
+        visible = (torch.arange(cache.max_len, device=qkv.device) <= cache.pos)[None]  # (1, L)
+        y = attention(q, cache.k[layer], cache.v[layer], visible, False, dropout)
+    else:
+        start, end = cache.pos, cache.pos + T
+        cache_k, cache_v = cache.k[layer], cache.v[layer]  # (B, H, L, D)
+        cache_k.narrow(2, start, T).copy_(k)
+        cache_v.narrow(2, start, T).copy_(v)
+        k, v = cache_k.narrow(2, 0, end), cache_v.narrow(2, 0, end)  # (B, H, end, D)
+        if T == 1:  # one new query sees every cached position
+            mask, causal = None, False
+        elif start == 0:  # prefill from empty: the ordinary causal mask
+            mask, causal = None, True
+        else:  # T queries at positions start..end-1 over keys 0..end-1
+            rows = torch.arange(start, end, device=qkv.device)[:, None]
+            mask, causal = torch.arange(end, device=qkv.device)[None, :] <= rows, False
+        y = attention(q, k, v, mask, causal, dropout)
+    return y.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
+
+
+class CrossAttention(Module):
+    """The decoder's attention over the encoder's output: queries from the target, keys and
+    values from the source, which `keys_values` projects once per source for every decode step.
+    No rotary positions: a target and a source position share no axis to measure along."""
+
+    q, kv, proj = child(), child(), child()
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.q = Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.kv = Linear(cfg.n_embd, 2 * cfg.n_embd, bias=cfg.bias)  # fused k, v
+        self.proj = Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.dropout = cfg.dropout
+
+    def keys_values(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The encoder's output memory (B, S, C) -> k, v, each (B, H, S, D)."""
+        B, S, C = memory.shape
+        kv = self.kv(memory).view(B, S, 2, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        return kv.to(attention_dtype(kv)).unbind(0)  # converted once per source
+
+    def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor) -> torch.Tensor:
+        """x (B, T, C) over k, v (B, H, S, D) from `keys_values`; mask (B, 1, 1, S), True = a
+        real source position -> (B, T, C)."""
+        B, T, C = x.shape
+        q = self.q(x).view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, D)
+        y = attention(q, k, v, mask, False, self.dropout if self.training else 0.0)
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return maybe_dropout(self.proj(y), self.dropout, self.training)

@@ -1,0 +1,313 @@
+"""The decoder-only GPT and its blocks (their attention is `charlm.model.attention`'s).
+
+One `Block` class covers the architecture family of `ModelConfig`: position encoding (learned
+table, Vaswani's fixed sinusoids, rotary on q and k, or none), LayerNorm or RMSNorm, pre- or
+post-norm residuals, and a GELU, ReLU or SwiGLU MLP. The defaults are GPT-2's. The same class
+with options is also the encoder block (bidirectional, source padding masked) and the decoder
+block with cross-attention of `charlm.model.gpt.encoder_decoder.EncoderDecoder`.
+
+Shapes: B batch, T time (new tokens this forward), S source length, C n_embd, H n_head,
+D head_dim = C // H, F MLP hidden width, V vocab size. No optimizer and no sampling policy
+live here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from charlm.config.schema import ModelConfig
+from charlm.model.attention import (
+    CrossAttention,
+    KVCache,
+    SelfAttention,
+    attention_dtype,
+    rope_angles,
+)
+from charlm.model.layers import (
+    Embedding,
+    LayerNorm,
+    Linear,
+    Module,
+    child,
+    maybe_dropout,
+    normal_,
+    param,
+)
+
+
+def sinusoidal_table(pos: torch.Tensor, dim: int) -> torch.Tensor:
+    """Vaswani et al. (2017): PE[p, 2i] = sin(p / 10000^(2i/dim)), PE[p, 2i+1] = cos(same).
+
+    pos (T,) integer positions -> (T, dim) float32. Computed per forward rather than stored, so it
+    is never in a `state_dict` and never rounded by `model.to(dtype)`.
+    """
+    even = torch.arange(0, dim, 2, device=pos.device, dtype=torch.float32)  # 2i
+    angles = pos.float()[:, None] / 10000.0 ** (even / dim)  # (T, ceil(dim / 2))
+    table = torch.empty(pos.numel(), dim, device=pos.device)
+    table[:, 0::2] = angles.sin()
+    table[:, 1::2] = angles.cos()[:, : dim // 2]
+    return table
+
+
+class RMSNorm(Module):
+    """x / rms(x) * weight (Zhang & Sennrich 2019): LayerNorm without centring, and never a bias
+    (so `bias: true` does not add one here)."""
+
+    weight = param()
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    xf = x.float()  # the mean of squares in float32, as LayerNorm does under autocast
+    xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return xf.type_as(x) * weight
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.norm == "rmsnorm":
+        return RMSNorm(cfg.n_embd)
+    return LayerNorm(cfg.n_embd, bias=cfg.bias)
+
+
+class MLP(Module):
+    """proj(act(fc(x))) for gelu and relu; for swiglu (Shazeer 2020) proj(silu(gate(x)) * up(x)),
+    with gate and up fused into `fc` (C -> 2F) so it is one matmul."""
+
+    fc, proj = child(), child()
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        hidden = cfg.ff_width
+        self.activation = cfg.activation
+        self.fc = Linear(cfg.n_embd, 2 * hidden if cfg.activation == "swiglu" else hidden,
+                         bias=cfg.bias)
+        self.proj = Linear(hidden, cfg.n_embd, bias=cfg.bias)
+        self.dropout = cfg.dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = activate(self.fc(x), self.activation)  # fc: (B, T, F), or (B, T, 2F) for swiglu
+        return maybe_dropout(self.proj(h), self.dropout, self.training)
+
+
+def activate(h: torch.Tensor, kind: str) -> torch.Tensor:
+    """The MLP's nonlinearity on fc's output: (B, T, F) -> (B, T, F); swiglu (B, T, 2F) ->
+    (B, T, F)."""
+    if kind == "swiglu":
+        gate, up = h.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    return F.relu(h) if kind == "relu" else gelu(h)
+
+
+ONEDNN_GELU_FROM = 8192  # values: oneDNN is the faster GELU from there (see `gelu`)
+
+
+def gelu(h: torch.Tensor) -> torch.Tensor:
+    """F.gelu (the exact, erf form). On the CPU, F.gelu hands float32 (and bf16 where the CPU
+    has it) to oneDNN, whose fixed cost is about 20 us a call: a decode step's 1,536 values
+    took 25 us there against 9 us in PyTorch's own kernel on the EPYC (60 against 16 us inside
+    a decode step, about 0.3 ms a token over 6 layers), and oneDNN wins only from about 8,192
+    values. So fewer values than that go to PyTorch's kernel, by switching oneDNN off around
+    this one call; the two differ by about 1e-7. The switch is process-wide for that moment,
+    so an op of another thread then would also skip oneDNN (which changes its speed, and its
+    result only within rounding)."""
+    if (h.numel() >= ONEDNN_GELU_FROM or not h.is_cpu
+            or not torch.backends.mkldnn.enabled or torch.compiler.is_compiling()):
+        return F.gelu(h)
+    torch.backends.mkldnn.enabled = False
+    try:
+        return F.gelu(h)
+    finally:
+        torch.backends.mkldnn.enabled = True
+
+
+class Block(Module):
+    """A transformer block. Pre-norm (GPT-2): x + attn(ln_1(x)), then x + mlp(ln_2(x)).
+    Post-norm (Vaswani et al.): ln_1(x + attn(x)), then ln_2(x + mlp(x)).
+
+    causal=False makes the encoder's block (every source position sees the whole source);
+    cross=True adds the decoder's cross-attention sublayer between the two, in the same
+    residual form: x + cross_attn(ln_cross(x)), or ln_cross(x + cross_attn(x)).
+    """
+
+    ln_1, attn, ln_2, mlp = child(), child(), child(), child()
+    ln_cross, cross_attn = child(), child()  # with cross=True
+
+    def __init__(self, cfg: ModelConfig, causal: bool = True, cross: bool = False):
+        super().__init__()
+        self.post_norm = cfg.norm_placement == "post"
+        self.ln_1 = make_norm(cfg)
+        self.attn = SelfAttention(cfg, causal)
+        if cross:  # registered here so a decoder block's state_dict reads in the order it runs
+            self.ln_cross = make_norm(cfg)
+            self.cross_attn = CrossAttention(cfg)
+        self.ln_2 = make_norm(cfg)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, cache: KVCache | None, layer: int,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                mask: torch.Tensor | None = None,
+                cross: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+                ) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C), for training, prefill and decode alike. mask: the
+        self-attention's key mask (encoder). cross: (k, v, mask) for `CrossAttention`, a
+        decoder block's view of the source."""
+        if self.post_norm:
+            x = self.ln_1(x + self.attn(x, cache, layer, rope, mask))
+            if cross is not None:
+                x = self.ln_cross(x + self.cross_attn(x, *cross))
+            return self.ln_2(x + self.mlp(x))
+        x = x + self.attn(self.ln_1(x), cache, layer, rope, mask)
+        if cross is not None:
+            x = x + self.cross_attn(self.ln_cross(x), *cross)
+        return x + self.mlp(self.ln_2(x))
+
+
+def embed(wte: nn.Embedding, wpe: nn.Embedding | None, cfg: ModelConfig, idx: torch.Tensor,
+          pos: torch.Tensor) -> torch.Tensor:
+    """Token ids idx (B, T) at positions pos (T,) -> input vectors (B, T, C), by the token
+    table wte and cfg.pos_encoding (wpe: the learned position table, else None)."""
+    tok = wte(idx)  # (B, T, C)
+    scheme = cfg.pos_encoding
+    if scheme == "learned":
+        return tok + wpe(pos)
+    if scheme == "sinusoidal":  # scaled so the tokens are not drowned by the unit-size table
+        table = sinusoidal_table(pos, cfg.n_embd).to(tok.dtype)
+        return tok * math.sqrt(cfg.n_embd) + table
+    return tok  # rope turns q and k inside attention; none has no positions at all
+
+
+def positions(cache: KVCache | None, T: int, block_size: int,
+              device: torch.device) -> torch.Tensor:
+    """The positions (T,) of T new tokens: after those in the cache, else from 0."""
+    if cache is not None and isinstance(cache.pos, torch.Tensor):  # static shapes, T = 1
+        return cache.pos.view(1)  # the caller keeps it below block_size (no host sync here)
+    start = cache.pos if cache is not None else 0
+    if start + T > block_size:
+        raise ValueError(f"sequence of {start + T} positions exceeds block_size {block_size}")
+    return torch.arange(start, start + T, device=device)
+
+
+def init_weights(module: nn.Module) -> None:
+    """GPT-2's init, for `nn.Module.apply`: N(0, 0.02) weights, zero biases."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        normal_(module.weight, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
+def scale_residual_projections(module: nn.Module, depth: int) -> None:
+    """GPT-2's init of the projections that add into the residual stream, N(0, 0.02 /
+    sqrt(depth)) for depth additions, so the stream's variance does not grow with depth."""
+    for name, p in module.named_parameters():
+        if name.endswith("proj.weight"):
+            normal_(p, std=0.02 / math.sqrt(depth))
+
+
+class GPT(Module):
+    wte, wpe, blocks, ln_f, head = child(), child(), child(), child(), child()
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int):
+        super().__init__()
+        self.cfg = cfg
+        self.vocab_size = vocab_size
+        self.wte = Embedding(vocab_size, cfg.n_embd)
+        if cfg.pos_encoding == "learned":  # the only scheme with a position table to train
+            self.wpe = Embedding(cfg.block_size, cfg.n_embd)
+
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        # Post-norm blocks already end in a norm, so there is no final one (as in Vaswani et al.).
+        self.ln_f = nn.Identity() if cfg.norm_placement == "post" else make_norm(cfg)
+        self.head = Linear(cfg.n_embd, vocab_size, bias=False)
+        if cfg.tie_weights:
+            self.head.weight = self.wte.weight
+        self.apply(init_weights)
+        scale_residual_projections(self, 2 * cfg.n_layer)  # an attention and an MLP per block
+
+    def new_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
+        cfg = self.cfg
+        p = self.wte.weight
+        return KVCache(cfg.n_layer, batch_size, cfg.n_head, max_len or cfg.block_size,
+                       cfg.n_embd // cfg.n_head, p.device, attention_dtype(p))
+
+    def embed(self, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Token ids idx (B, T) at positions pos (T,) -> input vectors (B, T, C)."""
+        return embed(self.wte, getattr(self, "wpe", None), self.cfg, idx, pos)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx (B, T) -> logits (B, T, V) and, with targets (B, T), the mean cross-entropy.
+
+        With a cache, the T tokens sit at positions cache.pos .. cache.pos + T - 1, attend to
+        everything cached before them, and the cache position advances by T. A cache position
+        that is a 0-d tensor means static shapes (see `KVCache`): T = 1, advanced in place.
+        """
+        T = idx.size(1)
+        pos = positions(cache, T, self.cfg.block_size, idx.device)
+        x = maybe_dropout(self.embed(idx, pos), self.cfg.dropout, self.training)  # (B, T, C)
+        rope = rope_angles(pos, self.cfg.head_dim) if self.cfg.pos_encoding == "rope" else None
+        for i, block in enumerate(self.blocks):
+            x = block(x, cache, i, rope)
+        if cache is not None:
+            cache.pos += T
+        return logits_and_loss(self, x, targets)
+
+
+def logits_and_loss(model: nn.Module, x: torch.Tensor, targets: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The last hidden states x (B, T, C) through the model's final norm and head -> logits
+    (B, T, V), and with targets (B, T) the mean cross-entropy in float32 over the positions
+    whose target is not -1 (an encoder-decoder's padding; a GPT's targets never are). In
+    training mode the targets are smoothed by model.label_smoothing; in eval mode never, so
+    val losses stay comparable across runs."""
+    logits = model.head(model.ln_f(x))  # (B, T, V)
+    loss = None
+    if targets is not None:
+        smoothing = model.cfg.label_smoothing if model.training else 0.0
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(),
+                               targets.reshape(-1), ignore_index=-1, label_smoothing=smoothing)
+    return logits, loss
+
+
+def param_counts(model: nn.Module, n_layer: int | None = None) -> dict[str, int]:
+    """Parameters per component, each shared (tied) tensor counted once, plus the total.
+
+    `n_layer` (default: the model's) lets a model built with fewer blocks stand for a deeper one:
+    its blocks are all alike, so each block component scales by n_layer / len(model.blocks).
+    An encoder-decoder counts its own components (`EncoderDecoder.component_counts`).
+    """
+    if not isinstance(model, GPT):
+        return model.component_counts(n_layer)
+    groups = {"token_embedding": "wte.", "position_embedding": "wpe.", "attention": ".attn.",
+              "mlp": ".mlp.", "norms": "ln_", "head": "head."}
+    counts = dict.fromkeys(groups, 0)
+    in_blocks = dict.fromkeys(groups, 0)
+    for name, p in model.named_parameters():  # yields a tied tensor once, under wte
+        component = next(c for c, key in groups.items() if key in f".{name}")
+        (in_blocks if name.startswith("blocks.") else counts)[component] += p.numel()
+    built = len(model.blocks)
+    layers = built if n_layer is None else n_layer
+    for component, n in in_blocks.items():
+        counts[component] += n // built * layers
+    counts["total"] = sum(counts.values())
+    return counts
+
+
+def parameter_count(cfg: ModelConfig, vocab_size: int) -> int:
+    """The parameter count of `GPT(cfg, vocab_size)` without building its n_layer blocks: a
+    one-layer model on the meta device (no memory) stands for them, so a mistyped
+    `model.n_layer=1000000000` is counted at once."""
+    with torch.device("meta"):
+        model = GPT(dataclasses.replace(cfg, n_layer=1), vocab_size)
+    return param_counts(model, cfg.n_layer)["total"]

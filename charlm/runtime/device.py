@@ -1,0 +1,71 @@
+"""Devices and numerics: resolve `auto`, pick the AMP dtype, build the autocast context and the
+GradScaler (fp16 only), seed every RNG, and set up DistributedDataParallel under torchrun.
+
+Under torchrun (`WORLD_SIZE`, `RANK`, `LOCAL_RANK` in the environment) `distributed` joins the
+process group (NCCL on CUDA, gloo on the CPU) and hands out a `Dist`: the rank's place in the
+world and the few collectives the training loop needs. Without torchrun it hands out the
+single-process `Dist`, whose collectives do nothing, so one loop serves both.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import torch
+
+from charlm.config.schema import device_error
+from charlm.core.errors import CharlmError
+
+
+def resolve_device(name: str, option: str = "train.device") -> torch.device:
+    """`auto` picks cuda > mps > cpu; an explicit device that is missing is an error, which
+    names `option` (the config key, or `--device` for sample and eval) and how to change it."""
+    unknown = device_error(name)
+    if unknown:
+        raise CharlmError(unknown)
+    has_mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        return torch.device("mps" if has_mps else "cpu")
+    fix = "--set train.device=cpu" if option == "train.device" else f"{option} cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise CharlmError(
+            f"{option} is {name!r} but no CUDA GPU is available to this torch build; "
+            f"use {fix} (or auto), or install a CUDA build of torch"
+        )
+    if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
+        n = torch.cuda.device_count()
+        raise CharlmError(f"{option} is {name!r} but this machine has {n} CUDA "
+                          f"GPU{'s' if n != 1 else ''} (cuda:0 to cuda:{n - 1}); use one of "
+                          f"them, or cuda (the first)")
+    if name == "mps" and not has_mps:
+        raise CharlmError(f"{option} is 'mps' but MPS is not available; use {fix} (or auto)")
+    return torch.device(name)
+
+
+def memory_bytes(device: torch.device) -> int | None:
+    """The device's total memory: the GPU's, or the machine's RAM for the CPU; None for MPS
+    (it shares the machine's memory with everything else)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    if device.type == "cpu":
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return None
+
+
+def require_memory(need: int, device: torch.device, needs: str, advice: str) -> None:
+    """Refuse work whose `need` bytes alone exceed the device's memory, before it is allocated:
+    a mistyped size could take the machine down first. The error reads `{needs}, more than the
+    N GiB of {device}; {advice}`, with the need in GiB where `needs` says `{gib}`."""
+    have = memory_bytes(device)
+    if have is not None and need > have:
+        needs = needs.replace("{gib}", f"{need / 2**30:,.1f} GiB")
+        raise CharlmError(f"{needs}, more than the {have / 2**30:,.1f} GiB of {device.type}; "
+                          f"{advice}")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device

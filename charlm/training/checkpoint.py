@@ -1,0 +1,224 @@
+"""Checkpoints: atomic `save` and safe `load` (`weights_only=True`), with a format version.
+
+A checkpoint holds only tensors and plain containers: model / optimizer / scaler state dicts, the
+train state, RNG states as tensors, the resolved config as a dict and the vocab as a list.
+Training saves and resumes one map of stateful objects (each with `state_dict()` /
+`load_state_dict()`, as in torchtitan's checkpointer) through `collect` and `restore`, so what
+is saved and what is restored cannot drift apart. Each object's state sits under its name at the
+top level: "model", "optimizer", "scaler", "train_state", "sampler", "rng".
+"""
+
+from __future__ import annotations
+
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from charlm.config.schema import RunConfig
+from charlm.core.errors import CharlmError, first_line, one_line
+from charlm.core.files import run_write_error, write_atomic
+from charlm.data.vocab import PairVocab, Vocab
+from charlm.runtime.device import require_memory
+from charlm.training.optimizer import load_state
+from charlm.training.tasks import build_model, check_stored_shapes, vocab_from_state
+
+FORMAT = "charlm-checkpoint"
+
+
+VERSION = 1
+
+
+def save(state: dict[str, Any], path: Path) -> None:
+    """Write `state` to `path` atomically (`charlm.core.files.write_atomic`): `path` is always
+    either the old or the new complete file."""
+    path = Path(path)
+    try:
+        write_atomic(path, lambda f: torch.save({"format": FORMAT, "version": VERSION, **state},
+                                                f))
+    except BaseException as e:
+        # torch's zip writer reports a write that failed (a full disk) as a RuntimeError raised
+        # while handling the OSError, which is the reason to report.
+        error = e.__context__ if isinstance(e, RuntimeError) else e
+        if isinstance(error, OSError):  # a full disk, a vanished or read-only run dir
+            raise run_write_error(f"checkpoint {path}", error, path.parent,
+                                  f"the previous {path.name}, if any, is unchanged; ") from None
+        raise
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> None: ...
+
+
+class OptimizerState:
+    """An optimizer as a checkpoint entry: loading keeps the settings it was made with (a
+    resumed run's config may change the betas and weight decay, see
+    `charlm.training.optimizer.load_state`)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.optimizer = optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        load_state(self.optimizer, state)
+
+
+class ScalerState:
+    """A GradScaler as a checkpoint entry. `{}` was saved without loss scaling (float32, bf16),
+    which a float16 resume (another GPU, or --set train.dtype=float16) starts afresh: torch
+    refuses to load it."""
+
+    def __init__(self, scaler: torch.amp.GradScaler):
+        self.scaler = scaler
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scaler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state != {}:
+            self.scaler.load_state_dict(state)
+
+
+class RNGState:
+    """torch's global RNG states: the CPU's, and on CUDA every GPU's. A resume restores the
+    CUDA states of the GPUs both machines have."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        rng = {"torch": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
+        return rng
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        # from CPU tensors: a CUDA one is "RNG state must be a torch.ByteTensor"
+        torch.set_rng_state(state["torch"])
+        if self.device.type == "cuda" and "cuda" in state:
+            for index, rng in enumerate(state["cuda"][:torch.cuda.device_count()]):
+                torch.cuda.set_rng_state(rng, index)
+
+
+def collect(objects: Mapping[str, Stateful], **extra: Any) -> dict[str, Any]:
+    """The checkpoint of `objects`: each one's state_dict under its name, then `extra` (the
+    config and vocab, which a resume reads but does not load into an object)."""
+    return {**{name: obj.state_dict() for name, obj in objects.items()}, **extra}
+
+
+def restore(state: dict[str, Any], objects: Mapping[str, Stateful], path: Path) -> None:
+    """Load each object's part of the checkpoint `state` (read from `path`); a part that is
+    missing or does not fit is one `damaged` error."""
+    try:
+        check_train_state(state)
+        for name, obj in objects.items():
+            obj.load_state_dict(state[name])
+    except (KeyError, RuntimeError, ValueError, TypeError, AttributeError) as e:
+        raise damaged(path, e) from None
+
+
+def resolve(path: str | Path) -> Path:
+    """A checkpoint file, or the best (else last) checkpoint of a run dir."""
+    path = Path(path)
+    if not path.exists():
+        raise CharlmError(f"no such run dir or checkpoint: {path}")
+    if path.is_dir():
+        for name in ("best.pt", "last.pt"):
+            if (path / name).is_file():
+                return path / name
+        raise CharlmError(f"no checkpoint (best.pt or last.pt) in {path}; train a model first")
+    return path
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """Load a charlm checkpoint onto the CPU without executing any pickled code. (Whoever uses
+    it moves the tensors to their device: torch restores RNG states only from CPU tensors.)"""
+    path = Path(path)
+    if path.exists() and not path.is_file():  # reading a FIFO or /dev/zero would never end
+        raise CharlmError(f"cannot load checkpoint {path}: not a regular file (a directory, "
+                          "FIFO or device); give a .pt file that charlm train wrote")
+    if path.is_file() and not zipfile.is_zipfile(path):  # what torch.save writes is a zip
+        raise CharlmError(f"cannot load checkpoint {path}: not a readable charlm checkpoint "
+                          "(not a complete torch.save file)")
+    if path.is_file():  # read whole into memory: a file larger than it would only swap or die
+        require_memory(path.stat().st_size, torch.device("cpu"), f"checkpoint {path} holds {{gib}}",
+                       "load it on a machine with more memory")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except OSError:
+        raise  # a missing or unreadable file: the CLI names it
+    except Exception as e:  # arbitrary bytes can make the unpickler raise anything
+        if "Weights only load failed" in str(e):  # torch's long advice is not for our users
+            why = "it is not a checkpoint, or it holds pickled code, which charlm never runs"
+        else:
+            why = first_line(e)
+        raise CharlmError(
+            f"cannot load checkpoint {path}: not a readable charlm checkpoint ({why})"
+        ) from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CharlmError(f"{path} is not a charlm checkpoint (it may come from another tool)")
+    if state.get("version") != VERSION:
+        raise CharlmError(
+            f"{path} has checkpoint format version {state.get('version')}, this charlm reads "
+            f"version {VERSION}"
+        )
+    return state
+
+
+def damaged(path: Path, e: BaseException | str) -> CharlmError:
+    """The one-line error for a checkpoint that loads but lacks or garbles a part."""
+    return CharlmError(f"checkpoint {path} is damaged or incomplete: {one_line(e)}")
+
+
+def check_config(state: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint's config dict; ValueError unless it has a `model` section."""
+    cfg = state.get("config")
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("model"), dict):
+        raise ValueError("no config" if cfg is None else "config is not a mapping with a model "
+                         "section")
+    return cfg
+
+
+def check_train_state(state: dict[str, Any]) -> None:
+    """Raise ValueError unless the checkpoint's train state has the numbers charlm reads."""
+    ts = state.get("train_state")
+
+    def count(value: object) -> bool:  # a step or token count: an int >= 0 (a float breaks range)
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    # skipped_steps and bad_streak are later additions: 0 in older checkpoints
+    if (not isinstance(ts, dict) or not isinstance(ts.get("best_val"), (int, float))
+            or not all(count(ts.get(k)) for k in ("step", "tokens"))
+            or not all(count(ts.get(k, 0)) for k in ("skipped_steps", "bad_streak"))):
+        raise ValueError("train_state is missing or malformed")
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu",
+               ) -> tuple[torch.nn.Module, Vocab | PairVocab, RunConfig, dict[str, Any]]:
+    """(model in eval mode, vocab, config, checkpoint state) from a run dir or checkpoint: a
+    GPT with its `Vocab`, or an `EncoderDecoder` with its `PairVocab`."""
+    ckpt_path = resolve(path)
+    state = load(ckpt_path)  # onto the CPU, where the model is built; then moved as a whole
+    try:
+        cfg = RunConfig.from_dict(check_config(state), f"{ckpt_path} config")
+        vocab = vocab_from_state(state["vocab"])
+        check_stored_shapes(cfg, vocab, state["model"])
+        weights = sum(t.numel() * t.element_size() for t in state["model"].values())
+    except (KeyError, RuntimeError, ValueError, TypeError, AttributeError, CharlmError) as e:
+        raise damaged(ckpt_path, e) from None
+    device = torch.device(device)
+    require_memory(weights, device, f"the model in {ckpt_path} needs {{gib}} for its weights",
+                   "load it on a device with more memory (--device)")
+    try:
+        model = build_model(cfg, vocab)
+        model.load_state_dict(state["model"])
+        check_train_state(state)
+    except (KeyError, RuntimeError, ValueError, TypeError, CharlmError) as e:
+        raise damaged(ckpt_path, e) from None
+    return model.to(device).eval(), vocab, cfg, state

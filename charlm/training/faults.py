@@ -1,0 +1,158 @@
+"""Faults a training run survives: stop signals and non-finite steps.
+
+`StopSignals` turns the first SIGINT / SIGTERM into a request the loop honours after its current
+step (it saves `last.pt` and raises `Interrupted`); a second signal aborts at once. `BadSteps`
+counts steps whose update was skipped for a non-finite loss or gradient norm and stops a run that
+keeps producing them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from charlm.core.errors import CharlmError
+
+
+class Interrupted(KeyboardInterrupt):
+    """Training stopped on a signal after saving `last.pt`; the CLI exits with `exit_code`."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum  # the shell convention: 130 for SIGINT, 143 for SIGTERM
+
+
+ABORT_GRACE_S = 2.0  # how long a second signal may wait for the main thread to take it
+
+
+ABORTED = b"aborted: last.pt holds the last completed save\n"
+
+
+class StopSignals:
+    """While active, the first SIGINT / SIGTERM only sets `signum`, so the loop can finish its step
+    and save; a second one raises KeyboardInterrupt at once. The previous handlers come back on
+    exit. Outside the main thread (where Python cannot install handlers) it does nothing.
+    `announce=False` keeps the first signal quiet (the DDP ranks other than 0).
+
+    Python runs a handler only between bytecodes of the main thread, so a signal sent during
+    one long native call (an attention backward over a huge block) waits for it to end. The C
+    handler also writes the signal's number to a wakeup fd, which a thread reads: when the
+    main thread has not taken a second signal within ABORT_GRACE_S, that thread ends the
+    process (exit 128 + signal), as a second Ctrl-C promises.
+    """
+
+    def __init__(self, announce: bool = True) -> None:
+        self.signum: int | None = None
+        self.announce = announce
+        self._previous: dict[int, Any] = {}
+        self._aborting = threading.Event()
+        self._wakeup: tuple[int, int, int] | None = None  # read end, write end, previous fd
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+            read, write = os.pipe()
+            os.set_blocking(write, False)
+            self._wakeup = (read, write, signal.set_wakeup_fd(write, warn_on_full_buffer=False))
+            threading.Thread(target=self._watch, args=(read,), daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            # None: the previous handler was not installed from Python; the default is closest.
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        self._previous.clear()
+        if self._wakeup is not None:
+            read, write, previous = self._wakeup
+            signal.set_wakeup_fd(previous)
+            self._aborting.set()  # the watcher has nothing left to do
+            os.close(write)  # its read ends
+            self._wakeup = None
+
+    def requested(self) -> bool:
+        """Whether a stop signal has come."""
+        return self.signum is not None
+
+    def _watch(self, read: int) -> None:
+        seen = 0
+        try:
+            while data := os.read(read, 64):  # every signal with a Python handler, not ours only
+                stops = [sig for sig in data if sig in (signal.SIGINT, signal.SIGTERM)]
+                seen += len(stops)
+                if stops and seen >= 2 and not self._aborting.wait(ABORT_GRACE_S):
+                    os.write(2, ABORTED)
+                    os._exit(128 + stops[-1])
+        finally:
+            os.close(read)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        # os.write, not print: a handler may run in the middle of another write to stderr.
+        if self.signum is not None:
+            self._aborting.set()
+            os.write(2, ABORTED)
+            raise KeyboardInterrupt
+        self.signum = signum
+        if self.announce:
+            os.write(2, f"\n{signal.Signals(signum).name}: finishing this step and saving "
+                        "last.pt (press Ctrl-C again to abort without saving)\n".encode())
+
+
+class BadSteps:
+    """Counts steps with a non-finite loss or gradient norm, on the device: recording never
+    waits for it, and `check` (called only at log, eval and checkpoint steps) syncs once.
+
+    Its counters are part of the train state a checkpoint saves (`state_dict`), so a streak goes
+    on across a resume. `tripped_at` is the step at which `limit` bad steps in a row were first
+    reached (0: never).
+    """
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.streak = torch.zeros((), dtype=torch.int64, device=device)
+        self.total = torch.zeros((), dtype=torch.int64, device=device)
+        self.tripped_at = torch.zeros((), dtype=torch.int64, device=device)
+        self.reported = 0  # `total` as of the last `check`, on the host
+
+    def state_dict(self) -> dict[str, int]:
+        """The counters as a checkpoint's train state holds them (waits for the device)."""
+        return {"skipped_steps": int(self.total), "bad_streak": int(self.streak)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # absent from checkpoints written before the counters existed: 0
+        self.total.fill_(state.get("skipped_steps", 0))
+        self.streak.fill_(state.get("bad_streak", 0))
+        self.tripped_at.zero_()
+        self.reported = int(state.get("skipped_steps", 0))
+
+    def record(self, ok: torch.Tensor, step: int, limit: int) -> None:
+        bad = (~ok).long()
+        self.streak = (self.streak + 1) * bad
+        self.total += bad
+        # >=: a run resumed with a lower limit than its checkpoint's streak stops at its next
+        # bad step, instead of counting past the limit for good
+        first = (self.streak >= limit) & (self.tripped_at == 0)
+        self.tripped_at = torch.where(first, step, self.tripped_at)
+
+    def check(self, limit: int, last_pt: Path, saved_step: int | None) -> int:
+        """Wait for the device once: how many updates were skipped since the last check, or a
+        CharlmError once `limit` in a row were reached (`saved_step`: the step of the `last_pt`
+        on disk, None if none)."""
+        step = int(self.tripped_at)
+        if step:
+            kept, then = (("no checkpoint was written", "start over with --overwrite")
+                          if saved_step is None else
+                          (f"the last checkpoint {last_pt} (step {saved_step}) is intact",
+                           "resume or start over"))
+            raise CharlmError(
+                f"training stopped: {limit} steps in a row, up to step {step}, had a "
+                f"non-finite loss or gradient norm (their updates were skipped); {kept}; lower "
+                f"optim.lr, raise optim.warmup_iters or check the data, then {then}"
+            )
+        total = int(self.total)
+        new, self.reported = total - self.reported, total
+        return new

@@ -1,0 +1,360 @@
+"""Training: `train(cfg)` and its loop, `train_step` and the schedule `lr_at`.
+
+`charlm.training.run_objects.build_run` builds a run's objects once into a `Run`; a resume then
+loads the map of stateful objects (`Run.stateful`) from `last.pt`, the map every checkpoint saves.
+`step` counts completed optimizer updates, skipped ones included: a step whose loss or gradient
+norm is not finite skips its update. SIGINT / SIGTERM finish the current step, save `last.pt` and
+raise `Interrupted` (see `charlm.training.faults`).
+
+Under torchrun the same loop runs on every rank with DistributedDataParallel (see
+`charlm.runtime.distributed.distributed`): each rank trains on its rows of the global batch that the
+identically seeded sampler draws, so a step sees the batch a single-process run would; rank 0
+alone logs, samples and writes. Every value that decides what the loop does next is the same on
+all ranks: the loss (all-reduced), the gradient norm (of all-reduced gradients), hence `ok`, and
+the stop signal, which one small host-side all-reduce per step agrees on. At log, eval and
+checkpoint steps one more tells the other ranks that rank 0's writes went through, so a rank 0
+that fails there (a full disk) does not leave them to die in a collective.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from charlm.config.loading import save_config
+from charlm.config.schema import OptimConfig, RunConfig
+from charlm.core.durations import format_duration
+from charlm.core.errors import CharlmError
+from charlm.data.batches import BatchSampler, PairBatchSampler
+from charlm.generation.decoding import NonFiniteOutput
+from charlm.runtime.device import resolve_device, seed_everything
+from charlm.runtime.distributed import Dist, distributed, sync_grads
+from charlm.runtime.precision import autocast, resolve_dtype
+from charlm.training import checkpoint
+from charlm.training.budget import StepTimer, plan_steps, too_short
+from charlm.training.faults import Interrupted, StopSignals
+from charlm.training.metrics import MetricsLogger
+from charlm.training.optimizer import step_if
+from charlm.training.run_dir import check_run_dir, run_lock
+from charlm.training.run_objects import (
+    Clock,
+    Run,
+    RunFiles,
+    TrainState,
+    build_run,
+    warn_short_warmup,
+    wrap_model,
+)
+from charlm.training.validation import EvalStopped, evaluate
+
+LN2 = math.log(2)
+
+
+def lr_at(step: int, optim: OptimConfig, max_iters: int) -> float:
+    """Linear warmup over `warmup_iters`, then cosine decay to `min_lr` at `lr_decay_iters`."""
+    decay_iters = optim.lr_decay_iters or max_iters
+    if step < optim.warmup_iters:
+        return optim.lr * (step + 1) / (optim.warmup_iters + 1)
+    if step >= decay_iters:
+        return optim.min_lr
+    ratio = (step - optim.warmup_iters) / max(decay_iters - optim.warmup_iters, 1)
+    return optim.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (optim.lr - optim.min_lr)
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               scaler: torch.amp.GradScaler, sampler: BatchSampler | PairBatchSampler,
+               cfg: RunConfig,
+               device: torch.device, dtype: torch.dtype, dist: Dist = Dist(),
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One optimizer update over `grad_accum` micro-batches, skipped when the loss or the
+    gradient norm is not finite. Returns (mean loss, grad norm, ok) as tensors, so a step that
+    does not log never waits for the device. Under DDP the gradients are all-reduced on the last
+    micro-batch only, and the loss is averaged over ranks (the global batch's)."""
+    accum = cfg.train.grad_accum
+    total = torch.zeros((), device=device)
+    for i in range(accum):
+        batch = sampler.batch()  # (x, y), or pairs' (src, tgt_in, tgt_out)
+        with sync_grads(model, sync=i == accum - 1):
+            with autocast(device, dtype):
+                _, loss = model(*batch)
+            loss = loss / accum
+            scaler.scale(loss).backward()
+        total += loss.detach()
+    dist.mean_(total)
+    scaler.unscale_(optimizer)
+    clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    # The norm is taken after unscaling, so it is non-finite whenever GradScaler (fp16) would
+    # skip the step: `ok` covers its check, and its update() still lowers the scale.
+    ok = torch.isfinite(total) & torch.isfinite(norm)
+    step_if(optimizer, ok)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return total, norm, ok
+
+
+def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
+          progress: bool | None = None) -> TrainState:
+    """Train (or resume) the run described by `cfg` in `cfg.train.out_dir`; under torchrun,
+    this rank's part of a DDP run."""
+    with (distributed(resolve_device(cfg.train.device)) as (dist, device),
+          run_lock(Path(cfg.train.out_dir), dist.is_main)):
+        return _train(cfg, dist, device, resume, overwrite, progress)
+
+
+def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overwrite: bool,
+           progress: bool | None) -> TrainState:
+    clock = Clock(start=time.perf_counter(), before=0.0)
+    tc = cfg.train
+    run_dir = Path(tc.out_dir)
+    dtype = resolve_dtype(tc.dtype, device)
+    if tc.batch_size % dist.world_size:
+        raise CharlmError(
+            f"train.batch_size {tc.batch_size} does not split over {dist.world_size} processes; "
+            "make it a multiple of the number of processes (nproc_per_node x nnodes)"
+        )
+    check_run_dir(run_dir, resume, overwrite)
+    seed_everything(tc.seed)
+    # Every rank loads the same last.pt, onto the CPU: torch sets RNG states only from CPU
+    # tensors, and the model's and the optimizer's load_state_dict move theirs to the device.
+    ckpt = checkpoint.load(run_dir / "last.pt") if resume else None
+    run = build_run(cfg, dist, device, dtype, ckpt)
+    if ckpt is not None:
+        checkpoint.restore(ckpt, run.stateful(), run_dir / "last.pt")
+        if run.state.step > tc.max_iters:  # it would stop at once, with a config not the run's
+            raise CharlmError(
+                f"--resume: train.max_iters={tc.max_iters} is below the step the run has "
+                f"reached ({run.state.step}, {run_dir / 'last.pt'}); give at least "
+                f"{run.state.step}"
+            )
+    wrap_model(run)
+    clock.before = run.state.elapsed_s
+    timer = budget_timer(run)
+    # A fresh run writes nothing (and --overwrite removes nothing) until its first step has run.
+    files = RunFiles(run, overwrite, None if timer else tc.max_iters, run.state.step, progress)
+    stop = StopSignals(announce=dist.is_main)
+    try:
+        if ckpt is not None:
+            files.open()
+        if tc.max_time is not None and timer is None:  # a resumed budget: its steps are fixed
+            files.open().plan(tc.max_iters, clock.start + tc.max_time - clock.before)
+        with stop:
+            final = _loop(run, files, stop, clock, saved_step=run.state.step if resume else None,
+                          timer=timer)
+        if final is not None:
+            with dist.main_first():
+                log_final(run, files.open(), final)
+    finally:
+        files.close()
+    return run.state
+
+
+def _loop(run: Run, files: RunFiles, stop: StopSignals, clock: Clock,
+          saved_step: int | None, timer: StepTimer | None) -> dict[str, float] | None:
+    """Train to max_iters: set lr, train_step, maybe log, maybe evaluate, maybe save. Returns
+    the losses of the latest eval. `files`: opened after the first step, if not before.
+    `saved_step`: the step of the last.pt on disk, if any. `timer`: a time budget's, which
+    fixes max_iters once it has timed enough steps."""
+    cfg, state, dist = run.cfg, run.state, run.dist
+    final: dict[str, float] | None = None
+    run.model.train()
+    clock.t_log = time.perf_counter()
+    max_iters = cfg.train.max_iters if timer is None else math.inf
+    while state.step < max_iters:
+        lr = lr_at(state.step, cfg.optim, max_iters)
+        for group in run.optimizer.param_groups:
+            group["lr"] = lr
+        drawn = run.sampler.tokens
+        loss, norm, ok = train_step(run.step_model, run.optimizer, run.scaler, run.sampler, cfg,
+                                    run.device, run.dtype, dist)
+        state.step += 1
+        state.tokens += run.sampler.tokens - drawn
+        clock.tokens += run.sampler.tokens - drawn
+        state.bad.record(ok, state.step, cfg.train.max_bad_steps)
+        log = open_files(files, clock)  # a fresh run's, once its first step has run
+        log.advance()
+        signum = dist.agree_signal(stop.signum)
+        timed = timer is not None and timer.done(state.step, time.perf_counter(), clock.paused)
+        log_now, eval_now, save_now = due(cfg, state.step, max_iters, signum is not None, timed)
+        if not (log_now or eval_now or save_now):
+            continue  # the only steps that wait for the device are those below
+        report_skipped(run, log, saved_step)
+        event = train_event(run, loss, norm, lr, clock) if log_now else None
+        t_pause = time.perf_counter()  # evals, samples and saves are not training time
+        improved = False
+        if eval_now:
+            try:  # one process checks for a signal between eval batches (ranks cannot)
+                final = evaluate(run.eval_model, run.task, run.device, run.dtype, dist,
+                                 run.eval_group, stop=None if dist.active else stop.requested)
+                state.elapsed_s = clock.elapsed()
+                improved = final["val"] < state.best_val
+                state.best_val = min(state.best_val, final["val"])
+            except EvalStopped:  # save last.pt (below) and stop instead
+                eval_now, save_now, timed, final = False, True, False, None
+                signum = stop.signum
+        # Rank 0 alone writes: should that fail (a full disk), the others hear it and end
+        # quietly, instead of in their next collective with a traceback.
+        t_write = time.perf_counter()
+        with dist.main_first():
+            if dist.is_main:
+                write(run, log, event, final if eval_now else None, lr, improved, save_now, clock,
+                      stop.requested)
+        saved_step = state.step if save_now else saved_step
+        now = time.perf_counter()
+        clock.t_log += now - t_pause  # tokens/s counts training time only
+        clock.paused += now - t_pause
+        if timed:
+            assert timer is not None
+            max_iters = fix_budget(run, log, clock, timer.step_s, eval_s=t_write - t_pause,
+                                   save_s=now - t_write)
+            timer = None
+        if signum is not None and (state.step < max_iters or final is None):  # last.pt saved
+            raise interrupted(run, signum)
+    return final
+
+
+def open_files(files: RunFiles, clock: Clock) -> MetricsLogger:
+    """The run's log, its files opened (and for --overwrite the previous run's removed) at the
+    first call; that time is not training time, for tokens/s."""
+    if files.log is None:
+        t_open = time.perf_counter()
+        files.open()
+        clock.t_log += time.perf_counter() - t_open
+    return files.open()
+
+
+def budget_timer(run: Run) -> StepTimer | None:
+    """The step timer of a run with a time budget whose steps are not fixed yet. A resumed run
+    whose budget fixed them keeps them (and so its schedule): they become max_iters."""
+    tc, state = run.cfg.train, run.state
+    if tc.max_time is None:
+        return None
+    if state.budget_steps is None:
+        return StepTimer(tc.max_time)
+    tc.max_iters = state.budget_steps
+    return None
+
+
+def fix_budget(run: Run, log: MetricsLogger, clock: Clock, step_s: float, eval_s: float,
+               save_s: float) -> int:
+    """Fix max_iters from the step, eval and save times just measured so that the run ends
+    within train.max_time; save it in config.yaml and last.pt. All ranks take the smallest."""
+    tc, state, dist = run.cfg.train, run.state, run.dist
+    spent = clock.elapsed() + save_s / 2  # and the last.pt written again below
+    more = dist.least(plan_steps(tc.max_time - spent, step_s, eval_s, save_s, tc.eval_interval,
+                                 tc.checkpoint_interval or tc.eval_interval))
+    if more < 0:
+        raise too_short(tc.max_time, spent, state.step, step_s, eval_s, save_s)
+    tc.max_iters = state.budget_steps = state.step + more
+    log.plan(tc.max_iters, clock.start + tc.max_time - clock.before)
+    log.message(f"time budget {format_duration(tc.max_time)}: {tc.max_iters} steps "
+                f"({step_s * 1000:.0f} ms a step, {format_duration(eval_s + save_s)} an eval "
+                "with its checkpoints)")
+    warn_short_warmup(run.cfg, dist)
+    with dist.main_first():
+        if dist.is_main:
+            save_config(run.cfg, run.run_dir / "config.yaml")
+            write(run, log, train_event=None, losses=None, lr=0.0, improved=False,
+                  save_last=True, clock=clock)  # last.pt again, now with its fixed steps
+    return tc.max_iters
+
+
+def due(cfg: RunConfig, step: int, max_iters: float, stopping: bool,
+        timed: bool = False) -> tuple[bool, bool, bool]:
+    """Whether step `step` (just done) logs, evaluates and saves last.pt. The last step does all
+    three, as does the step a time budget's timer ends on; a stop signal saves."""
+    tc = cfg.train
+    last = step == max_iters or timed
+    save_interval = tc.checkpoint_interval or tc.eval_interval  # null: last.pt at every eval
+    return (step % tc.log_interval == 0 or last, step % tc.eval_interval == 0 or last,
+            step % save_interval == 0 or last or stopping)
+
+
+def interrupted(run: Run, signum: int) -> Interrupted:
+    """The stop after a signal, once last.pt is saved (under torchrun main_first waited)."""
+    return Interrupted(
+        f"interrupted by {signal.Signals(signum).name} at step {run.state.step}: saved "
+        f"{run.run_dir / 'last.pt'}; continue with "
+        f"`charlm train --out {shlex.quote(str(run.run_dir))} --resume`", signum)
+
+
+def report_skipped(run: Run, log: MetricsLogger, saved_step: int | None) -> None:
+    """Wait for the device's bad-step counters; say how many updates were skipped since the
+    last report, or stop the run after max_bad_steps in a row."""
+    bad = run.state.bad
+    new = bad.check(run.cfg.train.max_bad_steps, run.run_dir / "last.pt", saved_step)
+    if new:
+        log.message(f"step {run.state.step}: skipped {new} update(s) with a non-finite loss or "
+                    f"gradient norm ({bad.reported} so far)")
+
+
+def train_event(run: Run, loss: torch.Tensor, norm: torch.Tensor, lr: float,
+                clock: Clock) -> dict[str, Any]:
+    """The `train` event of a log step; restarts the tokens/s count."""
+    state, now = run.state, time.perf_counter()
+    state.elapsed_s = clock.elapsed(now)
+    event = dict(step=state.step, elapsed_s=round(state.elapsed_s, 3), tokens=state.tokens,
+                 lr=lr, train_loss=loss.item(), grad_norm=norm.item(),
+                 skipped_steps=state.bad.reported,
+                 tokens_per_s=clock.tokens / (now - clock.t_log))
+    clock.t_log, clock.tokens = now, 0
+    return event
+
+
+def write(run: Run, log: MetricsLogger, train_event: dict[str, Any] | None,
+          losses: dict[str, float] | None, lr: float, improved: bool, save_last: bool,
+          clock: Clock, stop: Callable[[], bool] | None = None) -> None:
+    """Rank 0's part of a log, eval or checkpoint step: the log events, the eval's line and
+    sample (cut short once stop() says so), then best.pt and last.pt."""
+    if train_event is not None:
+        log.log("train", **train_event)
+    if losses is not None:
+        log_eval(run, log, losses, lr, improved, stop)
+    if save_last or improved:
+        run.state.elapsed_s = clock.elapsed()
+        ckpt = checkpoint.collect(run.stateful(), config=run.cfg.to_dict(),
+                                  vocab=run.task.vocab_state())
+        # best.pt first: a last.pt on disk never counts a best val whose best.pt a crash kept
+        # from being written (a resume from the older last.pt evaluates that step again).
+        if improved:
+            checkpoint.save(ckpt, run.run_dir / "best.pt")
+        if save_last:
+            checkpoint.save(ckpt, run.run_dir / "last.pt")
+
+
+def log_eval(run: Run, log: MetricsLogger, losses: dict[str, float], lr: float,
+             improved: bool, stop: Callable[[], bool] | None = None) -> None:
+    """An eval's event, its line for the user and, if asked, a sample of the model: cut short
+    once stop() says so, for a stop signal to end the run within seconds (the loop saves
+    last.pt at the next step, as after any signal)."""
+    state = run.state
+    try:
+        metrics, note, sample = run.task.eval_report(run.model, stop)
+    except NonFiniteOutput:  # max_bad_steps decides whether the run stops
+        metrics, note, sample = {}, "", None
+        log.message(f"step {state.step}: no sample, the model's outputs are not finite")
+    log.log("eval", step=state.step, elapsed_s=round(state.elapsed_s, 3), tokens=state.tokens,
+            lr=lr, train_loss=losses["train"], val_loss=losses["val"],
+            val_bpc=losses["val"] / LN2, best_val_loss=state.best_val, **metrics)
+    log.message(f"step {state.step}: train {losses['train']:.4f}, val {losses['val']:.4f} "
+                f"({losses['val'] / LN2:.3f} bpc){note}, {state.elapsed_s:.1f}s"
+                + (" *best" if improved else ""))
+    if sample is not None:
+        log.sample(sample, state.step)
+
+
+def log_final(run: Run, log: MetricsLogger, final: dict[str, float]) -> None:
+    """The run's hyperparameters with its final metrics (TensorBoard's HParams tab)."""
+    log.hparams(run.cfg.to_dict(), {
+        "hparams/best_val_loss": run.state.best_val,
+        "hparams/final_val_loss": final["val"],
+        "hparams/final_val_bpc": final["val"] / LN2,
+        "hparams/final_train_loss": final["train"],
+    }, run.state.step)

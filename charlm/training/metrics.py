@@ -1,0 +1,147 @@
+"""One logger for a training run that fans each event out to `metrics.jsonl`, TensorBoard and
+the tqdm progress bar: scalars at log and eval steps, a text sample at each eval, and the run's
+hyperparameters with its final metrics at the end. Only one process of a run logs: the others
+(the DDP ranks other than 0) hold a disabled logger."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from charlm.core.durations import format_duration
+from charlm.core.files import run_write_error, write_text_atomic
+from charlm.evaluation.scoring import finite_or_none
+
+# metrics.jsonl key -> TensorBoard tag, per event kind.
+TB_TAGS = {
+    "train": {"train_loss": "train/loss", "lr": "lr", "grad_norm": "grad_norm",
+              "tokens_per_s": "tokens_per_s", "skipped_steps": "train/skipped_steps"},
+    "eval": {"val_loss": "val/loss", "val_bpc": "val/bpc", "train_loss": "train/eval_loss",
+             "val_exact_match": "val/exact_match", "val_cer": "val/cer"},  # the last two: pairs
+}
+
+
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"train": {"lr": 1}} -> {"train.lr": 1}; values TensorBoard's hparams cannot hold (None,
+    lists) become their text."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = (value if isinstance(value, bool | int | float | str)
+                                  else str(value))
+    return flat
+
+
+def cut_back(path: Path, step: int) -> None:
+    """Drop the events of metrics.jsonl past `step`, and any line a crash left half-written:
+    after a crash the run resumes from the checkpoint of `step` and logs those steps again.
+    Rewritten through a temporary file, so the log is never left half-cut."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(event, dict) or event.get("step", 0) <= step:
+            kept.append(line + "\n")
+    write_text_atomic(path, "".join(kept))
+
+
+def wait_to_sort_last(tb_dir: Path) -> None:
+    """Wait, if need be, until a new TensorBoard event file's name sorts after every one in
+    tb_dir. TensorBoard reads a run's files in name order, and a resume's `purge_step` drops
+    only the events read before it. A name starts with its creation second, then the host,
+    the pid and a per-process counter, compared as text (so pid 10000 sorts before 9999): a
+    file of the same second may sort either way. So this waits for the next second when a file
+    has the current one. A stamp more than a second ahead is a clock set back: no wait."""
+    stamps = [int(part) for p in tb_dir.glob("events.out.tfevents.*")
+              if (part := p.name.split(".")[3]).isdigit()]
+    wait = max(stamps, default=0) + 1 - time.time()
+    if 0 < wait <= 2:
+        time.sleep(wait)
+
+
+class MetricsLogger:
+    def __init__(self, run_dir: Path, total_steps: int | None, initial_step: int = 0,
+                 progress: bool | None = None, enabled: bool = True):
+        self.enabled = enabled
+        if not enabled:
+            return
+        from torch.utils.tensorboard import SummaryWriter  # slow import, only when training
+
+        if initial_step:  # a resume: forget what was logged after the checkpoint it starts from
+            cut_back(run_dir / "metrics.jsonl", initial_step)
+        self.jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+        self.tb_dir = run_dir / "tb"
+        if initial_step:
+            wait_to_sort_last(self.tb_dir)
+        self.tb = SummaryWriter(str(self.tb_dir), purge_step=initial_step + 1 if initial_step
+                                else None)
+        # progress=None: a bar only when stderr is a terminal.
+        self.bar = tqdm(total=total_steps, initial=initial_step, desc="train", unit="step",
+                        dynamic_ncols=True, disable=None if progress is None else not progress)
+        self.deadline: float | None = None  # a time budget's end, time.perf_counter() based
+
+    def plan(self, total_steps: int, deadline: float) -> None:
+        """A time budget's steps (once fixed) and end, for the progress bar."""
+        if self.enabled:
+            self.bar.total, self.deadline = total_steps, deadline
+            self.bar.refresh()
+
+    def log(self, kind: str, **values: Any) -> None:
+        """Record one event: a line of metrics.jsonl and its scalars in TensorBoard."""
+        if not self.enabled:
+            return
+        event = {"event": kind, **{k: finite_or_none(v) for k, v in values.items()}}
+        try:
+            self.jsonl.write(json.dumps(event, allow_nan=False) + "\n")
+            self.jsonl.flush()
+        except OSError as e:  # a full disk: say which file, and that the run can go on later
+            raise run_write_error(self.jsonl.name, e, Path(self.jsonl.name).parent) from None
+        for key, tag in TB_TAGS.get(kind, {}).items():
+            if values.get(key) is not None:
+                self.tb.add_scalar(tag, values[key], values["step"])
+        if kind == "train":
+            left = {} if self.deadline is None else {
+                "left": format_duration(self.deadline - time.perf_counter())}
+            self.bar.set_postfix(loss=f"{values['train_loss']:.4f}", lr=f"{values['lr']:.2e}",
+                                 tok_s=f"{values['tokens_per_s']:.0f}", **left, refresh=False)
+
+    def sample(self, text: str, step: int) -> None:
+        """A generated sample, as TensorBoard text under `sample`. Indented four spaces, the
+        markdown of a code block, so its line breaks and spaces show as generated."""
+        if self.enabled:
+            self.tb.add_text("sample", "".join(f"    {line}\n" for line in text.split("\n")),
+                             step)
+
+    def hparams(self, config: dict[str, Any], metrics: dict[str, float], step: int) -> None:
+        """The run's flattened config with its final metrics, for TensorBoard's HParams tab.
+        run_name "." keeps them in this run's own directory, not a timestamped sub-run."""
+        if self.enabled:
+            self.tb.add_hparams(flatten(config), metrics, run_name=".", global_step=step)
+
+    def message(self, text: str) -> None:
+        """A line for the user that does not break the progress bar."""
+        if self.enabled:
+            self.bar.write(text, file=sys.stdout)
+
+    def advance(self, n: int = 1) -> None:
+        if self.enabled:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.enabled:
+            self.bar.close()
+            self.tb.close()
+            with contextlib.suppress(OSError):  # a failed write was reported when it failed
+                self.jsonl.close()

@@ -1,0 +1,292 @@
+"""A training run's objects: `TrainState`, the `Run` that `build_run` makes once (data, sampler,
+model and its compiled / DDP wrappers, optimizer, scaler, state), the run's `Clock`, and its
+files (`RunFiles`), opened once the run has started.
+
+Fresh and resumed runs build the same objects; a resume then loads the map of stateful objects
+(`Run.stateful`) from `last.pt`, the map every checkpoint saves. The loop is
+`charlm.training.loop`'s. """
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from charlm.config.schema import DataConfig, RunConfig
+from charlm.core.errors import CharlmError
+from charlm.data.batches import BatchSampler, PairBatchSampler
+from charlm.data.text import dataset_meta
+from charlm.model import footprint as memory
+from charlm.runtime.device import require_memory
+from charlm.runtime.distributed import Dist
+from charlm.runtime.precision import compile_model, grad_scaler
+from charlm.training.checkpoint import OptimizerState, RNGState, ScalerState, Stateful
+from charlm.training.faults import BadSteps
+from charlm.training.metrics import MetricsLogger
+from charlm.training.optimizer import make_optimizer
+from charlm.training.run_dir import clear_run, start_run
+from charlm.training.tasks import PairsTask, Task, task_for
+from charlm.training.validation import eval_batches_per_forward
+
+
+@dataclass
+class TrainState:
+    """What a run has done so far; saved in every checkpoint as "train_state"."""
+
+    step: int = 0  # training steps done, skipped updates included (the schedule moves on)
+    best_val: float = math.inf
+    tokens: int = 0  # training tokens consumed
+    elapsed_s: float = 0.0  # wall time spent in train(), summed over resumes
+    budget_steps: int | None = None  # the max_iters a time budget fixed (None: not yet, or none)
+    # the skipped-step counters, kept on the device so that counting never waits for it
+    bad: BadSteps = field(default_factory=BadSteps, repr=False, compare=False)
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps whose update was skipped for a non-finite loss or grad norm (waits for the
+        device)."""
+        return int(self.bad.total)
+
+    @property
+    def bad_streak(self) -> int:
+        """Of those, how many in a row ended at `step` (max_bad_steps stops a run)."""
+        return int(self.bad.streak)
+
+    def state_dict(self) -> dict[str, Any]:
+        budget = {} if self.budget_steps is None else {"budget_steps": self.budget_steps}
+        return {"step": self.step, "best_val": self.best_val, "tokens": self.tokens,
+                "elapsed_s": self.elapsed_s, **budget, **self.bad.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        fresh = TrainState()  # a field added later takes its default
+        for name in ("step", "best_val", "tokens", "elapsed_s", "budget_steps"):
+            setattr(self, name, state.get(name, getattr(fresh, name)))
+        self.bad.load_state_dict(state)
+
+
+def require_model_memory(task: Task, device: torch.device) -> None:
+    """Refuse a model whose float32 weights, gradients and two AdamW moments (16 bytes a
+    parameter, before any activation) alone exceed the device's memory: it could never train."""
+    params = task.parameter_count()
+    require_memory(16 * params, device,
+                   f"the model has {params:,} parameters, whose weights, gradients and AdamW "
+                   "state need {gib}", "make model.n_layer or model.n_embd smaller")
+
+
+def require_batch_memory(task: Task, device: torch.device, dtype: torch.dtype, rows: int) -> None:
+    """Refuse a micro-batch of `rows` whose activations (kept for the backward), with the
+    model's training state, exceed the device's memory, before the first step allocates them.
+    An eval forward of the same rows keeps no activations: this covers it too."""
+    m = task.cfg.model
+    vocab = task.vocab.target_size if m.arch == "encoder_decoder" else len(task.vocab)
+    need = memory.training_bytes(m, vocab, rows, dtype, device) + 16 * task.parameter_count()
+    require_memory(need, device,
+                   f"a batch of {rows:,} x {m.block_size} needs about {{gib}} for its "
+                   "activations in training (with the model's weights, gradients and AdamW "
+                   "state)", "lower train.batch_size (raising train.grad_accum keeps the tokens "
+                   "per step) or model.block_size")
+
+
+@dataclass
+class Run:
+    """A run's objects, built once by `build_run` (the wrappers by `wrap_model`)."""
+
+    cfg: RunConfig
+    dist: Dist
+    device: torch.device
+    dtype: torch.dtype
+    task: Task  # the data and what goes with it (text for a GPT, pairs for an encoder-decoder)
+    sampler: BatchSampler | PairBatchSampler
+    model: torch.nn.Module  # unwrapped and uncompiled: what checkpoints save and previews use
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    state: TrainState
+    step_model: torch.nn.Module  # what train_step calls: `model`, compiled and / or in DDP
+    eval_model: torch.nn.Module  # what evaluate calls
+    eval_group: int = 1  # eval batches per forward
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.cfg.train.out_dir)
+
+    def stateful(self) -> dict[str, Stateful]:
+        """Everything a checkpoint saves and a resume loads, under its name in the file."""
+        return {"model": self.model, "optimizer": OptimizerState(self.optimizer),
+                "scaler": ScalerState(self.scaler), "train_state": self.state,
+                "sampler": self.sampler, "rng": RNGState(self.device)}
+
+
+@dataclass
+class Clock:
+    """The run's wall time in train(), summed over resumes, and the training time since the
+    last log line (for tokens/s: evals, samples and saves are paused out of it)."""
+
+    start: float  # time.perf_counter() when train() began
+    before: float  # elapsed_s of the checkpoint resumed from
+    t_log: float = 0.0
+    tokens: int = 0  # training tokens since the last log line
+    paused: float = 0.0  # seconds of evals, samples and saves in this process
+
+    def elapsed(self, now: float | None = None) -> float:
+        return self.before + (time.perf_counter() if now is None else now) - self.start
+
+
+@dataclass
+class RunFiles:
+    """A run's config.yaml and log (metrics.jsonl, tb/), opened by the first `open`: a resume's
+    at once, a fresh run's once its first step has run. A run that cannot start (a batch too big
+    for memory, bad data, an error or Ctrl-C before that step) so writes nothing, and
+    `--overwrite` removes the previous run's files only then. Rank 0 writes; the other ranks'
+    log is disabled."""
+
+    run: Run
+    overwrite: bool  # a fresh run over a previous one: clear it when opening
+    total_steps: int | None  # for the progress bar (None: a time budget's, not known yet)
+    start_step: int  # the step the run starts from (0, or the resumed checkpoint's)
+    progress: bool | None = None
+    log: MetricsLogger | None = None
+
+    def open(self) -> MetricsLogger:
+        """The run's log, its files opened at the first call (on every rank at the same step:
+        rank 0 tells the others whether its writes went through)."""
+        if self.log is not None:
+            return self.log
+        run, dist = self.run, self.run.dist
+        with dist.main_first():
+            if dist.is_main:
+                if self.overwrite:
+                    clear_run(run.run_dir)
+                start_run(run.run_dir, run.cfg)
+            self.log = MetricsLogger(run.run_dir, self.total_steps, self.start_step,
+                                     self.progress, enabled=dist.is_main)
+        self.log.message(precision_line(run))
+        return self.log
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+
+
+def precision_line(run: Run) -> str:
+    """What the run computes in, said once as it starts: `train.dtype: auto` differs from one
+    machine to the next (bf16 on a CPU with AMX or AVX512_BF16, float32 on others)."""
+    setting = run.cfg.train.dtype
+    how = str(run.dtype).removeprefix("torch.")
+    how = how if run.dtype == torch.float32 else f"{how} autocast"
+    return f"training on {run.device} in {how} (train.dtype: {setting})"
+
+
+def require_same_vocab(ckpt: dict[str, Any] | None, data_path: str, vocab: Any) -> None:
+    """`vocab`: the data's vocabulary as a checkpoint stores it."""
+    if ckpt is not None and ckpt.get("vocab") != vocab:
+        raise CharlmError(
+            f"--resume: the vocabulary of {data_path} differs from the run's checkpoint; "
+            "resume with the data the run was started on"
+        )
+
+
+def warn_about_config(cfg: RunConfig, task: Task, dist: Dist) -> None:
+    """Warn (rank 0) about settings that do not do what they seem to."""
+    prepared_with = task.data.meta.get("val_fraction")
+    set_by_user = cfg.data.val_fraction != DataConfig.val_fraction  # the default says nothing
+    if (Path(cfg.data.path).is_dir() and set_by_user and prepared_with != cfg.data.val_fraction
+            and dist.is_main):
+        print(f"warning: data.val_fraction={cfg.data.val_fraction} does not apply to the "
+              f"prepared dataset {cfg.data.path}, whose split was made with --val-fraction "
+              f"{prepared_with}; run `charlm prepare` again to change it", file=sys.stderr)
+    if cfg.train.max_time is None:  # a budget's steps are known later: it warns then
+        warn_short_warmup(cfg, dist)
+
+
+def source_hashes(meta: dict[str, Any]) -> list[Any] | None:
+    """The sha256 of each text a dataset's meta.json says it was made from (None if damaged)."""
+    sources = meta.get("sources")
+    if not isinstance(sources, list) or not all(isinstance(s, dict) for s in sources):
+        return None
+    return [s.get("sha256") for s in sources]
+
+
+def warn_about_split(ckpt: dict[str, Any] | None, cfg: RunConfig, task: Task,
+                     before: dict[str, Any] | None, dist: Dist) -> None:
+    """Warn (rank 0) when a resumed run's validation split may not be the one its best val loss
+    was measured on: a split fraction differs from the checkpoint's config, or the text from the
+    one the run's dataset cache (`before`: its meta.json before this resume) was made from. The
+    best val loss and best.pt stay: only an eval whose val loss is below it replaces them."""
+    # read with care: the checkpoint is checked only when it is restored, after this
+    state, config = (ckpt.get("train_state"), ckpt.get("config")) if ckpt else (None, None)
+    best = state.get("best_val") if isinstance(state, dict) else None
+    if (not dist.is_main or not isinstance(best, (int, float)) or not math.isfinite(best)
+            or not isinstance(config, dict) or Path(cfg.data.path).is_dir()):
+        return  # nothing to compare with yet; a prepared dataset dir has its split fixed
+    saved = config.get("data") if isinstance(config.get("data"), dict) else {}
+    keys = ("val_fraction", "test_fraction") if isinstance(task, PairsTask) else ("val_fraction",)
+    reasons = [f"data.{key} {saved.get(key, getattr(DataConfig, key))} -> "
+               f"{getattr(cfg.data, key)}" for key in keys
+               if saved.get(key, getattr(DataConfig, key)) != getattr(cfg.data, key)]
+    certain = bool(reasons)
+    old = source_hashes(before) if before is not None else None
+    if old is not None and old != source_hashes(task.data.meta):
+        reasons.append(f"{cfg.data.path} is not the text the run's dataset cache was made from")
+    if reasons:
+        print(f"warning: --resume: the validation split {'' if certain else 'may have '}changed "
+              f"({'; '.join(reasons)}): val losses from here on "
+              f"{'are not' if certain else 'may not be'} comparable with the run's best "
+              f"{best:.4f} so far, and best.pt is replaced only by an eval whose val loss is "
+              "below it", file=sys.stderr)
+
+
+def warn_short_warmup(cfg: RunConfig, dist: Dist) -> None:
+    tc = cfg.train
+    if cfg.optim.warmup_iters >= tc.max_iters and dist.is_main:  # a short trial run, often
+        print(f"warning: optim.warmup_iters={cfg.optim.warmup_iters} is not below "
+              f"train.max_iters={tc.max_iters}: the learning rate never reaches optim.lr="
+              f"{cfg.optim.lr:g}; lower optim.warmup_iters to train at full rate", file=sys.stderr)
+
+
+def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dtype,
+              ckpt: dict[str, Any] | None) -> Run:
+    """Build a run's objects, the same for a fresh and a resumed run (`ckpt`, whose state is
+    loaded afterwards, is only checked against the data's vocabulary)."""
+    tc = cfg.train
+    same_vocab = functools.partial(require_same_vocab, ckpt, cfg.data.path)
+    cache = Path(tc.out_dir) / "dataset"
+    before = dataset_meta(cache) if ckpt is not None and dist.is_main else None
+    if ckpt is not None and not Path(cfg.data.path).exists() and (cache / "meta.json").is_file():
+        raise CharlmError(f"--resume: input file not found: {cfg.data.path} (data.path), but the "
+                          f"run's prepared copy is in {cache}; resume with --data {cache}")
+    with dist.main_first():  # rank 0 prepares the dataset cache; the others then reuse it
+        task = task_for(cfg, cache, same_vocab)
+    same_vocab(task.vocab_state())  # also for a prepared dataset dir, or a reused cache
+    warn_about_config(cfg, task, dist)
+    warn_about_split(ckpt, cfg, task, before, dist)
+    sampler = task.sampler("train", tc.seed, device, rows=dist.rows(tc.batch_size))
+    require_model_memory(task, device)
+    require_batch_memory(task, device, dtype, len(range(sampler.batch_size)[sampler.rows]))
+    model = task.new_model().to(device)
+    return Run(cfg, dist, device, dtype, task, sampler, model,
+               optimizer=make_optimizer(model, cfg.optim), scaler=grad_scaler(device, dtype),
+               state=TrainState(bad=BadSteps(device)), step_model=model, eval_model=model)
+
+
+def wrap_model(run: Run) -> None:
+    """Compile the model (if asked) and wrap it in DDP (if distributed) for training; pick the
+    model and batch grouping for evals."""
+    tc, dist = run.cfg.train, run.dist
+    rows = tc.batch_size // dist.world_size  # this rank's micro-batch
+    compiled: torch.nn.Module = run.model
+    if tc.compile:
+        compiled, failure = compile_model(run.model, run.task.example_batch(rows, run.device),
+                                          run.device, run.dtype)
+        if failure and dist.is_main:
+            print(f"warning: torch.compile failed ({failure}); training without compile",
+                  file=sys.stderr)
+    run.step_model = dist.wrap(compiled, run.device)  # `compiled` itself when not distributed
+    run.eval_group = eval_batches_per_forward(run.cfg, run.task, run.device, rows)
+    # Stacked eval batches have a shape the compiled graph was not built for: those run eagerly.
+    run.eval_model = compiled if run.eval_group == 1 else run.model

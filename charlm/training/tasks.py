@@ -1,0 +1,176 @@
+"""What differs between training a GPT on text and an encoder-decoder on pairs: the data, its
+batches, the model, what a checkpoint stores as the vocabulary, and what an eval shows besides
+the loss. `task_for` picks one by `model.arch`; training, evaluation and loading ask it.
+
+Which data a run trains on, without torch, is `charlm.data.text.prepared`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from charlm.config.schema import RunConfig
+from charlm.core.errors import CharlmError
+from charlm.data.batches import BatchSampler, PairBatchSampler
+from charlm.data.dataset import Dataset, require_window
+from charlm.data.pair_dataset import PairDataset, references
+from charlm.data.prepared import prepared_data
+from charlm.data.vocab import PairVocab, Vocab
+from charlm.evaluation.pairs import output_accuracy, rate_name
+from charlm.generation.text import preview
+from charlm.model import encoder_decoder, gpt
+from charlm.model.encoder_decoder import EncoderDecoder
+from charlm.model.gpt import GPT
+
+
+class TextTask:
+    """A decoder-only GPT on a character stream: random windows of block_size + 1."""
+
+    def __init__(self, cfg: RunConfig, data: Dataset):
+        self.cfg, self.data, self.vocab = cfg, data, data.vocab
+        for split in ("train", "val"):
+            require_window(data.split(split), cfg.model.block_size, split, cfg.data.path)
+
+    def vocab_state(self) -> Any:
+        return self.vocab.chars
+
+    def sampler(self, split: str, seed: int, device: torch.device,
+                rows: slice = slice(None)) -> BatchSampler:
+        return BatchSampler(self.data.split(split), self.cfg.model.block_size,
+                            self.cfg.train.batch_size, device, seed, name=split, rows=rows)
+
+    def new_model(self) -> GPT:
+        return GPT(self.cfg.model, len(self.vocab))
+
+    def parameter_count(self) -> int:
+        return gpt.parameter_count(self.cfg.model, len(self.vocab))
+
+    def example_batch(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """Zeros shaped like a training batch (what `compile_model` tries the graph on)."""
+        shape = (rows, self.cfg.model.block_size)
+        return tuple(torch.zeros(shape, dtype=torch.long, device=device) for _ in "xy")
+
+    def eval_report(self, model: torch.nn.Module, stop: Callable[[], bool] | None = None
+                    ) -> tuple[dict[str, float], str, str | None]:
+        """What an eval logs besides the losses: metrics (none), their text for the eval's
+        line, and a sample of train.sample_chars characters (None when 0), cut short once
+        stop() says so."""
+        tc = self.cfg.train
+        return {}, "", (preview(model, self.vocab, tc.sample_chars, tc.seed, stop)
+                        if tc.sample_chars else None)
+
+
+class PairsTask:
+    """An encoder-decoder on (source, target) pairs: length-bucketed padded batches."""
+
+    def __init__(self, cfg: RunConfig, data: PairDataset):
+        self.cfg, self.data, self.vocab = cfg, data, data.vocab
+        block = cfg.model.block_size
+        splits = [data.split(name) for name in ("train", "val", "test")]
+        longest = [max((int(np.diff(o).max()) for o in offsets if len(o) > 1), default=0)
+                   for offsets in ([s.src_offsets for s in splits],
+                                   [s.tgt_offsets for s in splits])]
+        if longest[0] > block or longest[1] + 1 > block:  # a target also takes its begin id
+            raise CharlmError(
+                f"{cfg.data.path} holds sources of up to {longest[0]} characters and targets of "
+                f"up to {longest[1]} units, but model.block_size {block} fits sources of "
+                f"{block} and targets of {block - 1}; raise model.block_size"
+            )
+
+    def vocab_state(self) -> Any:
+        return self.vocab.to_dict()
+
+    def sampler(self, split: str, seed: int, device: torch.device,
+                rows: slice = slice(None)) -> PairBatchSampler:
+        return PairBatchSampler(self.data.split(split), self.vocab, self.cfg.train.batch_size,
+                                device, seed, rows=rows)
+
+    def new_model(self) -> torch.nn.Module:
+        return EncoderDecoder(self.cfg.model, self.vocab.source_size, self.vocab.target_size,
+                              self.vocab.src_pad)
+
+    def parameter_count(self) -> int:
+        return encoder_decoder.parameter_count(self.cfg.model, self.vocab.source_size,
+                                               self.vocab.target_size)
+
+    def example_batch(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        T = self.cfg.model.block_size
+        src = torch.zeros((rows, T), dtype=torch.long, device=device)
+        return src, src.clone(), src.clone()
+
+    def eval_report(self, model: torch.nn.Module, stop: Callable[[], bool] | None = None
+                    ) -> tuple[dict[str, float], str, str | None]:
+        """Exact match and CER (PER for space units) of the greedy outputs for the first
+        train.eval_pairs val sources (the same ones at every eval), and a few of those outputs
+        as the sample. `stop` is not asked: the metrics need every output."""
+        n = self.cfg.train.eval_pairs
+        if not n:
+            return {}, "", None
+        refs = references(self.data.val, self.vocab)[:n]
+        was_training = model.training
+        try:
+            acc, hyps = output_accuracy(model, self.vocab, refs)
+        finally:
+            model.train(was_training)
+        shown = "\n".join(f"{s} -> {h}  (ref: {' | '.join(r)})"
+                          for (s, r), h in zip(refs[:5], hyps, strict=False))
+        note = (f", exact match {acc.exact_match:.1%}, {rate_name(self.vocab)} {acc.cer:.2%} "
+                f"({len(refs)} val sources)")
+        return {"val_exact_match": acc.exact_match, "val_cer": acc.cer}, note, shown
+
+
+Task = TextTask | PairsTask
+
+
+def task_for(cfg: RunConfig, cache_dir: Path,
+             check: Callable[[Any], None] | None = None) -> Task:
+    """The run's task over its data (`prepared_data`: a text or .tsv file is prepared into
+    `cache_dir`, reused while unchanged; `check` sees the vocabulary before a cache is rebuilt)."""
+    data = prepared_data(cfg, cache_dir, check)
+    return PairsTask(cfg, data) if isinstance(data, PairDataset) else TextTask(cfg, data)
+
+
+def vocab_from_state(state: Any) -> Vocab | PairVocab:
+    """The vocabulary a checkpoint stores: a list of characters (GPT) or a PairVocab's dict."""
+    if isinstance(state, dict):
+        return PairVocab.from_dict(state)
+    return Vocab(state)
+
+
+def build_model(cfg: RunConfig, vocab: Vocab | PairVocab) -> torch.nn.Module:
+    """An untrained model of the config's architecture for this vocabulary."""
+    if isinstance(vocab, PairVocab) != (cfg.model.arch == "encoder_decoder"):
+        raise ValueError(f"model.arch {cfg.model.arch} does not match the stored vocabulary")
+    if isinstance(vocab, PairVocab):
+        return EncoderDecoder(cfg.model, vocab.source_size, vocab.target_size, vocab.src_pad)
+
+    return GPT(cfg.model, len(vocab))
+
+
+def check_stored_shapes(cfg: RunConfig, vocab: Vocab | PairVocab,
+                        stored: Mapping[str, torch.Tensor]) -> None:
+    """Raise ValueError unless the config's model has the stored tensors' shapes, checked
+    before the model is built: the block counts against the stored names first, then every
+    shape on the meta device (no memory). A config that claims a million layers or a width the
+    weights do not have is refused before a byte is allocated for it."""
+
+    m = cfg.model
+    stacks = {"model.n_layer": ("blocks", m.n_layer)}
+    if m.arch == "encoder_decoder":
+        stacks["model.n_encoder_layer"] = ("encoder", m.encoder_layers)
+    for key, (stack, layers) in stacks.items():
+        found = {int(x[1]) for name in stored if (x := re.match(rf"{stack}\.(\d+)\.", name))}
+        if found != set(range(layers)):
+            raise ValueError(f"{key}={layers} but the weights hold {len(found)} {stack}")
+    with torch.device("meta"):
+        model = build_model(cfg, vocab)
+    for name, tensor in model.state_dict().items():
+        if name in stored and tuple(stored[name].shape) != tuple(tensor.shape):
+            raise ValueError(f"{name} has shape {tuple(stored[name].shape)} in the weights but "
+                             f"{tuple(tensor.shape)} in the config")

@@ -1,0 +1,73 @@
+"""Evaluation during training: `evaluate` (the mean loss of each split over fixed windows) and
+how many eval batches to score in one forward (`eval_batches_per_forward`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from charlm.config.schema import RunConfig
+from charlm.model.footprint import forward_bytes
+from charlm.runtime.distributed import Dist
+from charlm.runtime.precision import autocast
+from charlm.training.tasks import Task, TextTask
+
+
+def eval_batches_per_forward(cfg: RunConfig, task: Task, device: torch.device, rows: int) -> int:
+    """How many of the `eval_iters` batches (of `rows` rows each, this rank's) `evaluate` scores
+    in one forward. 1 on the CPU and MPS, where larger eval batches are no faster, and for pairs,
+    whose batches differ in shape. On CUDA, as many as fit in a quarter of the free memory, so an
+    eval is a few large forwards instead of `eval_iters` small, launch-bound ones (nanoGPT's
+    200)."""
+    if device.type != "cuda" or not isinstance(task, TextTask):
+        return 1
+    free, _ = torch.cuda.mem_get_info(device)
+    return batches_that_fit(free // 4, cfg, len(task.vocab), rows)
+
+
+def batches_that_fit(budget: int, cfg: RunConfig, vocab_size: int, rows: int) -> int:
+    """Batches of `rows` rows whose no-grad forward (`memory.forward_bytes`) fits in `budget`
+    bytes, between 1 and `eval_iters`."""
+    per_batch = forward_bytes(cfg.model, vocab_size, rows)
+    return max(1, min(cfg.train.eval_iters, budget // per_batch))
+
+
+class EvalStopped(Exception):
+    """`evaluate` gave up between batches because `stop()` said so (a stop signal)."""
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, task: Task, device: torch.device, dtype: torch.dtype,
+             dist: Dist = Dist(), batches_per_forward: int = 1,
+             stop: Callable[[], bool] | None = None) -> dict[str, float]:
+    """Mean loss (nats per character, or per target unit for pairs) over `eval_iters` batches
+    of each split.
+
+    The batches come from a generator seeded afresh each time, so every evaluation of a run scores
+    the same windows (comparable across evals) and the training RNG is left alone. Under DDP each
+    rank scores its rows of those batches and the means are averaged over ranks.
+    `batches_per_forward` (see `eval_batches_per_forward`) scores that many batches, stacked, in
+    one forward: the same windows and the same mean, in fewer, larger forwards.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        losses = {}
+        tc = task.cfg.train
+        iters = tc.eval_iters
+        for split in ("train", "val"):
+            sampler = task.sampler(split, tc.seed + 1, device, rows=dist.rows(tc.batch_size))
+            total = torch.zeros((), device=device)
+            for first in range(0, iters, batches_per_forward):
+                if stop is not None and stop():
+                    raise EvalStopped
+                n = min(batches_per_forward, iters - first)
+                batches = zip(*(sampler.batch() for _ in range(n)), strict=True)
+                with autocast(device, dtype):  # the mean of n equal batches
+                    _, loss = model(*(torch.cat(parts) for parts in batches))
+                total += loss * n
+            losses[split] = dist.mean_(total / iters).item()
+        return losses
+    finally:
+        model.train(was_training)

@@ -1,0 +1,135 @@
+"""What `charlm tune` shows and leaves behind: a line per finished trial, the table of trials
+sorted by the objective (also in OUT/trials.txt), OUT/best.yaml (the best trial's full config,
+ready for `charlm train`) and the plots."""
+
+from __future__ import annotations
+
+import math
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+from optuna.trial import TrialState
+
+from charlm.config.loading import save_config
+from charlm.core.durations import format_duration
+from charlm.tune.trial import Outcome
+
+PLOTS = {  # file in OUT -> optuna.visualization.matplotlib function
+    "history.png": "plot_optimization_history",
+    "intermediate.png": "plot_intermediate_values",
+    "importance.png": "plot_param_importances",
+}
+
+
+def shown_params(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in params.items())
+
+
+def trial_line(number: int, outcome: Outcome, params: dict[str, Any]) -> str:
+    """One line for the user when a trial ends."""
+    value = "" if outcome.value is None else f" {outcome.value:.4f}"
+    step = "" if outcome.step is None else f" at step {outcome.step}"
+    why = f" ({outcome.error})" if outcome.error and outcome.state != "complete" else ""
+    return (f"trial {number} {outcome.state}{value}{step}, "
+            f"{format_duration(outcome.seconds)}: {shown_params(params)}{why}")
+
+
+def sort_key(trial: Any, maximize: bool) -> tuple[int, float]:
+    """Complete trials by value, then pruned ones by the value they had, then the rest."""
+    rank = {"COMPLETE": 0, "PRUNED": 1}.get(trial.state.name, 2)
+    value = trial.value if trial.value is not None else (
+        trial.intermediate_values[trial.last_step] if trial.last_step is not None else None)
+    if value is None or not math.isfinite(value):
+        return rank, math.inf
+    return rank, -value if maximize else value
+
+
+def table(study: Any) -> str:
+    """The study's trials sorted by the objective: number, state, value, step, wall time and
+    the searched values."""
+    maximize = study.direction.name == "MAXIMIZE"
+    trials = sorted(study.get_trials(deepcopy=False), key=lambda t: sort_key(t, maximize))
+    rows = [("trial", "state", "value", "step", "time", "values")]
+    for t in trials:
+        state = t.user_attrs.get("state", t.state.name.lower())
+        _, value = sort_key(t, maximize)
+        value = "" if not math.isfinite(value) else f"{abs(value):.4f}"
+        seconds = t.user_attrs.get("seconds")
+        rows.append((str(t.number), state, value, str(t.user_attrs.get("step", "")),
+                     "" if seconds is None else format_duration(seconds),
+                     shown_params(t.params) + (f"  {t.user_attrs['error']}"
+                                               if t.user_attrs.get("error") else "")))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True))
+                     + "  " + r[5] for r in rows)
+
+
+def best_trial(study: Any) -> Any | None:
+
+    if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        return None
+    return study.best_trial
+
+
+def write_best(plan: Any, trial: Any) -> Path:
+    """OUT/best.yaml: the best trial's full config on the study's own data, run dir OUT/best."""
+    base = plan.trial_base(plan.out / "best")
+    base["data"]["path"] = plan.base["data"]["path"]  # the user's data, as they gave it
+    cfg = plan.search.trial_config(base, trial.params, "the best trial's config")
+    path = plan.out / "best.yaml"
+    save_config(cfg, path)
+    return path
+
+
+def write_plots(study: Any, out: Path) -> list[str]:
+    """The optimization history, intermediate values and parameter importances as PNGs; a
+    plot the study cannot give yet (one trial, say) is left out. Returns the files written."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from optuna.visualization import matplotlib as plots
+    except ImportError:
+        return []
+    written = []
+    for name, function in PLOTS.items():
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ax = getattr(plots, function)(study)
+                ax.figure.savefig(out / name, dpi=100, bbox_inches="tight")
+            written.append(name)
+        except Exception:  # too few trials for it, or nothing that varies
+            pass
+        finally:
+            plt.close("all")
+    return written
+
+
+def summarize(tuner: Any, finished: bool) -> int:
+    """Print the table, write trials.txt, best.yaml and the plots; the exit code: 0, 130 when
+    the user stopped the study, 1 when no trial completed."""
+    plan, study = tuner.plan, tuner.study
+    text = table(study)
+    (plan.out / "trials.txt").write_text(text + "\n", encoding="utf-8")
+    print(text)
+    best = best_trial(study)
+    plots = write_plots(study, plan.out)
+    if best is not None:
+        path = write_best(plan, best)
+        print(f"best: trial {best.number}, {plan.search.setting('objective')} {best.value:.4f}: "
+              f"{shown_params(best.params)}\nwrote {path}"
+              + (f", {', '.join(plots)}" if plots else "") + f" in {plan.out}; train it with "
+              f"`charlm train {path}`")
+    if not finished:
+        print(f"stopped: the study is saved; continue it with `charlm tune --out {plan.out} "
+              "--resume`", file=sys.stderr)
+        return 130
+    if best is None:
+        print("no trial completed: see the errors in the table above", file=sys.stderr)
+        return 1
+    return 0

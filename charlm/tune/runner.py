@@ -1,0 +1,265 @@
+"""Running a `charlm tune` study (`charlm.tune.study`): `Tuner` runs its trials, `workers` at a
+time,
+each a child `charlm train` (`charlm.tune.trial`), until the study's budget is spent or the user
+stops it; it counts and asks for trials under a lock, so that workers never start more than asked,
+and queues interrupted trials again to resume them."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import fcntl
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+from tqdm import tqdm
+
+from charlm.config.loading import save_config
+from charlm.config.schema import RunConfig
+from charlm.core.errors import CharlmError, first_line
+from charlm.tune.report import trial_line
+from charlm.tune.space import OBJECTIVES
+from charlm.tune.study import Plan, make_pruner, make_sampler, make_storage
+from charlm.tune.trial import Outcome, Stop, run_trial
+from charlm.tune.workers import DATABASE_LOCKS, alive, cuda_slots, repeated, saved, stop_signals
+
+BY_TOKENS = ("model.block_size", "train.batch_size", "train.grad_accum")  # change tokens a step
+
+
+class Tuner:
+    """Runs a study's trials, `workers` at a time, until its budget is spent or it is stopped."""
+
+    def __init__(self, plan: Plan, workers: int, trials: int, timeout: float | None):
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+        self.plan, self.workers, self.trials, self.timeout = plan, workers, trials, timeout
+        self.key, direction = OBJECTIVES[plan.search.setting("objective")]
+        self.repeats = plan.search.setting("repeats")
+        self.storage = make_storage(plan)
+        seed = plan.search.setting("seed")
+        self.study = optuna.create_study(
+            storage=self.storage, study_name=plan.study_name, direction=direction,
+            pruner=make_pruner(plan.search, plan.base), load_if_exists=True)
+        self.check_joined()
+        done = len(self.study.get_trials(deepcopy=False))
+        self.study.sampler = make_sampler(plan.search, None if seed is None else seed + done,
+                                          workers)
+        self.stop = Stop(threading.Event(), threading.Event())
+        self.start = time.monotonic()
+        self.host = socket.gethostname()
+        self.by_tokens = any(k in plan.search.params for k in BY_TOKENS)
+        self.gpus = cuda_slots(plan.base, workers)
+        self.bar: tqdm | None = None
+        self.error: Exception | None = None  # what stopped a worker
+
+    def check_joined(self) -> None:
+        """A worker joins a study only if it searches the same space from the same config."""
+        config = copy.deepcopy(self.plan.base)  # where each machine keeps its files may differ
+        del config["train"]["out_dir"], config["data"]["path"]
+        mine = {"space": self.plan.search.spec(), "config": config,
+                "objective": self.plan.search.setting("objective"), "repeats": self.repeats}
+        theirs = self.study.user_attrs.get("charlm")
+        if theirs is None:
+            self.study.set_user_attr("charlm", mine)
+        elif theirs != mine:
+            differ = ", ".join(k for k in mine if theirs.get(k) != mine[k])
+            raise CharlmError(f"the study {self.plan.study_name} in the storage has another "
+                              f"{differ}; give the same config and search, or another --study")
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Held while counting trials and asking for one, so that workers on this machine never
+        start more trials than asked (a database study also takes the database's named lock,
+        for workers on other machines)."""
+        with open(self.plan.out / ".tune.lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            engine = getattr(self.storage, "engine", None)
+            sql = DATABASE_LOCKS.get(engine.dialect.name) if engine is not None else None
+            if sql is None:
+                yield
+                return
+            from sqlalchemy import text
+
+            with engine.connect() as conn:
+                conn.execute(text(sql[0]))
+                try:
+                    yield
+                finally:
+                    conn.execute(text(sql[1]))
+
+    def counted(self) -> int:
+        """Trials that count toward --trials: not an interrupted one (it is queued again on
+        --resume), nor a queued one (it runs next)."""
+        return sum(not t.user_attrs.get("interrupted") and t.state != TrialState.WAITING
+                   for t in self.study.get_trials(deepcopy=False))
+
+    def recover(self) -> None:
+        """Before running: a trial left RUNNING by a tuner of this machine that is gone (killed)
+        is interrupted; every interrupted trial is queued again, to resume from its last.pt."""
+        with self.lock():
+            trials = self.study.get_trials(deepcopy=False)
+            for t in trials:
+                if t.state == TrialState.RUNNING and self.orphaned(t):
+                    self.study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
+                    self.study.tell(t.number, state=TrialState.FAIL)
+            trials = self.study.get_trials(deepcopy=False)
+            queued = {t.user_attrs.get("resume_of") for t in trials}
+            for t in trials:
+                if t.user_attrs.get("interrupted") and t.number not in queued:
+                    run_dir = Path(t.user_attrs.get("run_dir", ""))
+                    again = {"resume_of": t.number}
+                    if t.user_attrs.get("host") == self.host and saved(run_dir):
+                        again["run_dir"] = str(run_dir)
+                    self.study.enqueue_trial(t.params, user_attrs=again)
+
+    def orphaned(self, trial: Any) -> bool:
+        """Whether a trial's worker was a tuner on this machine that is gone."""
+        host, _, pid = str(trial.user_attrs.get("worker", "")).rpartition(":")
+        return host == self.host and pid.isdigit() and not alive(int(pid))
+
+    def wait_for_others(self) -> None:
+        """Wait for the trials other workers are running, so that the table and best.yaml
+        cover the whole study."""
+        said = False
+        while not self.stop.requested.is_set():
+            running = [t for t in self.study.get_trials(deepcopy=False,
+                                                        states=(TrialState.RUNNING,))
+                       if not self.orphaned(t)]
+            if not running:
+                return
+            if not said:
+                print(f"waiting for {len(running)} trial(s) of other workers to end (Ctrl-C "
+                      "stops waiting)", file=sys.stderr)
+                said = True
+            self.stop.requested.wait(1.0)
+
+    def next_trial(self) -> Any:
+        """The next trial to run, or None when the budget is spent or the study is stopping."""
+        with self.lock():
+            over = self.timeout is not None and time.monotonic() - self.start > self.timeout
+            if self.stop.requested.is_set() or over or self.counted() >= self.trials:
+                return None
+            trial = self.study.ask()
+            trial.set_user_attr("worker", f"{self.host}:{os.getpid()}")
+            trial.set_user_attr("host", self.host)
+            return trial
+
+    def work(self, slot: int) -> None:
+        """One worker's loop. An error (a database that went away) stops the study: the other
+        workers' trials save and stop, and `run` raises it."""
+        try:
+            while (trial := self.next_trial()) is not None:
+                self.run_one(trial, slot)
+        except Exception as e:
+            self.error = self.error or e
+            self.stop.requested.set()
+
+    def run_one(self, trial: Any, slot: int) -> None:
+        plan = self.plan
+        sampled = {p.key: p.suggest(trial) for p in plan.search.sampled()}
+        resumed = trial.user_attrs.get("run_dir")
+        run_dir = Path(resumed or plan.out.resolve() / f"trial-{trial.number:04d}")
+        trial.set_user_attr("run_dir", str(run_dir))
+        try:
+            cfg = plan.search.trial_config(plan.trial_base(run_dir), sampled,
+                                           f"trial {trial.number}")
+        except CharlmError as e:
+            return self.finish(trial, Outcome("failed", error=f"error: {e}"))
+        runs = [self.command(c, bool(resumed)) for c in repeated(cfg, self.repeats)]
+        last = None if cfg.train.max_time is not None else cfg.train.max_iters  # budget: unknown
+        outcome = run_trial(runs, self.env(slot), self.key, self.reporter(trial, last), self.stop)
+        self.finish(trial, outcome)
+
+    @staticmethod
+    def command(cfg: RunConfig, resumed: bool) -> tuple[list[str], Path]:
+        """The `charlm train` of one run of a trial, and its run dir: a resumed trial's run
+        continues from its last.pt, or starts over if it saved none."""
+        run_dir = Path(cfg.train.out_dir)
+        cmd = [sys.executable, "-m", "charlm", "train"]
+        if resumed and (run_dir / "last.pt").is_file():
+            return [*cmd, "--out", str(run_dir), "--resume"], run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "trial.yaml")
+        return [*cmd, str(run_dir / "trial.yaml"), *(["--overwrite"] if resumed else [])], run_dir
+
+    def reporter(self, trial: Any, last_step: int | None = None) -> Any:
+        """Report each eval's objective at its step (or its tokens seen, in steps of the base
+        config, when the search changes the tokens of a step); True: prune it. The eval at
+        `last_step` (the trial's train.max_iters) is its final one: reported, never pruned, so
+        a trial that has trained to its end is complete."""
+        reported: set[int] = set()
+        train = self.plan.base["train"]
+        tokens_per_eval = (train["batch_size"] * train["grad_accum"]
+                           * self.plan.base["model"]["block_size"] * train["eval_interval"])
+
+        def report(event: dict[str, Any]) -> bool:
+            value = event.get(self.key)
+            at = event.get("step")
+            if self.by_tokens and event.get("tokens") is not None:
+                at = event["tokens"] // tokens_per_eval * train["eval_interval"]
+            if value is None or at is None or at in reported or at <= 0:
+                return False
+            reported.add(at)
+            trial.report(float(value), at)
+            return (last_step is None or event["step"] < last_step) and trial.should_prune()
+
+        return report
+
+    def finish(self, trial: Any, outcome: Outcome) -> None:
+        attrs = {"state": outcome.state, "step": outcome.step,
+                 "seconds": round(outcome.seconds, 1), "error": outcome.error,
+                 "interrupted": outcome.state == "interrupted" or None}
+        for name, value in attrs.items():
+            if value is not None:
+                trial.set_user_attr(name, value)
+        state = {"complete": TrialState.COMPLETE, "pruned": TrialState.PRUNED,
+                 "diverged": TrialState.PRUNED}.get(outcome.state, TrialState.FAIL)
+        self.study.tell(trial, outcome.value if state == TrialState.COMPLETE else None,
+                        state=state)
+        if self.bar is not None:
+
+            self.bar.write(trial_line(trial.number, outcome, trial.params), file=sys.stderr)
+            if outcome.state != "interrupted":
+                self.bar.update()
+
+    def env(self, slot: int) -> dict[str, str]:
+        """A trial's environment: with several workers, its GPU; with several workers or
+        repeats, each run's share of the cores."""
+        env = dict(os.environ)
+        if self.workers > 1 and self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpus[slot]
+        elif self.workers * self.repeats > 1:
+            threads = str(max(1, (os.cpu_count() or 1) // (self.workers * self.repeats)))
+            env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+        return env
+
+    def run(self) -> bool:
+        """Run the workers until done; True unless the user stopped the study."""
+        self.recover()
+        self.bar = tqdm(total=self.trials, initial=min(self.counted(), self.trials), desc="tune",
+                        unit="trial", dynamic_ncols=True, disable=None)
+        threads = [threading.Thread(target=self.work, args=(slot,), daemon=True)
+                   for slot in range(self.workers)]
+        with stop_signals(self.stop):
+            for t in threads:
+                t.start()
+            while any(t.is_alive() for t in threads):
+                for t in threads:
+                    t.join(0.2)
+            if self.error is None:
+                self.wait_for_others()
+        self.bar.close()
+        if isinstance(self.error, CharlmError):
+            raise self.error
+        if self.error is not None:
+            raise CharlmError(f"the study stopped: {first_line(self.error)}; its trials so far are "
+                              f"saved: continue with `charlm tune --out {self.plan.out} --resume` "
+                              "once the cause is fixed") from self.error
+        return not self.stop.requested.is_set()

@@ -1,0 +1,171 @@
+"""What a `charlm tune` study is: its plan (the base config, the search, where the study is
+stored), kept in OUT/tune.yaml, and the Optuna storage, sampler and pruner made from it.
+`charlm.tune.runner` runs it; each trial is a child `charlm train` (`charlm.tune.trial`).
+
+--out holds `tune.yaml` (what the study is: the base config, the search and where the study is
+stored, for --resume), `study.journal` (the default storage), the prepared `dataset/`, one run
+dir per trial (`trial-0007/`), and at the end `best.yaml`, `trials.txt` and the plots.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.storages.journal import JournalFileBackend
+
+from charlm.config.schema import RunConfig
+from charlm.config.values import dump_yaml, read_yaml_file, untext
+from charlm.core.errors import CharlmError, one_line
+from charlm.core.files import make_writable_dir, write_text_atomic
+from charlm.data.prepared import prepared_data
+from charlm.tune.space import Search, add, check_space, lookup
+
+PLAN_FILE, JOURNAL = "tune.yaml", "study.journal"
+
+
+RESUMABLE = ("--trials", "--timeout", "--workers")  # what --resume may change
+
+
+@dataclass
+class Plan:
+    """What a study is, saved in OUT/tune.yaml: the base config (resolved), the search, where
+    the study is stored, and the data its trials train on (prepared once)."""
+
+    out: Path
+    base: dict[str, Any]
+    search: Search
+    storage: str | None
+    study_name: str
+    data: str
+
+    def save(self) -> None:
+        write_text_atomic(self.out / PLAN_FILE, dump_yaml({
+            "config": self.base, "search": {**self.search.spec(), **self.search.settings},
+            "storage": self.storage, "study": self.study_name, "data": self.data}))
+
+    @classmethod
+    def load(cls, out: Path) -> Plan:
+        path = out / PLAN_FILE
+        if not path.is_file():
+            raise CharlmError(f"--resume: {out} holds no study ({PLAN_FILE} is missing); start "
+                              "one with `charlm tune CONFIG --search FILE --out DIR`")
+        raw = untext(read_yaml_file(path))
+        try:
+            search = Search()
+            for key, spec in raw["search"].items():
+                add(search, key, spec, str(path))
+            RunConfig.from_dict(raw["config"], str(path))
+            return cls(out, raw["config"], search, raw["storage"], raw["study"], raw["data"])
+        except (KeyError, TypeError, AttributeError) as e:
+            raise CharlmError(f"{path} is damaged ({one_line(e)}); start a new study") from None
+
+    def trial_base(self, run_dir: Path) -> dict[str, Any]:
+        """The base config of one trial: the study's data, the trial's run dir."""
+        base = copy.deepcopy(self.base)
+        base["data"]["path"], base["train"]["out_dir"] = self.data, str(run_dir)
+        return base
+
+
+def new_plan(cfg: RunConfig, search: Search, out: Path, storage: str | None,
+             study_name: str | None) -> Plan:
+    """A new study's plan: the space checked against the config, the data prepared once."""
+    base = cfg.to_dict()
+    check_space(search, base, "the search")
+    objective = search.setting("objective")
+    if objective.startswith("val_") and cfg.model.arch != "encoder_decoder":
+        raise CharlmError(f"objective {objective} is measured on pairs (model.arch="
+                          "encoder_decoder); a GPT's objectives are best_val_loss, final_val_loss")
+    if (out / PLAN_FILE).exists():
+        raise CharlmError(f"{out} already holds a study; continue it with --resume, or choose "
+                          "another --out")
+    if storage and storage.startswith("sqlite"):
+        raise CharlmError("--storage: SQLite cannot take several workers at once; use the "
+                          "default journal file in --out, or PostgreSQL / MySQL")
+    make_writable_dir(out, f"--out {out}")
+    plan = Plan(out, base, search, storage, study_name or out.resolve().name, cfg.data.path)
+    if storage:  # a wrong URL or a missing driver is said before the data is prepared
+        make_storage(plan)
+    plan.data = prepare_data(cfg, search, out)
+    plan.save()
+    return plan
+
+
+def prepare_data(cfg: RunConfig, search: Search, out: Path) -> str:
+    """The data every trial trains on: a prepared dataset dir as is, else the text prepared
+    once into OUT/dataset (pairs whose length limits follow a searched block_size: each trial
+    prepares its own)."""
+    path = Path(cfg.data.path)
+    limits = cfg.data.max_source_len is not None and cfg.data.max_target_len is not None
+    if path.is_dir() or (cfg.data.pairs and "model.block_size" in search.params and not limits):
+        return str(path.resolve())
+    print(f"preparing {path} once for every trial ...", file=sys.stderr)
+    prepared_data(cfg, out / "dataset")
+    return str((out / "dataset").resolve())
+
+
+def make_storage(plan: Plan) -> Any:
+
+    if plan.storage is None:
+        return optuna.storages.JournalStorage(JournalFileBackend(str(plan.out / JOURNAL)))
+    try:
+        return optuna.storages.RDBStorage(plan.storage)
+    except ImportError as e:
+        raise CharlmError(f"--storage needs a database driver: {one_line(e)}; pip install "
+                          "'psycopg[binary]' (PostgreSQL) or pymysql (MySQL)") from None
+    except Exception as e:  # sqlalchemy's errors: a wrong URL, a database that is down
+        raise CharlmError(f"cannot open --storage {hidden(plan.storage)}: {one_line(e)}") from None
+
+
+def hidden(url: str) -> str:
+    """A database URL with its password hidden, for messages."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "(the URL given)"
+
+
+def make_sampler(search: Search, seed: int | None, workers: int) -> Any:
+
+    name = search.setting("sampler")
+    if name == "grid":
+        return grid_sampler()({p.key: p.grid() for p in search.sampled()}, seed=seed)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=search.setting("startup_trials"),
+                                      multivariate=True, constant_liar=workers > 1)
+
+
+def grid_sampler() -> type:
+    """Optuna's GridSampler without its stop at the end of the grid: `Study.stop` works only
+    inside `Study.optimize` and raises in an ask-and-tell study such as this one (before the last
+    trial is recorded). The tuner ends at --trials, which defaults to the grid's size."""
+
+    class Grid(optuna.samplers.GridSampler):
+        def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+            pass
+
+    return Grid
+
+
+def make_pruner(search: Search, base: dict[str, Any]) -> Any:
+
+    name, warmup = search.setting("pruner"), search.setting("pruner_warmup")
+    interval = lookup(base, "train.eval_interval")
+    if warmup is None:  # a higher lr looks worse early under a cosine: judge from half-way on
+        warmup = lookup(base, "train.max_iters") // 2
+    if name == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=search.setting("startup_trials"),
+                                           n_warmup_steps=warmup)
+    if name == "halving":
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=max(warmup, interval))
+    if name == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=max(warmup, interval),
+                                              max_resource=lookup(base, "train.max_iters"))
+    return optuna.pruners.NopPruner()

@@ -1,0 +1,189 @@
+"""One trial of `charlm tune`: a child `charlm train` process in its own run dir (or one per seed,
+for a study that repeats each trial), followed through its metrics.jsonl, stopped with one SIGTERM
+when the pruner (or the user) says so, and what its ending means for the study (`Outcome`).
+
+A child runs in its own session, so a Ctrl-C at the terminal reaches the tuner alone, which then
+sends each child exactly one SIGTERM: it finishes its step, saves last.pt and exits 143.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+POLL_S = 0.2  # how often the tuner looks at a running trial
+
+
+DIVERGED = "non-finite loss or gradient norm"  # in the error line of a run that diverged
+
+
+LOG = "train.log"  # the child's stdout and stderr, in its run dir
+
+
+@dataclass
+class Stop:
+    """The user's requests: the first Ctrl-C / SIGTERM stops the study (each child saves and
+    exits), a second one aborts the children at once."""
+
+    requested: threading.Event
+    aborted: threading.Event
+
+
+@dataclass
+class Outcome:
+    """How a trial ended: complete, pruned, diverged (pruned with the value it had), failed
+    (`error`: the child's last error line) or interrupted (by the user; resumable)."""
+
+    state: str
+    value: float | None = None
+    step: int | None = None
+    seconds: float = 0.0
+    error: str | None = None
+
+
+class Follower:
+    """The events of a metrics.jsonl that a running process appends to: each complete line once.
+    A file that shrinks (a resumed run cuts back its log) is read again from the start."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset, self.partial = path, 0, b""
+
+    def events(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                if os.fstat(f.fileno()).st_size < self.offset:
+                    self.offset, self.partial = 0, b""
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:  # not written yet
+            return []
+        self.offset += len(data)
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        events = []
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                events.append(event)
+        return events
+
+
+def run_trial(runs: list[tuple[list[str], Path]], env: dict[str, str], objective_key: str,
+              report: Callable[[dict[str, Any]], bool], stop: Stop) -> Outcome:
+    """Run a trial's children to their end: each (command, run dir) a `charlm train`, all at
+    once (one, or one per seed of a trial that repeats). `report(eval_event)` gets each step's
+    eval once every child has logged it, with the mean of their objectives, and says whether to
+    prune; `stop` carries the user's requests to stop the study."""
+    start = time.monotonic()
+    children = [Child.start(cmd, run_dir, env) for cmd, run_dir in runs]
+    sent: str | None = None  # why the children were sent their SIGTERM: pruned / interrupted
+    merged: list[dict[str, Any]] = []  # the eval events every child has logged, merged
+    try:
+        while True:
+            codes = [child.proc.poll() for child in children]
+            for child in children:
+                child.read()
+            for event in merge(children, objective_key, merged):
+                merged.append(event)
+                if report(event) and sent is None:
+                    sent = terminate(children, "pruned")
+            if None not in codes:
+                break
+            if stop.requested.is_set() and sent is None:
+                sent = terminate(children, "interrupted")
+            if stop.aborted.is_set():  # a second Ctrl-C: no waiting for a save
+                for child in children:
+                    child.proc.kill()
+            time.sleep(POLL_S)
+    except BaseException:  # the tuner itself is going down: take the children with it
+        for child in children:
+            if child.proc.poll() is None:
+                child.proc.kill()
+            child.proc.wait()
+        raise
+    seconds = time.monotonic() - start
+    step = merged[-1].get("step") if merged else None
+    value = merged[-1].get(objective_key) if merged else None
+    if all(code == 0 for code in codes):
+        # each run's own last eval: runs with a time budget may end at different steps
+        finals = [child.evals[max(child.evals)] if child.evals else {} for child in children]
+        values = [final.get(objective_key) for final in finals]
+        if None in values:
+            return Outcome("failed", None, step, seconds, f"no finite {objective_key} logged")
+        return Outcome("complete", sum(float(v) for v in values) / len(values),
+                       max(final["step"] for final in finals), seconds)
+    if sent is not None:
+        return Outcome(sent, value, step, seconds)
+    code, run_dir = next((c, child.run_dir) for c, child in zip(codes, children, strict=True)
+                         if c != 0)
+    error = last_error(run_dir / LOG) or f"exit code {code}"
+    return Outcome("diverged" if DIVERGED in error else "failed", value, step, seconds, error)
+
+
+@dataclass
+class Child:
+    """One `charlm train` of a trial and the eval events of its metrics.jsonl, by step."""
+
+    proc: subprocess.Popen[bytes]
+    run_dir: Path
+    follower: Follower
+    evals: dict[int, dict[str, Any]]
+
+    @classmethod
+    def start(cls, cmd: list[str], run_dir: Path, env: dict[str, str]) -> Child:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with open(run_dir / LOG, "ab") as log:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        return cls(proc, run_dir, Follower(run_dir / "metrics.jsonl"), {})
+
+    def read(self) -> None:
+        for event in self.follower.events():
+            if event.get("event") == "eval" and isinstance(event.get("step"), int):
+                self.evals[event["step"]] = event
+
+
+def merge(children: list[Child], key: str, done: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The evals, after those `done`, that every child has logged: the first child's event
+    with the mean of the children's `key` (None if one lacks it)."""
+    after = done[-1]["step"] if done else -1
+    steps = sorted(s for s in children[0].evals if s > after
+                   and all(s in child.evals for child in children))
+    merged = []
+    for s in steps:
+        values = [child.evals[s].get(key) for child in children]
+        mean = None if None in values else sum(float(v) for v in values) / len(values)
+        merged.append({**children[0].evals[s], key: mean})
+    return merged
+
+
+def terminate(children: list[Child], why: str) -> str:
+    """One SIGTERM to each running child: it saves last.pt and exits 143 (a second one would
+    abort it)."""
+    for child in children:
+        if child.proc.poll() is None:
+            child.proc.send_signal(signal.SIGTERM)
+    return why
+
+
+def last_error(log: Path, tail: int = 8192) -> str | None:
+    """The child's last `error:` line (else its last line) in the log, if any."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    lines = [line.strip() for line in lines if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    return (errors or lines or [None])[-1]

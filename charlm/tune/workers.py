@@ -1,0 +1,94 @@
+"""What the tuner's workers need around their trials: a database's study lock, repeated configs
+for seeds, which GPU each worker gets, whether a trial's process is alive, and the stop signals."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from charlm.config.schema import RunConfig
+from charlm.core.errors import CharlmError
+from charlm.tune.space import lookup
+from charlm.tune.trial import Stop
+
+# A database's named lock, held by one session at a time: (take it, waiting; give it back).
+# MySQL's GET_LOCK waits a year: MariaDB takes no lock (NULL) for its "forever", -1.
+MYSQL_LOCK = ("SELECT GET_LOCK('charlm_tune', 31536000)", "SELECT RELEASE_LOCK('charlm_tune')")
+
+
+DATABASE_LOCKS = {
+    "postgresql": ("SELECT pg_advisory_lock(4242)", "SELECT pg_advisory_unlock(4242)"),
+    "mysql": MYSQL_LOCK, "mariadb": MYSQL_LOCK,
+}
+
+
+def repeated(cfg: RunConfig, repeats: int) -> list[RunConfig]:
+    """A trial's runs: its config alone, or `repeats` copies with train.seed, seed + 1, ...,
+    each in a `seed-N` dir of the trial's run dir."""
+    if repeats == 1:
+        return [cfg]
+    runs = []
+    for seed in range(cfg.train.seed, cfg.train.seed + repeats):
+        run = copy.deepcopy(cfg)
+        run.train.seed, run.train.out_dir = seed, str(Path(cfg.train.out_dir) / f"seed-{seed}")
+        runs.append(run)
+    return runs
+
+
+def saved(run_dir: Path) -> bool:
+    """Whether a trial's run dir holds a last.pt to resume from (one of its seeds' will do)."""
+    return (run_dir / "last.pt").is_file() or any(run_dir.glob("seed-*/last.pt"))
+
+
+def cuda_slots(base: dict[str, Any], workers: int) -> list[str]:
+    """The GPU of each worker slot, when trials run on CUDA GPUs (one each); else []."""
+    device = lookup(base, "train.device")
+    if workers < 2 or device not in ("auto", "cuda"):
+        return []
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    if len(gpus) < workers:
+        raise CharlmError(f"--workers {workers} runs one trial per GPU, and this machine has "
+                          f"{len(gpus)}; give --workers {len(gpus)} or fewer")
+    return gpus[:workers]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def stop_signals(stop: Stop) -> Iterator[None]:
+    """The first SIGINT / SIGTERM asks every running trial to save and stop; a second aborts
+    them."""
+
+    def handle(signum: int, frame: object) -> None:
+        if stop.requested.is_set():
+            stop.aborted.set()
+            os.write(2, b"aborting the running trials without saving\n")
+            return
+        stop.requested.set()
+        os.write(2, f"\n{signal.Signals(signum).name}: each running trial saves last.pt and stops "
+                    "(press Ctrl-C again to abort them)\n".encode())
+
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
