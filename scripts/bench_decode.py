@@ -12,7 +12,7 @@ stays the yardstick. --repeat rounds each time every measure once, in turn, so a
 taken within a round and the median over rounds is printed: the machine's speed drifts, and
 on a shared host jumps by a fifth from one run to the next. Prints one JSON line per dtype:
 the machine's facts, the best tokens/s of charlm, of transformers, of that dtype's ceiling
-(by F.linear, and by charlm's own `Linear`) and of the float32 one, and charlm's ratios.
+(by F.linear) and of the float32 one, and charlm's ratios.
 Bounded: about 2 x (--repeat + 1) generations of --tokens tokens per dtype. --compile also
 times `charlm sample --compile` (the decode step compiled; the compile, in the warm-up, not
 counted).
@@ -63,11 +63,9 @@ def rounds(runners: dict[str, tuple[Runner, int]], repeat: int) -> dict[str, lis
     return rates
 
 
-def ceiling(model: GPT, own: bool = False) -> tuple[Runner, int]:
-    """Twenty passes of one matrix-vector product with each weight matrix of a decode step:
-    what a decoder that did nothing else would reach, bound by memory bandwidth. By F.linear
-    (the yardstick issue 19 set), or with own=True by charlm's `Linear` layers themselves,
-    whose one-row float32 product runs on every thread (`layers.split_product`)."""
+def ceiling(model: GPT) -> tuple[Runner, int]:
+    """Twenty passes of one matrix-vector product (F.linear) with each weight matrix of a decode
+    step: what a decoder that did nothing else would reach, bound by memory bandwidth."""
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     inputs = [torch.randn(1, m.weight.shape[1], dtype=m.weight.dtype) for m in linears]
 
@@ -75,7 +73,7 @@ def ceiling(model: GPT, own: bool = False) -> tuple[Runner, int]:
     def run() -> None:
         for _ in range(20):
             for m, x in zip(linears, inputs, strict=True):
-                m(x) if own else F.linear(x, m.weight)
+                F.linear(x, m.weight)
 
     return run, 20
 
@@ -130,7 +128,6 @@ def main() -> None:
     for name in args.dtypes:
         model.to(DTYPES[name])
         runners = {"float32_ceiling": ceiling(base), "ceiling": ceiling(model),
-                   "own_ceiling": ceiling(model, own=True),
                    "charlm": charlm_decode(model, args.tokens),
                    "transformers": transformers_decode(model, cfg, args.tokens)}
         if args.compile:
@@ -143,7 +140,7 @@ def main() -> None:
             **{f"{key}_tokens_per_s": round(max(r), 1) for key, r in rates.items()},
             **{f"{key}_vs_{yardstick}": round(ratio(rates, key, yardstick), 3)
                for key in ["charlm", *compiled]
-               for yardstick in ("float32_ceiling", "ceiling", "own_ceiling", "transformers")},
+               for yardstick in ("float32_ceiling", "ceiling", "transformers")},
         }), flush=True)
 
 

@@ -45,7 +45,6 @@ def run_script(monkeypatch, capsys):
     ("bench_train.py", ["missing.yaml"], "error: config file not found: missing.yaml"),
     ("bench_train.py", [TINY, "--set", "model.n_layr=2"], "did you mean 'n_layer'?"),
     ("bench_sample.py", ["--configs", "missing.yaml"], "error: config file not found"),
-    ("bench_split.py", ["--configs", "missing.yaml"], "error: config file not found"),
     ("compare_variants.py", ["--config", TINY, "--eval-iters", "0"],
      "error: invalid config value train.eval_iters"),
     ("time_to_loss.py", ["missing.yaml"], "error: config file not found: missing.yaml"),
@@ -62,7 +61,6 @@ def test_scripts_report_bad_config_in_one_line(run_script, name, args, message):
 @pytest.mark.parametrize("name, args", [
     ("bench_train.py", [TINY, "--steps", "0"]),
     ("bench_sample.py", ["--tokens", "0"]),
-    ("bench_split.py", ["--pairs", "0"]),
     ("compare_variants.py", ["--seconds", "0"]),
     ("compare_variants.py", ["--rounds", "0"]),
     ("bench_prepare.py", ["--mb", "0"]),
@@ -393,32 +391,6 @@ def test_bench_sample_stops_each_path_after_its_seconds(monkeypatch, capsys):
     row = json.loads(lines[1])
     assert (row["cached_tokens_measured"], row["uncached_tokens_measured"]) == (1, 1)
     assert lines[-1].startswith("| tiny.yaml | ") and lines[-1].count("(first 1)") == 2
-
-
-def test_bench_split_pairs_the_two_rules_on_the_same_tokens(monkeypatch, capsys):
-    """Each pair decodes with every product split and with the rule, which must agree on the
-    tokens; the rule is restored after each decode."""
-    import json
-
-    from charlm.model import layers
-
-    bench_split = import_script("bench_split", monkeypatch)
-    rules = []
-    real = bench_split.decode
-
-    def spy(model, batch, tokens, split_min):
-        rules.append(split_min)
-        return real(model, batch, tokens, split_min)
-
-    monkeypatch.setattr(bench_split, "decode", spy)
-    monkeypatch.setattr(sys, "argv", ["bench_split.py", "--configs", TINY, "--batches", "2",
-                                      "--pairs", "2", "--tokens", "5"])
-    bench_split.main()
-    lines = capsys.readouterr().out.splitlines()
-    assert rules == [0, layers.SPLIT_MIN_WEIGHTS] * 2 and layers.SPLIT_MIN_WEIGHTS == 1 << 17
-    row = json.loads(lines[1])
-    assert (row["config"], row["batch"], row["pairs"], row["tokens"]) == ("tiny.yaml", 2, 2, 5)
-    assert lines[-1].startswith("| tiny.yaml | 2 | ")
 
 
 def common_module(monkeypatch):

@@ -9,10 +9,11 @@ C n_embd, H n_head, D head_dim = C // H.
 from __future__ import annotations
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from charlm.config.schema import ModelConfig
-from charlm.model.layers import Linear, Module, child, maybe_dropout
+from charlm.model.layers import maybe_dropout
 
 
 def attention_dtype(x: torch.Tensor) -> torch.dtype:
@@ -81,17 +82,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + x.roll(x.size(-1) // 2, dims=-1) * sin
 
 
-class SelfAttention(Module):
+class SelfAttention(nn.Module):
     """Causal (the GPT, the decoder) or bidirectional (the encoder) self-attention."""
-
-    qkv, proj = child(), child()
 
     def __init__(self, cfg: ModelConfig, causal: bool = True):
         super().__init__()
         self.n_head = cfg.n_head
         self.causal = causal
-        self.qkv = Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # fused q, k, v
-        self.proj = Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # fused q, k, v
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
@@ -144,19 +143,17 @@ def attend(qkv: torch.Tensor, n_head: int, cache: KVCache | None, layer: int,
     return y.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
 
 
-class CrossAttention(Module):
+class CrossAttention(nn.Module):
     """The decoder's attention over the encoder's output: queries from the target, keys and
     values from the source, which `keys_values` projects once per source for every decode step.
     No rotary positions: a target and a source position share no axis to measure along."""
 
-    q, kv, proj = child(), child(), child()
-
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_head = cfg.n_head
-        self.q = Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        self.kv = Linear(cfg.n_embd, 2 * cfg.n_embd, bias=cfg.bias)  # fused k, v
-        self.proj = Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.q = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.kv = nn.Linear(cfg.n_embd, 2 * cfg.n_embd, bias=cfg.bias)  # fused k, v
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = cfg.dropout
 
     def keys_values(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -37,7 +37,7 @@ from charlm.model.gpt import (
     positions,
     scale_residual_projections,
 )
-from charlm.model.layers import Embedding, Linear, Module, child, maybe_dropout
+from charlm.model.layers import Embedding, maybe_dropout
 
 
 def key_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -71,10 +71,7 @@ class Memory:
                       [v[index] for v in self.values])
 
 
-class EncoderDecoder(Module):
-    src_wte, src_wpe, encoder, ln_enc = child(), child(), child(), child()
-    wte, wpe, blocks, ln_f, head = child(), child(), child(), child(), child()
-
+class EncoderDecoder(nn.Module):
     def __init__(self, cfg: ModelConfig, source_vocab_size: int, target_vocab_size: int,
                  source_pad: int):
         super().__init__()
@@ -99,7 +96,7 @@ class EncoderDecoder(Module):
         self.blocks = nn.ModuleList(Block(cfg, causal=True, cross=True)
                                     for _ in range(cfg.n_layer))
         self.ln_f = nn.Identity() if post else make_norm(cfg)
-        self.head = Linear(cfg.n_embd, target_vocab_size, bias=False)
+        self.head = nn.Linear(cfg.n_embd, target_vocab_size, bias=False)
         if cfg.tie_weights:
             self.head.weight = self.wte.weight
         self.apply(init_weights)

@@ -28,16 +28,7 @@ from charlm.model.attention import (
     attention_dtype,
     rope_angles,
 )
-from charlm.model.layers import (
-    Embedding,
-    LayerNorm,
-    Linear,
-    Module,
-    child,
-    maybe_dropout,
-    normal_,
-    param,
-)
+from charlm.model.layers import Embedding, maybe_dropout, normal_
 
 
 def sinusoidal_table(pos: torch.Tensor, dim: int) -> torch.Tensor:
@@ -54,11 +45,9 @@ def sinusoidal_table(pos: torch.Tensor, dim: int) -> torch.Tensor:
     return table
 
 
-class RMSNorm(Module):
+class RMSNorm(nn.Module):
     """x / rms(x) * weight (Zhang & Sennrich 2019): LayerNorm without centring, and never a bias
     (so `bias: true` does not add one here)."""
-
-    weight = param()
 
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
@@ -78,22 +67,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.
 def make_norm(cfg: ModelConfig) -> nn.Module:
     if cfg.norm == "rmsnorm":
         return RMSNorm(cfg.n_embd)
-    return LayerNorm(cfg.n_embd, bias=cfg.bias)
+    return nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
 
 
-class MLP(Module):
+class MLP(nn.Module):
     """proj(act(fc(x))) for gelu and relu; for swiglu (Shazeer 2020) proj(silu(gate(x)) * up(x)),
     with gate and up fused into `fc` (C -> 2F) so it is one matmul."""
-
-    fc, proj = child(), child()
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         hidden = cfg.ff_width
         self.activation = cfg.activation
-        self.fc = Linear(cfg.n_embd, 2 * hidden if cfg.activation == "swiglu" else hidden,
-                         bias=cfg.bias)
-        self.proj = Linear(hidden, cfg.n_embd, bias=cfg.bias)
+        self.fc = nn.Linear(cfg.n_embd, 2 * hidden if cfg.activation == "swiglu" else hidden,
+                            bias=cfg.bias)
+        self.proj = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -132,7 +119,7 @@ def gelu(h: torch.Tensor) -> torch.Tensor:
         torch.backends.mkldnn.enabled = True
 
 
-class Block(Module):
+class Block(nn.Module):
     """A transformer block. Pre-norm (GPT-2): x + attn(ln_1(x)), then x + mlp(ln_2(x)).
     Post-norm (Vaswani et al.): ln_1(x + attn(x)), then ln_2(x + mlp(x)).
 
@@ -140,9 +127,6 @@ class Block(Module):
     cross=True adds the decoder's cross-attention sublayer between the two, in the same
     residual form: x + cross_attn(ln_cross(x)), or ln_cross(x + cross_attn(x)).
     """
-
-    ln_1, attn, ln_2, mlp = child(), child(), child(), child()
-    ln_cross, cross_attn = child(), child()  # with cross=True
 
     def __init__(self, cfg: ModelConfig, causal: bool = True, cross: bool = False):
         super().__init__()
@@ -215,9 +199,7 @@ def scale_residual_projections(module: nn.Module, depth: int) -> None:
             normal_(p, std=0.02 / math.sqrt(depth))
 
 
-class GPT(Module):
-    wte, wpe, blocks, ln_f, head = child(), child(), child(), child(), child()
-
+class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig, vocab_size: int):
         super().__init__()
         self.cfg = cfg
@@ -229,7 +211,7 @@ class GPT(Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         # Post-norm blocks already end in a norm, so there is no final one (as in Vaswani et al.).
         self.ln_f = nn.Identity() if cfg.norm_placement == "post" else make_norm(cfg)
-        self.head = Linear(cfg.n_embd, vocab_size, bias=False)
+        self.head = nn.Linear(cfg.n_embd, vocab_size, bias=False)
         if cfg.tie_weights:
             self.head.weight = self.wte.weight
         self.apply(init_weights)
