@@ -94,29 +94,7 @@ def activate(h: torch.Tensor, kind: str) -> torch.Tensor:
     if kind == "swiglu":
         gate, up = h.chunk(2, dim=-1)
         return F.silu(gate) * up
-    return F.relu(h) if kind == "relu" else gelu(h)
-
-
-ONEDNN_GELU_FROM = 8192  # values: oneDNN is the faster GELU from there (see `gelu`)
-
-
-def gelu(h: torch.Tensor) -> torch.Tensor:
-    """F.gelu (the exact, erf form). On the CPU, F.gelu hands float32 (and bf16 where the CPU
-    has it) to oneDNN, whose fixed cost is about 20 us a call: a decode step's 1,536 values
-    took 25 us there against 9 us in PyTorch's own kernel on the EPYC (60 against 16 us inside
-    a decode step, about 0.3 ms a token over 6 layers), and oneDNN wins only from about 8,192
-    values. So fewer values than that go to PyTorch's kernel, by switching oneDNN off around
-    this one call; the two differ by about 1e-7. The switch is process-wide for that moment,
-    so an op of another thread then would also skip oneDNN (which changes its speed, and its
-    result only within rounding)."""
-    if (h.numel() >= ONEDNN_GELU_FROM or not h.is_cpu
-            or not torch.backends.mkldnn.enabled or torch.compiler.is_compiling()):
-        return F.gelu(h)
-    torch.backends.mkldnn.enabled = False
-    try:
-        return F.gelu(h)
-    finally:
-        torch.backends.mkldnn.enabled = True
+    return F.relu(h) if kind == "relu" else F.gelu(h)
 
 
 class Block(nn.Module):
