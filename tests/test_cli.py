@@ -65,23 +65,6 @@ def test_sample_and_info_do_not_import_the_compiler(run_dir):
     assert (result.returncode, result.stderr.splitlines()[-1]) == (0, "False"), result.stderr
 
 
-def test_training_and_resuming_without_compile_do_not_import_the_compiler(tmp_path):
-    """torch.optim's methods import torch._dynamo at their first call (2.1 s of every
-    `charlm train`'s start on the EPYC); charlm's AdamW does not, so a run that compiles
-    nothing never imports it, through evals, checkpoints and a resume."""
-    code = ("import sys; from charlm.cli.app import main\n"
-            "config, out = sys.argv[1:]\n"
-            "for args in (['train', config, '--out', out, '--set', 'train.max_iters=4'],\n"
-            "             ['train', '--resume', '--out', out, '--set', 'train.max_iters=6']):\n"
-            "    try:\n        main(args)\n"
-            "    except SystemExit as e:\n        assert not e.code, (args, e.code)\n"
-            "print('torch._dynamo' in sys.modules, file=sys.stderr)")
-    result = subprocess.run([sys.executable, "-c", code, ROOT / "configs" / "tiny.yaml",
-                             tmp_path / "run"], capture_output=True, text=True, timeout=120)
-    assert (result.returncode, result.stderr.splitlines()[-1]) == (0, "False"), result.stderr
-    assert '"step": 6' in (tmp_path / "run" / "metrics.jsonl").read_text()
-
-
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_has_help(cli, command):
     result = cli(command, "--help")

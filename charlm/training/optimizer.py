@@ -1,9 +1,6 @@
 """The optimizer: torch's AdamW with weight decay on matrices and embeddings only, and `step_if`,
 the update that a non-finite step skips without the host waiting for the device.
 
-`AdamW` is torch's, minus the wrappers that import the compiler (`torch._dynamo`, 2.1 s on the
-EPYC) at the first call of a method: a run that compiles nothing starts that much sooner.
-
 `make_optimizer` asks for torch's fused kernel where it runs on the parameters' device and dtype
 (CUDA, and the CPU since torch 2.4), else for its foreach implementation. The fused step reads the
 `found_inf` attribute that `torch.amp.GradScaler` sets on an optimizer; `step_if` uses the same
@@ -12,33 +9,11 @@ attribute to skip an update on the device.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
 
 from charlm.config.schema import OptimConfig
-
-
-class AdamW(torch.optim.AdamW):
-    """`torch.optim.AdamW`, the same updates and state, whose methods do not import
-    `torch._dynamo`. torch wraps them so that a compiled function calling them graph-breaks
-    around them (`torch._disable_dynamo`, and for `step` a wrapper that also sets grad mode);
-    each wrapper imports the compiler at its first call, even when nothing is compiled.
-    Eagerly the wrappers do nothing else, so here the methods are torch's own functions (under
-    its decorators, which `functools.wraps` names `__wrapped__`) and `step` sets grad mode as
-    its wrapper does. Step hooks still run: `Optimizer.__init__` wraps this class's `step` for
-    them (`_patch_step_function`)."""
-
-    add_param_group = inspect.unwrap(torch.optim.Optimizer.add_param_group)
-    zero_grad = inspect.unwrap(torch.optim.Optimizer.zero_grad)
-    state_dict = inspect.unwrap(torch.optim.Optimizer.state_dict)
-    load_state_dict = inspect.unwrap(torch.optim.Optimizer.load_state_dict)
-    _step = inspect.unwrap(torch.optim.AdamW.step)
-
-    def step(self, closure=None):  # type: ignore[override]
-        with torch.set_grad_enabled(self.defaults["differentiable"]):
-            return self._step(closure)
 
 
 def has_fused_kernel(params: list[torch.Tensor]) -> bool:
@@ -50,14 +25,14 @@ def has_fused_kernel(params: list[torch.Tensor]) -> bool:
         try:
             probe = torch.zeros(1, device=device, dtype=dtype, requires_grad=True)
             probe.grad = torch.zeros_like(probe)
-            AdamW([probe], fused=True).step()
+            torch.optim.AdamW([probe], fused=True).step()
         except RuntimeError:  # NotImplementedError (no kernel for the backend) is one too
             return False
     return True
 
 
 def make_optimizer(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.Optimizer:
-    """`AdamW` with weight decay on matrices and embeddings (>= 2-D) only, in two
+    """`torch.optim.AdamW` with weight decay on matrices and embeddings (>= 2-D) only, in two
     param groups (decayed first). Fused where torch has the kernel (besides speed, its step can
     be skipped on the device without a host sync, see `step_if`), else foreach."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -66,7 +41,7 @@ def make_optimizer(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.Op
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     kernel: dict[str, bool] = {"fused": True} if has_fused_kernel(params) else {"foreach": True}
-    return AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2), **kernel)
+    return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2), **kernel)
 
 
 def _check_fits(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
