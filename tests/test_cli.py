@@ -1,6 +1,7 @@
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -137,6 +138,22 @@ def test_sample_cached_equals_uncached_greedy(cli, run_dir):
     assert cached.code == 0 and cached.err == ""
     assert cached.out == uncached.out
     assert cached.out.startswith("ROMEO:") and len(cached.out) == len("ROMEO:") + 11 + 1
+
+
+def test_sample_compile_says_how_long_the_compile_took(cli, run_dir, monkeypatch):
+    """`charlm sample --compile` prints the same text as eager decoding and, on stderr, the time
+    the decode step's graph took to build (a stand-in backend here, which needs no C++)."""
+    from charlm.generation import compiled_step
+
+    step = torch.compile(compiled_step.decode_one_token, backend=lambda gm, _: gm.forward,
+                         dynamic=False, fullgraph=True)
+    monkeypatch.setattr(compiled_step, "compiled_decode_step", lambda: step)
+    monkeypatch.setattr(compiled_step, "BUILT", set())
+    args = ["sample", run_dir, "--prompt", "ROMEO:", "--temperature", "0",
+            "--max-new-tokens", "30"]
+    compiled, eager = cli(*args, "--compile"), cli(*args)
+    assert compiled.code == 0 and compiled.out == eager.out
+    assert re.fullmatch(r"compiled the decode step in \d+\.\d s\n", compiled.err)
 
 
 def test_sample_seed_reproducible_and_num_samples(cli, run_dir):

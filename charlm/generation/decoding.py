@@ -13,7 +13,6 @@ the uncached path's, which crops the context to its last `block_size` tokens at 
 
 from __future__ import annotations
 
-import copy
 import math
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -23,6 +22,7 @@ import torch
 
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError, first_line
+from charlm.generation.compiled_step import CompiledStep
 from charlm.model.gpt import GPT
 
 
@@ -52,10 +52,9 @@ class CachedDecoder:
     `window` mirrors the ids whose keys and values sit in the cache, so a full cache can be
     re-prefilled from its most recent half without keeping the whole history.
 
-    With `compile`, each one-token step runs a `torch.compile`d forward with static shapes: it
-    reads the same cache through a view whose position is a device tensor (see `KVCache`), so
-    one graph serves every position and no step waits for the host. Prefills stay eager (their
-    length varies). Where the graph cannot be built, decoding goes on eagerly after one warning.
+    With `compile`, each one-token step runs a `CompiledStep` over the same cache (one graph
+    for every position; no step waits for the host). Prefills stay eager (their length
+    varies). Where the graph cannot be built, decoding goes on eagerly after one warning.
     """
 
     def __init__(self, model: GPT, batch_size: int, compile: bool = False):
@@ -65,14 +64,7 @@ class CachedDecoder:
         self.cache = model.new_cache(batch_size)
         self.window = torch.empty(batch_size, self.block, dtype=torch.long,
                                   device=model.wte.weight.device)
-        self.compiled = None
-        if compile:
-            self.static = copy.copy(self.cache)  # the same key and value tensors
-            self.static.pos = torch.zeros((), dtype=torch.long, device=self.window.device)
-            self.compiled = torch.compile(self._static_step, dynamic=False)
-
-    def _static_step(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.model(idx, cache=self.static)[0]
+        self.compiled = CompiledStep(model, self.cache) if compile else None
 
     def prefill(self, idx: torch.Tensor) -> torch.Tensor:
         """Start over from idx (B, T), T <= block_size, in one forward; logits (B, V)."""
@@ -80,7 +72,7 @@ class CachedDecoder:
         self.window[:, : idx.size(1)] = idx
         logits, _ = self.model(idx, cache=self.cache)
         if self.compiled is not None:
-            self.static.pos.fill_(self.cache.pos)
+            self.compiled.seek(self.cache.pos)
         return logits[:, -1, :]
 
     def step(self, ids: torch.Tensor) -> torch.Tensor:
@@ -92,9 +84,9 @@ class CachedDecoder:
         self.window[:, pos] = ids
         if self.compiled is not None:
             try:
-                logits = self.compiled(ids[:, None])  # advances self.static.pos on the device
+                logits = self.compiled(ids)  # advances the compiled step's position
                 self.cache.pos += 1
-                return logits[:, -1, :]
+                return logits
             except Exception as e:  # the first call builds the graph: no compiler, an op, ...
                 print(f"warning: torch.compile failed ({first_line(e)}); decoding without compile",
                       file=sys.stderr)
@@ -215,9 +207,8 @@ def sample_next(logits: torch.Tensor, temperature: float, procs: Sequence[Proces
     """The next id per row of logits (B, V): argmax for temperature 0, else a draw from the
     softmax of the processed logits."""
     logits = logits.float()
-    # Each check costs one host sync per token, which streaming the token makes anyway; it
-    # reads a number per row on the host, as torch.isfinite (several ops under the hood) cost
-    # about 60 us a token, 1 % of a CPU decode step.
+    # Each check reads one number per row on the host (fewer ops than torch.isfinite): one
+    # host sync per token, which streaming the token makes anyway.
     if temperature == 0:
         best, ids = logits.max(dim=-1)  # the first of tied ids, as argmax; a NaN row: the NaN
         if not all(map(math.isfinite, best.tolist())):

@@ -1,0 +1,63 @@
+"""The compiled one-token decode step (gpt-fast's `decode_one_token`): the GPT's forward of one
+token per row over a KV cache whose position is a 0-d device tensor, under `torch.compile` with
+static shapes, so that one graph serves every position and no step waits for the host.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+from charlm.model.attention import KVCache
+from charlm.model.gpt import GPT
+
+
+def decode_one_token(model: GPT, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """Ids idx (B, 1) at cache.pos, a 0-d tensor advanced in place -> logits (B, V)."""
+    return model(idx, cache=cache)[0][:, -1, :]
+
+
+@functools.cache
+def compiled_decode_step() -> Callable[[GPT, torch.Tensor, KVCache], torch.Tensor]:
+    """`decode_one_token` compiled once per process, so that every decoder shares its graphs
+    (one per batch size and dtype); a graph break fails the build (`fullgraph`) rather than
+    splitting the step."""
+    return torch.compile(decode_one_token, dynamic=False, fullgraph=True)
+
+
+# What each graph built in this process was built for: the model's architecture and vocabulary,
+# the batch size, dtype and device (a graph serves every model that matches).
+BUILT: set[tuple] = set()
+
+
+class CompiledStep:
+    """`compiled_decode_step` over `cache`'s keys and values, through a copy of the cache whose
+    position is a device tensor. The call that builds a graph says how long it took on stderr
+    (`charlm sample --compile`); an error there (no C++ compiler, an op the compiler cannot
+    take) propagates, for the caller to go on eagerly."""
+
+    def __init__(self, model: GPT, cache: KVCache):
+        self.model = model
+        self.static = copy.copy(cache)  # the same key and value tensors
+        self.static.pos = torch.zeros((), dtype=torch.long, device=cache.k[0].device)
+        self.step = compiled_decode_step()
+
+    def seek(self, pos: int) -> None:
+        """Continue at position pos (after a prefill)."""
+        self.static.pos.fill_(pos)
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        """Append one id per row, ids (B,), at the current position; logits (B, V)."""
+        start, m = time.perf_counter(), self.model
+        logits = self.step(m, ids[:, None], self.static)
+        key = (repr(m.cfg), m.vocab_size, ids.size(0), m.wte.weight.dtype, ids.device)
+        if key not in BUILT:
+            BUILT.add(key)
+            print(f"compiled the decode step in {time.perf_counter() - start:.1f} s",
+                  file=sys.stderr)
+        return logits
