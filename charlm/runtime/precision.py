@@ -14,8 +14,8 @@ from charlm.core.errors import CharlmError, first_line
 def cpu_bf16_unit() -> str | None:
     """What multiplies bf16 matrices in hardware on this CPU, or None where bf16 is emulated:
     "AMX" (tiles; Intel Sapphire Rapids and later) or "AVX512_BF16" (bf16 dot products; AMD
-    Zen 4 and later, Intel Cooper Lake). On a 2-core Zen 5 EPYC, a 2048^3 bf16 matmul ran at
-    4.1x the float32 one; on an AVX2-only EPYC, emulated bf16 ran at a twentieth of float32."""
+    Zen 4 and later, Intel Cooper Lake). Where neither is, bf16 is emulated, far slower than
+    float32."""
     for unit, probe in (("AMX", "_is_amx_tile_supported"),
                         ("AVX512_BF16", "_is_avx512_bf16_supported")):
         supported = getattr(torch.cpu, probe, None)
