@@ -45,6 +45,7 @@ def run_script(monkeypatch, capsys):
     ("bench_train.py", ["missing.yaml"], "error: config file not found: missing.yaml"),
     ("bench_train.py", [TINY, "--set", "model.n_layr=2"], "did you mean 'n_layer'?"),
     ("bench_sample.py", ["--configs", "missing.yaml"], "error: config file not found"),
+    ("bench_decode.py", ["missing.yaml"], "error: config file not found: missing.yaml"),
     ("compare_variants.py", ["--config", TINY, "--eval-iters", "0"],
      "error: invalid config value train.eval_iters"),
     ("time_to_loss.py", ["missing.yaml"], "error: config file not found: missing.yaml"),
@@ -61,6 +62,7 @@ def test_scripts_report_bad_config_in_one_line(run_script, name, args, message):
 @pytest.mark.parametrize("name, args", [
     ("bench_train.py", [TINY, "--steps", "0"]),
     ("bench_sample.py", ["--tokens", "0"]),
+    ("bench_decode.py", ["--repeat", "0"]),
     ("compare_variants.py", ["--seconds", "0"]),
     ("compare_variants.py", ["--rounds", "0"]),
     ("bench_prepare.py", ["--mb", "0"]),
@@ -186,6 +188,38 @@ def test_bench_decode_times_its_measures_in_turn_and_pairs_them_by_round(monkeyp
     assert rates == {"a": [20.0] * 3, "b": [10.0] * 3}  # each call took one tick, 0.5 s
     rates = {"a": [100.0, 60.0, 45.0], "b": [40.0, 50.0, 100.0]}
     assert script.ratio(rates, "a", "b") == 1.2  # rounds: 2.5, 1.2, 0.45; best rates: 1.0
+
+
+def test_bench_decode_runs_every_measure_on_the_same_weights(monkeypatch, capsys):
+    """`run_decode` on the tiny config, weights large enough that greedy ties cannot happen:
+    charlm eager, its compiled step (a stand-in backend that needs no C++) and transformers on
+    the weights `charlm export --format hf` writes decode the same tokens, and each measure
+    gets its rate, range and ratios. More tokens than transformers' positions take are
+    refused."""
+    from pathlib import Path
+
+    from charlm.core.errors import CharlmError
+    from charlm.generation import compiled_step
+
+    script = import_script("bench_decode", monkeypatch)
+    step = torch.compile(compiled_step.decode_one_token, backend=lambda gm, _: gm.forward,
+                         dynamic=False, fullgraph=True)
+    monkeypatch.setattr(compiled_step, "compiled_decode_step", lambda: step)
+    monkeypatch.setattr(compiled_step, "BUILT", set())
+    model, vocab, cfg, name = script.load_model(Path(TINY), None, [])
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(p.numel()))
+    figures = script.run_decode(model, vocab, cfg, 12, repeat=2)
+    assert name == "tiny.yaml" and figures["rounds"] == 2 and figures["tokens"] == 12
+    assert figures["compiled_tokens_match_eager"] and figures["transformers_tokens_match_eager"]
+    for measure in ("eager", "compiled", "transformers", "ceiling"):
+        low, high = figures[f"{measure}_tokens_per_s_range"]
+        assert 0 < low <= figures[f"{measure}_tokens_per_s"] <= high
+    assert figures["compile_s"] > 0 and figures["compiled_vs_transformers"] > 0
+    assert capsys.readouterr().err.startswith("compiled the decode step in ")
+    with pytest.raises(CharlmError, match="--tokens 16 does not fit transformers' GPT-2 of 16 "):
+        script.run_decode(model, vocab, cfg, 16)
 
 
 @pytest.mark.parametrize("device_name, peak, key", [
