@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from charlm.core.errors import CharlmError
-
-from .conftest import ROOT, SHAKESPEARE
+from tests.helpers import ROOT, SHAKESPEARE
 
 
 def test_readme_python_api_example_runs(run_dir, tmp_path, monkeypatch):

@@ -18,9 +18,7 @@ from charlm.training.checkpoint import load
 from charlm.training.faults import Interrupted
 from charlm.training.loop import lr_at, train
 from charlm.training.run_dir import resume_config
-
-from .test_faults import assert_same_weights, signal_after_steps
-from .test_train import with_
+from tests.helpers import assert_same_weights, signal_after_steps, with_
 
 
 @pytest.mark.parametrize("text, seconds", [

@@ -14,9 +14,7 @@ from charlm.training import checkpoint
 from charlm.training import run_objects as run_module
 from charlm.training.loop import train
 from charlm.training.run_dir import resume_config
-
-from .test_faults import assert_same_weights
-from .test_train import with_
+from tests.helpers import assert_same_weights, with_
 
 
 def test_save_load_round_trip_leaves_no_temp_files(tmp_path):

@@ -10,23 +10,7 @@ import pytest
 import torch
 
 from charlm.config.loading import load_config
-from charlm.training.loop import train
-
-from .conftest import ROOT, SHAKESPEARE, VARIANTS
-
-COMMANDS = ["prepare", "train", "sample", "info", "eval", "export"]
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    """One tiny trained run shared by the sample and info tests."""
-    tmp = tmp_path_factory.mktemp("cli")
-    corpus = tmp / "corpus.txt"
-    corpus.write_text(SHAKESPEARE.read_text(encoding="utf-8")[:40_000], encoding="utf-8")
-    cfg = load_config(ROOT / "configs" / "tiny.yaml",
-                      [f"train.out_dir={tmp / 'run'}", f"data.path={corpus}"])
-    train(cfg)
-    return tmp / "run"
+from tests.helpers import COMMANDS, ROOT, SHAKESPEARE, VARIANTS
 
 
 def test_python_m_charlm_help():
@@ -50,7 +34,7 @@ def test_a_bad_train_config_is_reported_before_torch_is_imported(tmp_path):
         assert result.stderr.startswith("error: ") and error in result.stderr
 
 
-def test_sample_and_info_do_not_import_the_compiler(run_dir):
+def test_sample_and_info_do_not_import_the_compiler(tiny_run):
     """Counting parameters on the meta device drew normal values there, which imports
     torch._dynamo: 1.8 s of the 5 s `charlm sample` took to start on the EPYC."""
     code = ("import sys; from charlm.cli.app import main\n"
@@ -60,7 +44,7 @@ def test_sample_and_info_do_not_import_the_compiler(run_dir):
             "    try:\n        main(args)\n"
             "    except SystemExit as e:\n        assert not e.code, (args, e.code)\n"
             "print('torch._dynamo' in sys.modules, file=sys.stderr)")
-    result = subprocess.run([sys.executable, "-c", code, run_dir, ROOT / "configs" / "tiny.yaml"],
+    result = subprocess.run([sys.executable, "-c", code, tiny_run, ROOT / "configs" / "tiny.yaml"],
                             capture_output=True, text=True, timeout=60)
     assert (result.returncode, result.stderr.splitlines()[-1]) == (0, "False"), result.stderr
 
@@ -147,8 +131,8 @@ def test_train_command_and_refusal_to_clobber(cli, tmp_path, corpus):
     assert load_config(run / "config.yaml").optim.min_lr == 5e-3
 
 
-def test_sample_cached_equals_uncached_greedy(cli, run_dir):
-    args = ["sample", run_dir, "--prompt", "ROMEO:", "--temperature", "0",
+def test_sample_cached_equals_uncached_greedy(cli, tiny_run):
+    args = ["sample", tiny_run, "--prompt", "ROMEO:", "--temperature", "0",
             "--max-new-tokens", "11"]  # block 16: the whole first window
     cached, uncached = cli(*args), cli(*args, "--no-cache")
     assert cached.code == 0 and cached.err == ""
@@ -156,19 +140,19 @@ def test_sample_cached_equals_uncached_greedy(cli, run_dir):
     assert cached.out.startswith("ROMEO:") and len(cached.out) == len("ROMEO:") + 11 + 1
 
 
-def test_sample_seed_reproducible_and_num_samples(cli, run_dir):
-    args = ["sample", run_dir, "--max-new-tokens", "60", "--num-samples", "3"]
+def test_sample_seed_reproducible_and_num_samples(cli, tiny_run):
+    args = ["sample", tiny_run, "--max-new-tokens", "60", "--num-samples", "3"]
     a, b = cli(*args, "--seed", "7"), cli(*args, "--seed", "7")
     c = cli(*args, "--seed", "8")
     assert a.out == b.out != c.out
     samples = a.out.split("\n" + "-" * 40 + "\n")
     assert len(samples) == 3
     assert all(len(s.rstrip("\n")) >= 1 for s in samples)
-    assert len(cli("sample", run_dir, "--max-new-tokens", "100").out) == 1 + 100 + 1
+    assert len(cli("sample", tiny_run, "--max-new-tokens", "100").out) == 1 + 100 + 1
 
 
-def test_sample_rejects_unknown_prompt_characters(cli, run_dir):
-    result = cli("sample", run_dir, "--prompt", "Hi ☃ there€")
+def test_sample_rejects_unknown_prompt_characters(cli, tiny_run):
+    result = cli("sample", tiny_run, "--prompt", "Hi ☃ there€")
     assert result.code == 2
     assert result.err == ("error: prompt has characters outside the model's vocabulary: "
                           "'☃' at position 3, '€' at position 10; remove them or pass "
@@ -182,8 +166,8 @@ def test_sample_rejects_unknown_prompt_characters(cli, run_dir):
     (["--compile", "--no-cache"],
      "error: --compile compiles the KV-cached decode step; it cannot go with --no-cache\n"),
 ])
-def test_sample_rejects_bad_options(cli, run_dir, args, message):
-    result = cli("sample", run_dir, *args)
+def test_sample_rejects_bad_options(cli, tiny_run, args, message):
+    result = cli("sample", tiny_run, *args)
     assert (result.code, result.err) == (2, message)
 
 
@@ -193,8 +177,8 @@ def test_sample_missing_checkpoint(cli, tmp_path):
         2, f"error: no such run dir or checkpoint: {tmp_path / 'nope'}\n")
 
 
-def test_info_on_run_dir_and_config(cli, run_dir):
-    result = cli("info", run_dir)
+def test_info_on_run_dir_and_config(cli, tiny_run):
+    result = cli("info", tiny_run)
     assert result.code == 0
     assert "vocab size: " in result.out and "step: 60" in result.out
     assert "total" in result.out and "n_layer: 2" in result.out
@@ -209,8 +193,8 @@ def test_info_on_run_dir_and_config(cli, run_dir):
     assert training.split()[-1] == f"{6 * 10_646_784 + 12 * 6 * 384 * 256:,}"
 
 
-def test_info_json_with_shapes(cli, run_dir):
-    result = cli("info", run_dir, "--json", "--shapes", "--batch", "3", "--seq-len", "5")
+def test_info_json_with_shapes(cli, tiny_run):
+    result = cli("info", tiny_run, "--json", "--shapes", "--batch", "3", "--seq-len", "5")
     assert result.code == 0, result.err
     info = json.loads(result.out)
     vocab = info["vocab_size"]
@@ -222,7 +206,7 @@ def test_info_json_with_shapes(cli, run_dir):
     assert info["shapes"][0]["shape"] == [3, 5]
     assert info["shapes"][-1] == {"stage": "head", "what": "logits", "shape": [3, 5, vocab]}
     assert info["config"]["model"]["n_layer"] == 2
-    text = cli("info", run_dir, "--shapes")  # defaults: train.batch_size x block_size
+    text = cli("info", tiny_run, "--shapes")  # defaults: train.batch_size x block_size
     assert "  head                              16 x 16 x " in text.out
 
 
@@ -276,8 +260,8 @@ def test_train_on_missing_data_file(cli, tmp_path):
         2, f"error: input file not found: {tmp_path / 'none.txt'}\n")
 
 
-def test_sample_prompt_from_file_and_stdin(cli, run_dir, tmp_path, monkeypatch):
-    greedy = ["sample", run_dir, "--temperature", "0", "--max-new-tokens", "20"]
+def test_sample_prompt_from_file_and_stdin(cli, tiny_run, tmp_path, monkeypatch):
+    greedy = ["sample", tiny_run, "--temperature", "0", "--max-new-tokens", "20"]
     direct = cli(*greedy, "--prompt", "First Citizen:")
     path = tmp_path / "prompt.txt"
     path.write_text("First Citizen:", encoding="utf-8")
@@ -312,8 +296,8 @@ def test_sample_prompt_from_file_and_stdin(cli, run_dir, tmp_path, monkeypatch):
         2, "error: give the prompt either with --prompt or with --prompt-file, not both\n")
 
 
-def test_sample_unknown_skip_warns_and_continues(cli, run_dir):
-    args = ["sample", run_dir, "--temperature", "0", "--max-new-tokens", "10"]
+def test_sample_unknown_skip_warns_and_continues(cli, tiny_run):
+    args = ["sample", tiny_run, "--temperature", "0", "--max-new-tokens", "10"]
     skipped = cli(*args, "--prompt", "Hi ☃there", "--unknown", "skip")
     assert skipped.code == 0
     assert skipped.err == ("warning: skipped 1 character of the prompt outside the vocabulary: "
@@ -321,16 +305,16 @@ def test_sample_unknown_skip_warns_and_continues(cli, run_dir):
     assert skipped.out == cli(*args, "--prompt", "Hi there").out
 
 
-def test_sample_long_prompt_warns(cli, run_dir):
-    result = cli("sample", run_dir, "--prompt", "a" * 40, "--max-new-tokens", "3")
+def test_sample_long_prompt_warns(cli, tiny_run):
+    result = cli("sample", tiny_run, "--prompt", "a" * 40, "--max-new-tokens", "3")
     assert result.code == 0
     assert result.err == ("warning: the prompt has 40 characters, more than the context of 16;"
                           " using its last 16\n")
     assert result.out.startswith("a" * 16 + result.out[16:]) and len(result.out) == 16 + 3 + 1
 
 
-def test_sample_json_and_no_stream(cli, run_dir):
-    args = ["sample", run_dir, "--max-new-tokens", "30", "--num-samples", "2", "--seed", "3"]
+def test_sample_json_and_no_stream(cli, tiny_run):
+    args = ["sample", tiny_run, "--max-new-tokens", "30", "--num-samples", "2", "--seed", "3"]
     lines = cli(*args, "--json").out.splitlines()
     objects = [json.loads(line) for line in lines]
     assert len(objects) == 2
@@ -343,8 +327,8 @@ def test_sample_json_and_no_stream(cli, run_dir):
     assert cli(*args).out == plain  # streaming prints the same text
 
 
-def test_sample_stop_string(cli, run_dir):
-    args = ["sample", run_dir, "--temperature", "0", "--max-new-tokens", "200", "--prompt", "A"]
+def test_sample_stop_string(cli, tiny_run):
+    args = ["sample", tiny_run, "--temperature", "0", "--max-new-tokens", "200", "--prompt", "A"]
     free = cli(*args).out
     stop = free[6:8]
     cut = free.index(stop, 1)
@@ -354,8 +338,8 @@ def test_sample_stop_string(cli, run_dir):
     assert (stopped["text"], stopped["stopped"]) == (free[1:cut], True)
 
 
-def test_sample_beams(cli, run_dir):
-    args = ["sample", run_dir, "--max-new-tokens", "12", "--prompt", "The"]
+def test_sample_beams(cli, tiny_run):
+    args = ["sample", tiny_run, "--max-new-tokens", "12", "--prompt", "The"]
     assert cli(*args, "--beams", "1").out == cli(*args, "--temperature", "0").out
     beam = cli(*args, "--beams", "3")
     assert beam.code == 0 and beam.out.startswith("The") and len(beam.out) == 3 + 12 + 1
@@ -377,8 +361,8 @@ def test_sample_beams(cli, run_dir):
     (["--seed", str(-2**63 - 1)],
      f"error: --seed must be in [-2**63, 2**64 - 1], got {-2**63 - 1}\n"),
 ])
-def test_sample_rejects_more_bad_options(cli, run_dir, args, message):
-    result = cli("sample", run_dir, *args)
+def test_sample_rejects_more_bad_options(cli, tiny_run, args, message):
+    result = cli("sample", tiny_run, *args)
     assert (result.code, result.err, result.out) == (2, message, "")
 
 
@@ -397,33 +381,33 @@ def test_corrupt_and_foreign_checkpoints_give_one_error_line(cli, tmp_path):
     assert garbage.read_bytes() == b"\x00not a checkpoint" * 20
 
 
-def test_eval_and_prompt_file_reject_non_utf8(cli, run_dir, tmp_path):
+def test_eval_and_prompt_file_reject_non_utf8(cli, tiny_run, tmp_path):
     bad = tmp_path / "latin1.txt"
     bad.write_bytes("caf\u00e9".encode("latin-1"))
-    result = cli("eval", run_dir, bad)
+    result = cli("eval", tiny_run, bad)
     assert (result.code, result.err) == (
         2, f"error: {bad} is not valid UTF-8 text (invalid byte 0xe9 at byte offset 3); charlm "
            "reads text files as UTF-8, convert it first\n")
-    prompt = cli("sample", run_dir, "--prompt-file", bad)
+    prompt = cli("sample", tiny_run, "--prompt-file", bad)
     assert (prompt.code, prompt.err) == (result.code, result.err)
-    missing = cli("eval", run_dir, tmp_path / "nope.txt")
+    missing = cli("eval", tiny_run, tmp_path / "nope.txt")
     assert (missing.code, missing.err) == (
         2, f"error: input file not found: {tmp_path / 'nope.txt'}\n")
 
 
-def test_prompt_file_is_read_as_prepare_reads_text(cli, run_dir, tmp_path):
+def test_prompt_file_is_read_as_prepare_reads_text(cli, tiny_run, tmp_path):
     """--prompt-file turned CRLF (and a lone CR) into LF, so a model trained on CRLF text saw
     another prompt than the file's, and after a byte order mark named an invalid byte 3 bytes
     early; it keeps the text as it is (here '\r' is outside the model's vocabulary)."""
     crlf = tmp_path / "crlf.txt"
     crlf.write_bytes(b"\xef\xbb\xbfFirst\r\nCitizen:")
-    result = cli("sample", run_dir, "--prompt-file", crlf, "--max-new-tokens", "5")
+    result = cli("sample", tiny_run, "--prompt-file", crlf, "--max-new-tokens", "5")
     assert (result.code, result.err) == (
         2, "error: prompt has characters outside the model's vocabulary: '\\r' at position 5; "
            "remove them or pass --unknown skip\n")
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"\xef\xbb\xbfFirst\xff")
-    result = cli("sample", run_dir, "--prompt-file", bad, "--max-new-tokens", "5")
+    result = cli("sample", tiny_run, "--prompt-file", bad, "--max-new-tokens", "5")
     assert (result.code, result.err) == (
         2, f"error: {bad} is not valid UTF-8 text (invalid byte 0xff at byte offset 8); charlm "
            "reads text files as UTF-8, convert it first\n")
@@ -432,10 +416,10 @@ def test_prompt_file_is_read_as_prepare_reads_text(cli, run_dir, tmp_path):
 @pytest.mark.parametrize("command", [["sample"], ["eval", ROOT / "configs" / "tiny.yaml"],
                                      ["train", "--out"]])
 @pytest.mark.parametrize("device", ["tpu", "CPU"])
-def test_sample_eval_and_train_reject_an_unknown_device(cli, run_dir, command, device):
+def test_sample_eval_and_train_reject_an_unknown_device(cli, tiny_run, command, device):
     """One message for every command (train used to name "--set overrides" for its --device)."""
-    args = [ROOT / "configs" / "tiny.yaml", *command[1:], run_dir] if command[0] == "train" \
-        else [run_dir, *command[1:]]
+    args = [ROOT / "configs" / "tiny.yaml", *command[1:], tiny_run] if command[0] == "train" \
+        else [tiny_run, *command[1:]]
     result = cli(command[0], *args, "--device", device)
     assert (result.code, result.err, result.out) == (
         2, f"error: unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps\n", "")
@@ -492,7 +476,7 @@ def test_sample_default_prompt_for_a_model_without_newlines(cli, tmp_path):
     assert len(charlm.generate(charlm.load(run, "cpu"), max_new_tokens=5)) == 5
 
 
-def test_ctrl_c_while_sampling_ends_the_line_and_says_interrupted(cli, run_dir, monkeypatch):
+def test_ctrl_c_while_sampling_ends_the_line_and_says_interrupted(cli, tiny_run, monkeypatch):
     """Typer alone would exit 130 without a word; the CLI says `interrupted` on a line of its
     own and puts the Ctrl-C handler back."""
     import charlm.generation.text
@@ -512,31 +496,31 @@ def test_ctrl_c_while_sampling_ends_the_line_and_says_interrupted(cli, run_dir, 
 
     monkeypatch.setattr(charlm.generation.text, "sample_text", interrupted_after_20)
     handler = signal.getsignal(signal.SIGINT)
-    result = cli("sample", run_dir, "--prompt", "First", "--max-new-tokens", "100000")
+    result = cli("sample", tiny_run, "--prompt", "First", "--max-new-tokens", "100000")
     assert (result.code, result.err) == (130, "\ninterrupted\n")
     assert result.out.startswith("First") and 20 <= len(result.out) - 5 < 1000
     assert signal.getsignal(signal.SIGINT) is handler
 
 
-def test_info_on_a_safetensors_export_dir(cli, run_dir, tmp_path):
+def test_info_on_a_safetensors_export_dir(cli, tiny_run, tmp_path):
     from charlm.export import save_safetensors
     from charlm.training.checkpoint import load_model
 
-    model, vocab, cfg, _ = load_model(run_dir)
+    model, vocab, cfg, _ = load_model(tiny_run)
     save_safetensors(model, vocab, cfg, tmp_path / "st")
     from_export = cli("info", tmp_path / "st", "--json")
     assert from_export.code == 0, from_export.err
-    from_run = json.loads(cli("info", run_dir, "--json").out)
+    from_run = json.loads(cli("info", tiny_run, "--json").out)
     info = json.loads(from_export.out)
     assert "checkpoint" not in info
     del from_run["checkpoint"]
     assert info == from_run
 
 
-def test_eval_rejects_an_unknown_policy(cli, run_dir, tmp_path):
+def test_eval_rejects_an_unknown_policy(cli, tiny_run, tmp_path):
     text = tmp_path / "t.txt"
     text.write_text("First Citizen:\n", encoding="utf-8")
-    result = cli("eval", run_dir, text, "--unknown", "drop")
+    result = cli("eval", tiny_run, text, "--unknown", "drop")
     assert (result.code, result.err, result.out) == (
         2, "error: --unknown must be 'error' or 'skip', got 'drop'\n", "")
 
@@ -611,10 +595,10 @@ def non_ascii_model(tmp_path) -> Path:
     return tmp_path / "st"
 
 
-def test_sample_with_stdout_closed_runs_as_into_dev_null(cli, run_dir, monkeypatch):
+def test_sample_with_stdout_closed_runs_as_into_dev_null(cli, tiny_run, monkeypatch):
     """`charlm sample RUN >&-`: Python's sys.stdout is None then; it ended in a traceback."""
     monkeypatch.setattr(sys, "stdout", None)
-    result = cli("sample", run_dir, "--max-new-tokens", "5")
+    result = cli("sample", tiny_run, "--max-new-tokens", "5")
     assert (result.code, result.err) == (0, "")
 
 
@@ -651,7 +635,7 @@ def test_sample_to_a_stdout_that_cannot_encode_the_text(non_ascii_model, monkeyp
     ("eval", "charlm.evaluation.scoring", "score_text",
      "free memory on the device, or score on another --device"),
 ])
-def test_out_of_memory_outside_training_gives_that_command_s_advice(cli, monkeypatch, run_dir,
+def test_out_of_memory_outside_training_gives_that_command_s_advice(cli, monkeypatch, tiny_run,
                                                                     corpus, command, module,
                                                                     function, advice):
     """It said to shrink the model and train.batch_size, which sample and eval cannot."""
@@ -661,7 +645,7 @@ def test_out_of_memory_outside_training_gives_that_command_s_advice(cli, monkeyp
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
 
     monkeypatch.setattr(importlib.import_module(module), function, oom)
-    args = [command, run_dir] + ([corpus] if command == "eval" else [])
+    args = [command, tiny_run] + ([corpus] if command == "eval" else [])
     result = cli(*args)
     assert (result.code, result.err) == (
         2, f"error: out of memory (tried to allocate 2.00 GiB): {advice}\n")

@@ -8,8 +8,8 @@ from charlm.config.loading import load_config, save_config
 from charlm.config.schema import ModelConfig, RunConfig
 from charlm.config.values import dump_yaml, parse_yaml
 from charlm.core.errors import CharlmError
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted((ROOT / "configs").glob("*.yaml"))
 
 

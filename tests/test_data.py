@@ -15,8 +15,7 @@ from charlm.data.batches import BatchSampler
 from charlm.data.chunks import code_point_chunks
 from charlm.data.dataset import dataset_for, load_dataset
 from charlm.data.text import prepare
-
-from .conftest import ROOT, SHAKESPEARE
+from tests.helpers import ROOT, SHAKESPEARE
 
 
 def test_tinyshakespeare_matches_nanogpt(tmp_path):

@@ -20,10 +20,8 @@ from charlm.training import checkpoint
 from charlm.training import loop as train_module
 from charlm.training.loop import train
 from charlm.training.optimizer import make_optimizer
+from tests.helpers import ROOT, pairs_config, reversal_pairs, with_, write_pairs
 
-from .test_train import with_
-
-ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_FAILURES = ("EADDRINUSE", "address already in use", "DistNetworkError", "Rendezvous")
 
 
@@ -213,8 +211,6 @@ def test_gradient_accumulation_all_reduces_on_the_last_micro_batch_only(tiny_cfg
 def test_an_encoder_decoder_trains_under_two_gloo_processes_as_in_one(tmp_path):
     """DDP for model.arch=encoder_decoder: the pair sampler's rows split each global batch, so
     two processes train as one does (up to the order of float sums)."""
-    from .test_translation import pairs_config, reversal_pairs, write_pairs
-
     data = write_pairs(tmp_path / "reverse.tsv", reversal_pairs(200, 1))
     cfg = with_(pairs_config(data, tmp_path / "one", max_iters=4),
                 optim={"lr": 3e-3, "min_lr": 3e-4, "warmup_iters": 2},

@@ -14,41 +14,7 @@ import torch
 
 from charlm.data.text import prepare as prepare_dataset
 from charlm.training import checkpoint
-
-from .conftest import ROOT
-
-TINY = ROOT / "configs" / "tiny.yaml"
-
-
-def files_under(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file()}
-
-
-@pytest.fixture
-def fails(cli, tmp_path):
-    """Run charlm with ARGS, expect exactly `error: MESSAGE`, exit code 2 and no file under
-    tmp_path changed or removed (new files are allowed only where `new` says so)."""
-
-    def run(*args, message: str, new: bool = False):
-        before = files_under(tmp_path)
-        result = cli(*args)
-        assert (result.code, result.err) == (2, f"error: {message}\n")
-        after = files_under(tmp_path)
-        assert {k: after.get(k) for k in before} == before
-        if not new:
-            assert after.keys() == before.keys()
-        return result
-
-    return run
-
-
-def write(path: Path, content: str | bytes) -> Path:
-    if isinstance(content, bytes):
-        path.write_bytes(content)
-    else:
-        path.write_text(content, encoding="utf-8")
-    return path
+from tests.helpers import TINY, write
 
 
 def test_missing_data_file(fails, tmp_path):

@@ -12,8 +12,7 @@ from charlm.config.loading import load_config
 from charlm.core.errors import CharlmError
 from charlm.export import load_safetensors, save_hf, save_safetensors, write_dir
 from charlm.training import checkpoint
-
-from .conftest import ROOT, SHAKESPEARE
+from tests.helpers import ROOT, SHAKESPEARE
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 

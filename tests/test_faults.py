@@ -23,30 +23,7 @@ from charlm.training.faults import BadSteps, Interrupted
 from charlm.training.loop import train
 from charlm.training.run_dir import resume_config
 from charlm.training.run_objects import TrainState
-
-from .conftest import ROOT
-from .test_train import with_
-
-
-def signal_after_steps(monkeypatch, signals: dict[int, list[int]]) -> None:
-    """Make the training loop send itself `signals[n]` right after its n-th train_step."""
-    real, calls = train_module.train_step, [0]
-
-    def step(*args, **kwargs):
-        out = real(*args, **kwargs)
-        calls[0] += 1
-        for sig in signals.get(calls[0], []):
-            os.kill(os.getpid(), sig)
-        return out
-
-    monkeypatch.setattr(train_module, "train_step", step)
-
-
-def assert_same_weights(a_path: Path, b_path: Path) -> None:
-    a, b = checkpoint.load(a_path), checkpoint.load(b_path)
-    assert a["model"].keys() == b["model"].keys()
-    for key, value in a["model"].items():
-        assert torch.equal(value, b["model"][key]), key
+from tests.helpers import ROOT, assert_same_weights, signal_after_steps, with_
 
 
 def test_sigterm_saves_last_then_resume_is_exact(tiny_cfg, tmp_path, monkeypatch):

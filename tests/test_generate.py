@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from charlm.config.sampling import SampleConfig
-from charlm.config.schema import ModelConfig
 from charlm.core.errors import CharlmError
 from charlm.generation.beams import beam_search
 from charlm.generation.decoding import (
@@ -13,46 +12,25 @@ from charlm.generation.decoding import (
     apply_repetition_penalty,
     apply_top_k,
     apply_top_p,
-    generate,
     sample_next,
 )
 from charlm.model.gpt import GPT
+from tests.helpers import GREEDY, RANDOM_GPT_VOCAB, VARIANTS, decode_ids, random_gpt, uncached
 
-from .conftest import VARIANTS
-
-V = 13
-GREEDY = SampleConfig(temperature=0)
-
-
-def random_model(**options) -> GPT:
-    torch.manual_seed(1)
-    cfg = ModelConfig(block_size=16, n_layer=2, n_head=2, n_embd=32, **options)
-    model = GPT(cfg, V).eval()
-    with torch.no_grad():  # larger weights than the init, so greedy output is not constant
-        for p in model.parameters():
-            p.normal_(0.0, 0.5)
-    return model
+V = RANDOM_GPT_VOCAB
 
 
 @pytest.fixture
 def model() -> GPT:
-    return random_model()
-
-
-def run(model, prompt, n, opts=GREEDY, generator=None):
-    return torch.stack(list(generate(model, prompt, n, opts, generator)), dim=1)  # (B, n)
-
-
-def uncached(opts: SampleConfig) -> SampleConfig:
-    return SampleConfig(**{**opts.__dict__, "use_cache": False})
+    return random_gpt()
 
 
 @pytest.mark.parametrize("batch, prompt_len", [(1, 1), (1, 5), (4, 1), (4, 7)])
 def test_cached_greedy_equals_uncached(model, batch, prompt_len):
     prompt = torch.randint(0, V, (batch, prompt_len))
     n = 16 - prompt_len + 1  # every step until the context window is full
-    cached = run(model, prompt, n)
-    assert torch.equal(cached, run(model, prompt, n, uncached(GREEDY)))
+    cached = decode_ids(model, prompt, n)
+    assert torch.equal(cached, decode_ids(model, prompt, n, uncached(GREEDY)))
     assert len(set(cached.flatten().tolist())) > 1  # not a degenerate constant stream
 
 
@@ -60,8 +38,8 @@ def test_cached_sampling_equals_uncached_with_every_processor(model):
     opts = SampleConfig(temperature=0.9, top_k=8, top_p=0.9, min_p=0.05,
                         repetition_penalty=1.3, repetition_window=5)
     prompt = torch.randint(0, V, (3, 4))
-    a = run(model, prompt, 13, opts, torch.Generator().manual_seed(2))
-    b = run(model, prompt, 13, uncached(opts), torch.Generator().manual_seed(2))
+    a = decode_ids(model, prompt, 13, opts, torch.Generator().manual_seed(2))
+    b = decode_ids(model, prompt, 13, uncached(opts), torch.Generator().manual_seed(2))
     assert torch.equal(a, b)
 
 
@@ -74,7 +52,7 @@ def test_generation_past_the_window_has_exact_length_and_bounded_cache(model, mo
         return caches[-1]
 
     monkeypatch.setattr(GPT, "new_cache", spy)
-    out = run(model, torch.zeros(2, 3, dtype=torch.long), 4 * 16)
+    out = decode_ids(model, torch.zeros(2, 3, dtype=torch.long), 4 * 16)
     assert out.shape == (2, 64)
     assert len(caches) == 1 and caches[0].k[0].shape[2] == 16  # allocated once, block_size long
     assert caches[0].pos <= 16
@@ -82,7 +60,7 @@ def test_generation_past_the_window_has_exact_length_and_bounded_cache(model, mo
 
 def test_past_the_window_the_cache_restarts_from_the_last_half(model):
     prompt = torch.randint(0, V, (1, 16))  # the window is full after the prompt
-    cached = run(model, prompt, 2)
+    cached = decode_ids(model, prompt, 2)
     # After the first new token the cache re-prefills the last 8 ids (7 old + the new one).
     first = cached[:, :1]
     context = torch.cat([prompt[:, -7:], first], dim=1)
@@ -92,14 +70,14 @@ def test_past_the_window_the_cache_restarts_from_the_last_half(model):
 
 def test_long_prompt_is_cropped_to_block_size(model):
     prompt = torch.randint(0, V, (1, 40))
-    assert torch.equal(run(model, prompt, 1), run(model, prompt[:, -16:], 1))
+    assert torch.equal(decode_ids(model, prompt, 1), decode_ids(model, prompt[:, -16:], 1))
 
 
 def test_beams_1_equals_greedy(model):
     prompt = torch.randint(0, V, (1, 3))
-    greedy = run(model, prompt, 30)[0].tolist()
+    greedy = decode_ids(model, prompt, 30)[0].tolist()
     assert beam_search(model, prompt, 30, beams=1) == greedy
-    assert beam_search(model, prompt, 30, beams=1, use_cache=False) == run(
+    assert beam_search(model, prompt, 30, beams=1, use_cache=False) == decode_ids(
         model, prompt, 30, uncached(GREEDY))[0].tolist()  # past the window the paths differ
 
 
@@ -163,7 +141,7 @@ def test_greedy_and_beam_search_on_a_diverged_model_are_the_same_plain_error(mod
         model.head.weight[3, 0] = bad  # one logit of every position is NaN or inf
     prompt = torch.tensor([[1, 2, 3]])
     with pytest.raises(CharlmError, match=message):
-        run(model, prompt, 5)
+        decode_ids(model, prompt, 5)
     for beams in (1, 3):
         with pytest.raises(CharlmError, match=message):
             beam_search(model, prompt, 5, beams)
@@ -213,8 +191,8 @@ def test_repetition_penalty_direction():
 
 def test_repetition_penalty_changes_greedy_output(model):
     prompt = torch.zeros(1, 1, dtype=torch.long)
-    plain = run(model, prompt, 15)
-    penalised = run(model, prompt, 15, SampleConfig(temperature=0, repetition_penalty=5.0))
+    plain = decode_ids(model, prompt, 15)
+    penalised = decode_ids(model, prompt, 15, SampleConfig(temperature=0, repetition_penalty=5.0))
     assert not torch.equal(plain, penalised)
     distinct = lambda t: len(set(t[0].tolist()))  # noqa: E731
     assert distinct(penalised) > distinct(plain)
@@ -223,29 +201,29 @@ def test_repetition_penalty_changes_greedy_output(model):
 def test_a_repetition_window_longer_than_the_text_allocates_only_the_text(model):
     prompt = torch.randint(0, V, (2, 5))
     opts = SampleConfig(temperature=0, repetition_penalty=2.0, repetition_window=16)
-    expected = run(model, prompt, 11, opts)  # the window holds prompt and output whole
+    expected = decode_ids(model, prompt, 11, opts)  # the window holds prompt and output whole
     for window in (17, 10**15):  # 8 PB of ids if allocated as asked
         wide = SampleConfig(temperature=0, repetition_penalty=2.0, repetition_window=window)
-        assert torch.equal(run(model, prompt, 11, wide), expected)
-        assert torch.equal(run(model, prompt, 11, uncached(wide)), expected)
-    assert not torch.equal(run(model, prompt, 11), expected)  # the penalty made a difference
+        assert torch.equal(decode_ids(model, prompt, 11, wide), expected)
+        assert torch.equal(decode_ids(model, prompt, 11, uncached(wide)), expected)
+    assert not torch.equal(decode_ids(model, prompt, 11), expected)  # the penalty made a difference
 
 
 def test_same_seed_same_tokens(model):
     prompt = torch.zeros(2, 1, dtype=torch.long)
     opts = SampleConfig(temperature=1.0)
-    a = run(model, prompt, 40, opts, torch.Generator().manual_seed(5))
-    b = run(model, prompt, 40, opts, torch.Generator().manual_seed(5))
-    c = run(model, prompt, 40, opts, torch.Generator().manual_seed(6))
+    a = decode_ids(model, prompt, 40, opts, torch.Generator().manual_seed(5))
+    b = decode_ids(model, prompt, 40, opts, torch.Generator().manual_seed(5))
+    c = decode_ids(model, prompt, 40, opts, torch.Generator().manual_seed(6))
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_cached_greedy_equals_uncached_for_every_variant(variant):
-    model = random_model(**VARIANTS[variant])
+    model = random_gpt(**VARIANTS[variant])
     prompt = torch.randint(0, V, (3, 4))
-    cached = run(model, prompt, 13)  # up to a full window
-    assert torch.equal(cached, run(model, prompt, 13, uncached(GREEDY)))
+    cached = decode_ids(model, prompt, 13)  # up to a full window
+    assert torch.equal(cached, decode_ids(model, prompt, 13, uncached(GREEDY)))
     assert len(set(cached.flatten().tolist())) > 1
 
 
@@ -253,7 +231,7 @@ def test_cached_greedy_equals_uncached_for_every_variant(variant):
 def test_static_position_cache_gives_the_dynamic_logits(variant):
     """The static-shape step (a device tensor as position, the whole cache masked) computes what
     the growing-slice cache does, one token at a time."""
-    model = random_model(**VARIANTS[variant])
+    model = random_gpt(**VARIANTS[variant])
     idx = torch.randint(0, V, (2, 12))
     dynamic = model.new_cache(2)
     model(idx[:, :4], cache=dynamic)
@@ -272,9 +250,9 @@ def test_compiled_decode_step_samples_what_eager_does(model, capsys):
     opts = SampleConfig(temperature=0.9, compile=True)
     for batch in (2, 3):
         prompt = torch.randint(0, V, (batch, 5))
-        compiled = run(model, prompt, 40, opts, torch.Generator().manual_seed(0))
-        eager = run(model, prompt, 40, SampleConfig(temperature=0.9),
-                    torch.Generator().manual_seed(0))
+        compiled = decode_ids(model, prompt, 40, opts, torch.Generator().manual_seed(0))
+        eager = decode_ids(model, prompt, 40, SampleConfig(temperature=0.9),
+                           torch.Generator().manual_seed(0))
         assert torch.equal(compiled, eager)
     assert capsys.readouterr().err == ""  # the compiled step really ran: no eager fallback
 
@@ -287,8 +265,8 @@ def test_compile_failure_falls_back_to_eager_with_one_warning(model, monkeypatch
 
     monkeypatch.setattr(torch, "compile", broken_compile)
     prompt = torch.randint(0, V, (1, 3))
-    got = run(model, prompt, 20, SampleConfig(temperature=0, compile=True))
-    assert torch.equal(got, run(model, prompt, 20))
+    got = decode_ids(model, prompt, 20, SampleConfig(temperature=0, compile=True))
+    assert torch.equal(got, decode_ids(model, prompt, 20))
     assert capsys.readouterr().err == (
         "warning: torch.compile failed (RuntimeError: InvalidCxxCompiler: No working C++ compiler "
         "found); decoding without compile\n")
@@ -308,5 +286,6 @@ def test_forward_hooks_run_at_every_decode_step(model, use_cache):
     model.blocks[1].register_forward_hook(lambda *_: calls.__setitem__("block", calls["block"] + 1))
     model.blocks[0].attn.register_forward_hook(
         lambda *_: calls.__setitem__("attn", calls["attn"] + 1))
-    run(model, torch.randint(0, V, (2, 3)), 6, SampleConfig(temperature=0, use_cache=use_cache))
+    decode_ids(model, torch.randint(0, V, (2, 3)), 6,
+               SampleConfig(temperature=0, use_cache=use_cache))
     assert calls == {"block": 6, "attn": 6}  # one prefill, then five one-token steps

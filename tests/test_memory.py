@@ -26,16 +26,19 @@ from charlm.training.loop import train
 from charlm.training.run_dir import RUN_FILES
 from charlm.training.run_objects import require_batch_memory
 from charlm.training.tasks import task_for
+from tests.helpers import (
+    GIB,
+    ROOT,
+    TINY,
+    fixed_memory,
+    no_step,
+    pairs_config,
+    reversal_pairs,
+    with_,
+    write_pairs,
+)
 
-from .conftest import ROOT
-from .test_train import with_
-from .test_translation import pairs_config, reversal_pairs, write_pairs
-
-TINY = ROOT / "configs" / "tiny.yaml"
 CPU = torch.device("cpu")
-GIB = 2**30
-
-
 def saved_bytes(model: torch.nn.Module, batch: tuple[torch.Tensor, ...],
                 dtype: torch.dtype) -> int:
     """The bytes of the tensors a forward saves for its backward (each storage once, the
@@ -94,20 +97,6 @@ def test_the_estimate_grows_with_every_size():
             < training_bytes(dropout, 65, 16, torch.float32, CPU))
     assert (training_bytes(cfg, 65, 16, torch.bfloat16, cuda)
             < training_bytes(cfg, 65, 16, torch.bfloat16, CPU))
-
-
-def fixed_memory(monkeypatch: pytest.MonkeyPatch, gib: float) -> None:
-    """The machine has `gib` GiB, whatever it really has (the error lines name it)."""
-    monkeypatch.setattr("charlm.runtime.device.memory_bytes", lambda device: int(gib * GIB))
-
-
-def no_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A training step fails the test: a refused batch must never reach one (and without the
-    guard, this one would take the machine's memory)."""
-    def step(*args, **kwargs):
-        raise AssertionError("the first training step ran")
-
-    monkeypatch.setattr(train_module, "train_step", step)
 
 
 def test_a_batch_too_big_for_memory_is_one_error_line_before_the_first_step(

@@ -12,9 +12,7 @@ from charlm.generation.text import preview
 from charlm.training import checkpoint
 from charlm.training.loop import train
 from charlm.training.metrics import flatten
-
-from .conftest import ROOT
-from .test_train import with_
+from tests.helpers import ROOT, with_
 
 
 def read_tb(run: Path) -> EventAccumulator:

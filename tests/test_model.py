@@ -8,18 +8,13 @@ from charlm.config.schema import ModelConfig
 from charlm.core.errors import CharlmError
 from charlm.model import gpt as model_module
 from charlm.model.gpt import GPT, RMSNorm, gelu, param_counts, parameter_count, sinusoidal_table
-
-from .conftest import VARIANTS
+from tests.helpers import VARIANTS, expected_params, tiny_model_config
 
 V = 11
 
 
-def tiny(**kw) -> ModelConfig:
-    return ModelConfig(**{"block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 32, **kw})
-
-
 def test_output_shapes_and_loss():
-    model = GPT(tiny(), V)
+    model = GPT(tiny_model_config(), V)
     idx = torch.randint(0, V, (3, 10))
     logits, loss = model(idx)
     assert logits.shape == (3, 10, V) and loss is None
@@ -32,11 +27,12 @@ def test_output_shapes_and_loss():
 def test_label_smoothing_applies_to_the_training_loss_only(arch):
     torch.manual_seed(0)
     if arch == "decoder":
-        model = GPT(tiny(label_smoothing=0.4), V)
+        model = GPT(tiny_model_config(label_smoothing=0.4), V)
         inputs = (torch.randint(0, V, (3, 10)),)
     else:
         from charlm.model.encoder_decoder import EncoderDecoder
-        model = EncoderDecoder(tiny(arch=arch, label_smoothing=0.4), V, V, source_pad=V - 1)
+        model = EncoderDecoder(tiny_model_config(arch=arch, label_smoothing=0.4), V, V,
+                               source_pad=V - 1)
         inputs = (torch.randint(0, V - 1, (3, 7)), torch.randint(0, V, (3, 10)))
     targets = torch.randint(0, V, (3, 10))
     targets[0, 6:] = -1  # padding: ignored in both modes
@@ -54,12 +50,12 @@ def test_label_smoothing_applies_to_the_training_loss_only(arch):
 
 def test_too_long_sequence_is_refused():
     with pytest.raises(ValueError, match="exceeds block_size 16"):
-        GPT(tiny(), V)(torch.zeros(1, 17, dtype=torch.long))
+        GPT(tiny_model_config(), V)(torch.zeros(1, 17, dtype=torch.long))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_causality(variant):
-    model = GPT(tiny(**VARIANTS[variant]), V).eval()
+    model = GPT(tiny_model_config(**VARIANTS[variant]), V).eval()
     idx = torch.randint(0, V, (2, 12))
     changed = idx.clone()
     changed[:, 7] = (idx[:, 7] + 1) % V
@@ -69,29 +65,14 @@ def test_causality(variant):
     assert not torch.allclose(a[:, 7:], b[:, 7:])
 
 
-def expected_params(cfg: ModelConfig, vocab: int) -> int:
-    """The analytic count, written from the definitions rather than from the code."""
-    C, L, T = cfg.n_embd, cfg.n_layer, cfg.block_size
-    F = cfg.n_ff if cfg.n_ff is not None else (88 if cfg.activation == "swiglu" else 4 * C)
-    b = 1 if cfg.bias else 0
-    ins = 2 if cfg.activation == "swiglu" else 1  # gate and up, or up alone
-    attn = 4 * C * C + b * 4 * C
-    mlp = (ins + 1) * C * F + b * (ins * F + C)
-    norm = C * (1 + (b if cfg.norm == "layernorm" else 0))  # RMSNorm never has a bias
-    final = 0 if cfg.norm_placement == "post" else norm
-    pos = T * C if cfg.pos_encoding == "learned" else 0
-    head = 0 if cfg.tie_weights else vocab * C
-    return vocab * C + pos + L * (attn + mlp + 2 * norm) + final + head
-
-
 @pytest.mark.parametrize("activation", ["gelu", "relu", "swiglu"])
 @pytest.mark.parametrize("n_ff", [None, 48])
 def test_parameter_count_matches_formula_for_every_combination(activation, n_ff):
     for bias, tie, pos, norm, placement in itertools.product(
             [False, True], [False, True], ["learned", "sinusoidal", "rope", "none"],
             ["layernorm", "rmsnorm"], ["pre", "post"]):
-        cfg = tiny(bias=bias, tie_weights=tie, n_ff=n_ff, activation=activation,
-                   pos_encoding=pos, norm=norm, norm_placement=placement)
+        cfg = tiny_model_config(bias=bias, tie_weights=tie, n_ff=n_ff, activation=activation,
+                                pos_encoding=pos, norm=norm, norm_placement=placement)
         model = GPT(cfg, V)
         where = f"{cfg}"
         expected = expected_params(cfg, V)
@@ -121,10 +102,12 @@ def test_gelu_of_a_decode_step_runs_pytorchs_own_kernel_and_leaves_onednn_on(row
 
 
 def test_swiglu_hidden_size_rule():
-    assert tiny(activation="swiglu").ff_width == 88  # 2/3 * 4 * 32 = 85.3, up to a multiple of 8
+    # 2/3 * 4 * 32 = 85.3, up to a multiple of 8
+    assert tiny_model_config(activation="swiglu").ff_width == 88
     assert ModelConfig(n_embd=384, activation="swiglu").ff_width == 1024
-    assert tiny(activation="swiglu", n_ff=40).ff_width == 40  # an explicit n_ff is honoured
-    model = GPT(tiny(activation="swiglu", n_ff=40), V)
+    # an explicit n_ff is honoured
+    assert tiny_model_config(activation="swiglu", n_ff=40).ff_width == 40
+    model = GPT(tiny_model_config(activation="swiglu", n_ff=40), V)
     assert model.blocks[0].mlp.fc.weight.shape == (80, 32)  # gate and up, fused
     assert model.blocks[0].mlp.proj.weight.shape == (32, 40)
 
@@ -145,7 +128,7 @@ def test_init_scales_residual_projections():
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_cached_forward_matches_full_forward(variant):
-    model = GPT(tiny(**VARIANTS[variant]), V).eval()
+    model = GPT(tiny_model_config(**VARIANTS[variant]), V).eval()
     idx = torch.randint(0, V, (2, 12))
     full, _ = model(idx)
     cache = model.new_cache(2)
@@ -158,7 +141,7 @@ def test_cached_forward_matches_full_forward(variant):
 
 
 def test_cached_forward_runs_the_modules_and_reads_their_live_tensors():
-    model = GPT(tiny(), V).eval()
+    model = GPT(tiny_model_config(), V).eval()
     calls = []
     model.blocks[0].attn.qkv.register_forward_hook(lambda *_: calls.append("qkv"))
     idx = torch.randint(0, V, (1, 4))
@@ -188,7 +171,7 @@ def test_sinusoidal_table_values_at_known_positions():
 
 
 def test_sinusoidal_embedding_scales_tokens_and_adds_the_table():
-    model = GPT(tiny(pos_encoding="sinusoidal"), V)
+    model = GPT(tiny_model_config(pos_encoding="sinusoidal"), V)
     assert not hasattr(model, "wpe") and not any("pe" in k for k in model.state_dict())
     idx, pos = torch.randint(0, V, (2, 6)), torch.arange(3, 9)
     expected = model.wte(idx) * math.sqrt(32) + sinusoidal_table(pos, 32)
@@ -210,7 +193,7 @@ def test_rmsnorm_divides_by_root_mean_square():
 
 @pytest.mark.parametrize("placement", ["pre", "post"])
 def test_pre_and_post_norm_blocks_follow_their_definitions(placement):
-    model = GPT(tiny(norm_placement=placement, bias=True), V).eval()
+    model = GPT(tiny_model_config(norm_placement=placement, bias=True), V).eval()
     block = model.blocks[0]
     with torch.no_grad():  # non-trivial norm parameters, so a misplaced norm would show
         for p in (block.ln_1.weight, block.ln_1.bias, block.ln_2.weight, block.ln_2.bias):
@@ -225,7 +208,8 @@ def test_pre_and_post_norm_blocks_follow_their_definitions(placement):
         h = block.ln_1(x + block.attn(x))
         expected = block.ln_2(h + block.mlp(h))
         assert isinstance(model.ln_f, torch.nn.Identity)
-        plain = GPT(tiny(norm_placement="post"), V).blocks[0].eval()  # unit weight, no bias
+        # unit weight, no bias
+        plain = GPT(tiny_model_config(norm_placement="post"), V).blocks[0].eval()
         y = plain(x * 10 + 3, None, 0)
         torch.testing.assert_close(y.mean(-1), torch.zeros(2, 5), atol=1e-5, rtol=0)
         torch.testing.assert_close(y.var(-1, unbiased=False), torch.ones(2, 5), atol=1e-3,
@@ -240,15 +224,16 @@ def test_default_architecture_keeps_the_state_dict_names():
     expected = ["wte.weight", "wpe.weight"]
     expected += [f"blocks.{i}.{name}" for i in range(2) for name in per_block]
     expected += ["ln_f.weight", "head.weight"]
-    assert list(GPT(tiny(), V).state_dict()) == expected
+    assert list(GPT(tiny_model_config(), V).state_dict()) == expected
 
 
 @pytest.mark.parametrize("variant", ["default", "all_changed", "pos_encoding=sinusoidal"])
 def test_parameter_count_of_a_config_is_the_built_models(variant):
-    cfg = tiny(**VARIANTS[variant], n_layer=3)
+    cfg = tiny_model_config(**VARIANTS[variant], n_layer=3)
     built = param_counts(GPT(cfg, V))
-    one_layer = GPT(tiny(**VARIANTS[variant], n_layer=1), V)
+    one_layer = GPT(tiny_model_config(**VARIANTS[variant], n_layer=1), V)
     assert param_counts(one_layer, 3) == built  # one block stands for three, per component
     assert parameter_count(cfg, V) == built["total"] == expected_params(cfg, V)
-    huge = tiny(**VARIANTS[variant], n_layer=10**9)  # counted on the meta device, at once
+    # counted on the meta device, at once
+    huge = tiny_model_config(**VARIANTS[variant], n_layer=10**9)
     assert parameter_count(huge, V) == expected_params(huge, V)

@@ -9,8 +9,7 @@ from charlm.config.loading import load_config
 from charlm.config.schema import OptimConfig
 from charlm.model.gpt import GPT
 from charlm.training.optimizer import AdamW, has_fused_kernel, load_state, make_optimizer, step_if
-
-from .conftest import ROOT
+from tests.helpers import ROOT
 
 
 class ReferenceFusedAdamW:

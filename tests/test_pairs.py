@@ -11,18 +11,12 @@ from charlm.data.pair_dataset import PairSplit, load_pairs, pairs_for, reference
 from charlm.data.pairs import prepare_pairs, read_pairs, split_of
 from charlm.data.text import prepare
 from charlm.data.vocab import PairVocab
-
-from .conftest import ROOT
+from tests.helpers import ROOT, write
 
 SKIP = "or set data.skip_bad_pairs=true to skip such lines"
 ONE_PER_LINE = f'give one "source<TAB>target" pair per line, {SKIP}'
 SHORTEN = f"raise it, shorten the line, {SKIP}"
 AGAIN = "prepare it again with `charlm prepare --pairs`"
-
-
-def write(path, text):
-    path.write_text(text, encoding="utf-8")
-    return path
 
 
 def words(n=60, refs=2):

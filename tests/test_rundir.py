@@ -10,8 +10,7 @@ from charlm.core.errors import CharlmError
 from charlm.training import run_dir as rundir
 from charlm.training.loop import train
 from charlm.training.run_dir import resume_config
-
-from .test_train import with_
+from tests.helpers import with_
 
 
 def test_resume_refuses_architecture_change_and_missing_checkpoint(tiny_cfg, tmp_path):

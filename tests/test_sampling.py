@@ -8,15 +8,17 @@ from charlm.generation.decoding import apply_repetition_penalty, apply_temperatu
 from charlm.generation.text import StopMatcher, encode_prompt, sample_text
 from charlm.model.footprint import sampling_bytes
 from charlm.model.gpt import GPT
+from tests.helpers import RANDOM_GPT_VOCAB, random_gpt
 
-from .test_generate import V, random_model
+V = RANDOM_GPT_VOCAB
+
 
 VOCAB = Vocab([chr(ord("a") + i) for i in range(V)])  # 'a'..'m'
 
 
 @pytest.fixture
 def model() -> GPT:
-    return random_model()
+    return random_gpt()
 
 
 def test_more_samples_or_beams_than_memory_holds_is_a_plain_error(model, monkeypatch):

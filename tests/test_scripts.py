@@ -3,7 +3,6 @@ the figures they report are computed right."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import runpy
@@ -15,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from .conftest import ROOT, CliResult, run_main
+from tests.helpers import ROOT, CliResult, common_module, import_script, run_main
 
 TINY = str(ROOT / "configs" / "tiny.yaml")
 
@@ -163,12 +162,6 @@ def test_bench_presets_writes_nanogpts_data_as_its_prepare_does(monkeypatch, tmp
                           for f in ("train.bin", "val.bin")])
     assert "".join(meta["itos"][i] for i in ids) == "hello world\n" * 5
     assert len(np.fromfile(tmp_path / "train.bin", dtype=np.uint16)) == int(60 * 0.9)
-
-
-def import_script(name: str, monkeypatch):
-    """A script of scripts/ as a module (they import their neighbour `common` by name)."""
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    return importlib.import_module(name)
 
 
 def test_bench_decode_times_its_measures_in_turn_and_pairs_them_by_round(monkeypatch):
@@ -419,10 +412,6 @@ def test_bench_split_pairs_the_two_rules_on_the_same_tokens(monkeypatch, capsys)
     row = json.loads(lines[1])
     assert (row["config"], row["batch"], row["pairs"], row["tokens"]) == ("tiny.yaml", 2, 2, 5)
     assert lines[-1].startswith("| tiny.yaml | 2 | ")
-
-
-def common_module(monkeypatch):
-    return import_script("common", monkeypatch)
 
 
 @pytest.mark.parametrize("unit", ["AMX", "AVX512_BF16", None])

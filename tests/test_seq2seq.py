@@ -6,52 +6,25 @@ from charlm.config.schema import ModelConfig
 from charlm.generation.seq2seq import Seq2SeqDecoder, beam_search_ids, translate_ids
 from charlm.model.encoder_decoder import EncoderDecoder, output_limit, parameter_count
 from charlm.model.gpt import RMSNorm, param_counts
-
-from .conftest import VARIANTS
-
-# The PairVocab layout: source chars 0..6 then src_pad; target units 0..8 then pad, bos, eos.
-VS, SRC_PAD = 8, 7
-VT, PAD, BOS, EOS = 12, 9, 10, 11
-GREEDY = SampleConfig(temperature=0)
-
-
-def config(**options) -> ModelConfig:
-    return ModelConfig(**{"arch": "encoder_decoder", "block_size": 16, "n_layer": 2,
-                          "n_encoder_layer": 3, "n_head": 2, "n_embd": 32, **options})
-
-
-def random_model(**options) -> EncoderDecoder:
-    """Larger weights than the init, so decoding is not a constant stream."""
-    torch.manual_seed(1)
-    model = EncoderDecoder(config(**options), VS, VT, SRC_PAD).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.5)
-    return model
-
-
-def batch(sources: list[list[int]], targets: list[list[int]], S: int = 0, T: int = 0):
-    """src padded with SRC_PAD, tgt_in = [bos] + target padded with PAD, tgt_out = target +
-    [eos] padded with -1; at least S and T columns (more padding than the batch needs)."""
-    S = max(S, *map(len, sources))
-    T = max(T, *(len(t) + 1 for t in targets))
-    src = torch.full((len(sources), S), SRC_PAD)
-    tgt_in = torch.full((len(targets), T), PAD)
-    tgt_out = torch.full((len(targets), T), -1)
-    for i, (s, t) in enumerate(zip(sources, targets, strict=True)):
-        src[i, :len(s)] = torch.tensor(s)
-        tgt_in[i, :len(t) + 1] = torch.tensor([BOS, *t])
-        tgt_out[i, :len(t) + 1] = torch.tensor([*t, EOS])
-    return src, tgt_in, tgt_out
-
-
-def uncached(opts: SampleConfig) -> SampleConfig:
-    return SampleConfig(**{**opts.__dict__, "use_cache": False})
+from tests.helpers import (
+    BOS,
+    EOS,
+    GREEDY,
+    PAD,
+    SRC_PAD,
+    VARIANTS,
+    VS,
+    VT,
+    random_seq2seq,
+    seq2seq_batch,
+    seq2seq_config,
+    uncached,
+)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_decoder_is_causal_and_reads_the_whole_source(variant):
-    model = random_model(**VARIANTS[variant])
+    model = random_seq2seq(**VARIANTS[variant])
     src = torch.randint(0, SRC_PAD, (2, 6))
     tgt = torch.randint(0, PAD, (2, 9))
     base, _ = model(src, tgt)
@@ -70,9 +43,9 @@ def test_decoder_is_causal_and_reads_the_whole_source(variant):
 
 @pytest.mark.parametrize("placement", ["pre", "post"])
 def test_decoder_block_follows_its_definition(placement):
-    model = random_model(norm_placement=placement, bias=True)  # norms with random weights
+    model = random_seq2seq(norm_placement=placement, bias=True)  # norms with random weights
     block, x = model.blocks[0], torch.randn(2, 5, 32)
-    src, _, _ = batch([[1, 2, 3, 4], [5, 6]], [[0]] * 2)
+    src, _, _ = seq2seq_batch([[1, 2, 3, 4], [5, 6]], [[0]] * 2)
     k, v, mask = cross = model.encode(src).cross(0)
     out = block(x, None, 0, None, None, cross)
     if placement == "pre":  # x + f(norm(x)) for each of the three sublayers
@@ -89,7 +62,7 @@ def test_decoder_block_follows_its_definition(placement):
 
 
 def test_options_reach_both_stacks():
-    both = random_model(pos_encoding="learned", activation="swiglu", norm="rmsnorm", bias=True)
+    both = random_seq2seq(pos_encoding="learned", activation="swiglu", norm="rmsnorm", bias=True)
     assert both.src_wpe.weight.shape == both.wpe.weight.shape == (16, 32)  # separate tables
     for block in (both.encoder[0], both.blocks[0]):
         assert block.mlp.fc.weight.shape == (2 * 88, 32)  # swiglu's fused gate and up
@@ -97,12 +70,12 @@ def test_options_reach_both_stacks():
     assert isinstance(both.blocks[0].ln_cross, RMSNorm)
     assert both.blocks[0].cross_attn.q.bias is not None
     assert not hasattr(both.encoder[0], "cross_attn")
-    rope = random_model(pos_encoding="rope")
+    rope = random_seq2seq(pos_encoding="rope")
     assert not hasattr(rope, "src_wpe") and not hasattr(rope, "wpe")
     assert rope.head.weight is rope.wte.weight  # tied to the target's table
-    assert random_model(tie_weights=False).head.weight is not random_model().wte.weight
-    dropout = random_model(dropout=0.3).train()
-    src, tgt_in, _ = batch([[1, 2, 3]], [[4, 5]])
+    assert random_seq2seq(tie_weights=False).head.weight is not random_seq2seq().wte.weight
+    dropout = random_seq2seq(dropout=0.3).train()
+    src, tgt_in, _ = seq2seq_batch([[1, 2, 3]], [[4, 5]])
     assert not torch.equal(dropout.encode(src).out, dropout.encode(src).out)
     assert not torch.equal(dropout(src, tgt_in)[0], dropout(src, tgt_in)[0])
     dropout.eval()
@@ -111,33 +84,34 @@ def test_options_reach_both_stacks():
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_padding_changes_no_real_position(variant):
-    model = random_model(**VARIANTS[variant])
+    model = random_seq2seq(**VARIANTS[variant])
     sources, targets = [[1, 2, 3], [4, 0, 6, 5, 2, 1]], [[3, 1, 4, 1], [5, 9 - 1]]
-    alone = [model(*batch([s], [t])[:2])[0][0] for s, t in zip(sources, targets, strict=True)]
+    alone = [model(*seq2seq_batch([s], [t])[:2])[0][0]
+             for s, t in zip(sources, targets, strict=True)]
     # a longer third source, extra padding columns on both sides
-    src, tgt_in, _ = batch([*sources, [2] * 9], [*targets, [0] * 7], S=11, T=10)
+    src, tgt_in, _ = seq2seq_batch([*sources, [2] * 9], [*targets, [0] * 7], S=11, T=10)
     padded, _ = model(src, tgt_in)
     for row, (logits, t) in enumerate(zip(alone, targets, strict=True)):
         torch.testing.assert_close(padded[row, :len(t) + 1], logits, rtol=1e-5, atol=1e-5)
 
 
 def test_loss_is_the_mean_over_real_target_positions():
-    model = random_model()
+    model = random_seq2seq()
     sources, targets = [[1, 2, 3], [4, 0, 6, 5]], [[3, 1, 4, 1, 5], [2, 6]]
-    src, tgt_in, tgt_out = batch(sources, targets)
+    src, tgt_in, tgt_out = seq2seq_batch(sources, targets)
     logits, loss = model(src, tgt_in, tgt_out)
     real = tgt_out != -1
     expected = -torch.log_softmax(logits[real], -1).gather(1, tgt_out[real][:, None]).mean()
     torch.testing.assert_close(loss, expected)
-    _, padded = model(*batch(sources, targets, S=9, T=12))
+    _, padded = model(*seq2seq_batch(sources, targets, S=9, T=12))
     torch.testing.assert_close(padded, loss, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_cached_decoder_gives_the_uncached_logits(variant):
     """Step by step over forced ids, through a reorder that drops and repeats rows."""
-    model = random_model(**VARIANTS[variant])
-    src, _, _ = batch([[1, 2, 3], [4, 0, 6, 5, 2], [6]], [[0]] * 3)
+    model = random_seq2seq(**VARIANTS[variant])
+    src, _, _ = seq2seq_batch([[1, 2, 3], [4, 0, 6, 5, 2], [6]], [[0]] * 3)
     memory = model.encode(src)
     ids = torch.randint(0, PAD, (3, 9))
     cached, full = Seq2SeqDecoder(model, memory), Seq2SeqDecoder(model, memory, use_cache=False)
@@ -156,8 +130,8 @@ def test_cached_decoder_gives_the_uncached_logits(variant):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_cached_decoding_equals_uncached(variant):
-    model = random_model(**VARIANTS[variant])
-    src, _, _ = batch([[1, 2, 3], [4, 0, 6, 5, 2], [6], [3, 3, 1, 0]], [[0]] * 4)
+    model = random_seq2seq(**VARIANTS[variant])
+    src, _, _ = seq2seq_batch([[1, 2, 3], [4, 0, 6, 5, 2], [6], [3, 3, 1, 0]], [[0]] * 4)
     greedy = translate_ids(model, src, GREEDY)
     assert translate_ids(model, src, uncached(GREEDY)) == greedy
     opts = SampleConfig(temperature=1.5, top_k=8, top_p=0.98, min_p=0.01,
@@ -179,7 +153,7 @@ def teacher_forced(model, src, ids):
 def eos_model() -> EncoderDecoder:
     """A random model whose eos takes the place of unit 0 (and a little more): its outputs end
     at eos at varied lengths, or run to their limit."""
-    model = random_model()
+    model = random_seq2seq()
     with torch.no_grad():
         model.head.weight[EOS] = 1.1 * model.head.weight[0]
     return model
@@ -190,7 +164,7 @@ def test_greedy_decoding_is_the_argmax_of_the_full_forward():
     before its limit ends where eos is the argmax. Rows decoded alone give the same ids."""
     model = eos_model()
     sources = [[1, 2, 3], [4, 0, 6, 5, 2], [6], [3, 3, 1, 0], [5, 5]]
-    src, _, _ = batch(sources, [[0]] * 5)
+    src, _, _ = seq2seq_batch(sources, [[0]] * 5)
     out = translate_ids(model, src, GREEDY)
     limits = [output_limit(len(s), 16) for s in sources]
     assert any(len(ids) < n for ids, n in zip(out, limits, strict=True))  # some end at eos
@@ -203,8 +177,8 @@ def test_greedy_decoding_is_the_argmax_of_the_full_forward():
 
 
 def test_each_row_ends_at_its_limit():
-    model = random_model()
-    src, _, _ = batch([[1, 2, 3], [4, 0, 6, 5, 2]], [[0]] * 2)
+    model = random_seq2seq()
+    src, _, _ = seq2seq_batch([[1, 2, 3], [4, 0, 6, 5, 2]], [[0]] * 2)
     free = translate_ids(model, src, GREEDY, max_len=15)
     assert min(map(len, free)) >= 4
     assert translate_ids(model, src, GREEDY, max_len=[3, 1]) == [free[0][:3], free[1][:1]]
@@ -218,8 +192,8 @@ def test_each_row_ends_at_its_limit():
 @pytest.mark.parametrize("variant", ["default", "all_changed"])
 @pytest.mark.parametrize("use_cache", [True, False])
 def test_beam_search_with_one_beam_is_greedy(variant, use_cache):
-    model = random_model(**VARIANTS[variant])
-    src, _, _ = batch([[1, 2, 3], [4, 0, 6, 5, 2], [3, 3, 1, 0]], [[0]] * 3)
+    model = random_seq2seq(**VARIANTS[variant])
+    src, _, _ = seq2seq_batch([[1, 2, 3], [4, 0, 6, 5, 2], [3, 3, 1, 0]], [[0]] * 3)
     greedy = translate_ids(model, src, GREEDY)
     for row, ids in zip(src, greedy, strict=True):
         [(_, best)] = beam_search_ids(model, row[None], beams=1, use_cache=use_cache)
@@ -249,13 +223,13 @@ def test_n_best_hypotheses_are_distinct_scored_and_sorted(use_cache):
 
 
 def test_cross_attention_keys_values_are_projected_once_per_source():
-    model = random_model()
+    model = random_seq2seq()
     calls = []
     for block in model.blocks:
         block.cross_attn.kv.register_forward_hook(lambda m, args, out: calls.append(args[0].shape))
     encoder_runs = []
     model.encoder[0].register_forward_hook(lambda *_: encoder_runs.append(1))
-    src, _, _ = batch([[1, 2, 3], [4, 0, 6, 5, 2], [3, 3, 1, 0]], [[0]] * 3)
+    src, _, _ = seq2seq_batch([[1, 2, 3], [4, 0, 6, 5, 2], [3, 3, 1, 0]], [[0]] * 3)
     for opts in (GREEDY, uncached(GREEDY)):
         out = translate_ids(model, src, opts, max_len=10)
         assert max(map(len, out)) >= 5  # many decode steps
@@ -268,7 +242,7 @@ def test_cross_attention_keys_values_are_projected_once_per_source():
 
 
 def test_param_counts_by_component():
-    cfg = config(bias=True, tie_weights=False, pos_encoding="learned")
+    cfg = seq2seq_config(bias=True, tie_weights=False, pos_encoding="learned")
     model = EncoderDecoder(cfg, VS, VT, SRC_PAD)
     counts = param_counts(model)
     C, F, T = 32, 128, 16
@@ -284,10 +258,11 @@ def test_param_counts_by_component():
     }
     assert counts["total"] == sum(v for k, v in counts.items() if k != "total")
     assert parameter_count(cfg, VS, VT) == counts["total"]
-    deep = config(n_layer=7, n_encoder_layer=5)
+    deep = seq2seq_config(n_layer=7, n_encoder_layer=5)
     assert parameter_count(deep, VS, VT) == param_counts(EncoderDecoder(deep, VS, VT, SRC_PAD))[
         "total"]
-    assert param_counts(EncoderDecoder(config(), VS, VT, SRC_PAD))["head"] == 0  # tied to wte
+    tied = EncoderDecoder(seq2seq_config(), VS, VT, SRC_PAD)
+    assert param_counts(tied)["head"] == 0  # tied to wte
 
 
 def test_learns_to_reverse_strings(seed=0):
@@ -310,12 +285,12 @@ def test_learns_to_reverse_strings(seed=0):
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1 - i / steps)
     for _ in range(steps):
         sources = [s for s in strings(64) if tuple(s) not in seen]
-        src, tgt_in, tgt_out = batch(sources, [s[::-1] for s in sources])
+        src, tgt_in, tgt_out = seq2seq_batch(sources, [s[::-1] for s in sources])
         _, loss = model(src, tgt_in, tgt_out)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         schedule.step()
-    out = translate_ids(model, batch(held_out, held_out)[0], GREEDY)
+    out = translate_ids(model, seq2seq_batch(held_out, held_out)[0], GREEDY)
     exact = sum(o == s[::-1] for o, s in zip(out, held_out, strict=True)) / len(held_out)
     assert exact >= 0.95, f"exact match {exact:.2f}, final loss {loss.item():.3f}"

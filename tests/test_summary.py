@@ -14,9 +14,10 @@ from charlm.info.summary import describe
 from charlm.model.encoder_decoder import EncoderDecoder
 from charlm.model.gpt import GPT
 from charlm.training.loop import train
+from tests.helpers import ROOT, expected_params, reversal_pairs, tiny_model_config, write_pairs
 
-from .conftest import ROOT
-from .test_model import V, expected_params, tiny
+V = 11
+
 
 
 @pytest.mark.parametrize("activation", ["gelu", "swiglu"])
@@ -24,8 +25,8 @@ def test_table_totals_match_the_formula_tied_and_untied(activation):
     for bias, tie, pos, norm, placement in itertools.product(
             [False, True], [False, True], ["learned", "sinusoidal", "rope", "none"],
             ["layernorm", "rmsnorm"], ["pre", "post"]):
-        cfg = tiny(bias=bias, tie_weights=tie, activation=activation, pos_encoding=pos,
-                   norm=norm, norm_placement=placement)
+        cfg = tiny_model_config(bias=bias, tie_weights=tie, activation=activation, pos_encoding=pos,
+                                norm=norm, norm_placement=placement)
         table = parameter_table(GPT(cfg, V))
         tied = expected_params(dataclasses.replace(cfg, tie_weights=True), V)
         untied = expected_params(dataclasses.replace(cfg, tie_weights=False), V)
@@ -38,7 +39,7 @@ def test_table_totals_match_the_formula_tied_and_untied(activation):
 
 
 def test_table_rows_for_the_default_model():
-    table = parameter_table(GPT(tiny(), V))
+    table = parameter_table(GPT(tiny_model_config(), V))
     rows = {r["component"]: (r["shape"], r["params"]) for r in table["rows"]}
     assert rows["token embedding"] == ([V, 32], V * 32)
     assert rows["position embedding (learned)"] == ([16, 32], 16 * 32)
@@ -53,8 +54,8 @@ def test_table_rows_for_the_default_model():
 
 
 def test_table_rows_for_swiglu_rope_rmsnorm_postnorm_untied_bias():
-    cfg = tiny(activation="swiglu", pos_encoding="rope", norm="rmsnorm", norm_placement="post",
-               tie_weights=False, bias=True)
+    cfg = tiny_model_config(activation="swiglu", pos_encoding="rope", norm="rmsnorm",
+                            norm_placement="post", tie_weights=False, bias=True)
     rows = {r["component"]: (r["shape"], r["params"]) for r in parameter_table(GPT(cfg, V))["rows"]}
     assert rows["position encoding (rotary, applied to q and k)"] == (None, 0)
     assert rows["attention q bias"] == ([32], 32)
@@ -83,7 +84,7 @@ def stage_shapes(stages):
 
 
 def test_forward_shapes_follow_one_forward_pass():
-    cfg = tiny(activation="swiglu", pos_encoding="rope")
+    cfg = tiny_model_config(activation="swiglu", pos_encoding="rope")
     stages = forward_shapes(cfg, V, batch=3, seq_len=10)
     shapes = stage_shapes(stages)
     assert stages[0]["stage"] == "idx" and shapes["idx"] == [3, 10]
@@ -97,13 +98,13 @@ def test_forward_shapes_follow_one_forward_pass():
 
 
 def test_forward_shapes_of_sinusoidal_positions():
-    shapes = stage_shapes(forward_shapes(tiny(pos_encoding="sinusoidal"), V, 2, 7))
+    shapes = stage_shapes(forward_shapes(tiny_model_config(pos_encoding="sinusoidal"), V, 2, 7))
     assert shapes["wte"] == [2, 7, 32] and shapes["sinusoid table"] == [7, 32]
     assert "wpe" not in shapes and "rope" not in shapes
 
 
 def test_forward_shapes_show_post_norm_order():
-    names = [s["stage"] for s in forward_shapes(tiny(norm_placement="post"), V, 1, 4)]
+    names = [s["stage"] for s in forward_shapes(tiny_model_config(norm_placement="post"), V, 1, 4)]
     assert names.index("blocks.0.attn.proj") < names.index("blocks.0.ln_1")
     assert names.index("blocks.0.mlp.proj") < names.index("blocks.0.ln_2")
     assert "ln_f" not in names and "wpe" in names
@@ -111,7 +112,7 @@ def test_forward_shapes_show_post_norm_order():
 
 def test_forward_shapes_refuse_a_sequence_longer_than_the_block():
     with pytest.raises(CharlmError, match=r"--seq-len 17 must be in 1..block_size \(16\)"):
-        forward_shapes(tiny(), V, 1, 17)
+        forward_shapes(tiny_model_config(), V, 1, 17)
 
 
 @pytest.mark.parametrize("override, message", [
@@ -129,7 +130,7 @@ def test_info_shapes_of_a_huge_model_is_one_error(cli, override, message):
 
 
 def test_describe_is_plain_data():
-    cfg = RunConfig(model=tiny())
+    cfg = RunConfig(model=tiny_model_config())
     info = describe(GPT(cfg.model, V), cfg, shapes=(2, 5))
     assert set(info) == {"vocab_size", "parameters", "flops_per_token", "shapes", "config"}
     assert info["config"]["model"]["pos_encoding"] == "learned"
@@ -143,7 +144,7 @@ def test_a_checkpoint_not_yet_evaluated_has_no_best_val_loss_and_valid_json():
 
     from charlm.info.summary import render_text
 
-    cfg = RunConfig(model=tiny())
+    cfg = RunConfig(model=tiny_model_config())
     state = {"step": 3, "best_val": math.inf, "tokens": 96}
     info = describe(GPT(cfg.model, V), cfg, train_state=state)
     assert info["checkpoint"] == {"step": 3, "best_val_loss": None, "tokens_seen": 96}
@@ -165,8 +166,8 @@ def seq2seq(cfg: ModelConfig) -> EncoderDecoder:
 @pytest.mark.parametrize("variant", sorted(MODEL_VARIANTS))
 def test_seq2seq_table_adds_up_for_every_variant_tied_and_untied(variant):
     for tie in (True, False):
-        cfg = tiny(**{**MODEL_VARIANTS[variant], "tie_weights": tie},
-                   arch="encoder_decoder", n_encoder_layer=3)
+        cfg = tiny_model_config(**{**MODEL_VARIANTS[variant], "tie_weights": tie},
+                                arch="encoder_decoder", n_encoder_layer=3)
         model = seq2seq(cfg)
         table = parameter_table(model)
         assert table["total"] == sum(p.numel() for p in model.parameters()), cfg  # tied once
@@ -182,7 +183,7 @@ def test_seq2seq_table_adds_up_for_every_variant_tied_and_untied(variant):
 
 
 def test_seq2seq_table_rows_name_the_cross_attention():
-    cfg = tiny(arch="encoder_decoder", n_encoder_layer=1, bias=True, tie_weights=False)
+    cfg = tiny_model_config(arch="encoder_decoder", n_encoder_layer=1, bias=True, tie_weights=False)
     table = parameter_table(seq2seq(cfg))
     rows = {(r["section"], r["component"]): (r["shape"], r["params"]) for r in table["rows"]}
     for part in "qkv":  # k and v are the halves of the fused kv
@@ -206,7 +207,8 @@ def test_seq2seq_table_rows_name_the_cross_attention():
 
 
 def test_seq2seq_flops_count_each_side_per_its_positions():
-    cfg = tiny(arch="encoder_decoder", n_encoder_layer=1)  # tied head, learned positions
+    # tied head, learned positions
+    cfg = tiny_model_config(arch="encoder_decoder", n_encoder_layer=1)
     C, S, L = 32, 16, 2
     table = parameter_table(seq2seq(cfg))
     flops = seq2seq_flops(table, cfg, VS, VT)
@@ -222,8 +224,8 @@ def test_seq2seq_flops_count_each_side_per_its_positions():
 
 
 def test_seq2seq_forward_shapes_show_the_memory_and_the_cross_attention():
-    cfg = tiny(arch="encoder_decoder", n_encoder_layer=1, activation="swiglu",
-               pos_encoding="rope")
+    cfg = tiny_model_config(arch="encoder_decoder", n_encoder_layer=1, activation="swiglu",
+                            pos_encoding="rope")
     stages = seq2seq_forward_shapes(cfg, VS, VT, batch=3, seq_len=7)
     seen = [(s["stage"].strip(), s["shape"]) for s in stages]
     B, T, H, D = 3, 7, 2, 16
@@ -252,7 +254,7 @@ def test_seq2seq_forward_shapes_show_the_memory_and_the_cross_attention():
 
 
 def test_describe_an_encoder_decoder_is_plain_data():
-    cfg = RunConfig(model=tiny(arch="encoder_decoder"))
+    cfg = RunConfig(model=tiny_model_config(arch="encoder_decoder"))
     info = describe(seq2seq(cfg.model), cfg, shapes=(2, 5))
     assert set(info) == {"arch", "source_vocab_size", "target_vocab_size", "parameters",
                          "flops_per_token", "shapes", "config"}
@@ -264,8 +266,6 @@ def test_describe_an_encoder_decoder_is_plain_data():
 @pytest.fixture(scope="module")
 def pairs_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny encoder-decoder trained for two steps on about 100 reversal pairs."""
-    from .test_translation import reversal_pairs, write_pairs
-
     tmp = tmp_path_factory.mktemp("info_pairs")
     tsv = write_pairs(tmp / "reverse.tsv", reversal_pairs(100, 0))
     train(load_config(ROOT / "configs" / "tiny.yaml", [

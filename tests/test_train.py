@@ -21,15 +21,7 @@ from charlm.training.loop import lr_at, train, train_step
 from charlm.training.optimizer import make_optimizer
 from charlm.training.tasks import TextTask
 from charlm.training.validation import batches_that_fit, eval_batches_per_forward, evaluate
-
-from .conftest import VARIANTS
-
-
-def with_(cfg: RunConfig, **sections) -> RunConfig:
-    raw = cfg.to_dict()
-    for section, values in sections.items():
-        raw[section].update(values)
-    return RunConfig.from_dict(raw)
+from tests.helpers import VARIANTS, with_
 
 
 def test_lr_schedule_boundaries():

@@ -5,38 +5,14 @@ a GPT and an encoder-decoder apart."""
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
 import torch
 
 import charlm
-from charlm.config.loading import load_config
 from charlm.training.loop import train
-from tests.conftest import ROOT
-
-ALPHABET = "abcdefg"
-
-
-def reversal_pairs(n: int, seed: int) -> list[tuple[str, str]]:
-    """Random strings and their reversals, as space-separated symbols."""
-    rng = random.Random(seed)
-    words = {"".join(rng.choice(ALPHABET) for _ in range(rng.randint(2, 6))) for _ in range(n)}
-    return [(w, " ".join(reversed(w))) for w in sorted(words)]
-
-
-def write_pairs(path: Path, pairs: list[tuple[str, str]]) -> Path:
-    path.write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
-    return path
-
-
-def pairs_config(data: Path, out: Path, max_iters: int = 20):
-    return load_config(ROOT / "configs" / "tiny.yaml", [
-        "model.arch=encoder_decoder", "model.n_encoder_layer=1", f"data.path={data}",
-        "data.target_units=space", "data.val_fraction=0.2", f"train.out_dir={out}",
-        f"train.max_iters={max_iters}", "train.eval_interval=10", "train.eval_pairs=8",
-        "train.batch_size=8", "optim.lr_decay_iters=20"])
+from tests.helpers import ROOT, pairs_config, reversal_pairs, write_pairs
 
 
 @pytest.fixture(scope="session")

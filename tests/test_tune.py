@@ -20,20 +20,14 @@ from charlm.config.loading import load_config
 from charlm.core.errors import CharlmError
 from charlm.tune.space import check_space, read_search
 from charlm.tune.trial import Follower, Stop, run_trial
+from tests.helpers import TINY, write
 
 optuna = pytest.importorskip("optuna")
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "configs" / "tiny.yaml"
 # Trials of a few seconds: a small eval and no samples; one thread each (two cores, two workers).
 QUICK = ["--set", "train.eval_interval=5", "--set", "train.eval_iters=2", "--set",
          "train.sample_chars=0", "--set", "train.log_interval=5"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def write(path: Path, text: str) -> Path:
-    path.write_text(text, encoding="utf-8")
-    return path
 
 
 def search_of(tmp_path: Path, text: str) -> list[str]:
