@@ -198,7 +198,8 @@ def accumulation_probe(config: str) -> None:
 def test_gradient_accumulation_all_reduces_on_the_last_micro_batch_only(tiny_cfg, tmp_path):
     config = tmp_path / "accum.yaml"
     save_config(with_(tiny_cfg, train={"grad_accum": 3}), config)
-    code = f"from tests.test_distributed import accumulation_probe as p; p({str(config)!r})"
+    code = (f"from tests.integration.test_distributed import accumulation_probe as p; "
+            f"p({str(config)!r})")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                             text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr
