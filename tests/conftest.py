@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import runpy
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -144,5 +146,26 @@ def fails(cli, tmp_path: Path):
         if not new:
             assert after.keys() == before.keys()
         return result
+
+    return run
+
+
+@pytest.fixture
+def run_script(monkeypatch, capsys):
+    """Run a script of scripts/ as `python scripts/NAME ARGS` would, in this process: the
+    refusals tested with it end before any work, and a child process would spend 3 s of each
+    test importing torch again. An exception that escapes the script fails the test, as its
+    traceback would fail the command's; the SIGTERM handler the script sets is put back."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))  # the scripts import `common` by name
+
+    def run(name: str, *args: str) -> CliResult:
+        path = ROOT / "scripts" / name
+        monkeypatch.setattr(sys, "argv", [str(path), *args])
+        handler = signal.getsignal(signal.SIGTERM)
+        try:
+            return run_main(capsys, lambda: runpy.run_path(str(path), run_name="__main__"))
+        finally:
+            signal.signal(signal.SIGTERM, handler)
 
     return run

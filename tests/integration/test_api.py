@@ -2,7 +2,6 @@
 
 import dataclasses
 import re
-import sys
 
 import pytest
 import torch
@@ -114,15 +113,6 @@ def test_api_score_warns_as_the_cli_does_about_skipped_characters(cli, run_dir, 
     result = cli("eval", run_dir, tmp_path / "t.txt", "--unknown", "skip")
     assert (result.code, result.err) == (0, "warning: skipped 3 characters outside the "
                                             "vocabulary\n")
-
-
-def test_charlm_generate_stays_the_api_function_after_importing_the_decoding_module():
-    import charlm
-    import charlm.api
-    import charlm.generation.decoding  # noqa: F401  (the decoder's `generate`)
-
-    assert charlm.generate is charlm.api.generate
-    assert sys.modules["charlm.generation.decoding"].generate is not charlm.generate
 
 
 def test_load_casts_the_weights_to_dtype_and_samples_close_to_float32(run_dir):

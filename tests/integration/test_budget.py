@@ -1,4 +1,4 @@
-"""The time budget: durations, the plan's arithmetic, and a budgeted run's fixed schedule."""
+"""The time budget of a run: a budgeted run's fixed schedule, across a resume and an interrupt."""
 
 import json
 import math
@@ -8,56 +8,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from charlm.config.loading import load_config
-from charlm.core.durations import duration_seconds, format_duration
 from charlm.core.errors import CharlmError
 from charlm.training import budget
 from charlm.training import loop as train_module
-from charlm.training.budget import plan_steps
 from charlm.training.checkpoint import load
 from charlm.training.faults import Interrupted
 from charlm.training.loop import lr_at, train
 from charlm.training.run_dir import resume_config
 from tests.helpers import assert_same_weights, signal_after_steps, with_
-
-
-@pytest.mark.parametrize("text, seconds", [
-    ("90", 90), ("30s", 30), ("5m", 300), ("2h", 7200), ("1h30m", 5400), ("1.5h", 5400),
-    (" 2m 30s ", 150), (45, 45), (0.5, 0.5),
-])
-def test_durations(text, seconds):
-    assert duration_seconds(text) == seconds
-
-
-@pytest.mark.parametrize("text, message", [
-    ("5 min", "invalid config value train.max_time: '5 min' is not a duration; give seconds or "
-              "a number with s, m or h (90, 30s, 5m, 2h, 1h30m)"),
-    ("m", "invalid config value train.max_time: 'm' is not a duration; give seconds or a "
-          "number with s, m or h (90, 30s, 5m, 2h, 1h30m)"),
-    ("0", "invalid config value train.max_time: must be a positive duration, got '0'"),
-    (-3, "invalid config value train.max_time: must be a positive duration, got -3"),
-    ("inf", "invalid config value train.max_time: must be a positive duration, got 'inf'"),
-])
-def test_bad_durations_are_named(text, message):
-    with pytest.raises(CharlmError) as e:
-        duration_seconds(text)
-    assert str(e.value) == message
-
-
-def test_the_config_reads_a_duration_into_seconds():
-    assert load_config(None, ["train.max_time=5m"]).train.max_time == 300.0
-    assert load_config(None, ["train.max_time=90"]).train.max_time == 90.0
-    assert load_config(None, []).train.max_time is None
-    assert [format_duration(s) for s in (12.34, 90, 3725)] == ["12.3s", "1m30s", "1h02m05s"]
-
-
-def test_plan_counts_steps_evals_and_saves():
-    # 0.1 s a step plus 3 s of eval and saves every 50 steps: 0.16 s a step; the final eval
-    # and saves (3 s) come off the 97 % of 100 s first.
-    assert plan_steps(100, 0.1, 2.0, 1.0, 50, 50) == math.floor((97 - 3) / 0.16)
-    # last.pt alone every 10 steps as well: half the save time, 4 more times per eval.
-    assert plan_steps(100, 0.1, 2.0, 1.0, 50, 10) == math.floor((97 - 3) / 0.2)
-    assert plan_steps(2, 0.1, 2.0, 1.0, 50, 50) < 0
 
 
 @pytest.fixture
@@ -147,13 +105,3 @@ def test_a_budget_too_short_for_an_evaluation_is_one_error(tiny_cfg, quick_timer
     assert message.startswith("train.max_time=0.0s is too short for this run here: ")
     assert "which leaves no time for the final evaluation; give at least " in message
     assert message.endswith("(or set train.max_iters without a budget)")
-
-
-def test_time_option_sets_the_budget(cli, tmp_path, corpus):
-    r = cli("train", "--data", corpus, "--out", tmp_path / "r", "--time", "5 min")
-    assert (r.code, r.err.splitlines()) == (2, [
-        "error: invalid config value train.max_time: '5 min' is not a duration; give seconds or "
-        "a number with s, m or h (90, 30s, 5m, 2h, 1h30m)"])
-    r = cli("train", "--data", corpus, "--time", "5m", "--set", "train.max_time=60")
-    assert (r.code, r.err.splitlines()) == (2, [
-        "error: --time and --set train.max_time set the same key; give one of them"])

@@ -1,8 +1,8 @@
 """Faults a run survives: stop signals, SIGKILL, crashes between saves and non-finite steps."""
 
 import json
-import math
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -19,10 +19,9 @@ from charlm.generation import text as sampling
 from charlm.model.gpt import GPT
 from charlm.training import checkpoint
 from charlm.training import loop as train_module
-from charlm.training.faults import BadSteps, Interrupted
+from charlm.training.faults import Interrupted
 from charlm.training.loop import train
 from charlm.training.run_dir import resume_config
-from charlm.training.run_objects import TrainState
 from tests.helpers import ROOT, assert_same_weights, signal_after_steps, with_
 
 
@@ -290,30 +289,6 @@ def test_an_eval_of_a_diverged_model_logs_no_sample_and_the_run_goes_on(tiny_cfg
     assert checkpoint.load(Path(cfg.train.out_dir, "last.pt"))["train_state"]["step"] == 3
 
 
-
-
-def test_the_bad_step_counters_are_saved_and_loaded_with_the_train_state():
-    """The device counters of BadSteps are the train state's skipped_steps and bad_streak: one
-    source, saved and loaded with it, so a streak goes on across a resume."""
-    state = TrainState(step=3)
-    for step, ok in enumerate([True, False, False], 1):
-        state.bad.record(torch.tensor(ok), step, limit=5)
-    assert state.state_dict() == {"step": 3, "best_val": math.inf, "tokens": 0,
-                                  "elapsed_s": 0.0, "skipped_steps": 2, "bad_streak": 2}
-    resumed = TrainState()
-    resumed.load_state_dict(state.state_dict())
-    assert (resumed.step, resumed.skipped_steps, resumed.bad_streak) == (3, 2, 2)
-    resumed.bad.record(torch.tensor(False), 4, limit=5)
-    assert resumed.bad.check(5, Path("last.pt"), 3) == 1  # skipped since the resume
-    resumed.bad.record(torch.tensor(False), 5, limit=4)
-    with pytest.raises(CharlmError, match="^training stopped: 4 steps in a row, up to step 5,"):
-        resumed.bad.check(4, Path("last.pt"), 3)
-    older = TrainState()
-    older.load_state_dict({"step": 7, "best_val": 1.0, "tokens": 9})  # before the counters
-    assert (older.step, older.elapsed_s, older.skipped_steps, older.bad_streak) == (7, 0.0, 0, 0)
-    assert isinstance(BadSteps().state_dict()["skipped_steps"], int)
-
-
 LONG_NATIVE_CALL = """
 import time, torch
 from charlm.training.faults import StopSignals
@@ -400,3 +375,32 @@ def test_ctrl_c_during_a_ten_million_character_eval_sample_ends_the_run(cli, tmp
     assert result.err.endswith(f"interrupted by SIGINT at step 3: saved {run / 'last.pt'}; "
                                f"continue with `charlm train --out {run} --resume`\n")
     assert checkpoint.load(run / "last.pt")["train_state"]["step"] == 3
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_sigkill_at_random_moments_leaves_a_complete_checkpoint(tmp_path):
+    """A child process rewrites last.pt in a loop; killed at random moments, it must always
+    leave the old or the new complete file."""
+    path = tmp_path / "last.pt"
+    # Built before forking, so the child only serialises and writes (no torch thread pools).
+    states = [{"step": i, "model": {"w": torch.full((64, 1024), float(i))}} for i in range(4)]
+    checkpoint.save(states[0], path)
+    rng = random.Random(0)
+    for _ in range(25):
+        pid = os.fork()
+        if pid == 0:  # the writer; it never returns into pytest
+            try:
+                i = 0
+                while True:
+                    i += 1
+                    checkpoint.save(states[i % len(states)], path)
+            finally:
+                os._exit(1)
+        time.sleep(rng.uniform(0.0, 0.05))
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        state = checkpoint.load(path)
+        assert torch.equal(state["model"]["w"], states[state["step"]]["model"]["w"])
+    tmp_files = [p.name for p in tmp_path.iterdir() if p.name != "last.pt"]
+    assert tmp_files, "no kill landed in the middle of a save"
+    assert all(name.startswith(".last.pt.tmp-") for name in tmp_files)  # a killed writer's

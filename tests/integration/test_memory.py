@@ -1,34 +1,22 @@
-"""The memory guard: estimates of what a batch needs (`charlm.memory`) checked against the
-device before the first allocation, in training, sampling, `info --shapes` and loading; and
+"""The memory guard in runs: estimates of what a batch needs (`charlm.model.footprint`) checked
+against the device before the first allocation, in training, scoring and loading; and
 `--overwrite`, which removes the previous run only once the new one has run its first step."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from charlm.cli.reporting import Interrupt
-from charlm.config.loading import load_config
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
-from charlm.model.encoder_decoder import EncoderDecoder
-from charlm.model.footprint import training_bytes
-from charlm.model.gpt import GPT
-from charlm.runtime.precision import autocast
 from charlm.training import checkpoint
 from charlm.training import loop as train_module
 from charlm.training.loop import train
 from charlm.training.run_dir import RUN_FILES
-from charlm.training.run_objects import require_batch_memory
-from charlm.training.tasks import task_for
 from tests.helpers import (
-    GIB,
-    ROOT,
     TINY,
     fixed_memory,
     no_step,
@@ -37,86 +25,6 @@ from tests.helpers import (
     with_,
     write_pairs,
 )
-
-CPU = torch.device("cpu")
-def saved_bytes(model: torch.nn.Module, batch: tuple[torch.Tensor, ...],
-                dtype: torch.dtype) -> int:
-    """The bytes of the tensors a forward saves for its backward (each storage once, the
-    parameters left out): the activations a training step holds at its peak."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast(CPU, dtype):
-        model(*batch)
-    return sum(saved.values())
-
-
-@pytest.mark.parametrize("config,sets", [
-    ("tiny.yaml", []), (None, []), ("shakespeare_char_cpu.yaml", []),
-    ("shakespeare_char.yaml", ["train.batch_size=1", "model.n_layer=2"]),
-    (None, ["model.arch=encoder_decoder", "model.dropout=0.1", "train.batch_size=4"]),
-])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_estimate_is_near_the_activations_autograd_saves(config, sets, dtype):
-    """Within 20 % or so of the saved tensors' bytes, measured (tiny: 1.21; the default: 1.08,
-    0.98 in bf16; the GPU preset with dropout, T x T weights: 1.16); the bound leaves room."""
-    cfg = load_config(None if config is None else ROOT / "configs" / config, sets)
-    m, B, V = cfg.model, cfg.train.batch_size, 65
-    ids = torch.randint(V - 3, (B, m.block_size))
-    if m.arch == "encoder_decoder":
-        model, batch = EncoderDecoder(m, V, V, V - 1), (ids, ids, ids)
-    else:
-        model, batch = GPT(m, V), (ids, ids)
-    ratio = training_bytes(m, V, B, dtype, CPU) / saved_bytes(model.train(), batch, dtype)
-    assert 0.75 < ratio < 1.5
-
-
-def test_the_estimate_grows_with_every_size():
-    cfg = load_config(None, []).model
-    base = training_bytes(cfg, 65, 16, torch.float32, CPU)
-    assert training_bytes(cfg, 65, 16, torch.bfloat16, CPU) < base
-    assert training_bytes(cfg, 65, 32, torch.float32, CPU) == 2 * base  # linear in rows
-    assert training_bytes(cfg, 650, 16, torch.float32, CPU) > base
-    for key, value in [("block_size", 128), ("n_layer", 5), ("n_embd", 256), ("dropout", 0.1),
-                       ("activation", "swiglu")]:
-        bigger = dataclasses.replace(cfg, **{key: value})
-        assert training_bytes(bigger, 65, 16, torch.float32, CPU) > base, key
-    # heads count where the attention keeps its T x T weights: the CPU with dropout, MPS
-    dropout = dataclasses.replace(cfg, dropout=0.1)
-    assert (training_bytes(dataclasses.replace(dropout, n_head=8), 65, 16, torch.float32, CPU)
-            > training_bytes(dropout, 65, 16, torch.float32, CPU))
-    assert training_bytes(cfg, 65, 16, torch.float32, torch.device("mps")) > base
-    cuda = torch.device("cuda")  # fused attention with dropout, in bf16 (the CPU's: float32)
-    assert (training_bytes(dropout, 65, 16, torch.float32, cuda)
-            < training_bytes(dropout, 65, 16, torch.float32, CPU))
-    assert (training_bytes(cfg, 65, 16, torch.bfloat16, cuda)
-            < training_bytes(cfg, 65, 16, torch.bfloat16, CPU))
-
-
-def test_a_batch_too_big_for_memory_is_one_error_line_before_the_first_step(
-        cli, monkeypatch, tmp_path, corpus):
-    """`--set train.batch_size=100000000` grew to 24 GB and was killed by the kernel (exit 137,
-    no error line): only the weights were checked, not the batch's activations."""
-    fixed_memory(monkeypatch, 24)
-    no_step(monkeypatch)
-    run = tmp_path / "run"
-    t0 = time.perf_counter()
-    result = cli("train", TINY, "--data", corpus, "--out", run, "--set",
-                 "train.batch_size=100000000", "--set", "train.max_iters=3")
-    assert time.perf_counter() - t0 < 5
-    assert result.code == 2 and result.err.count("error:") == 1  # after a warmup warning
-    assert result.err.endswith(
-        "\nerror: a batch of 100,000,000 x 16 needs about 8,297.0 GiB for its activations in "
-        "training (with the model's weights, gradients and AdamW state), more than the 24.0 GiB "
-        "of cpu; lower train.batch_size (raising train.grad_accum keeps the tokens per step) or "
-        "model.block_size\n")
-    assert not [name for name in RUN_FILES if (run / name).exists()]  # nothing written
 
 
 def short(cfg: RunConfig) -> RunConfig:
@@ -127,19 +35,6 @@ def short(cfg: RunConfig) -> RunConfig:
 def test_a_normal_run_trains_on_an_8_gib_machine(tiny_cfg, monkeypatch):
     fixed_memory(monkeypatch, 8)
     assert train(short(tiny_cfg)).step == 2
-
-
-@pytest.mark.parametrize("config", [None, "shakespeare_char_cpu.yaml", "shakespeare_char.yaml"])
-def test_the_presets_pass_the_guard_of_an_8_gib_laptop(config, corpus, tmp_path, monkeypatch):
-    """On the CPU, float32: the default, the CPU preset, and the GPU preset (whose dropout takes
-    the attention's math path, T x T weights and all) need well under 8 GiB."""
-    cfg = load_config(None if config is None else ROOT / "configs" / config,
-                      [f"data.path={corpus}"])
-    task = task_for(cfg, tmp_path / "dataset")
-    need = training_bytes(cfg.model, len(task.vocab), cfg.train.batch_size, torch.float32, CPU)
-    assert need < (6 if config == "shakespeare_char.yaml" else 0.1) * GIB  # 5.0 estimated
-    fixed_memory(monkeypatch, 8)
-    require_batch_memory(task, CPU, torch.float32, cfg.train.batch_size)
 
 
 def test_an_encoder_decoder_batch_is_guarded_by_its_pairs_shapes(tmp_path, monkeypatch):
@@ -213,14 +108,6 @@ def test_a_fresh_run_that_fails_at_its_first_step_writes_nothing(tiny_cfg, monke
     assert not [name for name in RUN_FILES if (run / name).exists()]
     monkeypatch.undo()
     assert train(short(tiny_cfg)).step == 2  # no --overwrite needed
-
-
-def test_info_shapes_of_a_huge_batch_allocate_nothing(cli):
-    """`info --shapes` runs its forward on the meta device: a batch of 10**8 costs nothing."""
-    t0 = time.perf_counter()
-    result = cli("info", TINY, "--shapes", "--batch", "100000000", "--vocab-size", "65")
-    assert result.code == 0 and time.perf_counter() - t0 < 5
-    assert "head                              100000000 x 16 x 65 logits\n" in result.out
 
 
 def test_a_checkpoint_larger_than_memory_is_refused_before_it_is_read(run_dir, monkeypatch):

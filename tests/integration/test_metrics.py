@@ -73,12 +73,6 @@ def test_sample_chars_zero_writes_no_sample(tiny_cfg):
     assert [e.step for e in acc.Scalars("val/loss")] == [1, 2]
 
 
-def test_flatten_names_keys_by_section():
-    assert flatten({"model": {"n_layer": 2, "bias": False}, "train": {"every": None,
-                                                                      "seq": (1, 2)}}) == {
-        "model.n_layer": 2, "model.bias": False, "train.every": "None", "train.seq": "(1, 2)"}
-
-
 def test_resume_after_a_crash_logs_each_step_once(tiny_cfg):
     """A run killed after its last checkpoint (step 10) had logged steps 12 and 14 and half a
     line: the resume cuts metrics.jsonl and TensorBoard back to step 10 and logs 12 and 14

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from charlm.core.errors import CharlmError
-from charlm.training import run_dir as rundir
 from charlm.training.loop import train
 from charlm.training.run_dir import resume_config
 from tests.helpers import with_
@@ -57,36 +56,6 @@ def test_a_second_train_into_a_run_dir_in_use_is_refused(tiny_cfg):
     assert train(with_(cfg, train={"max_iters": 20}), resume=True).step == 20  # released
 
 
-def test_run_lock_holds_the_run_dir_that_is_there(tmp_path, monkeypatch):
-    """A run that fails early removes the empty run dir it made. Another run that opened that
-    dir just before must not lock the removed directory and go on unlocked beside a third: it
-    takes the lock on the directory at the path, made again."""
-    import fcntl
-
-    run = tmp_path / "runs" / "x"
-    real_flock = fcntl.flock
-    calls = []
-
-    def flock_after_a_removal(fd, op):
-        if not calls:  # between this run's open and its lock, another run removed the dir
-            run.rmdir()
-            run.mkdir()
-        calls.append(fd)
-        return real_flock(fd, op)
-
-    monkeypatch.setattr(fcntl, "flock", flock_after_a_removal)
-    with rundir.run_lock(run):
-        monkeypatch.setattr(fcntl, "flock", real_flock)
-        other = os.open(run, os.O_RDONLY)
-        try:
-            with pytest.raises(BlockingIOError):
-                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        finally:
-            os.close(other)
-    assert len(calls) == 2
-    assert run.is_dir()  # made again by the other run: not this one's to remove
-
-
 def test_run_stopped_before_its_first_checkpoint_is_not_clobbered(tiny_cfg):
     """A run dir with a config and metrics but no checkpoint yet (killed before its first save,
     or --out pointed at the wrong dir) is left alone too, with no --resume hint (there is
@@ -129,5 +98,3 @@ def test_resume_removes_the_half_saved_checkpoints_of_a_killed_run(tiny_cfg):
     train(with_(cfg, train={"max_iters": 3}), resume=True)
     assert not any(path.exists() for path in left)
     assert all(path.read_bytes() == b"PK\x03\x04" for path in kept)
-
-

@@ -1,3 +1,7 @@
+"""`charlm train` and `train()`: the loss falls and the run dir is complete, every architecture
+option trains, resumes and samples, the warnings a run gives, evals stacked into fewer forwards,
+bf16 and compiled runs against float32."""
+
 import json
 import math
 from pathlib import Path
@@ -6,36 +10,23 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from charlm.config.loading import load_config
 from charlm.config.sampling import SampleConfig
-from charlm.config.schema import OptimConfig, RunConfig
+from charlm.config.schema import RunConfig
 from charlm.data.batches import BatchSampler
 from charlm.data.dataset import dataset_for
 from charlm.data.text import prepare
 from charlm.generation.decoding import generate
 from charlm.model.gpt import GPT
-from charlm.runtime.precision import grad_scaler, resolve_dtype
+from charlm.runtime.precision import grad_scaler
 from charlm.training import checkpoint
 from charlm.training import loop as train_module
 from charlm.training import run_objects as run_module
 from charlm.training.loop import lr_at, train, train_step
 from charlm.training.optimizer import make_optimizer
 from charlm.training.tasks import TextTask
-from charlm.training.validation import batches_that_fit, eval_batches_per_forward, evaluate
-from tests.helpers import VARIANTS, with_
-
-
-def test_lr_schedule_boundaries():
-    o = OptimConfig(lr=1e-3, min_lr=1e-4, warmup_iters=10, lr_decay_iters=110)
-    assert lr_at(0, o, 500) == pytest.approx(1e-3 * 1 / 11)
-    assert lr_at(9, o, 500) == pytest.approx(1e-3 * 10 / 11)
-    assert lr_at(10, o, 500) == pytest.approx(1e-3)  # cosine starts at the peak
-    assert lr_at(60, o, 500) == pytest.approx(1e-4 + 0.5 * (1e-3 - 1e-4))  # halfway
-    assert lr_at(110, o, 500) == pytest.approx(1e-4)
-    assert lr_at(400, o, 500) == 1e-4
-    # lr_decay_iters null means max_iters
-    o2 = OptimConfig(lr=1e-3, min_lr=0.0, warmup_iters=0)
-    assert lr_at(50, o2, 100) == pytest.approx(0.5e-3)
-    assert lr_at(100, o2, 100) == 0.0
+from charlm.training.validation import evaluate
+from tests.helpers import ROOT, SHAKESPEARE, VARIANTS, with_
 
 
 def test_tiny_config_loss_falls_and_run_dir_is_complete(tiny_cfg):
@@ -140,92 +131,6 @@ def test_a_warmup_as_long_as_the_run_is_warned_about(tiny_cfg, tmp_path, capsys)
         assert warnings == ([] if max_iters == 6 else [
             "warning: optim.warmup_iters=5 is not below train.max_iters=5: the learning rate "
             "never reaches optim.lr=0.01; lower optim.warmup_iters to train at full rate"])
-
-
-@pytest.mark.parametrize("clip", [0.0, 0.05])
-def test_grad_accum_steps_as_one_batch_and_clips_the_accumulated_gradient(clip, tiny_cfg):
-    """4 micro-batches of 2 rows give the update of one batch of 8 (to float rounding); the
-    returned norm is the accumulated gradient's before clipping, and AdamW's first moment after
-    one step is (1 - beta1) times the gradient clipped to optim.grad_clip."""
-    gen = torch.Generator().manual_seed(0)
-    x, y = (torch.randint(0, 20, (8, 16), generator=gen) for _ in range(2))
-    torch.manual_seed(1)
-    reference = GPT(tiny_cfg.model, 20)
-    reference(x, y)[1].backward()
-    pre_clip = torch.linalg.vector_norm(
-        torch.stack([p.grad.norm() for p in reference.parameters()]))
-    dev = torch.device("cpu")
-    results = []
-    for accum in (1, 4):
-        cfg = with_(tiny_cfg, train={"grad_accum": accum, "batch_size": 8 // accum},
-                    optim={"grad_clip": clip})
-        torch.manual_seed(1)
-        model = GPT(cfg.model, 20)
-        optimizer = make_optimizer(model, cfg.optim)
-        batches = list(zip(x.chunk(accum), y.chunk(accum), strict=True))
-        sampler = SimpleNamespace(batch=lambda b=batches: b.pop(0))
-        loss, norm, ok = train_step(model, optimizer, grad_scaler(dev, torch.float32), sampler,
-                                    cfg, dev, torch.float32)
-        assert bool(ok) and not batches
-        assert norm.item() == pytest.approx(pre_clip.item(), rel=1e-5)
-        moment = torch.linalg.vector_norm(torch.stack(
-            [s["exp_avg"].norm() for s in optimizer.state.values()]))
-        expected = min(pre_clip.item(), clip) if clip else pre_clip.item()
-        assert moment.item() == pytest.approx((1 - cfg.optim.beta1) * expected, rel=1e-5)
-        results.append((loss.item(), [optimizer.state[p]["exp_avg"] for p in model.parameters()],
-                        [p.detach() for p in model.parameters()]))
-    (loss_1, moments_1, weights_1), (loss_4, moments_4, weights_4) = results
-    assert loss_4 == pytest.approx(loss_1, rel=1e-6)
-    # The moments are the clipped gradients themselves. AdamW's first update, lr * g / (|g| +
-    # eps), turns a rounding-sized change of a gradient near eps into up to lr / 4 of a weight
-    # (seen on an AVX-512 EPYC: 1.25e-5 in one of 4,096 values), so the weights get lr / 10.
-    for a, b in zip(moments_1, moments_4, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-9)
-    for a, b in zip(weights_1, weights_4, strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=cfg.optim.lr / 10)
-
-
-def test_evaluate_is_pure_and_restores_train_mode(tiny_cfg, tmp_path):
-    data = dataset_for(tiny_cfg.data.path, 0.1, tmp_path / "ds")
-    model = GPT(tiny_cfg.model, len(data.vocab)).train()
-    rng = torch.get_rng_state()
-    dev = torch.device("cpu")
-    a = evaluate(model, TextTask(tiny_cfg, data), dev, resolve_dtype("float32", dev))
-    b = evaluate(model, TextTask(tiny_cfg, data), dev, resolve_dtype("float32", dev))
-    assert a == b and model.training
-    assert torch.equal(rng, torch.get_rng_state())
-
-
-@pytest.mark.parametrize("per_forward", [2, 3, 4, 9])
-def test_evaluate_stacks_batches_into_fewer_forwards_with_the_same_losses(per_forward, tiny_cfg,
-                                                                          tmp_path):
-    """Stacked eval batches (CUDA's fewer, larger forwards) score the same windows: the same
-    means as one batch per forward, with the remainder (4 = 3 + 1) and more per forward than
-    there are batches (9) included."""
-    data = dataset_for(tiny_cfg.data.path, 0.1, tmp_path / "ds")
-    model = GPT(tiny_cfg.model, len(data.vocab))
-    dev = torch.device("cpu")
-    calls = []
-    model.register_forward_pre_hook(lambda m, args: calls.append(args[0].shape[0]))
-    one = evaluate(model, TextTask(tiny_cfg, data), dev, torch.float32)
-    assert calls == [16] * 8  # eval_iters 4 batches of 16, each split
-    calls.clear()
-    stacked = evaluate(model, TextTask(tiny_cfg, data), dev, torch.float32,
-                       batches_per_forward=per_forward)
-    expected = {2: [32, 32], 3: [48, 16], 4: [64], 9: [64]}[per_forward]
-    assert calls == expected * 2
-    assert stacked["train"] == pytest.approx(one["train"], rel=1e-6)
-    assert stacked["val"] == pytest.approx(one["val"], rel=1e-6)
-
-
-def test_eval_batches_per_forward_fit_the_memory_budget(tiny_cfg):
-    # tiny: T 16, C 32, F 128, H 2, V 65 -> 4 * 16 * (512 + 195 + 256 + 32) = 63,680 bytes a row
-    per_batch = 63_680 * 16
-    assert batches_that_fit(3 * per_batch, tiny_cfg, 65, 16) == 3
-    assert batches_that_fit(3 * per_batch - 1, tiny_cfg, 65, 16) == 2
-    assert batches_that_fit(10, tiny_cfg, 65, 16) == 1  # never less than one batch
-    assert batches_that_fit(10**12, tiny_cfg, 65, 16) == 4  # never more than eval_iters
-    assert eval_batches_per_forward(tiny_cfg, None, torch.device("cpu"), 16) == 1
 
 
 def test_train_scores_evals_with_the_stacked_batches_eagerly(tiny_cfg, monkeypatch):
@@ -380,3 +285,86 @@ def test_each_variant_learns_on_the_tiny_config(variant, tiny_cfg, tmp_path):
         train_step(model, optimizer, grad_scaler(dev, fp32), sampler, cfg, dev, fp32)
     after = evaluate(model, TextTask(cfg, data), dev, fp32)["val"]
     assert after < before - 0.7, (before, after)
+
+
+def test_train_command_and_refusal_to_clobber(cli, tmp_path, corpus):
+    run = tmp_path / "run"
+    args = ["train", ROOT / "configs" / "tiny.yaml", "--data", corpus, "--out", run,
+            "--set", "train.max_iters=20"]
+    result = cli(*args)
+    assert result.code == 0, result.err
+    assert "step 20: train" in result.out and f"checkpoints in {run}" in result.out
+    assert load_config(run / "config.yaml").train.max_iters == 20
+    before = (run / "last.pt").read_bytes()
+    again = cli(*args)
+    assert again.code == 2
+    assert again.err.startswith(
+        f"error: {run} already holds a run (last.pt, best.pt, metrics.jsonl, tb, config.yaml)")
+    assert (run / "last.pt").read_bytes() == before
+    # min_lr 5e-3 is legal under the run's lr (tiny.yaml: 1e-2), not under the default 4e-3.
+    resumed = cli("train", "--out", run, "--resume", "--set", "train.max_iters=30",
+                  "--set", "optim.min_lr=5e-3")
+    assert resumed.code == 0, resumed.err
+    assert "done: 30 steps" in resumed.out
+    assert load_config(run / "config.yaml").optim.min_lr == 5e-3
+
+
+def test_every_option_changed_trains_resumes_and_samples(cli, tmp_path, corpus):
+    run = tmp_path / "run"
+    arch = [f"model.{k}={v}" for k, v in VARIANTS["all_changed"].items()]
+    sets = [a for kv in arch for a in ("--set", kv)]
+    first = cli("train", ROOT / "configs" / "tiny.yaml", "--data", corpus, "--out", run, *sets,
+                "--set", "train.max_iters=10", "--set", "train.eval_interval=5")
+    assert first.code == 0, first.err
+    resumed = cli("train", "--out", run, "--resume", "--set", "train.max_iters=15")
+    assert resumed.code == 0 and "done: 15 steps" in resumed.out
+    conflict = cli("train", "--out", run, "--resume", "--set", "model.norm=layernorm")
+    assert conflict.code == 2 and "model.norm='layernorm' conflicts" in conflict.err
+    args = ["sample", run, "--prompt", "ROMEO:", "--temperature", "0", "--max-new-tokens", "11"]
+    cached, uncached = cli(*args), cli(*args, "--no-cache")
+    assert cached.code == 0 and cached.out == uncached.out
+    info = json.loads(cli("info", run, "--json").out)
+    assert info["config"]["model"]["pos_encoding"] == "rope"
+    assert info["checkpoint"]["step"] == 15
+    assert not info["parameters"]["tied"]
+
+
+def test_train_without_a_config_names_the_run_dir_after_the_data(cli, tmp_path, monkeypatch):
+    """`charlm train --data my.txt` trains into runs/my, as `charlm train my.txt` does, not into
+    the built-in default's run dir; --out or --set train.out_dir still choose."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("mine.txt", "other.txt"):
+        Path(name).write_text(SHAKESPEARE.read_text(encoding="utf-8")[:5000], encoding="utf-8")
+    small = ["--set", "train.max_iters=1", "--set", "train.eval_iters=1", "--set",
+             "model.n_layer=1"]
+    for args, run in ((["--data", "mine.txt"], "runs/mine"), (["other.txt"], "runs/other"),
+                      (["--data", "mine.txt", "--set", "train.out_dir=elsewhere"], "elsewhere")):
+        result = cli("train", *args, *small)
+        assert result.code == 0, result.err
+        assert result.out.rstrip().endswith(f"checkpoints in {run}")
+        assert Path(run, "last.pt").is_file()
+    assert sorted(p.name for p in Path("runs").iterdir()) == ["mine", "other"]
+
+
+@pytest.mark.parametrize("unit, dtype, line", [
+    ("AVX512_BF16", "auto", "training on cpu in bfloat16 autocast (train.dtype: auto)"),
+    (None, "auto", "training on cpu in float32 (train.dtype: auto)"),
+    ("AMX", "float32", "training on cpu in float32 (train.dtype: float32)"),
+])
+def test_train_says_what_it_computes_in_once_as_it_starts(cli, tmp_path, corpus, monkeypatch,
+                                                          unit, dtype, line):
+    """`dtype: auto` is bf16 on one CPU and float32 on the next: a run says which, first, and a
+    resume says it again, once."""
+    import charlm.runtime.precision
+
+    monkeypatch.setattr(charlm.runtime.precision, "cpu_bf16_unit", lambda: unit)
+    run = tmp_path / "run"
+    common = ["--set", f"train.dtype={dtype}", "--set", "train.eval_interval=2"]
+    fresh = cli("train", ROOT / "configs" / "tiny.yaml", "--data", corpus, "--out", run,
+                "--set", "train.max_iters=2", "--set", "optim.warmup_iters=1", *common)
+    resumed = cli("train", "--out", run, "--resume", "--set", "train.max_iters=4", *common)
+    for result in (fresh, resumed):
+        assert result.code == 0, result.err
+        lines = result.out.splitlines()
+        assert lines[0] == line and lines.count(line) == 1
+        assert lines[1].startswith("step 2: train " if result is fresh else "step 4: train ")

@@ -1,6 +1,6 @@
-"""charlm tune: the search space and its errors, one trial's child process and how it ends, and
-whole studies run as a user would (crash, divergence, Ctrl-C and --resume, two workers on the
-journal file and on PostgreSQL)."""
+"""charlm tune: one trial's child process and how it ends, and whole studies run as a user would
+(crash, divergence, Ctrl-C and --resume, two workers on the journal file, on PostgreSQL and on
+MySQL)."""
 
 from __future__ import annotations
 
@@ -17,98 +17,20 @@ from pathlib import Path
 import pytest
 
 from charlm.config.loading import load_config
-from charlm.core.errors import CharlmError
-from charlm.tune.space import check_space, read_search
-from charlm.tune.trial import Follower, Stop, run_trial
+from charlm.tune.space import read_search
+from charlm.tune.trial import Stop, run_trial
 from tests.helpers import TINY, write
 
 optuna = pytest.importorskip("optuna")
 
+
 # Trials of a few seconds: a small eval and no samples; one thread each (two cores, two workers).
 QUICK = ["--set", "train.eval_interval=5", "--set", "train.eval_iters=2", "--set",
          "train.sample_chars=0", "--set", "train.log_interval=5"]
+
+
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
-
-def search_of(tmp_path: Path, text: str) -> list[str]:
-    return [str(write(tmp_path / "search.yaml", text))]
-
-
-# --- the search space ---------------------------------------------------------------------
-
-
-def test_search_file_and_options_give_params_and_settings(tmp_path: Path) -> None:
-    items = search_of(tmp_path, "optim.lr: {type: float, low: 1e-4, high: 1e-2, log: true}\n"
-                                "model.activation: [gelu, swiglu]\n"
-                                "optim.min_lr: {of: optim.lr, times: 0.1}\n"
-                                "trials: 7\nsampler: random\ntimeout: 5m\n")
-    search = read_search([*items, "model.n_layer={type: int, low: 2, high: 6, step: 2}"])
-    assert search.spec() == {
-        "optim.lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True},
-        "model.activation": {"type": "categorical", "choices": ["gelu", "swiglu"]},
-        "optim.min_lr": {"of": "optim.lr", "times": 0.1},
-        "model.n_layer": {"type": "int", "low": 2, "high": 6, "step": 2},
-    }
-    assert search.settings == {"trials": 7, "sampler": "random", "timeout": 300.0}
-    assert search.params["model.n_layer"].grid() == [2, 4, 6]
-    base = load_config(TINY).to_dict()
-    cfg = search.trial_config(base, {"optim.lr": 2e-3, "model.activation": "swiglu",
-                                     "model.n_layer": 4})
-    assert (cfg.optim.lr, cfg.optim.min_lr, cfg.model.activation, cfg.model.n_layer) == (
-        2e-3, pytest.approx(2e-4), "swiglu", 4)
-
-
-@pytest.mark.parametrize("text, message", [
-    ("optim.lr: 0.01\n", "optim.lr in {f}: 0.01 is no distribution; give {{type: float"),
-    ("optim.lr: {type: float, low: 1e-2, high: 1e-4}\n",
-     "optim.lr in {f}: low 0.01 must be below high 0.0001"),
-    ("optim.lr: {type: float, low: 0, high: 1, log: true}\n",
-     "optim.lr in {f}: a log range needs low > 0, got 0"),
-    ("optim.lr: {type: floats, low: 0, high: 1}\n",
-     "optim.lr in {f}: type must be float, int or categorical, got 'floats'"),
-    ("optim.lr: {type: float, low: 0, hihg: 1}\n",
-     "optim.lr in {f}: unknown field 'hihg' for type float, did you mean 'high'?"),
-    ("model.n_layer: {type: int, low: 1.5, high: 4}\n",
-     "model.n_layer in {f}: low must be an integer, got 1.5"),
-    ("model.activation: [gelu, gelu]\n",
-     "model.activation in {f}: a choice is listed twice in ['gelu', 'gelu']"),
-    ("trails: 5\n", "unknown setting 'trails' in {f}, did you mean 'trials'?"),
-    ("sampler: cmaes\n", "sampler in {f}: 'cmaes' is not one of tpe, random, grid"),
-    ("repeats: 0\n", "repeats in {f}: 0 must be an integer >= 1"),
-    ("data.path: [a.txt, b.txt]\n", "data.path cannot be searched: a study trains every trial "
-                                    "on the same data"),
-])
-def test_bad_search_files_are_one_clear_error(tmp_path: Path, text: str, message: str) -> None:
-    items = search_of(tmp_path, text)
-    with pytest.raises(CharlmError) as e:
-        read_search(items)
-    assert str(e.value).startswith(message.format(f=items[0]))
-
-
-def test_a_space_that_can_give_an_invalid_config_is_refused_up_front(tmp_path: Path) -> None:
-    base = load_config(TINY).to_dict()  # optim.min_lr: 1e-3
-    search = read_search(["optim.lr={type: float, low: 1e-4, high: 1e-2, log: true}"])
-    with pytest.raises(CharlmError) as e:
-        check_space(search, base, "the search")
-    assert str(e.value) == (
-        "the search space can give an invalid config: with optim.lr=0.0001: invalid config "
-        "value optim.min_lr: 0.001 must be in [0, lr], and lr is 0.0001; set optim.min_lr to "
-        "at most lr, e.g. lr / 10 = 1e-05; search optim.min_lr with it (e.g. `optim.min_lr: "
-        "{of: optim.lr, times: 0.1}` derives it from each trial's optim.lr), or fix it with "
-        "--set")
-    check_space(read_search(["optim.lr={type: float, low: 1e-4, high: 1e-2, log: true}",
-                             "optim.min_lr={of: optim.lr, times: 0.1}"]), base, "the search")
-    # two searched keys that only fail together: every combination of their ends is checked
-    both = read_search(["model.n_embd=[32, 48]", "model.n_head=[2, 32]"])
-    with pytest.raises(CharlmError, match=r"with model.n_embd=48, model.n_head=32: invalid "
-                                          r"config value model.n_embd: 48 is not divisible"):
-        check_space(both, base, "the search")
-    with pytest.raises(CharlmError, match=r"unknown key 'model.n_layers', did you mean "
-                                          r"'n_layer'\?"):
-        check_space(read_search(["model.n_layers=[1, 2]"]), base, "the search")
-
-
-# --- one trial: a child process followed through its metrics.jsonl ---------------------------
 
 FAKE_TRAIN = """
 import json, signal, sys, time
@@ -202,22 +124,6 @@ def test_a_stop_request_sends_one_sigterm_and_the_trial_is_interrupted(tmp_path:
     outcome = run_trial([(cmd, tmp_path)], ENV, "best_val_loss", lambda e: False, stop)
     assert (outcome.state, outcome.step) == ("interrupted", 10)
     assert time.monotonic() - start < 10  # not the 30 s the child would sleep
-
-
-def test_follower_reads_each_line_once_and_again_after_a_cut_back(tmp_path: Path) -> None:
-    path = tmp_path / "metrics.jsonl"
-    follower = Follower(path)
-    assert follower.events() == []
-    write(path, '{"step": 1}\n{"step": 2}\n{"st')
-    assert follower.events() == [{"step": 1}, {"step": 2}]
-    with open(path, "a") as f:
-        f.write('ep": 3}\n')
-    assert follower.events() == [{"step": 3}]
-    write(path, '{"step": 1}\n')  # a resumed run cut its log back
-    assert follower.events() == [{"step": 1}]
-
-
-# --- whole studies, run as a user would -------------------------------------------------------
 
 
 def tune(*args: str, cwd: Path, **kw) -> subprocess.CompletedProcess:
@@ -468,125 +374,3 @@ def test_two_machines_share_a_study_in_a_database(tmp_path: Path, corpus: Path,
     for out in ("a", "b"):  # each machine's best.yaml agrees with the database
         best = load_config(tmp_path / out / "best.yaml")
         assert best.optim.lr == study.best_trial.params["optim.lr"]
-
-
-# --- the command's errors, and how values are reported ---------------------------------------
-
-
-def test_tune_command_errors_are_one_line(cli, tmp_path: Path, corpus: Path,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    out = tmp_path / "study"
-    lr = "optim.lr={type: float, low: 1e-3, high: 1e-2}"
-    cases = [
-        ((TINY, "--out", out), "error: give the search space with --search FILE or --search "
-                               "KEY=SPEC"),
-        (("--out", out, "--resume"), f"error: --resume: {out} holds no study (tune.yaml is "
-                                     "missing); start one with `charlm tune CONFIG --search FILE "
-                                     "--out DIR`"),
-        ((TINY, "--search", lr, "--out", out, "--storage", "sqlite:///x.db"),
-         "error: --storage: SQLite cannot take several workers at once; use the default journal "
-         "file in --out, or PostgreSQL / MySQL"),
-        ((TINY, "--search", lr, "--out", out, "--objective", "val_cer"),
-         "error: objective val_cer is measured on pairs (model.arch=encoder_decoder); a GPT's "
-         "objectives are best_val_loss, final_val_loss"),
-        ((TINY, "--search", lr, "--out", out, "--workers", "0"),
-         "error: --workers must be >= 1, got 0"),
-        ((TINY, "--search", lr, "--out", out, "--repeats", "0"),
-         "error: repeats in the options: 0 must be an integer >= 1"),
-        ((TINY, "--search", "optim.lr={type: float, low: 1e-4, high: 1e-2}", "--out", out),
-         "error: the search space can give an invalid config: with optim.lr=0.0001: invalid "
-         "config value optim.min_lr"),
-    ]
-    for args, line in cases:
-        result = cli("tune", *args, "--data", corpus) if args[0] == TINY else cli("tune", *args)
-        assert (result.code, result.err.splitlines()[0][:len(line)]) == (2, line)
-        assert len(result.err.splitlines()) == 1
-        assert not (out / "tune.yaml").exists()
-    monkeypatch.setitem(sys.modules, "optuna", None)  # the extra is not installed
-    result = cli("tune", TINY, "--search", lr, "--out", out)
-    assert (result.code, result.err) == (
-        2, "error: charlm tune needs Optuna: pip install 'charlm[tune]'\n")
-
-
-@pytest.mark.parametrize("spec, expected", [
-    ("optim.lr=[0.002, 0.01]", {20: 3.0, 40: 2.5, 60: 2.4}),  # at the step
-    # a batch of 32 sees the base config's (16) tokens of 40 steps in 20, of 80 in 40, ...
-    ("train.batch_size=[8, 32]", {40: 3.0, 80: 2.5, 120: 2.4}),
-])
-def test_values_are_reported_at_tokens_seen_when_a_step_changes_size(
-        tmp_path: Path, spec: str, expected: dict[int, float]) -> None:
-    from charlm.tune.runner import Tuner
-    from charlm.tune.study import Plan
-
-    base = load_config(TINY).to_dict()  # batch 16 x block 16, an eval every 20 steps
-    tuner = Tuner(Plan(tmp_path, base, read_search([spec]), None, "s", "data"), 1, 5, None)
-    trial = tuner.study.ask()
-    report = tuner.reporter(trial)
-    for step, value in ((20, 3.0), (40, 2.5), (60, 2.4)):
-        assert not report({"event": "eval", "step": step, "tokens": step * 32 * 16,
-                           "best_val_loss": value})
-    assert tuner.study.get_trials()[0].intermediate_values == expected
-
-
-def test_a_trial_is_not_pruned_at_its_final_eval(tmp_path: Path) -> None:
-    """Worse than the median of two complete trials: pruned at step 40, not at step 60, its
-    train.max_iters (it has trained to its end, and completes)."""
-    from charlm.tune.runner import Tuner
-    from charlm.tune.study import Plan
-
-    base = load_config(TINY, ["train.max_iters=60"]).to_dict()
-    search = read_search(["optim.lr=[0.002, 0.01]", "startup_trials=2", "pruner_warmup=0"])
-    tuner = Tuner(Plan(tmp_path, base, search, None, "s", "data"), 1, 5, None)
-    for _ in range(2):
-        done = tuner.study.ask()
-        for step in (20, 40, 60):
-            done.report(2.0, step)
-        tuner.study.tell(done, 2.0)
-    trial = tuner.study.ask()
-    report = tuner.reporter(trial, last_step=60)
-    assert [report({"event": "eval", "step": s, "best_val_loss": 3.0}) for s in (20, 40, 60)] == [
-        True, True, False]
-    assert tuner.study.get_trials()[2].intermediate_values == {20: 3.0, 40: 3.0, 60: 3.0}
-
-
-def test_an_error_in_a_worker_stops_the_study_with_one_line(tmp_path: Path) -> None:
-    from charlm.tune.runner import Tuner
-    from charlm.tune.study import Plan
-
-    base = load_config(TINY).to_dict()
-    tuner = Tuner(Plan(tmp_path, base, read_search(["optim.lr=[0.002, 0.01]"]), None, "s",
-                       "data"), 2, 5, None)
-
-    def lost(trial, slot: int) -> None:
-        raise RuntimeError("server closed the connection unexpectedly\nmore detail")
-
-    tuner.run_one = lost
-    with pytest.raises(CharlmError) as e:
-        tuner.run()
-    assert str(e.value) == (
-        "the study stopped: RuntimeError: server closed the connection unexpectedly; its trials "
-        f"so far are saved: continue with `charlm tune --out {tmp_path} --resume` once the cause "
-        "is fixed")
-
-
-def test_the_grid_sampler_ends_the_grid_without_raising() -> None:
-    """Optuna's GridSampler calls Study.stop after the last point, which raises outside
-    Study.optimize: the last trial of a grid was never recorded."""
-    from charlm.tune.study import make_sampler
-
-    search = read_search(["optim.lr=[0.002, 0.01]"])
-    study = optuna.create_study(sampler=make_sampler(search, 0, 1))
-    for _ in range(2):
-        trial = study.ask()
-        study.tell(trial, search.params["optim.lr"].suggest(trial))
-    assert sorted(t.params["optim.lr"] for t in study.get_trials()) == [0.002, 0.01]
-    assert all(t.state.name == "COMPLETE" for t in study.get_trials())
-
-
-def test_the_pruner_judges_from_half_the_steps_unless_told() -> None:
-    from charlm.tune.study import make_pruner
-
-    base = load_config(TINY, ["train.max_iters=600"]).to_dict()
-    assert make_pruner(read_search(["optim.lr=[0.002, 0.01]"]), base)._n_warmup_steps == 300
-    told = read_search(["optim.lr=[0.002, 0.01]", "pruner_warmup=40"])
-    assert make_pruner(told, base)._n_warmup_steps == 40

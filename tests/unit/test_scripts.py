@@ -1,12 +1,10 @@
-"""The benchmark scripts in scripts/: bad input ends with one line on stderr and exit code 2, and
-the figures they report are computed right."""
+"""The benchmark scripts in scripts/, in this process: bad input ends with one line on stderr and
+exit code 2, and the figures they report are computed right."""
 
 from __future__ import annotations
 
 import json
 import os
-import runpy
-import signal
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -14,48 +12,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.helpers import ROOT, CliResult, common_module, import_script, run_main
+from tests.helpers import ROOT, common_module, import_script, write
 
 TINY = str(ROOT / "configs" / "tiny.yaml")
-
-
-@pytest.fixture
-def run_script(monkeypatch, capsys):
-    """Run a script of scripts/ as `python scripts/NAME ARGS` would, in this process: the
-    refusals tested with it end before any work, and a child process would spend 3 s of each
-    test importing torch again. An exception that escapes the script fails the test, as its
-    traceback would fail the command's; the SIGTERM handler the script sets is put back."""
-    monkeypatch.chdir(ROOT)
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))  # the scripts import `common` by name
-
-    def run(name: str, *args: str) -> CliResult:
-        path = ROOT / "scripts" / name
-        monkeypatch.setattr(sys, "argv", [str(path), *args])
-        handler = signal.getsignal(signal.SIGTERM)
-        try:
-            return run_main(capsys, lambda: runpy.run_path(str(path), run_name="__main__"))
-        finally:
-            signal.signal(signal.SIGTERM, handler)
-
-    return run
-
-
-@pytest.mark.parametrize("name, args, message", [
-    ("bench_train.py", ["missing.yaml"], "error: config file not found: missing.yaml"),
-    ("bench_train.py", [TINY, "--set", "model.n_layr=2"], "did you mean 'n_layer'?"),
-    ("bench_sample.py", ["--configs", "missing.yaml"], "error: config file not found"),
-    ("bench_split.py", ["--configs", "missing.yaml"], "error: config file not found"),
-    ("compare_variants.py", ["--config", TINY, "--eval-iters", "0"],
-     "error: invalid config value train.eval_iters"),
-    ("time_to_loss.py", ["missing.yaml"], "error: config file not found: missing.yaml"),
-    ("time_to_loss.py", [TINY, "--set", "model.n_layr=2"], "did you mean 'n_layer'?"),
-    ("cmudict_pairs.py", ["missing.dict"], "error: input file not found: missing.dict"),
-])
-def test_scripts_report_bad_config_in_one_line(run_script, name, args, message):
-    result = run_script(name, *args)
-    assert result.code == 2, result.err
-    assert result.err.count("\n") == 1 and result.err.startswith("error: ")
-    assert message in result.err and "Traceback" not in result.err
 
 
 @pytest.mark.parametrize("name, args", [
@@ -214,83 +173,6 @@ def test_bench_prepare_peak_rss_is_in_mb_like_the_input(monkeypatch):
     assert bench_prepare.maxrss_mb(5_000_000) == 5.0
 
 
-def test_time_to_loss_stopped_ends_its_training_run_and_removes_it(tmp_path, corpus):
-    """SIGTERM to time_to_loss (a `timeout`, a scheduler) or Ctrl-C: the `charlm train` it
-    launched used to train on, orphaned, into a temporary run dir left behind; now the run is
-    stopped, its dir removed, and the script exits 143 without a traceback."""
-    import signal
-    import time
-    from pathlib import Path
-
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(scratch)}
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "scripts" / "time_to_loss.py"), TINY,
-         "--set", f"data.path={corpus}", "--set", "train.max_iters=100000"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-    def training() -> list[Path]:  # the processes of the run under `scratch`
-        return [p for p in Path("/proc").iterdir() if p.name.isdigit()
-                and str(scratch).encode() in (p / "cmdline").read_bytes()]
-    try:
-        deadline = time.monotonic() + 30
-        while not list(scratch.glob("*/run/metrics.jsonl")) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert training(), "the run did not start"
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        orphans = training()
-        for p in orphans:  # without the fix: end the orphaned run
-            os.kill(int(p.name), signal.SIGKILL)
-    assert (proc.returncode, out, err) == (143, "", "")
-    assert orphans == [] and list(scratch.glob("*/run")) == []
-
-
-def test_time_to_loss_ends_a_run_at_max_seconds(monkeypatch, tmp_path):
-    """A preset's fixed step count held a slow CPU for as long as it took; --max-seconds ends
-    the run (here a stand-in that would sleep for a minute) and says that it did."""
-    import time
-
-    time_to_loss = import_script("time_to_loss", monkeypatch)
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        t0 = time.perf_counter()
-        curve, hit, cut = time_to_loss.watch(proc, tmp_path / "metrics.jsonl", 1.0, False, t0,
-                                             max_seconds=0.2)
-        assert (curve, hit, cut) == ([], None, True)
-        assert proc.returncode == -15 and time.perf_counter() - t0 < 30
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-def test_bench_prepare_stopped_removes_its_generated_file(tmp_path):
-    """SIGTERM while bench_prepare writes its input left the file (up to --mb MB) in the temp
-    dir; now the temp dir is removed and the script exits 143."""
-    import signal
-    import time
-
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "bench_prepare.py"),
-                             "--mb", "2000"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 30
-        while not list(tmp_path.glob("*/big.txt")) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert (proc.returncode, out, err) == (143, "", "")
-    assert list(tmp_path.glob("*/big.txt")) == []
-
-
 @pytest.mark.parametrize("unit, dtype, source", [
     ("AMX", torch.bfloat16, "cpu bfloat16 512^3 matmul probe, best of 3"),
     ("AVX512_BF16", torch.bfloat16, "cpu bfloat16 512^3 matmul probe, best of 3"),
@@ -320,53 +202,6 @@ def test_bench_train_probe_grows_until_a_matmul_takes_a_fifth_of_a_second(monkey
     monkeypatch.setattr(bench_train, "matmul_seconds", lambda a, b: a.shape[0] ** 3 * unit_s)
     peak, size = bench_train.cpu_peak(torch.float32)
     assert size == n and peak == pytest.approx(2 / unit_s)
-
-
-def test_bench_train_leaves_no_files_and_reports_consistent_figures(monkeypatch, tmp_path,
-                                                                    corpus, capsys):
-    """Run from another directory, bench_train prepared the text into ./runs/.bench_dataset and
-    left it there; now it prepares into a temporary dir. Its JSON holds the figures --help
-    describes, each computed from the others as documented."""
-    import json
-
-    import charlm.runtime.precision
-
-    bench_train = import_script("bench_train", monkeypatch)
-    monkeypatch.setattr(bench_train, "cpu_peak", lambda dtype: (1e12, 64))  # no probes
-    # float32 on any CPU
-    monkeypatch.setattr(charlm.runtime.precision, "cpu_bf16_unit", lambda: None)
-    work = tmp_path / "elsewhere"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    monkeypatch.setattr(sys, "argv", ["bench_train.py", TINY, "--steps", "2", "--warmup", "1",
-                                      "--set", f"data.path={corpus}"])
-    bench_train.main()
-    result = json.loads(capsys.readouterr().out)
-    assert list(work.iterdir()) == []
-    assert (result["config"], result["overrides"]) == (TINY, [f"data.path={corpus}"])
-    assert result["machine"] == common_module(monkeypatch).machine_facts()
-    assert (result["warmup_steps"], result["steps"], result["peak_dtype"]) == (1, 2, "float32")
-    assert result["tokens_per_step"] == 16 * 16
-    assert result["tokens_per_s"] == pytest.approx(256 / (result["ms_per_step"] / 1000), rel=0.01)
-    assert result["peak_tflops"] == 1.0 and result["fp32_peak_tflops"] == 1.0
-    assert result["mfu"] == result["mfu_vs_fp32_peak"] == pytest.approx(
-        result["tokens_per_s"] * result["flops_per_token"] / 1e12, abs=1e-4)
-
-
-def test_bench_train_stops_its_steps_after_seconds(monkeypatch, tmp_path, corpus, capsys):
-    """--seconds bounds the warm-up and the timed steps on a CPU too slow for --steps: each
-    stops once the time has passed, after one step at least, and the figures cover those."""
-    import json
-
-    bench_train = import_script("bench_train", monkeypatch)
-    monkeypatch.setattr(bench_train, "cpu_peak", lambda dtype: (1e12, 64))
-    monkeypatch.setattr(sys, "argv", ["bench_train.py", TINY, "--steps", "100000", "--warmup",
-                                      "100000", "--seconds", "1e-9",
-                                      "--set", f"data.path={corpus}"])
-    bench_train.main()
-    result = json.loads(capsys.readouterr().out)
-    assert (result["warmup_steps"], result["steps"]) == (1, 1)
-    assert result["tokens_per_s"] == pytest.approx(256 / (result["ms_per_step"] / 1000), rel=0.01)
 
 
 def test_bench_sample_stops_each_path_after_its_seconds(monkeypatch, capsys):
@@ -448,21 +283,29 @@ def test_cpu_model_reads_cpuinfo_else_asks_platform(monkeypatch, tmp_path):
     assert common.cpu_model(cpuinfo) == "arm"
 
 
-def test_compare_variants_takes_a_configs_data_from_the_current_directory(monkeypatch, tmp_path,
-                                                                          corpus, capsys):
-    """A config's relative data.path is taken from the current directory, as `charlm train`
-    and bench_train take it: compare_variants looked for it in the repository instead."""
-    compare_variants = import_script("compare_variants", monkeypatch)
-    config = tmp_path / "my.yaml"
-    config.write_text((ROOT / "configs" / "tiny.yaml").read_text().replace(
-        "data/tinyshakespeare.txt", corpus.name))
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["compare_variants.py", "--config", "my.yaml", "--seconds",
-                                      "0.05", "--rounds", "1", "--eval-iters", "1", "--only",
-                                      "default"])
-    compare_variants.main()
-    lines = capsys.readouterr().out.splitlines()
-    common = common_module(monkeypatch)
-    assert lines[0] == common.machine_line(common.machine_facts())
-    rows = [line for line in lines if line.startswith("| default")]
-    assert len(rows) == 1 and rows[0].endswith("| +0.000 |")
+def test_cmudict_script_writes_pairs(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import cmudict_pairs
+
+    src = write(tmp_path / "mini.dict", (
+        ";;; a comment line\n"
+        "# another comment\n"
+        "abbe AE1 B IY0\n"
+        "abbe(2) AE1 B\n"
+        "abbe(3) AE0 B IY2 # stress only differs from the first\n"
+        "\n"
+        "d'artagnan D AH0 R T AE1 NG Y AH0 N # foreign french\n"
+    ))
+    out = tmp_path / "out.tsv"
+    monkeypatch.setattr(sys, "argv", ["cmudict_pairs.py", str(src), "--out", str(out)])
+    cmudict_pairs.main()
+    assert out.read_text(encoding="utf-8") == (
+        "abbe\tAE B IY\n"
+        "abbe\tAE B\n"
+        "d'artagnan\tD AH R T AE NG Y AH N\n")
+    assert capsys.readouterr().out == f"wrote 3 pairs of 2 words to {out}\n"
+    monkeypatch.setattr(sys, "argv", ["cmudict_pairs.py", str(src), "--out", str(out),
+                                      "--keep-stress"])
+    cmudict_pairs.main()
+    assert out.read_text(encoding="utf-8").splitlines()[:3] == [
+        "abbe\tAE1 B IY0", "abbe\tAE1 B", "abbe\tAE0 B IY2"]

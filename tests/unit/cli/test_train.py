@@ -1,20 +1,31 @@
-"""Bad input through the CLI: one `error: ...` line on stderr, exit code 2, no traceback, and
-every file that existed before is left as it was. (`charlm sample` cases live in test_cli.py.)"""
+"""`charlm train` up to its first step (charlm.cli.train): the config it builds from
+CONFIG_OR_TEXT, --data, --out and --set, and bad input as one `error: ...` line on stderr with
+exit code 2, no traceback, every file that existed before left as it was."""
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import warnings
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from charlm.cli.train import train_config
+from charlm.config.schema import RunConfig
+from charlm.core.errors import CharlmError
 from charlm.data.text import prepare as prepare_dataset
-from charlm.training import checkpoint
-from tests.helpers import TINY, write
+from charlm.training.run_dir import RUN_FILES
+from tests.helpers import (
+    ROOT,
+    TINY,
+    fixed_memory,
+    no_step,
+    reversal_pairs,
+    write,
+    write_pairs,
+)
 
 
 def test_missing_data_file(fails, tmp_path):
@@ -44,31 +55,6 @@ def test_missing_text_file_leaves_no_run_dir(fails, tmp_path, monkeypatch):
 def test_missing_config_file(fails, tmp_path):
     missing = tmp_path / "none.yaml"
     fails("train", missing, message=f"config file not found: {missing}")
-
-
-def test_directory_where_a_text_file_is_expected(fails, tmp_path):
-    (tmp_path / "texts").mkdir()
-    fails("prepare", tmp_path / "texts", "--out", tmp_path / "ds",
-          message=f"input is a directory, not a text file: {tmp_path / 'texts'}")
-
-
-def test_a_pipe_is_refused_as_an_input_to_prepare(fails, tmp_path):
-    """`charlm prepare <(cmd)` read the pipe's text in pass 1 and nothing in pass 2: exit 0 with
-    empty train.bin/val.bin under a meta.json that counted the characters (and a named pipe
-    blocked); `charlm train --data <(cmd)` said the input was empty."""
-    read_end, write_end = os.pipe()
-    os.write(write_end, b"hello world, hello world")
-    os.close(write_end)
-    pipe = f"/proc/self/fd/{read_end}"
-    message = (f"input is not a regular file (a pipe or a device): {pipe}; charlm reads its "
-               "text twice, save it to a file first")
-    try:
-        fails("prepare", pipe, "--out", tmp_path / "ds", message=message)
-        fails("train", TINY, "--data", pipe, "--out", tmp_path / "run", message=message)
-    finally:
-        os.close(read_end)
-    fails("prepare", "/dev/null", "--out", tmp_path / "ds",
-          message=message.replace(pipe, "/dev/null"))
 
 
 def test_directory_that_is_not_a_dataset(fails, tmp_path):
@@ -155,12 +141,6 @@ def test_wrong_value_type(fails):
                   "expected an integer")
 
 
-def test_integer_too_large_for_64_bits(fails):
-    fails("info", TINY, "--vocab-size", "65", "--set", "model.block_size=99999999999999999999",
-          message=f"invalid value for model.block_size in {TINY} with --set overrides: "
-                  "99999999999999999999 is too large")
-
-
 @pytest.mark.parametrize("override, message", [
     ("optim.lr=-0.1", "invalid config value optim.lr: -0.1 must be > 0"),
     ("model.n_head=3", "invalid config value model.n_embd: 32 is not divisible by "
@@ -206,66 +186,6 @@ def test_resume_without_a_checkpoint(fails, tmp_path):
                   "without --resume")
 
 
-@pytest.fixture
-def trained(cli, tmp_path, corpus) -> Path:
-    """A run of 20 steps in tmp_path/run (checkpoints at steps 10 and 20)."""
-    run = tmp_path / "run"
-    result = cli("train", TINY, "--data", corpus, "--out", run, "--set", "train.max_iters=20",
-                 "--set", "train.eval_interval=10")
-    assert result.code == 0, result.err
-    return run
-
-
-def test_resume_when_last_pt_is_a_directory_does_not_say_no_checkpoint(fails, trained):
-    """A fresh start in that run dir says to --resume; --resume must not send the user back."""
-    (trained / "last.pt").unlink()
-    (trained / "last.pt").mkdir()
-    fails("train", "--out", trained, "--resume",
-          message=f"--resume: {trained / 'last.pt'} is a directory, not a checkpoint; move it "
-                  "out of the way, or start over with --overwrite")
-
-
-@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")
-def test_resume_when_last_pt_is_a_fifo_does_not_say_no_checkpoint(fails, trained):
-    (trained / "last.pt").unlink()
-    os.mkfifo(trained / "last.pt")
-    fails("train", "--out", trained, "--resume",
-          message=f"cannot load checkpoint {trained / 'last.pt'}: not a regular file (a "
-                  "directory, FIFO or device); give a .pt file that charlm train wrote")
-
-
-def test_resume_from_a_checkpoint_with_a_float_step_is_one_error_line(fails, trained):
-    state = checkpoint.load(trained / "last.pt")
-    state["train_state"]["step"] = 20.5
-    torch.save(state, trained / "last.pt")
-    fails("train", "--out", trained, "--resume", "--set", "train.max_iters=22",
-          message=f"checkpoint {trained / 'last.pt'} is damaged or incomplete: train_state is "
-                  "missing or malformed")
-
-
-def test_resume_with_a_conflicting_architecture(fails, trained):
-    fails("train", "--out", trained, "--resume", "--set", "model.n_embd=64",
-          message=f"--resume: model.n_embd=64 conflicts with the checkpoint's 32 in "
-                  f"{trained / 'last.pt'}; the architecture of a run cannot change (drop the "
-                  "override, or start a new run with another --out)")
-
-
-def test_resume_with_max_iters_below_the_step_reached(fails, trained):
-    fails("train", "--out", trained, "--resume", "--set", "train.max_iters=10",
-          message=f"--resume: train.max_iters=10 is below the step the run has reached (20, "
-                  f"{trained / 'last.pt'}); give at least 20")
-
-
-def test_resume_with_other_data_leaves_the_run_and_its_dataset_cache_alone(fails, trained,
-                                                                            tmp_path):
-    """Text with another vocabulary is refused before the run's prepared dataset cache would
-    be rebuilt from it (`fails` checks every file under tmp_path, the cache included)."""
-    other = write(tmp_path / "other.txt", "xyz zyx\n" * 500)
-    fails("train", other, "--out", trained, "--resume",
-          message=f"--resume: the vocabulary of {other} differs from the run's checkpoint; "
-                  "resume with the data the run was started on")
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_device_cuda_without_cuda(fails, tmp_path, corpus):
     fails("train", TINY, "--data", corpus, "--out", tmp_path / "run", "--set",
@@ -298,148 +218,6 @@ def test_out_dir_that_cannot_be_written(fails, tmp_path, corpus):
     fails("train", TINY, "--data", corpus, "--out", blocker / "run",
           message=f"cannot write to run dir {blocker / 'run'}: Not a directory; choose another "
                   "--out")
-
-
-def test_prepare_and_export_out_that_cannot_be_written(fails, tmp_path, corpus, trained):
-    """The error names the --out the user gave, not a temporary file beside it."""
-    blocker = write(tmp_path / "file", "a regular file")
-    fails("prepare", corpus, "--out", blocker / "ds",
-          message=f"cannot write to dataset dir {blocker / 'ds'}: Not a directory; choose "
-                  "another --out")
-    fails("export", trained, "--out", blocker / "a" / "b",
-          message=f"cannot write to --out {blocker / 'a' / 'b'}: Not a directory; choose "
-                  "another --out")
-
-
-def test_a_failed_first_checkpoint_does_not_advise_resume(cli, tmp_path, corpus, monkeypatch):
-    """The first write of last.pt failing said "continue with --resume", which has nothing to
-    resume from."""
-    real_replace = os.replace
-
-    def replace(src, dst):
-        if str(dst).endswith("last.pt"):
-            raise OSError(errno.ENOSPC, "No space left on device")
-        real_replace(src, dst)
-
-    monkeypatch.setattr(os, "replace", replace)
-    run = tmp_path / "run"
-    result = cli("train", TINY, "--data", corpus, "--out", run, "--set", "train.max_iters=10",
-                 "--set", "train.eval_interval=10")
-    assert (result.code, result.err) == (
-        2, f"error: cannot write checkpoint {run / 'last.pt'}: No space left on device; the "
-           "previous last.pt, if any, is unchanged; free disk space (or fix the run dir), then "
-           "start the run again with --overwrite (it has no last.pt to resume from yet)\n")
-
-
-def test_resume_after_the_text_moved_points_to_the_runs_copy(cli, fails, trained, corpus):
-    """It said "input file not found" though RUN/dataset held the prepared text."""
-    corpus.rename(corpus.with_suffix(".moved"))
-    cache = trained / "dataset"
-    fails("train", "--out", trained, "--resume", "--set", "train.max_iters=30",
-          message=f"--resume: input file not found: {corpus} (data.path), but the run's prepared "
-                  f"copy is in {cache}; resume with --data {cache}")
-    result = cli("train", "--out", trained, "--resume", "--data", cache, "--set",
-                 "train.max_iters=30")
-    assert result.code == 0, result.err
-
-
-def test_disk_full_during_a_save_keeps_the_previous_checkpoints(cli, trained, monkeypatch):
-    real_fsync, calls = os.fsync, []
-
-    def fsync_then_disk_full(fd):  # the disk fills up with a checkpoint's data
-        real_fsync(fd)
-        if ".pt.tmp-" in os.readlink(f"/proc/self/fd/{fd}"):
-            calls.append(fd)
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(os, "fsync", fsync_then_disk_full)
-    before = {name: (trained / name).read_bytes() for name in ("last.pt", "best.pt")}
-    # The resume rewrites config.yaml and appends to metrics.jsonl, as it should.
-    result = cli("train", "--out", trained, "--resume", "--set", "train.max_iters=40")
-    assert (result.code, result.err) == (
-        2, f"error: cannot write checkpoint {trained / 'best.pt'}: No space left on device; the "
-           "previous best.pt, if any, is unchanged; free disk space (or fix the run dir), then "
-           "continue with --resume\n")  # step 30 improved: best.pt is written before last.pt
-    assert len(calls) == 1
-    assert {name: (trained / name).read_bytes() for name in before} == before
-    assert not [p.name for p in trained.iterdir() if ".tmp" in p.name]
-
-
-@pytest.mark.parametrize("damage, detail", [
-    (lambda s: s.pop("train_state"), "train_state is missing or malformed"),
-    (lambda s: s.update(train_state={"step": "x"}), "train_state is missing or malformed"),
-    (lambda s: s["train_state"].update(bad_streak="x"), "train_state is missing or malformed"),
-    (lambda s: s.pop("config"), "no config"),
-    (lambda s: s.update(config="model"), "config is not a mapping with a model section"),
-    (lambda s: s["model"].pop("wte.weight"), "Error(s) in loading state_dict for GPT: Missing "
-                                              "key(s) in state_dict: \"wte.weight\"."),
-])
-def test_damaged_checkpoint_gives_one_error_line(fails, trained, damage, detail):
-    for name in ("last.pt", "best.pt"):
-        state = torch.load(trained / name, weights_only=True)
-        damage(state)
-        torch.save(state, trained / name)
-    for args in (["sample", trained], ["info", trained], ["eval", trained, TINY],
-                 ["train", "--out", trained, "--resume", "--set", "train.max_iters=30"]):
-        ckpt = trained / ("last.pt" if args[0] == "train" else "best.pt")
-        result = fails(*args, message=f"checkpoint {ckpt} is damaged or incomplete: {detail}")
-        assert result.out == ""
-
-
-def test_checkpoint_or_export_with_an_empty_vocabulary_gives_one_error_line(cli, fails, trained,
-                                                                           tmp_path):
-    """Not torch's warnings about zero-element tensors, then a size mismatch."""
-    export = tmp_path / "exported"
-    assert cli("export", trained, "--out", export).code == 0
-    write(export / "vocab.json", "[]")
-    state = torch.load(trained / "best.pt", weights_only=True)
-    state["vocab"] = []
-    torch.save(state, trained / "best.pt")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        fails("sample", trained, message=f"checkpoint {trained / 'best.pt'} is damaged or "
-                                         "incomplete: a vocabulary must hold at least one "
-                                         "character")
-        fails("eval", export, TINY, message=f"cannot load exported model {export}: a vocabulary "
-                                            "must hold at least one character")
-
-
-def test_checkpoint_whose_vocabulary_holds_a_surrogate_gives_one_error_line(cli, fails, trained,
-                                                                          tmp_path):
-    """`sample`, `sample --json` and `export --format hf` failed printing it
-    (UnicodeEncodeError)."""
-    state = torch.load(trained / "best.pt", weights_only=True)
-    state["vocab"] = sorted(state["vocab"][:-1] + ["\udc80"])
-    torch.save(state, trained / "best.pt")
-    message = (f"checkpoint {trained / 'best.pt'} is damaged or incomplete: a vocabulary must "
-               "not hold a surrogate (U+D800..U+DFFF)")
-    fails("sample", trained, message=message)
-    fails("sample", trained, "--json", message=message)
-    fails("export", trained, "--format", "hf", "--out", tmp_path / "hf", message=message)
-
-
-@pytest.mark.parametrize("key, value, detail", [
-    ("n_layer", 1000000, "model.n_layer=1000000 but the weights hold 2 blocks"),
-    ("n_embd", 64, "wte.weight has shape (58, 32) in the weights but (58, 64) in the config"),
-])
-def test_a_config_that_disagrees_with_its_weights_is_refused_before_building(
-        cli, fails, trained, tmp_path, key, value, detail):
-    """A 358 KB best.pt (or an export's config.json) saying n_layer: 1000000 made `sample`
-    and `info` allocate until the machine ran out: the model was built before its config was
-    checked against the stored tensors."""
-    export = tmp_path / "exported"
-    assert cli("export", trained, "--out", export).code == 0
-    meta = json.loads((export / "config.json").read_text())
-    meta["config"]["model"][key] = value
-    write(export / "config.json", json.dumps(meta))
-    state = torch.load(trained / "best.pt", weights_only=True)
-    state["config"]["model"][key] = value
-    torch.save(state, trained / "best.pt")
-    fails("sample", trained, message=f"checkpoint {trained / 'best.pt'} is damaged or "
-                                     f"incomplete: {detail}")
-    fails("info", trained, message=f"checkpoint {trained / 'best.pt'} is damaged or "
-                                   f"incomplete: {detail}")
-    fails("sample", export, message=f"cannot load exported model {export}: {detail}")
 
 
 def test_dataset_whose_meta_json_is_not_an_object(fails, tmp_path):
@@ -524,31 +302,159 @@ def test_other_runtime_errors_are_not_dressed_up_as_input_errors(cli, monkeypatc
         cli("train", TINY, "--data", corpus, "--out", tmp_path / "run")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-@pytest.mark.parametrize("command", ["sample", "eval"])
-def test_sample_and_eval_without_cuda_name_their_own_option(fails, tmp_path, corpus, command):
+def test_time_option_sets_the_budget(cli, tmp_path, corpus):
+    r = cli("train", "--data", corpus, "--out", tmp_path / "r", "--time", "5 min")
+    assert (r.code, r.err.splitlines()) == (2, [
+        "error: invalid config value train.max_time: '5 min' is not a duration; give seconds or "
+        "a number with s, m or h (90, 30s, 5m, 2h, 1h30m)"])
+    r = cli("train", "--data", corpus, "--time", "5m", "--set", "train.max_time=60")
+    assert (r.code, r.err.splitlines()) == (2, [
+        "error: --time and --set train.max_time set the same key; give one of them"])
+
+
+def test_bad_config_gives_one_error_line(cli, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  n_embd: 30\n  n_head: 4\n")
+    result = cli("train", bad)
+    assert result.code == 2
+    assert result.err == ("error: invalid config value model.n_embd: 30 is not divisible by "
+                          "model.n_head=4; choose n_embd as a multiple of n_head\n")
+    assert "Traceback" not in result.err
+
+
+def test_train_on_missing_data_file(cli, tmp_path):
+    result = cli("train", ROOT / "configs" / "tiny.yaml", "--data", tmp_path / "none.txt",
+                 "--out", tmp_path / "run")
+    assert (result.code, result.err) == (
+        2, f"error: input file not found: {tmp_path / 'none.txt'}\n")
+
+
+@pytest.fixture
+def train_configs(monkeypatch) -> list:
+    """The configs `charlm train` would train, in order; nothing is trained."""
+    import charlm.training.loop
+
+    seen = []
+    monkeypatch.setattr(charlm.training.loop, "train", lambda cfg, **kw: seen.append(cfg) or
+                        charlm.training.run_objects.TrainState())
+    return seen
+
+
+@pytest.mark.parametrize("name", ["my \U0001f600.txt", "caf\u00e9 \"x\": 1.txt", "123", "null"])
+def test_train_takes_data_and_out_names_as_given(cli, tmp_path, monkeypatch, train_configs,
+                                                 name):
+    """--data, --out and a text file as CONFIG_OR_TEXT reach the config as the exact strings
+    typed, whatever their characters (an emoji was read back as two lone surrogates, and the
+    run died with a UnicodeEncodeError traceback)."""
+    seen = train_configs
+    monkeypatch.chdir(tmp_path)
+    Path(name).write_text("some text\n", encoding="utf-8")
+    for args, out in ((["--data", name, "--out", f"out {name}"], f"out {name}"),
+                      ([name], str(Path("runs", Path(name).stem)))):
+        result = cli("train", *args)
+        assert result.code == 0, result.err
+        assert (seen[-1].data.path, seen[-1].train.out_dir) == (name, out)
+
+
+@pytest.mark.parametrize("name", ["MY.YAML", "my.Yml"])
+def test_a_config_suffix_in_capitals_is_a_config(cli, tmp_path, corpus, train_configs, name):
+    """`charlm train MY.YAML` reads the config, not the YAML text as the data to train on."""
+    config = tmp_path / name
+    config.write_text(f"model:\n  n_layer: 1\ndata:\n  path: {corpus}\n", encoding="utf-8")
+    result = cli("train", config)
+    assert result.code == 0, result.err
+    assert (train_configs[-1].model.n_layer, train_configs[-1].data.path) == (1, str(corpus))
+    info = cli("info", config, "--vocab-size", "10", "--json")
+    assert info.code == 0, info.err
+    assert json.loads(info.out)["config"]["model"]["n_layer"] == 1
+
+
+@pytest.fixture
+def text_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my.txt").write_text("hello\n", encoding="utf-8")
+    return "my.txt"
+
+
+def test_train_config_on_a_text_file(text_file, tmp_path):
+    """`charlm train my.txt`: the defaults on my.txt, in runs/my unless --out or --set says."""
+    cfg = train_config(Path(text_file))
+    assert (cfg.data.path, cfg.train.out_dir) == ("my.txt", str(Path("runs", "my")))
+    assert RunConfig.from_dict({**cfg.to_dict(), "data": {}, "train": {}}) == RunConfig()
+    assert train_config(None, data=text_file).train.out_dir == str(Path("runs", "my"))
+    assert train_config(text_file, out="o").train.out_dir == "o"
+    assert train_config(text_file, ["train.out_dir=s"]).train.out_dir == "s"
+    assert train_config(text_file, device="cpu").train.device == "cpu"
+    config = tmp_path / "c.yaml"
+    config.write_text("train:\n  out_dir: r\n  max_iters: 3\n")
+    cfg = train_config(config, ["train.max_iters=4"], data=text_file)
+    assert (cfg.data.path, cfg.train.out_dir, cfg.train.max_iters) == ("my.txt", "r", 4)
+
+
+@pytest.mark.parametrize("args, kwargs, message", [
+    (["my.txt"], {"data": "x.txt"}, "give the data either as my.txt or as --data, not both"),
+    (["my.txt", ["data.path=x"]], {}, "my.txt and --set data.path set the same key; give one "
+     "of them"),
+    ([None, ["data.path=x"]], {"data": "my.txt"}, "--data and --set data.path set the same key; "
+     "give one of them"),
+    (["my.txt", [" train.out_dir =x"]], {"out": "o"}, "--out and --set train.out_dir set the "
+     "same key; give one of them"),
+    (["my.txt", ["train.device=cpu"]], {"device": "cpu"}, "--device and --set train.device set "
+     "the same key; give one of them"),
+    (["my.txt"], {"device": "gpu"}, "unknown device 'gpu'; use auto, cpu, cuda, cuda:N or mps"),
+    ([None], {}, "input file not found: data/tinyshakespeare.txt (data.path of the built-in "
+     "defaults, taken from the current directory); give your text as `charlm train my.txt` or "
+     "--data PATH"),
+])
+def test_train_config_errors(text_file, args, kwargs, message):
+    with pytest.raises(CharlmError) as e:
+        train_config(*args, **kwargs)
+    assert str(e.value) == message
+
+
+def test_train_config_resume_finds_the_run_dir_before_applying_overrides(text_file):
+    """Without a CONFIG the overrides apply to the checkpoint's config: only the run dir is
+    resolved here (an optim.min_lr above the defaults' lr must not fail before the resume)."""
+    calls = []
+
+    def resume(run_dir, config, overrides):
+        calls.append((run_dir, config, overrides))
+        return RunConfig()
+
+    assert train_config(None, ["optim.min_lr=0.5", "train.out_dir=r"], resume=resume) == (
+        RunConfig())
+    assert calls == [(Path("r"), None, ["optim.min_lr=0.5", "train.out_dir=r"])]
+    train_config(None, ["optim.min_lr=0.5"], out="o", resume=resume)
+    assert calls[-1] == (Path("o"), None, ["optim.min_lr=0.5", ("train.out_dir", "o")])
+
+
+def test_a_batch_too_big_for_memory_is_one_error_line_before_the_first_step(
+        cli, monkeypatch, tmp_path, corpus):
+    """`--set train.batch_size=100000000` grew to 24 GB and was killed by the kernel (exit 137,
+    no error line): only the weights were checked, not the batch's activations."""
+    fixed_memory(monkeypatch, 24)
+    no_step(monkeypatch)
     run = tmp_path / "run"
-    run.mkdir()
-    extra = [corpus] if command == "eval" else []
-    fails(command, run, *extra, "--device", "cuda",
-          message="--device is 'cuda' but no CUDA GPU is available to this torch build; use "
-                  "--device cpu (or auto), or install a CUDA build of torch")
+    t0 = time.perf_counter()
+    result = cli("train", TINY, "--data", corpus, "--out", run, "--set",
+                 "train.batch_size=100000000", "--set", "train.max_iters=3")
+    assert time.perf_counter() - t0 < 5
+    assert result.code == 2 and result.err.count("error:") == 1  # after a warmup warning
+    assert result.err.endswith(
+        "\nerror: a batch of 100,000,000 x 16 needs about 8,297.0 GiB for its activations in "
+        "training (with the model's weights, gradients and AdamW state), more than the 24.0 GiB "
+        "of cpu; lower train.batch_size (raising train.grad_accum keeps the tokens per step) or "
+        "model.block_size\n")
+    assert not [name for name in RUN_FILES if (run / name).exists()]  # nothing written
 
 
-def test_prompt_file_that_is_a_directory(fails, tmp_path):
-    fails("sample", tmp_path, "--prompt-file", tmp_path,
-          message=f"prompt file {tmp_path} is a directory; give a text file")
-
-
-@pytest.mark.parametrize("option", [["--set", "model.n_layer=3"], ["--vocab-size", "5"]])
-def test_config_only_info_options_on_a_checkpoint(fails, tmp_path, option):
-    """A checkpoint fixes its config and vocabulary: options that would change them are an error
-    rather than silently ignored (checked before the checkpoint is even read)."""
-    fails("info", tmp_path / "missing.pt", *option,
-          message=f"{option[0]} applies to a config file, not to a checkpoint")
-
-
-def test_info_on_a_config_whose_data_is_missing_says_how_to_give_the_vocab_size(fails, tmp_path):
-    fails("info", TINY, "--set", f"data.path={tmp_path / 'nowhere.txt'}",
-          message=f"the vocabulary size comes from data.path, and {tmp_path / 'nowhere.txt'} does "
-                  "not exist; give --vocab-size N, or --set data.path=FILE")
+def test_model_arch_and_the_data_must_agree(cli, tmp_path, corpus):
+    data = write_pairs(tmp_path / "reverse.tsv", reversal_pairs(50, 2))
+    gpt = cli("train", ROOT / "configs" / "tiny.yaml", "--data", data, "--out", tmp_path / "a")
+    assert gpt.err == (f"error: {data} holds pairs, but model.arch=decoder trains on text; set "
+                       "model.arch=encoder_decoder, or data.format=text to train a GPT on its "
+                       "lines\n")
+    encdec = cli("train", ROOT / "configs" / "tiny.yaml", "--data", corpus, "--out",
+                 tmp_path / "b", "--set", "model.arch=encoder_decoder")
+    assert encdec.err.startswith("error: model.arch=encoder_decoder trains on pairs, but ")
+    assert not (tmp_path / "a").exists() or not any((tmp_path / "a").glob("*.pt"))

@@ -1,11 +1,12 @@
+"""charlm.config.loading: the presets, YAML files and --set overrides read into a RunConfig, and
+every error a config file or an override can give."""
+
 import re
-from pathlib import Path
 
 import pytest
 
-from charlm.cli.train import train_config
 from charlm.config.loading import load_config, save_config
-from charlm.config.schema import ModelConfig, RunConfig
+from charlm.config.schema import RunConfig
 from charlm.config.values import dump_yaml, parse_yaml
 from charlm.core.errors import CharlmError
 from tests.helpers import ROOT
@@ -143,18 +144,6 @@ def test_numbers_are_read_as_yaml_1_2_reads_them(tmp_path):
                             "expected an integer")
 
 
-def test_number_lookalikes_without_a_digit_are_strings():
-    """`._` (a string before YAML 1.2 numbers) and `0x_` matched the number syntax without a
-    digit, so the loader failed in float('.') / int('', 16) with a ValueError traceback; they
-    are strings, which the config then refuses in one line."""
-    assert [parse_yaml(v) for v in ("._", "-._", "0x_", "0b_", "0o_", "._5")] == [
-        "._", "-._", "0x_", "0b_", "0o_", 0.5]
-    with pytest.raises(CharlmError) as e:
-        load_config(None, ["train.max_iters=._"])
-    assert str(e.value) == ("invalid value for train.max_iters in --set overrides: '._', "
-                            "expected an integer")
-
-
 def test_set_without_equals():
     with pytest.raises(CharlmError) as e:
         load_config(None, ["optim.lr"])
@@ -219,12 +208,6 @@ def test_saved_config_loads_back_whatever_its_strings_look_like(tmp_path, path):
     save_config(cfg, tmp_path / "config.yaml")
     assert load_config(tmp_path / "config.yaml") == cfg
     assert parse_yaml(dump_yaml(cfg.to_dict())) == cfg.to_dict()
-
-
-def test_round_trip_through_dict():
-    cfg = load_config(None, ["model.n_layer=3"])
-    assert RunConfig.from_dict(cfg.to_dict()) == cfg
-    assert ModelConfig(n_ff=64).ff_width == 64
 
 
 def test_plain_scalars_are_read_by_their_fields_type(tmp_path):
@@ -298,69 +281,6 @@ def test_option_values_are_taken_as_given_and_set_text_as_yaml():
         load_config(None, [("optim.lr", "1e-3"), "optim.lr=1e-3"])
     assert str(e.value) == "--set optim.lr is given twice; give it once"
     assert parse_yaml("a: [1, '1', 1.5, yes, ~]") == {"a": [1, "1", 1.5, True, None]}
-
-
-def test_dump_yaml_quotes_what_a_yaml_reader_would_type():
-    assert dump_yaml({"a": "1e5", "b": "0o17", "c": "x", "d": 2}) == (
-        "a: '1e5'\nb: '0o17'\nc: x\nd: 2\n")
-
-
-@pytest.fixture
-def text_file(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "my.txt").write_text("hello\n", encoding="utf-8")
-    return "my.txt"
-
-
-def test_train_config_on_a_text_file(text_file, tmp_path):
-    """`charlm train my.txt`: the defaults on my.txt, in runs/my unless --out or --set says."""
-    cfg = train_config(Path(text_file))
-    assert (cfg.data.path, cfg.train.out_dir) == ("my.txt", str(Path("runs", "my")))
-    assert RunConfig.from_dict({**cfg.to_dict(), "data": {}, "train": {}}) == RunConfig()
-    assert train_config(None, data=text_file).train.out_dir == str(Path("runs", "my"))
-    assert train_config(text_file, out="o").train.out_dir == "o"
-    assert train_config(text_file, ["train.out_dir=s"]).train.out_dir == "s"
-    assert train_config(text_file, device="cpu").train.device == "cpu"
-    config = write(tmp_path, "train:\n  out_dir: r\n  max_iters: 3\n")
-    cfg = train_config(config, ["train.max_iters=4"], data=text_file)
-    assert (cfg.data.path, cfg.train.out_dir, cfg.train.max_iters) == ("my.txt", "r", 4)
-
-
-@pytest.mark.parametrize("args, kwargs, message", [
-    (["my.txt"], {"data": "x.txt"}, "give the data either as my.txt or as --data, not both"),
-    (["my.txt", ["data.path=x"]], {}, "my.txt and --set data.path set the same key; give one "
-     "of them"),
-    ([None, ["data.path=x"]], {"data": "my.txt"}, "--data and --set data.path set the same key; "
-     "give one of them"),
-    (["my.txt", [" train.out_dir =x"]], {"out": "o"}, "--out and --set train.out_dir set the "
-     "same key; give one of them"),
-    (["my.txt", ["train.device=cpu"]], {"device": "cpu"}, "--device and --set train.device set "
-     "the same key; give one of them"),
-    (["my.txt"], {"device": "gpu"}, "unknown device 'gpu'; use auto, cpu, cuda, cuda:N or mps"),
-    ([None], {}, "input file not found: data/tinyshakespeare.txt (data.path of the built-in "
-     "defaults, taken from the current directory); give your text as `charlm train my.txt` or "
-     "--data PATH"),
-])
-def test_train_config_errors(text_file, args, kwargs, message):
-    with pytest.raises(CharlmError) as e:
-        train_config(*args, **kwargs)
-    assert str(e.value) == message
-
-
-def test_train_config_resume_finds_the_run_dir_before_applying_overrides(text_file):
-    """Without a CONFIG the overrides apply to the checkpoint's config: only the run dir is
-    resolved here (an optim.min_lr above the defaults' lr must not fail before the resume)."""
-    calls = []
-
-    def resume(run_dir, config, overrides):
-        calls.append((run_dir, config, overrides))
-        return RunConfig()
-
-    assert train_config(None, ["optim.min_lr=0.5", "train.out_dir=r"], resume=resume) == (
-        RunConfig())
-    assert calls == [(Path("r"), None, ["optim.min_lr=0.5", "train.out_dir=r"])]
-    train_config(None, ["optim.min_lr=0.5"], out="o", resume=resume)
-    assert calls[-1] == (Path("o"), None, ["optim.min_lr=0.5", ("train.out_dir", "o")])
 
 
 def alias_bomb(levels: int) -> str:

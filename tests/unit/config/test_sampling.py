@@ -1,4 +1,4 @@
-"""charlm.sample_config: the options of `charlm sample` and the API, validated and typed."""
+"""charlm.config.sampling: the options of `charlm sample` and the API, validated and typed."""
 
 from dataclasses import fields
 

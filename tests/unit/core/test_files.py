@@ -1,12 +1,13 @@
+"""charlm.core.files: atomic writes reach the disk before they replace a file, and name the target
+when they fail."""
+
 import errno
 import os
 
 import pytest
 
-from charlm.cli import app as cli
 from charlm.config.loading import save_config
 from charlm.config.schema import RunConfig
-from charlm.core import files
 from charlm.core.files import write_text_atomic
 from charlm.training import checkpoint
 
@@ -27,20 +28,6 @@ def test_a_failed_atomic_write_names_the_target_and_keeps_it(tmp_path, monkeypat
     monkeypatch.undo()
     assert path.read_text(encoding="utf-8") == "old\n"
     assert os.listdir(tmp_path) == ["config.yaml"]
-
-
-def test_the_cli_reports_a_failed_atomic_write_with_the_target(tmp_path, monkeypatch, capsys):
-    path = tmp_path / "config.yaml"
-
-    def disk_full(file, *args, **kwargs):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
-
-    monkeypatch.setattr(files, "open", disk_full, raising=False)
-    monkeypatch.setattr(cli, "app", lambda **kwargs: write_text_atomic(path, "x"))
-    with pytest.raises(SystemExit) as e:
-        cli.main([])
-    assert e.value.code == 2
-    assert capsys.readouterr().err == f"error: No space left on device: {path}\n"
 
 
 def test_run_files_reach_the_disk_before_they_replace_the_old_ones(tmp_path, monkeypatch):

@@ -1,12 +1,14 @@
-"""Batches of pairs: `collate` pads and shifts, and `PairBatchSampler` is seeded, resumes
-exactly, keeps padding small and shards its batches across ranks."""
+"""charlm.data.batches: `BatchSampler` gathers windows, resumes and refuses a split too short;
+`collate` pads and shifts pairs, and `PairBatchSampler` is seeded, resumes exactly, keeps
+padding small and shards its batches across ranks."""
+
 
 import numpy as np
 import pytest
 import torch
 
 from charlm.core.errors import CharlmError
-from charlm.data.batches import IGNORE_INDEX, PairBatchSampler, collate
+from charlm.data.batches import IGNORE_INDEX, BatchSampler, PairBatchSampler, collate
 from charlm.data.pair_dataset import PairSplit
 from charlm.data.vocab import PairVocab
 
@@ -81,3 +83,33 @@ def test_sampler_rows_and_a_small_split():
     with pytest.raises(CharlmError, match="the split holds no pairs"):
         PairBatchSampler(PairSplit(split.src, split.src_offsets[:1], split.tgt,
                                    split.tgt_offsets[:1]), VOCAB, 8, CPU, seed=0)
+
+
+def test_batch_gather_equals_reference_slicing():
+    arr = np.arange(1000, dtype=np.uint16) % 251
+    sampler = BatchSampler(arr, block_size=8, batch_size=5, device=torch.device("cpu"), seed=3)
+    g = torch.Generator().manual_seed(3)
+    starts = torch.randint(len(arr) - 8, (5,), generator=g)
+    x, y = sampler.batch()
+    for row, s in enumerate(starts.tolist()):
+        assert x[row].tolist() == arr[s:s + 8].tolist()
+        assert y[row].tolist() == arr[s + 1:s + 9].tolist()
+    assert x.dtype == torch.int64 and x.shape == (5, 8)
+
+
+def test_sampler_state_round_trip():
+    arr = np.arange(500, dtype=np.uint8)
+    a = BatchSampler(arr, 4, 3, torch.device("cpu"), seed=1)
+    a.batch()
+    state = a.state_dict()
+    expected = a.batch()[0]
+    b = BatchSampler(arr, 4, 3, torch.device("cpu"), seed=99)
+    b.load_state_dict(state)
+    assert torch.equal(b.batch()[0], expected)
+
+
+def test_split_too_short_says_minimum():
+    with pytest.raises(CharlmError) as e:
+        BatchSampler(np.arange(10, dtype=np.uint8), 16, 2, torch.device("cpu"), 0, name="val")
+    assert "the val split is too short: 10 characters, but one window needs " \
+           "block_size + 1 = 17" in str(e.value)

@@ -1,9 +1,10 @@
+"""Paired text (charlm.data.pairs and charlm.data.pair_dataset): source<TAB>target lines and their
+errors, the split, the prepared dataset, its cache and its damage."""
+
 import json
-import sys
 
 import numpy as np
 import pytest
-import torch
 
 from charlm.config.schema import DataConfig
 from charlm.core.errors import CharlmError
@@ -11,11 +12,17 @@ from charlm.data.pair_dataset import PairSplit, load_pairs, pairs_for, reference
 from charlm.data.pairs import prepare_pairs, read_pairs, split_of
 from charlm.data.text import prepare
 from charlm.data.vocab import PairVocab
-from tests.helpers import ROOT, write
+from tests.helpers import write
 
 SKIP = "or set data.skip_bad_pairs=true to skip such lines"
+
+
 ONE_PER_LINE = f'give one "source<TAB>target" pair per line, {SKIP}'
+
+
 SHORTEN = f"raise it, shorten the line, {SKIP}"
+
+
 AGAIN = "prepare it again with `charlm prepare --pairs`"
 
 
@@ -302,71 +309,3 @@ def test_a_rejected_vocab_leaves_the_cache(tmp_path):
     with pytest.raises(CharlmError, match="other data: Y"):
         pairs_for(space(path=str(src)), 8, cache, reject)
     assert {p.name: p.read_bytes() for p in cache.iterdir()} == before
-
-
-def test_vocab_ids_encoding_and_decoding():
-    vocab = PairVocab(("a", "b", "c"), ("AH", "B", "K"), "space")
-    assert (vocab.source_size, vocab.src_pad, vocab.target_size) == (4, 3, 6)
-    assert (vocab.pad, vocab.bos, vocab.eos) == (3, 4, 5)
-    assert vocab.encode_source("cab") == [2, 0, 1]
-    assert vocab.encode_target(" K  AH B ") == [2, 0, 1]
-    assert vocab.decode_target([4, 2, 0, 5, 1, 3]) == "K AH"
-    assert vocab.decode_target(torch.tensor([2, 3, 3])) == "K"
-    with pytest.raises(CharlmError) as e:
-        vocab.encode_source("cxaby", where="the word 'cxaby'")
-    assert str(e.value) == ("the word 'cxaby' has characters outside the model's source "
-                            "vocabulary: 'x' at position 1, 'y' at position 4; remove them or "
-                            "pass --unknown skip")
-    assert vocab.encode_source("cxaby", unknown="skip") == [2, 0, 1]
-    with pytest.raises(CharlmError) as e:
-        vocab.encode_target("K OY")
-    assert str(e.value) == ("the target 'K OY' has units outside the target vocabulary: 'OY' "
-                            "at unit 1; use only the units of the training pairs")
-    chars = PairVocab(("a",), (" ", "x"))
-    assert chars.units("x x") == ["x", " ", "x"] and chars.decode_target([1, 0, 1]) == "x x"
-    assert PairVocab.from_dict(json.loads(json.dumps(vocab.to_dict()))) == vocab
-
-
-@pytest.mark.parametrize("raw", [
-    None, [], {"source": ["a"], "target": ["X"]},
-    {"source": "ab", "target": ["X"], "target_units": "space"},
-    {"source": ["b", "a"], "target": ["X"], "target_units": "space"},
-    {"source": ["a", "a"], "target": ["X"], "target_units": "space"},
-    {"source": ["ab"], "target": ["X"], "target_units": "space"},
-    {"source": [], "target": ["X"], "target_units": "space"},
-    {"source": ["a"], "target": ["X Y"], "target_units": "space"},
-    {"source": ["a"], "target": ["XY"], "target_units": "char"},
-    {"source": ["a"], "target": [1], "target_units": "char"},
-    {"source": ["a"], "target": ["X"], "target_units": "word"},
-])
-def test_a_garbled_vocab_is_a_value_error(raw):
-    with pytest.raises(ValueError):
-        PairVocab.from_dict(raw)
-
-
-def test_cmudict_script_writes_pairs(tmp_path, monkeypatch, capsys):
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    import cmudict_pairs
-
-    src = write(tmp_path / "mini.dict", (
-        ";;; a comment line\n"
-        "# another comment\n"
-        "abbe AE1 B IY0\n"
-        "abbe(2) AE1 B\n"
-        "abbe(3) AE0 B IY2 # stress only differs from the first\n"
-        "\n"
-        "d'artagnan D AH0 R T AE1 NG Y AH0 N # foreign french\n"
-    ))
-    out = tmp_path / "out.tsv"
-    monkeypatch.setattr(sys, "argv", ["cmudict_pairs.py", str(src), "--out", str(out)])
-    cmudict_pairs.main()
-    assert out.read_text(encoding="utf-8") == (
-        "abbe\tAE B IY\n"
-        "abbe\tAE B\n"
-        "d'artagnan\tD AH R T AE NG Y AH N\n")
-    assert capsys.readouterr().out == f"wrote 3 pairs of 2 words to {out}\n"
-    monkeypatch.setattr(sys, "argv", ["cmudict_pairs.py", str(src), "--out", str(out),
-                                      "--keep-stress"])
-    cmudict_pairs.main()
-    assert out.read_text(encoding="utf-8").splitlines()[:3] == [
-        "abbe\tAE1 B IY0", "abbe\tAE1 B", "abbe\tAE0 B IY2"]

@@ -1,21 +1,20 @@
+"""charlm.data.text: `prepare` writes meta.json, train.bin and val.bin as nanoGPT's prepare does,
+whatever its chunking, and refuses what it cannot read."""
+
 import hashlib
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-import torch
 
 from charlm.core.errors import CharlmError
 from charlm.data import chunks
 from charlm.data import text as data_module
-from charlm.data.batches import BatchSampler
 from charlm.data.chunks import code_point_chunks
-from charlm.data.dataset import dataset_for, load_dataset
+from charlm.data.dataset import load_dataset
 from charlm.data.text import prepare
-from tests.helpers import ROOT, SHAKESPEARE
+from tests.helpers import SHAKESPEARE
 
 
 def test_tinyshakespeare_matches_nanogpt(tmp_path):
@@ -132,6 +131,8 @@ def reference_dataset(paths, val_fraction):
 
 
 BOM = b"\xef\xbb\xbf"
+
+
 INPUTS = {  # name: the bytes of each source
     "ascii": [b"hello world\nthe quick brown fox jumps\n" * 20],
     "latin1": ["naïve café, Ünïcödé ñ ÿ\n".encode() * 20],  # code points below 256
@@ -194,26 +195,6 @@ def test_an_invalid_byte_at_a_chunk_boundary_is_named_at_its_offset(tmp_path, mo
     assert str(e.value) == (
         f"{src} is not valid UTF-8 text (invalid byte 0x{raw[offset]:02x} at byte offset "
         f"{offset}); charlm reads text files as UTF-8, convert it first")
-
-
-@pytest.mark.parametrize("name, text, option, wrote", [
-    ("t.txt", "hello world, hello world\n", [], "10 symbols (uint8), 22 train / 3 val characters"),
-    ("p.tsv", "".join(f"{w}\t{w.upper()}\n" for w in ("cat", "dog", "hat", "bat", "rat")),
-     ["--pairs"], "4 train / 1 val / 0 test pairs"),
-])
-def test_prepare_imports_no_torch(tmp_path, name, text, option, wrote):
-    """`charlm prepare` spent 2.4 s of its time importing torch, which it never uses (with
-    --pairs too, until the pairs' batches moved out of charlm.pairs)."""
-    src = tmp_path / name
-    src.write_text(text, encoding="utf-8")
-    code = ("import sys; from charlm.cli.app import main\n"
-            "try:\n    main(sys.argv[1:])\n"
-            "finally:\n    print('torch' in sys.modules)")
-    result = subprocess.run(
-        [sys.executable, "-c", code, "prepare", *option, str(src), "--out", str(tmp_path / "ds")],
-        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == [f"wrote {tmp_path / 'ds'}: {wrote}", "False"]
 
 
 def test_empty_and_single_character_inputs(tmp_path):
@@ -286,81 +267,6 @@ def test_prepare_refuses_a_dir_whose_meta_json_is_another_tools(tmp_path, meta):
     with pytest.raises(CharlmError):
         prepare([text], project, progress=False)
     assert [p.name for p in project.iterdir()] == ["meta.json"]
-
-
-@pytest.mark.parametrize("meta", [None, "", '{"format": "charlm-da'])
-def test_a_dataset_cache_left_without_meta_json_is_rebuilt(tmp_path, meta):
-    """A prepare killed after moving train.bin and val.bin into place but before writing
-    meta.json, or a machine that stopped before meta.json reached the disk (empty, or cut
-    short): the run's dataset cache is prepared again, not refused as a foreign directory
-    (every later `charlm train` of the run failed with '--out RUN/dataset is not empty')."""
-    text = tmp_path / "t.txt"
-    text.write_text("hello world, hello world")
-    cache = tmp_path / "run" / "dataset"
-    prepare([text], cache, progress=False)
-    if meta is None:
-        (cache / "meta.json").unlink()
-    else:
-        (cache / "meta.json").write_text(meta)
-    data = dataset_for(text, 0.1, cache)
-    assert data.meta["train_tokens"] == 21 and (cache / "meta.json").is_file()
-
-
-def test_a_damaged_dataset_cache_is_rebuilt(tmp_path):
-    """A run's dataset cache whose train.bin no longer matches its meta.json (the text's sha256
-    unchanged) failed every later `charlm train` of the run, --overwrite too, with 'prepare it
-    again with `charlm prepare`', which the user never ran; now it is prepared again."""
-    text = tmp_path / "t.txt"
-    text.write_text("hello world, hello world")
-    cache = tmp_path / "run" / "dataset"
-    dataset_for(text, 0.1, cache)
-    (cache / "train.bin").write_bytes(b"\x00" * 5)
-    data = dataset_for(text, 0.1, cache)
-    assert data.vocab.decode(data.train) == "hello world, hello wo"
-    assert (cache / "train.bin").stat().st_size == 21
-
-
-def test_batch_gather_equals_reference_slicing():
-    arr = np.arange(1000, dtype=np.uint16) % 251
-    sampler = BatchSampler(arr, block_size=8, batch_size=5, device=torch.device("cpu"), seed=3)
-    g = torch.Generator().manual_seed(3)
-    starts = torch.randint(len(arr) - 8, (5,), generator=g)
-    x, y = sampler.batch()
-    for row, s in enumerate(starts.tolist()):
-        assert x[row].tolist() == arr[s:s + 8].tolist()
-        assert y[row].tolist() == arr[s + 1:s + 9].tolist()
-    assert x.dtype == torch.int64 and x.shape == (5, 8)
-
-
-def test_sampler_state_round_trip():
-    arr = np.arange(500, dtype=np.uint8)
-    a = BatchSampler(arr, 4, 3, torch.device("cpu"), seed=1)
-    a.batch()
-    state = a.state_dict()
-    expected = a.batch()[0]
-    b = BatchSampler(arr, 4, 3, torch.device("cpu"), seed=99)
-    b.load_state_dict(state)
-    assert torch.equal(b.batch()[0], expected)
-
-
-def test_split_too_short_says_minimum():
-    with pytest.raises(CharlmError) as e:
-        BatchSampler(np.arange(10, dtype=np.uint8), 16, 2, torch.device("cpu"), 0, name="val")
-    assert "the val split is too short: 10 characters, but one window needs " \
-           "block_size + 1 = 17" in str(e.value)
-
-
-def test_text_file_is_prepared_once_and_rebuilt_when_changed(tmp_path):
-    src = tmp_path / "t.txt"
-    src.write_text("abcdefghij" * 20)
-    cache = tmp_path / "cache"
-    ds = dataset_for(src, 0.1, cache)
-    mtime = (cache / "train.bin").stat().st_mtime_ns
-    assert dataset_for(src, 0.1, cache).meta == ds.meta
-    assert (cache / "train.bin").stat().st_mtime_ns == mtime  # reused, not rewritten
-    src.write_text("xyz" * 50)
-    ds2 = dataset_for(src, 0.1, cache)
-    assert ds2.vocab.chars == ["x", "y", "z"]
 
 
 @pytest.mark.parametrize("change", ["append known", "append new", "same size"])

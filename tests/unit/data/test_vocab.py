@@ -1,8 +1,13 @@
+"""charlm.data.vocab: character and pair vocabularies, their ids, and the vocabularies refused."""
+
+import json
+
 import numpy as np
 import pytest
+import torch
 
 from charlm.core.errors import CharlmError
-from charlm.data.vocab import CharacterSet, Vocab, id_dtype, list_unknown
+from charlm.data.vocab import CharacterSet, PairVocab, Vocab, id_dtype, list_unknown
 
 
 def test_vocab_round_trip_unicode():
@@ -104,3 +109,43 @@ def test_character_set_collects_bytes_and_arrays():
     seen.add(np.array([ord("Ж"), ord("a"), 0x1F642], dtype=np.uint32))
     seen.add(b"abn\xe9")  # Latin-1: \xe9 is a new character, the rest were met
     assert seen.vocab() == Vocab(sorted("abn\u00e9\u0416\U0001F642"))
+
+
+def test_vocab_ids_encoding_and_decoding():
+    vocab = PairVocab(("a", "b", "c"), ("AH", "B", "K"), "space")
+    assert (vocab.source_size, vocab.src_pad, vocab.target_size) == (4, 3, 6)
+    assert (vocab.pad, vocab.bos, vocab.eos) == (3, 4, 5)
+    assert vocab.encode_source("cab") == [2, 0, 1]
+    assert vocab.encode_target(" K  AH B ") == [2, 0, 1]
+    assert vocab.decode_target([4, 2, 0, 5, 1, 3]) == "K AH"
+    assert vocab.decode_target(torch.tensor([2, 3, 3])) == "K"
+    with pytest.raises(CharlmError) as e:
+        vocab.encode_source("cxaby", where="the word 'cxaby'")
+    assert str(e.value) == ("the word 'cxaby' has characters outside the model's source "
+                            "vocabulary: 'x' at position 1, 'y' at position 4; remove them or "
+                            "pass --unknown skip")
+    assert vocab.encode_source("cxaby", unknown="skip") == [2, 0, 1]
+    with pytest.raises(CharlmError) as e:
+        vocab.encode_target("K OY")
+    assert str(e.value) == ("the target 'K OY' has units outside the target vocabulary: 'OY' "
+                            "at unit 1; use only the units of the training pairs")
+    chars = PairVocab(("a",), (" ", "x"))
+    assert chars.units("x x") == ["x", " ", "x"] and chars.decode_target([1, 0, 1]) == "x x"
+    assert PairVocab.from_dict(json.loads(json.dumps(vocab.to_dict()))) == vocab
+
+
+@pytest.mark.parametrize("raw", [
+    None, [], {"source": ["a"], "target": ["X"]},
+    {"source": "ab", "target": ["X"], "target_units": "space"},
+    {"source": ["b", "a"], "target": ["X"], "target_units": "space"},
+    {"source": ["a", "a"], "target": ["X"], "target_units": "space"},
+    {"source": ["ab"], "target": ["X"], "target_units": "space"},
+    {"source": [], "target": ["X"], "target_units": "space"},
+    {"source": ["a"], "target": ["X Y"], "target_units": "space"},
+    {"source": ["a"], "target": ["XY"], "target_units": "char"},
+    {"source": ["a"], "target": [1], "target_units": "char"},
+    {"source": ["a"], "target": ["X"], "target_units": "word"},
+])
+def test_a_garbled_vocab_is_a_value_error(raw):
+    with pytest.raises(ValueError):
+        PairVocab.from_dict(raw)

@@ -1,3 +1,5 @@
+"""charlm.evaluation.accuracy: edit distance, exact match and error rates over references."""
+
 import pytest
 
 from charlm.core.errors import CharlmError

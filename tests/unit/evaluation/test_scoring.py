@@ -1,3 +1,5 @@
+"""charlm.evaluation.scoring: loss and bits per character of a text over overlapping windows."""
+
 import math
 
 import pytest

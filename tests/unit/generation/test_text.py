@@ -1,3 +1,5 @@
+"""charlm.generation.text: prompts, stop strings and `sample_text` with its memory guard."""
+
 import pytest
 import torch
 

@@ -1,6 +1,6 @@
-"""`charlm.attention`: rotary positions and the CPU's float32 attention kernel. How attention
+"""charlm.model.attention: rotary positions and the CPU's float32 attention kernel. How attention
 behaves inside the model (causality, the cache against a full forward) is tested in
-test_model.py."""
+test_gpt.py."""
 
 import pytest
 import torch

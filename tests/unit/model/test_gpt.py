@@ -1,3 +1,6 @@
+"""charlm.model.gpt: shapes and loss, causality, parameter counts, the cached forward, positions and
+norms."""
+
 import itertools
 import math
 

@@ -1,3 +1,6 @@
+"""charlm.training.optimizer: torch's AdamW, bitwise as the old fused AdamW; `step_if` and the
+state it loads."""
+
 import copy
 import io
 from typing import Any
