@@ -97,7 +97,26 @@ def test_beam_search_finds_a_likelier_sequence_than_greedy(model):
     best = beam_search(model, prompt, 10, beams=6)
     assert len(best) == 10
     assert sequence_logprob(model, prompt, best) >= sequence_logprob(model, prompt, greedy) - 1e-4
+    # From this prompt greedy's 10 ids are not the likeliest (-10.08 against -9.56 for the six
+    # beams' best), so a search that ignored `beams` and decoded greedily fails here.
+    assert best != greedy
+    assert sequence_logprob(model, prompt, best) > sequence_logprob(model, prompt, greedy) + 0.1
     assert beam_search(model, prompt, 10, beams=6, use_cache=False) == best
+
+
+def test_as_many_beams_as_ids_find_the_likeliest_two_ids():
+    """Two steps of V beams keep every first id, so they find the likeliest of all V * V
+    continuations, here not greedy's: after [0, 1] greedy takes 8 (and then 8, -2.83 in all)
+    where 11 then 8 is likelier (-1.86)."""
+    model, prompt = random_gpt(), torch.tensor([[0, 1]])
+    with torch.no_grad():
+        first = torch.log_softmax(model(prompt)[0][0, -1], dim=-1)  # (V,) over the first id
+        prompts = torch.cat([prompt.expand(V, -1), torch.arange(V)[:, None]], dim=1)  # (V, 3)
+        second = torch.log_softmax(model(prompts)[0][:, -1], dim=-1)  # (V, V): row = first id
+    likeliest = list(divmod((first[:, None] + second).argmax().item(), V))
+    assert likeliest != beam_search(model, prompt, 2, beams=1)
+    assert beam_search(model, prompt, 2, beams=V) == likeliest
+    assert beam_search(model, prompt, 2, beams=V, use_cache=False) == likeliest
 
 
 def test_beam_search_stops_at_a_stop_sequence(model):
