@@ -35,3 +35,21 @@ def test_the_config_reads_a_duration_into_seconds():
     assert load_config(None, ["train.max_time=90"]).train.max_time == 90.0
     assert load_config(None, []).train.max_time is None
     assert [format_duration(s) for s in (12.34, 90, 3725)] == ["12.3s", "1m30s", "1h02m05s"]
+
+
+@pytest.mark.parametrize("seconds, text", [
+    (0, "0.0s"), (-1.0, "0.0s"), (12.34, "12.3s"), (59.4, "59.4s"), (60, "1m00s"), (90, "1m30s"),
+    (3599, "59m59s"), (3600, "1h00m00s"), (3725, "1h02m05s"), (90061, "25h01m01s"),
+])
+def test_format_duration_reads_back_as_its_seconds(seconds, text):
+    """What charlm prints (a run's elapsed time, a budget) reads back as a duration: to a tenth
+    of a second under a minute, to the second above."""
+    assert format_duration(seconds) == text
+    if seconds > 0:  # zero and less are no duration
+        assert duration_seconds(text) == pytest.approx(round(seconds, 1 if seconds < 60 else 0))
+
+
+def test_a_bad_duration_names_the_option_it_came_from():
+    with pytest.raises(CharlmError) as e:
+        duration_seconds("soon", key="--timeout")
+    assert str(e.value).startswith("invalid config value --timeout: 'soon' is not a duration")

@@ -11,7 +11,6 @@ import pytest
 from charlm.core.errors import CharlmError
 from charlm.data import chunks
 from charlm.data import text as data_module
-from charlm.data.chunks import code_point_chunks
 from charlm.data.dataset import load_dataset
 from charlm.data.text import prepare
 from tests.helpers import SHAKESPEARE
@@ -163,21 +162,6 @@ def test_prepare_writes_what_it_wrote_before_its_fast_paths(tmp_path, monkeypatc
     prepare(paths, tmp_path / "ds", 0.1, progress=False)
     written = {f: (tmp_path / "ds" / f).read_bytes() for f in ("meta.json", "train.bin", "val.bin")}
     assert written == reference_dataset(paths, 0.1)
-
-
-def test_chunks_bound_the_code_points_held_at_once(tmp_path, monkeypatch):
-    """A file is never held whole: each chunk of code points is at most CHUNK_BYTES long, ASCII
-    chunks as bytes, undecoded, and the others as arrays, whose concatenation is the text."""
-    monkeypatch.setattr(chunks, "CHUNK_BYTES", 1000)
-    text = "plain ascii text\n" * 500 + "Жжж 🙂\n" * 300 + "ascii again\n" * 200
-    src = tmp_path / "t.txt"
-    src.write_text(text, encoding="utf-8")
-    with open(src, "rb") as f:
-        parts = [cps for _, cps in code_point_chunks(f, str(src))]
-    assert max(len(p) for p in parts) <= 1000
-    assert {type(p) for p in parts} == {bytes, np.ndarray}
-    assert "".join(p.decode("latin-1") if isinstance(p, bytes) else "".join(map(chr, p))
-                   for p in parts) == text
 
 
 @pytest.mark.parametrize("raw, chunk, offset", [

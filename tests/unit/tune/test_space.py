@@ -86,3 +86,50 @@ def test_a_space_that_can_give_an_invalid_config_is_refused_up_front(tmp_path: P
     with pytest.raises(CharlmError, match=r"unknown key 'model.n_layers', did you mean "
                                           r"'n_layer'\?"):
         check_space(read_search(["model.n_layers=[1, 2]"]), base, "the search")
+
+
+def test_the_grid_of_each_kind_of_param(tmp_path: Path) -> None:
+    search = read_search(["model.activation=[gelu, swiglu]",
+                          "model.n_layer={type: int, low: 2, high: 5}",
+                          "model.n_embd={type: int, low: 32, high: 128, step: 32}",
+                          "optim.lr={type: float, low: 0.001, high: 0.003, step: 0.001}"])
+    params = search.params
+    assert params["model.activation"].grid() == ["gelu", "swiglu"]
+    assert params["model.n_layer"].grid() == [2, 3, 4, 5]
+    assert params["model.n_embd"].grid() == [32, 64, 96, 128]
+    assert params["optim.lr"].grid() == pytest.approx([0.001, 0.002, 0.003])
+    for spec in ("optim.lr={type: float, low: 0.001, high: 0.003}",
+                 "model.n_layer={type: int, low: 2, high: 32, log: true}"):
+        (param,) = read_search([spec]).params.values()
+        with pytest.raises(CharlmError, match=f"^sampler grid needs a step for {param.key} "):
+            param.grid()
+
+
+def test_derived_values_follow_their_source_and_round_for_an_integer_field() -> None:
+    base = load_config(TINY).to_dict()  # optim.lr: 0.01, model.n_layer: 2
+    search = read_search(["model.n_layer=[2, 3]", "model.n_head={of: model.n_layer, times: 1.4}",
+                          "optim.min_lr={of: optim.lr, times: 0.1}"])
+    assert search.values({"model.n_layer": 3}, base) == {
+        "model.n_layer": 3, "model.n_head": 4, "optim.min_lr": pytest.approx(0.001)}
+    assert [p.key for p in search.sampled()] == ["model.n_layer"]
+    with pytest.raises(CharlmError) as e:
+        read_search(["optim.lr=[0.01, 0.02]", "optim.min_lr={of: optim.lr, times: 0.1}",
+                     "optim.weight_decay={of: optim.min_lr, times: 2}"])
+    assert str(e.value) == ("optim.weight_decay is derived from optim.min_lr, which is derived "
+                            "itself; derive it from a searched or fixed key")
+
+
+@pytest.mark.parametrize("items, message", [
+    (["optim.lr=[0.01, 0.02]", "optim.lr=[0.03]"],
+     "optim.lr is given twice in the search (--search); give it once"),
+    (["train.out_dir=[a, b]"], "train.out_dir cannot be searched: a study trains every trial on "
+     "the same data, each in its own run dir under --out (give data with --data)"),
+    (["optim.lr"], "--search 'optim.lr' is neither a search file nor KEY=SPEC (e.g. --search "
+     "'optim.lr={type: float, low: 1e-4, high: 1e-2}')"),
+    (["optim.lr={type: float, low: 1, high: 2, log: true, step: 0.5}"],
+     "optim.lr in --search: give log or step, not both (Optuna samples either)"),
+])
+def test_bad_search_options_are_one_clear_error(items: list[str], message: str) -> None:
+    with pytest.raises(CharlmError) as e:
+        read_search(items)
+    assert str(e.value) == message
