@@ -1,6 +1,6 @@
 """The options of `charlm sample` and of the Python API's generation calls, validated, and the
 CLI options made from them (declared once, here). Not part of a run's YAML: a run's config is
-`charlm.config.schema.schema.RunConfig`.
+`charlm.config.schema.RunConfig`.
 """
 
 from __future__ import annotations
