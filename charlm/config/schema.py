@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import re
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from charlm.config.values import (
@@ -160,7 +162,7 @@ class TrainConfig:
     device: str = "auto"  # auto, cpu, cuda (the first GPU), cuda:N or mps
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     compile: bool = False
-    out_dir: str = "runs/shakespeare_char_cpu"
+    out_dir: str | None = None  # the run dir; None: runs/<name of data.path>, see RunConfig
 
     def __post_init__(self) -> None:
         for key in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters",
@@ -171,7 +173,8 @@ class TrainConfig:
         _check(self.max_bad_steps >= 1, "train.max_bad_steps", "must be >= 1")
         _check(self.sample_chars >= 0, "train.sample_chars", "must be >= 0 (0 turns samples off)")
         _check(self.eval_pairs >= 0, "train.eval_pairs", "must be >= 0 (0 decodes none)")
-        _check(bool(self.out_dir), "train.out_dir", "must not be empty")
+        _check(self.out_dir != "", "train.out_dir",
+               "must not be empty; null names the run dir after data.path")
         if self.max_time is not None:
             self.max_time = duration_seconds(self.max_time)
         unknown_device = device_error(self.device)
@@ -223,6 +226,10 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
 
+    def __post_init__(self) -> None:
+        if self.train.out_dir is None:  # resolved once, so config.yaml and checkpoints hold it
+            self.train.out_dir = default_run_dir(self.data.path)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -247,6 +254,18 @@ class RunConfig:
                 raise CharlmError(f"unknown section '{name}' in {where}{suggest(name, sections)}")
             kwargs[name] = _build_section(hints[name], name, value, where)
         return cls(**kwargs)
+
+
+def default_run_dir(data_path: str) -> str:
+    """The run dir of a config that names none: `runs/<name of the data>` (`runs/my` for
+    my.txt, `runs/cmudict` for data/cmudict.tsv), so the defaults on one text and a preset on
+    another never share a run dir. The path is made absolute without following links, so `.`
+    names the current directory and a link keeps the name it was given."""
+    name = Path(os.path.abspath(data_path)).stem
+    if not name:
+        raise CharlmError(f"invalid config value train.out_dir: data.path {data_path!r} has no "
+                          "name to call the run dir after; set train.out_dir (or --out)")
+    return str(Path("runs") / name)
 
 
 def suggest(name: str, valid: typing.Iterable[str]) -> str:
