@@ -68,7 +68,8 @@ def test_scripts_report_bad_config_in_one_line(run_script, name, args, message):
     ("bench_prepare.py", ["--mb", "0"]),
     ("time_to_loss.py", ["--target", "0"]),
     ("time_to_loss.py", ["--at", "0"]),
-    ("bench_g2p.py", ["--minutes", "0"]),
+    ("experiments/g2p_cmudict.py", ["--minutes", "0"]),
+    ("experiments/tune_vs_grid.py", ["--seeds", "0"]),
     ("bench_presets.py", ["--skip-nanogpt", "0"]),
 ])
 def test_scripts_reject_counts_that_are_not_positive(run_script, name, args):

@@ -14,8 +14,8 @@ stopped it at (train.log), summed over a trial's seeds. A seed hits when its bes
 within 0.01 nats/char of the grid's best and it trained at most a third of the grid's steps; the
 target is 4 hits in 5 seeds. Prints a table and one JSON line, with the machine.
 
-    python scripts/bench_tune.py [--seeds 5] [--trials 10] [--startup 4] [--steps 600]
-                                 [--workers 1] [--repeats 2] [--keep DIR]
+    python scripts/experiments/tune_vs_grid.py [--seeds 5] [--trials 10] [--startup 4]
+        [--steps 600] [--workers 1] [--repeats 2] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/, for common
 from common import machine_facts, machine_line, positive, run_script, summary
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GAP, SHARE, HITS = 0.01, 1 / 3, 4  # issue 18's target: within 0.01 nats, a third of the steps
 # The ranges hold the optimum inside them: on narrower ones (lr up to 0.025, warmup up to 300)
 # the grid's best was their corner, where a tuner can only match the grid by luck
