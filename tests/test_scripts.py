@@ -357,7 +357,15 @@ def test_bench_train_variants_take_turns_on_a_configs_data_from_the_current_dire
 
 
 def test_variants_name_model_changes_or_overrides(monkeypatch):
+    from charlm.config.schema import MODEL_VARIANTS
+
     train = script_module("benchlib.train", monkeypatch)
+    args = script_module("bench", monkeypatch).parser().parse_args(
+        ["train", TINY, "--variants", "bias=True", "all", "model.n_layer=1"])
+    cfgs = train.variant_configs(args)
+    assert list(cfgs) == ["bias=True", *(n for n in MODEL_VARIANTS if n != "bias=True"),
+                          "model.n_layer=1"]
+    assert cfgs["bias=True"].model.bias and cfgs["model.n_layer=1"].model.n_layer == 1
     assert train.variant_overrides("default") == []
     assert train.variant_overrides("tie_weights=False") == ["model.tie_weights=False"]
     assert train.variant_overrides("train.dtype=bfloat16,model.n_embd=64") == [

@@ -12,10 +12,10 @@ With --eval-iters N each variant's val loss is then measured on the same N val b
 timed.
 
 A variant (--variants) is a name of `MODEL_VARIANTS` (`default`, `activation=swiglu`, ...: one
-model key changed) or overrides `section.key=value[,section.key=value ...]` (`train.dtype=
-bfloat16`). FLOPs per token follow the PaLM appendix (6N + 12 * n_layer * n_embd * block_size,
-`charlm info`); MFU is against the peak of `benchlib.peak`, and on a CPU against the float32
-peak too."""
+model key changed; `all` stands for every one of them) or overrides
+`section.key=value[,section.key=value ...]` (`train.dtype=bfloat16`). FLOPs per token follow
+the PaLM appendix (6N + 12 * n_layer * n_embd * block_size, `charlm info`); MFU is against the
+peak of `benchlib.peak`, and on a CPU against the float32 peak too."""
 
 from __future__ import annotations
 
@@ -125,7 +125,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="a config override for every variant")
     parser.add_argument("--variants", nargs="+", default=["default"], metavar="VARIANT",
-                        help="what to time, in this order (default: default, the config as is)")
+                        help="what to time, in this order: MODEL_VARIANTS names, `all` of "
+                        "them, or section.key=value[,...] (default: default, the config as is)")
     parser.add_argument("--steps", type=positive(int), default=10,
                         help="steps of each variant in a round (default 10)")
     parser.add_argument("--seconds", type=positive(float), default=30.0,
@@ -138,12 +139,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default 0: none)")
 
 
+def variant_configs(args: argparse.Namespace) -> dict[str, RunConfig]:
+    """Each variant's config, in the order given, `all` spelled out, each variant once."""
+    evals = [f"train.eval_iters={args.eval_iters}"] if args.eval_iters else []
+    specs = [name for spec in args.variants
+             for name in (MODEL_VARIANTS if spec == "all" else [spec])]
+    return {spec: load_config(args.config, [*args.overrides, *evals, *variant_overrides(spec)])
+            for spec in dict.fromkeys(specs)}
+
+
 def figures(args: argparse.Namespace) -> Iterator[dict]:
     """The training figures of `args`: the configs are read now, the training done as
     iterated."""
-    evals = [f"train.eval_iters={args.eval_iters}"] if args.eval_iters else []
-    cfgs = {spec: load_config(args.config, [*args.overrides, *evals, *variant_overrides(spec)])
-            for spec in dict.fromkeys(args.variants)}
+    cfgs = variant_configs(args)
     source = Path(next(iter(cfgs.values())).data.path)
     if args.config is None:  # the built-in defaults' data is the repo's, wherever this runs from
         source = ROOT / source
