@@ -75,6 +75,9 @@ def kind(records: list[dict], name: str) -> list[dict]:
     ("bench.py", ["train", TINY, "--variants", "swiglu"],
      "error: variant 'swiglu' is neither one of default, pos_encoding=sinusoidal"),
     ("bench.py", ["decode", "--configs", "missing.yaml"], "error: config file not found"),
+    ("bench.py", ["decode", "--configs", TINY, "--variants", "cached", "transformers"],
+     "transformers' GPT-2 decodes no further than its block_size (16) where charlm slides its "
+     "window; give --tokens 15 or fewer"),
     ("bench.py", ["decode", "--configs", TINY, "--tree", "no-such-rev"],
      "error: --tree no-such-rev: neither a directory nor a commit of"),
     ("bench.py", ["presets", "missing.yaml", "--target", "1.9"],

@@ -40,6 +40,7 @@ from benchlib.harness import ROOT, Bench, Runner, interleave
 from charlm.config.loading import load_config
 from charlm.config.sampling import SampleConfig
 from charlm.config.schema import RunConfig
+from charlm.core.errors import CharlmError
 from charlm.data.vocab import Vocab
 from charlm.export import save_hf
 from charlm.generation.decoding import generate
@@ -163,6 +164,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def figures(args: argparse.Namespace) -> Iterator[dict]:
     """The decode figures of `args`; the configs are read now, the decoding done as iterated."""
     cfgs = [(path, load_config(path)) for path in args.configs]
+    for path, cfg in cfgs:
+        if "transformers" in args.variants and args.tokens >= cfg.model.block_size:
+            raise CharlmError(f"{path}: transformers' GPT-2 decodes no further than its "
+                              f"block_size ({cfg.model.block_size}) where charlm slides its "
+                              f"window; give --tokens {cfg.model.block_size - 1} or fewer")
     return measure(cfgs, args)
 
 
