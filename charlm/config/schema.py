@@ -127,7 +127,7 @@ class ModelConfig:
 
 
 # Each single-option change of the architecture from the default GPT, by `key=value` name: what
-# scripts/compare_variants.py measures and the tests run every model path with.
+# `scripts/bench.py train --variants` measures and the tests run every model path with.
 MODEL_VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     **{f"{key}={value}": {key: value} for key, value in [
