@@ -6,6 +6,7 @@ modules import from here, never from one another."""
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import random
 from collections.abc import Callable
@@ -251,3 +252,16 @@ def common_module(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     """scripts/common.py, which every benchmark script shares."""
     return import_script("common", monkeypatch)
 
+
+
+def bench(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, *argv: str
+          ) -> tuple[list[dict], str]:
+    """`python scripts/bench.py ARGV` in this process: its JSON lines and its stderr."""
+    import_script("bench", monkeypatch).main(list(argv))
+    captured = capsys.readouterr()
+    return [json.loads(line) for line in captured.out.splitlines()], captured.err
+
+
+def kind(records: list[dict], name: str) -> list[dict]:
+    """The JSON lines of one kind (machine, round, facts, summary)."""
+    return [r for r in records if r["kind"] == name]

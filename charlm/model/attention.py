@@ -18,7 +18,7 @@ from charlm.model.layers import Linear, Module, child, maybe_dropout
 def attention_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype attention computes in for inputs like x: float32 on the CPU, where PyTorch's
     bf16/fp16 flash kernel is slower than its float32 one (much slower in backward,
-    docs/benchmarks.md; 2-4x in a decode step without AMX), else x's dtype. A KV cache is kept
+    docs/benchmarks-log.md; 2-4x in a decode step without AMX), else x's dtype. A KV cache is kept
     in it, so a decode step converts only the new token's q, k and v."""
     return torch.float32 if x.is_cpu else x.dtype
 

@@ -5,7 +5,7 @@
 `nn.Module` keeps submodules and parameters in registries (`_modules`, `_parameters`) and finds
 them through `__getattr__`, which Python calls only after the ordinary look-up has failed; its
 `__call__` runs two frames of hook bookkeeping before `forward`. A decode step does a few hundred
-of each, a tenth of eager decode time (docs/benchmarks.md). Here a class names its children
+of each, a tenth of eager decode time (docs/benchmarks-log.md). Here a class names its children
 (`child()`, `param()`) so a read is one dict look-up in torch's own registry, and `Module.__call__`
 goes straight to `forward` when no hook, compiled call or tracer could see the call. Everything
 else (registration, `state_dict`, hooks, `to`, `compile`) is `nn.Module`'s, unchanged.
@@ -116,7 +116,7 @@ def split_product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
     weights with one row took 4.2 ms with one thread or two). As a batched product it runs a
     block per thread: with one row, 16-17.5 against 9-12.5 GB/s from memory for the model's
     four weight shapes, a float32 decode step about 20 % faster; with 2-64 rows, 1.4-2.4x
-    faster products; with 256 rows 1.14x; from 1024 rows none (docs/benchmarks.md). The sums
+    faster products; with 256 rows 1.14x; from 1024 rows none (docs/benchmarks-log.md). The sums
     are the same dot products, so the result matches F.linear's within rounding. Half
     precision is left to F.linear, which was faster for it."""
     N, K = w.shape

@@ -19,7 +19,7 @@ from charlm.data.text import prepare
 from charlm.generation.decoding import generate
 from charlm.model.gpt import GPT
 from charlm.runtime.precision import grad_scaler
-from charlm.training import checkpoint
+from charlm.training import checkpoint, records
 from charlm.training import loop as train_module
 from charlm.training import run_objects as run_module
 from charlm.training.loop import lr_at, train, train_step
@@ -250,7 +250,9 @@ def test_tokens_per_s_counts_training_time_only(checkpoint_interval, tiny_cfg, m
     cfg = with_(tiny_cfg, train={"max_iters": 8, "log_interval": 4, "eval_interval": 2,
                                  "checkpoint_interval": checkpoint_interval, "sample_chars": 0})
     clock = [0.0]
-    monkeypatch.setattr(train_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    fake_time = SimpleNamespace(perf_counter=lambda: clock[0])
+    monkeypatch.setattr(train_module, "time", fake_time)
+    monkeypatch.setattr(records, "time", fake_time)  # the train event's tokens/s
     real_step, real_eval = train_module.train_step, train_module.evaluate
 
     def step(*args):

@@ -426,6 +426,10 @@ def test_train_config_resume_finds_the_run_dir_before_applying_overrides(text_fi
     assert calls == [(Path("r"), None, ["optim.min_lr=0.5", "train.out_dir=r"])]
     train_config(None, ["optim.min_lr=0.5"], out="o", resume=resume)
     assert calls[-1] == (Path("o"), None, ["optim.min_lr=0.5", ("train.out_dir", "o")])
+    train_config(text_file, ["optim.min_lr=0.5"], resume=resume)  # `charlm train my.txt --resume`
+    assert calls[-1] == (Path("runs", "my"), None, ["optim.min_lr=0.5", ("data.path", "my.txt")])
+    train_config(None, resume=resume)
+    assert calls[-1] == (Path("runs", "tinyshakespeare"), None, [])
 
 
 def test_a_batch_too_big_for_memory_is_one_error_line_before_the_first_step(

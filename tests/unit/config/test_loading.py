@@ -2,6 +2,7 @@
 every error a config file or an override can give."""
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -43,13 +44,45 @@ def test_defaults_are_gpt2_on_the_cpu_presets_shape():
     preset = load_config(ROOT / "configs" / "shakespeare_char_cpu.yaml")
     assert (defaults.model.pos_encoding, defaults.model.activation) == ("learned", "gelu")
     assert defaults.data.path == preset.data.path == "data/tinyshakespeare.txt"
-    assert defaults.train.out_dir == preset.train.out_dir == "runs/shakespeare_char_cpu"
     changed = {(section, key) for section, values in preset.to_dict().items()
                for key, value in values.items() if defaults.to_dict()[section][key] != value}
     assert changed == {("model", "n_layer"), ("model", "n_embd"), ("model", "pos_encoding"),
                        ("model", "activation"), ("optim", "lr"), ("optim", "min_lr"),
                        ("optim", "warmup_iters"), ("train", "max_iters"),
-                       ("train", "eval_interval")}
+                       ("train", "eval_interval"), ("train", "out_dir")}
+
+
+def test_the_defaults_run_dir_is_named_after_the_data_and_is_no_presets():
+    """`charlm train` with no arguments trained the defaults into runs/shakespeare_char_cpu, the
+    run dir of the preset of that name (scripts/demo.sh), for another model: the one refused the
+    other's run, or with --overwrite removed it. A config that names no run dir now trains into
+    runs/<name of data.path>, fixed when the config is read, so config.yaml holds it."""
+    defaults = load_config(None)
+    assert RunConfig().train.out_dir == defaults.train.out_dir == "runs/tinyshakespeare"
+    presets = {load_config(preset).train.out_dir for preset in PRESETS}
+    assert defaults.train.out_dir not in presets
+    assert load_config(ROOT / "configs" / "shakespeare_char_cpu.yaml").train.out_dir == (
+        "runs/shakespeare_char_cpu")  # scripts/demo.sh's
+
+
+def test_a_config_without_a_run_dir_names_it_after_its_data(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = write(tmp_path, "data:\n  path: corpora/cmudict.tsv\ntrain:\n  max_iters: 3\n")
+    cfg = load_config(config)
+    assert cfg.train.out_dir == str(Path("runs", "cmudict"))
+    assert load_config(config, ["train.out_dir=mine"]).train.out_dir == "mine"
+    assert load_config(config, ["train.out_dir=null"]).train.out_dir == str(Path("runs", "cmudict"))
+    assert load_config(None, ["data.path=."]).train.out_dir == str(Path("runs", tmp_path.name))
+    save_config(cfg, tmp_path / "saved.yaml")  # what a run dir's config.yaml and a resume read
+    assert "out_dir: runs/cmudict\n" in (tmp_path / "saved.yaml").read_text()
+    assert load_config(tmp_path / "saved.yaml", ["data.path=other.txt"]).train.out_dir == (
+        str(Path("runs", "cmudict")))
+    with pytest.raises(CharlmError) as e:
+        load_config(None, ["data.path=/"])
+    assert str(e.value) == ("invalid config value train.out_dir: data.path '/' has no name to call "
+                            "the run dir after; set train.out_dir (or --out)")
+    with pytest.raises(CharlmError, match="train.out_dir: must not be empty"):
+        load_config(None, ["train.out_dir=''"])
 
 
 def write(tmp_path, text):

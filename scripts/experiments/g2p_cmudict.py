@@ -3,7 +3,8 @@ decoder-only GPT trained on the same pairs as text lines ("word<TAB>PH PH ...", 
 "word<TAB>", stopped at the newline), each for --minutes of training, scored on the same
 hash-split test words (exact match, WER = 1 - exact match, PER), stress marks removed.
 
-    python scripts/bench_g2p.py [--minutes 30] [--out /tmp/bench_g2p] [--beams 5] [--skip-decoder]
+    python scripts/experiments/g2p_cmudict.py [--minutes 30] [--out /tmp/bench_g2p] [--beams 5]
+                                              [--skip-decoder]
 
 Each run trains with `charlm train --time`: it times its own first steps and an eval, then sets
 its number of steps so that training, evals and checkpoints end within the budget, and the
@@ -24,6 +25,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/, for common
 from common import machine_facts, machine_line, positive, run_script, summary
 
 import charlm
@@ -33,7 +36,7 @@ from charlm.data.pairs import split_of
 from charlm.evaluation.accuracy import accuracy
 from charlm.generation.decoding import generate
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "g2p_cmudict.yaml"
 DECODER = ROOT / "configs" / "g2p_cmudict_decoder.yaml"
 
