@@ -1,6 +1,6 @@
 """Write docs/config.md, the config reference, from the schema's dataclasses (each key's type,
 default and help, see `charlm.config.reference`). Run it after changing a key of
-charlm/config/schema.py; tests/test_config_docs.py fails until docs/config.md matches.
+charlm/config/schema.py; tests/unit/config/test_reference.py fails until docs/config.md matches.
 
     python scripts/config_docs.py [--check]
 
