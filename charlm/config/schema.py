@@ -10,7 +10,6 @@ config that names none. Precedence: CLI > YAML > defaults.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import re
 import typing
@@ -18,11 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from charlm.config.values import (
-    Text,
-    coerce,
-    plain_value,
-)
+from charlm.config.parsing import as_mapping, build_section, suggest
 from charlm.core.durations import duration_seconds
 from charlm.core.errors import CharlmError
 
@@ -297,22 +292,13 @@ class RunConfig:
     def from_dict(cls, raw: Any, where: str = "config") -> RunConfig:
         """Build a validated config from plain data, rejecting unknown sections and keys. Values
         may be typed (a checkpoint's config) or text from YAML (`load_config`)."""
-        if isinstance(raw, Text):
-            raw = plain_value(raw)
-        if raw is None:
-            raw = {}
-        if not isinstance(raw, dict):
-            raise CharlmError(
-                f"{where} must be a mapping of sections (model, optim, train, data), "
-                f"got {type(raw).__name__}"
-            )
-        sections = {f.name: f.type for f in dataclasses.fields(cls)}
+        raw = as_mapping(raw, f"{where} must be a mapping of sections (model, optim, train, data)")
         hints = typing.get_type_hints(cls)
         kwargs = {}
         for name, value in raw.items():
-            if name not in sections:
-                raise CharlmError(f"unknown section '{name}' in {where}{suggest(name, sections)}")
-            kwargs[name] = _build_section(hints[name], name, value, where)
+            if name not in hints:
+                raise CharlmError(f"unknown section '{name}' in {where}{suggest(name, hints)}")
+            kwargs[name] = build_section(hints[name], name, value, where)
         return cls(**kwargs)
 
 
@@ -326,35 +312,3 @@ def default_run_dir(data_path: str) -> str:
         raise CharlmError(f"invalid config value train.out_dir: data.path {data_path!r} has no "
                           "name to call the run dir after; set train.out_dir (or --out)")
     return str(Path("runs") / name)
-
-
-def suggest(name: str, valid: typing.Iterable[str]) -> str:
-    valid = list(valid)
-    close = difflib.get_close_matches(str(name), valid, n=1, cutoff=0.5)
-    if close:
-        return f", did you mean '{close[0]}'?"
-    return f"; valid names are: {', '.join(valid)}"
-
-
-def _build_section(section_cls: type, section: str, raw: Any, where: str) -> Any:
-    if isinstance(raw, Text):
-        raw = plain_value(raw)
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise CharlmError(
-            f"section '{section}' in {where} must be a mapping of keys, got {type(raw).__name__}"
-        )
-    hints = typing.get_type_hints(section_cls)
-    kwargs = {}
-    for key, value in raw.items():
-        if key not in hints:
-            raise CharlmError(
-                f"unknown key '{section}.{key}' in {where}{suggest(key, hints)}"
-            )
-        value = coerce(value, hints[key], f"{section}.{key}", where)
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
-            # torch sizes and steps are 64-bit
-            raise CharlmError(f"invalid value for {section}.{key} in {where}: {value} is too large")
-        kwargs[key] = value
-    return section_cls(**kwargs)
