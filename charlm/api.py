@@ -19,8 +19,9 @@ from typing import Any
 import torch
 
 from charlm import export
+from charlm.config.parsing import suggest
 from charlm.config.sampling import SampleConfig
-from charlm.config.schema import RunConfig, suggest
+from charlm.config.schema import RunConfig
 from charlm.config.values import coerce
 from charlm.core.errors import CharlmError
 from charlm.data.vocab import PairVocab, Vocab

@@ -2,8 +2,8 @@
 # Sourced by .ci/run: installs MariaDB (MySQL's protocol) from Debian's packages if it is missing,
 # starts a throwaway server on loopback (its own data dir, port 53306, stopped on exit), creates
 # a database and a user without a password, and exports CHARLM_TEST_MYSQL_URL for
-# tests/test_tune.py; `charlm_mysql_stop` stops it. Without root, or where it cannot start, it
-# says so and the MySQL test is skipped.
+# tests/integration/test_tune.py; `charlm_mysql_stop` stops it. Without root, or where it cannot
+# start, it says so and the MySQL test is skipped.
 charlm_mysql_start() {
   local dir port=53306 sock
   if ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ]; then

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sourced by .ci/run: installs PostgreSQL from Debian's packages if it is missing, starts a
 # throwaway server on loopback (its own data dir, port 55432, trust auth, stopped on exit) and
-# exports CHARLM_TEST_POSTGRES_URL for tests/test_tune.py; `charlm_pg_stop` stops it. Without root,
-# or where it cannot start, it says so and the PostgreSQL test is skipped.
+# exports CHARLM_TEST_POSTGRES_URL for tests/integration/test_tune.py; `charlm_pg_stop` stops it.
+# Without root, or where it cannot start, it says so and the PostgreSQL test is skipped.
 charlm_pg_start() {
   local bin dir port=55432
   if ! ls -d /usr/lib/postgresql/*/bin >/dev/null 2>&1; then

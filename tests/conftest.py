@@ -1,13 +1,15 @@
-"""Shared fixtures: the tiny config (2 layers, 32 dims, block 16), a small corpus, temp run dirs
-and an in-process CLI runner."""
+"""Shared fixtures: the tiny config (2 layers, 32 dims, block 16), a small corpus, temp run dirs,
+trained runs shared by the tests that only read them, and an in-process CLI runner. Helpers that
+are not fixtures live in tests/helpers.py."""
 
 from __future__ import annotations
 
 import faulthandler
 import os
+import runpy
+import signal
 import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,11 +17,8 @@ import torch
 
 from charlm.cli.app import main
 from charlm.config.loading import load_config
-from charlm.config.schema import MODEL_VARIANTS, RunConfig
-
-ROOT = Path(__file__).resolve().parents[1]
-
-SHAKESPEARE = ROOT / "data" / "tinyshakespeare.txt"
+from charlm.config.schema import RunConfig
+from tests.helpers import ROOT, SHAKESPEARE, TINY, CliResult, files_under, run_main
 
 # Under pytest-xdist each core runs a worker: one thread each, in the worker and in the processes
 # it starts (charlm train, torchrun), or the cores are oversubscribed and every op waits (on the
@@ -27,15 +26,6 @@ SHAKESPEARE = ROOT / "data" / "tinyshakespeare.txt"
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
-
-# Each single-option change of the architecture from the default, and one with every option
-# changed at once. Keys are `model` config keys.
-VARIANTS = {
-    **MODEL_VARIANTS,
-    "all_changed": {"pos_encoding": "rope", "norm": "rmsnorm", "norm_placement": "post",
-                    "activation": "swiglu", "tie_weights": False, "bias": True},
-}
-
 
 # No test takes a minute; one that runs for TEST_TIME_LIMIT seconds hangs. The watchdog then
 # prints every thread's stack and the test's name and ends pytest, so a hang fails the suite at
@@ -97,6 +87,19 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp / "run"
 
 
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run of configs/tiny.yaml as it is (60 steps) on the first 40,000 characters of
+    tiny-shakespeare, trained once for the tests that sample from it or describe it."""
+    from charlm.training.loop import train
+
+    tmp = tmp_path_factory.mktemp("tiny_run")
+    corpus = tmp / "corpus.txt"
+    corpus.write_text(SHAKESPEARE.read_text(encoding="utf-8")[:40_000], encoding="utf-8")
+    train(load_config(TINY, [f"train.out_dir={tmp / 'run'}", f"data.path={corpus}"]))
+    return tmp / "run"
+
+
 @pytest.fixture
 def corpus(tmp_path: Path) -> Path:
     """The first 40,000 characters of tiny-shakespeare (all 65 symbols are not needed)."""
@@ -118,24 +121,6 @@ def _deterministic() -> None:
     torch.manual_seed(0)
 
 
-class CliResult:
-    def __init__(self, code: int, out: str, err: str):
-        self.code, self.out, self.err = code, out, err
-
-
-def run_main(capsys: pytest.CaptureFixture, call: Callable[[], object]) -> CliResult:
-    """Call a command's entry point in this process: its exit code (SystemExit's, as the
-    interpreter would make it), stdout and stderr."""
-    capsys.readouterr()
-    code = 0
-    try:
-        call()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    captured = capsys.readouterr()
-    return CliResult(code, captured.out, captured.err)
-
-
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch):
     """Run `charlm ARGS...` in-process; returns exit code, stdout and stderr."""
@@ -143,5 +128,44 @@ def cli(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch):
     def run(*args: str) -> CliResult:
         monkeypatch.setattr(sys, "argv", ["charlm", *map(str, args)])
         return run_main(capsys, lambda: main([str(a) for a in args]))
+
+    return run
+
+
+@pytest.fixture
+def fails(cli, tmp_path: Path):
+    """Run charlm with ARGS, expect exactly `error: MESSAGE`, exit code 2 and no file under
+    tmp_path changed or removed (new files are allowed only where `new` says so)."""
+
+    def run(*args, message: str, new: bool = False) -> CliResult:
+        before = files_under(tmp_path)
+        result = cli(*args)
+        assert (result.code, result.err) == (2, f"error: {message}\n")
+        after = files_under(tmp_path)
+        assert {k: after.get(k) for k in before} == before
+        if not new:
+            assert after.keys() == before.keys()
+        return result
+
+    return run
+
+
+@pytest.fixture
+def run_script(monkeypatch, capsys):
+    """Run a script of scripts/ as `python scripts/NAME ARGS` would, in this process: the
+    refusals tested with it end before any work, and a child process would spend 3 s of each
+    test importing torch again. An exception that escapes the script fails the test, as its
+    traceback would fail the command's; the SIGTERM handler the script sets is put back."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))  # the scripts import `common` by name
+
+    def run(name: str, *args: str) -> CliResult:
+        path = ROOT / "scripts" / name
+        monkeypatch.setattr(sys, "argv", [str(path), *args])
+        handler = signal.getsignal(signal.SIGTERM)
+        try:
+            return run_main(capsys, lambda: runpy.run_path(str(path), run_name="__main__"))
+        finally:
+            signal.signal(signal.SIGTERM, handler)
 
     return run

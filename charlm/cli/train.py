@@ -30,7 +30,8 @@ def train(
     ] = None,
     data: Annotated[
         str | None, typer.Option(help="Text file or prepared dataset dir (sets data.path; "
-                                 "without a CONFIG, the run dir is runs/<name> unless --out).")
+                                 "the run dir is runs/<name> unless --out or the config names "
+                                 "one).")
     ] = None,
     out: Annotated[str | None, typer.Option(help="Run dir (sets train.out_dir).")] = None,
     device: Annotated[
@@ -83,9 +84,10 @@ def train_config(
     resume: typing.Callable[[Path, Path | None, list[Override]], RunConfig] | None = None,
 ) -> RunConfig:
     """The config `charlm train CONFIG_OR_TEXT --data --out --device --time --set` runs. A
-    CONFIG that is no YAML file is the data; without a CONFIG, the run dir is runs/<data's name>
-    unless --out or --set names one. `resume(run_dir, config, overrides)` gives a resumed run's
-    config (the checkpoint's, see `rundir.resume_config`); None starts a fresh run."""
+    CONFIG that is no YAML file is the data; a config that names no run dir (the defaults, or a
+    YAML file without train.out_dir) trains into runs/<data's name> (`schema.default_run_dir`).
+    `resume(run_dir, config, overrides)` gives a resumed run's config (the checkpoint's, see
+    `charlm.training.run_dir.resume_config`); None starts a fresh run."""
     overrides = list(overrides)
     config = None if config is None else Path(config)
     data_given = "--data"
@@ -99,8 +101,6 @@ def train_config(
     for given, key, value in options:
         if value is not None and key in set_keys:
             raise CharlmError(f"{given} and --set {key} set the same key; give one of them")
-    if config is None and data is not None and "train.out_dir" not in set_keys and out is None:
-        out = str(Path("runs") / Path(data).resolve().stem)  # the defaults on the user's data
     if device is not None:
         from charlm.runtime.device import resolve_device  # imports torch: only when asked for
 
@@ -111,9 +111,9 @@ def train_config(
     if resume is not None:
         # Without a CONFIG the overrides apply to the checkpoint's config, not to the defaults
         # (`--set optim.min_lr=...` may be legal only with the run's optim.lr): here only the run
-        # dir is needed, to find the checkpoint.
+        # dir is needed, to find the checkpoint, and data.path names it when out_dir does not.
         run = load_config(config, overrides if config else
-                          [o for o in overrides if dotted_key(o) == "train.out_dir"])
+                          [o for o in overrides if dotted_key(o) in ("train.out_dir", "data.path")])
         return resume(Path(run.train.out_dir), config, overrides)
     cfg = load_config(config, overrides)
     if data is None and "data.path" not in set_keys and not Path(cfg.data.path).exists():

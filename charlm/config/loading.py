@@ -9,12 +9,11 @@ from typing import Any
 
 import yaml
 
+from charlm.config.parsing import as_mapping
 from charlm.config.schema import RunConfig
 from charlm.config.values import (
-    Text,
     dump_yaml,
     load_text,
-    plain_value,
     read_yaml_file,
 )
 from charlm.core.errors import CharlmError
@@ -73,15 +72,7 @@ def load_config(path: str | Path | None = None,
     if path is not None:
         raw = read_yaml_file(Path(path))
         where = str(path)
-        if isinstance(raw, Text):  # a file of one plain scalar: name its type as YAML does
-            raw = plain_value(raw)
-        if raw is None:
-            raw = {}
-        if not isinstance(raw, dict):
-            raise CharlmError(
-                f"{path} must hold a mapping of sections (model, optim, train, data), "
-                f"got {type(raw).__name__}"
-            )
+        raw = as_mapping(raw, f"{path} must hold a mapping of sections (model, optim, train, data)")
     if overrides:
         raw = apply_overrides(raw, overrides)
         where = f"{where} with --set overrides" if path else "--set overrides"

@@ -1,6 +1,6 @@
-"""The options of `charlm sample` and of the Python API's generation calls, validated, and the
-CLI options made from them (declared once, here). Not part of a run's YAML: a run's config is
-`charlm.config.schema.schema.RunConfig`.
+"""The options of `charlm sample` and of the Python API's generation calls, validated, each with
+its help (declared once, here; `charlm.cli.options` makes the CLI's options from them). Not part
+of a run's YAML: a run's config is `charlm.config.schema.RunConfig`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def _option(default: Any, help: str, flag: str | None = None) -> Any:
 @dataclass
 class SampleConfig:
     """Options of `charlm sample` (each field's metadata holds its help) and of
-    `sampling.sample_text`; not part of a run's YAML.
+    `charlm.generation.text.sample_text`; not part of a run's YAML.
 
     Logits processors apply in this order: repetition penalty, temperature, top-k, top-p, min-p.
     """

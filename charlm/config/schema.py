@@ -1,25 +1,23 @@
-"""Typed run configuration: the dataclasses, YAML loading, `--set` overrides and validation.
+"""Typed run configuration: the dataclasses, each key with its default and its help (rendered
+into docs/config.md by `charlm.config.reference`), `from_dict` and validation.
 
-Defaults live only here. YAML -> `--set section.key=value` overrides (values read as YAML) ->
+Defaults live only here. YAML -> `--set section.key=value` overrides (`charlm.config.loading`) ->
 strict `from_dict` (unknown keys rejected with the nearest valid name; each value read by its
-field's type, see `charlm.config.values`) -> `__post_init__` validation. Precedence: CLI > YAML >
-defaults.
+field's type, see `charlm.config.values`) -> `__post_init__` validation, and a run dir for a
+config that names none. Precedence: CLI > YAML > defaults.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
+import os
 import re
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
-from charlm.config.values import (
-    Text,
-    coerce,
-    plain_value,
-)
+from charlm.config.parsing import as_mapping, build_section, suggest
 from charlm.core.durations import duration_seconds
 from charlm.core.errors import CharlmError
 
@@ -32,6 +30,12 @@ def device_error(name: str) -> str | None:
     return f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps"
 
 
+def _key(default: Any, help: str) -> Any:
+    """A config key with its default and its help: what `docs/config.md` says it means
+    (`charlm.config.reference` renders it; `SampleConfig`'s options declare theirs the same way)."""
+    return field(default=default, metadata={"help": help})
+
+
 def _check(ok: bool, key: str, msg: str) -> None:
     if not ok:
         raise CharlmError(f"invalid config value {key}: {msg}")
@@ -39,21 +43,37 @@ def _check(ok: bool, key: str, msg: str) -> None:
 
 @dataclass
 class ModelConfig:
-    arch: Literal["decoder", "encoder_decoder"] = "decoder"  # a GPT, or Vaswani's for pairs
-    n_encoder_layer: int | None = None  # encoder_decoder: encoder blocks; None: n_layer
-    block_size: int = 64  # encoder_decoder: the longest source and target (with its begin id)
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    n_ff: int | None = None  # hidden width of the MLP; None: see `ff_width`
-    dropout: float = 0.0
-    label_smoothing: float = 0.0  # training loss only (like dropout); eval losses are plain
-    bias: bool = False
-    tie_weights: bool = True
-    pos_encoding: Literal["learned", "sinusoidal", "rope", "none"] = "learned"
-    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
-    norm_placement: Literal["pre", "post"] = "pre"
-    activation: Literal["gelu", "relu", "swiglu"] = "gelu"
+    """The architecture, fixed for the life of a run: a resume takes it from the checkpoint."""
+
+    arch: Literal["decoder", "encoder_decoder"] = _key(
+        "decoder", "a GPT (`decoder`), or Vaswani's encoder-decoder for paired text "
+        "(`encoder_decoder`, see docs/paired_text.md)")
+    n_encoder_layer: int | None = _key(
+        None, "`encoder_decoder`: the encoder's blocks; null: `n_layer`")
+    block_size: int = _key(
+        64, "context length in characters; `encoder_decoder`: the longest source, and the "
+        "longest target with its begin id")
+    n_layer: int = _key(4, "transformer blocks (`encoder_decoder`: the decoder's)")
+    n_head: int = _key(4, "attention heads; must divide `n_embd`")
+    n_embd: int = _key(128, "model width")
+    n_ff: int | None = _key(
+        None, "hidden width of the MLP; null: 4 * `n_embd`, or for `swiglu` 8 * ceil(`n_embd` "
+        "/ 3), which keeps its three projections about as large as the two of the others")
+    dropout: float = _key(0.0, "dropout probability, in [0, 1)")
+    label_smoothing: float = _key(
+        0.0, "label smoothing of the training loss, in [0, 1); eval losses are never smoothed")
+    bias: bool = _key(False, "biases in the linear layers and norms")
+    tie_weights: bool = _key(True, "the output head shares the token embedding's weights")
+    pos_encoding: Literal["learned", "sinusoidal", "rope", "none"] = _key(
+        "learned", "positions: `learned` (GPT-2's), `sinusoidal`, `rope` (rotary; needs an even "
+        "head size) or `none` (the causal mask alone)")
+    norm: Literal["layernorm", "rmsnorm"] = _key(
+        "layernorm", "LayerNorm, or RMSNorm (no centring and no bias)")
+    norm_placement: Literal["pre", "post"] = _key(
+        "pre", "`pre`: x + f(norm(x)) with a final norm; `post`: norm(x + f(x)), the original "
+        "Transformer's (it needs a gentler `optim.lr` and warmup)")
+    activation: Literal["gelu", "relu", "swiglu"] = _key(
+        "gelu", "the MLP's nonlinearity; `swiglu` gates it with a third projection (see `n_ff`)")
 
     def __post_init__(self) -> None:
         for key in ("block_size", "n_layer", "n_head", "n_embd"):
@@ -102,7 +122,7 @@ class ModelConfig:
 
 
 # Each single-option change of the architecture from the default GPT, by `key=value` name: what
-# scripts/compare_variants.py measures and the tests run every model path with.
+# `scripts/bench.py train --variants` measures and the tests run every model path with.
 MODEL_VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     **{f"{key}={value}": {key: value} for key, value in [
@@ -115,14 +135,19 @@ MODEL_VARIANTS: dict[str, dict[str, Any]] = {
 
 @dataclass
 class OptimConfig:
-    lr: float = 4e-3
-    min_lr: float = 4e-4
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.99
-    grad_clip: float = 1.0  # 0 disables clipping
-    warmup_iters: int = 50
-    lr_decay_iters: int | None = None  # None means train.max_iters
+    """AdamW and its learning rate: a linear warmup, then a cosine decay to `min_lr`."""
+
+    lr: float = _key(4e-3, "peak learning rate")
+    min_lr: float = _key(
+        4e-4, "the rate the cosine decays to, in [0, `lr`] (a lower `lr` needs a lower `min_lr`)")
+    weight_decay: float = _key(
+        0.1, "AdamW weight decay, on weights of two or more dimensions only")
+    beta1: float = _key(0.9, "AdamW's beta1, in [0, 1)")
+    beta2: float = _key(0.99, "AdamW's beta2, in [0, 1)")
+    grad_clip: float = _key(1.0, "clip the global gradient norm to this; 0: no clipping")
+    warmup_iters: int = _key(50, "steps of the linear warmup to `lr`")
+    lr_decay_iters: int | None = _key(
+        None, "the step where the cosine reaches `min_lr`; null: `train.max_iters`")
 
     def __post_init__(self) -> None:
         _check(self.lr > 0, "optim.lr", f"{self.lr} must be > 0")
@@ -144,23 +169,42 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    max_iters: int = 1500
-    # A time budget (seconds, or "30s", "5m", "2h"): the run sets max_iters to fit it (budget.py)
-    max_time: float | str | None = None
-    batch_size: int = 16
-    grad_accum: int = 1
-    eval_interval: int = 250
-    eval_iters: int = 20
-    log_interval: int = 50
-    checkpoint_interval: int | None = None  # steps between writes of last.pt; None: every eval
-    max_bad_steps: int = 5  # non-finite steps (updates skipped) in a row that stop the run
-    sample_chars: int = 200  # characters sampled at each eval for TensorBoard; 0: none
-    eval_pairs: int = 200  # pairs: val pairs decoded at each eval for exact match and CER; 0: none
-    seed: int = 1337
-    device: str = "auto"  # auto, cpu, cuda (the first GPU), cuda:N or mps
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    compile: bool = False
-    out_dir: str = "runs/shakespeare_char_cpu"
+    """How long a run trains, how it evaluates, checkpoints and logs, on which device, and where
+    it writes."""
+
+    max_iters: int = _key(1500, "optimizer steps")
+    max_time: float | str | None = _key(
+        None, "a time budget in seconds, or `30s`, `5m`, `2h`: the steps that fit it replace "
+        "`max_iters`")
+    batch_size: int = _key(
+        16, "sequences per micro-batch (of all processes together under torchrun)")
+    grad_accum: int = _key(1, "micro-batches per optimizer step")
+    eval_interval: int = _key(
+        250, "steps between evaluations (and `best.pt` when the val loss improved)")
+    eval_iters: int = _key(20, "batches per split in an evaluation")
+    log_interval: int = _key(50, "steps between log lines in `metrics.jsonl` and TensorBoard")
+    checkpoint_interval: int | None = _key(
+        None, "steps between writes of `last.pt`; null: at every evaluation")
+    max_bad_steps: int = _key(
+        5, "non-finite steps in a row (their updates skipped) that stop the run")
+    sample_chars: int = _key(
+        200, "characters sampled at each evaluation for TensorBoard; 0: none")
+    eval_pairs: int = _key(
+        200, "pairs: val sources decoded (greedy) at each evaluation for exact match and CER; "
+        "0: none")
+    seed: int = _key(1337, "seed of the initialisation, the batch sampler and dropout")
+    device: str = _key(
+        "auto", "`auto` (cuda, then mps, then cpu), `cpu`, `cuda` (the first GPU), `cuda:N` or "
+        "`mps`")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = _key(
+        "auto", "autocast dtype (the weights stay float32); `auto`: bfloat16 on GPUs that have "
+        "it (else float16) and on CPUs that compute it in hardware, else float32; `float16` on "
+        "CUDA only")
+    compile: bool = _key(
+        False, "`torch.compile` the model (eager, with a warning, where it cannot build)")
+    out_dir: str | None = _key(
+        None, "the run dir; null: `runs/<name of data.path>` (`runs/tinyshakespeare` for the "
+        "defaults), fixed when the config is read and saved so in `config.yaml`")
 
     def __post_init__(self) -> None:
         for key in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters",
@@ -171,7 +215,8 @@ class TrainConfig:
         _check(self.max_bad_steps >= 1, "train.max_bad_steps", "must be >= 1")
         _check(self.sample_chars >= 0, "train.sample_chars", "must be >= 0 (0 turns samples off)")
         _check(self.eval_pairs >= 0, "train.eval_pairs", "must be >= 0 (0 decodes none)")
-        _check(bool(self.out_dir), "train.out_dir", "must not be empty")
+        _check(self.out_dir != "", "train.out_dir",
+               "must not be empty; null names the run dir after data.path")
         if self.max_time is not None:
             self.max_time = duration_seconds(self.max_time)
         unknown_device = device_error(self.device)
@@ -180,16 +225,29 @@ class TrainConfig:
 
 @dataclass
 class DataConfig:
-    path: str = "data/tinyshakespeare.txt"  # a text file, or a directory made by `charlm prepare`
-    val_fraction: float = 0.1
-    # Paired text (model.arch=encoder_decoder): one "source<separator>target" per line.
-    format: Literal["auto", "text", "pairs"] = "auto"  # auto: pairs for a .tsv file
-    separator: str = "\t"
-    target_units: Literal["char", "space"] = "char"  # space: targets are space-separated symbols
-    test_fraction: float = 0.0  # pairs: the share of sources held out for `charlm eval`
-    max_source_len: int | None = None  # characters; None: model.block_size
-    max_target_len: int | None = None  # target units; None: model.block_size - 1
-    skip_bad_pairs: bool = False  # skip (and count) bad lines instead of stopping at the first
+    """What a run trains on: a text file, paired text or a prepared dataset dir."""
+
+    path: str = _key(
+        "data/tinyshakespeare.txt", "a text file, a `.tsv` of pairs, or a dataset dir made by "
+        "`charlm prepare`")
+    val_fraction: float = _key(
+        0.1, "held out for validation, in (0, 1): the last fraction of each text; pairs: a share "
+        "of the sources, by their hash")
+    format: Literal["auto", "text", "pairs"] = _key(
+        "auto", "`auto`: pairs for a `.tsv` file, else text; `text` or `pairs` say so for any "
+        "name")
+    separator: str = _key("\t", "pairs: what separates a line's source from its target")
+    target_units: Literal["char", "space"] = _key(
+        "char", "pairs: a target's units, its characters (`char`) or its space-separated "
+        "symbols such as phonemes (`space`)")
+    test_fraction: float = _key(
+        0.0, "pairs: the share of sources held out for `charlm eval`, in [0, 1)")
+    max_source_len: int | None = _key(
+        None, "pairs: the longest source in characters; null: `model.block_size`")
+    max_target_len: int | None = _key(
+        None, "pairs: the longest target in units; null: `model.block_size` - 1")
+    skip_bad_pairs: bool = _key(
+        False, "pairs: skip (and count) bad lines instead of stopping at the first")
 
     def __post_init__(self) -> None:
         _check(bool(self.path), "data.path", "must not be empty")
@@ -223,6 +281,10 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
 
+    def __post_init__(self) -> None:
+        if self.train.out_dir is None:  # resolved once, so config.yaml and checkpoints hold it
+            self.train.out_dir = default_run_dir(self.data.path)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -230,52 +292,23 @@ class RunConfig:
     def from_dict(cls, raw: Any, where: str = "config") -> RunConfig:
         """Build a validated config from plain data, rejecting unknown sections and keys. Values
         may be typed (a checkpoint's config) or text from YAML (`load_config`)."""
-        if isinstance(raw, Text):
-            raw = plain_value(raw)
-        if raw is None:
-            raw = {}
-        if not isinstance(raw, dict):
-            raise CharlmError(
-                f"{where} must be a mapping of sections (model, optim, train, data), "
-                f"got {type(raw).__name__}"
-            )
-        sections = {f.name: f.type for f in dataclasses.fields(cls)}
+        raw = as_mapping(raw, f"{where} must be a mapping of sections (model, optim, train, data)")
         hints = typing.get_type_hints(cls)
         kwargs = {}
         for name, value in raw.items():
-            if name not in sections:
-                raise CharlmError(f"unknown section '{name}' in {where}{suggest(name, sections)}")
-            kwargs[name] = _build_section(hints[name], name, value, where)
+            if name not in hints:
+                raise CharlmError(f"unknown section '{name}' in {where}{suggest(name, hints)}")
+            kwargs[name] = build_section(hints[name], name, value, where)
         return cls(**kwargs)
 
 
-def suggest(name: str, valid: typing.Iterable[str]) -> str:
-    valid = list(valid)
-    close = difflib.get_close_matches(str(name), valid, n=1, cutoff=0.5)
-    if close:
-        return f", did you mean '{close[0]}'?"
-    return f"; valid names are: {', '.join(valid)}"
-
-
-def _build_section(section_cls: type, section: str, raw: Any, where: str) -> Any:
-    if isinstance(raw, Text):
-        raw = plain_value(raw)
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise CharlmError(
-            f"section '{section}' in {where} must be a mapping of keys, got {type(raw).__name__}"
-        )
-    hints = typing.get_type_hints(section_cls)
-    kwargs = {}
-    for key, value in raw.items():
-        if key not in hints:
-            raise CharlmError(
-                f"unknown key '{section}.{key}' in {where}{suggest(key, hints)}"
-            )
-        value = coerce(value, hints[key], f"{section}.{key}", where)
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
-            # torch sizes and steps are 64-bit
-            raise CharlmError(f"invalid value for {section}.{key} in {where}: {value} is too large")
-        kwargs[key] = value
-    return section_cls(**kwargs)
+def default_run_dir(data_path: str) -> str:
+    """The run dir of a config that names none: `runs/<name of the data>` (`runs/my` for
+    my.txt, `runs/cmudict` for data/cmudict.tsv), so the defaults on one text and a preset on
+    another never share a run dir. The path is made absolute without following links, so `.`
+    names the current directory and a link keeps the name it was given."""
+    name = Path(os.path.abspath(data_path)).stem
+    if not name:
+        raise CharlmError(f"invalid config value train.out_dir: data.path {data_path!r} has no "
+                          "name to call the run dir after; set train.out_dir (or --out)")
+    return str(Path("runs") / name)

@@ -1,6 +1,7 @@
 """Config values: YAML read with every plain scalar kept as its text, and `coerce`, which reads
 a value by the type of the dataclass field it is for (`010` is ten for an integer, `08` a path
-for a string). `config` builds the run's config with them.
+for a string). `charlm.config.loading` reads files with them and `charlm.config.schema` types
+the values of the run's config.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""The one exception type that means "the user gave us something we cannot use".
+"""The one exception type that means "the user gave us something we cannot use", and the
+helpers that put an exception or a count into a message.
 
-The CLI turns a `CharlmError` into a single `error: ...` line on stderr and exit code 2. Its
-message follows the house pattern: what is wrong, where, and what to do about it. Also here: how
-the CLI reports errors (one line, once per machine under torchrun) and the advice it gives.
+The CLI turns a `CharlmError` into a single `error: ...` line on stderr and exit code 2 (see
+`charlm.cli.reporting`). Its message follows the house pattern: what is wrong, where, and what
+to do about it.
 """
 
 

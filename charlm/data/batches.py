@@ -1,5 +1,7 @@
-"""Batches of pairs for the encoder-decoder: `collate` pads and shifts (source, target) ids into
-tensors, and the length-bucketed `PairBatchSampler` draws them from a split of `charlm.data.pairs`.
+"""The batch samplers training draws from, each with its own seeded `torch.Generator`:
+`BatchSampler`, random windows of a text split (one vectorised gather from the memmap), and for
+the encoder-decoder `collate`, which pads and shifts (source, target) ids into tensors, and the
+length-bucketed `PairBatchSampler` over a split of `charlm.data.pair_dataset`.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from charlm.model.encoder_decoder import EncoderDecoder, Memory, output_limit
 
 class Seq2SeqDecoder:
     """Feeds target ids through the decoder over a fixed `Memory` (B rows): `prefill` (B, T)
-    from bos, `step` one id per row, `reorder` rows, as `generate.CachedDecoder` does.
+    from bos, `step` one id per row, `reorder` rows, as `decoding.CachedDecoder` does.
     use_cache=False recomputes the whole target prefix each step (the reference path).
 
     pad and bos are never an output, so their logits come back as -inf.

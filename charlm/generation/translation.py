@@ -1,6 +1,6 @@
-"""The text layer of the encoder-decoder: sources in, target text out (`translate`), and the
-scores of a model on reference pairs (`score_pairs`: exact match, WER, CER / PER, loss). The
-decoding itself is `charlm.generation.seq2seq`'s; the data conventions are `charlm.data.pairs`'.
+"""The text layer of the encoder-decoder: sources in, target text out (`translate`). The
+decoding itself is `charlm.generation.seq2seq`'s, the scores against references
+`charlm.evaluation.pairs`', the data conventions `charlm.data.pairs`'.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What `charlm info` reports about a model: a parameter table per component (in the style of a
 paper's appendix), FLOPs per token, and the tensor shapes at each stage of one forward pass
-(`charlm.info.shapes`), for the GPT and for the encoder-decoder (`charlm.generation.seq2seq`).
+(`charlm.info.shapes`), for the GPT and for the encoder-decoder (`charlm.model.encoder_decoder`).
 
 Every function returns plain data (dicts, lists, ints), so the CLI can print it as text or JSON.
 The parameter table is read off the model's own tensors and checked against the model's own

@@ -11,8 +11,8 @@ decoder with the same prefill / step / reorder interface as `generate`'s decoder
 `translate_ids` (greedy or sampled, batched) and `beam_search_ids` (`generate.search_beams`)
 reuse the logits processors and the one beam search.
 
-Target ids follow `charlm.data.text.vocab.PairVocab`: units 0..N-1, then pad, bos and eos
-(`charlm.data.text.vocab.target_specials`).
+Target ids follow `charlm.data.vocab.PairVocab`: units 0..N-1, then pad, bos and eos
+(`charlm.data.vocab.target_specials`).
 
 Shapes: B batch, S source length, T target length (new tokens this forward), C n_embd,
 H n_head, D head_dim, L decoder layers.

@@ -4,7 +4,7 @@ One `Block` class covers the architecture family of `ModelConfig`: position enco
 table, Vaswani's fixed sinusoids, rotary on q and k, or none), LayerNorm or RMSNorm, pre- or
 post-norm residuals, and a GELU, ReLU or SwiGLU MLP. The defaults are GPT-2's. The same class
 with options is also the encoder block (bidirectional, source padding masked) and the decoder
-block with cross-attention of `charlm.model.gpt.encoder_decoder.EncoderDecoder`.
+block with cross-attention of `charlm.model.encoder_decoder.EncoderDecoder`.
 
 Shapes: B batch, T time (new tokens this forward), S source length, C n_embd, H n_head,
 D head_dim = C // H, F MLP hidden width, V vocab size. No optimizer and no sampling policy

@@ -1,10 +1,7 @@
-"""Devices and numerics: resolve `auto`, pick the AMP dtype, build the autocast context and the
-GradScaler (fp16 only), seed every RNG, and set up DistributedDataParallel under torchrun.
-
-Under torchrun (`WORLD_SIZE`, `RANK`, `LOCAL_RANK` in the environment) `distributed` joins the
-process group (NCCL on CUDA, gloo on the CPU) and hands out a `Dist`: the rank's place in the
-world and the few collectives the training loop needs. Without torchrun it hands out the
-single-process `Dist`, whose collectives do nothing, so one loop serves both.
+"""Devices: resolve `auto` (or a named device) to one that is there, the memory it has and a
+check that a request fits in it before anything is allocated, and seeding every RNG. What a
+run computes in is `charlm.runtime.precision`; torchrun's process group is
+`charlm.runtime.distributed`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""A run's time budget (`train.max_time`, `charlm train --time 5m`): durations, and the plan that
-turns seconds into a number of steps.
+"""A run's time budget (`train.max_time`, `charlm train --time 5m`): the step timer and the
+plan that turns seconds into a number of steps (durations are `charlm.core.durations`).
 
 A budgeted run times its first steps, then one evaluation and its checkpoint writes, and fixes
 the number of steps that lets the rest of the run, its evaluations and its final checkpoint end

@@ -2,7 +2,7 @@
 batches, the model, what a checkpoint stores as the vocabulary, and what an eval shows besides
 the loss. `task_for` picks one by `model.arch`; training, evaluation and loading ask it.
 
-Which data a run trains on, without torch, is `charlm.data.text.prepared`.
+Which data a run trains on, without torch, is `charlm.data.prepared`.
 """
 
 from __future__ import annotations

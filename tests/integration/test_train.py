@@ -1,0 +1,372 @@
+"""`charlm train` and `train()`: the loss falls and the run dir is complete, every architecture
+option trains, resumes and samples, the warnings a run gives, evals stacked into fewer forwards,
+bf16 and compiled runs against float32."""
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from charlm.config.loading import load_config
+from charlm.config.sampling import SampleConfig
+from charlm.config.schema import RunConfig
+from charlm.data.batches import BatchSampler
+from charlm.data.dataset import dataset_for
+from charlm.data.text import prepare
+from charlm.generation.decoding import generate
+from charlm.model.gpt import GPT
+from charlm.runtime.precision import grad_scaler
+from charlm.training import checkpoint, records
+from charlm.training import loop as train_module
+from charlm.training import run_objects as run_module
+from charlm.training.loop import lr_at, train, train_step
+from charlm.training.optimizer import make_optimizer
+from charlm.training.tasks import TextTask
+from charlm.training.validation import evaluate
+from tests.helpers import ROOT, SHAKESPEARE, VARIANTS, with_
+
+
+def test_tiny_config_loss_falls_and_run_dir_is_complete(tiny_cfg):
+    state = train(tiny_cfg)
+    run = tiny_cfg.train.out_dir
+    lines = Path(run, "metrics.jsonl").read_text().splitlines()
+    events = [json.loads(line) for line in lines]
+    evals = [e for e in events if e["event"] == "eval"]
+    trains = [e for e in events if e["event"] == "train"]
+    assert [e["step"] for e in evals] == [20, 40, 60]
+    assert [e["step"] for e in trains] == [10, 20, 30, 40, 50, 60]
+    for e in events:
+        assert {"step", "elapsed_s", "tokens", "lr", "train_loss"} <= set(e)
+    for e in evals:
+        assert e["val_bpc"] == pytest.approx(e["val_loss"] / math.log(2))
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"] < math.log(65)
+    assert trains[-1]["tokens"] == 60 * 16 * 16
+    assert state.step == 60 and state.best_val == min(e["val_loss"] for e in evals)
+    for name in ("config.yaml", "last.pt", "best.pt", "dataset/meta.json"):
+        assert Path(run, name).is_file(), name
+    assert any(p.name.startswith("events.out.tfevents") for p in Path(run, "tb").iterdir())
+    last = checkpoint.load(f"{run}/last.pt")
+    assert last["train_state"]["step"] == 60
+    assert RunConfig.from_dict(last["config"]) == tiny_cfg
+
+
+def test_tiny_model_overfits_a_short_string(tmp_path):
+    text = "to be or not to be, that is the question. "
+    src = tmp_path / "short.txt"
+    src.write_text(text * 60)
+    cfg = RunConfig.from_dict({
+        "model": {"block_size": 32, "n_layer": 2, "n_head": 2, "n_embd": 48},
+        "optim": {"lr": 1e-2, "min_lr": 1e-3, "warmup_iters": 10, "weight_decay": 0.0},
+        "train": {"max_iters": 150, "batch_size": 16, "eval_interval": 50, "eval_iters": 2,
+                  "device": "cpu", "out_dir": str(tmp_path / "run")},
+        "data": {"path": str(src)},
+    })
+    state = train(cfg)
+    assert state.best_val < 0.1
+    model, vocab, _, _ = checkpoint.load_model(tmp_path / "run")
+    prompt = torch.tensor([vocab.encode("to be or ")])
+    steps = generate(model, prompt, 60, SampleConfig(temperature=0))
+    out = vocab.decode(torch.cat(list(steps)).tolist())
+    assert ("to be or " + out).startswith((text * 3)[:69])
+
+
+def test_val_fraction_that_a_prepared_dataset_ignores_is_warned_about(tiny_cfg, tmp_path,
+                                                                     capsys):
+    data = tmp_path / "ds"
+    prepare([tiny_cfg.data.path], data, 0.05, progress=False)
+    # 0.1, the default, is taken for "not set": no warning about a split the user never chose
+    for fraction, out in ((0.05, "same"), (0.1, "default"), (0.25, "other")):
+        train(with_(tiny_cfg, data={"path": str(data), "val_fraction": fraction},
+                    train={"max_iters": 6, "out_dir": str(tmp_path / out), "sample_chars": 0}),
+              progress=False)
+        warnings = [line for line in capsys.readouterr().err.splitlines()
+                    if line.startswith("warning:")]
+        assert warnings == ([] if fraction != 0.25 else [
+            f"warning: data.val_fraction=0.25 does not apply to the prepared dataset {data}, "
+            "whose split was made with --val-fraction 0.05; run `charlm prepare` again to change "
+            "it"])
+
+
+def test_a_resume_onto_another_validation_split_is_warned_about_once(tiny_cfg, capsys):
+    """Resuming with another data.val_fraction, or with changed text of the same characters,
+    compared val losses (and kept best.pt) across different validation sets without a word."""
+    run = Path(tiny_cfg.train.out_dir)
+    short = {"eval_interval": 1, "eval_iters": 1, "sample_chars": 0}
+
+    def resume(max_iters: int, **data) -> list[str]:
+        best = checkpoint.load(run / "last.pt")["train_state"]["best_val"]
+        train(with_(tiny_cfg, data=data, optim={"warmup_iters": 0},
+                    train={"max_iters": max_iters, **short}), resume=True, progress=False)
+        return [line.replace(f"{best:.4f}", "BEST") for line in capsys.readouterr().err
+                .splitlines() if line.startswith("warning:")]
+
+    train(with_(tiny_cfg, optim={"warmup_iters": 0}, train={"max_iters": 1, **short}),
+          progress=False)
+    assert resume(2) == []  # the same split
+    assert resume(3, val_fraction=0.2) == [
+        "warning: --resume: the validation split changed (data.val_fraction 0.1 -> 0.2): val "
+        "losses from here on are not comparable with the run's best BEST so far, and best.pt is "
+        "replaced only by an eval whose val loss is below it"]
+    assert resume(4, val_fraction=0.2) == []  # said once: the run's split is now 0.2's
+    corpus = Path(tiny_cfg.data.path)
+    corpus.write_text(corpus.read_text(encoding="utf-8")[::-1], encoding="utf-8")
+    assert resume(5, val_fraction=0.2) == [
+        f"warning: --resume: the validation split may have changed ({corpus} is not the text "
+        "the run's dataset cache was made from): val losses from here on may not be comparable "
+        "with the run's best BEST so far, and best.pt is replaced only by an eval whose val "
+        "loss is below it"]
+
+
+def test_a_warmup_as_long_as_the_run_is_warned_about(tiny_cfg, tmp_path, capsys):
+    """The learning rate would only ramp up (a trial run with few steps, often): say so, once."""
+    for max_iters, out in ((5, "five"), (6, "six")):  # tiny.yaml: warmup_iters 5
+        train(with_(tiny_cfg, train={"max_iters": max_iters, "eval_interval": max_iters,
+                                     "out_dir": str(tmp_path / out), "sample_chars": 0}),
+              progress=False)
+        warnings = [line for line in capsys.readouterr().err.splitlines()
+                    if line.startswith("warning:")]
+        assert warnings == ([] if max_iters == 6 else [
+            "warning: optim.warmup_iters=5 is not below train.max_iters=5: the learning rate "
+            "never reaches optim.lr=0.01; lower optim.warmup_iters to train at full rate"])
+
+
+def test_train_scores_evals_with_the_stacked_batches_eagerly(tiny_cfg, monkeypatch):
+    """When evals stack batches (on CUDA), train() scores them with the uncompiled model (the
+    compiled graph has the training batch's shape), at the grouping eval_batches_per_forward
+    chose, and logs the same losses as one batch a forward. A stand-in for torch.compile's
+    wrapper tells the two models apart."""
+    cfg = with_(tiny_cfg, train={"max_iters": 20, "eval_interval": 10, "compile": True})
+
+    class Compiled(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, *args):
+            return self.inner(*args)
+
+    monkeypatch.setattr(run_module, "compile_model", lambda model, *a: (Compiled(model), None))
+    seen = []
+    real_evaluate = train_module.evaluate
+
+    def spy(model, *args, **kwargs):
+        seen.append((type(model).__name__, args[-1]))
+        return real_evaluate(model, *args, **kwargs)
+
+    monkeypatch.setattr(train_module, "evaluate", spy)
+    train(cfg)
+    ungrouped = read_evals(cfg)
+    monkeypatch.setattr(run_module, "eval_batches_per_forward", lambda *a: 3)
+    train(cfg, overwrite=True)
+    assert seen == [("Compiled", 1)] * 2 + [("GPT", 3)] * 2
+    for a, b in zip(ungrouped, read_evals(cfg), strict=True):
+        assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-5)
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-5)
+
+
+def read_evals(cfg: RunConfig) -> list[dict]:
+    lines = Path(cfg.train.out_dir, "metrics.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == "eval"]
+
+
+@pytest.mark.parametrize("path", ["bfloat16", "compile"])
+def test_bfloat16_and_compiled_training_follow_the_float32_loss_curve(path, tiny_cfg, tmp_path,
+                                                                      capsys):
+    """20 steps from one seed, bf16 autocast or torch.compile (float32) against eager float32:
+    the logged train losses (every 5 steps) and the evals (steps 10, 20) agree. Compiled float32
+    differs only in the order of float ops; bf16 rounds every matmul input to 8 bits of
+    mantissa."""
+    def curve(name: str, **train_keys) -> list[float]:
+        cfg = with_(tiny_cfg, optim={"lr": 3e-3, "min_lr": 3e-4},  # no loss spikes
+                    train={"max_iters": 20, "eval_interval": 10, "log_interval": 5,
+                           "sample_chars": 0, "out_dir": str(tmp_path / name), **train_keys})
+        train(cfg)
+        events = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").open()]
+        return [e.get("val_loss", e["train_loss"]) for e in events]
+
+    fp32 = curve("fp32", dtype="float32")
+    if path == "compile":
+        from torch._dynamo.utils import counters
+        counters.clear()
+        other = curve("compiled", dtype="float32", compile=True)
+        assert "warning:" not in capsys.readouterr().err  # compiled for real, no fallback
+        # two graphs, training's (built by the compile probe) and the evals' (no grad): the
+        # batches' strides once differed from the probe's, and training compiled a third
+        assert counters["stats"]["unique_graphs"] == 2
+        assert other == pytest.approx(fp32, abs=1e-4)
+    else:
+        other = curve("bf16", dtype="bfloat16")
+        assert other == pytest.approx(fp32, abs=0.02)
+    assert len(other) == 6 and other[-1] < 3.6 < math.log(65)  # it learned
+
+
+def test_compile_that_fails_to_build_falls_back_with_one_warning(tiny_cfg, monkeypatch, capsys):
+    def broken_compile(model):
+        def run(*args, **kwargs):
+            raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found\nmore detail")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    cfg = with_(tiny_cfg, train={"compile": True, "max_iters": 6, "eval_interval": 6})
+    state = train(cfg)
+    captured = capsys.readouterr()
+    out = captured.err
+    assert state.step == 6
+    assert "warning:" not in captured.out
+    assert out.count("warning:") == 1
+    assert ("warning: torch.compile failed (RuntimeError: InvalidCxxCompiler: No working C++ "
+            "compiler found); training without compile") in out
+    eager = train(with_(cfg, train={"compile": False, "out_dir": f"{tiny_cfg.train.out_dir}2"}))
+    assert eager.best_val == state.best_val  # the failed probe changed nothing
+
+
+def test_checkpoint_interval_sets_last_and_best_follows_evals(tiny_cfg, monkeypatch):
+    cfg = with_(tiny_cfg, train={"max_iters": 25, "eval_interval": 10, "checkpoint_interval": 4})
+    writes: list[tuple[str, int]] = []
+    real_save = checkpoint.save
+
+    def record(state, path):
+        writes.append((Path(path).name, state["train_state"]["step"]))
+        real_save(state, path)
+
+    monkeypatch.setattr(checkpoint, "save", record)
+    train(cfg)
+    assert [s for name, s in writes if name == "last.pt"] == [4, 8, 12, 16, 20, 24, 25]
+    lines = Path(cfg.train.out_dir, "metrics.jsonl").read_text().splitlines()
+    evals = [json.loads(line) for line in lines]
+    evals = [e for e in evals if e["event"] == "eval"]
+    improved = [e["step"] for e in evals if e["best_val_loss"] == e["val_loss"]]
+    assert [s for name, s in writes if name == "best.pt"] == improved and improved[0] == 10
+
+
+@pytest.mark.parametrize("checkpoint_interval", [None, 8])
+def test_tokens_per_s_counts_training_time_only(checkpoint_interval, tiny_cfg, monkeypatch):
+    """On a fake clock where a step takes 1 s and an eval 100 s, tokens/s is one step's tokens
+    whatever the evals and saves between two log lines (it was doubled when a save reset the
+    clock but not the step count, and took the eval's time when an eval saved nothing)."""
+    cfg = with_(tiny_cfg, train={"max_iters": 8, "log_interval": 4, "eval_interval": 2,
+                                 "checkpoint_interval": checkpoint_interval, "sample_chars": 0})
+    clock = [0.0]
+    fake_time = SimpleNamespace(perf_counter=lambda: clock[0])
+    monkeypatch.setattr(train_module, "time", fake_time)
+    monkeypatch.setattr(records, "time", fake_time)  # the train event's tokens/s
+    real_step, real_eval = train_module.train_step, train_module.evaluate
+
+    def step(*args):
+        clock[0] += 1.0
+        return real_step(*args)
+
+    def evaluate_slowly(*args, **kwargs):
+        clock[0] += 100.0
+        return real_eval(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "train_step", step)
+    monkeypatch.setattr(train_module, "evaluate", evaluate_slowly)
+    train(cfg)
+    lines = Path(cfg.train.out_dir, "metrics.jsonl").read_text().splitlines()
+    logged = [json.loads(line) for line in lines]
+    rates = [(e["step"], e["tokens_per_s"]) for e in logged if e["event"] == "train"]
+    assert rates == [(4, 16 * 16), (8, 16 * 16)]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_each_variant_learns_on_the_tiny_config(variant, tiny_cfg, tmp_path):
+    cfg = with_(tiny_cfg, model=VARIANTS[variant], train={"max_iters": 60, "eval_iters": 2})
+    dev, fp32 = torch.device("cpu"), torch.float32
+    data = dataset_for(cfg.data.path, cfg.data.val_fraction, tmp_path / "ds")
+    model = GPT(cfg.model, len(data.vocab))
+    optimizer = make_optimizer(model, cfg.optim)
+    sampler = BatchSampler(data.train, cfg.model.block_size, cfg.train.batch_size, dev, 0)
+    before = evaluate(model, TextTask(cfg, data), dev, fp32)["val"]
+    for step in range(cfg.train.max_iters):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, cfg.optim, cfg.train.max_iters)
+        train_step(model, optimizer, grad_scaler(dev, fp32), sampler, cfg, dev, fp32)
+    after = evaluate(model, TextTask(cfg, data), dev, fp32)["val"]
+    assert after < before - 0.7, (before, after)
+
+
+def test_train_command_and_refusal_to_clobber(cli, tmp_path, corpus):
+    run = tmp_path / "run"
+    args = ["train", ROOT / "configs" / "tiny.yaml", "--data", corpus, "--out", run,
+            "--set", "train.max_iters=20"]
+    result = cli(*args)
+    assert result.code == 0, result.err
+    assert "step 20: train" in result.out and f"checkpoints in {run}" in result.out
+    assert load_config(run / "config.yaml").train.max_iters == 20
+    before = (run / "last.pt").read_bytes()
+    again = cli(*args)
+    assert again.code == 2
+    assert again.err.startswith(
+        f"error: {run} already holds a run (last.pt, best.pt, metrics.jsonl, tb, config.yaml)")
+    assert (run / "last.pt").read_bytes() == before
+    # min_lr 5e-3 is legal under the run's lr (tiny.yaml: 1e-2), not under the default 4e-3.
+    resumed = cli("train", "--out", run, "--resume", "--set", "train.max_iters=30",
+                  "--set", "optim.min_lr=5e-3")
+    assert resumed.code == 0, resumed.err
+    assert "done: 30 steps" in resumed.out
+    assert load_config(run / "config.yaml").optim.min_lr == 5e-3
+
+
+def test_every_option_changed_trains_resumes_and_samples(cli, tmp_path, corpus):
+    run = tmp_path / "run"
+    arch = [f"model.{k}={v}" for k, v in VARIANTS["all_changed"].items()]
+    sets = [a for kv in arch for a in ("--set", kv)]
+    first = cli("train", ROOT / "configs" / "tiny.yaml", "--data", corpus, "--out", run, *sets,
+                "--set", "train.max_iters=10", "--set", "train.eval_interval=5")
+    assert first.code == 0, first.err
+    resumed = cli("train", "--out", run, "--resume", "--set", "train.max_iters=15")
+    assert resumed.code == 0 and "done: 15 steps" in resumed.out
+    conflict = cli("train", "--out", run, "--resume", "--set", "model.norm=layernorm")
+    assert conflict.code == 2 and "model.norm='layernorm' conflicts" in conflict.err
+    args = ["sample", run, "--prompt", "ROMEO:", "--temperature", "0", "--max-new-tokens", "11"]
+    cached, uncached = cli(*args), cli(*args, "--no-cache")
+    assert cached.code == 0 and cached.out == uncached.out
+    info = json.loads(cli("info", run, "--json").out)
+    assert info["config"]["model"]["pos_encoding"] == "rope"
+    assert info["checkpoint"]["step"] == 15
+    assert not info["parameters"]["tied"]
+
+
+def test_train_without_a_config_names_the_run_dir_after_the_data(cli, tmp_path, monkeypatch):
+    """`charlm train --data my.txt` trains into runs/my, as `charlm train my.txt` does, not into
+    the built-in default's run dir; --out or --set train.out_dir still choose."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("mine.txt", "other.txt"):
+        Path(name).write_text(SHAKESPEARE.read_text(encoding="utf-8")[:5000], encoding="utf-8")
+    small = ["--set", "train.max_iters=1", "--set", "train.eval_iters=1", "--set",
+             "model.n_layer=1"]
+    for args, run in ((["--data", "mine.txt"], "runs/mine"), (["other.txt"], "runs/other"),
+                      (["--data", "mine.txt", "--set", "train.out_dir=elsewhere"], "elsewhere")):
+        result = cli("train", *args, *small)
+        assert result.code == 0, result.err
+        assert result.out.rstrip().endswith(f"checkpoints in {run}")
+        assert Path(run, "last.pt").is_file()
+    assert sorted(p.name for p in Path("runs").iterdir()) == ["mine", "other"]
+
+
+@pytest.mark.parametrize("unit, dtype, line", [
+    ("AVX512_BF16", "auto", "training on cpu in bfloat16 autocast (train.dtype: auto)"),
+    (None, "auto", "training on cpu in float32 (train.dtype: auto)"),
+    ("AMX", "float32", "training on cpu in float32 (train.dtype: float32)"),
+])
+def test_train_says_what_it_computes_in_once_as_it_starts(cli, tmp_path, corpus, monkeypatch,
+                                                          unit, dtype, line):
+    """`dtype: auto` is bf16 on one CPU and float32 on the next: a run says which, first, and a
+    resume says it again, once."""
+    import charlm.runtime.precision
+
+    monkeypatch.setattr(charlm.runtime.precision, "cpu_bf16_unit", lambda: unit)
+    run = tmp_path / "run"
+    common = ["--set", f"train.dtype={dtype}", "--set", "train.eval_interval=2"]
+    fresh = cli("train", ROOT / "configs" / "tiny.yaml", "--data", corpus, "--out", run,
+                "--set", "train.max_iters=2", "--set", "optim.warmup_iters=1", *common)
+    resumed = cli("train", "--out", run, "--resume", "--set", "train.max_iters=4", *common)
+    for result in (fresh, resumed):
+        assert result.code == 0, result.err
+        lines = result.out.splitlines()
+        assert lines[0] == line and lines.count(line) == 1
+        assert lines[1].startswith("step 2: train " if result is fresh else "step 4: train ")

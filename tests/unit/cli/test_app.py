@@ -1,0 +1,79 @@
+"""`charlm` itself (charlm.cli.app): every command's help, usage errors, and a failure of any
+command as one `error:` line."""
+
+import errno
+import os
+
+import pytest
+import torch
+
+from charlm.cli import app as cli
+from charlm.core import files
+from charlm.core.files import write_text_atomic
+from tests.helpers import COMMANDS
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(cli, command):
+    result = cli(command, "--help")
+    assert result.code == 0
+    assert f"Usage: charlm {command}" in result.out
+
+
+def test_help_names_arguments_as_the_readme_does(cli):
+    assert "{RUN_DIR_OR_CKPT} {TEXT_FILE}" in cli("eval", "--help").out
+    assert "the built-in defaults, a small GPT-2" in " ".join(cli("train", "--help").out.split())
+
+
+@pytest.mark.parametrize("command", ["train", "sample", "eval"])
+def test_device_help_lists_the_devices_the_readme_does(cli, command):
+    """train's --device help said 'auto, cpu, cuda or mps', without cuda:N, which it takes."""
+    assert "--device DEVICE auto, cpu, cuda (the first GPU), cuda:N or mps" in " ".join(
+        cli(command, "--help").out.split())
+
+
+def test_corrupt_and_foreign_checkpoints_give_one_error_line(cli, tmp_path):
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"\x00not a checkpoint" * 20)
+    foreign = tmp_path / "ckpt.pt"  # what nanoGPT writes
+    torch.save({"model": {}, "model_args": {"n_layer": 1}, "iter_num": 3}, foreign)
+    for command in (["sample"], ["info"]):
+        bad = cli(*command, garbage)
+        assert bad.code == 2 and bad.err.startswith(f"error: cannot load checkpoint {garbage}")
+        assert bad.err.count("\n") == 1 and "Traceback" not in bad.err
+        other = cli(*command, foreign)
+        assert (other.code, other.err) == (
+            2, f"error: {foreign} is not a charlm checkpoint (it may come from another tool)\n")
+    assert garbage.read_bytes() == b"\x00not a checkpoint" * 20
+
+
+@pytest.mark.parametrize("args, line", [
+    (["train", "--bogus"], "error: No such option: --bogus"),
+    (["sample"], "error: Missing argument 'RUN_DIR_OR_CKPT'. (see `charlm sample -h`)"),
+    (["sample", "run", "--top-k", "1.5"], "error: Invalid value for '--top-k': "),
+    (["bogus"], "error: No such command 'bogus'. (see `charlm -h`)"),
+])
+def test_usage_errors_are_one_line(cli, args, line):
+    """Typer printed a four-line block (usage, hint, blank, error) for these."""
+    result = cli(*args)
+    assert result.code == 2 and result.out == ""
+    assert len(result.err.splitlines()) == 1 and result.err.startswith(line), result.err
+
+
+def test_charlm_alone_shows_the_commands(cli):
+    result = cli()
+    assert result.code == 2 and "Usage: charlm [OPTIONS] COMMAND" in result.out + result.err
+
+
+def test_the_cli_reports_a_failed_atomic_write_with_the_target(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "config.yaml"
+
+    def disk_full(file, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
+
+    monkeypatch.setattr(files, "open", disk_full, raising=False)
+    monkeypatch.setattr(cli, "app", lambda **kwargs: write_text_atomic(path, "x"))
+    with pytest.raises(SystemExit) as e:
+        cli.main([])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == f"error: No space left on device: {path}\n"

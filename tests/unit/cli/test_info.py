@@ -1,0 +1,102 @@
+"""`charlm info` on a config: counts of huge configs without building them, `--shapes`, and its
+option errors."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.helpers import (
+    ROOT,
+    TINY,
+)
+
+
+def test_info_set_overrides_the_architecture_of_a_config(cli):
+    result = cli("info", ROOT / "configs" / "tiny.yaml", "--vocab-size", "65", "--json",
+                 "--set", "model.activation=swiglu", "--set", "model.pos_encoding=rope")
+    rows = {r["component"]: r["params"] for r in json.loads(result.out)["parameters"]["rows"]}
+    assert rows["mlp gate weight"] == 88 * 32
+    assert rows["position encoding (rotary, applied to q and k)"] == 0
+    bad = cli("info", ROOT / "configs" / "tiny.yaml", "--vocab-size", "65", "--shapes",
+              "--seq-len", "17")
+    assert (bad.code, bad.err) == (2, "error: --seq-len 17 must be in 1..block_size (16)\n")
+    typo = cli("info", ROOT / "configs" / "tiny.yaml", "--set", "model.pos_encoding=alibi")
+    assert typo.code == 2 and "expected one of 'learned', 'sinusoidal', 'rope', 'none'" in typo.err
+
+
+def test_info_on_a_config_too_big_for_memory_builds_no_weights(cli):
+    C, V, T, L = 1 << 17, 10, 16, 2  # 12 * C^2 float32 weights per layer: 824 GB for 2 layers
+    result = cli("info", ROOT / "configs" / "tiny.yaml", "--vocab-size", V, "--json", "--shapes",
+                 "--set", f"model.n_embd={C}")
+    assert result.code == 0, result.err
+    info = json.loads(result.out)
+    assert info["parameters"]["total"] == V * C + T * C + L * (12 * C * C + 2 * C) + C
+
+
+def test_info_on_a_config_of_a_billion_layers_builds_one(cli):
+    """The table of a config comes from a one-layer model on the meta device (the blocks are
+    alike): it built all n_layer blocks, for hours at model.n_layer=1000000000."""
+    C, V, T, L = 32, 10, 16, 10**9  # tiny.yaml: 12 C^2 + 2 C parameters a block, no biases
+    result = cli("info", ROOT / "configs" / "tiny.yaml", "--vocab-size", V, "--json",
+                 "--set", f"model.n_layer={L}")
+    assert result.code == 0, result.err
+    info = json.loads(result.out)
+    assert info["parameters"]["total"] == V * C + T * C + L * (12 * C * C + 2 * C) + C
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--vocab-size", "0"], "--vocab-size must be >= 1, got 0"),
+    (["--vocab-size", "-3"], "--vocab-size must be >= 1, got -3"),
+    (["--shapes", "--batch", "0"], "--batch must be >= 1, got 0"),
+    (["--shapes", "--seq-len", "0"], "--seq-len 0 must be in 1..block_size (16)"),
+    (["--batch", "4"], "--batch sizes the forward pass of --shapes; add --shapes"),
+    (["--seq-len", "8"], "--seq-len sizes the forward pass of --shapes; add --shapes"),
+])
+def test_info_rejects_bad_sizes(cli, args, message):
+    result = cli("info", ROOT / "configs" / "tiny.yaml", *args)
+    assert (result.code, result.err, result.out) == (2, f"error: {message}\n", "")
+
+
+def test_integer_too_large_for_64_bits(fails):
+    fails("info", TINY, "--vocab-size", "65", "--set", "model.block_size=99999999999999999999",
+          message=f"invalid value for model.block_size in {TINY} with --set overrides: "
+                  "99999999999999999999 is too large")
+
+
+@pytest.mark.parametrize("option", [["--set", "model.n_layer=3"], ["--vocab-size", "5"]])
+def test_config_only_info_options_on_a_checkpoint(fails, tmp_path, option):
+    """A checkpoint fixes its config and vocabulary: options that would change them are an error
+    rather than silently ignored (checked before the checkpoint is even read)."""
+    fails("info", tmp_path / "missing.pt", *option,
+          message=f"{option[0]} applies to a config file, not to a checkpoint")
+
+
+def test_info_on_a_config_whose_data_is_missing_says_how_to_give_the_vocab_size(fails, tmp_path):
+    fails("info", TINY, "--set", f"data.path={tmp_path / 'nowhere.txt'}",
+          message=f"the vocabulary size comes from data.path, and {tmp_path / 'nowhere.txt'} does "
+                  "not exist; give --vocab-size N, or --set data.path=FILE")
+
+
+def test_info_shapes_of_a_huge_batch_allocate_nothing(cli):
+    """`info --shapes` runs its forward on the meta device: a batch of 10**8 costs nothing."""
+    t0 = time.perf_counter()
+    result = cli("info", TINY, "--shapes", "--batch", "100000000", "--vocab-size", "65")
+    assert result.code == 0 and time.perf_counter() - t0 < 5
+    assert "head                              100000000 x 16 x 65 logits\n" in result.out
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.block_size=1000000000", "error: --shapes: the attention weights (16 x 2 x 1000000000 "
+     "x 1000000000) would have 3.2e+19 elements, more than a tensor can hold; give a smaller "
+     "--seq-len"),
+    ("model.n_layer=1000000", "error: --shapes lists every block, and 1,000,000 are too many to "
+     "list; every block has the same shapes: try --set model.n_layer=2"),
+])
+def test_info_shapes_of_a_huge_model_is_one_error(cli, override, message):
+    """A billion positions ended in torch's storage-size RuntimeError (a traceback); a million
+    layers built a million meta blocks for minutes."""
+    result = cli("info", ROOT / "configs" / "tiny.yaml", "--set", override, "--shapes")
+    assert (result.code, result.out, result.err) == (2, "", message + "\n")

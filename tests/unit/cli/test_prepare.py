@@ -1,0 +1,41 @@
+"""`charlm prepare`: the dataset it writes and the inputs it refuses."""
+
+from __future__ import annotations
+
+import os
+
+from tests.helpers import SHAKESPEARE, TINY
+
+
+def test_prepare_command(cli, tmp_path):
+    out = tmp_path / "ds"
+    result = cli("prepare", SHAKESPEARE, "--out", out)
+    assert result.code == 0
+    assert result.out.strip() == (
+        f"wrote {out}: 65 symbols (uint8), 1,003,854 train / 111,540 val characters")
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "val.bin"]
+
+
+def test_directory_where_a_text_file_is_expected(fails, tmp_path):
+    (tmp_path / "texts").mkdir()
+    fails("prepare", tmp_path / "texts", "--out", tmp_path / "ds",
+          message=f"input is a directory, not a text file: {tmp_path / 'texts'}")
+
+
+def test_a_pipe_is_refused_as_an_input_to_prepare(fails, tmp_path):
+    """`charlm prepare <(cmd)` read the pipe's text in pass 1 and nothing in pass 2: exit 0 with
+    empty train.bin/val.bin under a meta.json that counted the characters (and a named pipe
+    blocked); `charlm train --data <(cmd)` said the input was empty."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"hello world, hello world")
+    os.close(write_end)
+    pipe = f"/proc/self/fd/{read_end}"
+    message = (f"input is not a regular file (a pipe or a device): {pipe}; charlm reads its "
+               "text twice, save it to a file first")
+    try:
+        fails("prepare", pipe, "--out", tmp_path / "ds", message=message)
+        fails("train", TINY, "--data", pipe, "--out", tmp_path / "run", message=message)
+    finally:
+        os.close(read_end)
+    fails("prepare", "/dev/null", "--out", tmp_path / "ds",
+          message=message.replace(pipe, "/dev/null"))

@@ -1,0 +1,89 @@
+"""`charlm sample` without a trained run: its options' help, an export of random weights written
+to a stdout that cannot encode it, and the errors before any model is loaded."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+
+def test_sample_help_shows_every_sample_option_with_its_help(cli):
+    """`charlm sample`'s options are built from SampleConfig's fields: each shows, with its
+    help, its name and its default."""
+    from dataclasses import fields
+
+    from charlm.config.sampling import SampleConfig
+
+    out = " ".join(cli("sample", "--help").out.split())
+    for f in fields(SampleConfig):
+        flag = f.metadata["flag"] or "--" + f.name.replace("_", "-")
+        assert f"{flag} " in out and " ".join(f.metadata["help"].split()) in out, f.name
+    assert "--max-new-tokens <int> Characters to generate per sample. [default: 500]" in out
+    assert "--include-stop / --no-include-stop" in out and "--no-cache " in out
+
+
+def test_sample_missing_checkpoint(cli, tmp_path):
+    result = cli("sample", tmp_path / "nope")
+    assert (result.code, result.err) == (
+        2, f"error: no such run dir or checkpoint: {tmp_path / 'nope'}\n")
+
+
+@pytest.fixture
+def non_ascii_model(tmp_path) -> Path:
+    """An export of a random model whose every character is outside ASCII."""
+    from charlm.config.schema import ModelConfig, RunConfig
+    from charlm.data.vocab import Vocab
+    from charlm.export import save_safetensors
+    from charlm.model.gpt import GPT
+
+    cfg = RunConfig(model=ModelConfig(block_size=16, n_layer=1, n_head=2, n_embd=16))
+    save_safetensors(GPT(cfg.model, 3), Vocab(["ß", "é", "😀"]), cfg, tmp_path / "st")
+    return tmp_path / "st"
+
+
+def test_sample_to_a_stdout_that_cannot_encode_the_text(non_ascii_model, monkeypatch):
+    """PYTHONIOENCODING=ascii or a Latin-1 terminal: characters the stream cannot encode are
+    written as escapes (JSON's own in --json) instead of a UnicodeEncodeError traceback."""
+    import charlm
+    from charlm.cli.app import main
+
+    text = charlm.generate(charlm.load(non_ascii_model), "é😀", max_new_tokens=20, seed=1)
+
+    def stdout_of(*args: str, encoding: str = "ascii") -> bytes:
+        out = io.TextIOWrapper(io.BytesIO(), encoding=encoding)
+        monkeypatch.setattr(sys, "stdout", out)
+        with pytest.raises(SystemExit) as done:
+            main(["sample", str(non_ascii_model), "--prompt", "é😀", "--max-new-tokens", "20",
+                  "--seed", "1", *args])
+        assert done.value.code == 0
+        out.flush()
+        return out.buffer.getvalue()
+
+    shown = ("é😀" + text).encode("ascii", "backslashreplace") + b"\n"
+    assert stdout_of() == shown
+    assert stdout_of("--no-stream") == shown
+    assert stdout_of(encoding="latin-1") == ("é😀" + text).encode("latin-1",
+                                                                   "backslashreplace") + b"\n"
+    sample = json.loads(stdout_of("--json"))
+    assert (sample["prompt"], sample["text"]) == ("é😀", text)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("command", ["sample", "eval"])
+def test_sample_and_eval_without_cuda_name_their_own_option(fails, tmp_path, corpus, command):
+    run = tmp_path / "run"
+    run.mkdir()
+    extra = [corpus] if command == "eval" else []
+    fails(command, run, *extra, "--device", "cuda",
+          message="--device is 'cuda' but no CUDA GPU is available to this torch build; use "
+                  "--device cpu (or auto), or install a CUDA build of torch")
+
+
+def test_prompt_file_that_is_a_directory(fails, tmp_path):
+    fails("sample", tmp_path, "--prompt-file", tmp_path,
+          message=f"prompt file {tmp_path} is a directory; give a text file")

@@ -1,0 +1,36 @@
+"""charlm.core.errors: the one-line forms of a library's exception, and counts of characters in
+a message."""
+
+import pytest
+
+from charlm.core.errors import CharlmError, characters, first_line, one_line
+
+
+def test_first_line_is_the_type_and_the_first_line_of_the_message():
+    error = RuntimeError("\n  InvalidCxxCompiler: No working C++ compiler found\nmore detail\n")
+    assert first_line(error) == "RuntimeError: InvalidCxxCompiler: No working C++ compiler found"
+    assert first_line(ValueError()) == "ValueError: "
+    assert first_line(CharlmError("x" * 1000)) == ("CharlmError: " + "x" * 1000)[:300]
+
+
+def test_one_line_joins_every_line_of_the_message_and_cuts_it():
+    error = RuntimeError('Error(s) in loading state_dict for GPT:\n\tMissing key(s) in '
+                         'state_dict: "wte.weight".\n\tUnexpected key(s):  "x".  ')
+    assert one_line(error) == ('Error(s) in loading state_dict for GPT: Missing key(s) in '
+                               'state_dict: "wte.weight". Unexpected key(s): "x".')
+    assert one_line("a\n\n b \r\n c") == "a b c"
+    assert one_line("word " * 100) == ("word " * 60)[:300]
+    assert one_line("word " * 100, limit=9) == "word word"
+
+
+@pytest.mark.parametrize("n, text", [(0, "0 characters"), (1, "1 character"),
+                                     (2, "2 characters"), (1_234_567, "1,234,567 characters")])
+def test_characters_counts_in_words(n, text):
+    assert characters(n) == text
+
+
+def test_a_charlm_error_is_an_exception_its_message_whole():
+    """The CLI catches CharlmError as an Exception and prints str(e) as the line after error:."""
+    with pytest.raises(Exception) as e:  # noqa: B017 - the type the CLI catches
+        raise CharlmError("input file not found: my.txt")
+    assert isinstance(e.value, CharlmError) and str(e.value) == "input file not found: my.txt"

@@ -1,0 +1,52 @@
+"""charlm.data.dataset: a text file's dataset cache, reused while the text is unchanged and made
+again when it changed or was damaged."""
+
+import pytest
+
+from charlm.data.dataset import dataset_for
+from charlm.data.text import prepare
+
+
+@pytest.mark.parametrize("meta", [None, "", '{"format": "charlm-da'])
+def test_a_dataset_cache_left_without_meta_json_is_rebuilt(tmp_path, meta):
+    """A prepare killed after moving train.bin and val.bin into place but before writing
+    meta.json, or a machine that stopped before meta.json reached the disk (empty, or cut
+    short): the run's dataset cache is prepared again, not refused as a foreign directory
+    (every later `charlm train` of the run failed with '--out RUN/dataset is not empty')."""
+    text = tmp_path / "t.txt"
+    text.write_text("hello world, hello world")
+    cache = tmp_path / "run" / "dataset"
+    prepare([text], cache, progress=False)
+    if meta is None:
+        (cache / "meta.json").unlink()
+    else:
+        (cache / "meta.json").write_text(meta)
+    data = dataset_for(text, 0.1, cache)
+    assert data.meta["train_tokens"] == 21 and (cache / "meta.json").is_file()
+
+
+def test_a_damaged_dataset_cache_is_rebuilt(tmp_path):
+    """A run's dataset cache whose train.bin no longer matches its meta.json (the text's sha256
+    unchanged) failed every later `charlm train` of the run, --overwrite too, with 'prepare it
+    again with `charlm prepare`', which the user never ran; now it is prepared again."""
+    text = tmp_path / "t.txt"
+    text.write_text("hello world, hello world")
+    cache = tmp_path / "run" / "dataset"
+    dataset_for(text, 0.1, cache)
+    (cache / "train.bin").write_bytes(b"\x00" * 5)
+    data = dataset_for(text, 0.1, cache)
+    assert data.vocab.decode(data.train) == "hello world, hello wo"
+    assert (cache / "train.bin").stat().st_size == 21
+
+
+def test_text_file_is_prepared_once_and_rebuilt_when_changed(tmp_path):
+    src = tmp_path / "t.txt"
+    src.write_text("abcdefghij" * 20)
+    cache = tmp_path / "cache"
+    ds = dataset_for(src, 0.1, cache)
+    mtime = (cache / "train.bin").stat().st_mtime_ns
+    assert dataset_for(src, 0.1, cache).meta == ds.meta
+    assert (cache / "train.bin").stat().st_mtime_ns == mtime  # reused, not rewritten
+    src.write_text("xyz" * 50)
+    ds2 = dataset_for(src, 0.1, cache)
+    assert ds2.vocab.chars == ["x", "y", "z"]

@@ -1,0 +1,292 @@
+"""charlm.data.text: `prepare` writes meta.json, train.bin and val.bin as nanoGPT's prepare does,
+whatever its chunking, and refuses what it cannot read."""
+
+import hashlib
+import json
+import os
+
+import numpy as np
+import pytest
+
+from charlm.core.errors import CharlmError
+from charlm.data import chunks
+from charlm.data import text as data_module
+from charlm.data.dataset import load_dataset
+from charlm.data.text import prepare
+from tests.helpers import SHAKESPEARE
+
+
+def test_tinyshakespeare_matches_nanogpt(tmp_path):
+    meta = prepare([SHAKESPEARE], tmp_path / "ds", 0.1, progress=False)
+    assert meta["vocab_size"] == 65
+    assert (meta["train_tokens"], meta["val_tokens"]) == (1_003_854, 111_540)
+    assert meta["dtype"] == "uint8"
+    ds = load_dataset(tmp_path / "ds")
+    text = SHAKESPEARE.read_text(encoding="utf-8")
+    assert ds.vocab.chars == sorted(set(text))
+    assert ds.vocab.decode(ds.train[:200]) == text[:200]
+    assert ds.vocab.decode(ds.val[-200:]) == text[-200:]
+    assert ds.vocab.decode(ds.val[:50]) == text[1_003_854:1_003_904]
+    saved = json.loads((tmp_path / "ds" / "meta.json").read_text(encoding="utf-8"))
+    assert saved["vocab"] == ds.vocab.chars  # a JSON list of strings
+    assert saved["sources"][0]["bytes"] == SHAKESPEARE.stat().st_size
+    assert len(saved["sources"][0]["sha256"]) == 64
+
+
+def test_split_is_last_fraction_of_each_input(tmp_path):
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("abcdefghij")  # 10 chars: 8 train, 2 val at 0.2
+    b.write_text("KLMNO")  # 5 chars: 4 train, 1 val
+    meta = prepare([a, b], tmp_path / "ds", 0.2, progress=False)
+    ds = load_dataset(tmp_path / "ds")
+    assert ds.vocab.decode(ds.train) == "abcdefghKLMN"
+    assert ds.vocab.decode(ds.val) == "ijO"
+    assert (meta["train_tokens"], meta["val_tokens"]) == (12, 3)
+
+
+def test_chunked_encoding_equals_whole_file(tmp_path, monkeypatch):
+    text = "añb€c𝄞" * 50 + "\n"
+    src = tmp_path / "u.txt"
+    src.write_text(text, encoding="utf-8")
+    prepare([src], tmp_path / "whole", 0.1, progress=False)
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", 7)  # split multi-byte characters
+    prepare([src], tmp_path / "chunked", 0.1, progress=False)
+    for split in ("train.bin", "val.bin"):
+        whole, chunked = (tmp_path / d / split for d in ("whole", "chunked"))
+        assert whole.read_bytes() == chunked.read_bytes()
+    ds = load_dataset(tmp_path / "chunked")
+    assert ds.vocab.decode(np.concatenate([ds.train, ds.val])) == text
+
+
+def test_uint16_ids_for_large_vocab(tmp_path):
+    src = tmp_path / "cjk.txt"
+    src.write_text("".join(chr(0x4E00 + i) for i in range(300)) * 3, encoding="utf-8")
+    meta = prepare([src], tmp_path / "ds", 0.1, progress=False)
+    assert meta["dtype"] == "uint16" and meta["vocab_size"] == 300
+    ds = load_dataset(tmp_path / "ds")
+    assert ds.train.dtype == np.uint16
+    assert ds.vocab.decode(ds.train[:300]) == src.read_text(encoding="utf-8")[:300]
+
+
+@pytest.mark.parametrize("chunk", [1 << 20, 5])
+def test_invalid_utf8_names_file_and_offset(tmp_path, monkeypatch, chunk):
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", chunk)
+    src = tmp_path / "bad.txt"
+    src.write_bytes("héllo wor".encode() + b"\xff" + b"ld")
+    out = tmp_path / "ds"
+    with pytest.raises(CharlmError) as e:
+        prepare([src], out, progress=False)
+    assert str(e.value) == (
+        f"{src} is not valid UTF-8 text (invalid byte 0xff at byte offset 10); "
+        "charlm reads text files as UTF-8, convert it first")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("chunk", [1 << 20, 5])
+def test_a_byte_order_mark_is_not_text(tmp_path, monkeypatch, chunk):
+    """Files saved with a UTF-8 BOM (Windows editors) train on their text only, each of several
+    inputs too; an invalid byte after a BOM is still named at its offset in the file."""
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", chunk)
+    bom = b"\xef\xbb\xbf"
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_bytes(bom + b"abab\r\nba" * 20)
+    b.write_bytes(bom + b"cab" * 20)
+    prepare([a, b], tmp_path / "ds", progress=False)
+    ds = load_dataset(tmp_path / "ds")
+    assert ds.vocab.chars == ["\n", "\r", "a", "b", "c"]  # CRLF line ends are kept as they are
+    text = ds.vocab.decode(np.concatenate([ds.train, ds.val]))
+    assert "\ufeff" not in text and len(text) == 20 * 8 + 20 * 3
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(bom + b"hello" + b"\xff")
+    with pytest.raises(CharlmError, match="invalid byte 0xff at byte offset 8"):
+        prepare([bad], tmp_path / "ds2", progress=False)
+
+
+def reference_dataset(paths, val_fraction):
+    """meta.json, train.bin and val.bin as `prepare` wrote them before its fast paths, spelled out
+    in plain Python: each whole text decoded (a leading BOM dropped), the sorted set of all their
+    characters, one id per character, nanoGPT's split of each source."""
+    raws = [p.read_bytes() for p in paths]
+    texts = [raw.decode("utf-8-sig") for raw in raws]
+    chars = sorted(set("".join(texts)))
+    index = {c: i for i, c in enumerate(chars)}
+    dtype = np.dtype(np.uint8 if len(chars) <= 256 else np.uint16)
+    train, val = bytearray(), bytearray()
+    for text in texts:
+        ids = np.array([index[c] for c in text], dtype=dtype)
+        n_train = int(len(text) * (1 - val_fraction))
+        train += ids[:n_train].tobytes()
+        val += ids[n_train:].tobytes()
+    meta = {
+        "format": "charlm-dataset", "version": 1, "vocab": chars, "vocab_size": len(chars),
+        "dtype": dtype.name, "val_fraction": val_fraction,
+        "train_tokens": len(train) // dtype.itemsize, "val_tokens": len(val) // dtype.itemsize,
+        "sources": [{"path": str(p), "bytes": len(raw), "chars": len(text),
+                     "sha256": hashlib.sha256(raw).hexdigest()}
+                    for p, raw, text in zip(paths, raws, texts, strict=True)],
+    }
+    return {"meta.json": json.dumps(meta, ensure_ascii=False, indent=1).encode(),
+            "train.bin": bytes(train), "val.bin": bytes(val)}
+
+
+BOM = b"\xef\xbb\xbf"
+
+
+INPUTS = {  # name: the bytes of each source
+    "ascii": [b"hello world\nthe quick brown fox jumps\n" * 20],
+    "latin1": ["naïve café, Ünïcödé ñ ÿ\n".encode() * 20],  # code points below 256
+    "cyrillic": ["Съешь же ещё этих мягких булок\n".encode() * 20],
+    "astral": ["emoji 🙂 and 🚀, music 𝄞\n".encode() * 20],
+    "ascii after a cut character": ["ab€".encode() + b"cd" * 40],
+    "bom and crlf": [BOM + b"line one\r\nline two\r\n" * 10, BOM + "é\r\n".encode() * 9],
+    "several sources": [b"abc\n" * 30, "Жжж ab\n".encode() * 10,
+                        "🙂 x\n".encode() * 7, b"plain ascii again\n" * 5],
+    "uint16 ids": ["".join(chr(0x4E00 + i) for i in range(300)).encode() + b"abc\n" * 50],
+    "255 characters": ["".join(map(chr, range(255))).encode() * 3],
+    "256 characters": ["".join(map(chr, range(256))).encode() * 3, b"ascii only\n" * 30],
+}
+
+
+@pytest.mark.parametrize("chunk", [3, 7, 64, 1 << 20])
+@pytest.mark.parametrize("name", INPUTS)
+def test_prepare_writes_what_it_wrote_before_its_fast_paths(tmp_path, monkeypatch, name, chunk):
+    """ASCII chunks are encoded as bytes, undecoded, Latin-1 text by bytes.translate, the rest
+    through numpy: whichever path a chunk takes, and however the chunks cut the characters,
+    meta.json, train.bin and val.bin are byte for byte what the plain reference writes (and
+    what prepare wrote before, decoding every chunk)."""
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", chunk)
+    paths = []
+    for i, raw in enumerate(INPUTS[name]):
+        paths.append(tmp_path / f"{i}.txt")
+        paths[-1].write_bytes(raw)
+    prepare(paths, tmp_path / "ds", 0.1, progress=False)
+    written = {f: (tmp_path / "ds" / f).read_bytes() for f in ("meta.json", "train.bin", "val.bin")}
+    assert written == reference_dataset(paths, 0.1)
+
+
+@pytest.mark.parametrize("raw, chunk, offset", [
+    (b"abc\xc3" + b"defg" * 3, 4, 3),  # a cut character, then a chunk of ASCII
+    (b"abcd\xc3", 4, 4),  # a cut character at the end of the file
+    (b"abcd" * 3 + b"\x80", 4, 12),  # a continuation byte after ASCII chunks
+])
+def test_an_invalid_byte_at_a_chunk_boundary_is_named_at_its_offset(tmp_path, monkeypatch, raw,
+                                                                    chunk, offset):
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", chunk)
+    src = tmp_path / "bad.txt"
+    src.write_bytes(raw)
+    with pytest.raises(CharlmError) as e:
+        prepare([src], tmp_path / "ds", progress=False)
+    assert str(e.value) == (
+        f"{src} is not valid UTF-8 text (invalid byte 0x{raw[offset]:02x} at byte offset "
+        f"{offset}); charlm reads text files as UTF-8, convert it first")
+
+
+def test_empty_and_single_character_inputs(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with pytest.raises(CharlmError, match=f"input file is empty: {empty}"):
+        prepare([empty], tmp_path / "ds", progress=False)
+    same = tmp_path / "same.txt"
+    same.write_text("aaaaaaaa")
+    with pytest.raises(CharlmError, match=r"only one distinct character \('a'\)"):
+        prepare([same], tmp_path / "ds", progress=False)
+    with pytest.raises(CharlmError, match="input file not found"):
+        prepare([tmp_path / "missing.txt"], tmp_path / "ds", progress=False)
+    with pytest.raises(CharlmError, match="input is a directory"):
+        prepare([tmp_path], tmp_path / "ds", progress=False)
+
+
+def test_prepare_failure_leaves_existing_dataset_intact(tmp_path):
+    good = tmp_path / "good.txt"
+    good.write_text("hello world, hello world")
+    out = tmp_path / "ds"
+    prepare([good], out, progress=False)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"ok\xfe")
+    with pytest.raises(CharlmError):
+        prepare([bad], out, progress=False)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_prepare_refuses_a_non_empty_dir_that_is_not_a_dataset(tmp_path):
+    """A dataset dir is replaced (prepare again), an unrelated non-empty dir (a run dir, a
+    folder of notes) is left alone; an empty one, or one with only a killed prepare's hidden
+    temporary files, is used."""
+    text = tmp_path / "t.txt"
+    text.write_text("hello world, hello world")
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "todo.txt").write_text("mine")
+    with pytest.raises(CharlmError) as e:
+        prepare([text], other, progress=False)
+    assert str(e.value) == (f"--out {other} is not empty and holds no charlm dataset; give a new "
+                            "or empty directory, or a dataset dir to replace")
+    assert [p.name for p in other.iterdir()] == ["todo.txt"]
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    (ds / ".train.bin.tmp-123").write_bytes(b"half")
+    prepare([text], ds, progress=False)
+    text.write_text("another text")
+    assert prepare([text], ds, progress=False)["train_tokens"] == 10  # replaced
+
+
+@pytest.mark.parametrize("meta", ['{"name": "my project"}', "{}", "[1]", "not json"])
+def test_prepare_refuses_a_dir_whose_meta_json_is_another_tools(tmp_path, meta):
+    """A meta.json that is not a charlm dataset's does not make a directory a dataset dir:
+    prepare must not overwrite a project's own meta.json nor write .bin files beside it."""
+    text = tmp_path / "t.txt"
+    text.write_text("hello world, hello world")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "meta.json").write_text(meta)
+    (project / "main.py").write_text("print()")
+    with pytest.raises(CharlmError) as e:
+        prepare([text], project, progress=False)
+    assert str(e.value) == (f"--out {project} is not empty and holds no charlm dataset; give a "
+                            "new or empty directory, or a dataset dir to replace")
+    assert {p.name: p.read_text() for p in project.iterdir()} == {
+        "meta.json": meta, "main.py": "print()"}
+    (project / "main.py").unlink()  # its meta.json alone: still another tool's
+    with pytest.raises(CharlmError):
+        prepare([text], project, progress=False)
+    assert [p.name for p in project.iterdir()] == ["meta.json"]
+
+
+@pytest.mark.parametrize("change", ["append known", "append new", "same size"])
+def test_prepare_refuses_a_file_that_changes_between_its_reads(tmp_path, monkeypatch, change):
+    """Appending during a prepare exited 0 with a meta.json that disagreed with val.bin, and a
+    sha256 of another read than the one encoded."""
+    src = tmp_path / "in.txt"
+    src.write_text("hello world\n" * 100, encoding="utf-8")
+    out = tmp_path / "ds"
+    prepare([src], out, progress=False)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real_scan = data_module.scan
+
+    def scan_then_change(paths, bar=None):
+        result = real_scan(paths, bar)
+        text = src.read_text(encoding="utf-8")
+        src.write_text({"append known": text + "low\n", "append new": text + "xyz\n",
+                        "same size": text[::-1]}[change], encoding="utf-8")
+        return result
+
+    monkeypatch.setattr(data_module, "scan", scan_then_change)
+    with pytest.raises(CharlmError) as e:
+        prepare([src], out, progress=False)
+    assert str(e.value) == (f"{src} changed while prepare read it (the two reads differ); run it "
+                            "again once nothing writes to the file")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no temporary file either
+
+
+def test_prepare_removes_what_a_killed_prepare_left(tmp_path):
+    """A SIGKILLed prepare's .train.bin.tmp-PID stayed forever; a live process's is its own."""
+    src = tmp_path / "in.txt"
+    src.write_text("hello world\n" * 100, encoding="utf-8")
+    out = tmp_path / "ds"
+    prepare([src], out, progress=False)
+    dead, live = out / ".train.bin.tmp-999999999", out / f".val.bin.tmp-{os.getppid()}"
+    for path in (dead, live):
+        path.write_bytes(b"x" * 100)
+    prepare([src], out, progress=False)
+    assert not dead.exists() and live.exists()

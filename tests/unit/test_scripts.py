@@ -1,0 +1,386 @@
+"""The benchmark harness (scripts/bench.py, scripts/benchlib/) and scripts/common.py, in this
+process: bad input as one line, interleaving, statistics, the JSON lines, the probes and the
+machine facts, with the work itself faked."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import ROOT, bench, import_script, kind
+
+TINY = str(ROOT / "configs" / "tiny.yaml")
+
+
+@pytest.mark.parametrize("name, args, message", [
+    ("bench.py", ["train", "missing.yaml"], "error: config file not found: missing.yaml"),
+    ("bench.py", ["train", TINY, "--set", "model.n_layr=2"], "did you mean 'n_layer'?"),
+    ("bench.py", ["train", TINY, "--set", "data.path=missing.txt"],
+     "error: input file not found: missing.txt"),
+    ("bench.py", ["train", TINY, "--variants", "swiglu"],
+     "error: variant 'swiglu' is neither one of default, pos_encoding=sinusoidal"),
+    ("bench.py", ["decode", "--configs", "missing.yaml"], "error: config file not found"),
+    ("bench.py", ["decode", "--configs", TINY, "--variants", "cached", "transformers"],
+     "transformers' GPT-2 decodes no further than its block_size (16) where charlm slides its "
+     "window; give --tokens 15 or fewer"),
+    ("bench.py", ["decode", "--configs", TINY, "--tree", "no-such-rev"],
+     "error: --tree no-such-rev: neither a directory nor a commit of"),
+    ("bench.py", ["presets", "missing.yaml", "--target", "1.9"],
+     "error: config file not found: missing.yaml"),
+    ("bench.py", ["presets", TINY, "--target", "2", "--set", "model.n_layr=2"],
+     "did you mean 'n_layer'?"),
+    ("bench.py", ["presets", TINY], "has no target val loss of its own; give --target"),
+    ("cmudict_pairs.py", ["missing.dict"], "error: input file not found: missing.dict"),
+])
+def test_scripts_report_bad_input_in_one_line(run_script, name, args, message):
+    """Said before anything is measured or printed: no machine line, no half a table."""
+    result = run_script(name, *args)
+    assert result.code == 2, result.err
+    assert result.out == "" and result.err.count("\n") == 1 and result.err.startswith("error: ")
+    assert message in result.err and "Traceback" not in result.err
+
+
+@pytest.mark.parametrize("name, args", [
+    ("bench.py", ["train", TINY, "--steps", "0"]),
+    ("bench.py", ["train", TINY, "--rounds", "0"]),
+    ("bench.py", ["decode", "--tokens", "0"]),
+    ("bench.py", ["decode", "--seconds", "0"]),
+    ("bench.py", ["prepare", "--mb", "0"]),
+    ("bench.py", ["presets", "--target", "0"]),
+    ("bench.py", ["presets", "--nanogpt-seconds", "0"]),
+    ("bench.py", ["presets", "--max-seconds", "0"]),
+    ("experiments/g2p_cmudict.py", ["--minutes", "0"]),
+    ("experiments/tune_vs_grid.py", ["--seeds", "0"]),
+])
+def test_scripts_reject_counts_that_are_not_positive(run_script, name, args):
+    result = run_script(name, *args)
+    assert result.code == 2
+    assert "must be greater than 0, got 0" in result.err and "Traceback" not in result.err
+
+
+def test_bench_train_rejects_a_negative_warmup(run_script):
+    """--warmup -5 ran no warm-up, as 0 would, without a word; --warmup 0 is allowed."""
+    result = run_script("bench.py", "train", TINY, "--warmup", "-5")
+    assert result.code == 2 and result.out == ""
+    assert "argument --warmup: must be at least 0, got -5" in result.err
+
+
+@pytest.mark.parametrize("value", ["nan", "-1"])
+def test_bench_presets_rejects_a_target_no_loss_can_reach(run_script, value):
+    """A loss is positive: --target -1 would never be reached, and --target nan never compared
+    true and was printed as NaN, which is not JSON. Both are refused before any training."""
+    result = run_script("bench.py", "presets", TINY, "--target", value)
+    assert result.code == 2 and result.out == ""
+    assert f"argument --target: must be greater than 0, got {value}" in result.err
+
+
+@pytest.mark.parametrize("name, args, description", [
+    ("bench.py", [], "charlm's benchmarks, one harness: `decode`, `train`, `presets` and "
+     "`prepare` time their variants in interleaved rounds (A B A B ...) and report them alike."),
+    ("experiments/g2p_cmudict.py", [], "G2P on CMUdict in a fixed wall time: the "
+     "encoder-decoder (configs/g2p_cmudict.yaml) against a decoder-only GPT"),
+])
+def test_script_help_describes_in_whole_sentences(run_script, name, args, description):
+    """--help shows the docstring's first paragraph, not its first line cut mid-sentence."""
+    result = run_script(name, *args, "--help")
+    assert result.code == 0, result.err
+    assert description in " ".join(result.out.split())
+
+
+def test_interleave_runs_every_variant_once_a_round_in_turn_after_its_warmup(monkeypatch):
+    harness = import_script("benchlib.harness", monkeypatch)
+    calls = []
+
+    def runner(name):
+        return lambda: calls.append(name) or {"value": len(calls)}
+
+    figures = list(harness.interleave({"a": runner("a"), "b": runner("b")}, 3, warmup=1))
+    assert calls == ["a", "b"] * 4  # the warm-up round, then three: A B A B, not A A A B B B
+    assert [(f["variant"], f["round"], f["value"]) for f in figures] == [
+        ("a", 1, 3), ("b", 1, 4), ("a", 2, 5), ("b", 2, 6), ("a", 3, 7), ("b", 3, 8)]
+
+
+def test_summaries_give_stats_over_rounds_and_ratios_paired_by_round(monkeypatch):
+    """A ratio is the median of the rounds' own ratios, not of the best rates, which may come
+    from rounds far apart on a machine whose speed jumps; a round without a figure (a target
+    not reached) drops out of the statistics."""
+    harness = import_script("benchlib.harness", monkeypatch)
+    rates = {"b": [40.0, 50.0, 100.0], "a": [100.0, 60.0, 45.0]}
+    figures = [{"config": "x", "variant": v, "round": r + 1, "rate": rates[v][r], "ms": 1.0}
+               for r in range(3) for v in ("b", "a")]
+    figures.append({"config": "y", "variant": "b", "round": 1, "rate": None, "ms": 2.0})
+    b, a, y = harness.summaries(figures, ("config",), "rate", ("ms",))
+    assert b == {"config": "x", "variant": "b", "rounds": 3, "ms": harness.stats([1.0] * 3),
+                 "rate": {"min": 40.0, "median": 50.0, "max": 100.0, "n": 3}}
+    assert a["rate"] == {"min": 45.0, "median": 60.0, "max": 100.0, "n": 3}
+    # rounds: 2.5, 1.2, 0.45; the best rates' ratio would say 1.0
+    assert a["vs_b"] == {"min": 0.45, "median": 1.2, "max": 2.5, "n": 3}
+    assert "vs_a" not in b and (y["rounds"], y["rate"]) == (1, None)
+    assert harness.stats([3.0, None, 1.0, 2.0]) == {"min": 1.0, "median": 2.0, "max": 3.0,
+                                                    "n": 3}
+    assert harness.stats([None]) is None
+
+
+def test_report_writes_the_machine_rounds_results_and_summaries_as_json_lines(monkeypatch):
+    harness = import_script("benchlib.harness", monkeypatch)
+    common = import_script("common", monkeypatch)
+    fake = harness.Bench("fake", "A fake.", lambda p: None, lambda a: [], case=("config",),
+                         metric="rate")
+    figures = [{"config": "x", "variant": "base", "round": 1, "rate": 10.0},
+               {"config": "x", "variant": "new", "round": 1, "rate": 15.0},
+               {"config": "x", "variant": "base", "round": 2, "rate": 20.0},
+               {"config": "x", "variant": "new", "round": 2, "rate": 20.0},
+               {"config": "x", "params": 123}]
+    out, err = io.StringIO(), io.StringIO()
+    harness.report(fake, iter(figures), ["fake", "--rounds", "2"], out, err)
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [r["kind"] for r in records] == ["machine"] + ["round"] * 4 + ["result", "summary",
+                                                                          "summary"]
+    assert all(r["bench"] == "fake" for r in records)
+    machine = records[0]
+    assert machine["command"] == "python scripts/bench.py fake --rounds 2"
+    assert set(machine) >= {"commit", "dirty", *common.machine_facts()}
+    assert records[1] == {"kind": "round", "bench": "fake", **figures[0]}
+    assert records[5] == {"kind": "result", "bench": "fake", "config": "x", "params": 123}
+    assert records[7]["vs_base"] == {"min": 1.0, "median": 1.25, "max": 1.5, "n": 2}
+    lines = err.getvalue().splitlines()
+    assert lines[0] == common.machine_line(common.machine_facts())
+    assert lines[1] == "round 1, x base: 10.0 rate"
+    assert lines[-1] == "| x | new | 2 | 17.5 (15.0-20.0) | 1.25x (1-1.5) |"
+
+
+def test_trees_run_one_child_each_in_turn_every_round(monkeypatch, tmp_path):
+    """--tree A --tree B: round 1 runs A then B, round 2 A then B, each child one round of the
+    same subcommand without --tree; the variants are named after their tree, and a child's
+    results are taken once."""
+    trees = import_script("benchlib.trees", monkeypatch)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    calls = []
+
+    def child(tree: Path, argv: list[str]) -> list[dict]:
+        calls.append((tree.name, argv))
+        return [{"kind": "machine", "bench": "decode"},
+                {"kind": "result", "bench": "decode", "variant": "x", "params": 1},
+                {"kind": "round", "bench": "decode", "variant": "x", "round": 1, "rate": 1.0}]
+
+    argv = ["decode", "--tree", str(tmp_path / "a"), "--tokens", "5", f"--tree={tmp_path / 'b'}"]
+    figures = list(trees.tree_figures(argv, [str(tmp_path / "a"), str(tmp_path / "b")], 2,
+                                      child))
+    assert calls == [(name, ["decode", "--tokens", "5", "--rounds", "1"]) for name in "abab"]
+    a, b = f"{tmp_path / 'a'}:x", f"{tmp_path / 'b'}:x"
+    assert [(f["variant"], f.get("round")) for f in figures] == [
+        (a, None), (a, 1), (b, None), (b, 1), (a, 2), (b, 2)]
+
+
+def test_a_revision_tree_is_exported_and_removed(monkeypatch):
+    trees = import_script("benchlib.trees", monkeypatch)
+    with trees.checkouts(["HEAD"]) as paths:
+        tree = paths["HEAD"]
+        assert (tree / "charlm" / "__init__.py").is_file() and tree != ROOT
+    assert not tree.exists()
+
+
+@pytest.mark.parametrize("device_name, peak, key", [
+    ("NVIDIA H100 80GB HBM3", 989e12, "H100"),
+    ("NVIDIA H100 PCIe", 756e12, "H100 PCIe"),
+    ("NVIDIA H100 NVL", 835e12, "H100 NVL"),
+    ("NVIDIA H200", 989e12, "H200"),
+    ("NVIDIA H200 NVL", 835e12, "H200 NVL"),
+    ("NVIDIA A100-SXM4-80GB", 312e12, "A100"),
+    ("NVIDIA A100 80GB PCIe", 312e12, "A100"),
+])
+def test_gpu_peak_is_the_cards_own(monkeypatch, device_name, peak, key):
+    """MFU divides by the peak of the card at hand: an H100 PCIe (114 SMs) or NVL peaks lower
+    than the SXM part, whose 989 TFLOP/s would understate their MFU."""
+    peak_module = import_script("benchlib.peak", monkeypatch)
+    assert peak_module.gpu_peak(device_name) == (peak, f"{key} bf16 dense (table)")
+
+
+def test_gpu_peak_of_an_unknown_card_is_none(monkeypatch):
+    peak_module = import_script("benchlib.peak", monkeypatch)
+    assert peak_module.gpu_peak("NVIDIA L4") == (None, "NVIDIA L4: not in the table")
+
+
+@pytest.mark.parametrize("unit, dtype, source", [
+    ("AMX", torch.bfloat16, "cpu bfloat16 512^3 matmul probe, best of 3"),
+    ("AVX512_BF16", torch.bfloat16, "cpu bfloat16 512^3 matmul probe, best of 3"),
+    (None, torch.float32, "cpu float32 512^3 matmul probe, best of 3"),
+])
+def test_bench_train_probes_the_dtype_charlms_auto_picks(monkeypatch, unit, dtype, source):
+    """The peak is probed in the dtype `dtype: auto` trains in on this CPU: bf16 without AMX or
+    AVX512_BF16 is emulated, and its 2048^3 probe alone took more than ten minutes on a 2-core
+    AVX2 EPYC."""
+    import charlm.runtime.precision
+
+    peak_module = import_script("benchlib.peak", monkeypatch)
+    probed = []
+    monkeypatch.setattr(charlm.runtime.precision, "cpu_bf16_unit", lambda: unit)
+    monkeypatch.setattr(peak_module, "cpu_peak", lambda d: probed.append(d) or (1e12, 512))
+    assert peak_module.device_peak(torch.device("cpu")) == (1e12, dtype, source)
+    assert probed == [dtype]
+
+
+@pytest.mark.parametrize("unit_s, n", [(0.2 / 512**3, 512), (10.0 / 256**3, 256)])
+def test_bench_train_probe_grows_until_a_matmul_takes_a_fifth_of_a_second(monkeypatch, unit_s,
+                                                                         n):
+    """The probe's size follows the CPU's speed: it grows from 256 until one matmul takes about
+    0.2 s (here n^3 * unit_s, a clock standing in for the CPU), and a CPU slower than that at
+    256 is probed at 256, not at a size that runs for minutes."""
+    peak_module = import_script("benchlib.peak", monkeypatch)
+    monkeypatch.setattr(peak_module, "matmul_seconds", lambda a, b: a.shape[0] ** 3 * unit_s)
+    peak, size = peak_module.cpu_peak(torch.float32)
+    assert size == n and peak == pytest.approx(2 / unit_s)
+
+
+def test_variants_name_model_changes_or_overrides(monkeypatch):
+    from charlm.config.schema import MODEL_VARIANTS
+
+    train = import_script("benchlib.train", monkeypatch)
+    args = import_script("bench", monkeypatch).parser().parse_args(
+        ["train", TINY, "--variants", "bias=True", "all", "model.n_layer=1"])
+    cfgs = train.variant_configs(args)
+    assert list(cfgs) == ["bias=True", *(n for n in MODEL_VARIANTS if n != "bias=True"),
+                          "model.n_layer=1"]
+    assert cfgs["bias=True"].model.bias and cfgs["model.n_layer=1"].model.n_layer == 1
+    assert train.variant_overrides("default") == []
+    assert train.variant_overrides("tie_weights=False") == ["model.tie_weights=False"]
+    assert train.variant_overrides("train.dtype=bfloat16,model.n_embd=64") == [
+        "train.dtype=bfloat16", "model.n_embd=64"]
+
+
+def test_bench_decode_stops_each_decode_after_its_seconds(monkeypatch, capsys):
+    """The baby GPT decodes about 10 tokens a second on the busy EPYC, so a 2000-token
+    uncached decode took minutes: each decode stops after --seconds, timed over the tokens it
+    made (one at least), which its figure says."""
+    records, _ = bench(monkeypatch, capsys, "decode", "--configs", TINY, "--variants",
+                       "ceiling", "cached", "uncached", "--tokens", "50", "--seconds", "1e-9",
+                       "--rounds", "1")
+    rounds = {r["variant"]: r for r in kind(records, "round")}
+    assert (rounds["cached"]["tokens"], rounds["uncached"]["tokens"]) == (1, 1)
+    assert rounds["uncached"]["same_tokens"] and rounds["ceiling"]["tokens"] == 20
+    assert kind(records, "summary")[2]["vs_cached"]["n"] == 1
+
+
+def test_bench_presets_needs_a_nanogpt_clone(run_script, tmp_path):
+    result = run_script("bench.py", "presets", "--nanogpt", str(tmp_path))
+    assert result.code == 2 and result.out == ""
+    assert result.err == (f"error: --nanogpt {tmp_path} must name a clone of karpathy/nanoGPT "
+                          "(or give --nanogpt-seconds)\n")
+
+
+def test_bench_presets_refuses_a_bad_set_before_nanogpt_runs(run_script, tmp_path):
+    (tmp_path / "train.py").write_text("raise SystemExit('nanoGPT must not run')\n")
+    result = run_script("bench.py", "presets", "--nanogpt", str(tmp_path),
+                        "--set", "train.dtyp=float32")
+    assert (result.code, result.out) == (2, "")
+    assert result.err.startswith("error: ") and result.err.count("\n") == 1
+    assert "did you mean 'dtype'?" in result.err
+
+
+def test_bench_presets_times_each_preset_with_its_overrides_beside_nanogpt(monkeypatch, capsys):
+    """--set reaches every preset's run, each with its own target, nanoGPT first in every
+    round; a preset's time is compared with nanoGPT's of the same round."""
+    presets = import_script("benchlib.presets", monkeypatch)
+    calls = []
+
+    def fake(config, overrides, target, stop_at_target, max_seconds):
+        calls.append((Path(config).name, overrides, target, stop_at_target, max_seconds))
+        return {"seconds": 50.0, "final_val": target - 0.05}
+
+    monkeypatch.setattr(presets, "time_to_loss", fake)
+    records, err = bench(monkeypatch, capsys, "presets", "--nanogpt-seconds", "200", "--set",
+                         "train.dtype=float32", "--set", "train.seed=3", "--rounds", "2")
+    sets = ["train.dtype=float32", "train.seed=3"]
+    assert calls == [("shakespeare_char_cpu.yaml", sets, 1.88, True, 300.0),
+                     ("shakespeare_char_cpu_long.yaml", sets, 1.70, True, 300.0)] * 2
+    assert [r["variant"] for r in kind(records, "round")] == [
+        "nanoGPT", "shakespeare_char_cpu.yaml", "shakespeare_char_cpu_long.yaml"] * 2
+    short = kind(records, "summary")[1]
+    assert short["vs_nanoGPT"] == {"min": 0.25, "median": 0.25, "max": 0.25, "n": 2}
+    assert "| shakespeare_char_cpu.yaml | 2 | 50.0 (50.0-50.0) | 0.25x (0.25-0.25) |" in err
+
+
+def test_bench_presets_writes_nanogpts_data_as_its_prepare_does(monkeypatch, tmp_path):
+    """nanoGPT's shakespeare_char/prepare.py: ids of the sorted characters as uint16, the first
+    90 % of the text in train.bin, the rest in val.bin, and meta.pkl with the vocabulary."""
+    import pickle
+
+    import numpy as np
+
+    presets = import_script("benchlib.presets", monkeypatch)
+    monkeypatch.setattr(presets, "TEXT", tmp_path / "input.txt")
+    (tmp_path / "input.txt").write_text("hello world\n" * 5, encoding="utf-8")
+    presets.nanogpt_data(tmp_path)
+    meta = pickle.loads((tmp_path / "meta.pkl").read_bytes())
+    assert meta["itos"] == dict(enumerate(sorted(set("hello world\n"))))
+    assert meta["vocab_size"] == 9 and meta["stoi"]["h"] == 4  # "\n", " ", d, e, h, ...
+    ids = np.concatenate([np.fromfile(tmp_path / f, dtype=np.uint16)
+                          for f in ("train.bin", "val.bin")])
+    assert "".join(meta["itos"][i] for i in ids) == "hello world\n" * 5
+    assert len(np.fromfile(tmp_path / "train.bin", dtype=np.uint16)) == int(60 * 0.9)
+
+
+def test_bench_presets_times_nanogpt_to_its_last_eval(monkeypatch, tmp_path):
+    """nanoGPT's time is its last eval line's, from launch; it runs from a copy of the clone,
+    on the data written there, which goes with the copy."""
+    presets = import_script("benchlib.presets", monkeypatch)
+    (tmp_path / "data" / "shakespeare_char").mkdir(parents=True)
+    (tmp_path / "train.py").write_text(
+        "import os\nassert os.path.getsize('data/shakespeare_char/train.bin') > 0\n"
+        "print('step 0: train loss 4.2000, val loss 4.1000')\nprint('iter 1: loss 3.0')\n"
+        "print('step 250: train loss 1.9000, val loss 1.8857')\n")
+    result = presets.run_nanogpt(tmp_path)
+    assert result["final_val"] == 1.8857 and [c["step"] for c in result["curve"]] == [0, 250]
+    assert result["seconds"] == result["curve"][-1]["wall_s"] > 0
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["data", "shakespeare_char",
+                                                           "train.py"]
+
+
+def test_bench_prepare_peak_rss_is_in_mb_like_the_input(monkeypatch):
+    """peak_rss_mb is in MB (10^6 bytes) as input_mb and mb_per_s are, not in MiB: Linux's
+    ru_maxrss of 1,000,000 KiB is 1024 MB."""
+    prepare = import_script("benchlib.prepare", monkeypatch)
+    monkeypatch.setattr(prepare.sys, "platform", "linux")
+    assert prepare.maxrss_mb(1_000_000) == 1024.0
+    monkeypatch.setattr(prepare.sys, "platform", "darwin")  # bytes there
+    assert prepare.maxrss_mb(5_000_000) == 5.0
+
+
+@pytest.mark.parametrize("unit", ["AMX", "AVX512_BF16", None])
+def test_machine_facts_name_the_cpu_and_what_it_computes_natively(monkeypatch, unit):
+    """Every benchmark prints these with its figures: a figure without its machine cannot be
+    compared. bf16 is native exactly where charlm's `dtype: auto` trains in it."""
+    import charlm.runtime.precision
+
+    common = import_script("common", monkeypatch)
+    monkeypatch.setattr(charlm.runtime.precision, "cpu_bf16_unit", lambda: unit)
+    monkeypatch.setattr(common, "cpu_model", lambda: "Test CPU 9000")
+    facts = common.machine_facts()
+    assert list(facts) == ["cpu", "logical_cores", "torch_threads", "torch", "cpu_capability",
+                           "bf16_unit", "gpu"]
+    assert facts["cpu"] == "Test CPU 9000" and facts["bf16_unit"] == unit
+    assert facts["torch"] == torch.__version__ and facts["logical_cores"] == os.cpu_count()
+    assert common.cpu_native_dtype() == (torch.bfloat16 if unit else torch.float32)
+    line = common.machine_line(facts)
+    assert line.startswith(f"machine: Test CPU 9000, {os.cpu_count()} logical cores, "
+                           f"{torch.get_num_threads()} torch threads, torch {torch.__version__}, "
+                           f"{torch.backends.cpu.get_cpu_capability()}, ")
+    assert line.endswith(f"bf16 native ({unit})" if unit else "float32 native (bf16 emulated)")
+
+
+def test_cpu_model_reads_cpuinfo_else_asks_platform(monkeypatch, tmp_path):
+    common = import_script("common", monkeypatch)
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\n"
+                       "model name\t: AMD EPYC 7B12\nflags\t\t: fpu avx2\n")
+    assert common.cpu_model(cpuinfo) == "AMD EPYC 7B12"
+    monkeypatch.setattr(common.platform, "processor", lambda: "arm")
+    assert common.cpu_model(tmp_path / "missing") == "arm"
+    cpuinfo.write_text("processor\t: 0\nBogoMIPS\t: 48.00\n")  # an ARM board's cpuinfo
+    assert common.cpu_model(cpuinfo) == "arm"

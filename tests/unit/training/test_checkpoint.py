@@ -1,0 +1,180 @@
+"""charlm.training.checkpoint: atomic saves, and loads that refuse garbage, pickled code, FIFOs
+and foreign or future checkpoints."""
+
+import os
+import pickle
+import threading
+
+import pytest
+import torch
+
+from charlm.core.errors import CharlmError
+from charlm.training import checkpoint
+
+
+def test_save_load_round_trip_leaves_no_temp_files(tmp_path):
+    state = {"model": {"w": torch.arange(6.0)}, "vocab": ["a", "b"], "config": {"x": 1}}
+    path = tmp_path / "last.pt"
+    checkpoint.save(state, path)
+    loaded = checkpoint.load(path)
+    assert torch.equal(loaded["model"]["w"], state["model"]["w"])
+    assert loaded["vocab"] == ["a", "b"] and loaded["version"] == checkpoint.VERSION
+    assert os.listdir(tmp_path) == ["last.pt"]
+
+
+def test_failed_save_keeps_previous_file(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    checkpoint.save({"step": 1}, path)
+    before = path.read_bytes()
+
+    def disk_full(*a, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(CharlmError, match=f"cannot write checkpoint {path}: No space left on "
+                                          "device; the previous last.pt, if any, is unchanged"):
+        checkpoint.save({"step": 2}, path)
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["last.pt"]
+
+
+def test_a_disk_that_fills_up_inside_torch_save_is_one_error_line(tmp_path, monkeypatch):
+    """torch's zip writer turns the OSError of a failed write into a RuntimeError (seen on a full
+    tmpfs: `unexpected pos 34944 vs 34896`); it is the same error line, not a traceback."""
+    path = tmp_path / "last.pt"
+    checkpoint.save({"step": 1}, path)
+    before = path.read_bytes()
+
+    def zip_writer_on_a_full_disk(obj, f):
+        f.write(b"PK")
+        try:
+            raise OSError(28, "No space left on device")
+        except OSError:
+            raise RuntimeError(  # noqa: B904 (raised as torch raises it)
+                "[enforce fail at inline_container.cc:672] . unexpected pos 34944 vs 34896")
+
+    monkeypatch.setattr(torch, "save", zip_writer_on_a_full_disk)
+    with pytest.raises(CharlmError) as e:
+        checkpoint.save({"step": 2}, path)
+    assert str(e.value) == (
+        f"cannot write checkpoint {path}: No space left on device; the previous last.pt, if "
+        "any, is unchanged; free disk space (or fix the run dir), then continue with --resume")
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["last.pt"]
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, ("touch PWNED",))
+
+
+def test_pickle_payload_is_refused_and_never_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "evil.pt"
+    with open(path, "wb") as f:
+        torch.save({"format": checkpoint.FORMAT, "payload": Payload()}, f)
+    with pytest.raises(CharlmError, match="cannot load checkpoint .*evil.pt"):
+        checkpoint.load(path)
+    assert not (tmp_path / "PWNED").exists()
+
+
+def _truncated_checkpoint(tmp_path) -> bytes:
+    checkpoint.save({"model": {"w": torch.zeros(1000)}}, tmp_path / "whole.pt")
+    whole = (tmp_path / "whole.pt").read_bytes()
+    return whole[: len(whole) // 2]
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00garbage" * 10, pickle.dumps([1, 2], protocol=2),
+                                     _truncated_checkpoint])
+def test_garbage_files_give_clear_errors(tmp_path, content):
+    path = tmp_path / "bad.pt"
+    path.write_bytes(content(tmp_path) if callable(content) else content)
+    with pytest.raises(CharlmError, match="cannot load checkpoint|not a charlm checkpoint"):
+        checkpoint.load(path)
+
+
+@pytest.mark.parametrize("content", [b"hello\n", b"", _truncated_checkpoint])
+def test_a_file_that_is_not_a_whole_checkpoint_names_it_in_one_line(tmp_path, content):
+    path = tmp_path / "bad.pt"
+    path.write_bytes(content(tmp_path) if callable(content) else content)
+    with pytest.raises(CharlmError) as e:
+        checkpoint.load(path)
+    assert str(e.value) == (f"cannot load checkpoint {path}: not a readable charlm checkpoint "
+                            "(not a complete torch.save file)")
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (print, ("this must never run",))
+
+
+def test_a_checkpoint_with_pickled_code_is_refused_in_plain_words(tmp_path, capsys):
+    path = tmp_path / "evil.pt"
+    torch.save({"format": checkpoint.FORMAT, "version": checkpoint.VERSION, "x": _RunsCode()},
+               path)
+    with pytest.raises(CharlmError) as e:
+        checkpoint.load(path)
+    assert str(e.value) == (f"cannot load checkpoint {path}: not a readable charlm checkpoint (it "
+                            "is not a checkpoint, or it holds pickled code, which charlm never "
+                            "runs)")
+    assert "must never run" not in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")
+def test_a_fifo_is_refused_without_reading_it(tmp_path):
+    """Reading a FIFO (or /dev/zero) as a checkpoint would wait for a writer forever."""
+    fifo = tmp_path / "best.pt"
+    os.mkfifo(fifo)
+    # Without the check, load would block here; a writer that gives EOF after a while makes
+    # such a load fail with another message instead of hanging the suite.
+    writer = threading.Thread(target=lambda: open(fifo, "wb").close(), daemon=True)
+    writer.start()
+    try:
+        with pytest.raises(CharlmError) as e:
+            checkpoint.load(fifo)
+        assert str(e.value) == (f"cannot load checkpoint {fifo}: not a regular file (a "
+                                "directory, FIFO or device); give a .pt file that charlm train "
+                                "wrote")
+    finally:  # a reader lets the writer's open return, whenever it comes
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            writer.join(5)
+            assert not writer.is_alive()
+        finally:
+            os.close(reader)
+
+
+GOOD_TRAIN_STATE = {"step": 20, "best_val": 3.3, "tokens": 5120, "skipped_steps": 0,
+                    "bad_streak": 0}
+
+
+@pytest.mark.parametrize("change", [{"step": 20.5}, {"step": -5}, {"step": True},
+                                    {"tokens": float("nan")}, {"best_val": "3.3"},
+                                    {"skipped_steps": -1}])
+def test_a_train_state_with_a_step_that_is_not_a_count_is_malformed(change):
+    """A float step made --resume end in a TypeError traceback; a negative one trained on."""
+    checkpoint.check_train_state({"train_state": GOOD_TRAIN_STATE})
+    with pytest.raises(ValueError, match="^train_state is missing or malformed$"):
+        checkpoint.check_train_state({"train_state": {**GOOD_TRAIN_STATE, **change}})
+
+
+def test_foreign_and_future_checkpoints(tmp_path):
+    foreign = tmp_path / "ckpt.pt"  # what nanoGPT writes: no format marker
+    torch.save({"model": {}, "model_args": {"n_layer": 1}, "iter_num": 3}, foreign)
+    with pytest.raises(CharlmError, match="is not a charlm checkpoint"):
+        checkpoint.load(foreign)
+    future = tmp_path / "future.pt"
+    torch.save({"format": checkpoint.FORMAT, "version": 99}, future)
+    with pytest.raises(CharlmError, match="format version 99, this charlm reads version 1"):
+        checkpoint.load(future)
+
+
+def test_resolve_prefers_best_then_last(tmp_path):
+    with pytest.raises(CharlmError, match="no checkpoint"):
+        checkpoint.resolve(tmp_path)
+    (tmp_path / "last.pt").write_bytes(b"x")
+    assert checkpoint.resolve(tmp_path) == tmp_path / "last.pt"
+    (tmp_path / "best.pt").write_bytes(b"x")
+    assert checkpoint.resolve(tmp_path) == tmp_path / "best.pt"
+    with pytest.raises(CharlmError, match="no such run dir or checkpoint"):
+        checkpoint.resolve(tmp_path / "nope")

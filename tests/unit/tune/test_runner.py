@@ -1,0 +1,76 @@
+"""charlm.tune.runner: values reported at the tokens seen, no prune at the final eval, and a
+worker's error that stops the study."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from charlm.config.loading import load_config
+from charlm.core.errors import CharlmError
+from charlm.tune.space import read_search
+from tests.helpers import TINY
+
+pytest.importorskip("optuna")  # Tuner runs on Optuna, an optional extra
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("optim.lr=[0.002, 0.01]", {20: 3.0, 40: 2.5, 60: 2.4}),  # at the step
+    # a batch of 32 sees the base config's (16) tokens of 40 steps in 20, of 80 in 40, ...
+    ("train.batch_size=[8, 32]", {40: 3.0, 80: 2.5, 120: 2.4}),
+])
+def test_values_are_reported_at_tokens_seen_when_a_step_changes_size(
+        tmp_path: Path, spec: str, expected: dict[int, float]) -> None:
+    from charlm.tune.runner import Tuner
+    from charlm.tune.study import Plan
+
+    base = load_config(TINY).to_dict()  # batch 16 x block 16, an eval every 20 steps
+    tuner = Tuner(Plan(tmp_path, base, read_search([spec]), None, "s", "data"), 1, 5, None)
+    trial = tuner.study.ask()
+    report = tuner.reporter(trial)
+    for step, value in ((20, 3.0), (40, 2.5), (60, 2.4)):
+        assert not report({"event": "eval", "step": step, "tokens": step * 32 * 16,
+                           "best_val_loss": value})
+    assert tuner.study.get_trials()[0].intermediate_values == expected
+
+
+def test_a_trial_is_not_pruned_at_its_final_eval(tmp_path: Path) -> None:
+    """Worse than the median of two complete trials: pruned at step 40, not at step 60, its
+    train.max_iters (it has trained to its end, and completes)."""
+    from charlm.tune.runner import Tuner
+    from charlm.tune.study import Plan
+
+    base = load_config(TINY, ["train.max_iters=60"]).to_dict()
+    search = read_search(["optim.lr=[0.002, 0.01]", "startup_trials=2", "pruner_warmup=0"])
+    tuner = Tuner(Plan(tmp_path, base, search, None, "s", "data"), 1, 5, None)
+    for _ in range(2):
+        done = tuner.study.ask()
+        for step in (20, 40, 60):
+            done.report(2.0, step)
+        tuner.study.tell(done, 2.0)
+    trial = tuner.study.ask()
+    report = tuner.reporter(trial, last_step=60)
+    assert [report({"event": "eval", "step": s, "best_val_loss": 3.0}) for s in (20, 40, 60)] == [
+        True, True, False]
+    assert tuner.study.get_trials()[2].intermediate_values == {20: 3.0, 40: 3.0, 60: 3.0}
+
+
+def test_an_error_in_a_worker_stops_the_study_with_one_line(tmp_path: Path) -> None:
+    from charlm.tune.runner import Tuner
+    from charlm.tune.study import Plan
+
+    base = load_config(TINY).to_dict()
+    tuner = Tuner(Plan(tmp_path, base, read_search(["optim.lr=[0.002, 0.01]"]), None, "s",
+                       "data"), 2, 5, None)
+
+    def lost(trial, slot: int) -> None:
+        raise RuntimeError("server closed the connection unexpectedly\nmore detail")
+
+    tuner.run_one = lost
+    with pytest.raises(CharlmError) as e:
+        tuner.run()
+    assert str(e.value) == (
+        "the study stopped: RuntimeError: server closed the connection unexpectedly; its trials "
+        f"so far are saved: continue with `charlm tune --out {tmp_path} --resume` once the cause "
+        "is fixed")
