@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from charlm.config.schema import ModelConfig
-from charlm.model.layers import maybe_dropout
+from charlm.model.layers import Linear, maybe_dropout
 
 
 def attention_dtype(x: torch.Tensor) -> torch.dtype:
@@ -89,8 +89,8 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.n_head = cfg.n_head
         self.causal = causal
-        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # fused q, k, v
-        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.qkv = Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # fused q, k, v
+        self.proj = Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
@@ -151,9 +151,9 @@ class CrossAttention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_head = cfg.n_head
-        self.q = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        self.kv = nn.Linear(cfg.n_embd, 2 * cfg.n_embd, bias=cfg.bias)  # fused k, v
-        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.q = Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.kv = Linear(cfg.n_embd, 2 * cfg.n_embd, bias=cfg.bias)  # fused k, v
+        self.proj = Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = cfg.dropout
 
     def keys_values(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -37,7 +37,7 @@ from charlm.model.gpt import (
     positions,
     scale_residual_projections,
 )
-from charlm.model.layers import Embedding, maybe_dropout
+from charlm.model.layers import Embedding, Linear, maybe_dropout
 
 
 def key_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -96,7 +96,7 @@ class EncoderDecoder(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, causal=True, cross=True)
                                     for _ in range(cfg.n_layer))
         self.ln_f = nn.Identity() if post else make_norm(cfg)
-        self.head = nn.Linear(cfg.n_embd, target_vocab_size, bias=False)
+        self.head = Linear(cfg.n_embd, target_vocab_size, bias=False)
         if cfg.tie_weights:
             self.head.weight = self.wte.weight
         self.apply(init_weights)

@@ -28,7 +28,7 @@ from charlm.model.attention import (
     attention_dtype,
     rope_angles,
 )
-from charlm.model.layers import Embedding, maybe_dropout, normal_
+from charlm.model.layers import Embedding, Linear, maybe_dropout, normal_
 
 
 def sinusoidal_table(pos: torch.Tensor, dim: int) -> torch.Tensor:
@@ -78,9 +78,9 @@ class MLP(nn.Module):
         super().__init__()
         hidden = cfg.ff_width
         self.activation = cfg.activation
-        self.fc = nn.Linear(cfg.n_embd, 2 * hidden if cfg.activation == "swiglu" else hidden,
+        self.fc = Linear(cfg.n_embd, 2 * hidden if cfg.activation == "swiglu" else hidden,
                             bias=cfg.bias)
-        self.proj = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)
+        self.proj = Linear(hidden, cfg.n_embd, bias=cfg.bias)
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -189,7 +189,7 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         # Post-norm blocks already end in a norm, so there is no final one (as in Vaswani et al.).
         self.ln_f = nn.Identity() if cfg.norm_placement == "post" else make_norm(cfg)
-        self.head = nn.Linear(cfg.n_embd, vocab_size, bias=False)
+        self.head = Linear(cfg.n_embd, vocab_size, bias=False)
         if cfg.tie_weights:
             self.head.weight = self.wte.weight
         self.apply(init_weights)

@@ -1,15 +1,85 @@
-"""What the models add to torch's layers: `Embedding`, whose initial draw skips the meta device
+"""What the models add to torch's layers: `Linear`, whose product of a few rows by a large
+float32 weight on the CPU may be split over the threads (`split_product`, where this machine's
+BLAS runs such a product on one core), `Embedding`, whose initial draw skips the meta device
 (`normal_`), and `maybe_dropout`, which skips dropout's call where it does nothing.
 
-Everything else the models build from is torch's own (`nn.Linear`, `nn.LayerNorm`, plain
-`nn.Module` children).
+Everything else the models build from is torch's own (`nn.LayerNorm`, plain `nn.Module`
+children).
 """
 
 from __future__ import annotations
 
+import functools
+import math
+import time
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+SPLIT_ROWS = 64  # up to this many rows a split product can beat F.linear
+# From this many values in a weight (512 KiB of float32) the split can win; below it, the threads'
+# start and join cost more than the product.
+SPLIT_MIN_WEIGHTS = 1 << 17
+
+
+class Linear(nn.Linear):
+    """`nn.Linear`, whose float32 product on the CPU with a few rows (a decode step, a small
+    batch of samples or beams) by a large weight, outside autograd and outside a compiled
+    graph, is split over the threads where that pays on this machine (`split_pays`)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if (torch.is_grad_enabled() or w.dtype is not torch.float32 or not w.is_cpu
+                or torch.compiler.is_compiling()):
+            return F.linear(x, w, self.bias)  # training leaves at the first test
+        N, K = w.shape
+        parts = math.gcd(N, torch.get_num_threads())
+        if (parts == 1 or N * K < SPLIT_MIN_WEIGHTS or x.numel() > SPLIT_ROWS * K
+                or x.shape[-1] != K or not w.is_contiguous() or not split_pays(parts)):
+            return F.linear(x, w, self.bias)
+        return split_product(x, w, self.bias, parts)
+
+
+def split_product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+                  parts: int) -> torch.Tensor:
+    """F.linear(x, w, bias) for x (..., K) of M rows, w (N, K): w's rows in `parts` equal
+    blocks, one batched product (N / parts, K) @ (K, M) per block, which BLAS runs a block per
+    thread. The sums are the same dot products, so the result matches F.linear's within
+    rounding."""
+    N, K = w.shape
+    M = x.numel() // K
+    blocks = w.view(parts, N // parts, K)
+    if M == 1 and x.is_contiguous():  # a decode step: the fewest ops (each costs microseconds)
+        y = torch.bmm(blocks, x.as_strided((parts, K, 1), (0, 1, K)))  # (parts, N / parts, 1)
+        y = y.view(*x.shape[:-1], N)
+    else:
+        columns = x.reshape(M, K).t().expand(parts, K, M)  # strides BLAS takes as a transpose
+        y = torch.bmm(blocks, columns).permute(2, 0, 1).reshape(*x.shape[:-1], N)
+    return y if bias is None else y.add_(bias)
+
+
+@functools.cache
+def split_pays(parts: int) -> bool:
+    """Whether a one-row product by a large float32 weight runs faster as `split_product` over
+    `parts` threads than as F.linear on this machine, timed once per process (best of 7 each,
+    on a 1024 x 1024 weight). Some CPUs' BLAS (MKL on AMD EPYCs) computes a one-row product on
+    one core, where the split is several times faster; others use every core, where it is
+    slower. The answer is the same for every call of the process, so a decode's products are
+    computed one way throughout."""
+    with torch.inference_mode():
+        w, x = torch.randn(1024, 1024), torch.randn(1, 1024)
+
+        def best(f) -> float:
+            f()
+            times = []
+            for _ in range(7):
+                t = time.perf_counter()
+                f()
+                times.append(time.perf_counter() - t)
+            return min(times)
+
+        return best(lambda: split_product(x, w, None, parts)) < best(lambda: F.linear(x, w))
 
 
 def maybe_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:

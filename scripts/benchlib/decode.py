@@ -9,8 +9,9 @@ put the yardsticks first):
 - `compiled`: `cached` with the one-token step compiled (`--compile`; compiled in the warm-up).
 - `ceiling`: the weight-streaming ceiling: 20 passes of one matrix-vector product (a row per
   batch row) with each weight matrix of a decode step, by `F.linear`, in the order a step reads
-  them; `tokens_per_s` is passes per second. `float32_ceiling`: `ceiling` on the float32 weights
-  whatever the dtype.
+  them; `tokens_per_s` is passes per second. `own_ceiling`: the same through charlm's `Linear`
+  (split over the threads where that pays on this machine, `layers.split_pays`).
+  `float32_ceiling`: `ceiling` on the float32 weights whatever the dtype.
 - `transformers`: Hugging Face transformers' `generate` with its KV cache on the same weights,
   exported as `charlm export --format hf` does (the `hf` extra; GPT-2-shaped configs only).
 
@@ -81,7 +82,7 @@ def decoder(case: Case, use_cache: bool = True, compile: bool = False) -> Runner
     return run
 
 
-def ceiling(case: Case, float32: bool = False) -> Runner:
+def ceiling(case: Case, own: bool = False, float32: bool = False) -> Runner:
     """PASSES passes of one product with each weight matrix of a decode step."""
     model = case.base if float32 else case.model
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
@@ -92,7 +93,7 @@ def ceiling(case: Case, float32: bool = False) -> Runner:
         t0 = time.perf_counter()
         for _ in range(PASSES):
             for m, x in zip(linears, inputs, strict=True):
-                F.linear(x, m.weight)
+                m(x) if own else F.linear(x, m.weight)
         seconds = time.perf_counter() - t0
         return {"tokens": PASSES, "seconds": round(seconds, 4),
                 "tokens_per_s": round(PASSES * case.batch / seconds, 1), "ids": None}
@@ -128,6 +129,7 @@ MEASURES: dict[str, Callable[[Case], Runner]] = {
     "uncached": lambda case: decoder(case, use_cache=False),
     "compiled": lambda case: decoder(case, compile=True),
     "ceiling": ceiling,
+    "own_ceiling": lambda case: ceiling(case, own=True),
     "float32_ceiling": lambda case: ceiling(case, float32=True),
     "transformers": transformers_decode,
 }

@@ -95,3 +95,58 @@ def test_an_embedding_draws_what_torchs_draws(options):
     if "torch._dynamo" not in sys.modules:  # another test may have imported it already
         layers.normal_(torch.empty(3, device="meta"))
         assert "torch._dynamo" not in sys.modules
+
+
+@pytest.mark.parametrize("shape", [(1, 256), (3, 256), (2, 5, 256)])
+def test_split_product_is_linears_product_within_rounding(shape):
+    torch.manual_seed(0)
+    w, b, x = torch.randn(512, 256), torch.randn(512), torch.randn(*shape)
+    for bias in (None, b):
+        split = layers.split_product(x, w, bias, 2)
+        assert split.shape == (*shape[:-1], 512)
+        torch.testing.assert_close(split, nn.functional.linear(x, w, bias), rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def splits(monkeypatch) -> list:
+    """The products `Linear` split, with the split made to pay and to apply to small weights."""
+    seen = []
+    real = layers.split_product
+    monkeypatch.setattr(layers, "split_pays", lambda parts: True)
+    monkeypatch.setattr(layers, "SPLIT_MIN_WEIGHTS", 0)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(layers, "split_product",
+                        lambda x, w, b, parts: seen.append((tuple(x.shape), parts))
+                        or real(x, w, b, parts))
+    return seen
+
+
+def test_linear_splits_a_few_rows_outside_autograd_only(splits):
+    lin = layers.Linear(16, 32)
+    x = torch.randn(1, 16)
+    with torch.inference_mode():
+        torch.testing.assert_close(lin(x), nn.functional.linear(x, lin.weight, lin.bias))
+        lin(torch.randn(layers.SPLIT_ROWS + 1, 16))  # too many rows
+        lin.to(torch.bfloat16)(x.bfloat16())  # half precision: F.linear
+    lin.float()(x)  # autograd on
+    assert splits == [((1, 16), 2)]
+
+
+def test_cached_greedy_equals_uncached_with_split_products(splits):
+    """With every product of a few rows split (the decode steps, the short prefills), cached and
+    uncached decoding still give the same tokens."""
+    from charlm.config.sampling import SampleConfig
+    from charlm.generation.decoding import generate
+
+    model = tiny_gpt().eval()
+    prompt = torch.randint(0, 11, (1, 3))
+    cached, uncached = ([step.tolist() for step in generate(
+        model, prompt, 12, SampleConfig(temperature=0, use_cache=use_cache))]
+        for use_cache in (True, False))
+    assert splits and cached == uncached
+
+
+def test_split_pays_is_asked_once_per_thread_count():
+    layers.split_pays.cache_clear()
+    first = layers.split_pays(2)
+    assert layers.split_pays(2) is first and layers.split_pays.cache_info().hits == 1
