@@ -2,8 +2,8 @@
 hashes the chunks a reader works on, on a second thread.
 
 hashlib lets go of the GIL while it hashes a large buffer, so `prepare`'s passes (count and
-encode the chunks, and hash them) take on two cores about what their other work takes: on a
-2-core Zen 5 EPYC, sha256 ran at 2.0 GB/s, about as fast as the encoding beside it.
+encode the chunks, and hash them) take on two cores about what their other work takes: sha256
+runs about as fast as the encoding beside it (docs/benchmarks.md).
 """
 
 from __future__ import annotations
