@@ -50,7 +50,7 @@ def cuda_slots(base: dict[str, Any], workers: int) -> list[str]:
     device = lookup(base, "train.device")
     if workers < 2 or device not in ("auto", "cuda"):
         return []
-    import torch
+    import torch  # only for several workers on CUDA: the tuner's own process never pays it
 
     if not torch.cuda.is_available():
         return []
