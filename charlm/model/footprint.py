@@ -6,8 +6,9 @@ rather than growing until the kernel kills the process, or the machine.
 peak of a forward without gradients (evals, scoring, a sampling step). `sampling_bytes`: the KV
 cache of a batch of samples (an encoder-decoder's: its sources' cross-attention keys and values
 too) and one such forward. `scoring_bytes`: `charlm eval`'s pass over a text. Rough but on the
-high side: within a small factor of the tensors autograd really saves (tests/test_memory.py
-measures them); they guard against sizes that cannot fit, not against the last gigabyte.
+high side: within a small factor of the tensors autograd really saves (a test in
+tests/unit/model/test_footprint.py measures them); they guard against sizes that cannot fit,
+not against the last gigabyte.
 
 Shapes: B rows, T positions (block_size), C n_embd, H n_head, F the MLP's hidden width, V the
 (target) vocabulary, L layers.
