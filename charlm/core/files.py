@@ -1,13 +1,16 @@
 """Files written so that no failure leaves one half-written: each is written under a temporary
 name beside its target (same directory, so the same filesystem) and moved into place with
-`os.replace`, which readers see as one step: the old file or the new one, never a mix."""
+`os.replace`, which readers see as one step: the old file or the new one, never a mix. And the
+lock a process holds on a directory it writes (a run dir, a dataset dir), so that two never
+write into one."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import glob
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -85,3 +88,66 @@ def run_write_error(what: str, e: OSError, run_dir: Path, kept: str = "") -> Cha
             "start the run again with --overwrite (it has no last.pt to resume from yet)")
     return CharlmError(f"cannot write {what}: {e.strerror or e}; {kept}free disk space (or fix "
                        f"the run dir), then {then}")
+
+
+@contextlib.contextmanager
+def locked_dir(path: Path, busy: str) -> Iterator[None]:
+    """Hold an exclusive lock (flock) on the directory `path` itself (made if needed) while the
+    block runs, so that a second charlm process that would write there is refused with the
+    CharlmError `busy` instead of interleaving its files with this one's. No lock file: the
+    lock goes with the process, even on SIGKILL. A directory that cannot be made is left to
+    the caller to report. Directories made here that are still empty at the end (a command
+    that failed before writing anything) are removed again."""
+    for _ in range(10):
+        made = [d for d in (path, *path.parents) if not d.exists()]  # deepest first
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise CharlmError(busy) from None
+        except OSError:  # a filesystem without locks (some network mounts): go on unlocked
+            break
+        try:  # locked: is it still the directory at path? (a failed command removes its own)
+            now, held = os.stat(path), os.fstat(fd)
+            if (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+                break
+        except OSError:
+            pass
+        os.close(fd)
+    else:
+        raise CharlmError(f"{path} keeps being removed by another process; choose another --out")
+    try:
+        yield
+    finally:
+        for d in made:  # removed while the lock is held, so no other process can have taken it
+            try:
+                d.rmdir()  # only an empty directory
+            except OSError:
+                break
+        os.close(fd)
+
+
+def locked_parent(path: Path) -> Path | None:
+    """The nearest directory above `path` that another process holds with `locked_dir` (a run
+    dir that a `charlm train` is writing), or None. It tries a shared lock on each, which fails
+    only beside an exclusive one, and lets go of it at once."""
+    for parent in path.absolute().parents:
+        try:
+            fd = os.open(parent, os.O_RDONLY)
+        except OSError:  # not there (yet), or not ours to open
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return parent
+        except OSError:  # a filesystem without locks
+            pass
+        finally:
+            os.close(fd)
+    return None

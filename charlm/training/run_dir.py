@@ -7,8 +7,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import fcntl
-import os
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -16,7 +14,7 @@ from pathlib import Path
 from charlm.config.loading import Override, apply_overrides, load_config, save_config
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
-from charlm.core.files import make_writable_dir, remove_temps
+from charlm.core.files import locked_dir, make_writable_dir, remove_temps
 from charlm.training import checkpoint
 
 RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "tb", "config.yaml")
@@ -92,48 +90,14 @@ def start_run(run_dir: Path, cfg: RunConfig) -> None:
 
 @contextlib.contextmanager
 def run_lock(run_dir: Path, enabled: bool = True) -> Iterator[None]:
-    """Hold an exclusive lock (flock) on the run dir itself for the whole run, so a second
-    `charlm train` into it (a fresh start or a --resume) is refused instead of interleaving its
-    logs and checkpoints with this one's. No lock file: the lock goes with the process, even on
-    SIGKILL. A run dir that cannot be made is left to `check_run_dir` to report. Directories
-    made here that are still empty at the end (a run that failed before writing anything, such
-    as `charlm train` on a mistyped file name) are removed again."""
+    """Hold the lock on the run dir (`locked_dir`) for the whole run, so a second `charlm train`
+    into it (a fresh start or a --resume), or a `charlm prepare` into a folder inside it, is
+    refused instead of interleaving its files with this one's. An empty run dir made here (a
+    run that failed before writing anything, such as `charlm train` on a mistyped file name)
+    is removed again."""
     if not enabled:
         yield
         return
-    for _ in range(10):
-        made = [d for d in (run_dir, *run_dir.parents) if not d.exists()]  # deepest first
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(run_dir, os.O_RDONLY)
-        except OSError:
-            yield
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise CharlmError(
-                f"{run_dir} is in use by another `charlm train`; wait for it to end, or choose "
-                "another --out"
-            ) from None
-        except OSError:  # a filesystem without locks (some network mounts): run unlocked
-            break
-        try:  # locked: is it still the directory at run_dir? (a failed run removes its own)
-            now, held = os.stat(run_dir), os.fstat(fd)
-            if (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
-                break
-        except OSError:
-            pass
-        os.close(fd)
-    else:
-        raise CharlmError(f"{run_dir} keeps being removed by another process; choose another --out")
-    try:
+    with locked_dir(run_dir, f"{run_dir} is in use by another `charlm train`; wait for it to "
+                             "end, or choose another --out"):
         yield
-    finally:
-        for d in made:  # removed while the lock is held, so no other run can have taken it
-            try:
-                d.rmdir()  # only an empty directory
-            except OSError:
-                break
-        os.close(fd)
