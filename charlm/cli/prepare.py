@@ -10,6 +10,7 @@ import typer
 from charlm.cli.options import SetOpt, command_app
 from charlm.config.schema import DataConfig
 from charlm.core.errors import CharlmError
+from charlm.core.files import locked_parent
 
 app = command_app()
 
@@ -30,6 +31,9 @@ def prepare(
 ) -> None:
     """Encode text files into a dataset dir: meta.json, train.bin, val.bin (pairs: one .npz
     per split)."""
+    if (run := locked_parent(out)) is not None:  # the dataset's own lock is `prepare`'s
+        raise CharlmError(f"--out {out} is inside {run}, which a running `charlm train` holds; "
+                          "wait for it to end, or choose another --out")
     if pairs:
         from charlm.config.loading import load_config
         from charlm.data.pairs import prepare_pairs

@@ -14,12 +14,14 @@ import numpy as np
 from charlm.core.errors import CharlmError, characters
 from charlm.data.digest import sha256_file
 from charlm.data.text import (
+    DATASET_FILES,
     DATASET_FORMAT,
     DATASET_VERSION,
     check_source_file,
     dataset_meta,
     prepare,
     read_meta,
+    remove_killed_temps,
     scan,
 )
 from charlm.data.vocab import Vocab
@@ -100,6 +102,7 @@ def dataset_for(data_path: str | Path, val_fraction: float, cache_dir: Path,
         try:
             cached = [s["sha256"] for s in meta["sources"]]
             if cached == [sha256_file(data_path)] and meta["val_fraction"] == val_fraction:
+                remove_killed_temps(cache_dir, DATASET_FILES)  # no prepare will, while reused
                 return load_dataset(cache_dir)
         except (KeyError, TypeError, CharlmError):
             pass  # a damaged cache (a truncated train.bin, say) is rebuilt

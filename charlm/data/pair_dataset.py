@@ -16,11 +16,20 @@ from charlm.config.schema import DataConfig
 from charlm.core.errors import CharlmError
 from charlm.data.dataset import check_meta_header
 from charlm.data.digest import sha256_file
-from charlm.data.pairs import AGAIN, ARRAYS, PAIRS_KIND, SPLITS, pair_settings, prepare_pairs
+from charlm.data.pairs import (
+    AGAIN,
+    ARRAYS,
+    PAIR_FILES,
+    PAIRS_KIND,
+    SPLITS,
+    pair_settings,
+    prepare_pairs,
+)
 from charlm.data.text import (
     check_source_file,
     dataset_meta,
     read_meta,
+    remove_killed_temps,
 )
 from charlm.data.vocab import PairVocab
 
@@ -125,6 +134,7 @@ def pairs_for(data: DataConfig, block_size: int, cache_dir: Path,
             settings = pair_settings(data, block_size)
             if ([s["sha256"] for s in meta["sources"]] == [sha256_file(path)]
                     and all(meta.get(key) == value for key, value in settings.items())):
+                remove_killed_temps(cache_dir, PAIR_FILES)  # no prepare will, while reused
                 return load_pairs(cache_dir)
         except (KeyError, TypeError, CharlmError):
             pass  # a damaged cache is rebuilt

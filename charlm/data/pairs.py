@@ -32,8 +32,10 @@ from charlm.data.text import (
     DATASET_FORMAT,
     DATASET_VERSION,
     check_source_file,
+    dataset_lock,
     read_meta,
     read_text,
+    remove_killed_temps,
     replaceable,
 )
 from charlm.data.vocab import PairVocab, id_dtype
@@ -178,8 +180,10 @@ def _check_out(out: Path) -> None:
 
 
 def _write(out: Path, arrays: dict[str, dict[str, np.ndarray]], meta: dict[str, Any]) -> None:
-    """Every .npz under a temporary name first, then moved into place, meta.json last."""
+    """Every .npz under a temporary name first, then moved into place, meta.json last; whatever
+    stops it (an error, SIGINT, SIGTERM) removes its temporaries."""
     make_writable_dir(out, f"dataset dir {out}")
+    remove_killed_temps(out, PAIR_FILES)
     finals = {split: out / f"{split}.npz" for split in SPLITS}
     try:
         for split, path in finals.items():
@@ -187,14 +191,15 @@ def _write(out: Path, arrays: dict[str, dict[str, np.ndarray]], meta: dict[str, 
                 np.savez(f, **arrays[split])
                 f.flush()
                 os.fsync(f.fileno())
+        (out / "meta.json").unlink(missing_ok=True)  # as text's `prepare`: never a mix
+        for path in finals.values():
+            os.replace(temp_beside(path), path)
+        write_text_atomic(out / "meta.json", json.dumps(meta, ensure_ascii=False, indent=1))
     except BaseException:
         for path in finals.values():
             with contextlib.suppress(OSError):  # must not hide the error being raised
                 temp_beside(path).unlink(missing_ok=True)
         raise
-    for path in finals.values():
-        os.replace(temp_beside(path), path)
-    write_text_atomic(out / "meta.json", json.dumps(meta, ensure_ascii=False, indent=1))
     for name in DATASET_FILES:  # the .bin files of a text dataset this one replaced
         if name != "meta.json":
             (out / name).unlink(missing_ok=True)
@@ -204,13 +209,17 @@ def prepare_pairs(inputs: Sequence[Path], out: Path, data: DataConfig, block_siz
                   check: Callable[[PairVocab], None] | None = None) -> dict[str, Any]:
     """Read pair files, split them by source (`split_of`) and write a dataset dir; returns the
     metadata written to meta.json. `check` sees the vocabulary before anything is written, and
-    bad input leaves an existing `out` as it was."""
-    paths = [Path(p) for p in inputs]
+    bad input leaves an existing `out` as it was. It holds the dataset dir's lock throughout."""
+    with dataset_lock(Path(out)):
+        return _prepare_pairs([Path(p) for p in inputs], Path(out), data, block_size, check)
+
+
+def _prepare_pairs(paths: list[Path], out: Path, data: DataConfig, block_size: int,
+                   check: Callable[[PairVocab], None] | None) -> dict[str, Any]:
     if not paths:
         raise CharlmError("no input files given")
     for p in paths:
         check_source_file(p)
-    out = Path(out)
     _check_out(out)
     # hashed before reading: a file changed meanwhile makes a cache that is rebuilt, not reused
     hashes = [sha256_file(p) for p in paths]

@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from tqdm import tqdm
 
 from charlm.core.errors import CharlmError
-from charlm.core.files import make_writable_dir, remove_temps, temp_beside, write_text_atomic
+from charlm.core.files import (
+    locked_dir,
+    make_writable_dir,
+    remove_temps,
+    temp_beside,
+    write_text_atomic,
+)
 from charlm.data.chunks import code_point_chunks, decode_chunks
 from charlm.data.digest import ChunkDigest
 from charlm.data.vocab import CharacterSet, Vocab
@@ -165,6 +171,20 @@ def replaceable(out: Path) -> bool:
     return False
 
 
+def dataset_lock(out: Path) -> contextlib.AbstractContextManager[None]:
+    """The lock a prepare holds on its dataset dir (`locked_dir`), so that two prepares into
+    one dir never mix one's meta.json with the other's data files."""
+    return locked_dir(out, f"dataset dir {out} is in use by another `charlm prepare` (or a "
+                           "`charlm train` preparing its data); wait for it to end, or choose "
+                           "another --out")
+
+
+def remove_killed_temps(out: Path, names: Sequence[str]) -> None:
+    """Remove the .NAME.tmp-PID files of `names` in `out` that a killed process left."""
+    for name in names:
+        remove_temps(out / name, only_dead=True)
+
+
 def prepare(
     inputs: Sequence[str | Path], out: str | Path, val_fraction: float = 0.1,
     progress: bool = True,
@@ -172,44 +192,48 @@ def prepare(
     """Encode text files into a dataset directory; returns the metadata written to meta.json.
 
     The validation split is the last `val_fraction` of each input, so the split of one file is the
-    same as nanoGPT's (`n_train = int(n * (1 - val_fraction))`).
+    same as nanoGPT's (`n_train = int(n * (1 - val_fraction))`). It holds the dataset dir's
+    lock throughout, and whatever stops it (an error, SIGINT, SIGTERM) removes its temporaries.
     """
     paths, out = [Path(p) for p in inputs], Path(out)
-    check_prepare(paths, out, val_fraction)
-    total = sum(p.stat().st_size for p in paths)
-    bar = tqdm(total=2 * total, unit="B", unit_scale=True, desc="prepare",
-               disable=True if not progress or total < PROGRESS_MIN_BYTES else None)
-    final = {split: out / f"{split}.bin" for split in ("train", "val")}
-    try:
-        stats, vocab = scan(paths, bar)
-        make_writable_dir(out, f"dataset dir {out}")
-        sizes = write_splits(stats, vocab, final, val_fraction, bar)
-    except BaseException:
-        for path in final.values():
-            with contextlib.suppress(OSError):  # must not hide the error being raised
-                temp_beside(path).unlink()
-        raise
-    finally:
-        bar.close()
-
-    meta = {
-        "format": DATASET_FORMAT,
-        "version": DATASET_VERSION,
-        "vocab": vocab.chars,
-        "vocab_size": len(vocab),
-        "dtype": vocab.dtype.name,
-        "val_fraction": val_fraction,
-        "train_tokens": sizes["train"],
-        "val_tokens": sizes["val"],
-        "sources": [
-            {"path": str(s.path), "bytes": s.bytes, "chars": s.chars, "sha256": s.sha256}
-            for s in stats
-        ],
-    }
-    for path in final.values():
-        os.replace(temp_beside(path), path)
-    meta_path = out / "meta.json"
-    write_text_atomic(meta_path, json.dumps(meta, ensure_ascii=False, indent=1))
+    with dataset_lock(out):
+        check_prepare(paths, out, val_fraction)
+        total = sum(p.stat().st_size for p in paths)
+        bar = tqdm(total=2 * total, unit="B", unit_scale=True, desc="prepare",
+                   disable=True if not progress or total < PROGRESS_MIN_BYTES else None)
+        final = {split: out / f"{split}.bin" for split in ("train", "val")}
+        try:
+            stats, vocab = scan(paths, bar)
+            make_writable_dir(out, f"dataset dir {out}")
+            remove_killed_temps(out, DATASET_FILES)
+            sizes = write_splits(stats, vocab, final, val_fraction, bar)
+            meta = {
+                "format": DATASET_FORMAT,
+                "version": DATASET_VERSION,
+                "vocab": vocab.chars,
+                "vocab_size": len(vocab),
+                "dtype": vocab.dtype.name,
+                "val_fraction": val_fraction,
+                "train_tokens": sizes["train"],
+                "val_tokens": sizes["val"],
+                "sources": [
+                    {"path": str(s.path), "bytes": s.bytes, "chars": s.chars, "sha256": s.sha256}
+                    for s in stats
+                ],
+            }
+            # meta.json first: stopped between the moves, the dir holds no meta.json beside a
+            # mix of old and new .bin files, which no reader takes for a dataset
+            (out / "meta.json").unlink(missing_ok=True)
+            for path in final.values():
+                os.replace(temp_beside(path), path)
+            write_text_atomic(out / "meta.json", json.dumps(meta, ensure_ascii=False, indent=1))
+        except BaseException:
+            for path in final.values():
+                with contextlib.suppress(OSError):  # must not hide the error being raised
+                    temp_beside(path).unlink(missing_ok=True)
+            raise
+        finally:
+            bar.close()
     return meta
 
 
@@ -234,8 +258,6 @@ def write_splits(stats: Sequence[SourceStats], vocab: Vocab, final: dict[str, Pa
                  val_fraction: float, bar: tqdm) -> dict[str, int]:
     """Encode each source's first 1 - val_fraction into the temp file beside final["train"]
     and the rest beside final["val"], synced to disk; the tokens written to each."""
-    for path in final.values():  # what a killed prepare left
-        remove_temps(path, only_dead=True)
     sizes = {"train": 0, "val": 0}
     with (open(temp_beside(final["train"]), "wb") as ftrain,
           open(temp_beside(final["val"]), "wb") as fval):

@@ -39,3 +39,47 @@ def test_a_pipe_is_refused_as_an_input_to_prepare(fails, tmp_path):
         os.close(read_end)
     fails("prepare", "/dev/null", "--out", tmp_path / "ds",
           message=message.replace(pipe, "/dev/null"))
+
+
+def _held(path):
+    """An exclusive flock on the directory `path`, as another charlm process would hold it."""
+    import fcntl
+
+    path.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def test_a_prepare_into_a_dataset_dir_another_prepare_writes_is_refused(fails, cli, tmp_path):
+    """Two prepares into one --out, both exit 0, left one input's meta.json beside the other's
+    .bin files (2 of 6 tries); the second now waits for nothing and mixes nothing."""
+    text = tmp_path / "t.txt"
+    text.write_text("hello world, hello world\n", encoding="utf-8")
+    out = tmp_path / "ds"
+    assert cli("prepare", text, "--out", out).code == 0
+    fd = _held(out)
+    try:
+        for pairs in ([], ["--pairs"]):
+            fails("prepare", *pairs, text, "--out", out, message=(
+                f"dataset dir {out} is in use by another `charlm prepare` (or a `charlm train` "
+                "preparing its data); wait for it to end, or choose another --out"))
+    finally:
+        os.close(fd)
+
+
+def test_a_prepare_into_a_run_that_trains_is_refused(fails, tmp_path):
+    """`charlm prepare --out RUN/dataset` rewrote the dataset a running `charlm train` of RUN
+    reads (its run lock: a flock on RUN); it is refused, and nothing is made in RUN."""
+    text = tmp_path / "t.txt"
+    text.write_text("hello world, hello world\n", encoding="utf-8")
+    run = tmp_path / "run"
+    fd = _held(run)
+    try:
+        for out in (run / "dataset", run / "sub" / "ds"):
+            fails("prepare", text, "--out", out, message=(
+                f"--out {out} is inside {run}, which a running `charlm train` holds; wait for "
+                "it to end, or choose another --out"))
+    finally:
+        os.close(fd)
+    assert list(run.iterdir()) == []
