@@ -19,6 +19,7 @@ except ImportError:  # an older typer, on click
     from click.exceptions import ClickException
 
 from charlm.cli.reporting import (
+    STOP_SIGNALS,
     Interrupt,
     out_of_memory,
     out_of_memory_line,
@@ -66,10 +67,14 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning bad input into one `error:` line and exit code 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
     tolerant_stdout()
-    # Typer turns KeyboardInterrupt into a silent exit 130; Ctrl-C raises past it instead.
-    sigint = signal.getsignal(signal.SIGINT)
-    if sigint is signal.default_int_handler:
-        signal.signal(signal.SIGINT, raise_interrupt)
+    # Typer turns KeyboardInterrupt into a silent exit 130, and SIGTERM's default ends the
+    # process where it stands (leaving its temporary files): both raise Interrupt instead. A
+    # signal set to be ignored (a shell's background job) or handled by the caller stays so.
+    defaults = (signal.default_int_handler, signal.SIG_DFL)
+    replaced = {sig: handler for sig in STOP_SIGNALS
+                if (handler := signal.getsignal(sig)) in defaults}
+    for sig in replaced:
+        signal.signal(sig, raise_interrupt)
     try:
         code = app(args=argv, prog_name="charlm", standalone_mode=False)
     except ClickException as e:  # a usage error (an unknown option, ...); `charlm` alone: help
@@ -93,10 +98,10 @@ def main(argv: list[str] | None = None) -> None:
         command = next((a for a in argv if not a.startswith("-")), "train")
         print(out_of_memory_line(e, command), file=sys.stderr)
         sys.exit(2)
-    except Interrupt:
-        print("\ninterrupted", file=sys.stderr)
-        sys.exit(130)
+    except Interrupt as e:
+        print(e.line(), file=sys.stderr)
+        sys.exit(e.exit_code)
     finally:
-        if sigint is signal.default_int_handler:
-            signal.signal(signal.SIGINT, sigint)
+        for sig, handler in replaced.items():
+            signal.signal(sig, handler)
     sys.exit(code or 0)  # as typer's own main ends; code: typer.Exit's (130, 143 if interrupted)

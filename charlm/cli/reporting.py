@@ -1,11 +1,12 @@
 """How the command line reports what went wrong: one `error:` line (once per machine under
-torchrun), out-of-memory advice for each command, Ctrl-C outside training, and a stdout that
-never raises on a character its encoding lacks."""
+torchrun), out-of-memory advice for each command, SIGINT and SIGTERM outside training, and a
+stdout that never raises on a character its encoding lacks."""
 
 import codecs
 import io
 import os
 import re
+import signal
 import sys
 
 from charlm.core.ranks import reports_errors
@@ -31,12 +32,29 @@ def report(line: str) -> None:
     print(line, file=sys.stderr)
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 class Interrupt(BaseException):
-    """Ctrl-C (SIGINT) outside training, which saves and stops on its own (`faults`)."""
+    """SIGINT (Ctrl-C) or SIGTERM outside training, which saves and stops on its own
+    (`faults`). Raised where the command is, it unwinds it as an error would (each `finally`
+    and `except BaseException` removes what it had half-written); the process then exits with
+    `exit_code`, 128 + the signal's number as a shell counts it: 130 or 143."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        super().__init__(signum)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+    def line(self) -> str:
+        """What stderr shows: after a Ctrl-C, on a line of its own (the terminal echoed ^C)."""
+        if self.signum == signal.SIGINT:
+            return "\ninterrupted"
+        return f"interrupted by {signal.Signals(self.signum).name}"
 
 
 def raise_interrupt(signum: int, frame: object) -> None:
-    raise Interrupt
+    raise Interrupt(signum)
 
 
 def out_of_memory(e: RuntimeError) -> bool:

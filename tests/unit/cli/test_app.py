@@ -3,6 +3,7 @@ command as one `error:` line."""
 
 import errno
 import os
+import signal
 
 import pytest
 import torch
@@ -77,3 +78,24 @@ def test_the_cli_reports_a_failed_atomic_write_with_the_target(tmp_path, monkeyp
         cli.main([])
     assert e.value.code == 2
     assert capsys.readouterr().err == f"error: No space left on device: {path}\n"
+
+
+@pytest.mark.parametrize("signum, code, line", [(signal.SIGINT, 130, "\ninterrupted\n"),
+                                                (signal.SIGTERM, 143, "interrupted by SIGTERM\n")])
+def test_a_stop_signal_outside_training_is_one_line_and_its_exit_code(monkeypatch, capsys, signum,
+                                                                       code, line):
+    """SIGTERM kept its default outside training: the process died where it stood (in the
+    middle of `prepare`, leaving its temporaries) without a word. Both signals now unwind the
+    command as an error would, and exit 128 + their number; the handlers come back after."""
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+
+    def command(**kwargs):  # the signal arrives: Python calls the handler main installed
+        handler = signal.getsignal(signum)
+        assert callable(handler), "the default: the process would die here"
+        handler(signum, None)
+
+    monkeypatch.setattr(cli, "app", command)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["prepare"])
+    assert (e.value.code, capsys.readouterr().err) == (code, line)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
