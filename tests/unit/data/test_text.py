@@ -290,3 +290,30 @@ def test_prepare_removes_what_a_killed_prepare_left(tmp_path):
         path.write_bytes(b"x" * 100)
     prepare([src], out, progress=False)
     assert not dead.exists() and live.exists()
+
+
+def test_a_prepare_stopped_between_its_moves_leaves_no_dataset_to_mistake(tmp_path, monkeypatch):
+    """Stopped (a signal, a SIGKILL, a power loss) after moving the new train.bin into place
+    but before val.bin and meta.json, a prepare left the old meta.json over a mix of new and
+    old .bin files, which a reader of the same sizes took for a dataset. meta.json goes first
+    now: the dir holds no dataset, which `load_dataset` says, and no temporaries."""
+    src = tmp_path / "in.txt"
+    src.write_text("hello world\n" * 100, encoding="utf-8")
+    out = tmp_path / "ds"
+    prepare([src], out, progress=False)
+    src.write_text("HELLO WORLD\n" * 100, encoding="utf-8")  # the same sizes, other ids
+    real_replace, moves = os.replace, []
+
+    def stop_at_the_second_move(a, b):
+        moves.append(b)
+        if len(moves) == 2:
+            raise KeyboardInterrupt
+        real_replace(a, b)
+
+    monkeypatch.setattr(os, "replace", stop_at_the_second_move)
+    with pytest.raises(KeyboardInterrupt):
+        prepare([src], out, progress=False)
+    monkeypatch.undo()
+    assert sorted(p.name for p in out.iterdir()) == ["train.bin", "val.bin"]
+    with pytest.raises(CharlmError, match="is not a prepared dataset"):
+        load_dataset(out)
