@@ -37,6 +37,20 @@ def trial_line(number: int, outcome: Outcome, params: dict[str, Any]) -> str:
             f"{format_duration(outcome.seconds)}: {shown_params(params)}{why}")
 
 
+STATES = {  # Optuna's state of a trial the tuner did not finish -> the table's word
+    "COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "still running",
+    "WAITING": "queued",
+}
+
+
+def state_word(trial: Any) -> str:
+    """How a trial ended, as its tuner recorded it; else (a killed tuner's trial, one another
+    worker still runs, one queued) a word for Optuna's state."""
+    if "state" in trial.user_attrs:
+        return trial.user_attrs["state"]
+    return "interrupted" if trial.user_attrs.get("interrupted") else STATES[trial.state.name]
+
+
 def sort_key(trial: Any, maximize: bool) -> tuple[int, float]:
     """Complete trials by value, then pruned ones by the value they had, then the rest."""
     rank = {"COMPLETE": 0, "PRUNED": 1}.get(trial.state.name, 2)
@@ -54,7 +68,7 @@ def table(study: Any) -> str:
     trials = sorted(study.get_trials(deepcopy=False), key=lambda t: sort_key(t, maximize))
     rows = [("trial", "state", "value", "step", "time", "values")]
     for t in trials:
-        state = t.user_attrs.get("state", t.state.name.lower())
+        state = state_word(t)
         _, value = sort_key(t, maximize)
         value = "" if not math.isfinite(value) else f"{abs(value):.4f}"
         seconds = t.user_attrs.get("seconds")

@@ -29,7 +29,15 @@ from charlm.tune.report import trial_line
 from charlm.tune.space import OBJECTIVES
 from charlm.tune.study import Plan, make_pruner, make_sampler, make_storage
 from charlm.tune.trial import Outcome, Stop, run_trial
-from charlm.tune.workers import DATABASE_LOCKS, alive, cuda_slots, repeated, saved, stop_signals
+from charlm.tune.workers import (
+    DATABASE_LOCKS,
+    alive,
+    cuda_slots,
+    in_use,
+    repeated,
+    saved,
+    stop_signals,
+)
 
 BY_TOKENS = ("model.block_size", "train.batch_size", "train.grad_accum")  # change tokens a step
 
@@ -102,7 +110,10 @@ class Tuner:
 
     def recover(self) -> None:
         """Before running: a trial left RUNNING by a tuner of this machine that is gone (killed)
-        is interrupted; every interrupted trial is queued again, to resume from its last.pt."""
+        is interrupted, once its `charlm train` has ended; every interrupted trial is queued
+        again, to resume from its last.pt."""
+        if not self.wait_for_orphans():
+            return
         with self.lock():
             trials = self.study.get_trials(deepcopy=False)
             for t in trials:
@@ -123,6 +134,27 @@ class Tuner:
         """Whether a trial's worker was a tuner on this machine that is gone."""
         host, _, pid = str(trial.user_attrs.get("worker", "")).rpartition(":")
         return host == self.host and pid.isdigit() and not alive(int(pid))
+
+    def wait_for_orphans(self) -> bool:
+        """Wait while a killed tuner's trial still trains (its run dir is locked: on Linux it got
+        a SIGTERM when its tuner died and is saving last.pt; elsewhere it trains to its end), so
+        that it is resumed from its own last save, never run twice nor failed. False if the user
+        stopped the wait."""
+        said: set[int] = set()
+        while not self.stop.requested.is_set():
+            live = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                    if self.orphaned(t) and t.user_attrs.get("run_dir")
+                    and in_use(Path(t.user_attrs["run_dir"]))]
+            if not live:
+                return True
+            for t in live:
+                if t.number not in said:
+                    print(f"waiting for trial {t.number}'s `charlm train`, left by a killed "
+                          f"tuner, to end in {t.user_attrs['run_dir']} (Ctrl-C stops waiting)",
+                          file=sys.stderr)
+                    said.add(t.number)
+            self.stop.requested.wait(0.5)
+        return False
 
     def wait_for_others(self) -> None:
         """Wait for the trials other workers are running, so that the table and best.yaml
@@ -242,12 +274,12 @@ class Tuner:
 
     def run(self) -> bool:
         """Run the workers until done; True unless the user stopped the study."""
-        self.recover()
-        self.bar = tqdm(total=self.trials, initial=min(self.counted(), self.trials), desc="tune",
-                        unit="trial", dynamic_ncols=True, disable=None)
         threads = [threading.Thread(target=self.work, args=(slot,), daemon=True)
                    for slot in range(self.workers)]
         with stop_signals(self.stop):
+            self.recover()
+            self.bar = tqdm(total=self.trials, initial=min(self.counted(), self.trials),
+                            desc="tune", unit="trial", dynamic_ncols=True, disable=None)
             for t in threads:
                 t.start()
             while any(t.is_alive() for t in threads):

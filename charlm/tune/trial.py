@@ -3,15 +3,19 @@ for a study that repeats each trial), followed through its metrics.jsonl, stoppe
 when the pruner (or the user) says so, and what its ending means for the study (`Outcome`).
 
 A child runs in its own session, so a Ctrl-C at the terminal reaches the tuner alone, which then
-sends each child exactly one SIGTERM: it finishes its step, saves last.pt and exits 143.
+sends each child exactly one SIGTERM: it finishes its step, saves last.pt and exits 143. On Linux
+a child also gets that SIGTERM from the kernel when its tuner dies (a parent-death signal), so a
+`kill -9` of the tuner leaves no trial training on.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +30,22 @@ DIVERGED = "non-finite loss or gradient norm"  # in the error line of a run that
 
 
 LOG = "train.log"  # the child's stdout and stderr, in its run dir
+
+
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def libc_prctl() -> Callable[..., int] | None:
+    """libc's prctl, looked up once here: a forked child calls it without loading anything."""
+    if not sys.platform.startswith("linux"):
+        return None  # macOS has no parent-death signal: a killed tuner's trials train on
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+PRCTL = libc_prctl()
 
 
 @dataclass
@@ -144,13 +164,31 @@ class Child:
         run_dir.mkdir(parents=True, exist_ok=True)
         with open(run_dir / LOG, "ab") as log:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                                    stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                    preexec_fn=die_with(os.getpid()))
         return cls(proc, run_dir, Follower(run_dir / "metrics.jsonl"), {})
 
     def read(self) -> None:
         for event in self.follower.events():
             if event.get("event") == "eval" and isinstance(event.get("step"), int):
                 self.evals[event["step"]] = event
+
+
+def die_with(tuner: int) -> Callable[[], None] | None:
+    """What a child runs between fork and exec (None off Linux): ask the kernel for a SIGTERM
+    when the thread that started it dies (the worker thread, which lives until its trials end;
+    with it, on a `kill -9`, the whole tuner), so that the child saves last.pt and stops. A
+    tuner that died before the call is no longer its parent: the child exits at once."""
+    prctl = PRCTL
+    if prctl is None:
+        return None
+
+    def call() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != tuner:
+            os._exit(128 + signal.SIGTERM)
+
+    return call
 
 
 def merge(children: list[Child], key: str, done: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,10 +1,12 @@
 """What the tuner's workers need around their trials: a database's study lock, repeated configs
-for seeds, which GPU each worker gets, whether a trial's process is alive, and the stop signals."""
+for seeds, which GPU each worker gets, whether a tuner is alive and a trial's run dir in use, and
+the stop signals."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import fcntl
 import os
 import signal
 from collections.abc import Iterator
@@ -70,6 +72,25 @@ def alive(pid: int) -> bool:
     except (PermissionError, OverflowError, ValueError):
         return True
     return True
+
+
+def in_use(run_dir: Path) -> bool:
+    """Whether a `charlm train` holds the lock on a trial's run dir, or on one of its seeds' (the
+    flock of `charlm.training.run_dir.run_lock`, which goes with its process)."""
+    for path in (run_dir, *run_dir.glob("seed-*")):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:  # not made yet: nothing runs there
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # taken for an instant, given back
+        except BlockingIOError:
+            return True
+        except OSError:  # a filesystem without locks: no run could hold one
+            pass
+        finally:
+            os.close(fd)
+    return False
 
 
 @contextlib.contextmanager

@@ -374,3 +374,29 @@ def test_two_machines_share_a_study_in_a_database(tmp_path: Path, corpus: Path,
     for out in ("a", "b"):  # each machine's best.yaml agrees with the database
         best = load_config(tmp_path / out / "best.yaml")
         assert best.optim.lr == study.best_trial.params["optim.lr"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a parent-death signal is Linux's")
+def test_a_killed_tuners_trial_saves_and_ends_with_it(tmp_path: Path, corpus: Path) -> None:
+    """`kill -9` of the tuner: its trial's `charlm train` gets a SIGTERM from the kernel, saves
+    last.pt and ends, instead of training on as an orphan beside a resumed study."""
+    out = tmp_path / "study"
+    run = out / "trial-0000"
+    log = run / "metrics.jsonl"
+    proc = start_tune(TINY, "--search", "optim.lr=[0.005, 0.01]", "--data", corpus, "--out", out,
+                      "--trials", "1", "--set", "train.max_iters=1000", *QUICK, cwd=tmp_path)
+    try:
+        wait_for(lambda: log.is_file() and '"eval"' in log.read_text(), "first eval", proc)
+        proc.kill()
+        end = time.monotonic() + 20
+        while processes_with(str(run)) and time.monotonic() < end:
+            time.sleep(0.1)
+        assert processes_with(str(run)) == []
+    finally:
+        proc.kill()
+        proc.communicate()
+        for pid in processes_with(str(run)):  # an orphan that a failed check left behind
+            os.kill(pid, signal.SIGKILL)
+    assert "SIGTERM: finishing this step and saving last.pt" in (run / "train.log").read_text()
+    assert (run / "last.pt").is_file()
+    assert json.loads(log.read_text().splitlines()[-1])["step"] < 1000

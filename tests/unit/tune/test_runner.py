@@ -1,8 +1,10 @@
-"""charlm.tune.runner: values reported at the tokens seen, no prune at the final eval, and a
-worker's error that stops the study."""
+"""charlm.tune.runner: values reported at the tokens seen, no prune at the final eval, a
+worker's error that stops the study, and a killed tuner's trial that still trains."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -74,3 +76,40 @@ def test_an_error_in_a_worker_stops_the_study_with_one_line(tmp_path: Path) -> N
         "the study stopped: RuntimeError: server closed the connection unexpectedly; its trials "
         f"so far are saved: continue with `charlm tune --out {tmp_path} --resume` once the cause "
         "is fixed")
+
+
+def test_a_killed_tuners_trial_that_still_trains_is_waited_for_then_resumed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd) -> None:
+    """Its `charlm train` holds the run dir's lock: --resume waits for it to end (on Linux it
+    got a SIGTERM when its tuner died and is saving last.pt) instead of failing it, or training
+    it a second time beside it; then it resumes from that run's own last save."""
+    from charlm.training.run_dir import run_lock
+    from charlm.tune import runner
+    from charlm.tune.runner import Tuner
+    from charlm.tune.study import Plan
+
+    tuner = Tuner(Plan(tmp_path, load_config(TINY).to_dict(),
+                       read_search(["optim.lr=[0.002, 0.01]"]), None, "s", "data"), 1, 5, None)
+    run_dir = tmp_path / "trial-0000"
+    run_dir.mkdir()
+    (run_dir / "last.pt").write_bytes(b"saved")
+    trial = tuner.study.ask()
+    for name, value in (("worker", f"{tuner.host}:4242"), ("host", tuner.host),
+                        ("run_dir", str(run_dir))):
+        trial.set_user_attr(name, value)
+    monkeypatch.setattr(runner, "alive", lambda pid: False)  # its tuner was killed
+    recovering = threading.Thread(target=tuner.recover)
+    with run_lock(run_dir):  # the orphaned `charlm train`, still saving
+        recovering.start()
+        time.sleep(1.0)
+        assert recovering.is_alive()
+        assert [t.state.name for t in tuner.study.get_trials()] == ["RUNNING"]
+    recovering.join(5)
+    assert not recovering.is_alive()
+    first, again = tuner.study.get_trials()
+    assert (first.state.name, first.user_attrs["interrupted"]) == ("FAIL", True)
+    assert (again.state.name, again.user_attrs) == (
+        "WAITING", {"resume_of": 0, "run_dir": str(run_dir)})
+    assert capfd.readouterr().err == (
+        f"waiting for trial 0's `charlm train`, left by a killed tuner, to end in {run_dir} "
+        "(Ctrl-C stops waiting)\n")

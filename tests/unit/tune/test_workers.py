@@ -65,3 +65,18 @@ def test_a_first_signal_asks_the_trials_to_stop_and_a_second_aborts_them(capfd) 
     assert capfd.readouterr().err == (
         "\nSIGTERM: each running trial saves last.pt and stops (press Ctrl-C again to abort "
         "them)\naborting the running trials without saving\n")
+
+
+def test_a_run_dir_is_in_use_while_a_run_holds_its_lock_or_a_seeds(tmp_path: Path) -> None:
+    from charlm.training.run_dir import run_lock
+    from charlm.tune.workers import in_use
+
+    trial = tmp_path / "trial-0002"
+    assert not in_use(trial)  # not made yet
+    (trial / "seed-8").mkdir(parents=True)
+    for run in (trial, trial / "seed-8"):
+        (run / "last.pt").write_bytes(b"x")  # run_lock removes only the dirs it made empty
+        with run_lock(run):
+            assert in_use(trial)
+        assert not in_use(trial)
+
