@@ -124,9 +124,10 @@ def write_plots(study: Any, out: Path) -> list[str]:
     return written
 
 
-def summarize(tuner: Any, finished: bool) -> int:
-    """Print the table, write trials.txt, best.yaml and the plots; the exit code: 0, 130 when
-    the user stopped the study, 1 when no trial completed."""
+def summarize(tuner: Any, signum: int | None) -> int:
+    """Print the table, write trials.txt, best.yaml and the plots; the exit code: 0, 128 + the
+    signal that stopped the study (130 for Ctrl-C, 143 for SIGTERM, as `charlm train`), 1 when
+    no trial completed."""
     plan, study = tuner.plan, tuner.study
     text = table(study)
     (plan.out / "trials.txt").write_text(text + "\n", encoding="utf-8")
@@ -139,10 +140,10 @@ def summarize(tuner: Any, finished: bool) -> int:
               f"{shown_params(best.params)}\nwrote {path}"
               + (f", {', '.join(plots)}" if plots else "") + f" in {plan.out}; train it with "
               f"`charlm train {path}`")
-    if not finished:
+    if signum is not None:
         print(f"stopped: the study is saved; continue it with `charlm tune --out {plan.out} "
               "--resume`", file=sys.stderr)
-        return 130
+        return 128 + signum
     if best is None:
         print("no trial completed: see the errors in the table above", file=sys.stderr)
         return 1

@@ -272,8 +272,8 @@ class Tuner:
             env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
         return env
 
-    def run(self) -> bool:
-        """Run the workers until done; True unless the user stopped the study."""
+    def run(self) -> int | None:
+        """Run the workers until done; the signal that stopped the study, if one did."""
         threads = [threading.Thread(target=self.work, args=(slot,), daemon=True)
                    for slot in range(self.workers)]
         with stop_signals(self.stop):
@@ -294,4 +294,4 @@ class Tuner:
             raise CharlmError(f"the study stopped: {first_line(self.error)}; its trials so far are "
                               f"saved: continue with `charlm tune --out {self.plan.out} --resume` "
                               "once the cause is fixed") from self.error
-        return not self.stop.requested.is_set()
+        return self.stop.signum

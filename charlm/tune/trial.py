@@ -51,10 +51,11 @@ PRCTL = libc_prctl()
 @dataclass
 class Stop:
     """The user's requests: the first Ctrl-C / SIGTERM stops the study (each child saves and
-    exits), a second one aborts the children at once."""
+    exits), a second one aborts the children at once. `signum`: the first signal's number."""
 
     requested: threading.Event
     aborted: threading.Event
+    signum: int | None = None
 
 
 @dataclass

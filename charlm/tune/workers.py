@@ -103,6 +103,7 @@ def stop_signals(stop: Stop) -> Iterator[None]:
             stop.aborted.set()
             os.write(2, b"aborting the running trials without saving\n")
             return
+        stop.signum = signum
         stop.requested.set()
         os.write(2, f"\n{signal.Signals(signum).name}: each running trial saves last.pt and stops "
                     "(press Ctrl-C again to abort them)\n".encode())

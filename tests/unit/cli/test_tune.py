@@ -1,7 +1,9 @@
-"""`charlm tune`'s errors, each one line, before any trial runs."""
+"""`charlm tune`'s errors, each one line, before any trial runs, and its exit code when stopped."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -45,3 +47,25 @@ def test_tune_command_errors_are_one_line(cli, tmp_path: Path, corpus: Path,
     result = cli("tune", TINY, "--search", lr, "--out", out)
     assert (result.code, result.err) == (
         2, "error: charlm tune needs Optuna: pip install 'charlm[tune]'\n")
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_study_stopped_by_a_signal_exits_128_plus_its_number(
+        cli, tmp_path: Path, corpus: Path, monkeypatch: pytest.MonkeyPatch, signum: int,
+        code: int) -> None:
+    """One exit code per signal, as `charlm train`'s: SIGTERM gave 130 before."""
+    from charlm.tune.runner import Tuner
+    from charlm.tune.trial import Outcome
+
+    def stopped(self, trial, slot: int) -> None:  # a trial that the signal interrupts
+        os.kill(os.getpid(), signum)  # handled on the main thread, which waits for the workers
+        assert self.stop.requested.wait(10)
+        self.finish(trial, Outcome("interrupted"))
+
+    monkeypatch.setattr(Tuner, "run_one", stopped)
+    out = tmp_path / "study"
+    result = cli("tune", TINY, "--search", "optim.lr=[0.002, 0.01]", "--data", corpus,
+                 "--out", out)
+    assert result.code == code
+    assert result.err.splitlines()[-1] == (
+        f"stopped: the study is saved; continue it with `charlm tune --out {out} --resume`")

@@ -80,3 +80,12 @@ def test_a_run_dir_is_in_use_while_a_run_holds_its_lock_or_a_seeds(tmp_path: Pat
             assert in_use(trial)
         assert not in_use(trial)
 
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_the_stop_records_the_first_signal(signum: int, capfd) -> None:
+    stop = Stop(threading.Event(), threading.Event())
+    with stop_signals(stop):
+        os.kill(os.getpid(), signum)
+        os.kill(os.getpid(), signal.SIGINT if signum == signal.SIGTERM else signal.SIGTERM)
+    assert stop.signum == signum
+    capfd.readouterr()
