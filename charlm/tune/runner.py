@@ -28,7 +28,7 @@ from charlm.core.errors import CharlmError, first_line
 from charlm.tune.report import trial_line
 from charlm.tune.space import OBJECTIVES
 from charlm.tune.study import Plan, make_pruner, make_sampler, make_storage
-from charlm.tune.trial import Outcome, Stop, run_trial
+from charlm.tune.trial import Outcome, Stop, ended, run_trial
 from charlm.tune.workers import (
     DATABASE_LOCKS,
     alive,
@@ -137,9 +137,8 @@ class Tuner:
 
     def wait_for_orphans(self) -> bool:
         """Wait while a killed tuner's trial still trains (its run dir is locked: on Linux it got
-        a SIGTERM when its tuner died and is saving last.pt; elsewhere it trains to its end), so
-        that it is resumed from its own last save, never run twice nor failed. False if the user
-        stopped the wait."""
+        a SIGTERM when its tuner died; elsewhere it trains to its end), so that it resumes from
+        its own last save, never runs twice nor fails. False if the user stopped the wait."""
         said: set[int] = set()
         while not self.stop.requested.is_set():
             live = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
@@ -204,8 +203,13 @@ class Tuner:
                                            f"trial {trial.number}")
         except CharlmError as e:
             return self.finish(trial, Outcome("failed", error=f"error: {e}"))
-        runs = [self.command(c, bool(resumed)) for c in repeated(cfg, self.repeats)]
+        configs = repeated(cfg, self.repeats)
         last = None if cfg.train.max_time is not None else cfg.train.max_iters  # budget: unknown
+        done = resumed and last is not None and ended(
+            [Path(c.train.out_dir) for c in configs], self.key, last)
+        if done:  # its runs ended while no tuner watched: take their result as it is
+            return self.finish(trial, done)
+        runs = [self.command(c, bool(resumed)) for c in configs]
         outcome = run_trial(runs, self.env(slot), self.key, self.reporter(trial, last), self.stop)
         self.finish(trial, outcome)
 
@@ -256,7 +260,6 @@ class Tuner:
         self.study.tell(trial, outcome.value if state == TrialState.COMPLETE else None,
                         state=state)
         if self.bar is not None:
-
             self.bar.write(trial_line(trial.number, outcome, trial.params), file=sys.stderr)
             if outcome.state != "interrupted":
                 self.bar.update()

@@ -151,6 +151,20 @@ def run_trial(runs: list[tuple[list[str], Path]], env: dict[str, str], objective
     return Outcome("diverged" if DIVERGED in error else "failed", value, step, seconds, error)
 
 
+def ended(run_dirs: list[Path], objective_key: str, last_step: int) -> Outcome | None:
+    """A resumed trial whose runs have all logged their final eval, at `last_step`, already (a
+    killed tuner's trial whose `charlm train` ended on its own): complete, with the mean of
+    their final values, and nothing to train again. None if one has not."""
+    values = []
+    for run_dir in run_dirs:
+        evals = [e for e in Follower(run_dir / "metrics.jsonl").events()
+                 if e.get("event") == "eval"]
+        if not evals or evals[-1].get("step") != last_step or evals[-1].get(objective_key) is None:
+            return None
+        values.append(float(evals[-1][objective_key]))
+    return Outcome("complete", sum(values) / len(values), last_step)
+
+
 @dataclass
 class Child:
     """One `charlm train` of a trial and the eval events of its metrics.jsonl, by step."""

@@ -3,6 +3,7 @@ worker's error that stops the study, and a killed tuner's trial that still train
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from charlm.config.loading import load_config
 from charlm.core.errors import CharlmError
 from charlm.tune.space import read_search
-from tests.helpers import TINY
+from tests.helpers import TINY, write
 
 pytest.importorskip("optuna")  # Tuner runs on Optuna, an optional extra
 
@@ -113,3 +114,30 @@ def test_a_killed_tuners_trial_that_still_trains_is_waited_for_then_resumed(
     assert capfd.readouterr().err == (
         f"waiting for trial 0's `charlm train`, left by a killed tuner, to end in {run_dir} "
         "(Ctrl-C stops waiting)\n")
+
+
+def test_a_resumed_trial_whose_run_ended_on_its_own_takes_its_result(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A killed tuner's `charlm train` trained to its end alone (no parent-death signal off
+    Linux, or the signal came at its last step): the trial completes with that run's final
+    value; nothing is trained again (a resume of a finished run has nothing to train)."""
+    from charlm.tune import runner
+    from charlm.tune.runner import Tuner
+    from charlm.tune.study import Plan
+
+    tuner = Tuner(Plan(tmp_path, load_config(TINY, ["train.max_iters=60"]).to_dict(),
+                       read_search(["optim.lr=[0.002, 0.01]"]), None, "s", "data"), 1, 5, None)
+    run_dir = tmp_path / "trial-0000"
+    run_dir.mkdir()
+    write(run_dir / "metrics.jsonl", "".join(
+        json.dumps(e) + "\n" for s, v in ((20, 3.0), (40, 2.5), (60, 2.4))
+        for e in ({"event": "eval", "step": s, "best_val_loss": v}, {"event": "train", "step": s})))
+    tuner.study.enqueue_trial({"optim.lr": 0.01}, user_attrs={"run_dir": str(run_dir)})
+
+    def trained(*args) -> None:
+        raise AssertionError("trained again")
+
+    monkeypatch.setattr(runner, "run_trial", trained)
+    tuner.run_one(tuner.study.ask(), 0)
+    (trial,) = tuner.study.get_trials()
+    assert (trial.state.name, trial.value, trial.user_attrs["step"]) == ("COMPLETE", 2.4, 60)
