@@ -133,21 +133,26 @@ def locked_dir(path: Path, busy: str) -> Iterator[None]:
         os.close(fd)
 
 
+def locked(path: Path) -> bool:
+    """Whether another process holds `path` with `locked_dir`. It tries a shared lock, which fails
+    only beside an exclusive one, and lets go of it at once. A path that is not there (yet), or
+    a filesystem without locks, holds no lock."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return False
+
+
 def locked_parent(path: Path) -> Path | None:
     """The nearest directory above `path` that another process holds with `locked_dir` (a run
-    dir that a `charlm train` is writing), or None. It tries a shared lock on each, which fails
-    only beside an exclusive one, and lets go of it at once."""
-    for parent in path.absolute().parents:
-        try:
-            fd = os.open(parent, os.O_RDONLY)
-        except OSError:  # not there (yet), or not ours to open
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return parent
-        except OSError:  # a filesystem without locks
-            pass
-        finally:
-            os.close(fd)
-    return None
+    dir that a `charlm train` is writing), or None."""
+    return next((parent for parent in path.absolute().parents if locked(parent)), None)

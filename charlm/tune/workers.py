@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import fcntl
 import os
 import signal
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from typing import Any
 
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
+from charlm.core.files import locked
 from charlm.tune.space import lookup
 from charlm.tune.trial import Stop
 
@@ -77,20 +77,7 @@ def alive(pid: int) -> bool:
 def in_use(run_dir: Path) -> bool:
     """Whether a `charlm train` holds the lock on a trial's run dir, or on one of its seeds' (the
     flock of `charlm.training.run_dir.run_lock`, which goes with its process)."""
-    for path in (run_dir, *run_dir.glob("seed-*")):
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:  # not made yet: nothing runs there
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # taken for an instant, given back
-        except BlockingIOError:
-            return True
-        except OSError:  # a filesystem without locks: no run could hold one
-            pass
-        finally:
-            os.close(fd)
-    return False
+    return any(locked(path) for path in (run_dir, *run_dir.glob("seed-*")))
 
 
 @contextlib.contextmanager
