@@ -9,6 +9,8 @@ import importlib
 import json
 import os
 import random
+import struct
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -75,6 +77,23 @@ def assert_same_weights(a_path: Path, b_path: Path) -> None:
     assert a["model"].keys() == b["model"].keys()
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
+
+
+def flip_bytes(path: Path, record: str, at: int = 100) -> str:
+    """Invert the two bytes at `at` in the data of the zip record of `path` (a torch.save file)
+    whose name ends with `record` (`data/0`: the first tensor's storage), as a bad disk or a
+    copy that went wrong would; the CRC-32 stored for it is left as it was. Returns the
+    record's full name."""
+    with zipfile.ZipFile(path) as archive:
+        info = next(i for i in archive.infolist() if i.filename.endswith(record))
+    data = bytearray(path.read_bytes())
+    # the local header: 30 bytes, then the name and an extra field of its own length
+    name_len, extra_len = struct.unpack("<HH", data[info.header_offset + 26:
+                                                    info.header_offset + 30])
+    start = info.header_offset + 30 + name_len + extra_len + at
+    data[start:start + 2] = bytes(b ^ 0xFF for b in data[start:start + 2])
+    path.write_bytes(bytes(data))
+    return info.filename
 
 
 # --- patches of the training loop and the machine ----------------------------------------------

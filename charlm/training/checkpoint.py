@@ -23,7 +23,7 @@ from charlm.core.files import run_write_error, write_atomic
 from charlm.data.vocab import PairVocab, Vocab
 from charlm.runtime.device import require_memory
 from charlm.training.optimizer import load_state
-from charlm.training.tasks import build_model, check_stored_shapes, vocab_from_state
+from charlm.training.tasks import build_model, check_stored_shapes, check_weights, vocab_from_state
 
 FORMAT = "charlm-checkpoint"
 
@@ -117,6 +117,7 @@ def restore(state: dict[str, Any], objects: Mapping[str, Stateful], path: Path) 
     missing or does not fit is one `damaged` error."""
     try:
         check_train_state(state)
+        check_weights(state["model"])
         for name, obj in objects.items():
             obj.load_state_dict(state[name])
     except (KeyError, RuntimeError, ValueError, TypeError, AttributeError) as e:
@@ -150,9 +151,10 @@ def load(path: str | Path) -> dict[str, Any]:
         require_memory(path.stat().st_size, torch.device("cpu"), f"checkpoint {path} holds {{gib}}",
                        "load it on a machine with more memory")
     try:
+        check_records(path)
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except OSError:
-        raise  # a missing or unreadable file: the CLI names it
+    except (OSError, CharlmError):
+        raise  # a missing or unreadable file (the CLI names it), or a damaged one
     except Exception as e:  # arbitrary bytes can make the unpickler raise anything
         if "Weights only load failed" in str(e):  # torch's long advice is not for our users
             why = "it is not a checkpoint, or it holds pickled code, which charlm never runs"
@@ -169,6 +171,24 @@ def load(path: str | Path) -> dict[str, Any]:
             f"version {VERSION}"
         )
     return state
+
+
+def check_records(path: Path) -> None:
+    """Raise `damaged` unless every record of the checkpoint (a zip archive) matches the CRC-32
+    that torch.save stored for it: torch.load checks none, so a flipped bit in a tensor would
+    load without a word. Reads the file once more, in about the time torch.load takes
+    (docs/benchmarks.md). torch.save stores records uncompressed: a compressed one is refused
+    before it could inflate to far more than the file holds."""
+    with zipfile.ZipFile(path) as archive:
+        packed = [i.filename for i in archive.infolist() if i.compress_type != zipfile.ZIP_STORED]
+        if packed:
+            raise CharlmError(f"cannot load checkpoint {path}: not a readable charlm checkpoint "
+                              f"(record {packed[0]} is compressed, which torch.save never does)")
+        bad = archive.testzip()
+    if bad is not None:
+        raise damaged(path, f"record {bad} fails its CRC-32 check (the file changed after it was "
+                            "saved); restore it from a backup, or use the run's other "
+                            "checkpoint (best.pt or last.pt)")
 
 
 def damaged(path: Path, e: BaseException | str) -> CharlmError:

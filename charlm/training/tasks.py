@@ -153,13 +153,30 @@ def build_model(cfg: RunConfig, vocab: Vocab | PairVocab) -> torch.nn.Module:
     return GPT(cfg.model, len(vocab))
 
 
+def check_weights(stored: Mapping[str, Any]) -> None:
+    """Raise ValueError unless every stored weight is a floating-point tensor of finite numbers.
+    `load_state_dict` would cast an int, bool or complex tensor into a float parameter without a
+    word, and NaN or inf weights only show later, as text of one repeated character or a NaN
+    loss. Every loader checks here: checkpoints, exports and a resume."""
+    for name, tensor in stored.items():
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+            kind = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            raise ValueError(f"{name} holds {kind}, not floating-point weights; use weights "
+                             "that charlm saved")
+        if not torch.isfinite(tensor).all():
+            raise ValueError(f"{name} holds NaN or inf (the weights diverged); "
+                             "use an earlier checkpoint, or train again with a lower optim.lr")
+
+
 def check_stored_shapes(cfg: RunConfig, vocab: Vocab | PairVocab,
                         stored: Mapping[str, torch.Tensor]) -> None:
-    """Raise ValueError unless the config's model has the stored tensors' shapes, checked
-    before the model is built: the block counts against the stored names first, then every
-    shape on the meta device (no memory). A config that claims a million layers or a width the
-    weights do not have is refused before a byte is allocated for it."""
+    """Raise ValueError unless the stored tensors are weights (`check_weights`) and the config's
+    model has their shapes, checked before the model is built: the block counts against the
+    stored names first, then every shape on the meta device (no memory). A config that claims a
+    million layers or a width the weights do not have is refused before a byte is allocated for
+    it."""
 
+    check_weights(stored)
     m = cfg.model
     stacks = {"model.n_layer": ("blocks", m.n_layer)}
     if m.arch == "encoder_decoder":

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
+import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
 from charlm.training import checkpoint
-from tests.helpers import ROOT, TINY, write
+from tests.helpers import ROOT, TINY, flip_bytes, write
 
 
 @pytest.mark.parametrize("command", [["sample"], ["eval", ROOT / "configs" / "tiny.yaml"],
@@ -251,3 +254,63 @@ def test_a_config_that_disagrees_with_its_weights_is_refused_before_building(
     fails("info", trained, message=f"checkpoint {trained / 'best.pt'} is damaged or "
                                    f"incomplete: {detail}")
     fails("sample", export, message=f"cannot load exported model {export}: {detail}")
+
+
+@pytest.fixture
+def tiny_copy(tiny_run, tmp_path) -> Path:
+    """A copy of the shared tiny run (checkpoints, config, dataset cache) that a test may damage."""
+    return Path(shutil.copytree(tiny_run, tmp_path / "run"))
+
+
+def _retype(kind: str) -> Callable[[Path], str]:
+    """Replace one weight of a checkpoint by one of `kind`, as a crafted file could; returns the
+    detail of the error."""
+    def damage(path: Path) -> str:
+        state = torch.load(path, weights_only=True)
+        w = state["model"]["blocks.0.attn.qkv.weight"]
+        state["model"]["blocks.0.attn.qkv.weight"] = {
+            "int32": w.to(torch.int32), "bool": w > 0, "complex": w.to(torch.complex64),
+            "nan": w * math.nan}[kind]
+        torch.save(state, path)
+        if kind == "nan":
+            return ("blocks.0.attn.qkv.weight holds NaN or inf (the weights diverged); use an "
+                    "earlier checkpoint, or train again with a lower optim.lr")
+        return (f"blocks.0.attn.qkv.weight holds {state['model']['blocks.0.attn.qkv.weight'].dtype}"
+                ", not floating-point weights; use weights that charlm saved")
+    return damage
+
+
+def _flip(path: Path) -> str:
+    record = flip_bytes(path, "data/0")  # the first weight's bytes (wte.weight)
+    return (f"record {record} fails its CRC-32 check (the file changed after it was saved); "
+            "restore it from a backup, or use the run's other checkpoint (best.pt or last.pt)")
+
+
+@pytest.mark.parametrize("damage", [_retype("int32"), _retype("bool"), _retype("complex"),
+                                    _retype("nan"), _flip],
+                         ids=["int32", "bool", "complex", "nan", "flipped-bytes"])
+def test_weights_of_another_dtype_nan_or_changed_bytes_are_refused_by_every_loader(
+        fails, tiny_copy, damage):
+    """sample printed `ROMEOKKKK...`, eval a loss of 8e9 (or `loss nan`) with exit code 0, and
+    --resume trained on the weights; two flipped bytes in a tensor passed all three."""
+    details = {name: damage(tiny_copy / name) for name in ("best.pt", "last.pt")}
+    for args in (["sample", tiny_copy], ["eval", tiny_copy, TINY],
+                 ["train", "--out", tiny_copy, "--resume", "--set", "train.max_iters=70"]):
+        name = "last.pt" if args[0] == "train" else "best.pt"
+        result = fails(*args, message=f"checkpoint {tiny_copy / name} is damaged or incomplete: "
+                                      f"{details[name]}")
+        assert result.out == ""
+
+
+def test_an_export_whose_header_says_int32_is_refused_by_sample_and_eval(cli, fails, tiny_copy,
+                                                                         tmp_path):
+    export = tmp_path / "exported"
+    assert cli("export", tiny_copy, "--out", export).code == 0
+    data = (export / "model.safetensors").read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = data[8:8 + size].replace(b'"wte.weight":{"dtype":"F32"',  # as long as I32's
+                                      b'"wte.weight":{"dtype":"I32"')
+    (export / "model.safetensors").write_bytes(data[:8] + header + data[8 + size:])
+    for args in (["sample", export], ["eval", export, TINY]):
+        fails(*args, message=f"cannot load exported model {export}: wte.weight holds torch.int32, "
+                             "not floating-point weights; use weights that charlm saved")

@@ -1,6 +1,8 @@
 """charlm.export without a trained run: a failed export leaves the dir as it was, and what GPT-2
 cannot express is refused."""
 
+import json
+
 import pytest
 
 from charlm.config.loading import load_config
@@ -37,3 +39,27 @@ def test_hf_export_refuses_what_gpt2_cannot_express(tmp_path):
         "this model cannot be exported as GPT-2 (--format hf): model.pos_encoding='rope' (GPT-2 "
         "has 'learned'), model.norm='rmsnorm' (GPT-2 has 'layernorm'); use --format safetensors")
     assert not (tmp_path / "hf").exists()
+
+
+def test_an_export_whose_header_says_int32_is_refused(tmp_path):
+    """`"dtype": "I32"` in model.safetensors' header (as long as F32, so the file stays valid)
+    loaded the float bytes as integers, cast into the model: sample printed `ROMEOKKKK...`."""
+    from charlm.data.vocab import Vocab
+    from charlm.export import WEIGHTS, load_safetensors, save_safetensors
+    from charlm.model.gpt import GPT
+
+    cfg = load_config(ROOT / "configs" / "tiny.yaml")
+    save_safetensors(GPT(cfg.model, 3), Vocab(list("abc")), cfg, tmp_path / "exported")
+    path = tmp_path / "exported" / WEIGHTS
+    data = path.read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    header["wte.weight"]["dtype"] = "I32"
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (size - len(text))  # safetensors pads its header with spaces
+    path.write_bytes(data[:8] + text + data[8 + size:])
+    with pytest.raises(CharlmError) as e:
+        load_safetensors(tmp_path / "exported")
+    assert str(e.value) == (f"cannot load exported model {tmp_path / 'exported'}: wte.weight "
+                            "holds torch.int32, not floating-point weights; use weights that "
+                            "charlm saved")

@@ -1,15 +1,19 @@
 """charlm.training.checkpoint: atomic saves, and loads that refuse garbage, pickled code, FIFOs
 and foreign or future checkpoints."""
 
+import math
 import os
 import pickle
 import threading
+import zipfile
+import zlib
 
 import pytest
 import torch
 
 from charlm.core.errors import CharlmError
 from charlm.training import checkpoint
+from tests.helpers import flip_bytes
 
 
 def test_save_load_round_trip_leaves_no_temp_files(tmp_path):
@@ -178,3 +182,60 @@ def test_resolve_prefers_best_then_last(tmp_path):
     assert checkpoint.resolve(tmp_path) == tmp_path / "best.pt"
     with pytest.raises(CharlmError, match="no such run dir or checkpoint"):
         checkpoint.resolve(tmp_path / "nope")
+
+
+def test_torch_save_stores_every_record_uncompressed_with_its_crc32(tmp_path):
+    """What `check_records` relies on: torch.save writes a zip whose records carry the CRC-32
+    of their bytes, and compresses none of them."""
+    path = tmp_path / "last.pt"
+    checkpoint.save({"model": {"w": torch.randn(300)}, "step": 3}, path)
+    with zipfile.ZipFile(path) as archive:
+        records = archive.infolist()
+        assert {r.compress_type for r in records} == {zipfile.ZIP_STORED}
+        assert all(zlib.crc32(archive.read(r)) == r.CRC for r in records)
+        assert any(r.filename.endswith("data/0") and r.file_size == 1200 for r in records)
+
+
+def test_two_bytes_flipped_inside_a_tensor_make_the_checkpoint_damaged(tmp_path):
+    """torch.load checks no CRC: the flipped weights loaded without a word."""
+    path = tmp_path / "last.pt"
+    checkpoint.save({"model": {"w": torch.randn(300)}}, path)
+    record = flip_bytes(path, "data/0")
+    with pytest.raises(CharlmError) as e:
+        checkpoint.load(path)
+    assert str(e.value) == (
+        f"checkpoint {path} is damaged or incomplete: record {record} fails its CRC-32 check "
+        "(the file changed after it was saved); restore it from a backup, or use the run's "
+        "other checkpoint (best.pt or last.pt)")
+
+
+def test_a_compressed_record_is_refused_before_it_is_inflated(tmp_path):
+    """torch.save compresses nothing: a deflated record is a crafted file, which could inflate
+    to far more than the file holds while its CRC-32 is checked."""
+    path = tmp_path / "last.pt"
+    checkpoint.save({"model": {"w": torch.zeros(300)}}, path)
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(tmp_path / "packed.pt", "w") as dst:
+        for record in src.infolist():
+            dst.writestr(record.filename, src.read(record), zipfile.ZIP_DEFLATED)
+    with pytest.raises(CharlmError) as e:
+        checkpoint.load(tmp_path / "packed.pt")
+    assert str(e.value) == (
+        f"cannot load checkpoint {tmp_path / 'packed.pt'}: not a readable charlm checkpoint "
+        "(record archive/data.pkl is compressed, which torch.save never does)")
+
+
+@pytest.mark.parametrize("weight, detail", [
+    (torch.ones(4, dtype=torch.int32), "w holds torch.int32, not floating-point weights; use "
+                                       "weights that charlm saved"),
+    (torch.tensor([1.0, math.nan]), "w holds NaN or inf (the weights diverged); use an earlier "
+                                    "checkpoint, or train again with a lower optim.lr"),
+])
+def test_restore_refuses_weights_that_are_not_finite_floats(tmp_path, weight, detail):
+    """A resume cast int, bool and complex weights into the model and trained on them."""
+    model = torch.nn.Linear(2, 2, bias=False)
+    before = model.weight.detach().clone()
+    state = {"model": {"w": weight}, "train_state": GOOD_TRAIN_STATE}
+    with pytest.raises(CharlmError) as e:
+        checkpoint.restore(state, {"model": model}, tmp_path / "last.pt")
+    assert str(e.value) == f"checkpoint {tmp_path / 'last.pt'} is damaged or incomplete: {detail}"
+    assert torch.equal(model.weight, before)
