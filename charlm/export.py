@@ -19,7 +19,14 @@ from safetensors.torch import load_file, save
 
 from charlm.config.schema import ModelConfig, RunConfig
 from charlm.core.errors import CharlmError, one_line
-from charlm.core.files import make_writable_dir, temp_beside, write_atomic, write_text_atomic
+from charlm.core.files import (
+    make_writable_dir,
+    read_regular,
+    temp_beside,
+    write_atomic,
+    write_text_atomic,
+)
+from charlm.data.text import META_LIMIT
 from charlm.data.vocab import PairVocab, Vocab
 from charlm.model.gpt import GPT
 from charlm.training.checkpoint import check_config
@@ -36,6 +43,12 @@ WEIGHTS = "model.safetensors"
 
 def _write_json(path: Path, obj: Any) -> None:
     write_text_atomic(path, json.dumps(obj, ensure_ascii=False, indent=1))
+
+
+def _read_json(path: Path) -> Any:
+    """A JSON file of an export: a regular file (a FIFO would block, a device fill the memory)
+    of at most META_LIMIT bytes."""
+    return json.loads(read_regular(path, "export file", META_LIMIT).decode("utf-8"))
 
 
 def _write_weights(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> None:
@@ -106,14 +119,14 @@ def load_safetensors(path: Path, device: str | torch.device = "cpu",
                      ) -> tuple[torch.nn.Module, Vocab | PairVocab, RunConfig]:
     """Load a directory written by `save_safetensors` (no pickle anywhere)."""
     try:
-        meta = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        meta = _read_json(path / "config.json")
         if not isinstance(meta, dict) or meta.get("format") != EXPORT_FORMAT:
             raise ValueError("config.json is not a charlm export (an `hf` export is for "
                              "transformers, not for charlm)")
         if meta.get("version") != EXPORT_VERSION:
             raise ValueError(f"export format version {meta.get('version')}")
         cfg = RunConfig.from_dict(check_config(meta), f"{path / 'config.json'}")
-        vocab = vocab_from_state(json.loads((path / "vocab.json").read_text(encoding="utf-8")))
+        vocab = vocab_from_state(_read_json(path / "vocab.json"))
         state = load_file(str(path / WEIGHTS))
         check_stored_shapes(cfg, vocab, state)
         model = build_model(cfg, vocab)

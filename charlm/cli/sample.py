@@ -4,6 +4,7 @@ outputs for its sources; the prompt and the sources read from options, files or 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import sys
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from charlm.cli.options import (
 from charlm.cli.reporting import writes_unicode
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError
+from charlm.core.files import read_capped
 
 if TYPE_CHECKING:
     from charlm.data.vocab import PairVocab, Vocab
@@ -30,6 +32,10 @@ if TYPE_CHECKING:
     from charlm.model.gpt import GPT
 
 app = command_app()
+
+# The most text a prompt (or the sources) may hold, far beyond any context: an endless pipe
+# (`yes | charlm sample RUN --prompt -`) would fill the memory
+INPUT_LIMIT = 4 << 20
 
 @app.command()
 @with_sample_options
@@ -126,7 +132,6 @@ def print_samples(model: GPT, vocab: Vocab, text: str, opts: SampleConfig, strea
 
 def read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
     """The prompt text, or None for the default (see `sampling.default_prompt`)."""
-    from charlm.data.chunks import decode_chunks
     from charlm.data.text import read_text
 
     if prompt is not None and prompt_file is not None:
@@ -134,15 +139,25 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
     if prompt_file is not None:
         if prompt_file.is_dir():
             raise CharlmError(f"prompt file {prompt_file} is a directory; give a text file")
-        if not prompt_file.is_file():
+        if not prompt_file.exists():
             raise CharlmError(f"prompt file not found: {prompt_file}")
-        return read_text(prompt_file)  # as prepare reads text: CRLF kept, no byte order mark
-    if prompt == "-":  # the bytes, read as a prompt file is: CRLF kept, no byte order mark
+        # as prepare reads text: CRLF kept, no byte order mark
+        return read_text(prompt_file, "prompt file", INPUT_LIMIT)
+    if prompt == "-":
         if sys.stdin is None:  # started with stdin closed (`<&-`)
             raise CharlmError("--prompt - reads the prompt from stdin, which is closed; pipe the "
                               "prompt in, or give --prompt TEXT or --prompt-file")
-        return "".join(text for _, text in decode_chunks(sys.stdin.buffer, "the prompt on stdin"))
+        return read_stdin("the prompt on stdin")
     return prompt
+
+
+def read_stdin(name: str) -> str:
+    """The text on stdin, read as a file is (`read_text`: CRLF kept, no byte order mark), of at
+    most INPUT_LIMIT bytes: a pipe may never end."""
+    from charlm.data.chunks import decode_chunks
+
+    data = read_capped(sys.stdin.buffer, INPUT_LIMIT, name)
+    return "".join(text for _, text in decode_chunks(io.BytesIO(data), name))
 
 
 def read_sources(source: str | None, source_file: Path | None, arch: str) -> list[str]:
@@ -158,17 +173,16 @@ def read_sources(source: str | None, source_file: Path | None, arch: str) -> lis
                           "(one per line on stdin) or --source-file FILE")
     if source is not None and source != "-":
         return [source]
-    from charlm.data.chunks import decode_chunks
     from charlm.data.text import read_text
 
     if source_file is not None:
         if not source_file.is_file():
             raise CharlmError(f"source file not found (or not a file): {source_file}")
-        text = read_text(source_file)
+        text = read_text(source_file, "source file", INPUT_LIMIT)
     else:
         if sys.stdin is None:
             raise CharlmError("--source - reads the sources from stdin, which is closed")
-        text = "".join(t for _, t in decode_chunks(sys.stdin.buffer, "the sources on stdin"))
+        text = read_stdin("the sources on stdin")
     lines = [line.removesuffix("\r") for line in text.split("\n")]
     if lines and lines[-1] == "":
         lines.pop()

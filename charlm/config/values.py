@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 
 from charlm.core.errors import CharlmError
+from charlm.core.files import read_regular
 
 
 class Text(str):
@@ -272,13 +273,17 @@ def shown(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
+# A config is a few dozen lines: a file far larger is a mistake, which would fill the memory
+CONFIG_LIMIT = 1 << 20
+
+
 def read_yaml_file(path: Path) -> Any:
     if not path.exists():
         raise CharlmError(f"config file not found: {path}")
     if path.is_dir():
         raise CharlmError(f"config path is a directory, not a YAML file: {path}")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular(path, "config file", CONFIG_LIMIT).decode("utf-8")
     except UnicodeDecodeError as e:
         raise CharlmError(f"config file is not UTF-8 text: {path} (byte {e.start})") from None
     try:

@@ -1,8 +1,9 @@
 """Files written so that no failure leaves one half-written: each is written under a temporary
 name beside its target (same directory, so the same filesystem) and moved into place with
-`os.replace`, which readers see as one step: the old file or the new one, never a mix. And the
-lock a process holds on a directory it writes (a run dir, a dataset dir), so that two never
-write into one."""
+`os.replace`, which readers see as one step: the old file or the new one, never a mix. Files
+read whole only when they are regular files of a bounded size (`open_regular`, `read_regular`):
+a FIFO would block the read forever, /dev/zero would fill the memory. And the lock a process
+holds on a directory it writes (a run dir, a dataset dir), so that two never write into one."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import contextlib
 import fcntl
 import glob
 import os
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -156,3 +158,44 @@ def locked_parent(path: Path) -> Path | None:
     """The nearest directory above `path` that another process holds with `locked_dir` (a run
     dir that a `charlm train` is writing), or None."""
     return next((parent for parent in path.absolute().parents if locked(parent)), None)
+
+
+def open_regular(path: Path, what: str, limit: int | None = None) -> BinaryIO:
+    """`path` opened to read, if it is a regular file (of at most `limit` bytes): anything else
+    is one CharlmError naming `what` and `path`. O_NONBLOCK keeps the open of a FIFO from
+    waiting for a writer, and the check is on the opened descriptor (fstat), so nothing can
+    swap the file between the check and the read. A missing or unreadable file is an OSError,
+    for the caller to report."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CharlmError(f"cannot read {what} {path}: not a regular file (a directory, FIFO "
+                              "or device); give a regular file")
+        if limit is not None and st.st_size > limit:
+            raise too_large(f"{what} {path}", limit)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_capped(f: BinaryIO, limit: int, name: str) -> bytes:
+    """All of `f` (a pipe, say, which may never end) if it holds at most `limit` bytes, else
+    one CharlmError naming `name` and the limit."""
+    data = f.read(limit + 1)
+    if len(data) > limit:
+        raise too_large(name, limit)
+    return data
+
+
+def read_regular(path: Path, what: str, limit: int) -> bytes:
+    """The bytes of the regular file `path`, of at most `limit` bytes (see `open_regular`); the
+    limit holds for a file that grows while it is read too."""
+    with open_regular(path, what, limit) as f:
+        return read_capped(f, limit, f"{what} {path}")
+
+
+def too_large(name: str, limit: int) -> CharlmError:
+    return CharlmError(f"cannot read {name}: it holds more than {limit / 2**20:g} MiB, charlm's "
+                       "limit for it; give a smaller one")

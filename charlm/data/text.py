@@ -12,6 +12,7 @@ sha256 runs on a second thread beside the rest (`charlm.data.digest`). It import
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 from collections.abc import Sequence
@@ -25,6 +26,9 @@ from charlm.core.errors import CharlmError
 from charlm.core.files import (
     locked_dir,
     make_writable_dir,
+    open_regular,
+    read_capped,
+    read_regular,
     remove_temps,
     temp_beside,
     write_text_atomic,
@@ -49,6 +53,11 @@ DATASET_VERSION = 1
 PROGRESS_MIN_BYTES = 4 << 20
 
 
+# meta.json (and an export's vocab.json) hold a vocabulary: even every Unicode character, one a
+# line, stays below this; a file far larger is not charlm's and would fill the memory
+META_LIMIT = 16 << 20
+
+
 def check_input_file(path: Path) -> None:
     if not path.exists():
         raise CharlmError(f"input file not found: {path}")
@@ -65,12 +74,15 @@ def check_source_file(path: Path) -> None:
                           "reads its text twice, save it to a file first")
 
 
-def read_text(path: Path) -> str:
-    """A whole text file, read strictly as UTF-8 (with the same errors as `prepare`)."""
+def read_text(path: Path, what: str = "text file", limit: int | None = None) -> str:
+    """A whole text file, read strictly as UTF-8 (with the same errors as `prepare`): a
+    regular file (named `what` in errors), of at most `limit` bytes if given."""
     path = Path(path)
     check_input_file(path)
-    with open(path, "rb") as f:
-        return "".join(text for _, text in decode_chunks(f, str(path)))
+    with open_regular(path, what, limit) as f:
+        # with a limit, a file that grows while it is read stops at it too
+        source = f if limit is None else io.BytesIO(read_capped(f, limit, f"{what} {path}"))
+        return "".join(text for _, text in decode_chunks(source, str(path)))
 
 
 @dataclass
@@ -139,7 +151,8 @@ def changed_while_read(path: Path) -> CharlmError:
 def read_meta(path: Path) -> Any:
     """The parsed meta.json of the directory `path`, whatever JSON it holds. Raises OSError
     (FileNotFoundError when there is none) or ValueError (not JSON, not UTF-8)."""
-    return json.loads((path / "meta.json").read_text(encoding="utf-8"))
+    return json.loads(read_regular(path / "meta.json", "dataset metadata", META_LIMIT)
+                      .decode("utf-8"))
 
 
 def dataset_meta(path: Path) -> dict[str, Any] | None:

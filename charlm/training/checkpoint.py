@@ -10,16 +10,17 @@ top level: "model", "optimizer", "scaler", "train_state", "sampler", "rng".
 
 from __future__ import annotations
 
+import os
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 import torch
 
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError, first_line, one_line
-from charlm.core.files import run_write_error, write_atomic
+from charlm.core.files import open_regular, run_write_error, write_atomic
 from charlm.data.vocab import PairVocab, Vocab
 from charlm.runtime.device import require_memory
 from charlm.training.optimizer import load_state
@@ -141,28 +142,8 @@ def load(path: str | Path) -> dict[str, Any]:
     """Load a charlm checkpoint onto the CPU without executing any pickled code. (Whoever uses
     it moves the tensors to their device: torch restores RNG states only from CPU tensors.)"""
     path = Path(path)
-    if path.exists() and not path.is_file():  # reading a FIFO or /dev/zero would never end
-        raise CharlmError(f"cannot load checkpoint {path}: not a regular file (a directory, "
-                          "FIFO or device); give a .pt file that charlm train wrote")
-    if path.is_file() and not zipfile.is_zipfile(path):  # what torch.save writes is a zip
-        raise CharlmError(f"cannot load checkpoint {path}: not a readable charlm checkpoint "
-                          "(not a complete torch.save file)")
-    if path.is_file():  # read whole into memory: a file larger than it would only swap or die
-        require_memory(path.stat().st_size, torch.device("cpu"), f"checkpoint {path} holds {{gib}}",
-                       "load it on a machine with more memory")
-    try:
-        check_records(path)
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, CharlmError):
-        raise  # a missing or unreadable file (the CLI names it), or a damaged one
-    except Exception as e:  # arbitrary bytes can make the unpickler raise anything
-        if "Weights only load failed" in str(e):  # torch's long advice is not for our users
-            why = "it is not a checkpoint, or it holds pickled code, which charlm never runs"
-        else:
-            why = first_line(e)
-        raise CharlmError(
-            f"cannot load checkpoint {path}: not a readable charlm checkpoint ({why})"
-        ) from None
+    with open_regular(path, "checkpoint") as f:  # a FIFO or /dev/zero: no read would end
+        state = _unpickle(f, path)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CharlmError(f"{path} is not a charlm checkpoint (it may come from another tool)")
     if state.get("version") != VERSION:
@@ -173,13 +154,13 @@ def load(path: str | Path) -> dict[str, Any]:
     return state
 
 
-def check_records(path: Path) -> None:
+def check_records(f: BinaryIO, path: Path) -> None:
     """Raise `damaged` unless every record of the checkpoint (a zip archive) matches the CRC-32
     that torch.save stored for it: torch.load checks none, so a flipped bit in a tensor would
     load without a word. Reads the file once more, in about the time torch.load takes
     (docs/benchmarks.md). torch.save stores records uncompressed: a compressed one is refused
     before it could inflate to far more than the file holds."""
-    with zipfile.ZipFile(path) as archive:
+    with zipfile.ZipFile(f) as archive:
         packed = [i.filename for i in archive.infolist() if i.compress_type != zipfile.ZIP_STORED]
         if packed:
             raise CharlmError(f"cannot load checkpoint {path}: not a readable charlm checkpoint "
@@ -189,6 +170,31 @@ def check_records(path: Path) -> None:
         raise damaged(path, f"record {bad} fails its CRC-32 check (the file changed after it was "
                             "saved); restore it from a backup, or use the run's other "
                             "checkpoint (best.pt or last.pt)")
+
+
+def _unpickle(f: BinaryIO, path: Path) -> Any:
+    """What `torch.save` wrote to the opened regular file `f` (of `path`), tensors and plain
+    containers only."""
+    if not zipfile.is_zipfile(f):  # what torch.save writes is a zip
+        raise CharlmError(f"cannot load checkpoint {path}: not a readable charlm checkpoint "
+                          "(not a complete torch.save file)")
+    # read whole into memory: a file larger than it would only swap or die
+    require_memory(os.fstat(f.fileno()).st_size, torch.device("cpu"),
+                   f"checkpoint {path} holds {{gib}}", "load it on a machine with more memory")
+    check_records(f, path)
+    f.seek(0)
+    try:
+        return torch.load(f, map_location="cpu", weights_only=True)
+    except OSError:
+        raise  # an unreadable file: the CLI names it
+    except Exception as e:  # arbitrary bytes can make the unpickler raise anything
+        if "Weights only load failed" in str(e):  # torch's long advice is not for our users
+            why = "it is not a checkpoint, or it holds pickled code, which charlm never runs"
+        else:
+            why = first_line(e)
+        raise CharlmError(
+            f"cannot load checkpoint {path}: not a readable charlm checkpoint ({why})"
+        ) from None
 
 
 def damaged(path: Path, e: BaseException | str) -> CharlmError:

@@ -78,8 +78,8 @@ def test_resume_when_last_pt_is_a_fifo_does_not_say_no_checkpoint(fails, trained
     (trained / "last.pt").unlink()
     os.mkfifo(trained / "last.pt")
     fails("train", "--out", trained, "--resume",
-          message=f"cannot load checkpoint {trained / 'last.pt'}: not a regular file (a "
-                  "directory, FIFO or device); give a .pt file that charlm train wrote")
+          message=f"cannot read checkpoint {trained / 'last.pt'}: not a regular file (a "
+                  "directory, FIFO or device); give a regular file")
 
 
 def test_resume_from_a_checkpoint_with_a_float_step_is_one_error_line(fails, trained):

@@ -136,9 +136,8 @@ def test_a_fifo_is_refused_without_reading_it(tmp_path):
     try:
         with pytest.raises(CharlmError) as e:
             checkpoint.load(fifo)
-        assert str(e.value) == (f"cannot load checkpoint {fifo}: not a regular file (a "
-                                "directory, FIFO or device); give a .pt file that charlm train "
-                                "wrote")
+        assert str(e.value) == (f"cannot read checkpoint {fifo}: not a regular file (a "
+                                "directory, FIFO or device); give a regular file")
     finally:  # a reader lets the writer's open return, whenever it comes
         reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
         try:
