@@ -5,11 +5,14 @@ modules import from here, never from one another."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import json
 import os
 import random
 import struct
+import threading
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +24,8 @@ import torch
 from charlm.config.loading import load_config
 from charlm.config.sampling import SampleConfig
 from charlm.config.schema import MODEL_VARIANTS, ModelConfig, RunConfig
+from charlm.data.vocab import Vocab
+from charlm.export import save_safetensors
 from charlm.generation.decoding import generate
 from charlm.model.encoder_decoder import EncoderDecoder
 from charlm.model.gpt import GPT
@@ -197,6 +202,14 @@ def random_gpt(**options) -> GPT:
     return model
 
 
+def random_export(out: Path, chars: str) -> Path:
+    """`out`: a safetensors export of a random GPT (`tiny_model_config()`) over `chars`."""
+    vocab = Vocab(sorted(set(chars)))
+    cfg = RunConfig(model=tiny_model_config())
+    save_safetensors(GPT(cfg.model, len(vocab)), vocab, cfg, out)
+    return out
+
+
 def decode_ids(model: GPT, prompt: torch.Tensor, n: int, opts: SampleConfig = GREEDY,
                generator: torch.Generator | None = None) -> torch.Tensor:
     """The (B, n) ids `generate` decodes after `prompt` (B, T)."""
@@ -284,3 +297,50 @@ def bench(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, *argv:
 def kind(records: list[dict], name: str) -> list[dict]:
     """The JSON lines of one kind (machine, round, facts, summary)."""
     return [r for r in records if r["kind"] == name]
+
+
+# --- files that are not regular files ------------------------------------------------------------
+
+
+def raised_reading_fifo(fifo: Path, call: Callable[[], object], timeout: float = 10
+                        ) -> BaseException | None:
+    """What `call`, which reads the FIFO `fifo` (among other things), raises (None if nothing),
+    run in a thread so that a read that waits for a writer fails the test instead of hanging
+    the suite: after `timeout` seconds a writer that opens and closes the FIFO gives the
+    reader its end, and the test fails."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as e:  # the caller checks what it is
+            raised.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        with contextlib.suppress(OSError):  # a reader waits, so this open does not block
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(timeout)
+        pytest.fail(f"reading the FIFO {fifo} waited for a writer for {timeout:g} s")
+    return raised[0] if raised else None
+
+
+def endless_stdin(limit: int = 64 << 20):
+    """A stdin whose bytes never end (`yes | charlm ...`): its `buffer` serves any read in full,
+    and fails the test once a reader has taken more than `limit` bytes."""
+
+    class Endless(io.RawIOBase):
+        served = 0
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, b) -> int:
+            Endless.served += len(b)
+            assert Endless.served <= limit, f"read more than {limit:,} bytes of an endless stdin"
+            b[:] = b"y\n" * (len(b) // 2) + b"y" * (len(b) % 2)
+            return len(b)
+
+    return io.TextIOWrapper(io.BufferedReader(Endless()), encoding="utf-8")

@@ -63,3 +63,27 @@ def test_an_export_whose_header_says_int32_is_refused(tmp_path):
     assert str(e.value) == (f"cannot load exported model {tmp_path / 'exported'}: wte.weight "
                             "holds torch.int32, not floating-point weights; use weights that "
                             "charlm saved")
+
+
+def test_an_export_whose_json_is_a_fifo_or_a_device_is_one_error(tmp_path):
+    """A FIFO named vocab.json blocked `charlm sample EXPORT` forever; config.json as a
+    symlink to /dev/zero filled the memory."""
+    import os
+
+    from charlm.export import load_safetensors
+    from tests.helpers import raised_reading_fifo, random_export
+
+    st = random_export(tmp_path / "st", "abc")
+    not_regular = "not a regular file (a directory, FIFO or device); give a regular file"
+    (st / "vocab.json").unlink()
+    os.mkfifo(st / "vocab.json")
+    e = raised_reading_fifo(st / "vocab.json", lambda: load_safetensors(st))
+    assert str(e) == (f"cannot load exported model {st}: cannot read export file "
+                      f"{st / 'vocab.json'}: {not_regular}")
+    (st / "config.json").unlink()
+    (st / "config.json").symlink_to("/dev/zero")
+    with pytest.raises(CharlmError) as e:
+        load_safetensors(st)
+    assert str(e.value) == (f"cannot load exported model {st}: cannot read export file "
+                            f"{st / 'config.json'}: {not_regular}")
+

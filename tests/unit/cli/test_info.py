@@ -100,3 +100,11 @@ def test_info_shapes_of_a_huge_model_is_one_error(cli, override, message):
     layers built a million meta blocks for minutes."""
     result = cli("info", ROOT / "configs" / "tiny.yaml", "--set", override, "--shapes")
     assert (result.code, result.out, result.err) == (2, "", message + "\n")
+
+
+def test_info_of_a_symlink_to_a_device_is_one_error(fails, tmp_path):
+    """`charlm info z.pt`, z.pt a symlink to /dev/zero: torch read it until a MemoryError."""
+    zero = tmp_path / "z.pt"
+    zero.symlink_to("/dev/zero")
+    fails("info", zero, message=f"cannot read checkpoint {zero}: not a regular file (a "
+                                "directory, FIFO or device); give a regular file")

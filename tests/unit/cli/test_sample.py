@@ -87,3 +87,33 @@ def test_sample_and_eval_without_cuda_name_their_own_option(fails, tmp_path, cor
 def test_prompt_file_that_is_a_directory(fails, tmp_path):
     fails("sample", tmp_path, "--prompt-file", tmp_path,
           message=f"prompt file {tmp_path} is a directory; give a text file")
+
+
+def test_an_endless_prompt_on_stdin_is_one_error(cli, monkeypatch, tmp_path):
+    """`yes | charlm sample RUN --prompt -` read stdin until a MemoryError (or the OOM killer)."""
+    from tests.helpers import endless_stdin
+
+    monkeypatch.setattr(sys, "stdin", endless_stdin())
+    result = cli("sample", tmp_path, "--prompt", "-")
+    assert (result.code, result.out, result.err) == (
+        2, "", "error: cannot read the prompt on stdin: it holds more than 4 MiB, charlm's limit "
+               "for it; give a smaller one\n")
+
+
+def test_a_prompt_file_that_is_a_fifo_a_device_or_too_large_is_one_error(fails, tmp_path):
+    """A FIFO was "not found"; a symlink to /dev/zero, or a file of gigabytes, was read whole."""
+    import os
+
+    big = tmp_path / "big.txt"
+    with open(big, "wb") as f:  # sparse: nothing is written
+        f.truncate((4 << 20) + 1)
+    fails("sample", tmp_path, "--prompt-file", big,
+          message=f"cannot read prompt file {big}: it holds more than 4 MiB, charlm's limit for "
+                  "it; give a smaller one")
+    not_regular = "not a regular file (a directory, FIFO or device); give a regular file"
+    os.mkfifo(tmp_path / "fifo")
+    fails("sample", tmp_path, "--prompt-file", tmp_path / "fifo",
+          message=f"cannot read prompt file {tmp_path / 'fifo'}: {not_regular}")
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    fails("sample", tmp_path, "--prompt-file", tmp_path / "zero",
+          message=f"cannot read prompt file {tmp_path / 'zero'}: {not_regular}")

@@ -113,3 +113,29 @@ def test_read_yaml_file_refuses_a_directory_and_text_that_is_not_utf8(tmp_path):
     with pytest.raises(CharlmError) as e:
         read_yaml_file(latin1)
     assert str(e.value) == f"config file is not UTF-8 text: {latin1} (byte 30)"
+
+
+def test_a_config_that_is_too_large_a_fifo_or_a_device_is_one_error(tmp_path):
+    """A FIFO named config.yaml blocked `charlm train` forever; a symlink to /dev/zero filled the
+    memory (MemoryError); a file of megabytes was read whole."""
+    import os
+
+    from tests.helpers import raised_reading_fifo
+
+    big = tmp_path / "big.yaml"
+    with open(big, "wb") as f:  # sparse: nothing is written
+        f.truncate((1 << 20) + 1)
+    with pytest.raises(CharlmError) as e:
+        load_config(big)
+    assert str(e.value) == (f"cannot read config file {big}: it holds more than 1 MiB, charlm's "
+                            "limit for it; give a smaller one")
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)
+    e = raised_reading_fifo(fifo, lambda: load_config(fifo))
+    not_regular = "not a regular file (a directory, FIFO or device); give a regular file"
+    assert str(e) == f"cannot read config file {fifo}: {not_regular}"
+    zero = tmp_path / "zero.yaml"
+    zero.symlink_to("/dev/zero")
+    with pytest.raises(CharlmError) as e:
+        load_config(zero)
+    assert str(e.value) == f"cannot read config file {zero}: {not_regular}"

@@ -1,5 +1,5 @@
 """charlm.core.files: atomic writes reach the disk before they replace a file, and name the target
-when they fail."""
+when they fail; whole-file reads refuse what is not a regular file, or too large."""
 
 import errno
 import os
@@ -8,8 +8,10 @@ import pytest
 
 from charlm.config.loading import save_config
 from charlm.config.schema import RunConfig
-from charlm.core.files import write_text_atomic
+from charlm.core.errors import CharlmError
+from charlm.core.files import read_capped, read_regular, write_text_atomic
 from charlm.training import checkpoint
+from tests.helpers import endless_stdin, raised_reading_fifo
 
 
 def test_a_failed_atomic_write_names_the_target_and_keeps_it(tmp_path, monkeypatch):
@@ -47,3 +49,43 @@ def test_run_files_reach_the_disk_before_they_replace_the_old_ones(tmp_path, mon
                       ("replace", f".config.yaml.tmp{tmp}", "config.yaml"),
                       ("fsync", f".last.pt.tmp{tmp}"), ("replace", f".last.pt.tmp{tmp}", "last.pt")]
     assert sorted(os.listdir(tmp_path)) == ["config.yaml", "last.pt"]
+
+
+NOT_REGULAR = "not a regular file (a directory, FIFO or device); give a regular file"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")
+def test_read_regular_refuses_a_fifo_without_waiting_for_a_writer(tmp_path):
+    fifo = tmp_path / "vocab.json"
+    os.mkfifo(fifo)
+    e = raised_reading_fifo(fifo, lambda: read_regular(fifo, "export file", 1 << 20))
+    assert isinstance(e, CharlmError)
+    assert str(e) == f"cannot read export file {fifo}: {NOT_REGULAR}"
+
+
+def test_read_regular_refuses_a_device_behind_a_symlink_and_a_directory(tmp_path):
+    zero = tmp_path / "zero.pt"
+    zero.symlink_to("/dev/zero")
+    for path in (zero, tmp_path):
+        with pytest.raises(CharlmError) as e:
+            read_regular(path, "checkpoint", 1 << 20)
+        assert str(e.value) == f"cannot read checkpoint {path}: {NOT_REGULAR}"
+
+
+def test_read_regular_refuses_a_file_over_its_limit_and_names_the_limit(tmp_path):
+    big = tmp_path / "big.yaml"
+    with open(big, "wb") as f:  # sparse: nothing is written
+        f.truncate((1 << 20) + 1)
+    with pytest.raises(CharlmError) as e:
+        read_regular(big, "config file", 1 << 20)
+    assert str(e.value) == (f"cannot read config file {big}: it holds more than 1 MiB, charlm's "
+                            "limit for it; give a smaller one")
+    assert read_regular(big, "config file", 2 << 20) == bytes((1 << 20) + 1)
+
+
+def test_read_capped_stops_an_endless_stream_just_past_its_limit():
+    stdin = endless_stdin(limit=4 << 20)
+    with pytest.raises(CharlmError) as e:
+        read_capped(stdin.buffer, 1 << 20, "the prompt on stdin")
+    assert str(e.value) == ("cannot read the prompt on stdin: it holds more than 1 MiB, "
+                            "charlm's limit for it; give a smaller one")

@@ -317,3 +317,39 @@ def test_a_prepare_stopped_between_its_moves_leaves_no_dataset_to_mistake(tmp_pa
     assert sorted(p.name for p in out.iterdir()) == ["train.bin", "val.bin"]
     with pytest.raises(CharlmError, match="is not a prepared dataset"):
         load_dataset(out)
+
+
+def test_a_meta_json_that_is_a_fifo_or_a_device_is_one_error(tmp_path, corpus):
+    """prepare --out DIR read DIR/meta.json whole to see whether DIR holds a dataset: a FIFO
+    there blocked forever, a symlink to /dev/zero filled the memory."""
+    from tests.helpers import raised_reading_fifo
+
+    out = tmp_path / "ds"
+    out.mkdir()
+    meta = out / "meta.json"
+    os.mkfifo(meta)
+    e = raised_reading_fifo(meta, lambda: prepare([corpus], out, 0.1, progress=False))
+    not_regular = "not a regular file (a directory, FIFO or device); give a regular file"
+    assert str(e) == f"cannot read dataset metadata {meta}: {not_regular}"
+    meta.unlink()
+    meta.symlink_to("/dev/zero")
+    with pytest.raises(CharlmError) as e:
+        prepare([corpus], out, 0.1, progress=False)
+    assert str(e.value) == f"cannot read dataset metadata {meta}: {not_regular}"
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json"]
+
+
+def test_read_text_refuses_a_device_and_a_text_over_its_limit(tmp_path):
+    """`charlm eval RUN /dev/zero` died of a MemoryError; a prompt file has a limit."""
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"a" * 1000)
+    assert data_module.read_text(big, "prompt file", 1000) == "a" * 1000
+    with pytest.raises(CharlmError) as e:
+        data_module.read_text(big, "prompt file", 999)
+    assert str(e.value).startswith(f"cannot read prompt file {big}: it holds more than ")
+    zero = tmp_path / "zero.txt"
+    zero.symlink_to("/dev/zero")
+    with pytest.raises(CharlmError) as e:
+        data_module.read_text(zero)
+    assert str(e.value) == (f"cannot read text file {zero}: not a regular file (a directory, "
+                            "FIFO or device); give a regular file")
