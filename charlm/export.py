@@ -180,7 +180,10 @@ def save_hf(model: GPT, vocab: Vocab, cfg: RunConfig, out: Path) -> None:
     })
     _write_json(out / "tokenizer.json", {
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
-        "normalizer": None,
+        # Characters outside the vocabulary are dropped (charlm's --unknown skip): the model has
+        # no row for an unknown token, so the WordLevel `unk_token` below is never reached.
+        "normalizer": {"type": "Replace", "pattern": {"Regex": _outside(vocab.chars)},
+                       "content": ""},
         # Every character (newlines included) is its own token; the decoder joins them as is.
         "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "[\\s\\S]"},
                           "behavior": "Isolated", "invert": False},
@@ -193,6 +196,31 @@ def save_hf(model: GPT, vocab: Vocab, cfg: RunConfig, out: Path) -> None:
         "tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
         "model_max_length": m.block_size,
     })
+
+
+def _outside(chars: list[str]) -> str:
+    """A regex (Oniguruma's, as `tokenizers` reads it) for one character not in `chars`: a
+    class of code point ranges, each written as `\\x{HEX}`, so no character needs escaping."""
+    ranges: list[list[int]] = []
+    for cp in sorted(map(ord, chars)):
+        if ranges and cp == ranges[-1][1] + 1:
+            ranges[-1][1] = cp
+        else:
+            ranges.append([cp, cp])
+    return "[^" + "".join(f"\\x{{{a:x}}}" + (f"-\\x{{{b:x}}}" if b > a else "")
+                          for a, b in ranges) + "]"
+
+
+def export_notes(format_: str, cfg: RunConfig, vocab: Vocab | PairVocab) -> list[str]:
+    """What `charlm export` says of an export beside where it wrote it: its context, which
+    transformers cannot go past, and what an hf tokenizer does with unknown characters."""
+    context = f"context: {cfg.model.block_size:,} characters (model.block_size"
+    if format_ != "hf":
+        return [f"{context})"]
+    return [f"{context}, n_positions): transformers' generate fails once prompt and new tokens "
+            "pass it, where charlm sample slides its window",
+            f"tokenizer: characters outside the model's {len(vocab):,} are dropped (it has no "
+            "unknown token)"]
 
 
 def gpt2_weights(state: dict[str, torch.Tensor], m: ModelConfig) -> dict[str, torch.Tensor]:

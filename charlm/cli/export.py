@@ -26,10 +26,12 @@ def export(
 ) -> None:
     """Export a model as safetensors, or as a Hugging Face GPT-2 directory."""
     from charlm.api import load
-    from charlm.export import FORMATS, export_model
+    from charlm.export import FORMATS, export_model, export_notes
 
     if format_ not in FORMATS:
         raise CharlmError(f"--format must be {' or '.join(FORMATS)}, got {format_!r}")
     lm = load(target, "cpu")
     export_model(lm.model, lm.vocab, lm.config, lm.source, out, format_, overwrite)
     print(f"wrote {out} ({format_})")
+    for note in export_notes(format_, lm.config, lm.vocab):
+        print(note)

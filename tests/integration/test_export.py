@@ -34,7 +34,8 @@ def test_safetensors_round_trip_gives_identical_logits(run_dir, tmp_path):
 def test_cli_export_then_sample_and_eval_from_the_export(cli, run_dir, tmp_path):
     out = tmp_path / "exported"
     result = cli("export", run_dir, "--format", "safetensors", "--out", out)
-    assert (result.code, result.out) == (0, f"wrote {out} (safetensors)\n")
+    assert (result.code, result.out) == (0, f"wrote {out} (safetensors)\ncontext: 16 characters "
+                                            "(model.block_size)\n")
     args = ["--temperature", "0", "--max-new-tokens", "30", "--prompt", "KING"]
     assert cli("sample", out, *args).out == cli("sample", run_dir, *args).out
     text = tmp_path / "t.txt"
@@ -91,7 +92,8 @@ def test_export_into_a_symlink_or_the_current_dir_fills_the_dir_it_names(cli, ru
     (tmp_path / "here").mkdir()
     monkeypatch.chdir(tmp_path / "here")
     result = cli("export", run_dir, "--out", ".")
-    assert (result.code, result.out, result.err) == (0, "wrote . (safetensors)\n", "")
+    assert (result.code, result.out, result.err) == (
+        0, "wrote . (safetensors)\ncontext: 16 characters (model.block_size)\n", "")
     assert sorted(p.name for p in (tmp_path / "here").iterdir()) == files
     (tmp_path / "a").symlink_to("b")
     (tmp_path / "b").symlink_to("a")

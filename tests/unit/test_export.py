@@ -87,3 +87,41 @@ def test_an_export_whose_json_is_a_fifo_or_a_device_is_one_error(tmp_path):
     assert str(e.value) == (f"cannot load exported model {st}: cannot read export file "
                             f"{st / 'config.json'}: {not_regular}")
 
+
+def test_hf_tokenizer_drops_characters_outside_the_vocab(tmp_path):
+    """The tokenizer named an unknown token `<unk>` that its vocab lacked: any character
+    outside the vocab (`tokenizer("hi 😀")`) raised "WordLevel error: Missing [UNK] token"."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from charlm.config.schema import RunConfig
+    from charlm.data.vocab import Vocab
+    from charlm.model.gpt import GPT
+    from tests.helpers import tiny_model_config
+
+    cfg = RunConfig(model=tiny_model_config())
+    # characters a regex class would need to escape, a run of neighbours, one beyond the BMP
+    vocab = Vocab(sorted("\n -]^\\abchié🙂"))
+    save_hf(GPT(cfg.model, len(vocab)), vocab, cfg, tmp_path / "hf")
+    tok = tokenizers.Tokenizer.from_file(str(tmp_path / "hf" / "tokenizer.json"))
+    text = "hi 😀 [a-c]^\\ d é🙂\r\nZ"
+    kept = "".join(c for c in text if c in vocab.index)
+    assert kept == "hi  a-c]^\\  é🙂\n"
+    assert tok.encode(text).ids == vocab.encode(kept)
+    assert tok.decode(tok.encode(text).ids) == kept
+
+
+def test_export_says_its_context_and_what_the_hf_tokenizer_drops(cli, tmp_path):
+    """transformers' generate fails past n_positions where charlm sample slides its window:
+    the export says how long its context is."""
+    from tests.helpers import random_export
+
+    st = random_export(tmp_path / "st", "abc\n")
+    result = cli("export", st, "--out", tmp_path / "hf", "--format", "hf")
+    assert (result.code, result.err) == (0, "")
+    assert result.out == (
+        f"wrote {tmp_path / 'hf'} (hf)\n"
+        "context: 16 characters (model.block_size, n_positions): transformers' generate fails "
+        "once prompt and new tokens pass it, where charlm sample slides its window\n"
+        "tokenizer: characters outside the model's 4 are dropped (it has no unknown token)\n")
+    result = cli("export", st, "--out", tmp_path / "again")
+    assert result.out == (f"wrote {tmp_path / 'again'} (safetensors)\n"
+                          "context: 16 characters (model.block_size)\n")
