@@ -45,7 +45,8 @@ def train(
     resume: Annotated[bool, typer.Option(help="Continue the run in the run dir from last.pt.")]
     = False,
     overwrite: Annotated[
-        bool, typer.Option(help="Start over in a run dir that already holds a run.")
+        bool, typer.Option(help="Start over in a run dir that already holds a run (only the "
+                           "run's own files are removed).")
     ] = False,
 ) -> None:
     """Train a GPT (or resume a run) and write checkpoints, metrics and TensorBoard logs."""

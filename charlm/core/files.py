@@ -11,8 +11,9 @@ import contextlib
 import fcntl
 import glob
 import os
+import re
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -32,6 +33,25 @@ def remove_temps(path: Path, tag: str = "tmp", only_dead: bool = False) -> None:
         pid = tmp.name[len(path.name) + len(tag) + 3:]
         if pid.isdigit() and tmp.is_file() and not (only_dead and _running(int(pid))):
             tmp.unlink(missing_ok=True)
+
+
+def strangers(directory: Path, own: Collection[str]) -> list[str]:
+    """The names in `directory` that charlm did not put there, sorted: neither one of `own` nor
+    a temporary name (`temp_beside`) of one. Whatever they are (a user's notes, .git/, another
+    tool's files), charlm must neither remove them nor bury its own files among them."""
+    return sorted(p.name for p in directory.iterdir() if p.name not in own
+                  and _temp_of(p.name) not in own)
+
+
+def some(names: Sequence[str], most: int = 5) -> str:
+    """The first `most` of `names`, for a one-line error: `a, b, c, ...`."""
+    return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
+
+
+def _temp_of(name: str) -> str | None:
+    """NAME of a `.NAME.TAG-PID` temporary name, else None."""
+    match = re.fullmatch(r"\.(.+)\.[a-z]+-[0-9]+", name)
+    return match and match.group(1)
 
 
 def _running(pid: int) -> bool:

@@ -1,23 +1,32 @@
 """What belongs to a run dir: its files (`RUN_FILES`), the lock a run holds on it, refusing to
-start over an existing run, clearing one for --overwrite, removing what a killed run left
-half-saved, and the config of a resumed run (`resume_config`)."""
+start over an existing run or among files that are no run's, clearing a run's own files for
+--overwrite, removing what a killed run left half-saved, and the config of a resumed run
+(`resume_config`)."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
 import dataclasses
-import shutil
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import torch
+
 from charlm.config.loading import Override, apply_overrides, load_config, save_config
 from charlm.config.schema import RunConfig
+from charlm.config.values import read_yaml_file
 from charlm.core.errors import CharlmError
-from charlm.core.files import locked_dir, make_writable_dir, remove_temps
+from charlm.core.files import locked_dir, make_writable_dir, remove_temps, some, strangers
 from charlm.training import checkpoint
 
+# What a run writes, and all that --overwrite removes (of tb/, only TensorBoard's event files).
 RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "tb", "config.yaml")
+TB_EVENTS = "events.out.tfevents.*"
+# Made before a run's first step, and kept by --overwrite: the dataset cache of `charlm train
+# TEXT` (reused while its text is unchanged) and the config `charlm tune` writes for a trial.
+KEPT = ("dataset", "trial.yaml")
 
 
 def resume_config(run_dir: Path, config_path: str | Path | None,
@@ -29,7 +38,7 @@ def resume_config(run_dir: Path, config_path: str | Path | None,
     ckpt_path = run_dir / "last.pt"
     if ckpt_path.is_dir():  # not "no checkpoint": a fresh start would send the user back here
         raise CharlmError(f"--resume: {ckpt_path} is a directory, not a checkpoint; move it out "
-                          "of the way, or start over with --overwrite")
+                          "of the way, then start over with --overwrite")
     if not ckpt_path.exists():  # anything else that is there, `checkpoint.load` explains
         raise CharlmError(f"--resume: no checkpoint {ckpt_path}; start the run without --resume")
     try:
@@ -54,30 +63,90 @@ def resume_config(run_dir: Path, config_path: str | Path | None,
     return cfg
 
 
+def holds_run(run_dir: Path) -> bool:
+    """Whether `run_dir` holds a run: a charlm checkpoint, or the complete run config a run
+    writes first (a run stopped before its first checkpoint). Other files of these names do not
+    make a run: they are not charlm's to replace."""
+    return any(_is_own(run_dir / name) for name in ("last.pt", "best.pt", "config.yaml"))
+
+
+def _is_own(path: Path) -> bool:
+    """Whether what is at `path`, one of `RUN_FILES`, is what charlm writes there."""
+    if path.name == "tb":
+        return path.is_dir()
+    if not path.is_file():
+        return False
+    if path.name == "config.yaml":
+        return _written_by_run(path)
+    if path.name == "metrics.jsonl":
+        return True
+    try:  # a checkpoint, read without its tensors (mmap): a large one costs what a small one does
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # not a torch zip, or pickled code: whatever it is, it is not ours
+        return False
+    return isinstance(state, dict) and state.get("format") == checkpoint.FORMAT
+
+
+def _written_by_run(config: Path) -> bool:
+    """A config.yaml as a run writes it: a run config with every key (the resolved config); a
+    user's own config names only what it changes, so it makes no run."""
+    try:
+        raw, full = read_yaml_file(config), load_config(config).to_dict()
+    except (CharlmError, OSError):
+        return False
+    return isinstance(raw, dict) and raw.keys() == full.keys() and all(
+        isinstance(raw[s], dict) and raw[s].keys() == full[s].keys() for s in full)
+
+
 def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
-    """Refuse to start a fresh run over an existing one unless told to; make sure the run dir
-    is writable. Removes nothing (see `clear_run`)."""
+    """Refuse to start a fresh run over an existing one unless told to, or in a non-empty
+    directory that holds no run (a run among unrelated files would make their names charlm's);
+    make sure the run dir is writable. Removes nothing (see `clear_run`)."""
     if run_dir.exists() and not run_dir.is_dir():
         raise CharlmError(f"train.out_dir {run_dir} is a file; choose a directory")
+    if run_dir.is_dir() and not resume:
+        if holds_run(run_dir):
+            _check_run_files(run_dir, overwrite)
+        else:
+            # files of a run's names are not a run's here; its killed saves' temporaries may be
+            # (a run killed while writing its first config.yaml): `start_run` removes them
+            others = sorted({*strangers(run_dir, (*KEPT, *RUN_FILES)),
+                             *set(RUN_FILES).intersection(os.listdir(run_dir))})
+            if others:
+                raise CharlmError(
+                    f"{run_dir} is not empty and holds no charlm run ({some(others)}); give a "
+                    "new or empty directory as --out, or a run dir to replace")
+    make_writable_dir(run_dir, f"run dir {run_dir}")
+
+
+def _check_run_files(run_dir: Path, overwrite: bool) -> None:
+    """A run is there: refused without --overwrite; with it, each file of a run's names must be
+    what charlm writes (another tool's best.pt, a directory named last.pt, are not ours)."""
     existing = [n for n in RUN_FILES if (run_dir / n).exists()]
-    if existing and not resume and not overwrite:
+    if not overwrite:
         # A run stopped before its first checkpoint has files but nothing to resume from.
-        how = "continue it with --resume, " if "last.pt" in existing else ""
+        how = "continue it with --resume, " if (run_dir / "last.pt").is_file() else ""
         raise CharlmError(
             f"{run_dir} already holds a run ({', '.join(existing)}); {how}start over with "
             "--overwrite, or choose another --out"
         )
-    make_writable_dir(run_dir, f"run dir {run_dir}")
+    odd = [n for n in existing if not _is_own(run_dir / n)]
+    if odd:
+        raise CharlmError(f"{run_dir / odd[0]} is not what charlm writes there, and --overwrite "
+                          "removes only a run's own files; move it out of the way, or choose "
+                          "another --out")
 
 
 def clear_run(run_dir: Path) -> None:
-    """--overwrite: remove the previous run's files (the prepared dataset cache stays)."""
-    for name in RUN_FILES:
-        path = run_dir / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
+    """--overwrite: remove the previous run's files, only those charlm wrote (of tb/, its event
+    files: a user's notes there stay); the dataset cache and anything else stays. config.yaml
+    goes last, so a run stopped in between is still known as a run."""
+    for event in (run_dir / "tb").glob(TB_EVENTS):
+        event.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        (run_dir / "tb").rmdir()  # only when empty
+    for name in ("last.pt", "best.pt", "metrics.jsonl", "config.yaml"):
+        (run_dir / name).unlink(missing_ok=True)
 
 
 def start_run(run_dir: Path, cfg: RunConfig) -> None:

@@ -70,7 +70,7 @@ def test_resume_when_last_pt_is_a_directory_does_not_say_no_checkpoint(fails, tr
     (trained / "last.pt").mkdir()
     fails("train", "--out", trained, "--resume",
           message=f"--resume: {trained / 'last.pt'} is a directory, not a checkpoint; move it "
-                  "out of the way, or start over with --overwrite")
+                  "out of the way, then start over with --overwrite")
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")

@@ -89,3 +89,16 @@ def test_read_capped_stops_an_endless_stream_just_past_its_limit():
         read_capped(stdin.buffer, 1 << 20, "the prompt on stdin")
     assert str(e.value) == ("cannot read the prompt on stdin: it holds more than 1 MiB, "
                             "charlm's limit for it; give a smaller one")
+
+
+def test_strangers_are_the_names_charlm_did_not_write(tmp_path):
+    """What `--overwrite` and a fresh run must leave alone: anything but the given names and
+    the `.NAME.TAG-PID` temporaries of those names."""
+    from charlm.core.files import strangers
+
+    for name in ("config.yaml", ".config.yaml.tmp-12", ".last.pt.old-3", "notes.txt",
+                 ".config.yaml.tmp-x", "config.yaml.tmp-1", ".git"):
+        (tmp_path / name).touch()
+    assert strangers(tmp_path, ("config.yaml",)) == [
+        ".config.yaml.tmp-x", ".git", ".last.pt.old-3", "config.yaml.tmp-1", "notes.txt"]
+
