@@ -22,6 +22,9 @@ from charlm.core.errors import CharlmError, one_line
 from charlm.core.files import (
     make_writable_dir,
     read_regular,
+    remove_temps,
+    some,
+    strangers,
     temp_beside,
     write_atomic,
     write_text_atomic,
@@ -39,6 +42,10 @@ EXPORT_VERSION = 1
 
 
 WEIGHTS = "model.safetensors"
+
+
+# Every file an export of either format writes: all that --overwrite may replace.
+EXPORT_FILES = (WEIGHTS, "config.json", "vocab.json", "tokenizer.json", "tokenizer_config.json")
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -88,26 +95,44 @@ def resolve_out(out: Path) -> Path:
 
 
 def write_dir(out: Path, write: Callable[[Path], None], overwrite: bool) -> None:
-    """Run `write(dir)` into a fresh sibling directory, then move it to `out`: a failed export
-    leaves `out` as it was. An existing non-empty `out` is refused unless `overwrite`, and is
-    then replaced whole, so no file of an earlier export lingers."""
-    if out.exists() and not out.is_dir():
-        raise CharlmError(f"--out {out} is a file; give a directory")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise CharlmError(f"--out {out} is not empty; give a new directory, or --overwrite to "
-                          "replace its contents")
+    """Run `write(dir)` into a fresh sibling directory, then move it to `out`: a failed or
+    interrupted export leaves `out` as it was, and no temporary directory. An existing
+    non-empty `out` must be an earlier export (`check_replaceable`); it is replaced whole, so no
+    file of it lingers. What exports killed before their end left beside `out` is removed."""
+    check_replaceable(out, overwrite)
     real = resolve_out(out)
     make_writable_dir(real.parent, f"--out {out}")
     tmp, old = temp_beside(real), temp_beside(real, "old")
+    for tag in ("tmp", "old"):  # a SIGKILL, or a power loss, before their `finally`
+        remove_temps(real, tag, only_dead=True)
     try:
         tmp.mkdir()
         write(tmp)
         if real.exists():
             os.replace(real, old)
         os.replace(tmp, real)
-    finally:
+    finally:  # KeyboardInterrupt, SystemExit and the like too
+        if old.exists() and not real.exists():  # stopped between the two moves
+            os.replace(old, real)
         for leftover in (tmp, old):
             shutil.rmtree(leftover, ignore_errors=True)
+
+
+def check_replaceable(out: Path, overwrite: bool) -> None:
+    """`out` may be written: new, empty, or, with `overwrite`, an earlier export (of either
+    format) and nothing else; .git/, a thesis or another run's checkpoints are not ours."""
+    if out.exists() and not out.is_dir():
+        raise CharlmError(f"--out {out} is a file; give a directory")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    others = strangers(out, EXPORT_FILES) + [n for n in EXPORT_FILES if (out / n).is_dir()]
+    if others or not is_export_dir(out):
+        shown = some(others or strangers(out, ()))
+        raise CharlmError(f"--out {out} holds files that are not an earlier export ({shown}); "
+                          "give a new or empty directory, or an earlier export to replace")
+    if not overwrite:
+        raise CharlmError(f"--out {out} holds an earlier export; give a new directory, or "
+                          "--overwrite to replace it")
 
 
 def is_export_dir(path: Path) -> bool:

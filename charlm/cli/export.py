@@ -21,7 +21,8 @@ def export(
                           "(transformers GPT-2 + tokenizer).")
     ] = "safetensors",
     overwrite: Annotated[
-        bool, typer.Option(help="Replace the contents of a non-empty --out directory.")
+        bool, typer.Option(help="Replace an earlier export in --out (a directory holding "
+                           "anything else is refused).")
     ] = False,
 ) -> None:
     """Export a model as safetensors, or as a Hugging Face GPT-2 directory."""

@@ -12,6 +12,7 @@ import fcntl
 import glob
 import os
 import re
+import shutil
 import stat
 from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
@@ -26,12 +27,17 @@ def temp_beside(path: Path, tag: str = "tmp") -> Path:
 
 
 def remove_temps(path: Path, tag: str = "tmp", only_dead: bool = False) -> None:
-    """Remove the temporary files of `temp_beside(path, tag)` that any process left (a SIGKILL
-    between writing one and moving it into place). Only for a caller that knows no other process
-    is writing `path`, or with `only_dead`, those of processes that no longer run."""
+    """Remove the temporary files (or an export's directories) of `temp_beside(path, tag)` that
+    any process left (a SIGKILL between writing one and moving it into place). Only for a caller
+    that knows no other process is writing `path`, or with `only_dead`, those of processes that
+    no longer run (and this one's, before it writes: a dead process's whose PID it reuses)."""
     for tmp in path.parent.glob(f".{glob.escape(path.name)}.{tag}-*"):
         pid = tmp.name[len(path.name) + len(tag) + 3:]
-        if pid.isdigit() and tmp.is_file() and not (only_dead and _running(int(pid))):
+        if not pid.isdigit() or (only_dead and int(pid) != os.getpid() and _running(int(pid))):
+            continue
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        elif tmp.is_file():
             tmp.unlink(missing_ok=True)
 
 

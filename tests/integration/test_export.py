@@ -57,11 +57,18 @@ def test_cli_export_refuses_a_non_empty_dir_and_overwrite_replaces_it_whole(cli,
     out = tmp_path / "exported"
     out.mkdir()
     (out / "config.json").write_text("my notes")
-    result = cli("export", run_dir, "--out", out)
-    assert (result.code, result.err) == (2, f"error: --out {out} is not empty; give a new "
-                                            "directory, or --overwrite to replace its contents\n")
+    for more in ([], ["--overwrite"]):  # the user's config.json is no export to replace
+        result = cli("export", run_dir, "--out", out, *more)
+        assert (result.code, result.err) == (
+            2, f"error: --out {out} holds files that are not an earlier export (config.json); "
+               "give a new or empty directory, or an earlier export to replace\n")
     assert [p.name for p in out.iterdir()] == ["config.json"]
     assert (out / "config.json").read_text() == "my notes"
+    (out / "config.json").unlink()
+    assert cli("export", run_dir, "--out", out).code == 0
+    result = cli("export", run_dir, "--out", out)
+    assert (result.code, result.err) == (2, f"error: --out {out} holds an earlier export; give "
+                                            "a new directory, or --overwrite to replace it\n")
     assert cli("export", run_dir, "--out", out, "--overwrite").code == 0
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors",
                                                      "vocab.json"]
@@ -81,6 +88,10 @@ def test_export_into_a_symlink_or_the_current_dir_fills_the_dir_it_names(cli, ru
     (tmp_path / "target" / "notes.txt").write_text("mine")
     (tmp_path / "link").symlink_to("target")
     (tmp_path / "dangling").symlink_to("elsewhere")
+    result = cli("export", run_dir, "--out", tmp_path / "link", "--overwrite")
+    assert result.code == 2 and "(notes.txt)" in result.err  # the user's notes stay
+    (tmp_path / "target" / "notes.txt").unlink()
+    assert cli("export", run_dir, "--out", tmp_path / "link").code == 0
     assert cli("export", run_dir, "--out", tmp_path / "link", "--overwrite").code == 0
     assert cli("export", run_dir, "--out", tmp_path / "dangling").code == 0
     # the links stay links, the export is where they point, no temporary names are left

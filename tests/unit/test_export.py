@@ -1,5 +1,5 @@
-"""charlm.export without a trained run: a failed export leaves the dir as it was, and what GPT-2
-cannot express is refused."""
+"""charlm.export without a trained run: a failed or interrupted export leaves the dir as it was,
+--overwrite replaces only an earlier export, and what GPT-2 cannot express is refused."""
 
 import json
 
@@ -125,3 +125,89 @@ def test_export_says_its_context_and_what_the_hf_tokenizer_drops(cli, tmp_path):
     result = cli("export", st, "--out", tmp_path / "again")
     assert result.out == (f"wrote {tmp_path / 'again'} (safetensors)\n"
                           "context: 16 characters (model.block_size)\n")
+
+
+def _export(d):
+    """What an export of the safetensors format writes."""
+    for name, data in (("model.safetensors", b"weights"), ("config.json", b"{}"),
+                       ("vocab.json", b"[]")):
+        (d / name).write_bytes(data)
+
+
+@pytest.mark.parametrize("theirs", [".git/HEAD", "thesis.tex", "last.pt", "config.json"])
+def test_overwrite_refuses_a_dir_that_is_not_an_earlier_export(tmp_path, theirs):
+    """`export --overwrite` replaced the whole dir: .git/, a thesis, another run's checkpoints
+    (or a lone config.json of someone else's) went with it."""
+    out = tmp_path / "v"
+    (out / theirs).parent.mkdir(parents=True, exist_ok=True)
+    (out / theirs).write_text("t\n")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(CharlmError) as e:
+        write_dir(out, _export, overwrite=True)
+    assert str(e.value) == (f"--out {out} holds files that are not an earlier export "
+                            f"({theirs.split('/')[0]}); give a new or empty directory, or an "
+                            "earlier export to replace")
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["v"]
+
+
+def test_overwrite_replaces_an_earlier_export_whole(tmp_path):
+    out = tmp_path / "v"
+    out.mkdir()
+    _export(out)
+    (out / "tokenizer.json").write_text("{}")  # an earlier hf export's
+    with pytest.raises(CharlmError) as e:
+        write_dir(out, _export, overwrite=False)
+    assert str(e.value) == (f"--out {out} holds an earlier export; give a new directory, or "
+                            "--overwrite to replace it")
+    write_dir(out, lambda d: (d / "model.safetensors").write_bytes(b"new"), overwrite=True)
+    assert [p.name for p in out.iterdir()] == ["model.safetensors"]
+    assert [p.name for p in tmp_path.iterdir()] == ["v"]
+
+
+@pytest.mark.parametrize("signal", [KeyboardInterrupt, SystemExit(143)], ids=["int", "exit"])
+@pytest.mark.parametrize("when", ["writing", "moving"])
+def test_an_interrupted_export_leaves_the_earlier_one_and_no_temporary(tmp_path, monkeypatch,
+                                                                      signal, when):
+    """Ctrl-C or SIGTERM (which the CLI raises as SystemExit or its Interrupt) while writing
+    leaves no 75 MB `.OUT.tmp-PID/`; one between moving the earlier export aside and moving
+    the new one in deleted both, leaving no --out at all."""
+    import os
+
+    out = tmp_path / "v"
+    out.mkdir()
+    _export(out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real_replace = os.replace
+
+    def write(d):
+        (d / "model.safetensors").write_bytes(b"half")
+        if when == "writing":
+            raise signal
+
+    def replace(src, dst):
+        if when == "moving" and str(src).endswith(f".v.tmp-{os.getpid()}"):
+            raise signal
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(type(signal) if isinstance(signal, BaseException) else signal):
+        write_dir(out, write, overwrite=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["v"]
+
+
+def test_the_next_export_removes_what_a_killed_export_left(tmp_path):
+    """A SIGKILL (or a power loss) during an export leaves `.OUT.tmp-PID/` as big as the
+    export, which nothing removed; the next export into that place removes those of dead
+    processes, and keeps a running one's."""
+    import os
+
+    dead, running = 4_194_305, os.getppid()  # above Linux's largest pid_max; pytest's parent
+    left = [tmp_path / f".v.tmp-{dead}", tmp_path / f".v.old-{dead}"]
+    kept = tmp_path / f".v.tmp-{running}"
+    for d in (*left, kept):
+        d.mkdir()
+        _export(d)
+    write_dir(tmp_path / "v", _export, overwrite=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["v", kept.name])

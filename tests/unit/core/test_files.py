@@ -102,3 +102,16 @@ def test_strangers_are_the_names_charlm_did_not_write(tmp_path):
     assert strangers(tmp_path, ("config.yaml",)) == [
         ".config.yaml.tmp-x", ".git", ".last.pt.old-3", "config.yaml.tmp-1", "notes.txt"]
 
+
+def test_remove_temps_only_dead_removes_a_dead_exports_directory_too(tmp_path):
+    """A killed export leaves `.OUT.tmp-PID/` (as big as the export): the next export removes
+    it, and its own PID's (a dead process's it reuses), but not a running process's."""
+    from charlm.core.files import remove_temps
+
+    out = tmp_path / "out"
+    dead, running = 4_194_305, os.getppid()  # above Linux's largest pid_max; pytest's parent
+    for pid in (dead, os.getpid(), running):
+        (tmp_path / f".out.tmp-{pid}").mkdir()
+        (tmp_path / f".out.tmp-{pid}" / "model.safetensors").write_bytes(b"x" * 10)
+    remove_temps(out, only_dead=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f".out.tmp-{running}"]
