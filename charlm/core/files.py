@@ -20,6 +20,9 @@ from typing import BinaryIO
 
 from charlm.core.errors import CharlmError
 
+# `make_writable_dir`'s probe: another torchrun rank may list the run dir while it is there
+PROBE = ".write-test-"
+
 
 def temp_beside(path: Path, tag: str = "tmp") -> Path:
     """`.NAME.TAG-PID` in the directory of `path`: hidden, and one per process."""
@@ -46,7 +49,7 @@ def strangers(directory: Path, own: Collection[str]) -> list[str]:
     a temporary name (`temp_beside`) of one. Whatever they are (a user's notes, .git/, another
     tool's files), charlm must neither remove them nor bury its own files among them."""
     return sorted(p.name for p in directory.iterdir() if p.name not in own
-                  and _temp_of(p.name) not in own)
+                  and _temp_of(p.name) not in own and not p.name.startswith(PROBE))
 
 
 def some(names: Sequence[str], most: int = 5) -> str:
@@ -101,7 +104,7 @@ def make_writable_dir(path: Path, what: str) -> None:
     one CharlmError naming `what` (the path the user gave), not a temporary file's name."""
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-test-{os.getpid()}-{id(path)}"  # one per process (DDP ranks)
+        probe = path / f"{PROBE}{os.getpid()}-{id(path)}"  # one per process (DDP ranks)
         probe.touch()
         probe.unlink()
     except OSError as e:

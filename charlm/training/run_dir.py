@@ -25,8 +25,8 @@ from charlm.training import checkpoint
 RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "tb", "config.yaml")
 TB_EVENTS = "events.out.tfevents.*"
 # Made before a run's first step, and kept by --overwrite: the dataset cache of `charlm train
-# TEXT` (reused while its text is unchanged) and the config `charlm tune` writes for a trial.
-KEPT = ("dataset", "trial.yaml")
+# TEXT` (reused while its text is unchanged), and the config and log of a `charlm tune` trial.
+KEPT = ("dataset", "trial.yaml", "train.log")
 
 
 def resume_config(run_dir: Path, config_path: str | Path | None,

@@ -97,7 +97,7 @@ def test_strangers_are_the_names_charlm_did_not_write(tmp_path):
     from charlm.core.files import strangers
 
     for name in ("config.yaml", ".config.yaml.tmp-12", ".last.pt.old-3", "notes.txt",
-                 ".config.yaml.tmp-x", "config.yaml.tmp-1", ".git"):
+                 ".config.yaml.tmp-x", "config.yaml.tmp-1", ".git", ".write-test-1-2"):
         (tmp_path / name).touch()
     assert strangers(tmp_path, ("config.yaml",)) == [
         ".config.yaml.tmp-x", ".git", ".last.pt.old-3", "config.yaml.tmp-1", "notes.txt"]
