@@ -72,3 +72,24 @@ def too_short(seconds: float, spent: float, steps: int, step_s: float, eval_s: f
         f"({format_duration(eval_s + save_s)}), which leaves no time for the final "
         f"evaluation; give at least {format_duration(math.ceil(need))} "
         "(or set train.max_iters without a budget)")
+
+
+def require_same_budget(max_time: float | None, max_iters: int | None,
+                        saved_time: float | None, budget_steps: int | None) -> None:
+    """A resume keeps the steps its time budget fixed (`budget_steps`; the schedule is laid over
+    them): refuse a train.max_time other than the one that fixed them (`saved_time`), or a
+    train.max_iters the user set to other steps (None: none set), either of which would not
+    apply."""
+    if budget_steps is None or max_time is None or saved_time is None:
+        return  # no steps fixed, or the budget is dropped (max_iters rules)
+    if max_time != saved_time:
+        key = f"train.max_time={format_duration(max_time)}"
+    elif max_iters is not None and max_iters != budget_steps:
+        key = f"train.max_iters={max_iters}"
+    else:
+        return
+    raise CharlmError(
+        f"--resume: {key} cannot apply: the run's time budget train.max_time="
+        f"{format_duration(saved_time)} fixed its steps at {budget_steps}, its schedule laid "
+        "over them; to train to another step, resume with --set train.max_time=null --set "
+        "train.max_iters=N")

@@ -40,6 +40,7 @@ from charlm.training.faults import Interrupted, StopSignals
 from charlm.training.metrics import MetricsLogger
 from charlm.training.optimizer import step_if
 from charlm.training.records import log_final, report_skipped, train_event, write
+from charlm.training.resume import require_steps_left
 from charlm.training.run_dir import check_run_dir, run_lock
 from charlm.training.run_objects import (
     Clock,
@@ -121,15 +122,11 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
     # Every rank loads the same last.pt, onto the CPU: torch sets RNG states only from CPU
     # tensors, and the model's and the optimizer's load_state_dict move theirs to the device.
     ckpt = checkpoint.load(run_dir / "last.pt") if resume else None
+    if ckpt is not None:
+        require_steps_left(cfg, ckpt, run_dir / "last.pt")
     run = build_run(cfg, dist, device, dtype, ckpt)
     if ckpt is not None:
         checkpoint.restore(ckpt, run.stateful(), run_dir / "last.pt")
-        if run.state.step > tc.max_iters:  # it would stop at once, with a config not the run's
-            raise CharlmError(
-                f"--resume: train.max_iters={tc.max_iters} is below the step the run has "
-                f"reached ({run.state.step}, {run_dir / 'last.pt'}); give at least "
-                f"{run.state.step}"
-            )
     wrap_model(run)
     clock.before = run.state.elapsed_s
     timer = budget_timer(run)
@@ -228,9 +225,12 @@ def open_files(files: RunFiles, clock: Clock) -> MetricsLogger:
 
 def budget_timer(run: Run) -> StepTimer | None:
     """The step timer of a run with a time budget whose steps are not fixed yet. A resumed run
-    whose budget fixed them keeps them (and so its schedule): they become max_iters."""
+    whose budget fixed them keeps them (and so its schedule): they become max_iters (a resume
+    that sets others is refused, `budget.require_same_budget`). A budget dropped on resume
+    (max_time null) leaves max_iters in charge, and a later one is planned afresh."""
     tc, state = run.cfg.train, run.state
     if tc.max_time is None:
+        state.budget_steps = None
         return None
     if state.budget_steps is None:
         return StepTimer(tc.max_time)

@@ -6,7 +6,6 @@ start over an existing run or among files that are no run's, clearing a run's ow
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import os
 from collections.abc import Iterator, Sequence
@@ -20,6 +19,8 @@ from charlm.config.values import read_yaml_file
 from charlm.core.errors import CharlmError
 from charlm.core.files import locked_dir, make_writable_dir, remove_temps, some, strangers
 from charlm.training import checkpoint
+from charlm.training.budget import require_same_budget
+from charlm.training.resume import with_edits
 
 # What a run writes, and all that --overwrite removes (of tb/, only TensorBoard's event files).
 RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "tb", "config.yaml")
@@ -31,9 +32,11 @@ KEPT = ("dataset", "trial.yaml", "train.log")
 
 def resume_config(run_dir: Path, config_path: str | Path | None,
                   overrides: Sequence[Override]) -> RunConfig:
-    """The config of a resumed run: the checkpoint's (or CONFIG's) with overrides applied.
+    """The config of a resumed run: the checkpoint's, with the user's edits of RUN/config.yaml
+    (`resume.with_edits`), or CONFIG's, then the overrides.
 
-    The architecture comes from the checkpoint: an override or CONFIG that changes it is an error.
+    The architecture comes from the checkpoint: an override, edit or CONFIG that changes it is
+    an error, as is one that changes the steps a time budget fixed (`require_same_budget`).
     """
     ckpt_path = run_dir / "last.pt"
     if ckpt_path.is_dir():  # not "no checkpoint": a fresh start would send the user back here
@@ -41,15 +44,23 @@ def resume_config(run_dir: Path, config_path: str | Path | None,
                           "of the way, then start over with --overwrite")
     if not ckpt_path.exists():  # anything else that is there, `checkpoint.load` explains
         raise CharlmError(f"--resume: no checkpoint {ckpt_path}; start the run without --resume")
+    ckpt = checkpoint.load(ckpt_path)
     try:
-        saved = checkpoint.check_config(checkpoint.load(ckpt_path))
+        saved = checkpoint.check_config(ckpt)
     except ValueError as e:
         raise checkpoint.damaged(ckpt_path, e) from None
     if config_path is not None:
         cfg = load_config(config_path, overrides)
     else:
-        raw = apply_overrides(copy.deepcopy(saved), overrides)
+        raw = apply_overrides(with_edits(run_dir, saved, ckpt_path), overrides)
         cfg = RunConfig.from_dict(raw, f"{ckpt_path} config")
+    ts, saved_train = ckpt.get("train_state"), saved.get("train")
+    require_same_budget(  # malformed parts are the restore's to report
+        cfg.train.max_time,
+        # without CONFIG, a max_iters other than the checkpoint's is the user's (--set, edit)
+        cfg.train.max_iters if config_path is None else None,
+        saved_train.get("max_time") if isinstance(saved_train, dict) else None,
+        ts.get("budget_steps") if isinstance(ts, dict) else None)
     # Resolved, so a key missing from an older checkpoint's config counts as its default.
     saved_model = RunConfig.from_dict({"model": saved["model"]}, f"{ckpt_path} config").model
     for key, value in dataclasses.asdict(saved_model).items():

@@ -15,7 +15,7 @@ from charlm.training.checkpoint import load
 from charlm.training.faults import Interrupted
 from charlm.training.loop import lr_at, train
 from charlm.training.run_dir import resume_config
-from tests.helpers import assert_same_weights, signal_after_steps, with_
+from tests.helpers import assert_same_weights, files_under, signal_after_steps, with_
 
 
 @pytest.fixture
@@ -105,3 +105,40 @@ def test_a_budget_too_short_for_an_evaluation_is_one_error(tiny_cfg, quick_timer
     assert message.startswith("train.max_time=0.0s is too short for this run here: ")
     assert "which leaves no time for the final evaluation; give at least " in message
     assert message.endswith("(or set train.max_iters without a budget)")
+
+
+def test_a_finished_budget_refuses_what_it_cannot_apply_and_trains_on_without_it(
+        cli, tiny_cfg, quick_timer, monkeypatch):
+    """A finished --time run resumed with --set train.max_iters=2000 or --time 30s said "done"
+    with exit 0, trained nothing, and config.yaml then recorded a budget never applied. Each is
+    one error now, every file as it was; dropping the budget trains on to max_iters."""
+    fixed_plan(monkeypatch, 3)
+    cfg = with_(tiny_cfg, train={"max_time": 600.0, "eval_interval": 100, "eval_iters": 1,
+                                 "sample_chars": 0})
+    train(cfg)
+    run = Path(cfg.train.out_dir)
+    before = files_under(run)
+    how = "--set train.max_time=null --set train.max_iters=N"
+    for args, message in [
+        (["--set", "train.max_iters=2000"],
+         "--resume: train.max_iters=2000 cannot apply: the run's time budget "
+         f"train.max_time=10m00s fixed its steps at 7, its schedule laid over them; to train to "
+         f"another step, resume with {how}"),
+        (["--time", "30s"],
+         "--resume: train.max_time=30.0s cannot apply: the run's time budget train.max_time=10m00s "
+         f"fixed its steps at 7, its schedule laid over them; to train to another step, resume "
+         f"with {how}"),
+        ([], f"--resume: nothing to train: {run / 'last.pt'} is at step 7 and train.max_iters "
+             "is 7, where its time budget train.max_time=10m00s ended; to train on, resume with "
+             f"{how} (N above 7)"),
+    ]:
+        result = cli("train", "--out", run, "--resume", *args)
+        assert (result.code, result.err) == (2, f"error: {message}\n")
+        assert files_under(run) == before
+    longer = cli("train", "--out", run, "--resume", "--set", "train.max_time=null",
+                 "--set", "train.max_iters=9")
+    assert longer.code == 0 and "done: 9 steps" in longer.out
+    last = load(run / "last.pt")
+    assert "budget_steps" not in last["train_state"]
+    saved = yaml.safe_load((run / "config.yaml").read_text())["train"]
+    assert (saved["max_iters"], saved["max_time"]) == (9, None)

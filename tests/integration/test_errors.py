@@ -100,8 +100,9 @@ def test_resume_with_a_conflicting_architecture(fails, trained):
 
 def test_resume_with_max_iters_below_the_step_reached(fails, trained):
     fails("train", "--out", trained, "--resume", "--set", "train.max_iters=10",
-          message=f"--resume: train.max_iters=10 is below the step the run has reached (20, "
-                  f"{trained / 'last.pt'}); give at least 20")
+          message=f"--resume: nothing to train: {trained / 'last.pt'} is at step 20 and "
+                  "train.max_iters is 10; to train on, resume with --set train.max_iters=N "
+                  "(N above 20)")
 
 
 def test_resume_with_other_data_leaves_the_run_and_its_dataset_cache_alone(fails, trained,
@@ -109,7 +110,7 @@ def test_resume_with_other_data_leaves_the_run_and_its_dataset_cache_alone(fails
     """Text with another vocabulary is refused before the run's prepared dataset cache would
     be rebuilt from it (`fails` checks every file under tmp_path, the cache included)."""
     other = write(tmp_path / "other.txt", "xyz zyx\n" * 500)
-    fails("train", other, "--out", trained, "--resume",
+    fails("train", other, "--out", trained, "--resume", "--set", "train.max_iters=30",
           message=f"--resume: the vocabulary of {other} differs from the run's checkpoint; "
                   "resume with the data the run was started on")
 

@@ -11,7 +11,7 @@ from charlm.training import checkpoint
 from charlm.training import run_objects as run_module
 from charlm.training.loop import train
 from charlm.training.run_dir import resume_config
-from tests.helpers import assert_same_weights, with_
+from tests.helpers import assert_same_weights, files_under, with_
 
 
 def test_resume_continues_exactly(tiny_cfg, tmp_path):
@@ -148,3 +148,37 @@ def test_a_checkpoint_in_the_version_1_layout_resumes_exactly(counters, tiny_cfg
     assert a["train_state"] == {**b["train_state"], "elapsed_s": a["train_state"]["elapsed_s"]}
     sa, sb = a["optimizer"]["state"], b["optimizer"]["state"]
     assert all(torch.equal(sa[k]["exp_avg"], sb[k]["exp_avg"]) for k in sa)
+
+
+def test_edits_of_config_yaml_apply_on_resume_and_a_finished_run_has_nothing_to_train(cli,
+                                                                                      tiny_cfg):
+    """Resumed as it was, a finished run said "done: 4 steps" with exit 0; with max_iters
+    raised in RUN/config.yaml it said the same, trained nothing and wrote 4 back over the
+    edit. Now the first is one error that leaves every file as it was, the edit trains on
+    (and is said), and an edit of the architecture is refused like a --set of it."""
+    cfg = with_(tiny_cfg, train={"max_iters": 4, "eval_interval": 2, "eval_iters": 1,
+                                 "sample_chars": 0})
+    train(cfg)
+    run = Path(cfg.train.out_dir)
+    before = files_under(run)
+    again = cli("train", "--out", run, "--resume")
+    assert (again.code, again.err) == (
+        2, f"error: --resume: nothing to train: {run / 'last.pt'} is at step 4 and "
+           "train.max_iters is 4; to train on, resume with --set train.max_iters=N (N above 4)\n")
+    assert files_under(run) == before
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace("max_iters: 4", "max_iters: 6"))
+    edited = cli("train", "--out", run, "--resume")
+    assert edited.code == 0, edited.err
+    assert edited.err == f"--resume: applying the edits of {config}: train.max_iters 4 -> 6\n"
+    assert "done: 6 steps" in edited.out
+    assert checkpoint.load(run / "last.pt")["config"]["train"]["max_iters"] == 6
+    assert "max_iters: 6" in config.read_text()
+    config.write_text(config.read_text().replace("n_layer: 2", "n_layer: 3"))
+    before = files_under(run)
+    arch = cli("train", "--out", run, "--resume", "--set", "train.max_iters=8")
+    assert (arch.code, arch.err) == (
+        2, f"error: --resume: model.n_layer=3 in {config} conflicts with the checkpoint's 2 in "
+           f"{run / 'last.pt'}; the architecture of a run cannot change (undo that edit, or "
+           "start a new run with another --out)\n")
+    assert files_under(run) == before
