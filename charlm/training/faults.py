@@ -30,25 +30,30 @@ class Interrupted(KeyboardInterrupt):
 ABORT_GRACE_S = 2.0  # how long a second signal may wait for the main thread to take it
 
 
-ABORTED = b"aborted: last.pt holds the last completed save\n"
+def aborted(saved: bool) -> bytes:
+    """What a second signal says as it ends the run (`saved`: whether last.pt holds a save)."""
+    return (b"aborted: last.pt holds the last completed save\n" if saved else
+            b"aborted: no checkpoint yet\n")
 
 
 class StopSignals:
     """While active, the first SIGINT / SIGTERM only sets `signum`, so the loop can finish its step
     and save; a second one raises KeyboardInterrupt at once. The previous handlers come back on
     exit. Outside the main thread (where Python cannot install handlers) it does nothing.
-    `announce=False` keeps the first signal quiet (the DDP ranks other than 0).
+    `announce=False` keeps the first signal quiet (the DDP ranks other than 0). `saved`: whether
+    last.pt holds a save of the run (the loop sets it), for what an abort says.
 
     Python runs a handler only between bytecodes of the main thread, so a signal sent during
     one long native call (an attention backward over a huge block) waits for it to end. The C
-    handler also writes the signal's number to a wakeup fd, which a thread reads: when the
-    main thread has not taken a second signal within ABORT_GRACE_S, that thread ends the
-    process (exit 128 + signal), as a second Ctrl-C promises.
+    handler also writes the signal's number to a wakeup fd, which a thread reads: it announces
+    the first signal at once, and when the main thread has not taken a second one within
+    ABORT_GRACE_S, it ends the process (exit 128 + signal), as a second Ctrl-C promises.
     """
 
-    def __init__(self, announce: bool = True) -> None:
+    def __init__(self, announce: bool = True, saved: bool = False) -> None:
         self.signum: int | None = None
         self.announce = announce
+        self.saved = saved
         self._previous: dict[int, Any] = {}
         self._aborting = threading.Event()
         self._wakeup: tuple[int, int, int] | None = None  # read end, write end, previous fd
@@ -84,9 +89,13 @@ class StopSignals:
         try:
             while data := os.read(read, 64):  # every signal with a Python handler, not ours only
                 stops = [sig for sig in data if sig in (signal.SIGINT, signal.SIGTERM)]
+                if stops and not seen and self.announce:  # the handler may wait for the step
+                    os.write(2, f"\n{signal.Signals(stops[0]).name}: finishing this step and "
+                                "saving last.pt (press Ctrl-C again to abort without saving)\n"
+                                .encode())
                 seen += len(stops)
                 if stops and seen >= 2 and not self._aborting.wait(ABORT_GRACE_S):
-                    os.write(2, ABORTED)
+                    os.write(2, aborted(self.saved))
                     os._exit(128 + stops[-1])
         finally:
             os.close(read)
@@ -95,12 +104,9 @@ class StopSignals:
         # os.write, not print: a handler may run in the middle of another write to stderr.
         if self.signum is not None:
             self._aborting.set()
-            os.write(2, ABORTED)
+            os.write(2, aborted(self.saved))
             raise KeyboardInterrupt
         self.signum = signum
-        if self.announce:
-            os.write(2, f"\n{signal.Signals(signum).name}: finishing this step and saving "
-                        "last.pt (press Ctrl-C again to abort without saving)\n".encode())
 
 
 class BadSteps:

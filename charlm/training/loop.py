@@ -4,7 +4,7 @@
 loads the map of stateful objects (`Run.stateful`) from `last.pt`, the map every checkpoint saves.
 `step` counts completed optimizer updates, skipped ones included: a step whose loss or gradient
 norm is not finite skips its update. SIGINT / SIGTERM finish the current step, save `last.pt` and
-raise `Interrupted` (see `charlm.training.faults`).
+raise `Interrupted` (see `charlm.training.faults`); an eval they cut short runs first on resume.
 
 Under torchrun the same loop runs on every rank with DistributedDataParallel (see
 `charlm.runtime.distributed.distributed`): each rank trains on its rows of the global batch that the
@@ -23,6 +23,7 @@ import shlex
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -132,7 +133,7 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
     timer = budget_timer(run)
     # A fresh run writes nothing (and --overwrite removes nothing) until its first step has run.
     files = RunFiles(run, overwrite, None if timer else tc.max_iters, run.state.step, progress)
-    stop = StopSignals(announce=dist.is_main)
+    stop = StopSignals(announce=dist.is_main, saved=ckpt is not None)
     try:
         if ckpt is not None:
             files.open()
@@ -160,6 +161,11 @@ def _loop(run: Run, files: RunFiles, stop: StopSignals, clock: Clock,
     run.model.train()
     clock.t_log = time.perf_counter()
     max_iters = cfg.train.max_iters if timer is None else math.inf
+    if state.eval_due:  # a stop signal cut this step's eval short before the resume: run it now
+        final, _, _ = record(run, files.open(), stop, clock, None,
+                             lr_at(state.step - 1, cfg.optim, max_iters), True, True)
+        if (signum := dist.agree_signal(stop.signum)) is not None:
+            raise interrupted(run, signum)  # last.pt saved, the eval due if cut short again
     while state.step < max_iters:
         lr = lr_at(state.step, cfg.optim, max_iters)
         for group in run.optimizer.param_groups:
@@ -180,37 +186,51 @@ def _loop(run: Run, files: RunFiles, stop: StopSignals, clock: Clock,
             continue  # the only steps that wait for the device are those below
         report_skipped(run, log, saved_step)
         event = train_event(run, loss, norm, lr, clock) if log_now else None
-        t_pause = time.perf_counter()  # evals, samples and saves are not training time
-        improved = False
-        if eval_now:
-            try:  # one process checks for a signal between eval batches (ranks cannot)
-                final = evaluate(run.eval_model, run.task, run.device, run.dtype, dist,
-                                 run.eval_group, stop=None if dist.active else stop.requested)
-                state.elapsed_s = clock.elapsed()
-                improved = final["val"] < state.best_val
-                state.best_val = min(state.best_val, final["val"])
-            except EvalStopped:  # save last.pt (below) and stop instead
-                eval_now, save_now, timed, final = False, True, False, None
-                signum = stop.signum
-        # Rank 0 alone writes: should that fail (a full disk), the others hear it and end
-        # quietly, instead of in their next collective with a traceback.
-        t_write = time.perf_counter()
-        with dist.main_first():
-            if dist.is_main:
-                write(run, log, event, final if eval_now else None, lr, improved, save_now, clock,
-                      stop.requested)
+        losses, eval_s, save_s = record(run, log, stop, clock, event, lr, eval_now, save_now)
+        final = final if losses is None else losses
+        if state.eval_due:  # cut short by a stop signal: last.pt is saved, the run stops
+            signum, save_now, timed = stop.signum, True, False
         saved_step = state.step if save_now else saved_step
-        now = time.perf_counter()
-        clock.t_log += now - t_pause  # tokens/s counts training time only
-        clock.paused += now - t_pause
+        stop.saved = saved_step is not None
         if timed:
             assert timer is not None
-            max_iters = fix_budget(run, log, clock, timer.step_s, eval_s=t_write - t_pause,
-                                   save_s=now - t_write)
+            max_iters = fix_budget(run, log, clock, timer.step_s, eval_s, save_s)
             timer = None
-        if signum is not None and (state.step < max_iters or final is None):  # last.pt saved
+        if signum is not None and (state.step < max_iters or state.eval_due):  # last.pt saved
             raise interrupted(run, signum)
     return final
+
+
+def record(run: Run, log: MetricsLogger, stop: StopSignals, clock: Clock,
+           event: dict[str, Any] | None, lr: float, eval_now: bool, save_now: bool,
+           ) -> tuple[dict[str, float] | None, float, float]:
+    """The log event, eval and checkpoints of the step just done (rank 0 writes), paused out
+    of the training time. Returns the eval's losses (None: no eval) and the seconds the eval
+    and the writes took. An eval a stop signal cuts short (one process checks between
+    batches; ranks cannot) leaves `eval_due` set and saves last.pt, for a resume to run it."""
+    state, dist = run.state, run.dist
+    t_pause = time.perf_counter()
+    losses, improved = None, False
+    if eval_now:
+        try:
+            losses = evaluate(run.eval_model, run.task, run.device, run.dtype, dist,
+                              run.eval_group, stop=None if dist.active else stop.requested)
+            state.elapsed_s = clock.elapsed()
+            improved = losses["val"] < state.best_val
+            state.best_val = min(state.best_val, losses["val"])
+        except EvalStopped:
+            save_now = True
+        state.eval_due = losses is None
+    # Rank 0 alone writes: should that fail (a full disk), the others hear it and end
+    # quietly, instead of in their next collective with a traceback.
+    t_write = time.perf_counter()
+    with dist.main_first():
+        if dist.is_main:
+            write(run, log, event, losses, lr, improved, save_now, clock, stop.requested)
+    now = time.perf_counter()
+    clock.t_log += now - t_pause  # tokens/s counts training time only
+    clock.paused += now - t_pause
+    return losses, t_write - t_pause, now - t_write
 
 
 def open_files(files: RunFiles, clock: Clock) -> MetricsLogger:

@@ -44,6 +44,7 @@ class TrainState:
     tokens: int = 0  # training tokens consumed
     elapsed_s: float = 0.0  # wall time spent in train(), summed over resumes
     budget_steps: int | None = None  # the max_iters a time budget fixed (None: not yet, or none)
+    eval_due: bool = False  # a stop signal cut the eval of `step` short: a resume runs it first
     # the skipped-step counters, kept on the device so that counting never waits for it
     bad: BadSteps = field(default_factory=BadSteps, repr=False, compare=False)
 
@@ -59,13 +60,15 @@ class TrainState:
         return int(self.bad.streak)
 
     def state_dict(self) -> dict[str, Any]:
+        # saved only when set, so that the layout of other checkpoints stays version 1's
         budget = {} if self.budget_steps is None else {"budget_steps": self.budget_steps}
+        due = {"eval_due": True} if self.eval_due else {}
         return {"step": self.step, "best_val": self.best_val, "tokens": self.tokens,
-                "elapsed_s": self.elapsed_s, **budget, **self.bad.state_dict()}
+                "elapsed_s": self.elapsed_s, **budget, **due, **self.bad.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         fresh = TrainState()  # a field added later takes its default
-        for name in ("step", "best_val", "tokens", "elapsed_s", "budget_steps"):
+        for name in ("step", "best_val", "tokens", "elapsed_s", "budget_steps", "eval_due"):
             setattr(self, name, state.get(name, getattr(fresh, name)))
         self.bad.load_state_dict(state)
 

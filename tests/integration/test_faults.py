@@ -3,6 +3,7 @@
 import json
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -314,14 +315,18 @@ def test_a_second_signal_ends_a_long_native_call():
         assert proc.stdout.readline() == "ready\n"
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
+        # The first one is said at once (it was said only once the matmul had ended).
+        assert select.select([proc.stderr], [], [], 10)[0], "the first SIGTERM said nothing"
+        first = proc.stderr.readline() + proc.stderr.readline()
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
         waited = time.monotonic() - t0
     finally:
         proc.kill()
+    assert first == ("\nSIGTERM: finishing this step and saving last.pt (press Ctrl-C again to "
+                     "abort without saving)\n")
     assert (proc.returncode, out) == (143, "")
-    assert err.endswith("aborted: last.pt holds the last completed save\n")
+    assert err.endswith("aborted: no checkpoint yet\n")  # StopSignals() of a run not saved yet
     assert waited < 10  # the grace of 2 s, not the matmul's 30
 
 
@@ -404,3 +409,56 @@ def test_sigkill_at_random_moments_leaves_a_complete_checkpoint(tmp_path):
     tmp_files = [p.name for p in tmp_path.iterdir() if p.name != "last.pt"]
     assert tmp_files, "no kill landed in the middle of a save"
     assert all(name.startswith(".last.pt.tmp-") for name in tmp_files)  # a killed writer's
+
+
+def test_an_eval_cut_short_by_a_signal_runs_first_on_resume(tiny_cfg, tmp_path, monkeypatch):
+    """SIGINT during the eval of step 5, then --resume: the weights came out right, but that
+    eval never ran again (metrics.jsonl and best.pt skipped it). The resume runs it first: the
+    run's evals, best.pt and last.pt are then those of an uninterrupted run."""
+    base = with_(tiny_cfg, train={"max_iters": 10, "eval_interval": 5, "eval_iters": 2,
+                                  "sample_chars": 0})
+    train(with_(base, train={"out_dir": str(tmp_path / "straight")}))
+    run = tmp_path / "split"
+    real_evaluate = train_module.evaluate
+
+    def evaluate_after_a_signal(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # handled before the first eval batch
+        return real_evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "evaluate", evaluate_after_a_signal)
+    with pytest.raises(Interrupted):
+        train(with_(base, train={"out_dir": str(run)}))
+    monkeypatch.undo()
+    assert checkpoint.load(run / "last.pt")["train_state"]["step"] == 5
+    assert not (run / "best.pt").exists()
+    assert train(resume_config(run, None, []), resume=True).step == 10
+
+    def evals(path):
+        lines = (path / "metrics.jsonl").read_text().splitlines()
+        return [(e["step"], e["val_loss"]) for e in map(json.loads, lines) if e["event"] == "eval"]
+
+    assert [step for step, _ in evals(run)] == [5, 10]
+    assert evals(run) == evals(tmp_path / "straight")
+    for name in ("best.pt", "last.pt"):
+        assert_same_weights(tmp_path / "straight" / name, run / name)
+    best = checkpoint.load(run / "best.pt")["train_state"]
+    assert best["step"] == checkpoint.load(tmp_path / "straight" / "best.pt")[
+        "train_state"]["step"]
+
+
+def test_a_second_signal_before_any_checkpoint_says_there_is_none(tiny_cfg, monkeypatch,
+                                                                   capfd):
+    """The abort said "last.pt holds the last completed save" when the run had saved none."""
+    run = Path(tiny_cfg.train.out_dir)
+    real_save = torch.save
+
+    def ctrl_c_then_save(obj, f):  # the second Ctrl-C lands in the first save of the run
+        os.kill(os.getpid(), signal.SIGINT)
+        real_save(obj, f)
+
+    signal_after_steps(monkeypatch, {1: [signal.SIGINT]})
+    monkeypatch.setattr(torch, "save", ctrl_c_then_save)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_cfg)
+    assert capfd.readouterr().err.endswith("aborted: no checkpoint yet\n")
+    assert not (run / "last.pt").exists()
