@@ -55,7 +55,7 @@ def train(
         raise CharlmError("--resume and --overwrite exclude each other; choose one")
     cfg = train_config(config, set_ or [], data=data, out=out, device=device, budget=budget,
                        resume=_resume_config if resume else None)
-    from charlm.training.faults import Interrupted
+    from charlm.training.faults import Aborted, Interrupted
     from charlm.training.loop import train as run_training
 
     main_rank = is_main_process()  # under torchrun, rank 0 alone speaks for the run
@@ -64,6 +64,8 @@ def train(
     except Interrupted as e:  # last.pt is saved; say where, exit 130 / 143
         if main_rank:
             print(e, file=sys.stderr)
+        raise typer.Exit(e.exit_code) from None
+    except Aborted as e:  # a second signal: the abort line is on stderr already
         raise typer.Exit(e.exit_code) from None
     if main_rank:
         best = f"{state.best_val:.4f}" if math.isfinite(state.best_val) else "none (no finite eval)"

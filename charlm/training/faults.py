@@ -27,6 +27,15 @@ class Interrupted(KeyboardInterrupt):
         self.exit_code = 128 + signum  # the shell convention: 130 for SIGINT, 143 for SIGTERM
 
 
+class Aborted(KeyboardInterrupt):
+    """A second signal ended training at once, without saving (what it said is on stderr); the
+    CLI exits with `exit_code`, 128 + that signal's number, as for the first."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.exit_code = 128 + signum
+
+
 ABORT_GRACE_S = 2.0  # how long a second signal may wait for the main thread to take it
 
 
@@ -38,7 +47,7 @@ def aborted(saved: bool) -> bytes:
 
 class StopSignals:
     """While active, the first SIGINT / SIGTERM only sets `signum`, so the loop can finish its step
-    and save; a second one raises KeyboardInterrupt at once. The previous handlers come back on
+    and save; a second one raises `Aborted` at once. The previous handlers come back on
     exit. Outside the main thread (where Python cannot install handlers) it does nothing.
     `announce=False` keeps the first signal quiet (the DDP ranks other than 0). `saved`: whether
     last.pt holds a save of the run (the loop sets it), for what an abort says.
@@ -105,7 +114,7 @@ class StopSignals:
         if self.signum is not None:
             self._aborting.set()
             os.write(2, aborted(self.saved))
-            raise KeyboardInterrupt
+            raise Aborted(signum)
         self.signum = signum
 
 

@@ -462,3 +462,16 @@ def test_a_second_signal_before_any_checkpoint_says_there_is_none(tiny_cfg, monk
         train(tiny_cfg)
     assert capfd.readouterr().err.endswith("aborted: no checkpoint yet\n")
     assert not (run / "last.pt").exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["int", "term"])
+def test_a_second_signal_exits_128_plus_its_number_as_the_first_does(tiny_cfg, tmp_path, cli,
+                                                                      monkeypatch, signum):
+    """Two SIGTERMs ended `charlm train` with 130, Ctrl-C's code: the abort was a plain
+    KeyboardInterrupt, which typer counts as Ctrl-C whatever the signal."""
+    config = tmp_path / "run.yaml"
+    save_config(tiny_cfg, config)
+    signal_after_steps(monkeypatch, {2: [signum, signum]})
+    result = cli("train", config)  # the lines go to fd 2 (os.write), checked in the tests above
+    assert result.code == 128 + signum
+    assert not (Path(tiny_cfg.train.out_dir) / "last.pt").exists()
