@@ -27,6 +27,7 @@ POLL_S = 0.2  # how often the tuner looks at a running trial
 
 
 DIVERGED = "non-finite loss or gradient norm"  # in the error line of a run that diverged
+NOTHING_LEFT = "--resume: nothing to train"  # in that of a resumed run that had already ended
 
 
 LOG = "train.log"  # the child's stdout and stderr, in its run dir
@@ -135,7 +136,7 @@ def run_trial(runs: list[tuple[list[str], Path]], env: dict[str, str], objective
     seconds = time.monotonic() - start
     step = merged[-1].get("step") if merged else None
     value = merged[-1].get(objective_key) if merged else None
-    if all(code == 0 for code in codes):
+    if all(map(finished, codes, children)):
         # each run's own last eval: runs with a time budget may end at different steps
         finals = [child.evals[max(child.evals)] if child.evals else {} for child in children]
         values = [final.get(objective_key) for final in finals]
@@ -146,9 +147,16 @@ def run_trial(runs: list[tuple[list[str], Path]], env: dict[str, str], objective
     if sent is not None:
         return Outcome(sent, value, step, seconds)
     code, run_dir = next((c, child.run_dir) for c, child in zip(codes, children, strict=True)
-                         if c != 0)
+                         if not finished(c, child))
     error = last_error(run_dir / LOG) or f"exit code {code}"
     return Outcome("diverged" if DIVERGED in error else "failed", value, step, seconds, error)
+
+
+def finished(code: int | None, child: Child) -> bool:
+    """Whether a child's run has trained to its end: it exited 0, or it was resumed after it had
+    already ended (a seed that finished before its tuner stopped, or a spent time budget), which
+    `charlm train --resume` refuses as having nothing to train."""
+    return code == 0 or (code == 2 and NOTHING_LEFT in (last_error(child.run_dir / LOG) or ""))
 
 
 def ended(run_dirs: list[Path], objective_key: str, last_step: int) -> Outcome | None:

@@ -42,6 +42,12 @@ with open(log, "a") as f:
         f.write(json.dumps({"event": "eval", "step": step,
                             "best_val_loss": 4 - step / 100 + offset}) + "\\n")
         f.flush()
+        if mode == "ended" and step < 40:  # resumed after it had trained to its end
+            continue
+        if mode == "ended":
+            print("error: --resume: nothing to train: last.pt is at step 40 and "
+                  "train.max_iters is 40; ...", flush=True)
+            sys.exit(2)
         if mode == "crash" and step == 20:
             print("warning: something\\nerror: boom", flush=True)
             sys.exit(2)
@@ -86,6 +92,8 @@ def test_a_trial_ends_complete_pruned_failed_or_diverged(
     (("complete", "crash"), None, "failed", 3.9, 20, "error: boom"),
     # each ends where its budget did: the value is the mean of their own last evals
     (("complete", "short"), None, "complete", 3.75, 40, None),
+    # a seed that had ended before its trial was resumed (`--resume` has nothing to train)
+    (("complete", "ended"), None, "complete", 3.7, 40, None),
 ])
 def test_a_repeated_trial_reports_the_mean_of_its_runs(
         tmp_path: Path, modes: tuple[str, str], prune_at: int | None, state: str, value: float,
