@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save
 from charlm.config.schema import ModelConfig, RunConfig
 from charlm.core.errors import CharlmError, one_line
 from charlm.core.files import (
+    dead_temps,
     make_writable_dir,
     read_regular,
     remove_temps,
@@ -98,9 +99,13 @@ def write_dir(out: Path, write: Callable[[Path], None], overwrite: bool) -> None
     """Run `write(dir)` into a fresh sibling directory, then move it to `out`: a failed or
     interrupted export leaves `out` as it was, and no temporary directory. An existing
     non-empty `out` must be an earlier export (`check_replaceable`); it is replaced whole, so no
-    file of it lingers. What exports killed before their end left beside `out` is removed."""
-    check_replaceable(out, overwrite)
+    file of it lingers. What exports killed before their end left beside `out` is removed, but
+    an earlier export that one had moved aside, with nothing in its place, is moved back first."""
     real = resolve_out(out)
+    aside = dead_temps(real, "old")
+    if aside and not real.exists():  # a SIGKILL, or a power loss, between the two moves
+        os.replace(aside[-1], real)
+    check_replaceable(out, overwrite)
     make_writable_dir(real.parent, f"--out {out}")
     tmp, old = temp_beside(real), temp_beside(real, "old")
     for tag in ("tmp", "old"):  # a SIGKILL, or a power loss, before their `finally`

@@ -33,15 +33,25 @@ def remove_temps(path: Path, tag: str = "tmp", only_dead: bool = False) -> None:
     """Remove the temporary files (or an export's directories) of `temp_beside(path, tag)` that
     any process left (a SIGKILL between writing one and moving it into place). Only for a caller
     that knows no other process is writing `path`, or with `only_dead`, those of processes that
-    no longer run (and this one's, before it writes: a dead process's whose PID it reuses)."""
-    for tmp in path.parent.glob(f".{glob.escape(path.name)}.{tag}-*"):
-        pid = tmp.name[len(path.name) + len(tag) + 3:]
-        if not pid.isdigit() or (only_dead and int(pid) != os.getpid() and _running(int(pid))):
-            continue
+    no longer run (`dead_temps`)."""
+    for tmp in dead_temps(path, tag) if only_dead else _temps(path, tag):
         if tmp.is_dir() and not tmp.is_symlink():
             shutil.rmtree(tmp, ignore_errors=True)
         elif tmp.is_file():
             tmp.unlink(missing_ok=True)
+
+
+def dead_temps(path: Path, tag: str = "tmp") -> list[Path]:
+    """The temporaries of `temp_beside(path, tag)` whose process no longer runs (and this one's,
+    before it writes: a dead process's whose PID it reuses), sorted."""
+    return [tmp for tmp in _temps(path, tag)
+            if int(pid := tmp.name.rsplit("-", 1)[1]) == os.getpid() or not _running(int(pid))]
+
+
+def _temps(path: Path, tag: str) -> list[Path]:
+    prefix = f".{path.name}.{tag}-"
+    return sorted(p for p in path.parent.glob(f"{glob.escape(prefix)}*")
+                  if p.name[len(prefix):].isdigit())
 
 
 def strangers(directory: Path, own: Collection[str]) -> list[str]:

@@ -206,8 +206,26 @@ def test_the_next_export_removes_what_a_killed_export_left(tmp_path):
     dead, running = 4_194_305, os.getppid()  # above Linux's largest pid_max; pytest's parent
     left = [tmp_path / f".v.tmp-{dead}", tmp_path / f".v.old-{dead}"]
     kept = tmp_path / f".v.tmp-{running}"
-    for d in (*left, kept):
+    for d in (*left, kept, tmp_path / "v"):  # v: killed after its second move
         d.mkdir()
         _export(d)
-    write_dir(tmp_path / "v", _export, overwrite=False)
+    write_dir(tmp_path / "v", lambda d: (d / "model.safetensors").write_bytes(b"new"),
+              overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["v", kept.name])
+    assert (tmp_path / "v" / "model.safetensors").read_bytes() == b"new"
+
+
+def test_an_export_killed_between_its_moves_is_put_back_not_deleted(tmp_path):
+    """A SIGKILL between moving the earlier export aside (`.OUT.old-PID/`) and moving the new
+    one in left no --out; the next export took the place as new and deleted the earlier one
+    with the dead process's leftovers, even without --overwrite."""
+    out, aside = tmp_path / "v", tmp_path / ".v.old-4194305"  # a PID no process has
+    aside.mkdir()
+    _export(aside)
+    before = {p.name: p.read_bytes() for p in aside.iterdir()}
+    with pytest.raises(CharlmError) as e:
+        write_dir(out, lambda d: (d / "model.safetensors").write_bytes(b"new"), overwrite=False)
+    assert str(e.value) == (f"--out {out} holds an earlier export; give a new directory, or "
+                            "--overwrite to replace it")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["v"]
