@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from charlm.core.errors import CharlmError, characters
 from charlm.data.vocab import Vocab, list_unknown
+from charlm.generation.decoding import NonFiniteOutput
 from charlm.model.footprint import scoring_bytes
 from charlm.model.gpt import GPT
 from charlm.runtime.device import require_memory
@@ -157,6 +158,8 @@ def score_text(model: GPT, vocab: Vocab, text: str, min_context: int | None = No
     ids = torch.from_numpy(vocab.encode_array(text).astype("int64")).to(model.wte.weight.device)
     total, count = score_ids(model, ids, min_context, progress=progress)
     loss = total / count
+    if math.isnan(loss):  # finite weights whose logits overflow: no score to give
+        raise NonFiniteOutput("score")
     try:
         perplexity = math.exp(loss)
     except OverflowError:  # a loss past about 709 nats (a diverged model)

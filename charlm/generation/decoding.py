@@ -27,13 +27,13 @@ from charlm.model.gpt import GPT
 
 
 class NonFiniteOutput(CharlmError):
-    """The model's logits hold NaN or inf, so there is nothing to sample from."""
+    """The model's logits hold NaN or inf, so there is nothing to sample from (or to score:
+    `use` says which)."""
 
-    def __init__(self) -> None:
+    def __init__(self, use: str = "sample from") -> None:
         super().__init__(
             "the model's next-character probabilities are not finite (NaN or inf): its weights "
-            "have diverged; sample from an earlier checkpoint, or train again with a lower "
-            "optim.lr"
+            f"have diverged; {use} an earlier checkpoint, or train again with a lower optim.lr"
         )
 
 

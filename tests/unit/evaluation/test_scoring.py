@@ -92,9 +92,17 @@ def test_a_diverged_model_scores_without_a_traceback_and_as_strict_json(model):
     huge = score_text(model, VOCAB, "abcdefgabc", progress=False)
     assert huge.loss > 1000 and huge.perplexity == math.inf
     assert huge.as_dict()["perplexity"] is None and huge.as_dict()["loss"] == huge.loss
+
+
+
+def test_a_model_whose_outputs_are_not_finite_is_refused_as_sample_refuses_it(model):
+    """Weights that load (finite floats) but overflow gave `loss nan` and exit 0 (issue 40,
+    item 6); the loaders refuse NaN weights themselves, this is the model it lets through."""
     with torch.no_grad():
-        model.wte.weight.fill_(float("nan"))
-    broken = score_text(model, VOCAB, "abcdefgabc", progress=False)
-    assert math.isnan(broken.loss)
-    assert broken.as_dict() == {"loss": None, "bpc": None, "perplexity": None,
-                                "chars_scored": 9, "skipped_unknown": 0}
+        model.wte.weight.mul_(3e37)  # finite, but the tied head's logits reach inf
+    assert torch.isfinite(model.wte.weight).all()
+    with pytest.raises(CharlmError) as e:
+        score_text(model, VOCAB, "abcdefgabc", progress=False)
+    assert str(e.value) == (
+        "the model's next-character probabilities are not finite (NaN or inf): its weights "
+        "have diverged; score an earlier checkpoint, or train again with a lower optim.lr")
