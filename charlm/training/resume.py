@@ -14,6 +14,7 @@ from charlm.config.loading import load_config
 from charlm.config.schema import RunConfig
 from charlm.core.durations import format_duration
 from charlm.core.errors import CharlmError
+from charlm.core.ranks import is_main_process
 from charlm.training import checkpoint
 
 
@@ -38,7 +39,7 @@ def with_edits(run_dir: Path, saved: dict[str, Any], ckpt_path: Path) -> dict[st
                 f"{ours['model'][key]!r} in {ckpt_path}; the architecture of a run cannot "
                 "change (undo that edit, or start a new run with another --out)")
         raw.setdefault(section, {})[key] = value
-    if changes:
+    if changes and is_main_process():  # under torchrun, rank 0 speaks for the run
         shown = ", ".join(f"{s}.{k} {ours[s][k]!r} -> {v!r}" for s, k, v in changes)
         print(f"--resume: applying the edits of {path}: {shown}", file=sys.stderr)
     return raw

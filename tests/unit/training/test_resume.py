@@ -1,0 +1,26 @@
+"""What a resume takes from RUN/config.yaml besides its checkpoint (`training.resume`)."""
+
+from pathlib import Path
+
+import pytest
+
+from charlm.config.loading import save_config
+from charlm.config.schema import RunConfig
+from charlm.training.resume import with_edits
+
+
+@pytest.mark.parametrize("rank, said", [(None, True), ("0", True), ("1", False)])
+def test_an_edit_of_config_yaml_applies_and_rank_0_alone_says_so(tmp_path: Path, monkeypatch,
+                                                                  capsys, rank, said):
+    """Under torchrun every rank printed the line; each still applies the edit."""
+    saved = RunConfig().to_dict()
+    edited = RunConfig.from_dict({**saved, "train": {**saved["train"], "max_iters": 7}}, "test")
+    save_config(edited, tmp_path / "config.yaml")
+    if rank is not None:
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("WORLD_SIZE", "2")
+    raw = with_edits(tmp_path, saved, tmp_path / "last.pt")
+    assert raw["train"]["max_iters"] == 7
+    line = (f"--resume: applying the edits of {tmp_path / 'config.yaml'}: train.max_iters "
+            f"{saved['train']['max_iters']!r} -> 7\n")
+    assert capsys.readouterr().err == (line if said else "")
