@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{e.strerror or e}: {e.filename}" if e.filename else f"{e.strerror or e}")
         report(f"error: {message}")
         sys.exit(2)
-    except RuntimeError as e:  # torch.OutOfMemoryError (CUDA) is one too
+    except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError (CUDA) is a RuntimeError
         if "--debug" in argv or not out_of_memory(e):
             raise
         # every process prints it: under torchrun one GPU may run out alone

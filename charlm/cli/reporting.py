@@ -15,7 +15,8 @@ OUT_OF_MEMORY_ADVICE = {  # what each command can make smaller
     "train": "make the model (model.n_layer, model.n_embd), train.batch_size or model.block_size "
              "smaller",
     "sample": "use a smaller --num-samples or --beams, or free memory on the device",
-    "eval": "free memory on the device, or score on another --device",
+    "eval": "score a shorter text (split the file), free memory on the device, or score on "
+            "another --device",
 }
 
 
@@ -57,12 +58,14 @@ def raise_interrupt(signum: int, frame: object) -> None:
     raise Interrupt(signum)
 
 
-def out_of_memory(e: RuntimeError) -> bool:
-    """An allocation that failed: CUDA's OutOfMemoryError, or the CPU allocator's error."""
-    return type(e).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(e)
+def out_of_memory(e: BaseException) -> bool:
+    """An allocation that failed: CUDA's OutOfMemoryError, the CPU allocator's error, or
+    Python's MemoryError (a text too large to hold)."""
+    return (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
+            or "can't allocate memory" in str(e))
 
 
-def out_of_memory_line(e: RuntimeError, command: str) -> str:
+def out_of_memory_line(e: BaseException, command: str) -> str:
     """The one `error:` line for an allocation of `command` that failed, with what it tried to
     allocate and what to make smaller."""
     tried = re.search(r"[Tt]ried to allocate (\d[\d.]* ?\w*)", str(e))
