@@ -12,10 +12,8 @@ and no pickles.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import itertools
-import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,7 +23,7 @@ import numpy as np
 
 from charlm.config.schema import DataConfig
 from charlm.core.errors import CharlmError, characters
-from charlm.core.files import make_writable_dir, temp_beside, write_text_atomic
+from charlm.core.files import make_writable_dir, temp_beside
 from charlm.data.digest import sha256_file
 from charlm.data.text import (
     DATASET_FILES,
@@ -33,6 +31,8 @@ from charlm.data.text import (
     DATASET_VERSION,
     check_source_file,
     dataset_lock,
+    discard_temps,
+    install,
     read_meta,
     read_text,
     remove_killed_temps,
@@ -191,14 +191,9 @@ def _write(out: Path, arrays: dict[str, dict[str, np.ndarray]], meta: dict[str, 
                 np.savez(f, **arrays[split])
                 f.flush()
                 os.fsync(f.fileno())
-        (out / "meta.json").unlink(missing_ok=True)  # as text's `prepare`: never a mix
-        for path in finals.values():
-            os.replace(temp_beside(path), path)
-        write_text_atomic(out / "meta.json", json.dumps(meta, ensure_ascii=False, indent=1))
+        install(out, finals.values(), meta)
     except BaseException:
-        for path in finals.values():
-            with contextlib.suppress(OSError):  # must not hide the error being raised
-                temp_beside(path).unlink(missing_ok=True)
+        discard_temps(finals.values())
         raise
     for name in DATASET_FILES:  # the .bin files of a text dataset this one replaced
         if name != "meta.json":

@@ -15,7 +15,7 @@ import contextlib
 import io
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -192,6 +192,24 @@ def dataset_lock(out: Path) -> contextlib.AbstractContextManager[None]:
                            "another --out")
 
 
+def install(out: Path, finals: Iterable[Path], meta: dict[str, Any]) -> None:
+    """Move the written temporaries (`temp_beside`) of a dataset's `finals` into place, then
+    write its meta.json. The old meta.json goes first: stopped between the moves, the dir holds
+    no meta.json beside a mix of old and new files, which no reader takes for a dataset."""
+    (out / "meta.json").unlink(missing_ok=True)
+    for path in finals:
+        os.replace(temp_beside(path), path)
+    write_text_atomic(out / "meta.json", json.dumps(meta, ensure_ascii=False, indent=1))
+
+
+def discard_temps(finals: Iterable[Path]) -> None:
+    """Remove the temporaries of `finals` that a stopped prepare wrote (while it is stopping:
+    an OSError here must not hide the error being raised)."""
+    for path in finals:
+        with contextlib.suppress(OSError):
+            temp_beside(path).unlink(missing_ok=True)
+
+
 def remove_killed_temps(out: Path, names: Sequence[str]) -> None:
     """Remove the .NAME.tmp-PID files of `names` in `out` that a killed process left."""
     for name in names:
@@ -234,16 +252,9 @@ def prepare(
                     for s in stats
                 ],
             }
-            # meta.json first: stopped between the moves, the dir holds no meta.json beside a
-            # mix of old and new .bin files, which no reader takes for a dataset
-            (out / "meta.json").unlink(missing_ok=True)
-            for path in final.values():
-                os.replace(temp_beside(path), path)
-            write_text_atomic(out / "meta.json", json.dumps(meta, ensure_ascii=False, indent=1))
+            install(out, final.values(), meta)
         except BaseException:
-            for path in final.values():
-                with contextlib.suppress(OSError):  # must not hide the error being raised
-                    temp_beside(path).unlink(missing_ok=True)
+            discard_temps(final.values())
             raise
         finally:
             bar.close()

@@ -8,6 +8,7 @@ import pytest
 from charlm.core.errors import CharlmError
 from charlm.training import checkpoint
 from charlm.training import run_dir as rundir
+from tests.helpers import files_under
 
 
 def test_run_lock_holds_the_run_dir_that_is_there(tmp_path, monkeypatch):
@@ -47,7 +48,7 @@ def _user_folder(folder):
     (folder / "tb" / "notes").write_text("my notes\n")
     (folder / "config.yaml").write_text("model:\n  n_layer: 1  # mine\n")
     (folder / "my.txt").write_text("hello\n")
-    return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    return files_under(folder)
 
 
 @pytest.mark.parametrize("overwrite", [False, True])
@@ -62,7 +63,7 @@ def test_a_fresh_run_among_files_that_are_no_run_is_refused(tmp_path, overwrite)
     assert str(e.value) == (f"{tmp_path} is not empty and holds no charlm run (config.yaml, "
                             "my.txt, tb); give a new or empty directory as --out, or a run dir "
                             "to replace")
-    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    assert files_under(tmp_path) == before
 
 
 def test_a_new_an_empty_or_a_dataset_only_dir_may_take_a_fresh_run(tmp_path):
@@ -89,7 +90,7 @@ def _run_folder(folder):
     (folder / "metrics.jsonl").write_text("{}\n")
     (folder / "dataset").mkdir()
     (folder / "dataset" / "meta.json").write_text("{}")
-    return {p: b for p, b in before.items() if p.name != "config.yaml"}
+    return {p: b for p, b in before.items() if p != "config.yaml"}
 
 
 def test_overwrite_removes_only_the_files_a_run_writes(tmp_path):
@@ -102,7 +103,7 @@ def test_overwrite_removes_only_the_files_a_run_writes(tmp_path):
     rundir.clear_run(tmp_path)
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
         "dataset", "dataset/meta.json", "my.txt", "tb", "tb/notes"]
-    assert {p: p.read_bytes() for p in kept} == kept
+    assert {p: (tmp_path / p).read_bytes() for p in kept} == kept
 
 
 def test_overwrite_refuses_a_file_of_a_runs_name_that_charlm_did_not_write(tmp_path):
@@ -111,10 +112,10 @@ def test_overwrite_refuses_a_file_of_a_runs_name_that_charlm_did_not_write(tmp_p
 
     _run_folder(tmp_path)
     torch.save({"model": {}}, tmp_path / "best.pt")
-    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    before = files_under(tmp_path)
     with pytest.raises(CharlmError) as e:
         rundir.check_run_dir(tmp_path, resume=False, overwrite=True)
     assert str(e.value) == (f"{tmp_path / 'best.pt'} is not what charlm writes there, and "
                             "--overwrite removes only a run's own files; move it out of the way, "
                             "or choose another --out")
-    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    assert files_under(tmp_path) == before
