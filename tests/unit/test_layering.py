@@ -21,7 +21,7 @@ LAYERS = [
     {"generation"},
     {"evaluation"},
     {"training"},
-    {"info", "export", "tune"},
+    {"info", "export", "tune", "serve"},  # serve: the engine, the HTTP app and the page
     {"api"},  # the Python API
     {"cli"},  # the commands call the API's `load`
     {"__init__", "__main__"},
