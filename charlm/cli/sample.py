@@ -7,7 +7,7 @@ import dataclasses
 import io
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -63,15 +63,27 @@ def sample(
         bool, typer.Option("--json", help="One JSON object per sample: text, prompt, tokens, "
                            "seconds, stopped.")
     ] = False,
+    interactive: Annotated[
+        bool, typer.Option("--interactive", help="Load the model once, then continue prompt "
+                           "after prompt typed in the terminal; /help there lists commands "
+                           "that change the options.")
+    ] = False,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "float32",
     **options: object,
 ) -> None:
     """Generate text from a checkpoint, streamed to stdout as it is produced."""
     from charlm.api import load
-    from charlm.generation.text import default_prompt, encode_prompt
+    from charlm.generation.text import default_prompt
 
     opts = SampleConfig(**options)
+    if interactive:
+        sample_interactively(target, device, dtype, opts, stream, {
+            "--prompt": prompt is not None, "--prompt-file": prompt_file is not None,
+            "--source": source is not None, "--source-file": source_file is not None,
+            "--num-samples": opts.num_samples > 1, "--beams": opts.beams is not None,
+            "--json": json_out})
+        return
     sources_given = source is not None or source_file is not None
     text = None if sources_given else read_prompt(prompt, prompt_file)
     lm = load(target, device, "--device", dtype)
@@ -87,19 +99,49 @@ def sample(
             opts = dataclasses.replace(opts, temperature=0.0)
         print_translations(lm.model, lm.vocab, sources, opts, json_out)
         return
-    if text is None:
-        text = default_prompt(lm.vocab)
-    text, _, warnings = encode_prompt(lm.vocab, text, opts.unknown, lm.model.cfg.block_size)
-    for w in warnings:
-        print(f"warning: {w}", file=sys.stderr)
+    text = prompt_text(lm.vocab, default_prompt(lm.vocab) if text is None else text, opts,
+                       lm.model.cfg.block_size)
     print_samples(lm.model, lm.vocab, text, opts, stream, json_out)
 
 
+def sample_interactively(target: Path, device: str, dtype: str, opts: SampleConfig,
+                         stream: bool, given: dict[str, bool]) -> None:
+    """`charlm sample --interactive`: refuse the options it cannot take (`given`: whether each
+    was set) before loading, then continue each prompt typed as `charlm sample --prompt` would,
+    with the options the loop holds at the time."""
+    from charlm.api import load
+    from charlm.cli.interactive import prompt_loop, refuse_conflicts
+
+    refuse_conflicts(option for option, set_ in given.items() if set_)
+    lm = load(target, device, "--device", dtype)
+    if lm.config.model.arch == "encoder_decoder":
+        raise CharlmError(f"--interactive continues prompts with a GPT; {target} is an "
+                          "encoder-decoder: drop --interactive and transduce with --source or "
+                          "--source-file")
+
+    def generate(line: str, opts: SampleConfig, stop: Callable[[], bool]) -> None:
+        text = prompt_text(lm.vocab, line, opts, lm.model.cfg.block_size)
+        print_samples(lm.model, lm.vocab, text, opts, stream, False, stop)
+
+    prompt_loop(generate, opts)
+
+
+def prompt_text(vocab: Vocab, text: str, opts: SampleConfig, block_size: int) -> str:
+    """The prompt as the model will see it (`encode_prompt`), its warnings said on stderr."""
+    from charlm.generation.text import encode_prompt
+
+    text, _, warnings = encode_prompt(vocab, text, opts.unknown, block_size)
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    return text
+
+
 def print_samples(model: GPT, vocab: Vocab, text: str, opts: SampleConfig, stream: bool,
-                  json_out: bool) -> None:
+                  json_out: bool, stop: Callable[[], bool] | None = None) -> None:
     """`charlm sample`'s output: the first sample streamed after its prompt as it is generated
     (unless stream is off, or with --json or beams), the others printed when done, separated by
-    a line of dashes; with json_out one JSON object per sample."""
+    a line of dashes; with json_out one JSON object per sample. Sampling ends early, each
+    sample as far as it got, once stop() says so."""
     from charlm.generation.text import sample_text
 
     out = sys.stdout
@@ -114,7 +156,7 @@ def print_samples(model: GPT, vocab: Vocab, text: str, opts: SampleConfig, strea
     if live:
         out.write(text)
         out.flush()
-    samples = sample_text(model, vocab, text, opts, show)
+    samples = sample_text(model, vocab, text, opts, show, stop)
     for i, s in enumerate(samples):
         if json_out:
             out.write(json.dumps({"text": s.text, "prompt": s.prompt, "tokens": s.tokens,

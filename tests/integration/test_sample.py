@@ -227,7 +227,7 @@ def test_ctrl_c_while_sampling_ends_the_line_and_says_interrupted(cli, tiny_run,
 
     real = charlm.generation.text.sample_text
 
-    def interrupted_after_20(model, vocab, text, opts, show):
+    def interrupted_after_20(model, vocab, text, opts, show, stop=None):
         pieces = []
 
         def counting(i, piece):
@@ -236,7 +236,7 @@ def test_ctrl_c_while_sampling_ends_the_line_and_says_interrupted(cli, tiny_run,
             if len(pieces) == 20:
                 os.kill(os.getpid(), signal.SIGINT)
 
-        return real(model, vocab, text, opts, counting)
+        return real(model, vocab, text, opts, counting, stop)
 
     monkeypatch.setattr(charlm.generation.text, "sample_text", interrupted_after_20)
     handler = signal.getsignal(signal.SIGINT)
