@@ -66,8 +66,8 @@ def help_text(opts: SampleConfig) -> str:
              "command (start a prompt with // to begin it with /):"]
     lines += [f"  /{name + ' VALUE':<{width}} {helps[name]} Now {shown(getattr(opts, name))}."
               for name in SETTABLE]
-    lines += [f"  /{'NAME':<{width}} show an option's value; VALUE null turns top_k, top_p, "
-              "min_p off",
+    lines += [f"  /{'NAME':<{width}} show an option's value (null is off, for top_k, top_p "
+              "and min_p)",
               f"  /{'reset':<{width}} the options as the command line gave them",
               f"  /{'help':<{width}} this list",
               "Ctrl-C stops a generation (or clears the line); Ctrl-D exits."]
@@ -134,9 +134,13 @@ def prompt_loop(generate: Generate, opts: SampleConfig, read: Callable[[str], st
     each other non-empty line is a prompt for `generate`. A bad command, value or prompt is one
     `error:` line on stderr and the loop goes on."""
     start, ctrl_c = opts, CtrlC()
-    interactive = sys.stdin is not None and sys.stdin.isatty()
-    history = history or Path.home() / HISTORY
-    readline = load_history(history) if interactive and read is input else None
+    # a person at a terminal: a prompt, and input() edits lines with readline (it does only
+    # when both are terminals); fed from a file, the output is the samples alone
+    interactive = all(s is not None and s.isatty() for s in (sys.stdin, sys.stdout))
+    readline = None
+    if interactive and read is input:
+        history = history or Path.home() / HISTORY
+        readline = load_history(history)
     if interactive:
         print("Type a prompt to continue it; /help lists the commands, Ctrl-D exits.",
               file=sys.stderr)
