@@ -122,3 +122,20 @@ def test_ctrl_c_during_a_generation_asks_it_to_stop_and_the_loop_goes_on(capsys)
     out, err = run_loop(["long", "bad", "next"], generate, capsys)
     assert seen == [False, True, False, False]  # each generation starts unstopped
     assert err == "error: prompt has characters outside the model's vocabulary\n"
+
+
+def test_interactive_refuses_an_encoder_decoder(fails, tmp_path):
+    """It continues prompts; an encoder-decoder transduces sources (`--source`)."""
+    from charlm.config.schema import DataConfig, RunConfig
+    from charlm.data.vocab import PairVocab
+    from charlm.export import save_safetensors
+    from charlm.training.tasks import build_model
+    from tests.helpers import seq2seq_config
+
+    cfg = RunConfig(model=seq2seq_config(), data=DataConfig(format="pairs"))
+    vocab = PairVocab.from_pairs([("ab", "ba"), ("abc", "cba")], "char")
+    save_safetensors(build_model(cfg, vocab), vocab, cfg, tmp_path / "st")
+    fails("sample", tmp_path / "st", "--interactive",
+          message=f"--interactive continues prompts with a GPT; {tmp_path / 'st'} is an "
+                  "encoder-decoder: drop --interactive and transduce with --source or "
+                  "--source-file")
