@@ -47,6 +47,7 @@ pytestmark = pytest.mark.xdist_group("page")  # one Chromium for the module, on 
 
 PAGE = ROOT / "charlm" / "serve" / "page.html"
 KEY = "sk-page-test"
+PROMPT = "<i>ROMEO</i>:"  # markup that the page must show as text
 TEXT = " O, she doth teach the <b>torches</b> to burn bright & fair!\nIt seems she hangs upon"
 STEP_S = 0.02  # between two streamed characters
 SHADE_ALPHA = 0.62  # page.html's .ch background: the shade at alpha (1 - p) * 0.62
@@ -261,7 +262,7 @@ def test_page_streams_characters_shaded_by_probability_with_alternatives(
     equals the server's own greedy completion, each character's shade follows its probability,
     hovering one shows its top 5, and the key survives a reload."""
     wait = open_page(browser, page_server)
-    fill(browser, prompt="ROMEO:", temperature="0", max_tokens="40")
+    fill(browser, prompt=PROMPT, temperature="0", max_tokens="40")
     browser.find_element(By.ID, "generate").click()
     wait.until(lambda d: state(d) == "error")
     assert "Incorrect API key provided" in browser.find_element(By.ID, "status").text
@@ -272,16 +273,16 @@ def test_page_streams_characters_shaded_by_probability_with_alternatives(
     # streaming: some characters are on the page while the rest are still to come
     wait.until(lambda d: state(d) == "running" and 0 < len(generated(d)) < 40)
     wait.until(lambda d: state(d) == "done")
-    assert stand_in.streamed[-1] == {"prompt": "ROMEO:", "max_tokens": 40, "temperature": 0,
+    assert stand_in.streamed[-1] == {"prompt": PROMPT, "max_tokens": 40, "temperature": 0,
                                      "stream": True, "logprobs": 5}
 
     expected = httpx.post(page_server + "v1/completions",
                           headers={"Authorization": f"Bearer {KEY}"},
-                          json={"prompt": "ROMEO:", "max_tokens": 40, "temperature": 0,
+                          json={"prompt": PROMPT, "max_tokens": 40, "temperature": 0,
                                 "logprobs": 5}).json()["choices"][0]
     output = browser.find_element(By.ID, "output")
-    assert output.get_attribute("textContent") == "ROMEO:" + expected["text"]
-    assert output.find_elements(By.TAG_NAME, "b") == []  # model text is text, never markup
+    assert output.get_attribute("textContent") == PROMPT + expected["text"]
+    assert output.find_elements(By.CSS_SELECTOR, "i, b") == []  # text is text, never markup
     chars = generated(browser)
     assert [c["text"] for c in chars] == list(expected["text"])
     lps = expected["logprobs"]["token_logprobs"]
