@@ -9,7 +9,7 @@ import copy
 import functools
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -41,18 +41,24 @@ class CompiledStep:
     (`charlm sample --compile`); an error there (no C++ compiler, an op the compiler cannot
     take) propagates, for the caller to go on eagerly."""
 
-    def __init__(self, model: GPT, cache: KVCache):
+    def __init__(self, model: GPT, cache: KVCache, per_row: bool = False):
         self.model = model
         self.static = copy.copy(cache)  # the same key and value tensors
-        self.static.pos = torch.zeros((), dtype=torch.long, device=cache.k[0].device)
+        B = cache.k[0].size(0)
+        # one position for every row, or each row's own (requests of different lengths)
+        self.static.pos = torch.zeros((B,) if per_row else (), dtype=torch.long,
+                                      device=cache.k[0].device)
         self.step = compiled_decode_step()
         # what a graph is built for, known here: the step itself only looks it up in BUILT
-        self.key = (repr(model.cfg), model.vocab_size, cache.k[0].size(0),
-                    model.wte.weight.dtype, cache.k[0].device)
+        self.key = (repr(model.cfg), model.vocab_size, B, per_row, model.wte.weight.dtype,
+                    cache.k[0].device)
 
-    def seek(self, pos: int) -> None:
-        """Continue at position pos (after a prefill)."""
-        self.static.pos.fill_(pos)
+    def seek(self, pos: int | Sequence[int]) -> None:
+        """Continue at position pos (after a prefill), or with per_row at each row's own."""
+        if isinstance(pos, int):
+            self.static.pos.fill_(pos)
+        else:
+            self.static.pos.copy_(torch.tensor(pos, dtype=torch.long))
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         """Append one id per row, ids (B,), at the current position; logits (B, V)."""

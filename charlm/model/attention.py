@@ -8,6 +8,8 @@ C n_embd, H n_head, D head_dim = C // H.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -42,9 +44,11 @@ class KVCache:
 
     A plain object (not a module or buffer), so it never lands in a `state_dict`. `pos` is the
     number of positions already written; `GPT.forward` advances it once per call. `pos` may also
-    be a 0-d integer tensor on the device: then a forward takes one token per row and attends
-    over the whole cache with the positions after `pos` masked, so every step has the same
-    shapes and one compiled graph serves them all (`charlm sample --compile`).
+    be an integer tensor on the device, 0-d (one position for every row) or (B,) (a position per
+    row, for requests of different lengths in one batch: `charlm serve`'s engine): then a forward
+    takes one token per row and attends over the whole cache with each row's positions after its
+    `pos` masked, so every step has the same shapes and one compiled graph serves them all
+    (`charlm sample --compile`).
     """
 
     def __init__(self, n_layer: int, batch_size: int, n_head: int, max_len: int, head_dim: int,
@@ -58,14 +62,36 @@ class KVCache:
     def reset(self) -> None:
         self.pos = 0
 
+    def view(self, rows: slice, length: int | None = None) -> KVCache:
+        """Rows `rows` and the first `length` positions (default all) as a cache of their own
+        over the same storage, so what a forward writes into it lands here. A per-row `pos` is
+        narrowed to the rows (a view too); the caller sets another where it needs one."""
+        part = copy.copy(self)
+        length = self.max_len if length is None else length
+        part.k = [k[rows, :, :length] for k in self.k]
+        part.v = [v[rows, :, :length] for v in self.v]
+        part.max_len = length
+        if isinstance(self.pos, torch.Tensor) and self.pos.dim() == 1:
+            part.pos = self.pos[rows]
+        return part
+
+    def copy_row(self, src: int, dst: int) -> None:
+        """Make row dst hold row src's keys and values (a request moving to another slot)."""
+        for k, v in zip(self.k, self.v, strict=True):
+            k[dst] = k[src]
+            v[dst] = v[src]
+
 
 def rope_angles(pos: torch.Tensor, head_dim: int,
                 base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
     """The rotary tables (Su et al. 2021) for positions pos (T,): cos and signed sin, each
     (T, D), laid out for `apply_rope`: with angles a_i = p * base^(-2i/D), i < D/2,
-    cos = [cos a, cos a] and sin = [-sin a, sin a]."""
+    cos = [cos a, cos a] and sin = [-sin a, sin a]. Positions per row, pos (B, T), give
+    tables (B, 1, T, D), which broadcast over the heads of q and k (B, H, T, D)."""
     inv_freq = base ** -(torch.arange(0, head_dim, 2, device=pos.device).float() / head_dim)
-    angles = pos.float()[:, None] * inv_freq[None, :]  # (T, D/2)
+    angles = pos.float()[..., None] * inv_freq  # (T, D/2) or (B, T, D/2)
+    if pos.dim() == 2:
+        angles = angles.unsqueeze(1)  # (B, 1, T, D/2)
     cos, sin = angles.cos(), angles.sin()
     return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
 
@@ -120,11 +146,13 @@ def attend(qkv: torch.Tensor, n_head: int, cache: KVCache | None, layer: int,
         q, k, v = qkv.unbind(0)
     if cache is None:
         y = attention(q, k, v, mask, causal, dropout)
-    elif isinstance(cache.pos, torch.Tensor):  # static shapes: one token at position cache.pos
-        at = cache.pos.view(1)
-        cache.k[layer].index_copy_(2, at, k)
-        cache.v[layer].index_copy_(2, at, v)
-        visible = (torch.arange(cache.max_len, device=qkv.device) <= cache.pos)[None]  # (1, L)
+    elif isinstance(cache.pos, torch.Tensor):  # static shapes: one token per row at cache.pos
+        at = cache.pos.expand(B)  # (B,): shared (0-d) or each row's own position
+        index = at.view(B, 1, 1, 1).expand(B, n_head, 1, C // n_head)
+        cache.k[layer].scatter_(2, index, k)
+        cache.v[layer].scatter_(2, index, v)
+        keys = torch.arange(cache.max_len, device=qkv.device)
+        visible = (keys[None, :] <= at[:, None]).view(B, 1, 1, -1)  # (B, 1, 1, L)
         y = attention(q, cache.k[layer], cache.v[layer], visible, False, dropout)
     else:
         start, end = cache.pos, cache.pos + T

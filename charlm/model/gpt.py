@@ -34,14 +34,15 @@ from charlm.model.layers import Embedding, Linear, maybe_dropout, normal_
 def sinusoidal_table(pos: torch.Tensor, dim: int) -> torch.Tensor:
     """Vaswani et al. (2017): PE[p, 2i] = sin(p / 10000^(2i/dim)), PE[p, 2i+1] = cos(same).
 
-    pos (T,) integer positions -> (T, dim) float32. Computed per forward rather than stored, so it
-    is never in a `state_dict` and never rounded by `model.to(dtype)`.
+    pos (T,) integer positions -> (T, dim) float32 (pos (B, T) -> (B, T, dim)). Computed per
+    forward rather than stored, so it is never in a `state_dict` and never rounded by
+    `model.to(dtype)`.
     """
     even = torch.arange(0, dim, 2, device=pos.device, dtype=torch.float32)  # 2i
-    angles = pos.float()[:, None] / 10000.0 ** (even / dim)  # (T, ceil(dim / 2))
-    table = torch.empty(pos.numel(), dim, device=pos.device)
-    table[:, 0::2] = angles.sin()
-    table[:, 1::2] = angles.cos()[:, : dim // 2]
+    angles = pos.float()[..., None] / 10000.0 ** (even / dim)  # (..., T, ceil(dim / 2))
+    table = torch.empty(*pos.shape, dim, device=pos.device)
+    table[..., 0::2] = angles.sin()
+    table[..., 1::2] = angles.cos()[..., : dim // 2]
     return table
 
 
@@ -138,8 +139,9 @@ class Block(nn.Module):
 
 def embed(wte: nn.Embedding, wpe: nn.Embedding | None, cfg: ModelConfig, idx: torch.Tensor,
           pos: torch.Tensor) -> torch.Tensor:
-    """Token ids idx (B, T) at positions pos (T,) -> input vectors (B, T, C), by the token
-    table wte and cfg.pos_encoding (wpe: the learned position table, else None)."""
+    """Token ids idx (B, T) at positions pos (T,), or per row (B, T), -> input vectors
+    (B, T, C), by the token table wte and cfg.pos_encoding (wpe: the learned position table,
+    else None)."""
     tok = wte(idx)  # (B, T, C)
     scheme = cfg.pos_encoding
     if scheme == "learned":
@@ -152,9 +154,10 @@ def embed(wte: nn.Embedding, wpe: nn.Embedding | None, cfg: ModelConfig, idx: to
 
 def positions(cache: KVCache | None, T: int, block_size: int,
               device: torch.device) -> torch.Tensor:
-    """The positions (T,) of T new tokens: after those in the cache, else from 0."""
-    if cache is not None and isinstance(cache.pos, torch.Tensor):  # static shapes, T = 1
-        return cache.pos.view(1)  # the caller keeps it below block_size (no host sync here)
+    """The positions (T,) of T new tokens: after those in the cache, else from 0. A cache
+    whose position is a tensor (static shapes, T = 1) gives (1, 1), or (B, 1) per row."""
+    if cache is not None and isinstance(cache.pos, torch.Tensor):
+        return cache.pos.view(-1, 1)  # the caller keeps it below block_size (no host sync here)
     start = cache.pos if cache is not None else 0
     if start + T > block_size:
         raise ValueError(f"sequence of {start + T} positions exceeds block_size {block_size}")

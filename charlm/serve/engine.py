@@ -1,0 +1,226 @@
+"""The serving engine: one thread owns the model and steps every active request together
+(continuous batching, as nano-vllm's scheduler does). A request is prefilled alone and joins the
+batch at once; it leaves when it ends, is cancelled or the engine closes, and its slot takes the
+next queued request. Each request keeps its own logits processors, repetition window, stop
+strings and `torch.Generator` (`charlm.serve.request.Row`), so a seeded request gives the same
+text alone or in a crowd, and a greedy one the text of `charlm sample --temperature 0`
+(`charlm.generation.slots`).
+
+An encoder-decoder serves one request at a time: the prompt is the source, the completion its
+greedy or sampled target (`charlm.generation.seq2seq.translate_ids`), sent in one event.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from charlm.core.errors import CharlmError, first_line
+from charlm.data.vocab import list_unknown
+from charlm.generation.seq2seq import translate_ids
+from charlm.generation.slots import SlotDecoder
+from charlm.generation.text import StopMatcher
+from charlm.model.encoder_decoder import output_limit
+from charlm.serve.request import Event, Params, Request, Row, generator_for
+
+__all__ = ["Engine", "Event", "Params", "Request", "Stats"]
+
+
+@dataclass(frozen=True)
+class Stats:
+    slots: int
+    busy: int
+    queued: int
+    batch_size: int  # rows in the last decode step
+    characters: int  # generated in all
+
+
+
+class Engine:
+    """Owns the model; `start` runs its decode thread, `submit` queues a request from any
+    thread, `close` ends them all. See the module's docstring."""
+
+    def __init__(self, model, vocab, *, slots: int = 16, compile: bool = False):
+        if slots < 1:
+            raise CharlmError(f"the engine needs at least one slot, got {slots}")
+        self.model = model.eval()
+        self.vocab = vocab
+        self.encdec = model.cfg.arch == "encoder_decoder"
+        self.slots = 1 if self.encdec else slots  # an encoder-decoder: one request at a time
+        self.device = model.wte.weight.device
+        self.decoder = None if self.encdec else SlotDecoder(model, slots, compile)
+        self.chars = None if self.encdec else list(vocab.chars)
+        self.rows: list[Row] = []
+        self.queue: collections.deque[Request] = collections.deque()
+        self.cond = threading.Condition()
+        self.closing = False
+        self.thread: threading.Thread | None = None
+        self.batch_size = 0
+        self.characters = 0
+
+    def start(self) -> float:
+        """Start the decode thread, after building the compiled step with `compile`; the
+        seconds that took (0.0 without)."""
+        seconds = 0.0
+        if self.decoder is not None:
+            with torch.inference_mode():
+                seconds = self.decoder.build()
+        self.thread = threading.Thread(target=self._run, name="charlm-engine", daemon=True)
+        self.thread.start()
+        return seconds
+
+    def submit(self, prompt: str, params: Params, on_event: Callable[[Event], None]) -> Request:
+        """Queue a completion of `prompt`; thread-safe. Bad input is a one-line CharlmError."""
+        request = Request(self._encode(prompt, params), params, on_event, self._wake)
+        with self.cond:
+            if self.closing:
+                raise CharlmError("the engine is shutting down; send the request to another "
+                                  "server or after the restart")
+            self.queue.append(request)
+            self.cond.notify()
+        return request
+
+    def _encode(self, prompt: str, params: Params) -> list[int]:
+        if self.encdec:
+            if params.logprobs is not None:
+                raise CharlmError("logprobs are not available for an encoder-decoder model; "
+                                  "leave logprobs out")
+            known = set(self.vocab.source)
+        else:
+            known = set(self.chars)
+        bad = [(i, c) for i, c in enumerate(prompt) if c not in known]
+        if bad:
+            raise CharlmError(f"the prompt has characters outside the model's vocabulary: "
+                              f"{list_unknown(bad, 'at position')}; remove them")
+        if not prompt:
+            raise CharlmError("the prompt is empty; give at least one character the model knows")
+        block = self.model.cfg.block_size
+        if self.encdec:
+            if len(prompt) > block:
+                raise CharlmError(f"the prompt (the source) is {len(prompt)} characters, over "
+                                  f"the model's block_size {block}; shorten it")
+            return self.vocab.encode_source(prompt)
+        return self.vocab.encode(prompt[-block:])  # as `charlm sample` crops a long prompt
+
+    def stats(self) -> Stats:
+        with self.cond:
+            return Stats(self.slots, len(self.rows), len(self.queue), self.batch_size,
+                         self.characters)
+
+    def close(self, grace_s: float = 5.0) -> None:
+        """Stop accepting; requests in flight or queued end with finish_reason "shutdown" at
+        the next step, and the thread exits (waited for up to grace_s)."""
+        with self.cond:
+            self.closing = True
+            self.cond.notify()
+        if self.thread is not None:
+            self.thread.join(grace_s)
+        else:
+            self._shut()
+
+    def _wake(self) -> None:
+        with self.cond:
+            self.cond.notify()
+
+    def _shut(self) -> None:
+        with self.cond:
+            ending = [row.request for row in self.rows] + list(self.queue)
+            self.rows.clear()
+            self.queue.clear()
+        for request in ending:
+            request.finish("shutdown")
+
+    @torch.inference_mode()
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not (self.rows or self.queue or self.closing):
+                    self.cond.wait()
+                if self.closing:
+                    break
+                admitted = []
+                while self.queue and len(self.rows) + len(admitted) < self.slots:
+                    admitted.append(self.queue.popleft())
+            try:
+                self._drop_cancelled()
+                for request in admitted:
+                    self._admit(request)
+                if self.rows and not self.encdec:
+                    self._step()
+            except Exception as e:  # the model failed: end what it decoded, serve the rest
+                print(f"warning: a decode step failed ({first_line(e)})", file=sys.stderr)
+                for i in reversed(range(len(self.rows))):
+                    self._end(i, "error", first_line(e))
+        self._shut()
+
+    def _drop_cancelled(self) -> None:
+        for i in reversed(range(len(self.rows))):
+            if self.rows[i].request.cancelled:
+                self._end(i, "cancelled")
+
+    def _end(self, i: int, reason: str, error: str | None = None) -> None:
+        """Row i leaves the batch; the last row takes its place, as in the decoder."""
+        row = self.rows[i]
+        self.decoder.remove(i)
+        with self.cond:
+            self.rows[i] = self.rows[-1]
+            self.rows.pop()
+        row.request.finish(reason, error)
+
+    def _admit(self, request: Request) -> None:
+        if request.cancelled:
+            request.finish("cancelled")
+        elif request.params.max_tokens <= 0:
+            request.finish("length")
+        elif self.encdec:
+            self._translate(request)
+        else:
+            row = Row(request, self.chars, self.device)
+            logits = self.decoder.add(request.ids)
+            with self.cond:
+                self.rows.append(row)
+            self._choose([len(self.rows) - 1], logits[None])
+
+    def _step(self) -> None:
+        ids = torch.tensor([row.last for row in self.rows], device=self.device)
+        logits = self.decoder.step(ids)
+        self.batch_size = len(self.rows)
+        self._choose(range(len(self.rows)), logits)
+
+    def _choose(self, rows, logits: torch.Tensor) -> None:
+        """Each of `rows` draws from its logits (one row each); those that ended leave."""
+        rows = list(rows)
+        for row, x in zip(rows, logits, strict=True):
+            try:
+                self.rows[row].choose(x)
+            except CharlmError as e:  # its logits are not finite
+                self.rows[row].error = str(e)
+        with self.cond:
+            self.characters += len(rows)
+        for i in reversed(rows):
+            row = self.rows[i]
+            if row.error is not None:
+                self._end(i, "error", row.error)
+            elif (reason := row.done()) is not None:
+                self._end(i, reason)
+
+    def _translate(self, request: Request) -> None:
+        """An encoder-decoder's completion: the target of the source, at once."""
+        ids, opts = request.ids, request.opts
+        src = torch.tensor([ids], device=self.device)
+        generator = generator_for(request.params.seed, self.device)
+        [out] = translate_ids(self.model, src, opts, generator=generator)
+        limit = output_limit(len(ids), self.model.cfg.block_size, opts.max_new_tokens)
+        matcher = StopMatcher(opts.stop, include_stop=False)
+        text = "".join(matcher.feed(c) for c in self.vocab.decode_target(out)
+                       if not matcher.done)
+        with self.cond:
+            self.characters += len(out)
+        if text:
+            request.send(Event(text))
+        request.finish("stop" if matcher.done or len(out) < limit else "length")

@@ -1,0 +1,176 @@
+"""One request's side of the serving engine (`charlm.serve.engine`): its sampling options
+(`Params`), the events it receives (`Event`), the handle the app holds (`Request`), and its
+row in the batch (`Row`): its logits processors, repetition window, stop strings and
+`torch.Generator`, so a seeded request draws the same characters alone or in a crowd.
+
+Logprobs are those of the distribution the character is drawn from before truncation, as vLLM
+reports them: the model's log-softmax after the repetition penalty and the temperature (none for
+greedy), before top-k, top-p and min-p; -inf is reported as -9999.0 (JSON has no infinity).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from charlm.config.sampling import SampleConfig
+from charlm.core.errors import first_line
+from charlm.generation.decoding import (
+    RecentIds,
+    apply_repetition_penalty,
+    apply_temperature,
+    build_processors,
+    sample_next,
+)
+from charlm.generation.text import StopMatcher
+
+LOGPROB_FLOOR = -9999.0
+REPETITION_WINDOW = SampleConfig().repetition_window  # as `charlm sample`'s default
+
+
+@dataclass(frozen=True)
+class Params:
+    """One completion's sampling, already validated by the app."""
+
+    max_tokens: int  # characters to generate at most
+    temperature: float = 1.0  # 0: greedy
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()  # the completion ends before the first of these (not included)
+    seed: int | None = None  # its own torch.Generator: same text alone or in a crowd
+    logprobs: int | None = None  # 0..5: the chosen character's logprob and the top-N
+
+    def sampling(self) -> SampleConfig:
+        """These options as `SampleConfig`, whose checks they pass (CharlmError otherwise)."""
+        return SampleConfig(max_new_tokens=self.max_tokens, temperature=self.temperature,
+                            top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+                            repetition_penalty=self.repetition_penalty, stop=self.stop)
+
+
+@dataclass(frozen=True)
+class Event:
+    """What a request gets, in order, from the engine's thread: one event per character, then
+    a last one with the finish reason ("stop", "length", "cancelled", "shutdown", or "error"
+    with `error` saying what went wrong)."""
+
+    text: str  # characters added ("" on a final event that adds none)
+    logprob: float | None = None  # of the chosen character, when Params.logprobs is not None
+    top: dict[str, float] | None = None  # the top-N characters and their logprobs
+    finish_reason: str | None = None  # None until the last event
+    error: str | None = None  # with finish_reason "error"
+
+
+class Request:
+    """A submitted completion; `cancel` makes it leave the batch at the next step."""
+
+    def __init__(self, ids: list[int], params: Params, on_event: Callable[[Event], None],
+                 wake: Callable[[], None]):
+        self.ids = ids
+        self.params = params
+        self.opts = params.sampling()
+        self.on_event = on_event
+        self.cancelled = False
+        self.finished = False
+        self._wake = wake
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._wake()
+
+    def send(self, event: Event) -> None:
+        """Hand the event to the app; a callback that fails cancels the request rather than
+        ending the engine's thread."""
+        try:
+            self.on_event(event)
+        except Exception as e:
+            print(f"warning: a request's event callback failed ({first_line(e)}); cancelling it",
+                  file=sys.stderr)
+            self.cancelled = True
+
+    def finish(self, reason: str, error: str | None = None) -> None:
+        if not self.finished:
+            self.finished = True
+            self.send(Event("", finish_reason=reason, error=error))
+
+
+def generator_for(seed: int | None, device: torch.device) -> torch.Generator:
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()  # a fresh nondeterministic seed
+    else:
+        generator.manual_seed(seed)
+    return generator
+
+
+def rounded(logprob: float) -> float:
+    return max(logprob, LOGPROB_FLOOR) if not math.isnan(logprob) else LOGPROB_FLOOR
+
+
+class Row:
+    """One request in the batch: its processors, generator, recent ids and stop strings, and
+    the characters held back while they may start a stop string."""
+
+    def __init__(self, request: Request, chars: list[str], device: torch.device):
+        p = request.params
+        self.request = request
+        self.params = p
+        self.chars = chars
+        self.procs = build_processors(request.opts)
+        self.generator = generator_for(p.seed, device)
+        self.recent = None
+        if p.repetition_penalty != 1.0:  # the prompt counts as recent too, as in `generate`
+            prompt = torch.tensor([request.ids], device=device)
+            self.recent = RecentIds(prompt, REPETITION_WINDOW, len(request.ids) + p.max_tokens)
+        self.matcher = StopMatcher(p.stop, include_stop=False)
+        self.held: collections.deque[Event] = collections.deque()
+        self.count = 0
+        self.last = 0  # the id to feed at the next step
+        self.error: str | None = None  # why it cannot go on
+
+    def choose(self, logits: torch.Tensor) -> None:
+        """Draw the next id from logits (V,) and send the characters that became final."""
+        p = self.params
+        x = logits[None].float()
+        if self.recent is not None:
+            x = apply_repetition_penalty(x, self.recent.ids, p.repetition_penalty)
+        nxt = sample_next(x, p.temperature, self.procs, self.generator)
+        if self.recent is not None:
+            self.recent.push(nxt)
+        self.last = token = int(nxt)
+        self.count += 1
+        self.held.append(self.event(x, token))
+        released = len(self.matcher.feed(self.chars[token]))
+        for _ in range(released):
+            self.request.send(self.held.popleft())
+
+    def event(self, x: torch.Tensor, token: int) -> Event:
+        """The character's event, with its logprob and the top-N when asked for."""
+        n = self.params.logprobs
+        if n is None:
+            return Event(self.chars[token])
+        if self.params.temperature > 0:
+            x = apply_temperature(x, self.params.temperature)
+        logprobs = torch.log_softmax(x[0], dim=-1)
+        top = logprobs.topk(min(n, logprobs.numel())) if n else None
+        table = {} if top is None else {self.chars[i]: rounded(v) for v, i in
+                                        zip(top.values.tolist(), top.indices.tolist(),
+                                            strict=True)}
+        return Event(self.chars[token], rounded(float(logprobs[token])), table)
+
+    def done(self) -> str | None:
+        """The finish reason once the request has ended, else None."""
+        if self.matcher.done:
+            return "stop"
+        if self.count >= self.params.max_tokens:
+            for event in self.held:  # no stop string can follow: what was held is text
+                self.request.send(event)
+            self.held.clear()
+            return "length"
+        return None
