@@ -221,3 +221,44 @@ def test_parameter_count_of_a_config_is_the_built_models(variant):
     # counted on the meta device, at once
     huge = tiny_model_config(**VARIANTS[variant], n_layer=10**9)
     assert parameter_count(huge, V) == expected_params(huge, V)
+
+
+@pytest.mark.parametrize("variant", ["default", "pos_encoding=sinusoidal", "pos_encoding=rope",
+                                     "all_changed"])
+@torch.inference_mode()
+def test_a_position_per_row_gives_each_row_the_logits_of_its_own_sequence(variant):
+    """Rows of one cache at different positions (requests of different lengths in one batch,
+    as `charlm serve` decodes them): each row is prefilled alone through a view of the cache,
+    then every step decodes all rows at once, each at its own position, and gives each row the
+    logits of its own sequence."""
+    model = GPT(tiny_model_config(**VARIANTS[variant]), V).eval()
+    idx = torch.randint(0, V, (3, 12))
+    lengths = torch.tensor([3, 7, 1])
+    cache = model.new_cache(3)
+    for row, n in enumerate(lengths.tolist()):
+        view = cache.view(slice(row, row + 1))  # its writes land in the cache
+        view.pos = 0
+        model(idx[row:row + 1, :n], cache=view)
+    cache.pos = lengths.clone()
+    for t in range(3):
+        at = lengths + t
+        got, _ = model(idx[torch.arange(3), at][:, None], cache=cache)  # (3, 1, V)
+        for row in range(3):
+            expected, _ = model(idx[row:row + 1, :at[row] + 1])
+            torch.testing.assert_close(got[row, -1], expected[0, -1], rtol=1e-5, atol=1e-5)
+    assert cache.pos.tolist() == (lengths + 3).tolist()
+
+
+def test_a_cache_row_copied_to_another_continues_its_sequence():
+    model = GPT(tiny_model_config(), V).eval()
+    idx = torch.randint(0, V, (1, 6))
+    cache = model.new_cache(2)
+    with torch.inference_mode():
+        first = cache.view(slice(0, 1))
+        model(idx[:, :5], cache=first)
+        cache.copy_row(0, 1)
+        moved = cache.view(slice(1, 2))
+        moved.pos = 5
+        got, _ = model(idx[:, 5:], cache=moved)
+        expected, _ = model(idx)
+    torch.testing.assert_close(got[0, -1], expected[0, -1], rtol=1e-5, atol=1e-5)

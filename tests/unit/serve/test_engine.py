@@ -1,0 +1,278 @@
+"""charlm.serve.engine: continuous batching against `generate` (greedy parity under 16 concurrent
+requests, past the context window, for learned and rotary positions), seeded determinism in a
+crowd, stop strings, logprobs, cancel, close, bad prompts, the compiled step and the
+encoder-decoder."""
+
+import threading
+
+import pytest
+import torch
+
+from charlm.config.sampling import SampleConfig
+from charlm.core.errors import CharlmError
+from charlm.data.vocab import PairVocab, Vocab
+from charlm.generation import compiled_step
+from charlm.generation.decoding import CachedDecoder, apply_repetition_penalty, apply_temperature
+from charlm.generation.seq2seq import translate_ids
+from charlm.generation.text import sample_text
+from charlm.serve.engine import Engine, Event, Params, Stats
+from tests.helpers import RANDOM_GPT_VOCAB, decode_ids, random_gpt, random_seq2seq
+
+VOCAB = Vocab("abcdefghijklm"[:RANDOM_GPT_VOCAB])
+BLOCK = 16  # random_gpt's block_size
+GREEDY = Params(max_tokens=40, temperature=0)
+
+
+class Completion:
+    """What one request received: its events, and when it finished."""
+
+    def __init__(self):
+        self.events: list[Event] = []
+        self.finished = threading.Event()
+
+    def __call__(self, event: Event) -> None:
+        self.events.append(event)
+        if event.finish_reason is not None:
+            self.finished.set()
+
+    @property
+    def text(self) -> str:
+        return "".join(e.text for e in self.events)
+
+    @property
+    def reason(self) -> str | None:
+        return self.events[-1].finish_reason if self.events else None
+
+
+def run(engine: Engine, jobs: list[tuple[str, Params]], timeout: float = 60) -> list[Completion]:
+    """Submit every job before the engine starts (so they decode together), wait for all."""
+    done = [Completion() for _ in jobs]
+    for (prompt, params), completion in zip(jobs, done, strict=True):
+        engine.submit(prompt, params, completion)
+    engine.start()
+    try:
+        for completion in done:
+            assert completion.finished.wait(timeout)
+    finally:
+        engine.close()
+    return done
+
+
+@torch.inference_mode()  # as the engine decodes (and generate)
+def greedy_reference(model, prompt: str, n: int) -> tuple[str, list[torch.Tensor]]:
+    """`generate`'s greedy text after prompt (cropped as `charlm sample` crops it), with the
+    logits (V,) each character was chosen from."""
+    ids = torch.tensor([VOCAB.encode(prompt[-BLOCK:])])
+    decoder = CachedDecoder(model, 1)
+    logits, out, seen = decoder.prefill(ids), [], []
+    for i in range(n):
+        if i:
+            logits = decoder.step(torch.tensor([out[-1]]))
+        seen.append(logits[0])
+        out.append(int(logits[0].argmax()))
+    assert out == decode_ids(model, ids, n)[0].tolist()  # the loop above is generate's
+    return VOCAB.decode(out), seen
+
+
+def assert_greedy_parity(model, jobs, done) -> None:
+    """Each completion is generate's greedy text, except where a near-tie (top two logits
+    within 1e-5) flipped: from there the two may differ."""
+    for (prompt, params), completion in zip(jobs, done, strict=True):
+        expected, logits = greedy_reference(model, prompt, params.max_tokens)
+        got = completion.text
+        assert len(got) == params.max_tokens and completion.reason == "length"
+        t = next((i for i, (a, b) in enumerate(zip(got, expected, strict=True)) if a != b), None)
+        if t is not None:
+            top2 = logits[t].topk(2)
+            assert float(top2.values[0] - top2.values[1]) < 1e-5, (prompt, t)
+            assert VOCAB.encode(got[t])[0] in top2.indices.tolist()
+
+
+def prompts(n: int, seed: int = 0) -> list[str]:
+    """n prompts of different lengths, some longer than the context."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = [1, 2, 3, 5, 7, 9, 11, 13, 15, 16, 17, 20, 24, 4, 6, 8][:n]
+    return [VOCAB.decode(torch.randint(0, len(VOCAB), (k,), generator=g).tolist())
+            for k in lengths]
+
+
+@pytest.mark.parametrize("pos_encoding", ["learned", "rope"])
+@pytest.mark.parametrize("slots", [16, 5])
+def test_greedy_of_16_concurrent_requests_equals_generate(pos_encoding, slots):
+    """16 requests of different prompt lengths and max_tokens, past block_size (each row's
+    window rule on its own); with 5 slots the rest queue and take the slots that free up."""
+    model = random_gpt(pos_encoding=pos_encoding)
+    jobs = [(p, Params(max_tokens=20 + 3 * i, temperature=0)) for i, p in enumerate(prompts(16))]
+    engine = Engine(model, VOCAB, slots=slots)
+    done = run(engine, jobs)
+    assert_greedy_parity(model, jobs, done)
+    assert len({c.text for c in done}) > 8  # not one constant stream
+    # the longest request ends alone in the batch
+    assert engine.stats() == Stats(slots=slots, busy=0, queued=0, batch_size=1,
+                                   characters=sum(p.max_tokens for _, p in jobs))
+
+
+def test_a_seeded_request_gives_the_same_text_alone_and_among_15_others():
+    model = random_gpt()
+    params = Params(max_tokens=50, temperature=0.9, top_k=8, top_p=0.95,
+                    repetition_penalty=1.2, seed=7)
+    [alone] = run(Engine(model, VOCAB), [("abc", params)])
+    others = [(p, Params(max_tokens=30 + i, temperature=1.0, seed=100 + i)) if i % 2 else
+              (p, Params(max_tokens=30 + i, temperature=0)) for i, p in enumerate(prompts(15))]
+    crowd = run(Engine(model, VOCAB), others[:7] + [("abc", params)] + others[7:])
+    assert crowd[7].text == alone.text and len(alone.text) == 50
+    # and `charlm sample --seed 7` with the same options draws the same characters
+    [sample] = sample_text(model, VOCAB, "abc", SampleConfig(
+        max_new_tokens=50, temperature=0.9, top_k=8, top_p=0.95, repetition_penalty=1.2, seed=7))
+    assert sample.text == alone.text
+    [other_seed] = run(Engine(model, VOCAB), [("abc", Params(**{**params.__dict__, "seed": 8}))])
+    assert other_seed.text != alone.text
+
+
+def test_a_completion_ends_before_its_first_stop_string():
+    model = random_gpt()
+    expected, _ = greedy_reference(model, "abc", 40)
+    stop = expected[12:15]
+    cut = expected.index(stop)
+    [stopped, held, unmatched] = run(Engine(model, VOCAB), [
+        ("abc", Params(max_tokens=40, temperature=0, stop=("zz", stop))),
+        # the last two characters may start a stop string until max_tokens ends the request
+        ("abc", Params(max_tokens=14, temperature=0, stop=(expected[12:14] + "z",))),
+        ("abc", Params(max_tokens=40, temperature=0, stop=("z",))),
+    ])
+    assert (stopped.text, stopped.reason) == (expected[:cut], "stop")
+    assert (held.text, held.reason) == (expected[:14], "length")
+    assert (unmatched.text, unmatched.reason) == (expected, "length")
+    # one event per character, then the last one, which adds none
+    assert [e.text for e in stopped.events] == list(expected[:cut]) + [""]
+
+
+def test_logprobs_are_of_the_penalised_tempered_distribution():
+    model = random_gpt()
+    prompt = "abcab"
+    params = Params(max_tokens=5, temperature=0.7, repetition_penalty=1.5, seed=3, logprobs=3)
+    [greedy, sampled] = run(Engine(model, VOCAB), [
+        (prompt, Params(max_tokens=5, temperature=0, logprobs=5)), (prompt, params)])
+    with torch.inference_mode():
+        logits = model(torch.tensor([VOCAB.encode(prompt)]))[0][:, -1].float()  # (1, V)
+    # greedy: the model's own distribution; the chosen character is the likeliest
+    first = greedy.events[0]
+    expected = torch.log_softmax(logits[0], dim=-1)
+    assert list(first.top) == [VOCAB.chars[i] for i in expected.topk(5).indices.tolist()]
+    assert first.logprob == pytest.approx(float(expected.max()), abs=1e-5)
+    assert first.top[first.text] == first.logprob
+    # sampled: after the repetition penalty and the temperature, before top-k and top-p
+    recent = torch.tensor([VOCAB.encode(prompt)])
+    x = apply_temperature(apply_repetition_penalty(logits, recent, 1.5), 0.7)
+    expected = torch.log_softmax(x[0], dim=-1)
+    first = sampled.events[0]
+    assert first.logprob == pytest.approx(float(expected[VOCAB.encode(first.text)[0]]), abs=1e-5)
+    assert len(first.top) == 3
+    assert all(e.logprob is not None for e in sampled.events[:-1])
+    assert sampled.events[-1] == Event("", finish_reason="length")
+
+
+def test_a_cancelled_request_leaves_at_the_next_step_and_frees_its_slot():
+    model = random_gpt()
+    engine = Engine(model, VOCAB, slots=1)
+    first, second = Completion(), Completion()
+
+    def cancel_after_three(event: Event) -> None:
+        first(event)
+        if len(first.events) == 3:
+            request.cancel()
+
+    request = engine.submit("abc", Params(max_tokens=10_000, temperature=0), cancel_after_three)
+    engine.submit("ba", GREEDY, second)  # queued until the slot is free
+    engine.start()
+    try:
+        assert second.finished.wait(30)
+        assert first.reason == "cancelled" and len(first.text) == 3
+        assert second.text == greedy_reference(model, "ba", 40)[0]
+        assert engine.stats().busy == 0
+    finally:
+        engine.close()
+
+
+def test_close_ends_requests_in_flight_and_queued_with_shutdown():
+    model = random_gpt()
+    engine = Engine(model, VOCAB, slots=1)
+    running, queued = Completion(), Completion()
+    started = threading.Event()
+
+    def on_event(event: Event) -> None:
+        running(event)
+        started.set()
+
+    engine.submit("abc", Params(max_tokens=10**9, temperature=0), on_event)
+    engine.submit("abc", GREEDY, queued)
+    engine.start()
+    assert started.wait(30)
+    assert engine.stats().busy == 1 and engine.stats().queued == 1
+    engine.close(grace_s=10)
+    assert not engine.thread.is_alive()
+    assert running.reason == "shutdown" and queued.events == [Event("", finish_reason="shutdown")]
+    with pytest.raises(CharlmError, match="the engine is shutting down"):
+        engine.submit("abc", GREEDY, Completion())
+
+
+@pytest.mark.parametrize("prompt, params, message", [
+    ("abz!", GREEDY, "the prompt has characters outside the model's vocabulary: 'z' at position "
+                     "2, '!' at position 3; remove them"),
+    ("", GREEDY, "the prompt is empty; give at least one character the model knows"),
+    ("abc", Params(max_tokens=5, stop=("",)), "--stop must not be empty"),
+])
+def test_a_bad_prompt_is_one_line_error_at_submit(prompt, params, message):
+    engine = Engine(random_gpt(), VOCAB)
+    with pytest.raises(CharlmError) as e:
+        engine.submit(prompt, params, Completion())
+    assert str(e.value) == message
+    assert engine.stats().queued == 0
+
+
+def test_the_compiled_step_is_one_graph_for_every_batch(monkeypatch):
+    """compile=True builds the batched step at start; requests joining and leaving never build
+    another (a stand-in backend that runs the traced graph counts the traces)."""
+    traces = []
+
+    def backend(gm, example_inputs):
+        traces.append(gm)
+        return gm.forward
+
+    step = torch.compile(compiled_step.decode_one_token, backend=backend, dynamic=False,
+                         fullgraph=True)
+    monkeypatch.setattr(compiled_step, "compiled_decode_step", lambda: step)
+    model = random_gpt(pos_encoding="rope")
+    engine = Engine(model, VOCAB, slots=6, compile=True)
+    jobs = [(p, Params(max_tokens=18 + 2 * i, temperature=0)) for i, p in enumerate(prompts(10))]
+    done = [Completion() for _ in jobs]
+    assert engine.start() > 0 and len(traces) == 1
+    try:
+        for (prompt, params), completion in zip(jobs, done, strict=True):
+            engine.submit(prompt, params, completion)
+        assert all(c.finished.wait(60) for c in done)
+    finally:
+        engine.close()
+    assert_greedy_parity(model, jobs, done)
+    assert len(traces) == 1
+
+
+def test_an_encoder_decoder_completes_the_source_with_its_target():
+    model = random_seq2seq()
+    vocab = PairVocab(tuple("abcdefg"), tuple("ABCDEFGHI"))
+    [greedy, capped, bad] = [Completion() for _ in range(3)]
+    engine = Engine(model, vocab)
+    engine.submit("abcab", Params(max_tokens=30, temperature=0), greedy)
+    engine.submit("abcab", Params(max_tokens=2, temperature=0), capped)
+    with pytest.raises(CharlmError, match="logprobs are not available for an encoder-decoder"):
+        engine.submit("abc", Params(max_tokens=3, logprobs=1), bad)
+    engine.start()
+    try:
+        assert greedy.finished.wait(30) and capped.finished.wait(30)
+    finally:
+        engine.close()
+    [ids] = translate_ids(model, torch.tensor([vocab.encode_source("abcab")]),
+                          SampleConfig(max_new_tokens=30, temperature=0))
+    expected = vocab.decode_target(ids)
+    assert greedy.text == expected and len(expected) > 2
+    assert (capped.text, capped.reason) == (expected[:2], "length")
