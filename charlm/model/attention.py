@@ -63,14 +63,14 @@ class KVCache:
         self.pos = 0
 
     def view(self, rows: slice, length: int | None = None) -> KVCache:
-        """Rows `rows` and the first `length` positions (default all) as a cache of their own
-        over the same storage, so what a forward writes into it lands here. A per-row `pos` is
-        narrowed to the rows (a view too); the caller sets another where it needs one."""
+        """Rows `rows` as a cache of their own over the same storage, so what a forward writes
+        into it lands here. A per-row `pos` is narrowed to the rows (a view too); the caller
+        sets another where it needs one. `length` (with a tensor `pos`) makes a step attend
+        over the first `length` positions only (as far as its rows have come), not all."""
         part = copy.copy(self)
-        length = self.max_len if length is None else length
-        part.k = [k[rows, :, :length] for k in self.k]
-        part.v = [v[rows, :, :length] for v in self.v]
-        part.max_len = length
+        part.k = [k[rows] for k in self.k]  # whole rows: contiguous, as attend writes them
+        part.v = [v[rows] for v in self.v]
+        part.max_len = length or self.max_len
         if isinstance(self.pos, torch.Tensor) and self.pos.dim() == 1:
             part.pos = self.pos[rows]
         return part
@@ -148,12 +148,19 @@ def attend(qkv: torch.Tensor, n_head: int, cache: KVCache | None, layer: int,
         y = attention(q, k, v, mask, causal, dropout)
     elif isinstance(cache.pos, torch.Tensor):  # static shapes: one token per row at cache.pos
         at = cache.pos.expand(B)  # (B,): shared (0-d) or each row's own position
-        index = at.view(B, 1, 1, 1).expand(B, n_head, 1, C // n_head)
-        cache.k[layer].scatter_(2, index, k)
-        cache.v[layer].scatter_(2, index, v)
-        keys = torch.arange(cache.max_len, device=qkv.device)
-        visible = (keys[None, :] <= at[:, None]).view(B, 1, 1, -1)  # (B, 1, 1, L)
-        y = attention(q, cache.k[layer], cache.v[layer], visible, False, dropout)
+        # each (row, head)'s slot in the cache seen as (B * H * L, D) rows: index_copy_ on it
+        # stays in place in a compiled graph (a scatter_ there copies the whole cache)
+        cache_k, cache_v = cache.k[layer], cache.v[layer]  # (B, H, L, D)
+        L, D = cache_k.size(2), C // n_head
+        heads = torch.arange(B * n_head, device=qkv.device).view(B, n_head)
+        index = (heads * L + at[:, None]).view(-1)  # (B * H,)
+        cache_k.view(-1, D).index_copy_(0, index, k.reshape(-1, D))
+        cache_v.view(-1, D).index_copy_(0, index, v.reshape(-1, D))
+        S = cache.max_len  # the positions attended over: L, or fewer (`KVCache.view`)
+        keys = torch.arange(S, device=qkv.device)
+        visible = (keys[None, :] <= at[:, None]).view(B, 1, 1, S)
+        y = attention(q, cache_k.narrow(2, 0, S), cache_v.narrow(2, 0, S), visible, False,
+                      dropout)
     else:
         start, end = cache.pos, cache.pos + T
         cache_k, cache_v = cache.k[layer], cache.v[layer]  # (B, H, L, D)

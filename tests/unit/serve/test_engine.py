@@ -232,12 +232,12 @@ def test_a_bad_prompt_is_one_line_error_at_submit(prompt, params, message):
 
 def test_the_compiled_step_is_one_graph_for_every_batch(monkeypatch):
     """compile=True builds the batched step at start; requests joining and leaving never build
-    another (a stand-in backend that runs the traced graph counts the traces)."""
-    traces = []
+    another (a stand-in backend that runs the traced graph counts the traces and the steps)."""
+    traces, steps = [], []
 
     def backend(gm, example_inputs):
         traces.append(gm)
-        return gm.forward
+        return lambda *args: steps.append(1) or gm.forward(*args)
 
     step = torch.compile(compiled_step.decode_one_token, backend=backend, dynamic=False,
                          fullgraph=True)
@@ -255,6 +255,7 @@ def test_the_compiled_step_is_one_graph_for_every_batch(monkeypatch):
         engine.close()
     assert_greedy_parity(model, jobs, done)
     assert len(traces) == 1
+    assert len(steps) > 20  # the steps with more than half the slots live ran the graph
 
 
 def test_an_encoder_decoder_completes_the_source_with_its_target():
