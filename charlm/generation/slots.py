@@ -66,9 +66,12 @@ class SlotDecoder:
         """Start a sequence in row n from ids (its last block_size), prefilled alone; the
         logits (V,) of its next id."""
         ids = ids[-self.block:]
-        row = self.n
         self.pos.append(0)
-        return self._prefill(row, torch.tensor(ids, device=self.device))
+        try:
+            return self._prefill(self.n - 1, torch.tensor(ids, device=self.device))
+        except BaseException:  # the row never became live
+            self.pos.pop()
+            raise
 
     def _prefill(self, row: int, ids: torch.Tensor) -> torch.Tensor:
         """Fill `row` from ids (T,) at positions 0..T-1; the logits (V,) after the last."""

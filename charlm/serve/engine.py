@@ -146,10 +146,14 @@ class Engine:
                 admitted = []
                 while self.queue and len(self.rows) + len(admitted) < self.slots:
                     admitted.append(self.queue.popleft())
-            try:
-                self._drop_cancelled()
-                for request in admitted:
+            self._drop_cancelled()
+            for request in admitted:
+                try:
                     self._admit(request)
+                except Exception as e:  # its prefill or translation failed: the others go on
+                    print(f"warning: a request failed ({first_line(e)})", file=sys.stderr)
+                    request.finish("error", first_line(e))
+            try:
                 if self.rows and not self.encdec:
                     self._step()
             except Exception as e:  # the model failed: end what it decoded, serve the rest
@@ -198,8 +202,8 @@ class Engine:
         for row, x in zip(rows, logits, strict=True):
             try:
                 self.rows[row].choose(x)
-            except CharlmError as e:  # its logits are not finite
-                self.rows[row].error = str(e)
+            except Exception as e:  # its logits are not finite, ...: this row alone ends
+                self.rows[row].error = str(e) if isinstance(e, CharlmError) else first_line(e)
         with self.cond:
             self.characters += len(rows)
         for i in reversed(rows):

@@ -16,6 +16,7 @@ from charlm.generation.decoding import CachedDecoder, apply_repetition_penalty, 
 from charlm.generation.seq2seq import translate_ids
 from charlm.generation.text import sample_text
 from charlm.serve.engine import Engine, Event, Params, Stats
+from charlm.serve.request import Row
 from tests.helpers import RANDOM_GPT_VOCAB, decode_ids, random_gpt, random_seq2seq
 
 VOCAB = Vocab("abcdefghijklm"[:RANDOM_GPT_VOCAB])
@@ -277,3 +278,34 @@ def test_an_encoder_decoder_completes_the_source_with_its_target():
     expected = vocab.decode_target(ids)
     assert greedy.text == expected and len(expected) > 2
     assert (capped.text, capped.reason) == (expected[:2], "length")
+
+
+def test_a_request_that_fails_ends_with_an_error_and_the_others_go_on(monkeypatch):
+    """A prefill that raises ends its request with finish_reason "error" and the reason; a
+    request whose logits are not finite ends the same way, alone; the batch goes on."""
+    model = random_gpt()
+    engine = Engine(model, VOCAB, slots=4)
+    real_add = engine.decoder.add
+
+    def add(ids):
+        if ids == VOCAB.encode("bad"):
+            raise RuntimeError("out of memory\ndetails")
+        return real_add(ids)
+
+    monkeypatch.setattr(engine.decoder, "add", add)
+    real_choose = Row.choose
+
+    def choose(self, logits):
+        if self.request.ids == VOCAB.encode("mam") and self.count == 3:
+            logits = torch.full_like(logits, float("nan"))
+        real_choose(self, logits)
+
+    monkeypatch.setattr(Row, "choose", choose)
+    bad, nan, good = run(engine, [("bad", GREEDY), ("mam", GREEDY), ("abc", GREEDY)])
+    assert bad.events == [Event("", finish_reason="error",
+                                error="RuntimeError: out of memory")]
+    assert nan.reason == "error" and nan.events[-1].error.startswith(
+        "the model's next-character probabilities are not finite")
+    assert len(nan.text) == 3
+    assert good.text == greedy_reference(model, "abc", 40)[0] and good.reason == "length"
+    assert engine.stats().busy == 0
