@@ -154,8 +154,8 @@ def attend(qkv: torch.Tensor, n_head: int, cache: KVCache | None, layer: int,
         L, D = cache_k.size(2), C // n_head
         heads = torch.arange(B * n_head, device=qkv.device).view(B, n_head)
         index = (heads * L + at[:, None]).view(-1)  # (B * H,)
-        cache_k.view(-1, D).index_copy_(0, index, k.reshape(-1, D))
-        cache_v.view(-1, D).index_copy_(0, index, v.reshape(-1, D))
+        cache_k.view(-1, D).index_copy_(0, index, k.reshape(-1, D).to(cache_k.dtype))
+        cache_v.view(-1, D).index_copy_(0, index, v.reshape(-1, D).to(cache_v.dtype))
         S = cache.max_len  # the positions attended over: L, or fewer (`KVCache.view`)
         keys = torch.arange(S, device=qkv.device)
         visible = (keys[None, :] <= at[:, None]).view(B, 1, 1, S)

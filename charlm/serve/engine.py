@@ -21,11 +21,12 @@ from dataclasses import dataclass
 import torch
 
 from charlm.core.errors import CharlmError, first_line
-from charlm.data.vocab import list_unknown
+from charlm.data.vocab import PairVocab, Vocab, list_unknown
 from charlm.generation.seq2seq import translate_ids
 from charlm.generation.slots import SlotDecoder
 from charlm.generation.text import StopMatcher
-from charlm.model.encoder_decoder import output_limit
+from charlm.model.encoder_decoder import EncoderDecoder, output_limit
+from charlm.model.gpt import GPT
 from charlm.serve.request import Event, Params, Request, Row, generator_for
 
 __all__ = ["Engine", "Event", "Params", "Request", "Stats"]
@@ -45,7 +46,8 @@ class Engine:
     """Owns the model; `start` runs its decode thread, `submit` queues a request from any
     thread, `close` ends them all. See the module's docstring."""
 
-    def __init__(self, model, vocab, *, slots: int = 16, compile: bool = False):
+    def __init__(self, model: GPT | EncoderDecoder, vocab: Vocab | PairVocab, *,
+                 slots: int = 16, compile: bool = False):
         if slots < 1:
             raise CharlmError(f"the engine needs at least one slot, got {slots}")
         self.model = model.eval()

@@ -262,3 +262,18 @@ def test_a_cache_row_copied_to_another_continues_its_sequence():
         got, _ = model(idx[:, 5:], cache=moved)
         expected, _ = model(idx)
     torch.testing.assert_close(got[0, -1], expected[0, -1], rtol=1e-5, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_a_position_per_row_works_with_bfloat16_weights_and_a_float32_cache():
+    """On the CPU the cache is float32 whatever the weights (`attention_dtype`): a step at
+    per-row positions converts the new keys and values as the prefill does."""
+    model = GPT(tiny_model_config(), V).eval().to(torch.bfloat16)
+    idx = torch.randint(0, V, (2, 6))
+    cache = model.new_cache(2)
+    assert cache.k[0].dtype == torch.float32
+    model(idx[:, :5], cache=cache)
+    cache.pos = torch.tensor([5, 5])
+    got, _ = model(idx[:, 5:], cache=cache)
+    expected, _ = model(idx)
+    torch.testing.assert_close(got[:, -1], expected[:, -1], rtol=2e-2, atol=2e-2)
