@@ -41,7 +41,6 @@ class Stats:
     characters: int  # generated in all
 
 
-
 class Engine:
     """Owns the model; `start` runs its decode thread, `submit` queues a request from any
     thread, `close` ends them all. See the module's docstring."""
