@@ -1,0 +1,301 @@
+"""The OpenAI-compatible HTTP app of `charlm serve` (FastAPI): `create_app(engine, settings)`.
+
+The app never runs torch on its event loop: the engine decodes on its own thread and calls
+each request's `on_event` there, which hands the event to the loop (`call_soon_threadsafe`) into
+one asyncio.Queue per HTTP request. Endpoints: POST /v1/completions, POST /v1/chat/completions,
+GET /v1/models, GET /health, GET /metrics and GET / (the playground page, when installed)."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from collections.abc import AsyncIterator
+from contextlib import suppress
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from charlm.core.errors import CharlmError
+from charlm.serve.engine import Event, Params
+from charlm.serve.metrics import CONTENT_TYPE, CountResponses, Metrics
+from charlm.serve.responses import DONE, ChatStyle, Choice, CompletionStyle, Style, sse, usage
+from charlm.serve.schema import (
+    CHAT_STOPS,
+    ApiError,
+    ChatRequest,
+    CompletionRequest,
+    Limits,
+    Sampling,
+    error_body,
+    jobs_for,
+    validation_error,
+)
+
+ENDPOINTS = ("/", "/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions")
+OPEN_PATHS = ("/health", "/")  # no key: a load balancer's probe; the page, which holds no data
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat's is the server's cap
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: str  # the name /v1/models lists and every answer carries
+    limits: Limits = Limits()
+    api_key: str | None = None  # when set, every path but OPEN_PATHS needs `Bearer KEY`
+    cors_origins: tuple[str, ...] = ()  # browsers' origins allowed to call the API
+
+
+def create_app(engine: Any, settings: Settings) -> FastAPI:
+    """The app around `engine` (charlm.serve.engine.Engine's interface, already started)."""
+    app = FastAPI(title="charlm", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.engine, app.state.settings = engine, settings
+    app.state.metrics, app.state.in_flight, app.state.closing = Metrics(engine), 0, False
+    install_error_handlers(app)
+    # the last added runs first: CORS answers a browser's preflight before the key is asked for
+    app.add_middleware(Guard, api_key=settings.api_key, body_limit=settings.limits.body)
+    app.add_middleware(CountResponses, metrics=app.state.metrics, endpoints=ENDPOINTS)
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
+                           allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
+    page = resources.files("charlm.serve").joinpath("page.html")
+    html = page.read_text(encoding="utf-8") if page.is_file() else None
+
+    @app.get("/")
+    async def playground() -> HTMLResponse:
+        if html is None:
+            raise ApiError(404, "the playground page (charlm/serve/page.html) is not installed")
+        return HTMLResponse(html)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        s = engine.stats()
+        body = {"status": "shutting_down" if app.state.closing else "ok",
+                "ready": not app.state.closing, "queued": s.queued,
+                "slots": {"total": s.slots, "busy": s.busy, "free": s.slots - s.busy}}
+        return JSONResponse(body, 503 if app.state.closing else 200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(app.state.metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": settings.model, "object": "model",
+                                            "created": int(time.time()), "owned_by": "charlm"}]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+        jobs = jobs_for(prompts, body, settings.limits, COMPLETION_MAX_TOKENS, body.logprobs,
+                        (), "prompt")
+        choices = [Choice(i, echo=prompt if body.echo else "")
+                   for i, (prompt, _) in enumerate(jobs)]
+        style = CompletionStyle(settings.model, body.logprobs is not None)
+        return await respond(request, style, jobs, choices, body, "prompt")
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest, request: Request) -> Response:
+        if body.top_logprobs is not None and not body.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+        default_max_tokens = (settings.limits.max_tokens if body.max_completion_tokens is None
+                              else body.max_completion_tokens)
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        jobs = jobs_for([body.prompt()], body, settings.limits, default_max_tokens, logprobs,
+                        CHAT_STOPS, "messages")
+        choices = [Choice(i) for i in range(len(jobs))]
+        return await respond(request, ChatStyle(settings.model, body.logprobs), jobs, choices,
+                             body, "messages")
+
+    return app
+
+
+def shutdown(app: FastAPI, grace_s: float) -> None:
+    """Refuse new requests (503) and end those in flight within grace_s: their last event says
+    finish_reason "shutdown". Blocks: call it off the event loop."""
+    app.state.closing = True
+    app.state.engine.close(grace_s)
+
+
+class Batch:
+    """The engine requests behind one HTTP request, their events merged into one queue on the
+    event loop, timed for the metrics."""
+
+    def __init__(self, engine: Any, jobs: list[tuple[str, Params]], metrics: Metrics):
+        loop, self.metrics = asyncio.get_running_loop(), metrics
+        self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+        self.requests: list[Any] = []
+        self.open: set[int] = set()
+        self.start = time.monotonic()
+
+        def handler(i: int):
+            def on_event(event: Event) -> None:  # on the engine's thread
+                with suppress(RuntimeError):  # the loop has closed: nobody waits any more
+                    loop.call_soon_threadsafe(self.queue.put_nowait, (i, event))
+            return on_event
+
+        try:
+            for i, (prompt, params) in enumerate(jobs):
+                self.requests.append(engine.submit(prompt, params, handler(i)))
+                self.open.add(i)
+        except BaseException:
+            self.cancel()
+            raise
+
+    async def events(self) -> AsyncIterator[tuple[int, Event]]:
+        """(choice index, event) until every choice has ended."""
+        last: dict[int, float] = {}
+        while self.open:
+            i, event = await self.queue.get()
+            now = time.monotonic()
+            if event.text:
+                if i in last:
+                    self.metrics.per_character.observe((now - last[i]) / len(event.text))
+                else:
+                    self.metrics.first_character.observe(now - self.start)
+                last[i] = now
+            if event.finish_reason is not None:
+                self.open.discard(i)
+            yield i, event
+
+    def cancel(self) -> None:
+        """Free the slots of the choices still going (the client went away)."""
+        for i in self.open:
+            self.requests[i].cancel()
+
+
+async def respond(request: Request, style: Style, jobs: list[tuple[str, Params]],
+                  choices: list[Choice], body: Sampling, prompt_param: str) -> Response:
+    """Admit the request (429 past --max-concurrent), submit its completions, and answer with
+    them whole or as a stream; a client that goes away cancels what it asked for."""
+    state = request.app.state
+    if state.closing:
+        raise ApiError(503, "the server is shutting down; retry on another one",
+                       code="shutting_down")
+    limit = state.settings.limits.concurrent
+    if state.in_flight + len(jobs) > limit:
+        raise ApiError(429, f"the server is busy: {state.in_flight} completions in flight, at "
+                       f"most {limit}; retry in a second", code="too_many_requests",
+                       headers={"Retry-After": "1"})
+    try:
+        batch = Batch(state.engine, jobs, state.metrics)
+    except CharlmError as e:
+        raise ApiError(400, str(e), prompt_param) from None
+    state.in_flight += len(jobs)
+    watcher = asyncio.create_task(cancel_on_disconnect(request, batch))
+
+    def done() -> None:
+        state.in_flight -= len(jobs)
+        watcher.cancel()
+        batch.cancel()
+
+    prompt_characters = sum(len(prompt) for prompt, _ in jobs[::body.n])  # n jobs per prompt
+    if body.stream:
+        return StreamingResponse(
+            stream(style, batch, choices, prompt_characters, body.include_usage, done),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    try:
+        async for i, event in batch.events():
+            choices[i].add(event)
+    finally:
+        done()
+    return JSONResponse(style.body([style.whole(c) for c in choices],
+                                   usage(prompt_characters, choices)))
+
+
+async def stream(style: Style, batch: Batch, choices: list[Choice], prompt_characters: int,
+                 include_usage: bool, done: Any) -> AsyncIterator[str]:
+    """The server-sent events of a streamed answer, ending with `data: [DONE]`."""
+    try:
+        for c in choices:
+            if (opening := style.opening(c)) is not None:
+                yield sse(style.body([opening], chunk=True))
+        async for i, event in batch.events():
+            c = choices[i]
+            yield sse(style.body([style.delta(c, event, c.add(event))], chunk=True))
+        if include_usage:
+            yield sse(style.body([], usage(prompt_characters, choices), chunk=True))
+        yield DONE
+    finally:
+        done()
+
+
+async def cancel_on_disconnect(request: Request, batch: Batch) -> None:
+    """Wait for the client to go away, then cancel its completions (the engine frees their slots
+    at its next step). The body has been read: the next message is the disconnect."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    batch.cancel()
+
+
+class Guard:
+    """ASGI middleware: the API key (compared in constant time) and the cap on a body's bytes,
+    checked from Content-Length and again while a body without one arrives."""
+
+    def __init__(self, app: Any, api_key: str | None, body_limit: int):
+        self.app, self.body_limit = app, body_limit
+        self.expected = None if api_key is None else f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        if self.expected is not None and scope["path"] not in OPEN_PATHS and not \
+                hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
+            refusal = JSONResponse(error_body(401, "this server needs an API key: send the "
+                                              "header 'Authorization: Bearer KEY'",
+                                              code="invalid_api_key"),
+                                   401, headers={"WWW-Authenticate": "Bearer"})
+            await refusal(scope, receive, send)
+            return
+        too_large = (f"the request body is larger than this server's {self.body_limit} bytes "
+                     "(its --max-body)")
+        length = headers.get(b"content-length", b"0")
+        if not length.isdigit() or int(length) > self.body_limit:
+            await JSONResponse(error_body(413, too_large), 413)(scope, receive, send)
+            return
+        received = 0
+
+        async def limited() -> dict:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.body_limit:
+                raise HTTPException(413, too_large)
+            return message
+
+        await self.app(scope, limited, send)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every refusal in OpenAI's error body; never a traceback (that goes to the server's log)."""
+
+    def answer(e: ApiError) -> JSONResponse:
+        return JSONResponse(e.body, e.status, headers=e.headers)
+
+    @app.exception_handler(ApiError)
+    async def refused(request: Request, e: ApiError) -> JSONResponse:
+        return answer(e)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
+        return answer(validation_error(e))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException) -> JSONResponse:
+        message = e.detail if e.status_code == 413 else (
+            f"{e.detail}: {request.method} {request.url.path}")
+        return answer(ApiError(e.status_code, message))
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, e: Exception) -> JSONResponse:
+        return answer(ApiError(500, f"internal error ({type(e).__name__}); the server's log "
+                               "has the details"))

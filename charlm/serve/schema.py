@@ -1,0 +1,186 @@
+"""The OpenAI shapes `charlm serve` reads: the bodies of /v1/completions and
+/v1/chat/completions (pydantic models, vLLM's `top_k`, `min_p` and `repetition_penalty` at the
+top level), the server's limits, the chat role template, and OpenAI's error body."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from charlm.config.parsing import suggest
+from charlm.serve.engine import Params
+
+MAX_LOGPROBS = 5  # alternatives per character, as OpenAI's completions allow
+MAX_STOPS = 4  # stop strings per request, as OpenAI allows
+ROLES = {"system": "System", "user": "User", "assistant": "Assistant"}
+CHAT_STOPS = tuple(f"\n{name}:" for name in ROLES.values())  # the next turn ends a reply
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for, and how much the server takes at once."""
+
+    prompt: int = 16_384  # characters of one prompt (a chat's after its template)
+    max_tokens: int = 4_096  # characters one completion may generate
+    n: int = 16  # completions one request asks for: prompts x n
+    body: int = 1 << 20  # bytes of a request body
+    concurrent: int = 64  # completions in flight; a request beyond them gets 429
+
+
+ERROR_TYPES = {401: "authentication_error", 429: "rate_limit_error"}
+
+
+def error_body(status: int, message: str, param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    """OpenAI's error object: {"error": {"message", "type", "param", "code"}}."""
+    kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+class ApiError(Exception):
+    """A request the server refuses: its status, OpenAI's error body and extra headers."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.body, self.headers = status, error_body(status, message, param,
+                                                                  code), headers
+
+
+def validation_error(e: ValidationError | Any) -> ApiError:
+    """The first of pydantic's complaints about a body as one 400 error naming its field."""
+    error = e.errors()[0]
+    loc = [str(part) for part in error["loc"] if part != "body"]
+    param = ".".join(loc) or None
+    if error["type"] == "json_invalid":
+        return ApiError(400, f"the body is not valid JSON: {error['ctx']['error']}")
+    if error["type"] == "extra_forbidden":
+        return ApiError(400, f"unknown field '{param}'{suggest(loc[-1], FIELDS)}", param)
+    if not loc:
+        return ApiError(400, f"the body must be a JSON object: {error['msg']}")
+    return ApiError(400, f"{param}: {error['msg']}", param)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False  # a last chunk with `usage` and no choices
+
+
+class Sampling(BaseModel):
+    """The fields both endpoints share; `max_tokens` is None for the endpoint's default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None  # one model is served: any name is taken, the answer names it
+    max_tokens: int | None = Field(None, ge=0)
+    temperature: float = Field(1.0, ge=0)  # 0 is greedy
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)  # vLLM's -1 (and 0) mean off
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float = Field(1.0, gt=0)
+    n: int = Field(1, ge=1)
+    stop: str | list[str] | None = Field(None, validate_default=True)  # a list after checks
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64)  # what torch.Generator takes
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None  # taken and ignored, as OpenAI's is for abuse reports
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, stop: str | list[str] | None) -> list[str]:
+        stops = [stop] if isinstance(stop, str) else list(stop or ())
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop strings, got {len(stops)}")
+        if not all(stops):
+            raise ValueError("a stop string must not be empty")
+        return stops
+
+    @property
+    def top_k_or_none(self) -> int | None:
+        return self.top_k if self.top_k is not None and self.top_k > 0 else None
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(Sampling):
+    """POST /v1/completions."""
+
+    prompt: str | list[str]
+    echo: bool = False  # the choice's text starts with its prompt
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompts(cls, prompt: str | list[str]) -> str | list[str]:
+        if isinstance(prompt, list) and not prompt:
+            raise ValueError("give at least one prompt")
+        return prompt
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_echoed_logprobs(cls, logprobs: int | None, info: Any) -> int | None:
+        if logprobs is not None and info.data.get("echo"):
+            raise ValueError("logprobs are given for generated characters only: drop echo, or "
+                             "prepend the prompt yourself")
+        return logprobs
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant"]
+    content: str
+    name: str | None = None  # taken and ignored: the template has no place for it
+
+
+class ChatRequest(Sampling):
+    """POST /v1/chat/completions."""
+
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=0)  # OpenAI's newer max_tokens
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    def prompt(self) -> str:
+        """The conversation as the model reads it, ending where the assistant's reply starts:
+
+            System: You are terse.
+            User: Hello
+            Assistant: """
+        turns = "".join(f"{ROLES[m.role]}: {m.content}\n" for m in self.messages)
+        return f"{turns}{ROLES['assistant']}: "
+
+
+def jobs_for(prompts: list[str], body: Sampling, limits: Limits, default_max_tokens: int,
+             logprobs: int | None, stops: tuple[str, ...], prompt_param: str,
+             ) -> list[tuple[str, Params]]:
+    """Each completion a request asks for, checked against the limits: every prompt n times,
+    with the seeds seed, seed + 1, ... (so n samples differ, and each is reproducible)."""
+    for prompt in prompts:
+        if len(prompt) > limits.prompt:
+            raise ApiError(400, f"the prompt has {len(prompt)} characters, more than this "
+                           f"server's {limits.prompt} (its --max-prompt)", prompt_param)
+    max_tokens = default_max_tokens if body.max_tokens is None else body.max_tokens
+    if max_tokens > limits.max_tokens:
+        raise ApiError(400, f"max_tokens is {max_tokens}, more than this server's "
+                       f"{limits.max_tokens} (its --max-tokens)", "max_tokens")
+    if len(prompts) * body.n > limits.n:
+        raise ApiError(400, f"{len(prompts)} prompt(s) x n={body.n} completions, more than this "
+                       f"server's {limits.n} per request (its --max-n)", "n")
+    # past torch's largest seed the count goes on from its smallest
+    seeds = [None if body.seed is None else body.seed + j - (2**64 if body.seed + j >= 2**64 else 0)
+             for j in range(body.n)]
+    params = [Params(max_tokens=max_tokens, temperature=body.temperature, top_k=body.top_k_or_none,
+                     top_p=body.top_p, min_p=body.min_p,
+                     repetition_penalty=body.repetition_penalty,
+                     stop=tuple(body.stop) + stops, seed=seed, logprobs=logprobs)
+              for seed in seeds]
+    return [(prompt, p) for prompt in prompts for p in params]
+
+
+# Every field a body may hold, for the nearest name to an unknown one
+FIELDS = sorted(set(CompletionRequest.model_fields) | set(ChatRequest.model_fields)
+                | set(Message.model_fields))
