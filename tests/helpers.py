@@ -37,7 +37,7 @@ SHAKESPEARE = ROOT / "data" / "tinyshakespeare.txt"
 TINY = ROOT / "configs" / "tiny.yaml"
 
 # The commands the README documents.
-COMMANDS = ["prepare", "train", "sample", "info", "eval", "export"]
+COMMANDS = ["prepare", "train", "sample", "info", "eval", "export", "serve"]
 
 # Each single-option change of the architecture from the default, and one with every option
 # changed at once. Keys are `model` config keys.

@@ -29,7 +29,8 @@ from charlm.cli.reporting import (
 )
 from charlm.core.errors import CharlmError
 
-COMMANDS = ("prepare", "train", "sample", "info", "eval", "export", "tune")  # charlm.cli.<name>
+# charlm.cli.<name>
+COMMANDS = ("prepare", "train", "sample", "info", "eval", "export", "tune", "serve")
 
 
 class LazyGroup(typer.core.TyperGroup):

@@ -1,0 +1,98 @@
+"""`charlm serve`: a trained model behind an OpenAI-compatible HTTP API (charlm.serve), loaded
+once; every request shares the engine's batch. Binds 127.0.0.1 unless --host says otherwise."""
+
+from __future__ import annotations
+
+import ipaddress
+import sys
+from typing import Annotated
+
+import typer
+
+from charlm.cli.options import DeviceOpt, DtypeOpt, TargetArg, command_app
+from charlm.core.errors import CharlmError
+
+app = command_app()
+
+SERVE_MODULES = ("fastapi", "starlette", "pydantic", "uvicorn", "prometheus_client")
+
+
+def opt(metavar: str, help: str, **kw: object) -> typer.models.OptionInfo:
+    return typer.Option(metavar=metavar, help=help, **kw)
+
+
+@app.command()
+def serve(
+    target: TargetArg,
+    host: Annotated[str, opt("HOST", "Address to listen on; 0.0.0.0 for every network (then "
+                             "give --api-key).")] = "127.0.0.1",
+    port: Annotated[int, opt("PORT", "Port; 0 takes a free one.", min=0, max=65535)] = 8000,
+    api_key: Annotated[str | None, opt(
+        "KEY", "Require 'Authorization: Bearer KEY' on every endpoint but /health and the page.",
+        envvar="CHARLM_API_KEY", show_default=False)] = None,
+    cors_origin: Annotated[list[str] | None, opt(
+        "ORIGIN", "A browser origin allowed to call the API (http://host:port); repeatable. "
+        "[default: none]")] = None,
+    slots: Annotated[int, opt("N", "Completions decoded together at most; more wait in a "
+                              "queue.", min=1)] = 16,
+    compile: Annotated[bool, typer.Option(
+        "--compile", help="torch.compile the batched decode step at start-up.")] = False,
+    max_prompt: Annotated[int, opt("N", "Characters of one prompt.", min=1)] = 16_384,
+    max_tokens: Annotated[int, opt("N", "Characters one completion may generate (chat's "
+                                   "default).", min=1)] = 4_096,
+    max_n: Annotated[int, opt("N", "Completions one request may ask for (prompts x n).",
+                              min=1)] = 16,
+    max_body: Annotated[int, opt("BYTES", "Bytes of a request body.", min=1)] = 1 << 20,
+    max_concurrent: Annotated[int, opt("N", "Completions in flight; beyond them 429 with "
+                                       "Retry-After.", min=1)] = 64,
+    grace: Annotated[float, opt("SECONDS", "Time streams in flight get to end at SIGTERM or "
+                                "Ctrl-C.", min=0)] = 5.0,
+    model_name: Annotated[str | None, opt(
+        "NAME", "The model's name in the API. [default: the run dir's name]",
+        show_default=False)] = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "float32",
+) -> None:
+    """Serve a model over HTTP: OpenAI's /v1/completions and /v1/chat/completions (streamed or
+    not), /v1/models, /health, /metrics, and a playground page at /."""
+    if api_key == "":
+        raise CharlmError("--api-key is empty; give a key, or leave it out")
+    if max_n > max_concurrent:
+        raise CharlmError(f"--max-n {max_n} is above --max-concurrent {max_concurrent}: a "
+                          "request for --max-n completions could never run; lower --max-n")
+    try:
+        from charlm.serve.app import Settings, create_app
+        from charlm.serve.schema import Limits
+        from charlm.serve.server import listen, serve
+    except ModuleNotFoundError as e:
+        if e.name not in SERVE_MODULES:
+            raise
+        raise CharlmError(f"charlm serve needs the serve extra ({e.name} is missing): "
+                          "pip install -e '.[serve]'") from None
+    from charlm.api import load
+    from charlm.serve.engine import Engine
+
+    lm = load(target, device, "--device", dtype)  # before the port: a bad run binds nothing
+    name = model_name or (target if target.is_dir() else target.parent).resolve().name
+    engine = Engine(lm.model, lm.vocab, slots=slots, compile=compile)
+    sock = listen(host, port)
+    seconds = engine.start()
+    if compile:
+        print(f"compiled the decode step in {seconds:.1f} s")
+    settings = Settings(name, Limits(max_prompt, max_tokens, max_n, max_body, max_concurrent),
+                        api_key, tuple(cors_origin or ()))
+    bound_host, bound_port = sock.getsockname()[:2]
+    if api_key is None and not is_loopback(host):
+        print(f"warning: listening on {host} without --api-key: whoever reaches this port can "
+              "use the model", file=sys.stderr)
+    url = f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}"
+    print(f"serving {name} on {url} (the API under /v1, the page at /; Ctrl-C stops)",
+          flush=True)
+    serve(create_app(engine, settings), sock, grace)
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

@@ -1,0 +1,145 @@
+"""`charlm serve` as a process on a free local port: the real `openai` client, streamed and not;
+the first event before the generation ends; 429 past --max-concurrent; a client that goes away
+frees its slot; SIGTERM during streams exits 0 within seconds; a run that cannot be loaded is one
+error line, exit 2, before the port is bound."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")  # the serve extra
+
+# Every test here talks to a server: one worker runs them all, which starts one shared server
+pytestmark = pytest.mark.xdist_group("serve")
+
+
+class Served:
+    """A `charlm serve` process and the URL it said it listens on."""
+
+    def __init__(self, run: Path, *args: str):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "charlm", "serve", str(run), "--port", "0", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.process.stdout.readline()  # the server says where once it listens
+        assert line.startswith("serving "), (line, self.process.stderr.read())
+        self.url = line.split(" on ")[1].split()[0]
+
+    def stop(self, timeout: float = 15) -> tuple[int, float]:
+        """SIGTERM; the exit code and the seconds it took."""
+        start = time.monotonic()
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout), time.monotonic() - start
+        finally:
+            self.process.kill()
+            self.process.wait()
+            self.process.stdout.close()
+            self.process.stderr.close()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_run: Path) -> Iterator[Served]:
+    """One server on tiny_run for the tests that leave it as they found it."""
+    pytest.importorskip("charlm.serve.engine")
+    served = Served(tiny_run, "--max-concurrent", "2", "--max-n", "2")
+    yield served
+    assert served.stop()[0] == 0
+
+
+def stream_events(client: httpx.Client, url: str, body: dict) -> Iterator[dict | str]:
+    """The `data:` payloads of a streamed completion as they arrive."""
+    with client.stream("POST", f"{url}/v1/completions", json=body | {"stream": True}) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                data = line.removeprefix("data: ")
+                yield data if data == "[DONE]" else json.loads(data)
+
+
+def slots_busy(url: str) -> int:
+    return httpx.get(f"{url}/health").json()["slots"]["busy"]
+
+
+def test_the_openai_client_streamed_and_not(server):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    whole = client.completions.create(model="tiny", prompt="ROMEO:", max_tokens=20,
+                                      temperature=0, seed=1)
+    assert (whole.choices[0].finish_reason, len(whole.choices[0].text)) == ("length", 20)
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (6, 20)
+    chunks = list(client.completions.create(model="tiny", prompt="ROMEO:", max_tokens=20,
+                                            temperature=0, seed=1, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == "length"
+    chat = client.chat.completions.create(model="tiny", max_tokens=10, temperature=0,
+                                          messages=[{"role": "user", "content": "Hello"}])
+    assert chat.choices[0].message.role == "assistant"
+    assert [m.id for m in client.models.list()] == ["run"]  # the run dir's name
+
+
+def test_the_first_event_comes_before_the_generation_ends(server):
+    """Streaming is live: when the first character arrives the completion still holds its
+    slot, and a client that then goes away frees it (/metrics shows it)."""
+    with httpx.Client(timeout=30) as client:
+        events = stream_events(client, server.url, {"prompt": "ROMEO:", "max_tokens": 4000})
+        first = next(events)
+        assert first["choices"][0]["finish_reason"] is None
+        assert slots_busy(server.url) == 1
+        events.close()  # the client goes away mid-stream
+    deadline = time.monotonic() + 5
+    while slots_busy(server.url) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert "charlm_slots_busy 0.0" in httpx.get(f"{server.url}/metrics").text.splitlines()
+
+
+def test_past_max_concurrent_429_with_retry_after(server):
+    with httpx.Client(timeout=30) as client:
+        events = stream_events(client, server.url, {"prompt": "A", "max_tokens": 4000, "n": 2})
+        next(events)
+        r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "A", "max_tokens": 1})
+        events.close()
+    assert (r.status_code, r.headers["retry-after"]) == (429, "1")
+    assert r.json()["error"]["type"] == "rate_limit_error"
+
+
+def test_sigterm_ends_streams_in_flight_and_exits_0(tiny_run):
+    pytest.importorskip("charlm.serve.engine")
+    served = Served(tiny_run, "--grace", "2")
+    ends: list = []
+
+    def read() -> None:
+        with httpx.Client(timeout=30) as client:
+            ends.append(list(stream_events(client, served.url, {"prompt": "A",
+                                                                 "max_tokens": 4000}))[-2:])
+
+    readers = [threading.Thread(target=read) for _ in range(2)]
+    for t in readers:
+        t.start()
+    while slots_busy(served.url) < 2:
+        time.sleep(0.02)
+    code, seconds = served.stop()
+    for t in readers:
+        t.join(10)
+    assert code == 0 and seconds < 5
+    assert [[e["choices"][0]["finish_reason"], done] for e, done in ends] == [
+        ["shutdown", "[DONE]"]] * 2
+
+
+def test_a_run_that_cannot_be_loaded_is_one_error_line_before_the_port(cli, tmp_path):
+    """The port is taken: were it bound first, the error would be about the port."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        result = cli("serve", tmp_path / "missing", "--port", taken.getsockname()[1])
+    assert (result.code, result.out) == (2, "")
+    assert result.err.startswith("error: ") and result.err.count("\n") == 1
+    assert "missing" in result.err and "port" not in result.err

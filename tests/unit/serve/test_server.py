@@ -1,0 +1,20 @@
+"""Running the app (charlm.serve.server): the listening socket."""
+
+import pytest
+
+pytest.importorskip("uvicorn")  # the serve extra
+pytest.importorskip("charlm.serve.engine")
+
+from charlm.core.errors import CharlmError  # noqa: E402
+from charlm.serve.server import listen  # noqa: E402
+
+
+def test_a_port_in_use_is_one_error_line_and_port_0_takes_a_free_one():
+    with listen("127.0.0.1", 0) as sock:
+        port = sock.getsockname()[1]
+        assert port > 0
+        with pytest.raises(CharlmError) as e:
+            listen("127.0.0.1", port)
+    assert str(e.value) == (f"cannot listen on 127.0.0.1:{port}: Address already in use; give "
+                            "another --port, or a --host of this machine")
+    listen("127.0.0.1", port).close()  # free again once the first socket closed
