@@ -50,8 +50,10 @@ class ApiError(Exception):
 
 
 def validation_error(e: ValidationError | Any) -> ApiError:
-    """The first of pydantic's complaints about a body as one 400 error naming its field."""
-    error = e.errors()[0]
+    """Pydantic's first complaint about a body as one 400 error naming its field; an unknown
+    field first, since a misspelt one is also reported as a missing one."""
+    errors = e.errors()
+    error = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
     loc = [str(part) for part in error["loc"] if part != "body"]
     param = ".".join(loc) or None
     if error["type"] == "json_invalid":
