@@ -51,7 +51,6 @@ class Served:
 @pytest.fixture(scope="module")
 def server(tiny_run: Path) -> Iterator[Served]:
     """One server on tiny_run for the tests that leave it as they found it."""
-    pytest.importorskip("charlm.serve.engine")
     served = Served(tiny_run, "--max-concurrent", "2", "--max-n", "2")
     yield served
     assert served.stop()[0] == 0
@@ -114,7 +113,6 @@ def test_past_max_concurrent_429_with_retry_after(server):
 
 
 def test_sigterm_ends_streams_in_flight_and_exits_0(tiny_run):
-    pytest.importorskip("charlm.serve.engine")
     served = Served(tiny_run, "--grace", "2")
     ends: list = []
 

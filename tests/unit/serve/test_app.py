@@ -13,17 +13,15 @@ import time
 import pytest
 
 pytest.importorskip("fastapi")  # the serve extra
-# the app codes against the engine's interface (charlm.serve.engine: Params, Event)
-engine_module = pytest.importorskip("charlm.serve.engine")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
 from charlm.core.errors import CharlmError  # noqa: E402
 from charlm.serve import app as app_module  # noqa: E402
 from charlm.serve.app import Settings, create_app, shutdown  # noqa: E402
+from charlm.serve.engine import Event, Params, Stats  # noqa: E402
 from charlm.serve.schema import Limits  # noqa: E402
 
-Event, Params, Stats = engine_module.Event, engine_module.Params, engine_module.Stats
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 UNKNOWN = "the prompt has '~', which is not in the model's vocabulary; remove it"
 

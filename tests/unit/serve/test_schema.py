@@ -4,7 +4,6 @@ completions a request asks for, and pydantic's complaints as OpenAI's error body
 import pytest
 
 pytest.importorskip("pydantic")
-pytest.importorskip("charlm.serve.engine")
 
 from pydantic import ValidationError  # noqa: E402
 

@@ -3,7 +3,6 @@
 import pytest
 
 pytest.importorskip("uvicorn")  # the serve extra
-pytest.importorskip("charlm.serve.engine")
 
 from charlm.core.errors import CharlmError  # noqa: E402
 from charlm.serve.server import listen  # noqa: E402
