@@ -1,4 +1,4 @@
-"""charlm's benchmarks, one harness: `decode`, `train`, `presets` and `prepare` time their
+"""charlm's benchmarks, one harness: `decode`, `train`, `presets`, `prepare` and `serve` time their
 variants in interleaved rounds (A B A B ...) and report them alike.
 
     python scripts/bench.py SUBCOMMAND [--rounds N] [--tree REV_OR_DIR ...] [options]
@@ -18,12 +18,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from benchlib import decode, prepare, presets, train
+from benchlib import decode, prepare, presets, serve, train
 from benchlib.harness import Bench, report
 from benchlib.trees import check_trees, tree_figures
 from common import positive, run_script, summary
 
-BENCHES: list[Bench] = [decode.BENCH, train.BENCH, presets.BENCH, prepare.BENCH]
+BENCHES: list[Bench] = [decode.BENCH, train.BENCH, presets.BENCH, prepare.BENCH, serve.BENCH]
 
 
 def parser() -> argparse.ArgumentParser:
