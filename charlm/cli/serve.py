@@ -76,7 +76,7 @@ def serve(
     name = model_name or (target if target.is_dir() else target.parent).resolve().name
     engine = Engine(lm.model, lm.vocab, slots=slots, compile=compile)
     sock = listen(host, port)
-    seconds = engine.start()
+    seconds = engine.build()  # the engine decodes on this thread once serving (`serve`)
     if compile:
         print(f"compiled the decode step in {seconds:.1f} s")
     settings = Settings(name, Limits(max_prompt, max_tokens, max_n, max_body, max_concurrent),

@@ -5,12 +5,10 @@ requests are refused, streams in flight end within the grace time with finish_re
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
 import threading
-from collections.abc import Iterator
 
 import uvicorn
 from fastapi import FastAPI
@@ -32,40 +30,46 @@ def listen(host: str, port: int) -> socket.socket:
                           "--port, or a --host of this machine") from None
 
 
-class Server(uvicorn.Server):
-    """uvicorn's server, whose first stop signal also closes the engine (on a thread: it waits
-    for the streams to end) and which does not raise the signal again once it has stopped, as
-    uvicorn does, so a stop asked for is a clean exit."""
-
-    def __init__(self, config: uvicorn.Config, closer: threading.Thread):
-        super().__init__(config)
-        self.closer = closer
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        before = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
-        try:
-            yield
-        finally:
-            for sig, handler in before.items():
-                signal.signal(sig, handler)
-
-    def handle_exit(self, sig: int, frame: object) -> None:
-        if self.closer.ident is None:
-            self.closer.start()
-        super().handle_exit(sig, frame)
-
-
 def serve(app: FastAPI, sock: socket.socket, grace_s: float) -> None:
-    """Serve `app` on `sock` until a stop signal, then stop as the module docstring says."""
-    closer = threading.Thread(target=shutdown, args=(app, grace_s), name="charlm-shutdown",
-                              daemon=True)
+    """Serve `app` on `sock` until a stop signal, then stop as the module docstring says.
+    uvicorn runs on a thread of its own and the engine decodes on this one, the main thread
+    (`Engine.run`: torch is several times slower on a later thread); the stop signals are
+    taken here, where Python runs its handlers."""
+    engine = app.state.engine
     config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False,
                             timeout_graceful_shutdown=grace_s + 2)
-    Server(config, closer).run(sockets=[sock])
-    if closer.ident is None:  # uvicorn ended without a signal: close the engine all the same
-        closer.start()
-    closer.join()
+    server = uvicorn.Server(config)  # off the main thread it installs no signal handlers
+    closer = threading.Thread(target=shutdown, args=(app, grace_s), name="charlm-shutdown",
+                              daemon=True)
+
+    once = threading.Lock()
+
+    def close_once() -> None:
+        with once:
+            if closer.ident is None:
+                closer.start()
+
+    def http_then_close() -> None:  # however uvicorn ends, the engine's loop ends after it
+        try:
+            server.run(sockets=[sock])
+        finally:
+            close_once()
+
+    http = threading.Thread(target=http_then_close, name="charlm-http", daemon=True)
+
+    def stop(sig: int, frame: object) -> None:
+        if server.should_exit and sig == signal.SIGINT:  # a second Ctrl-C: at once
+            server.force_exit = True
+            os._exit(130)
+        server.should_exit = True
+        close_once()
+
+    before = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    try:
+        http.start()
+        engine.run()  # until `shutdown` closes the engine
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        server.should_exit = True
+        http.join(grace_s + 5)
