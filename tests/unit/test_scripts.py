@@ -81,7 +81,8 @@ def test_bench_presets_rejects_a_target_no_loss_can_reach(run_script, value):
 
 @pytest.mark.parametrize("name, args, description", [
     ("bench.py", [], "charlm's benchmarks, one harness: `decode`, `train`, `presets`, "
-     "`prepare` and `serve` time their variants in interleaved rounds (A B A B ...) and report them alike."),
+     "`prepare` and `serve` time their variants in interleaved rounds (A B A B ...) and report "
+     "them alike."),
     ("experiments/g2p_cmudict.py", [], "G2P on CMUdict in a fixed wall time: the "
      "encoder-decoder (configs/g2p_cmudict.yaml) against a decoder-only GPT"),
 ])
