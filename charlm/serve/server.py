@@ -20,14 +20,19 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A socket bound to host:port and listening, or the error line that says why not."""
+    """A socket bound to host:port and listening, or the error line that says why not. Its
+    connections send without Nagle's delay (TCP_NODELAY, which they inherit from it): uvicorn
+    sets none on a socket it is given, and an answer's small writes then waited for the
+    client's delayed ACK, 40 ms an answer (/health took 44 ms, a first character as long)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        return socket.create_server((host, port), family=family, backlog=2048)
+        sock = socket.create_server((host, port), family=family, backlog=2048)
     except OSError as e:
         why = os.strerror(e.errno) if e.errno else str(e)  # create_server adds the address
         raise CharlmError(f"cannot listen on {host}:{port}: {why}; give another "
                           "--port, or a --host of this machine") from None
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 def serve(app: FastAPI, sock: socket.socket, grace_s: float) -> None:

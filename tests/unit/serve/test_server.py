@@ -17,3 +17,14 @@ def test_a_port_in_use_is_one_error_line_and_port_0_takes_a_free_one():
     assert str(e.value) == (f"cannot listen on 127.0.0.1:{port}: Address already in use; give "
                             "another --port, or a --host of this machine")
     listen("127.0.0.1", port).close()  # free again once the first socket closed
+
+
+def test_its_connections_send_without_nagles_delay():
+    """/health took 44 ms: the answer's second small write waited for the client's delayed
+    ACK (Nagle's algorithm), which uvicorn leaves on for a socket it is given."""
+    import socket
+
+    with listen("127.0.0.1", 0) as sock, socket.create_connection(sock.getsockname()):
+        accepted, _ = sock.accept()
+        with accepted:
+            assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
