@@ -141,3 +141,40 @@ def test_a_run_that_cannot_be_loaded_is_one_error_line_before_the_port(cli, tmp_
     assert (result.code, result.out) == (2, "")
     assert result.err.startswith("error: ") and result.err.count("\n") == 1
     assert "missing" in result.err and "port" not in result.err
+
+
+def test_sixteen_clients_at_once_get_the_text_each_would_get_alone(tiny_run):
+    """Continuous batching changes no request's text: 16 greedy completions sent at once, past
+    the context (40 characters, block_size 16), equal `charlm.generate` at temperature 0 on the
+    same prompt, and a seeded sampled one gives the text it gave alone."""
+    import charlm
+
+    lm = charlm.load(tiny_run, "cpu")
+    prompts = ["ROMEO:", "Citizen:\nBefore", "A", "O", "MARCIUS", "\n",
+               "What, ho!", "Speak", "I", "the", "MENENIUS:\nWhy", "be", "Hark", "No, no",
+               "To be", "she"]
+    greedy = {p: charlm.generate(lm, p, max_new_tokens=40, temperature=0) for p in prompts}
+    seeded = {"prompt": "JULIET:", "max_tokens": 40, "temperature": 1.0, "top_k": 20,
+              "seed": 7}
+    served = Served(tiny_run, "--slots", "16", "--max-concurrent", "32")
+    try:
+        with httpx.Client(timeout=60) as client:
+            def complete(body: dict) -> str:
+                r = client.post(f"{served.url}/v1/completions", json=body)
+                assert r.status_code == 200, r.text
+                return r.json()["choices"][0]["text"]
+
+            alone = complete(seeded)
+            results: dict[str, str] = {}
+            threads = [threading.Thread(target=lambda p=p: results.__setitem__(p, complete(
+                {"prompt": p, "max_tokens": 40, "temperature": 0}))) for p in prompts]
+            threads.append(threading.Thread(target=lambda: results.__setitem__(
+                "seeded", complete(seeded))))
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        assert {p: results[p] for p in prompts} == greedy
+        assert results["seeded"] == alone
+    finally:
+        assert served.stop()[0] == 0
