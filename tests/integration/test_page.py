@@ -50,6 +50,7 @@ KEY = "sk-page-test"
 PROMPT = "<i>ROMEO</i>:"  # markup that the page must show as text
 TEXT = " O, she doth teach the <b>torches</b> to burn bright & fair!\nIt seems she hangs upon"
 STEP_S = 0.02  # between two streamed characters
+LONG = 10_000_000  # characters of a completion that only Stop ends
 SHADE_ALPHA = 0.62  # page.html's .ch background: the shade at alpha (1 - p) * 0.62
 # Chromium without a display, a GPU, a sandbox (root in a container) or a network.
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -345,11 +346,13 @@ def charlm_server(tiny_run: Path) -> Iterator[str]:
     import charlm
     from charlm.serve.app import Settings, create_app, shutdown
     from charlm.serve.engine import Engine
+    from charlm.serve.schema import Limits
 
     lm = charlm.load(tiny_run, "cpu")
     engine = Engine(lm.model, lm.vocab, slots=4)
     engine.start()
-    app = create_app(engine, Settings("tiny", api_key=KEY))
+    # --max-tokens raised: a completion long enough to be stopped however busy the machine
+    app = create_app(engine, Settings("tiny", Limits(max_tokens=LONG), api_key=KEY))
     try:
         with serving(app) as url:
             yield url
@@ -374,11 +377,11 @@ def test_the_page_on_charlm_serve_streams_shades_and_stops(browser, charlm_serve
         assert float(c["logprob"]) == pytest.approx(lp, abs=1e-4)
         assert alpha(c["background"]) == pytest.approx((1 - math.exp(lp)) * SHADE_ALPHA, abs=0.01)
 
-    fill(browser, temperature="1", max_tokens="4096")
+    fill(browser, temperature="1", max_tokens=str(LONG))
     browser.find_element(By.ID, "generate").click()
     wait.until(lambda d: len(generated(d)) >= 5)
     browser.find_element(By.ID, "stop").click()
     wait.until(lambda d: state(d) == "stopped")
     health = lambda: httpx.get(charlm_server + "health").json()["slots"]["busy"]  # noqa: E731
     wait.until(lambda d: health() == 0)  # the engine let the stopped request go
-    assert len(generated(browser)) < 4096
+    assert len(generated(browser)) < LONG
