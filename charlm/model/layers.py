@@ -1,6 +1,8 @@
 """What the models add to torch's layers: `Linear`, whose product of a few rows by a large
 float32 weight on the CPU may be split over the threads (`split_product`, where this machine's
-BLAS runs such a product on one core), `Embedding`, whose initial draw skips the meta device
+BLAS runs such a product on one core), `lay_out_for_decoding`, which stores such weights
+column-major where this machine's BLAS multiplies a few rows by them faster that way,
+`Embedding`, whose initial draw skips the meta device
 (`normal_`), and `maybe_dropout`, which skips dropout's call where it does nothing.
 
 Everything else the models build from is torch's own (`nn.LayerNorm`, plain `nn.Module`
@@ -69,17 +71,54 @@ def split_pays(parts: int) -> bool:
     computed one way throughout."""
     with torch.inference_mode():
         w, x = torch.randn(1024, 1024), torch.randn(1, 1024)
+        return best_time(lambda: split_product(x, w, None, parts)) < best_time(
+            lambda: F.linear(x, w))
 
-        def best(f) -> float:
-            f()
-            times = []
-            for _ in range(7):
-                t = time.perf_counter()
-                f()
-                times.append(time.perf_counter() - t)
-            return min(times)
 
-        return best(lambda: split_product(x, w, None, parts)) < best(lambda: F.linear(x, w))
+def lay_out_for_decoding(model: nn.Module) -> int:
+    """Store each large float32 CPU weight of `model`'s `Linear`s column-major (the same values,
+    its transpose contiguous in memory) where this machine's BLAS multiplies a few rows by a
+    weight faster that way (`column_major_pays`); the number of weights re-laid (0 elsewhere).
+
+    F.linear multiplies by the weight's transpose, which is then contiguous: on a 2-core Xeon
+    (Emerald Rapids), 16 rows by the baby GPT's 1536 x 384 weight took 69 against 204
+    microseconds. For a model that only decodes (`charlm serve`'s engine): products give the
+    same values within rounding, training is unaffected, and such a weight is not contiguous
+    (safetensors saves only contiguous tensors)."""
+    weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, Linear)
+               and m.weight.dtype is torch.float32 and m.weight.is_cpu
+               and m.weight.numel() >= SPLIT_MIN_WEIGHTS and m.weight.is_contiguous()}
+    if not weights or not column_major_pays(torch.get_num_threads()):
+        return 0
+    with torch.no_grad():
+        for w in weights.values():  # a tied weight once
+            w.data = w.data.t().contiguous().t()
+    return len(weights)
+
+
+@functools.cache
+def column_major_pays(threads: int) -> bool:
+    """Whether products of 1 and of 16 rows by a 1024 x 1024 float32 weight take less time in
+    all with the weight column-major than as `Linear` computes them row-major (split where that
+    pays), timed once per process and thread count (best of 7 each)."""
+    with torch.inference_mode():
+        rows = Linear(1024, 1024, bias=False).requires_grad_(False)
+        columns = Linear(1024, 1024, bias=False).requires_grad_(False)
+        columns.weight.data = rows.weight.data.t().contiguous().t()
+        xs = [torch.randn(1, 1024), torch.randn(16, 1024)]
+        return best_time(lambda: [columns(x) for x in xs]) < best_time(
+            lambda: [rows(x) for x in xs])
+
+
+def best_time(f) -> float:
+    """The shortest of 7 timed calls of f, after one untimed call."""
+    f()
+    times = []
+    for _ in range(7):
+        t = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - t)
+    return min(times)
 
 
 def maybe_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:

@@ -4,7 +4,8 @@ batch at once; it leaves when it ends, is cancelled or the engine closes, and it
 next queued request. Each request keeps its own logits processors, repetition window, stop
 strings and `torch.Generator` (`charlm.serve.request.Row`), so a seeded request gives the same
 text alone or in a crowd, and a greedy one the text of `charlm sample --temperature 0`
-(`charlm.generation.slots`).
+(`charlm.generation.slots`). The engine owns the model: it stores its weights in the layout
+this machine multiplies a few rows by fastest (`charlm.model.layers.lay_out_for_decoding`).
 
 An encoder-decoder serves one request at a time: the prompt is the source, the completion its
 greedy or sampled target (`charlm.generation.seq2seq.translate_ids`), sent in one event.
@@ -27,6 +28,7 @@ from charlm.generation.slots import SlotDecoder
 from charlm.generation.text import StopMatcher
 from charlm.model.encoder_decoder import EncoderDecoder, output_limit
 from charlm.model.gpt import GPT
+from charlm.model.layers import lay_out_for_decoding
 from charlm.serve.request import Event, Params, Request, Row, generator_for
 
 __all__ = ["Engine", "Event", "Params", "Request", "Stats"]
@@ -50,6 +52,7 @@ class Engine:
         if slots < 1:
             raise CharlmError(f"the engine needs at least one slot, got {slots}")
         self.model = model.eval()
+        lay_out_for_decoding(model)  # it only decodes from now on
         self.vocab = vocab
         self.encdec = model.cfg.arch == "encoder_decoder"
         self.slots = 1 if self.encdec else slots  # an encoder-decoder: one request at a time

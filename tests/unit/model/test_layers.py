@@ -150,3 +150,38 @@ def test_split_pays_is_asked_once_per_thread_count():
     layers.split_pays.cache_clear()
     first = layers.split_pays(2)
     assert layers.split_pays(2) is first and layers.split_pays.cache_info().hits == 1
+
+
+@pytest.mark.parametrize("pays", [True, False])
+def test_lay_out_for_decoding_keeps_the_values_in_the_layout_that_pays(monkeypatch, pays):
+    monkeypatch.setattr(layers, "column_major_pays", lambda threads: pays)
+    monkeypatch.setattr(layers, "SPLIT_MIN_WEIGHTS", 0)
+    model = tiny_gpt().eval()
+    linears = {id(m.weight) for m in model.modules() if isinstance(m, layers.Linear)}
+    before = {name: p.clone() for name, p in model.named_parameters()}
+    idx = torch.randint(0, 11, (3, 5))
+    with torch.inference_mode():
+        logits = model(idx)[0]
+        assert layers.lay_out_for_decoding(model) == (len(linears) if pays else 0)
+        torch.testing.assert_close(model(idx)[0], logits, rtol=1e-5, atol=1e-5)
+        assert layers.lay_out_for_decoding(model) == 0  # laid out already: nothing twice
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name])
+        if p.dim() == 2:
+            column_major = pays and id(p) in linears
+            assert p.is_contiguous() is not column_major
+            assert p.t().is_contiguous() is column_major
+    assert model.head.weight is model.wte.weight  # still tied
+
+
+def test_lay_out_for_decoding_leaves_half_precision_and_small_weights():
+    model = tiny_gpt().eval()  # every weight below SPLIT_MIN_WEIGHTS
+    assert layers.lay_out_for_decoding(model) == 0
+    assert layers.lay_out_for_decoding(model.to(torch.bfloat16)) == 0
+    assert all(p.is_contiguous() for p in model.parameters())
+
+
+def test_column_major_pays_is_asked_once_per_thread_count():
+    layers.column_major_pays.cache_clear()
+    first = layers.column_major_pays(2)
+    assert layers.column_major_pays(2) is first and layers.column_major_pays.cache_info().hits == 1
