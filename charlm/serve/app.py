@@ -1,14 +1,18 @@
 """The OpenAI-compatible HTTP app of `charlm serve` (FastAPI): `create_app(engine, settings)`.
 
 The app never runs torch on its event loop: the engine decodes on its own thread and calls
-each request's `on_event` there, which hands the event to the loop (`call_soon_threadsafe`) into
-one asyncio.Queue per HTTP request. Endpoints: POST /v1/completions, POST /v1/chat/completions,
-GET /v1/models, GET /health, GET /metrics and GET / (the playground page, when installed)."""
+each request's `on_event` there, which posts the event to the loop (`Mailbox`: one wake-up of
+the loop carries every event posted since the last) into one asyncio.Queue per HTTP request.
+A stream writes every event waiting in its queue at once, so a loop that falls behind the
+engine catches up in fewer, larger writes (each event still one server-sent event).
+Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
+GET /metrics and GET / (the playground page, when installed)."""
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import suppress
@@ -56,6 +60,7 @@ def create_app(engine: Any, settings: Settings) -> FastAPI:
     app = FastAPI(title="charlm", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine, app.state.settings = engine, settings
     app.state.metrics, app.state.in_flight, app.state.closing = Metrics(engine), 0, False
+    app.state.mailbox = None  # made on the event loop by the first request (`respond`)
     install_error_handlers(app)
     # the last added runs first: CORS answers a browser's preflight before the key is asked for
     app.add_middleware(Guard, api_key=settings.api_key, body_limit=settings.limits.body)
@@ -123,12 +128,38 @@ def shutdown(app: FastAPI, grace_s: float) -> None:
     app.state.engine.close(grace_s)
 
 
+class Mailbox:
+    """Hands events from the engine's thread to the event loop: `post` queues an item for an
+    asyncio.Queue and wakes the loop only if no wake-up is pending, so one wake-up (a write
+    to the loop's self-pipe) delivers a whole decode step's events."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.items: list[tuple[asyncio.Queue, Any]] = []
+
+    def post(self, queue: asyncio.Queue, item: Any) -> None:  # on any thread
+        with self.lock:
+            self.items.append((queue, item))
+            if len(self.items) > 1:  # a wake-up is pending and will deliver this too
+                return
+        with suppress(RuntimeError):  # the loop has closed: nobody waits any more
+            self.loop.call_soon_threadsafe(self.deliver)
+
+    def deliver(self) -> None:  # on the loop
+        with self.lock:
+            items, self.items = self.items, []
+        for queue, item in items:
+            queue.put_nowait(item)
+
+
 class Batch:
     """The engine requests behind one HTTP request, their events merged into one queue on the
     event loop, timed for the metrics."""
 
-    def __init__(self, engine: Any, jobs: list[tuple[str, Params]], metrics: Metrics):
-        loop, self.metrics = asyncio.get_running_loop(), metrics
+    def __init__(self, engine: Any, jobs: list[tuple[str, Params]], metrics: Metrics,
+                 mailbox: Mailbox):
+        self.metrics = metrics
         self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
         self.requests: list[Any] = []
         self.open: set[int] = set()
@@ -136,8 +167,7 @@ class Batch:
 
         def handler(i: int):
             def on_event(event: Event) -> None:  # on the engine's thread
-                with suppress(RuntimeError):  # the loop has closed: nobody waits any more
-                    loop.call_soon_threadsafe(self.queue.put_nowait, (i, event))
+                mailbox.post(self.queue, (i, event))
             return on_event
 
         try:
@@ -148,21 +178,25 @@ class Batch:
             self.cancel()
             raise
 
-    async def events(self) -> AsyncIterator[tuple[int, Event]]:
-        """(choice index, event) until every choice has ended."""
+    async def events(self) -> AsyncIterator[list[tuple[int, Event]]]:
+        """Every (choice index, event) that has arrived, at least one, until every choice has
+        ended."""
         last: dict[int, float] = {}
         while self.open:
-            i, event = await self.queue.get()
+            ready = [await self.queue.get()]
+            while not self.queue.empty():
+                ready.append(self.queue.get_nowait())
             now = time.monotonic()
-            if event.text:
-                if i in last:
-                    self.metrics.per_character.observe((now - last[i]) / len(event.text))
-                else:
-                    self.metrics.first_character.observe(now - self.start)
-                last[i] = now
-            if event.finish_reason is not None:
-                self.open.discard(i)
-            yield i, event
+            for i, event in ready:
+                if event.text:
+                    if i in last:
+                        self.metrics.per_character.observe((now - last[i]) / len(event.text))
+                    else:
+                        self.metrics.first_character.observe(now - self.start)
+                    last[i] = now
+                if event.finish_reason is not None:
+                    self.open.discard(i)
+            yield ready
 
     def cancel(self) -> None:
         """Free the slots of the choices still going (the client went away)."""
@@ -183,8 +217,11 @@ async def respond(request: Request, style: Style, jobs: list[tuple[str, Params]]
         raise ApiError(429, f"the server is busy: {state.in_flight} completions in flight, at "
                        f"most {limit}; retry in a second", code="too_many_requests",
                        headers={"Retry-After": "1"})
+    loop = asyncio.get_running_loop()
+    if state.mailbox is None or state.mailbox.loop is not loop:  # tests run an app on several
+        state.mailbox = Mailbox(loop)
     try:
-        batch = Batch(state.engine, jobs, state.metrics)
+        batch = Batch(state.engine, jobs, state.metrics, state.mailbox)
     except CharlmError as e:
         raise ApiError(400, str(e), prompt_param) from None
     state.in_flight += len(jobs)
@@ -202,8 +239,9 @@ async def respond(request: Request, style: Style, jobs: list[tuple[str, Params]]
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
-        async for i, event in batch.events():
-            choices[i].add(event)
+        async for ready in batch.events():
+            for i, event in ready:
+                choices[i].add(event)
     finally:
         done()
     return JSONResponse(style.body([style.whole(c) for c in choices],
@@ -217,9 +255,9 @@ async def stream(style: Style, batch: Batch, choices: list[Choice], prompt_chara
         for c in choices:
             if (opening := style.opening(c)) is not None:
                 yield sse(style.body([opening], chunk=True))
-        async for i, event in batch.events():
-            c = choices[i]
-            yield sse(style.body([style.delta(c, event, c.add(event))], chunk=True))
+        async for ready in batch.events():  # one write for the events that have arrived
+            yield "".join(sse(style.body([style.delta(choices[i], event, choices[i].add(event))],
+                                         chunk=True)) for i, event in ready)
         if include_usage:
             yield sse(style.body([], usage(prompt_characters, choices), chunk=True))
         yield DONE
