@@ -50,6 +50,7 @@ KEY = "sk-page-test"
 PROMPT = "<i>ROMEO</i>:"  # markup that the page must show as text
 TEXT = " O, she doth teach the <b>torches</b> to burn bright & fair!\nIt seems she hangs upon"
 STEP_S = 0.02  # between two streamed characters
+LONG = 1_000_000  # characters of a completion that only Stop ends
 SHADE_ALPHA = 0.62  # page.html's .ch background: the shade at alpha (1 - p) * 0.62
 # Chromium without a display, a GPU, a sandbox (root in a container) or a network.
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -242,6 +243,11 @@ def generated(browser: webdriver.Chrome) -> list[dict]:
                  background: getComputedStyle(s).backgroundColor}));""")
 
 
+def count(browser: webdriver.Chrome) -> int:
+    """How many generated characters the page shows (cheap: no style is computed)."""
+    return browser.execute_script("return document.querySelectorAll('#output .ch').length")
+
+
 def alpha(color: str) -> float:
     """The alpha of a computed `rgb(...)` / `rgba(...)` colour."""
     parts = re.findall(r"[\d.]+", color)
@@ -334,3 +340,57 @@ def test_stop_ends_the_stream(browser, page_server, stand_in):
     assert stand_in.streamed[-1] == {"prompt": "ROMEO:", "max_tokens": 1000, "temperature": 0.8,
                                      "top_k": 5, "top_p": 0.9, "stream": True, "logprobs": 5}
 
+
+# --- the page on charlm's own server ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def charlm_server(tiny_run: Path) -> Iterator[str]:
+    """`charlm serve`'s app and engine on the tiny run (as `charlm serve RUN --api-key KEY`,
+    uvicorn on a thread here), its base URL."""
+    import charlm
+    from charlm.serve.app import Settings, create_app, shutdown
+    from charlm.serve.engine import Engine
+    from charlm.serve.schema import Limits
+
+    lm = charlm.load(tiny_run, "cpu")
+    engine = Engine(lm.model, lm.vocab, slots=4)
+    engine.start()
+    # --max-tokens raised: a completion long enough to be stopped however busy the machine
+    app = create_app(engine, Settings("tiny", Limits(max_tokens=LONG), api_key=KEY))
+    try:
+        with serving(app) as url:
+            yield url
+    finally:
+        shutdown(app, 5)
+
+
+def test_the_page_on_charlm_serve_streams_shades_and_stops(browser, charlm_server):
+    """The same page on the real server: its greedy text and logprobs are the server's own
+    non-streamed answer's, each shade follows its probability, and Stop frees the slot."""
+    wait = open_page(browser, charlm_server)
+    fill(browser, prompt="ROMEO:", temperature="0", max_tokens="60", api_key=KEY)
+    browser.find_element(By.ID, "generate").click()
+    wait.until(lambda d: state(d) == "done")
+    expected = httpx.post(charlm_server + "v1/completions",
+                          headers={"Authorization": f"Bearer {KEY}"},
+                          json={"prompt": "ROMEO:", "max_tokens": 60, "temperature": 0,
+                                "logprobs": 5}).json()["choices"][0]
+    chars = generated(browser)
+    assert "".join(c["text"] for c in chars) == expected["text"] and len(chars) == 60
+    for c, lp in zip(chars, expected["logprobs"]["token_logprobs"], strict=True):
+        assert float(c["logprob"]) == pytest.approx(lp, abs=1e-4)
+        assert alpha(c["background"]) == pytest.approx((1 - math.exp(lp)) * SHADE_ALPHA, abs=0.01)
+
+    fill(browser, temperature="1", max_tokens=str(LONG))
+    browser.find_element(By.ID, "generate").click()
+    try:
+        wait.until(lambda d: count(d) >= 5)
+        browser.find_element(By.ID, "stop").click()
+        wait.until(lambda d: state(d) == "stopped")
+    finally:  # whatever failed, the page lets the stream go
+        browser.execute_script("document.getElementById('stop').click()")
+    shown = count(browser)
+    health = lambda: httpx.get(charlm_server + "health").json()["slots"]["busy"]  # noqa: E731
+    wait.until(lambda d: health() == 0)  # the engine let the stopped request go
+    assert 5 <= shown < LONG and count(browser) == shown  # nothing came after Stop
