@@ -174,8 +174,8 @@ class TrainConfig:
 
     max_iters: int = _key(1500, "optimizer steps")
     max_time: float | str | None = _key(
-        None, "a time budget in seconds, or `30s`, `5m`, `2h`: the steps that fit it replace "
-        "`max_iters`")
+        None, "a time budget in seconds, or `30s`, `5m`, `2h`: the run plans its steps to end "
+        "within it, again as its speed changes, instead of `max_iters`")
     batch_size: int = _key(
         16, "sequences per micro-batch (of all processes together under torchrun)")
     grad_accum: int = _key(1, "micro-batches per optimizer step")

@@ -10,6 +10,7 @@ top level: "model", "optimizer", "scaler", "train_state", "sampler", "rng".
 
 from __future__ import annotations
 
+import math
 import os
 import zipfile
 from collections.abc import Mapping
@@ -23,6 +24,7 @@ from charlm.core.errors import CharlmError, first_line, one_line
 from charlm.core.files import open_regular, run_write_error, write_atomic
 from charlm.data.vocab import PairVocab, Vocab
 from charlm.runtime.device import require_memory
+from charlm.training.budget import PLAN_KEYS
 from charlm.training.optimizer import load_state
 from charlm.training.tasks import build_model, check_stored_shapes, check_weights, vocab_from_state
 
@@ -221,8 +223,17 @@ def check_train_state(state: dict[str, Any]) -> None:
     # skipped_steps and bad_streak are later additions: 0 in older checkpoints
     if (not isinstance(ts, dict) or not isinstance(ts.get("best_val"), (int, float))
             or not all(count(ts.get(k)) for k in ("step", "tokens"))
-            or not all(count(ts.get(k, 0)) for k in ("skipped_steps", "bad_streak"))):
+            or not all(count(ts.get(k, 0)) for k in ("skipped_steps", "bad_streak"))
+            or not count(ts.get("budget_steps", 0))):
         raise ValueError("train_state is missing or malformed")
+    plan = ts.get("budget")  # a time budget's plan and pace (`budget.Plan`), a later addition
+    if plan is not None and not (
+            isinstance(plan, dict) and set(plan) == PLAN_KEYS
+            and all(count(plan[k]) for k in ("steps", "anchor_step"))
+            and plan["steps"] == ts.get("budget_steps")
+            and all(isinstance(plan[k], float) and math.isfinite(plan[k]) and plan[k] >= 0
+                    for k in PLAN_KEYS - {"steps", "anchor_step"})):
+        raise ValueError("train_state's time budget plan is malformed")
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu",

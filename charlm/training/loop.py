@@ -22,12 +22,12 @@ import math
 import shlex
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from charlm.config.loading import save_config
 from charlm.config.schema import OptimConfig, RunConfig
 from charlm.core.durations import format_duration
 from charlm.core.errors import CharlmError
@@ -36,7 +36,7 @@ from charlm.runtime.device import resolve_device, seed_everything
 from charlm.runtime.distributed import Dist, distributed, sync_grads
 from charlm.runtime.precision import autocast, resolve_dtype
 from charlm.training import checkpoint
-from charlm.training.budget import StepTimer, plan_steps, too_short
+from charlm.training.budget import Budget, too_short
 from charlm.training.faults import Interrupted, StopSignals
 from charlm.training.metrics import MetricsLogger
 from charlm.training.optimizer import step_if
@@ -55,14 +55,20 @@ from charlm.training.run_objects import (
 from charlm.training.validation import EvalStopped, evaluate
 
 
-def lr_at(step: int, optim: OptimConfig, max_iters: int) -> float:
-    """Linear warmup over `warmup_iters`, then cosine decay to `min_lr` at `lr_decay_iters`."""
-    decay_iters = optim.lr_decay_iters or max_iters
+def lr_at(step: int, optim: OptimConfig, max_iters: float, budget: Budget | None = None,
+          ) -> float:
+    """Linear warmup over `warmup_iters`, then cosine decay to `min_lr` at `lr_decay_iters`, or
+    along a time budget's progress (`Budget.progress`) where it has one and no
+    `lr_decay_iters` is set."""
     if step < optim.warmup_iters:
         return optim.lr * (step + 1) / (optim.warmup_iters + 1)
-    if step >= decay_iters:
-        return optim.min_lr
-    ratio = (step - optim.warmup_iters) / max(decay_iters - optim.warmup_iters, 1)
+    if budget is not None and optim.lr_decay_iters is None:
+        ratio = budget.progress(step)
+    else:
+        decay_iters = optim.lr_decay_iters or max_iters
+        if step >= decay_iters:
+            return optim.min_lr
+        ratio = (step - optim.warmup_iters) / max(decay_iters - optim.warmup_iters, 1)
     return optim.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (optim.lr - optim.min_lr)
 
 
@@ -99,17 +105,18 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
-          progress: bool | None = None) -> TrainState:
+          progress: bool | None = None, now: Callable[[], float] = time.perf_counter,
+          ) -> TrainState:
     """Train (or resume) the run described by `cfg` in `cfg.train.out_dir`; under torchrun,
-    this rank's part of a DDP run."""
+    this rank's part of a DDP run. `now`: the clock the run's time is read from (a test's)."""
     with (distributed(resolve_device(cfg.train.device)) as (dist, device),
           run_lock(Path(cfg.train.out_dir), dist.is_main)):
-        return _train(cfg, dist, device, resume, overwrite, progress)
+        return _train(cfg, dist, device, resume, overwrite, progress, now)
 
 
 def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overwrite: bool,
-           progress: bool | None) -> TrainState:
-    clock = Clock(start=time.perf_counter(), before=0.0)
+           progress: bool | None, now: Callable[[], float] = time.perf_counter) -> TrainState:
+    clock = Clock(start=now(), before=0.0, now=now)
     tc = cfg.train
     run_dir = Path(tc.out_dir)
     dtype = resolve_dtype(tc.dtype, device)
@@ -130,18 +137,21 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
         checkpoint.restore(ckpt, run.stateful(), run_dir / "last.pt")
     wrap_model(run)
     clock.before = run.state.elapsed_s
-    timer = budget_timer(run)
+    budget = make_budget(run)
+    planned = budget is None or budget.plan is not None
     # A fresh run writes nothing (and --overwrite removes nothing) until its first step has run.
-    files = RunFiles(run, overwrite, None if timer else tc.max_iters, run.state.step, progress)
+    files = RunFiles(run, overwrite, (tc.max_iters if budget is None else budget.steps)
+                     if planned else None, run.state.step, progress)
     stop = StopSignals(announce=dist.is_main, saved=ckpt is not None)
     try:
         if ckpt is not None:
             files.open()
-        if tc.max_time is not None and timer is None:  # a resumed budget: its steps are fixed
-            files.open().plan(tc.max_iters, clock.start + tc.max_time - clock.before)
+        if budget is not None and budget.plan is not None:  # a resumed plan goes on
+            files.open().plan(budget.plan.steps, clock.start + tc.max_time - clock.before,
+                              clock.now)
         with stop:
             final = _loop(run, files, stop, clock, saved_step=run.state.step if resume else None,
-                          timer=timer)
+                          budget=budget)
         if final is not None:
             with dist.main_first():
                 log_final(run, files.open(), final)
@@ -151,23 +161,23 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
 
 
 def _loop(run: Run, files: RunFiles, stop: StopSignals, clock: Clock,
-          saved_step: int | None, timer: StepTimer | None) -> dict[str, float] | None:
-    """Train to max_iters: set lr, train_step, maybe log, maybe evaluate, maybe save. Returns
-    the losses of the latest eval. `files`: opened after the first step, if not before.
-    `saved_step`: the step of the last.pt on disk, if any. `timer`: a time budget's, which
-    fixes max_iters once it has timed enough steps."""
+          saved_step: int | None, budget: Budget | None) -> dict[str, float] | None:
+    """Train to the last step (train.max_iters, or the one a time budget plans): set lr,
+    train_step, maybe log, maybe evaluate, maybe save. Returns the losses of the latest eval.
+    `files`: opened after the first step, if not before. `saved_step`: the step of the last.pt
+    on disk, if any. `budget`: the run's time budget, which plans the steps as it goes."""
     cfg, state, dist = run.cfg, run.state, run.dist
     final: dict[str, float] | None = None
     run.model.train()
-    clock.t_log = time.perf_counter()
-    max_iters = cfg.train.max_iters if timer is None else math.inf
+    clock.t_log = clock.now()
+    last = cfg.train.max_iters if budget is None else budget.steps
     if state.eval_due:  # a stop signal cut this step's eval short before the resume: run it now
         final, _, _ = record(run, files.open(), stop, clock, None,
-                             lr_at(state.step - 1, cfg.optim, max_iters), True, True)
+                             lr_at(state.step - 1, cfg.optim, last, budget), True, True)
         if (signum := dist.agree_signal(stop.signum)) is not None:
             raise interrupted(run, signum)  # last.pt saved, the eval due if cut short again
-    while state.step < max_iters:
-        lr = lr_at(state.step, cfg.optim, max_iters)
+    while state.step < last:
+        lr = lr_at(state.step, cfg.optim, last, budget)
         for group in run.optimizer.param_groups:
             group["lr"] = lr
         drawn = run.sampler.tokens
@@ -180,8 +190,9 @@ def _loop(run: Run, files: RunFiles, stop: StopSignals, clock: Clock,
         log = open_files(files, clock)  # a fresh run's, once its first step has run
         log.advance()
         signum = dist.agree_signal(stop.signum)
-        timed = timer is not None and timer.done(state.step, time.perf_counter(), clock.paused)
-        log_now, eval_now, save_now = due(cfg, state.step, max_iters, signum is not None, timed)
+        timed = budget is not None and follow(run, budget, clock, log)
+        last = cfg.train.max_iters if budget is None else budget.steps
+        log_now, eval_now, save_now = due(cfg, state.step, last, signum is not None, timed)
         if not (log_now or eval_now or save_now):
             continue  # the only steps that wait for the device are those below
         report_skipped(run, log, saved_step)
@@ -192,13 +203,31 @@ def _loop(run: Run, files: RunFiles, stop: StopSignals, clock: Clock,
             signum, save_now, timed = stop.signum, True, False
         saved_step = state.step if save_now else saved_step
         stop.saved = saved_step is not None
+        if budget is not None:
+            budget.measured(eval_s if eval_now else None, save_s if save_now else None)
+            state.budget = budget.state()
         if timed:
-            assert timer is not None
-            max_iters = fix_budget(run, log, clock, timer.step_s, eval_s, save_s)
-            timer = None
-        if signum is not None and (state.step < max_iters or state.eval_due):  # last.pt saved
+            assert budget is not None
+            last = first_plan(run, budget, log, clock, eval_s, save_s)
+        if signum is not None and (state.step < last or state.eval_due):  # last.pt saved
             raise interrupted(run, signum)
     return final
+
+
+def follow(run: Run, budget: Budget, clock: Clock, log: MetricsLogger) -> bool:
+    """A time budget's part of a step just done: before its first plan, whether this step ends
+    the timing (it then evaluates and saves, and `first_plan` follows); after it, the plan
+    follows the clock (`Budget.follow`), and what changed goes to the log."""
+    now = clock.now()
+    if budget.plan is None or budget.timer is not None:
+        return budget.timed(run.state.step, now, clock.paused)
+    budget.follow(run.state.step, now, clock.paused, clock.elapsed(now), run.dist.least)
+    for change in budget.changes:
+        log.plan(budget.plan.steps, clock.start + budget.seconds - clock.before, clock.now)
+        log.message(f"step {run.state.step}: time budget {format_duration(budget.seconds)}, "
+                    f"{format_duration(clock.elapsed(now))} gone: {change}")
+    run.state.budget = budget.state()
+    return False
 
 
 def record(run: Run, log: MetricsLogger, stop: StopSignals, clock: Clock,
@@ -209,7 +238,7 @@ def record(run: Run, log: MetricsLogger, stop: StopSignals, clock: Clock,
     and the writes took. An eval a stop signal cuts short (one process checks between
     batches; ranks cannot) leaves `eval_due` set and saves last.pt, for a resume to run it."""
     state, dist = run.state, run.dist
-    t_pause = time.perf_counter()
+    t_pause = clock.now()
     losses, improved = None, False
     if eval_now:
         try:
@@ -223,13 +252,11 @@ def record(run: Run, log: MetricsLogger, stop: StopSignals, clock: Clock,
         state.eval_due = losses is None
     # Rank 0 alone writes: should that fail (a full disk), the others hear it and end
     # quietly, instead of in their next collective with a traceback.
-    t_write = time.perf_counter()
+    t_write = clock.now()
     with dist.main_first():
         if dist.is_main:
             write(run, log, event, losses, lr, improved, save_now, clock, stop.requested)
-    now = time.perf_counter()
-    clock.t_log += now - t_pause  # tokens/s counts training time only
-    clock.paused += now - t_pause
+    now = clock.pause(t_pause)  # out of the training time, for tokens/s and the budget
     return losses, t_write - t_pause, now - t_write
 
 
@@ -237,57 +264,53 @@ def open_files(files: RunFiles, clock: Clock) -> MetricsLogger:
     """The run's log, its files opened (and for --overwrite the previous run's removed) at the
     first call; that time is not training time, for tokens/s."""
     if files.log is None:
-        t_open = time.perf_counter()
+        t_open = clock.now()
         files.open()
-        clock.t_log += time.perf_counter() - t_open
+        clock.t_log += clock.now() - t_open
     return files.open()
 
 
-def budget_timer(run: Run) -> StepTimer | None:
-    """The step timer of a run with a time budget whose steps are not fixed yet. A resumed run
-    whose budget fixed them keeps them (and so its schedule): they become max_iters (a resume
-    that sets others is refused, `budget.require_same_budget`). A budget dropped on resume
-    (max_time null) leaves max_iters in charge, and a later one is planned afresh."""
+def make_budget(run: Run) -> Budget | None:
+    """The run's time budget, continuing the plan of the checkpoint resumed from (None: no
+    budget; one dropped on resume leaves max_iters in charge, and a later one plans afresh)."""
     tc, state = run.cfg.train, run.state
     if tc.max_time is None:
-        state.budget_steps = None
+        state.budget = None
         return None
-    if state.budget_steps is None:
-        return StepTimer(tc.max_time)
-    tc.max_iters = state.budget_steps
-    return None
+    return Budget.resume(tc.max_time, tc.eval_interval, tc.checkpoint_interval or
+                         tc.eval_interval, run.cfg.optim.warmup_iters, state.budget)
 
 
-def fix_budget(run: Run, log: MetricsLogger, clock: Clock, step_s: float, eval_s: float,
+def first_plan(run: Run, budget: Budget, log: MetricsLogger, clock: Clock, eval_s: float,
                save_s: float) -> int:
-    """Fix max_iters from the step, eval and save times just measured so that the run ends
-    within train.max_time; save it in config.yaml and last.pt. All ranks take the smallest."""
-    tc, state, dist = run.cfg.train, run.state, run.dist
+    """Plan the steps from the step, eval and save times just measured so that the run ends
+    within train.max_time, and save the plan in last.pt; the planned last step. All ranks take
+    the smallest."""
+    state, dist = run.state, run.dist
     spent = clock.elapsed() + save_s / 2  # and the last.pt written again below
-    more = dist.least(plan_steps(tc.max_time - spent, step_s, eval_s, save_s, tc.eval_interval,
-                                 tc.checkpoint_interval or tc.eval_interval))
-    if more < 0:
-        raise too_short(tc.max_time, spent, state.step, step_s, eval_s, save_s)
-    tc.max_iters = state.budget_steps = state.step + more
-    log.plan(tc.max_iters, clock.start + tc.max_time - clock.before)
-    log.message(f"time budget {format_duration(tc.max_time)}: {tc.max_iters} steps "
+    left = budget.first_plan(state.step, spent, eval_s, save_s, dist.least)
+    step_s = budget.plan.step_s
+    if left < 0:
+        raise too_short(budget.seconds, spent, state.step, step_s, eval_s, save_s)
+    state.budget = budget.state()
+    log.plan(budget.plan.steps, clock.start + budget.seconds - clock.before, clock.now)
+    log.message(f"time budget {format_duration(budget.seconds)}: {budget.plan.steps} steps "
                 f"({step_s * 1000:.0f} ms a step, {format_duration(eval_s + save_s)} an eval "
                 "with its checkpoints)")
-    warn_short_warmup(run.cfg, dist)
+    warn_short_warmup(run.cfg, dist, budget.plan.steps)
     with dist.main_first():
         if dist.is_main:
-            save_config(run.cfg, run.run_dir / "config.yaml")
             write(run, log, train_event=None, losses=None, lr=0.0, improved=False,
-                  save_last=True, clock=clock)  # last.pt again, now with its fixed steps
-    return tc.max_iters
+                  save_last=True, clock=clock)  # last.pt again, now with its plan
+    return budget.plan.steps
 
 
-def due(cfg: RunConfig, step: int, max_iters: float, stopping: bool,
+def due(cfg: RunConfig, step: int, last_step: float, stopping: bool,
         timed: bool = False) -> tuple[bool, bool, bool]:
     """Whether step `step` (just done) logs, evaluates and saves last.pt. The last step does all
     three, as does the step a time budget's timer ends on; a stop signal saves."""
     tc = cfg.train
-    last = step == max_iters or timed
+    last = step == last_step or timed
     save_interval = tc.checkpoint_interval or tc.eval_interval  # null: last.pt at every eval
     return (step % tc.log_interval == 0 or last, step % tc.eval_interval == 0 or last,
             step % save_interval == 0 or last or stopping)

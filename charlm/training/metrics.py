@@ -90,12 +90,14 @@ class MetricsLogger:
         # progress=None: a bar only when stderr is a terminal.
         self.bar = tqdm(total=total_steps, initial=initial_step, desc="train", unit="step",
                         dynamic_ncols=True, disable=None if progress is None else not progress)
-        self.deadline: float | None = None  # a time budget's end, time.perf_counter() based
+        self.deadline: float | None = None  # a time budget's end, on the clock of `now`
+        self.now = time.perf_counter
 
-    def plan(self, total_steps: int, deadline: float) -> None:
-        """A time budget's steps (once fixed) and end, for the progress bar."""
+    def plan(self, total_steps: int, deadline: float, now=time.perf_counter) -> None:
+        """A time budget's steps (once planned, and as planned again) and its end on the clock
+        `now` reads, for the progress bar."""
         if self.enabled:
-            self.bar.total, self.deadline = total_steps, deadline
+            self.bar.total, self.deadline, self.now = total_steps, deadline, now
             self.bar.refresh()
 
     def log(self, kind: str, **values: Any) -> None:
@@ -113,7 +115,7 @@ class MetricsLogger:
                 self.tb.add_scalar(tag, values[key], values["step"])
         if kind == "train":
             left = {} if self.deadline is None else {
-                "left": format_duration(self.deadline - time.perf_counter())}
+                "left": format_duration(max(self.deadline - self.now(), 0.0))}
             self.bar.set_postfix(loss=f"{values['train_loss']:.4f}", lr=f"{values['lr']:.2e}",
                                  tok_s=f"{values['tokens_per_s']:.0f}", **left, refresh=False)
 

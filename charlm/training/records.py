@@ -5,7 +5,6 @@ last.pt, and the final hyperparameters with their metrics."""
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +34,7 @@ def report_skipped(run: Run, log: MetricsLogger, saved_step: int | None) -> None
 def train_event(run: Run, loss: torch.Tensor, norm: torch.Tensor, lr: float,
                 clock: Clock) -> dict[str, Any]:
     """The `train` event of a log step; restarts the tokens/s count."""
-    state, now = run.state, time.perf_counter()
+    state, now = run.state, clock.now()
     state.elapsed_s = clock.elapsed(now)
     event = dict(step=state.step, elapsed_s=round(state.elapsed_s, 3), tokens=state.tokens,
                  lr=lr, train_loss=loss.item(), grad_norm=norm.item(),

@@ -47,8 +47,8 @@ def with_edits(run_dir: Path, saved: dict[str, Any], ckpt_path: Path) -> dict[st
 
 def require_steps_left(cfg: RunConfig, ckpt: dict[str, Any], path: Path) -> None:
     """Refuse, before the run is built, a resume that would stop at once: the checkpoint
-    (read from `path`) is at or past max_iters, or the steps its time budget fixed (see
-    `loop.budget_timer`), and the eval of its step is not still due."""
+    (read from `path`) is at or past max_iters, or at the end of its time budget (the last step
+    it planned, `budget.Budget`), and the eval of its step is not still due."""
     try:
         checkpoint.check_train_state(ckpt)
     except ValueError as e:
@@ -59,10 +59,10 @@ def require_steps_left(cfg: RunConfig, ckpt: dict[str, Any], path: Path) -> None
     if (not isinstance(steps, int) or step < steps
             or (step == steps and state.get("eval_due", False))):
         return
-    budget = ("" if tc.max_time is None else
-              f", where its time budget train.max_time={format_duration(tc.max_time)} ended")
-    how = "" if tc.max_time is None else "--set train.max_time=null "
+    end, how = f"train.max_iters is {steps}", ""
+    if tc.max_time is not None:
+        end = f"its time budget train.max_time={format_duration(tc.max_time)} ended there"
+        how = "--set train.max_time=null "
     raise CharlmError(
-        f"--resume: nothing to train: {path} is at step {step} and train.max_iters is "
-        f"{steps}{budget}; to train on, resume with {how}--set train.max_iters=N (N above "
-        f"{step})")
+        f"--resume: nothing to train: {path} is at step {step} and {end}; to train on, resume "
+        f"with {how}--set train.max_iters=N (N above {step})")

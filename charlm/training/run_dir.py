@@ -55,11 +55,12 @@ def resume_config(run_dir: Path, config_path: str | Path | None,
         raw = apply_overrides(with_edits(run_dir, saved, ckpt_path), overrides)
         cfg = RunConfig.from_dict(raw, f"{ckpt_path} config")
     ts, saved_train = ckpt.get("train_state"), saved.get("train")
+    saved_train = saved_train if isinstance(saved_train, dict) else {}
     require_same_budget(  # malformed parts are the restore's to report
         cfg.train.max_time,
         # without CONFIG, a max_iters other than the checkpoint's is the user's (--set, edit)
         cfg.train.max_iters if config_path is None else None,
-        saved_train.get("max_time") if isinstance(saved_train, dict) else None,
+        saved_train.get("max_time"), saved_train.get("max_iters"),
         ts.get("budget_steps") if isinstance(ts, dict) else None)
     # Resolved, so a key missing from an older checkpoint's config counts as its default.
     saved_model = RunConfig.from_dict({"model": saved["model"]}, f"{ckpt_path} config").model

@@ -12,6 +12,7 @@ import functools
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,8 @@ class TrainState:
     best_val: float = math.inf
     tokens: int = 0  # training tokens consumed
     elapsed_s: float = 0.0  # wall time spent in train(), summed over resumes
-    budget_steps: int | None = None  # the max_iters a time budget fixed (None: not yet, or none)
+    # a time budget's plan and pace (`budget.Plan` as a dict; None: no budget, or not planned)
+    budget: dict[str, Any] | None = None
     eval_due: bool = False  # a stop signal cut the eval of `step` short: a resume runs it first
     # the skipped-step counters, kept on the device so that counting never waits for it
     bad: BadSteps = field(default_factory=BadSteps, repr=False, compare=False)
@@ -59,17 +61,27 @@ class TrainState:
         """Of those, how many in a row ended at `step` (max_bad_steps stops a run)."""
         return int(self.bad.streak)
 
+    @property
+    def budget_steps(self) -> int | None:
+        """The last step a time budget planned (None: no budget, or not planned yet)."""
+        return None if self.budget is None else self.budget["steps"]
+
     def state_dict(self) -> dict[str, Any]:
-        # saved only when set, so that the layout of other checkpoints stays version 1's
-        budget = {} if self.budget_steps is None else {"budget_steps": self.budget_steps}
+        # saved only when set, so that the layout of other checkpoints stays version 1's;
+        # budget_steps alone, as checkpoints before the budget followed the clock had it
+        budget = {} if self.budget is None else {"budget_steps": self.budget["steps"]}
+        if self.budget is not None and len(self.budget) > 1:  # with its pace: the whole plan
+            budget["budget"] = dict(self.budget)
         due = {"eval_due": True} if self.eval_due else {}
         return {"step": self.step, "best_val": self.best_val, "tokens": self.tokens,
                 "elapsed_s": self.elapsed_s, **budget, **due, **self.bad.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         fresh = TrainState()  # a field added later takes its default
-        for name in ("step", "best_val", "tokens", "elapsed_s", "budget_steps", "eval_due"):
+        for name in ("step", "best_val", "tokens", "elapsed_s", "eval_due"):
             setattr(self, name, state.get(name, getattr(fresh, name)))
+        steps = state.get("budget_steps")
+        self.budget = state.get("budget") or (None if steps is None else {"steps": steps})
         self.bad.load_state_dict(state)
 
 
@@ -127,17 +139,27 @@ class Run:
 
 @dataclass
 class Clock:
-    """The run's wall time in train(), summed over resumes, and the training time since the
-    last log line (for tokens/s: evals, samples and saves are paused out of it)."""
+    """The run's time, read in one place (`now`: time.perf_counter, or a test's clock): its
+    wall time in train() summed over resumes (`elapsed`), the seconds paused in this process for
+    evals, samples and saves (`paused`: a budget's step times and tokens/s leave them out), and
+    the training tokens since the last log line (`tokens`, from `t_log`)."""
 
-    start: float  # time.perf_counter() when train() began
+    start: float  # now() when train() began
     before: float  # elapsed_s of the checkpoint resumed from
+    now: Callable[[], float] = time.perf_counter
     t_log: float = 0.0
     tokens: int = 0  # training tokens since the last log line
     paused: float = 0.0  # seconds of evals, samples and saves in this process
 
     def elapsed(self, now: float | None = None) -> float:
-        return self.before + (time.perf_counter() if now is None else now) - self.start
+        return self.before + (self.now() if now is None else now) - self.start
+
+    def pause(self, since: float) -> float:
+        """Count the time from `since` to now as paused, out of training time; now."""
+        now = self.now()
+        self.t_log += now - since
+        self.paused += now - since
+        return now
 
 
 @dataclass
@@ -244,11 +266,14 @@ def warn_about_split(ckpt: dict[str, Any] | None, cfg: RunConfig, task: Task,
               "below it", file=sys.stderr)
 
 
-def warn_short_warmup(cfg: RunConfig, dist: Dist) -> None:
-    tc = cfg.train
-    if cfg.optim.warmup_iters >= tc.max_iters and dist.is_main:  # a short trial run, often
+def warn_short_warmup(cfg: RunConfig, dist: Dist, steps: int | None = None) -> None:
+    """Warn when warmup lasts the whole run: train.max_iters, or the `steps` a budget planned."""
+    what = (f"train.max_iters={cfg.train.max_iters}" if steps is None
+            else f"the {steps} steps the time budget plans")
+    steps = cfg.train.max_iters if steps is None else steps
+    if cfg.optim.warmup_iters >= steps and dist.is_main:  # a short trial run, often
         print(f"warning: optim.warmup_iters={cfg.optim.warmup_iters} is not below "
-              f"train.max_iters={tc.max_iters}: the learning rate never reaches optim.lr="
+              f"{what}: the learning rate never reaches optim.lr="
               f"{cfg.optim.lr:g}; lower optim.warmup_iters to train at full rate", file=sys.stderr)
 
 

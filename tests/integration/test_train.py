@@ -5,7 +5,6 @@ bf16 and compiled runs against float32."""
 import json
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,7 +18,7 @@ from charlm.data.text import prepare
 from charlm.generation.decoding import generate
 from charlm.model.gpt import GPT
 from charlm.runtime.precision import grad_scaler
-from charlm.training import checkpoint, records
+from charlm.training import checkpoint
 from charlm.training import loop as train_module
 from charlm.training import run_objects as run_module
 from charlm.training.loop import lr_at, train, train_step
@@ -250,9 +249,6 @@ def test_tokens_per_s_counts_training_time_only(checkpoint_interval, tiny_cfg, m
     cfg = with_(tiny_cfg, train={"max_iters": 8, "log_interval": 4, "eval_interval": 2,
                                  "checkpoint_interval": checkpoint_interval, "sample_chars": 0})
     clock = [0.0]
-    fake_time = SimpleNamespace(perf_counter=lambda: clock[0])
-    monkeypatch.setattr(train_module, "time", fake_time)
-    monkeypatch.setattr(records, "time", fake_time)  # the train event's tokens/s
     real_step, real_eval = train_module.train_step, train_module.evaluate
 
     def step(*args):
@@ -265,7 +261,7 @@ def test_tokens_per_s_counts_training_time_only(checkpoint_interval, tiny_cfg, m
 
     monkeypatch.setattr(train_module, "train_step", step)
     monkeypatch.setattr(train_module, "evaluate", evaluate_slowly)
-    train(cfg)
+    train(cfg, now=lambda: clock[0])
     lines = Path(cfg.train.out_dir, "metrics.jsonl").read_text().splitlines()
     logged = [json.loads(line) for line in lines]
     rates = [(e["step"], e["tokens_per_s"]) for e in logged if e["event"] == "train"]

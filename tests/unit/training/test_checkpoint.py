@@ -161,6 +161,22 @@ def test_a_train_state_with_a_step_that_is_not_a_count_is_malformed(change):
         checkpoint.check_train_state({"train_state": {**GOOD_TRAIN_STATE, **change}})
 
 
+PLAN = {"steps": 85, "anchor_step": 5, "anchor_progress": 0.0, "step_s": 1.0,
+        "eval_steps": 2.0, "save_s": 0.0}
+
+
+@pytest.mark.parametrize("change", [{"steps": 84}, {"steps": 85.0}, {"anchor_step": -1},
+                                    {"step_s": float("nan")}, {"eval_steps": -2.0},
+                                    {"save_s": "0"}, {"extra": 1.0}])
+def test_a_time_budget_plan_that_does_not_add_up_is_malformed(change):
+    """A plan is read back into the budget's arithmetic: each number must be one it can use,
+    and its steps those of budget_steps (what older versions and --resume's checks read)."""
+    good = {**GOOD_TRAIN_STATE, "budget_steps": 85, "budget": PLAN}
+    checkpoint.check_train_state({"train_state": good})
+    with pytest.raises(ValueError, match="^train_state's time budget plan is malformed$"):
+        checkpoint.check_train_state({"train_state": {**good, "budget": {**PLAN, **change}}})
+
+
 def test_foreign_and_future_checkpoints(tmp_path):
     foreign = tmp_path / "ckpt.pt"  # what nanoGPT writes: no format marker
     torch.save({"model": {}, "model_args": {"n_layer": 1}, "iter_num": 3}, foreign)
