@@ -135,9 +135,13 @@ MODEL_VARIANTS: dict[str, dict[str, Any]] = {
 
 @dataclass
 class OptimConfig:
-    """AdamW and its learning rate: a linear warmup, then a cosine decay to `min_lr`."""
+    """The optimizer (AdamW, or Muon with AdamW) and its learning rate: a linear warmup, then a
+    cosine decay to `min_lr`."""
 
-    lr: float = _key(4e-3, "peak learning rate")
+    name: Literal["adamw", "muon"] = _key(
+        "adamw", "`adamw` for every weight, or `muon`: Muon for the weight matrices inside the "
+        "blocks (attention, MLP), AdamW for embeddings, the head, norms and biases")
+    lr: float = _key(4e-3, "peak learning rate (AdamW's)")
     min_lr: float = _key(
         4e-4, "the rate the cosine decays to, in [0, `lr`] (a lower `lr` needs a lower `min_lr`)")
     weight_decay: float = _key(
@@ -148,6 +152,11 @@ class OptimConfig:
     warmup_iters: int = _key(50, "steps of the linear warmup to `lr`")
     lr_decay_iters: int | None = _key(
         None, "the step where the cosine reaches `min_lr`; null: `train.max_iters`")
+    muon_lr: float = _key(
+        0.02, "`muon`: Muon's peak learning rate; its schedule is `lr`'s scaled by `muon_lr / lr`")
+    muon_momentum: float = _key(0.95, "`muon`: Muon's (Nesterov) momentum, in [0, 1)")
+    muon_weight_decay: float = _key(
+        0.0, "`muon`: Muon's decoupled weight decay, applied as `muon_lr` x this a step")
 
     def __post_init__(self) -> None:
         _check(self.lr > 0, "optim.lr", f"{self.lr} must be > 0")
@@ -165,6 +174,10 @@ class OptimConfig:
             "optim.lr_decay_iters",
             f"must be more than optim.warmup_iters ({self.warmup_iters}), or null",
         )
+        _check(self.muon_lr > 0, "optim.muon_lr", f"{self.muon_lr} must be > 0")
+        _check(0 <= self.muon_momentum < 1, "optim.muon_momentum",
+               f"{self.muon_momentum} is outside [0, 1)")
+        _check(self.muon_weight_decay >= 0, "optim.muon_weight_decay", "must be >= 0")
 
 
 @dataclass

@@ -25,7 +25,7 @@ from charlm.core.files import open_regular, run_write_error, write_atomic
 from charlm.data.vocab import PairVocab, Vocab
 from charlm.runtime.device import require_memory
 from charlm.training.budget import PLAN_KEYS
-from charlm.training.optimizer import load_state
+from charlm.training.optimizer import Optimizer, load_state
 from charlm.training.tasks import build_model, check_stored_shapes, check_weights, vocab_from_state
 
 FORMAT = "charlm-checkpoint"
@@ -62,7 +62,7 @@ class OptimizerState:
     resumed run's config may change the betas and weight decay, see
     `charlm.training.optimizer.load_state`)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer):
+    def __init__(self, optimizer: Optimizer):
         self.optimizer = optimizer
 
     def state_dict(self) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from charlm.training import checkpoint
 from charlm.training.budget import Budget, too_short
 from charlm.training.faults import Interrupted, StopSignals
 from charlm.training.metrics import MetricsLogger
-from charlm.training.optimizer import step_if
+from charlm.training.optimizer import set_lr, step_if
 from charlm.training.records import log_final, report_skipped, train_event, write
 from charlm.training.resume import require_steps_left
 from charlm.training.run_dir import check_run_dir, run_lock
@@ -178,8 +178,7 @@ def _loop(run: Run, files: RunFiles, stop: StopSignals, clock: Clock,
             raise interrupted(run, signum)  # last.pt saved, the eval due if cut short again
     while state.step < last:
         lr = lr_at(state.step, cfg.optim, last, budget)
-        for group in run.optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(run.optimizer, lr, cfg.optim)
         drawn = run.sampler.tokens
         loss, norm, ok = train_step(run.step_model, run.optimizer, run.scaler, run.sampler, cfg,
                                     run.device, run.dtype, dist)

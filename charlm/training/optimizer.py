@@ -1,10 +1,12 @@
-"""The optimizer: torch's AdamW with weight decay on matrices and embeddings only, and `step_if`,
-the update that a non-finite step skips without the host waiting for the device.
+"""The optimizer: torch's AdamW with weight decay on matrices and embeddings only
+(`optim.name: adamw`), or torch's Muon for the blocks' weight matrices with that AdamW for the
+rest (`muon`, one `MuonWithAdamW`); `set_lr`, the schedule's step into every param group; and
+`step_if`, the update that a non-finite step skips without the host waiting for the device.
 
-`make_optimizer` asks for torch's fused kernel where it runs on the parameters' device and dtype
-(CUDA, and the CPU since torch 2.4), else for its foreach implementation. The fused step reads the
-`found_inf` attribute that `torch.amp.GradScaler` sets on an optimizer; `step_if` uses the same
-attribute to skip an update on the device.
+`make_optimizer` asks for torch's fused AdamW kernel where it runs on the parameters' device and
+dtype (CUDA, and the CPU since torch 2.4), else for its foreach implementation. The fused step
+reads the `found_inf` attribute that `torch.amp.GradScaler` sets on an optimizer; `step_if` uses
+the same attribute to skip an update on the device.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Any
 import torch
 
 from charlm.config.schema import OptimConfig
+from charlm.core.errors import CharlmError
+from charlm.model.gpt import Block
 
 
 def has_fused_kernel(params: list[torch.Tensor]) -> bool:
@@ -31,22 +35,84 @@ def has_fused_kernel(params: list[torch.Tensor]) -> bool:
     return True
 
 
-def make_optimizer(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.Optimizer:
+class MuonWithAdamW:
+    """Muon for the blocks' weight matrices and AdamW for the other parameters, as the one
+    optimizer the loop, GradScaler and checkpoints see: `param_groups` are AdamW's then Muon's
+    (the owners' own dicts, so an lr set in one is the lr its owner steps with), and the state
+    dict holds each optimizer's under its name ("adamw", "muon")."""
+
+    def __init__(self, adamw: torch.optim.Optimizer, muon: torch.optim.Optimizer):
+        self.parts: dict[str, torch.optim.Optimizer] = {"adamw": adamw, "muon": muon}
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        # read afresh each time: torch's load_state_dict replaces an optimizer's group dicts
+        return [group for opt in self.parts.values() for group in opt.param_groups]
+
+    def step(self) -> None:
+        for opt in self.parts.values():
+            opt.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self.parts.values():
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: opt.state_dict() for name, opt in self.parts.items()}
+
+
+Optimizer = torch.optim.Optimizer | MuonWithAdamW
+
+
+def block_matrices(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The weight matrices inside the transformer blocks (attention, cross-attention, MLP):
+    what Muon trains. Embeddings, the head (tied or not), norms and biases are not among them."""
+    return [p for module in model.modules() if isinstance(module, Block)
+            for p in module.parameters() if p.dim() == 2 and p.requires_grad]
+
+
+def make_optimizer(model: torch.nn.Module, optim: OptimConfig) -> Optimizer:
+    """`optim.name: adamw`: `torch.optim.AdamW` over every parameter. `muon`: `torch.optim.Muon`
+    over `block_matrices` and that AdamW over the rest, in one `MuonWithAdamW`. Each param group
+    keeps its peak lr as "peak_lr", which `set_lr` scales by the schedule."""
+    matrices = block_matrices(model) if optim.name == "muon" else []
+    chosen = {id(p) for p in matrices}
+    adamw = make_adamw([p for p in model.parameters() if p.requires_grad and id(p) not in chosen],
+                       optim)
+    if optim.name == "adamw":
+        return adamw
+    # torch's default lr adjustment ("original", Keller Jordan's): the update of an A x B
+    # matrix is scaled by sqrt(max(1, A / B)), as nanochat's and modded-nanogpt's Muon do
+    muon = torch.optim.Muon([{"params": matrices, "peak_lr": optim.muon_lr}], lr=optim.muon_lr,
+                            momentum=optim.muon_momentum, weight_decay=optim.muon_weight_decay)
+    return MuonWithAdamW(adamw, muon)
+
+
+def make_adamw(params: list[torch.nn.Parameter], optim: OptimConfig) -> torch.optim.AdamW:
     """`torch.optim.AdamW` with weight decay on matrices and embeddings (>= 2-D) only, in two
     param groups (decayed first). Fused where torch has the kernel (besides speed, its step can
     be skipped on the device without a host sync, see `step_if`), else foreach."""
-    params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": optim.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     kernel: dict[str, bool] = {"fused": True} if has_fused_kernel(params) else {"foreach": True}
-    return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2), **kernel)
+    return torch.optim.AdamW([{**group, "peak_lr": optim.lr} for group in groups], lr=optim.lr,
+                             betas=(optim.beta1, optim.beta2), **kernel)
+
+
+def set_lr(optimizer: Optimizer, lr: float, optim: OptimConfig) -> None:
+    """Set each param group's lr to the schedule's `lr` (which peaks at `optim.lr`) as the same
+    fraction of the group's own peak: AdamW's `optim.lr`, Muon's `optim.muon_lr`."""
+    for group in optimizer.param_groups:
+        # the ratio first: it is 1.0 for AdamW's groups, so their lr is `lr` to the bit
+        group["lr"] = lr * (group["peak_lr"] / optim.lr)
 
 
 def _check_fits(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
-    """ValueError unless `state_dict` holds AdamW state for this optimizer's parameters: torch
-    checks the group sizes but not the shapes, which would fail only at the next step."""
+    """ValueError unless `state_dict` holds this optimizer's (AdamW's or Muon's) state for its
+    parameters: torch checks the group sizes but not the shapes, which would fail only at the
+    next step."""
     saved_groups = state_dict["param_groups"]
     if len(saved_groups) != len(optimizer.param_groups) or any(
             len(s["params"]) != len(g["params"])
@@ -54,33 +120,46 @@ def _check_fits(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) ->
         raise ValueError("the optimizer state has other parameter groups than this model's")
     if any(s.get("amsgrad") for s in saved_groups):
         raise ValueError("the optimizer state is AMSGrad's")
+    moment = "momentum_buffer" if isinstance(optimizer, torch.optim.Muon) else "exp_avg"
     for saved, group in zip(saved_groups, optimizer.param_groups, strict=True):
         for i, p in zip(saved["params"], group["params"], strict=True):
             entry = state_dict["state"].get(i)
-            if entry is not None and entry["exp_avg"].shape != p.shape:
+            if entry is not None and entry[moment].shape != p.shape:
                 raise ValueError(f"the optimizer state of parameter {i} has shape "
-                                 f"{tuple(entry['exp_avg'].shape)}, not {tuple(p.shape)}")
+                                 f"{tuple(entry[moment].shape)}, not {tuple(p.shape)}")
 
 
-def load_state(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
+def load_state(optimizer: Optimizer, state_dict: dict[str, Any]) -> None:
     """Load a checkpoint's optimizer state (moments, step counts) into an optimizer of
     `make_optimizer`, keeping every setting it was made with (ValueError when the state is not
-    this model's). A resumed run's config may change the betas and weight decay, and a run
-    resumed on another device may need foreach where the checkpoint says fused; torch places the
-    step counts by the settings it is given, so it is given ours (the lr is set at every step)."""
-    _check_fits(optimizer, state_dict)
-    ours = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-    groups = [{**saved, **settings}
-              for saved, settings in zip(state_dict["param_groups"], ours, strict=True)]
-    optimizer.load_state_dict({**state_dict, "param_groups": groups})
+    this model's, CharlmError when it is the other `optim.name`'s). A resumed run's config may
+    change the betas, weight decays and peak lrs, and a run resumed on another device may need
+    foreach where the checkpoint says fused; torch places the step counts by the settings it is
+    given, so it is given ours (the lr is set at every step)."""
+    saved_name = "muon" if "muon" in state_dict else "adamw"
+    name = "muon" if isinstance(optimizer, MuonWithAdamW) else "adamw"
+    if saved_name != name:
+        raise CharlmError(f"--resume: the checkpoint's optimizer state is optim.name={saved_name}'s"
+                          f", but the run's config has optim.name={name}; a run keeps its "
+                          f"optimizer: resume with optim.name={saved_name}, or start a new run")
+    parts = optimizer.parts if isinstance(optimizer, MuonWithAdamW) else {"adamw": optimizer}
+    saved_parts = state_dict if isinstance(optimizer, MuonWithAdamW) else {"adamw": state_dict}
+    for key, part in parts.items():
+        saved = saved_parts[key]
+        _check_fits(part, saved)
+        ours = [{k: v for k, v in g.items() if k != "params"} for g in part.param_groups]
+        groups = [{**saved_group, **settings}
+                  for saved_group, settings in zip(saved["param_groups"], ours, strict=True)]
+        part.load_state_dict({**saved, "param_groups": groups})
 
 
-def step_if(optimizer: torch.optim.Optimizer, ok: torch.Tensor) -> None:
+def step_if(optimizer: Optimizer, ok: torch.Tensor) -> None:
     """`optimizer.step()` only if `ok` (a 0-d bool tensor on the device).
 
     A fused AdamW is handed `found_inf`, as GradScaler hands it, and then leaves weights,
     moments and step counts as they were, all on the device; the attribute is removed at once so
-    that it skips no later step. Any other optimizer waits for `ok`."""
+    that it skips no later step. Any other optimizer waits for `ok`: a foreach AdamW, and Muon
+    with AdamW (torch's Muon reads no `found_inf`), one host sync a step."""
     if not all(group.get("fused") for group in optimizer.param_groups):
         if ok.item():
             optimizer.step()

@@ -30,7 +30,7 @@ from charlm.runtime.precision import compile_model, grad_scaler
 from charlm.training.checkpoint import OptimizerState, RNGState, ScalerState, Stateful
 from charlm.training.faults import BadSteps
 from charlm.training.metrics import MetricsLogger
-from charlm.training.optimizer import make_optimizer
+from charlm.training.optimizer import Optimizer, make_optimizer
 from charlm.training.run_dir import clear_run, start_run
 from charlm.training.tasks import PairsTask, Task, task_for
 from charlm.training.validation import eval_batches_per_forward
@@ -119,7 +119,7 @@ class Run:
     task: Task  # the data and what goes with it (text for a GPT, pairs for an encoder-decoder)
     sampler: BatchSampler | PairBatchSampler
     model: torch.nn.Module  # unwrapped and uncompiled: what checkpoints save and previews use
-    optimizer: torch.optim.Optimizer
+    optimizer: Optimizer  # AdamW, or Muon with AdamW (`optim.name`)
     scaler: torch.amp.GradScaler
     state: TrainState
     step_model: torch.nn.Module  # what train_step calls: `model`, compiled and / or in DDP
