@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from charlm.config.loading import Override, apply_overrides, load_config, save_config
-from charlm.config.schema import RunConfig
+from charlm.config.schema import OptimConfig, RunConfig
 from charlm.config.values import read_yaml_file
 from charlm.core.errors import CharlmError
 from charlm.core.files import locked_dir, make_writable_dir, remove_temps, some, strangers
@@ -36,7 +36,8 @@ def resume_config(run_dir: Path, config_path: str | Path | None,
     (`resume.with_edits`), or CONFIG's, then the overrides.
 
     The architecture comes from the checkpoint: an override, edit or CONFIG that changes it is
-    an error, as is one that changes the steps a time budget fixed (`require_same_budget`).
+    an error, as is one that changes `optim.name` or the steps a time budget fixed
+    (`require_same_budget`).
     """
     ckpt_path = run_dir / "last.pt"
     if ckpt_path.is_dir():  # not "no checkpoint": a fresh start would send the user back here
@@ -72,6 +73,12 @@ def resume_config(run_dir: Path, config_path: str | Path | None,
                 f"{ckpt_path}; the architecture of a run cannot change (drop the override, or "
                 "start a new run with another --out)"
             )
+    optim = saved.get("optim") if isinstance(saved.get("optim"), dict) else {}
+    name = optim.get("name", OptimConfig.name)  # a checkpoint from before optim.name: AdamW's
+    if cfg.optim.name != name:  # the optimizer's state holds one optimizer's moments
+        raise CharlmError(f"--resume: optim.name={cfg.optim.name!r} conflicts with the "
+                          f"checkpoint's {name!r} in {ckpt_path}; a run keeps its optimizer "
+                          "(drop the override, or start a new run with another --out)")
     return cfg
 
 

@@ -182,3 +182,29 @@ def test_edits_of_config_yaml_apply_on_resume_and_a_finished_run_has_nothing_to_
            f"{run / 'last.pt'}; the architecture of a run cannot change (undo that edit, or "
            "start a new run with another --out)\n")
     assert files_under(run) == before
+
+
+def test_a_muon_run_resumes_bitwise_and_keeps_its_optimizer(tiny_cfg, tmp_path, fails):
+    """optim.name=muon: 12 steps straight and 6 + --resume 6 end with the same weights, Muon's
+    momentum buffers and AdamW's moments; resuming it as adamw is one error line naming the
+    checkpoint, and the run's files stay as they were."""
+    base = with_(tiny_cfg, optim={"name": "muon", "lr_decay_iters": 12},
+                 train={"max_iters": 12, "eval_interval": 6, "eval_iters": 1, "sample_chars": 0})
+    train(with_(base, train={"out_dir": str(tmp_path / "straight")}))
+    train(with_(base, train={"max_iters": 6, "out_dir": str(tmp_path / "split")}))
+    state = train(resume_config(tmp_path / "split", None, ["train.max_iters=12"]), resume=True)
+    assert state.step == 12
+    assert_same_weights(tmp_path / "straight" / "last.pt", tmp_path / "split" / "last.pt")
+    a = checkpoint.load(tmp_path / "straight" / "last.pt")["optimizer"]
+    b = checkpoint.load(tmp_path / "split" / "last.pt")["optimizer"]
+    assert set(a) == {"adamw", "muon"} and a["muon"]["state"]
+    for name, moment in (("adamw", "exp_avg_sq"), ("muon", "momentum_buffer")):
+        sa, sb = a[name]["state"], b[name]["state"]
+        assert sa.keys() == sb.keys() and all(torch.equal(sa[k][moment], sb[k][moment])
+                                              for k in sa)
+    run = tmp_path / "split"
+    fails("train", "--out", run, "--resume", "--set", "train.max_iters=14", "--set",
+          "optim.name=adamw",
+          message=f"--resume: optim.name='adamw' conflicts with the checkpoint's 'muon' in "
+                  f"{run / 'last.pt'}; a run keeps its optimizer (drop the override, or start a "
+                  "new run with another --out)")

@@ -462,3 +462,9 @@ def test_model_arch_and_the_data_must_agree(cli, tmp_path, corpus):
                  tmp_path / "b", "--set", "model.arch=encoder_decoder")
     assert encdec.err.startswith("error: model.arch=encoder_decoder trains on pairs, but ")
     assert not (tmp_path / "a").exists() or not any((tmp_path / "a").glob("*.pt"))
+
+
+def test_an_unknown_optimizer_is_one_error_line_naming_the_choices(fails):
+    fails("train", TINY, "--set", "optim.name=sgd",
+          message=f"invalid value for optim.name in {TINY} with --set overrides: 'sgd', "
+                  "expected one of 'adamw', 'muon'")

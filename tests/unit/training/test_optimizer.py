@@ -1,5 +1,5 @@
-"""charlm.training.optimizer: torch's AdamW, bitwise as the old fused AdamW; `step_if` and the
-state it loads."""
+"""charlm.training.optimizer: torch's AdamW, bitwise as the old fused AdamW, and Muon with
+AdamW; `set_lr`, `step_if` and the state it loads."""
 
 import copy
 import io
@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from charlm.config.loading import load_config
-from charlm.config.schema import OptimConfig
+from charlm.config.schema import ModelConfig, OptimConfig
+from charlm.core.errors import CharlmError
+from charlm.model.encoder_decoder import EncoderDecoder
 from charlm.model.gpt import GPT
-from charlm.training.optimizer import has_fused_kernel, load_state, make_optimizer, step_if
+from charlm.training.optimizer import has_fused_kernel, load_state, make_optimizer, set_lr, step_if
 from tests.helpers import ROOT
 
 
@@ -323,3 +325,168 @@ def test_step_if_skips_on_cuda_as_the_old_fused_adamw():
     assert scaler.get_scale() == 2.0**7
     assert int(ours.state[ours_model.a]["step"]) == 3
     assert_same(ours_model, ours, ref_model, ref)
+
+
+MUON = OptimConfig(name="muon", lr=1e-2, min_lr=1e-3, muon_lr=0.05, muon_momentum=0.9,
+                   muon_weight_decay=0.01)
+
+
+def muon_model(arch: str = "decoder", **model: Any) -> torch.nn.Module:
+    cfg = ModelConfig(arch=arch, n_layer=2, n_embd=16, n_head=2, block_size=8, **model)
+    torch.manual_seed(0)
+    return GPT(cfg, 11) if arch == "decoder" else EncoderDecoder(cfg, 9, 11, 0)
+
+
+def names_of(model: torch.nn.Module, params: list[torch.Tensor]) -> set[str]:
+    ids = {id(p) for p in params}
+    return {name for name, p in model.named_parameters() if id(p) in ids}
+
+
+@pytest.mark.parametrize("arch, model, muon_names", [
+    ("decoder", {}, {"attn.qkv", "attn.proj", "mlp.fc", "mlp.proj"}),
+    ("decoder", {"tie_weights": False, "bias": True, "activation": "swiglu"},
+     {"attn.qkv", "attn.proj", "mlp.fc", "mlp.proj"}),
+    ("encoder_decoder", {"bias": True, "tie_weights": False},
+     {"attn.qkv", "attn.proj", "cross_attn.q", "cross_attn.kv", "cross_attn.proj", "mlp.fc",
+      "mlp.proj"}),
+])
+def test_muon_trains_the_blocks_matrices_and_adamw_the_rest(arch, model, muon_names):
+    """Muon: the 2-D weights inside the blocks (the encoder's and decoder's, cross-attention
+    too). AdamW: embeddings and an untied head (decayed), norms and biases (not decayed)."""
+    net = muon_model(arch, **model)
+    opt = make_optimizer(net, MUON)
+    adamw, muon = opt.parts["adamw"], opt.parts["muon"]
+    assert type(adamw) is torch.optim.AdamW and type(muon) is torch.optim.Muon
+    stacks = ("blocks", "encoder") if arch == "encoder_decoder" else ("blocks",)
+    layers = {f"{stack}.{i}" for stack in stacks for i in range(2)}
+    expected = {f"{layer}.{name}.weight" for layer in layers for name in muon_names
+                if not (layer.startswith("encoder") and name.startswith("cross"))}
+    (group,) = muon.param_groups
+    assert names_of(net, group["params"]) == expected
+    decayed, plain = adamw.param_groups
+    embeddings = {n for n, _ in net.named_parameters() if "wte" in n or "wpe" in n}
+    head = {"head.weight"} if not model.get("tie_weights", True) else set()
+    assert names_of(net, decayed["params"]) == embeddings | head
+    assert names_of(net, plain["params"]) == {n for n, p in net.named_parameters() if p.dim() < 2}
+    assert any(n.endswith(".bias") for n in names_of(net, plain["params"])) == model.get("bias",
+                                                                                          False)
+    assert (group["lr"], group["momentum"], group["weight_decay"]) == (0.05, 0.9, 0.01)
+    assert decayed["weight_decay"] == MUON.weight_decay and decayed["fused"]
+    assert opt.param_groups == [decayed, plain, group]
+
+
+def test_set_lr_follows_the_schedule_as_a_fraction_of_each_groups_peak():
+    """AdamW's groups get the schedule's lr itself (bitwise, as the loop set it before); Muon's
+    the same fraction of optim.muon_lr."""
+    opt = make_optimizer(muon_model(), MUON)
+    for lr in (1e-2, 7.3e-3, 1e-3, 1e-2 / 3):
+        set_lr(opt, lr, MUON)
+        adamw_lrs = [g["lr"] for g in opt.parts["adamw"].param_groups]
+        assert adamw_lrs == [lr, lr]
+        assert opt.parts["muon"].param_groups[0]["lr"] == pytest.approx(lr * 5)
+    plain = make_optimizer(muon_model(), OPTIM)
+    set_lr(plain, 1e-2 / 3, OPTIM)
+    assert [g["lr"] for g in plain.param_groups] == [1e-2 / 3] * 2
+
+
+def muon_steps(opt, model: torch.nn.Module, oks: list[bool], seed: int,
+               scaler: torch.amp.GradScaler | None = None) -> None:
+    """Seeded gradients (scaled by `scaler` when given) stepped through step_if."""
+    gen = torch.Generator().manual_seed(seed)
+    for ok in oks:
+        loss = sum((p * torch.randn(p.shape, generator=gen)).sum() for p in model.parameters())
+        if scaler is None:
+            loss.backward()
+        else:
+            scaler.scale(loss * (1.0 if ok else float("inf"))).backward()
+            scaler.unscale_(opt)
+        set_lr(opt, 5e-3, MUON)
+        step_if(opt, torch.tensor(ok))
+        if scaler is not None:
+            scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+
+def test_a_muon_state_through_a_checkpoint_goes_on_bitwise():
+    """The state dict of Muon with AdamW, saved and loaded weights_only as a checkpoint is,
+    continues exactly as the optimizer that never stopped; a config's new Muon settings apply."""
+    a, b = muon_model(), muon_model()
+    opt_a = make_optimizer(a, MUON)
+    muon_steps(opt_a, a, [True, True], seed=1)
+    buffer = io.BytesIO()
+    torch.save(opt_a.state_dict(), buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, map_location="cpu", weights_only=True)
+    assert set(saved) == {"adamw", "muon"}
+    b.load_state_dict(a.state_dict())
+    opt_b = make_optimizer(b, OptimConfig(**{**MUON.__dict__, "muon_momentum": 0.5}))
+    load_state(opt_b, saved)
+    assert opt_b.parts["muon"].param_groups[0]["momentum"] == 0.5
+    opt_b.parts["muon"].param_groups[0]["momentum"] = 0.9
+    muon_steps(opt_a, a, [True, False, True], seed=2)
+    muon_steps(opt_b, b, [True, False, True], seed=2)
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert same_state(opt_a.state_dict(), opt_b.state_dict())
+
+
+def same_state(a: Any, b: Any) -> bool:
+    """Equal nested state dicts, tensors bit for bit."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def test_step_if_skips_a_muon_step_and_grad_scaler_unscales_it():
+    """A skipped step leaves weights and both optimizers' state alone (Muon's with one host
+    check); under GradScaler (float16 on CUDA, here on the CPU) the weights match an unscaled
+    run bitwise and an inf step halves the scale."""
+    runs = {}
+    for scaled in (False, True):
+        model = muon_model()
+        opt = make_optimizer(model, MUON)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10) if scaled else None
+        muon_steps(opt, model, [True], seed=3, scaler=scaler)
+        before = copy.deepcopy((model.state_dict(), opt.state_dict()))
+        muon_steps(opt, model, [False], seed=4, scaler=scaler)
+        after = (model.state_dict(), opt.state_dict())
+        assert all(torch.equal(v, after[0][k]) for k, v in before[0].items())
+        assert same_state(before[1], after[1])
+        muon_steps(opt, model, [True], seed=5, scaler=scaler)
+        assert not all(torch.equal(v, model.state_dict()[k]) for k, v in before[0].items())
+        runs[scaled] = model.state_dict()
+        if scaler is not None:
+            assert scaler.get_scale() == 2.0**9
+    assert all(torch.equal(v, runs[True][k]) for k, v in runs[False].items())
+
+
+def test_a_state_of_the_other_optim_name_is_one_error_line():
+    muon_state = make_optimizer(muon_model(), MUON).state_dict()
+    adamw_state = make_optimizer(muon_model(), OPTIM).state_dict()
+    with pytest.raises(CharlmError) as e:
+        load_state(make_optimizer(muon_model(), OPTIM), muon_state)
+    assert str(e.value) == (
+        "--resume: the checkpoint's optimizer state is optim.name=muon's, but the run's config "
+        "has optim.name=adamw; a run keeps its optimizer: resume with optim.name=muon, or start "
+        "a new run")
+    with pytest.raises(CharlmError, match="state is optim.name=adamw's, but the run's config "
+                                          "has optim.name=muon"):
+        load_state(make_optimizer(muon_model(), MUON), adamw_state)
+
+
+def test_a_muon_state_of_other_shapes_is_a_value_error():
+    """Muon's momentum buffers are checked as AdamW's moments are."""
+    model = muon_model()
+    opt = make_optimizer(model, MUON)
+    muon_steps(opt, model, [True], seed=6)
+    state = copy.deepcopy(opt.state_dict())
+    first = min(state["muon"]["state"])
+    state["muon"]["state"][first]["momentum_buffer"] = torch.zeros(3, 3)
+    shape = tuple(opt.parts["muon"].param_groups[0]["params"][0].shape)
+    with pytest.raises(ValueError, match=rf"parameter {first} has shape \(3, 3\), not "
+                                         rf"\({shape[0]}, {shape[1]}\)"):
+        load_state(make_optimizer(muon_model(), MUON), state)
