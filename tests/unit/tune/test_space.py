@@ -133,3 +133,23 @@ def test_bad_search_options_are_one_clear_error(items: list[str], message: str) 
     with pytest.raises(CharlmError) as e:
         read_search(items)
     assert str(e.value) == message
+
+
+def test_a_study_may_choose_the_optimizer_and_muons_keys(tmp_path: Path) -> None:
+    """optim.name and Muon's keys are config keys like the others: a trial's config gets the
+    sampled optimizer, and a range past Muon's limits is refused up front."""
+    items = search_of(tmp_path, "optim.name: [adamw, muon]\n"
+                                "optim.muon_lr: {type: float, low: 0.005, high: 0.05, log: true}\n"
+                                "optim.muon_momentum: {type: float, low: 0.85, high: 0.95}\n")
+    search = read_search(items)
+    base = load_config(TINY).to_dict()
+    check_space(search, base, "the search")
+    cfg = search.trial_config(base, {"optim.name": "muon", "optim.muon_lr": 0.01,
+                                     "optim.muon_momentum": 0.9})
+    assert (cfg.optim.name, cfg.optim.muon_lr, cfg.optim.muon_momentum) == ("muon", 0.01, 0.9)
+    with pytest.raises(CharlmError) as e:
+        check_space(read_search(["optim.muon_momentum={type: float, low: 0.9, high: 1.0}"]),
+                    base, "the search")
+    assert str(e.value) == ("the search space can give an invalid config: with "
+                            "optim.muon_momentum=1.0: invalid config value optim.muon_momentum: "
+                            "1.0 is outside [0, 1)")
