@@ -385,3 +385,45 @@ def test_cpu_model_reads_cpuinfo_else_asks_platform(monkeypatch, tmp_path):
     assert common.cpu_model(tmp_path / "missing") == "arm"
     cpuinfo.write_text("processor\t: 0\nBogoMIPS\t: 48.00\n")  # an ARM board's cpuinfo
     assert common.cpu_model(cpuinfo) == "arm"
+
+
+def test_bench_optimizers_trains_each_config_with_both_for_the_same_time(monkeypatch, capsys):
+    """Every round trains each config with adamw, then muon, both under the same time budget
+    and seed (the config's seed + round - 1); the best val of a run is its curve's lowest, and
+    muon's is compared with adamw's of the same round."""
+    optimizers = import_script("benchlib.optimizers", monkeypatch)
+    calls = []
+
+    def fake(config, overrides, target, stop_at_target, max_seconds):
+        calls.append((config and Path(config).name, overrides, target, stop_at_target,
+                      max_seconds))
+        best = 1.8 if "optim.name=muon" in overrides else 2.0
+        return {"final_val": best + 0.1, "total_wall_s": 31.0, "stopped_at_max_seconds": False,
+                "curve": [{"step": 50, "val_loss": best + 0.2}, {"step": 90, "val_loss": best},
+                          {"step": 100, "val_loss": best + 0.1}]}
+
+    monkeypatch.setattr(optimizers, "time_to_loss", fake)
+    records, err = bench(monkeypatch, capsys, "optimizers", TINY, "defaults", "--time", "30s",
+                         "--set", "train.dtype=float32", "--rounds", "2")
+    runs = [(config, [f"optim.name={name}", "train.max_time=30.0", f"train.seed={seed}"])
+            for seed in (1337, 1338) for config in ("tiny.yaml", None)
+            for name in ("adamw", "muon")]
+    assert calls == [(config, ["train.dtype=float32", *sets], 0.0, False, 210.0)
+                     for config, sets in runs]
+    assert [(r["config"], r["variant"], r["best_val"], r["steps"])
+            for r in kind(records, "round")][:2] == [("tiny.yaml", "adamw", 2.0, 100),
+                                                     ("tiny.yaml", "muon", 1.8, 100)]
+    muon = kind(records, "summary")[1]
+    assert (muon["config"], muon["variant"]) == ("tiny.yaml", "muon")
+    assert muon["vs_adamw"] == {"min": 0.9, "median": 0.9, "max": 0.9, "n": 2}
+    assert "| defaults | muon | 2 | 1.8 (1.8-1.8) | 0.9x (0.9-0.9) |" in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--time", "soon"], "error: invalid config value --time"),
+    (["--set", "optim.muon_lr=0"], "error: invalid config value optim.muon_lr: 0.0 must be > 0"),
+])
+def test_bench_optimizers_refuses_bad_input_in_one_line(run_script, args, message):
+    result = run_script("bench.py", "optimizers", TINY, *args)
+    assert (result.code, result.out) == (2, "")
+    assert result.err.startswith(message) and result.err.count("\n") == 1
