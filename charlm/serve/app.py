@@ -15,7 +15,6 @@ import hmac
 import threading
 import time
 from collections.abc import AsyncIterator
-from contextlib import suppress
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -137,18 +136,24 @@ class Mailbox:
         self.loop = loop
         self.lock = threading.Lock()
         self.items: list[tuple[asyncio.Queue, Any]] = []
+        self.pending = False  # a wake-up is on its way: `deliver` will take what is posted
 
     def post(self, queue: asyncio.Queue, item: Any) -> None:  # on any thread
         with self.lock:
             self.items.append((queue, item))
-            if len(self.items) > 1:  # a wake-up is pending and will deliver this too
+            if self.pending:
                 return
-        with suppress(RuntimeError):  # the loop has closed: nobody waits any more
+            self.pending = True
+        try:
             self.loop.call_soon_threadsafe(self.deliver)
+        except RuntimeError:  # the loop has closed: nobody waits any more
+            with self.lock:
+                self.items.clear()
+                self.pending = False
 
     def deliver(self) -> None:  # on the loop
         with self.lock:
-            items, self.items = self.items, []
+            items, self.items, self.pending = self.items, [], False
         for queue, item in items:
             queue.put_nowait(item)
 

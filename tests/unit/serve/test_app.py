@@ -440,3 +440,14 @@ def test_the_mailbox_wakes_the_loop_once_for_what_is_posted_before_it_runs():
         assert odd.get_nowait() == "next"
 
     asyncio.run(main())
+
+
+def test_the_mailbox_of_a_closed_loop_drops_what_is_posted():
+    """A stream whose loop has closed (the server stopping) takes no more events: posting to
+    it neither raises on the engine's thread nor keeps the events."""
+    loop = asyncio.new_event_loop()
+    loop.close()
+    mailbox = app_module.Mailbox(loop)
+    for k in range(3):
+        mailbox.post(asyncio.Queue(), k)
+    assert mailbox.items == [] and not mailbox.pending
