@@ -215,6 +215,10 @@ class TrainConfig:
         "CUDA only")
     compile: bool = _key(
         False, "`torch.compile` the model (eager, with a warning, where it cannot build)")
+    threads: int | str = _key(
+        "auto", "CPU threads to compute with; `auto`: the cores other processes leave free, "
+        "checked every few seconds (results then depend on the load in the last bits; a "
+        "number, or OMP_NUM_THREADS, pins it)")
     out_dir: str | None = _key(
         None, "the run dir; null: `runs/<name of data.path>` (`runs/tinyshakespeare` for the "
         "defaults), fixed when the config is read and saved so in `config.yaml`")
@@ -234,6 +238,10 @@ class TrainConfig:
             self.max_time = duration_seconds(self.max_time)
         unknown_device = device_error(self.device)
         _check(unknown_device is None, "train.device", str(unknown_device))
+        _check(self.threads == "auto" or (isinstance(self.threads, int)
+                                          and not isinstance(self.threads, bool)
+                                          and self.threads >= 1),
+               "train.threads", f"{self.threads!r} must be `auto` or a number >= 1")
 
 
 @dataclass

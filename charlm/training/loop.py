@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import shlex
 import signal
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +36,7 @@ from charlm.data.batches import BatchSampler, PairBatchSampler
 from charlm.runtime.device import resolve_device, seed_everything
 from charlm.runtime.distributed import Dist, distributed, sync_grads
 from charlm.runtime.precision import autocast, resolve_dtype
+from charlm.runtime.threads import CpuUse, Threads
 from charlm.training import checkpoint
 from charlm.training.budget import Budget, too_short
 from charlm.training.faults import Interrupted, StopSignals
@@ -117,6 +119,7 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
 def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overwrite: bool,
            progress: bool | None, now: Callable[[], float] = time.perf_counter) -> TrainState:
     clock = Clock(start=now(), before=0.0, now=now)
+    cpu_use = CpuUse()  # the load over the build, for the threads' first look
     tc = cfg.train
     run_dir = Path(tc.out_dir)
     dtype = resolve_dtype(tc.dtype, device)
@@ -136,6 +139,7 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
     if ckpt is not None:
         checkpoint.restore(ckpt, run.stateful(), run_dir / "last.pt")
     wrap_model(run)
+    threads = Threads.start(tc.threads, device, clock.now(), cpu_use)
     clock.before = run.state.elapsed_s
     budget = make_budget(run)
     planned = budget is None or budget.plan is not None
@@ -151,7 +155,7 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
                               clock.now)
         with stop:
             final = _loop(run, files, stop, clock, saved_step=run.state.step if resume else None,
-                          budget=budget)
+                          budget=budget, threads=threads)
         if final is not None:
             with dist.main_first():
                 log_final(run, files.open(), final)
@@ -161,11 +165,13 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
 
 
 def _loop(run: Run, files: RunFiles, stop: StopSignals, clock: Clock,
-          saved_step: int | None, budget: Budget | None) -> dict[str, float] | None:
+          saved_step: int | None, budget: Budget | None, threads: Threads,
+          ) -> dict[str, float] | None:
     """Train to the last step (train.max_iters, or the one a time budget plans): set lr,
     train_step, maybe log, maybe evaluate, maybe save. Returns the losses of the latest eval.
     `files`: opened after the first step, if not before. `saved_step`: the step of the last.pt
-    on disk, if any. `budget`: the run's time budget, which plans the steps as it goes."""
+    on disk, if any. `budget`: the run's time budget, which plans the steps as it goes.
+    `threads`: the CPU threads, which follow the load."""
     cfg, state, dist = run.cfg, run.state, run.dist
     final: dict[str, float] | None = None
     run.model.train()
@@ -188,6 +194,11 @@ def _loop(run: Run, files: RunFiles, stop: StopSignals, clock: Clock,
         state.bad.record(ok, state.step, cfg.train.max_bad_steps)
         log = open_files(files, clock)  # a fresh run's, once its first step has run
         log.advance()
+        if (change := threads.check(clock.now())) is not None and run.dist.is_main:
+            if change.startswith("warning:"):
+                print(change, file=sys.stderr)
+            else:
+                log.message(f"step {state.step}: {change}")
         signum = dist.agree_signal(stop.signum)
         timed = budget is not None and follow(run, budget, clock, log)
         last = cfg.train.max_iters if budget is None else budget.steps

@@ -131,6 +131,9 @@ def test_wrong_type_says_what_is_allowed(tmp_path):
      "number"),
     ("optim.weight_decay=1e999", "optim.weight_decay in --set overrides: inf, expected a finite"),
     ("optim.grad_clip=.nan", "optim.grad_clip in --set overrides: nan, expected a finite"),
+    ("train.threads=0", "invalid config value train.threads: 0 must be `auto` or a number >= 1"),
+    ("train.threads=many", "train.threads: 'many' must be `auto` or a number >= 1"),
+    ("train.threads=yes", "train.threads: 'yes' must be `auto` or a number >= 1"),
 ])
 def test_impossible_values_rejected(override, message):
     with pytest.raises(CharlmError) as e:
@@ -351,3 +354,8 @@ def test_a_long_bad_value_is_cut_in_its_error(tmp_path):
         load_config(path)
     assert str(e.value) == (f"invalid value for model.n_layer in {path}: " + repr(["x"] * 2000)[:80]
                             + "... (10,000 characters), expected an integer")
+
+
+def test_train_threads_is_auto_or_a_count():
+    assert load_config(None, []).train.threads == "auto"
+    assert load_config(None, ["train.threads=2"]).train.threads == 2
