@@ -13,6 +13,7 @@ import typer
 from charlm.cli.options import DEVICES, SetOpt, command_app
 from charlm.config.loading import Override, dotted_key, is_config_file, load_config
 from charlm.config.schema import RunConfig
+from charlm.core.durations import format_duration
 from charlm.core.errors import CharlmError
 from charlm.core.ranks import is_main_process
 
@@ -69,7 +70,10 @@ def train(
         raise typer.Exit(e.exit_code) from None
     if main_rank:
         best = f"{state.best_val:.4f}" if math.isfinite(state.best_val) else "none (no finite eval)"
-        print(f"done: {state.step} steps, best val loss {best}, checkpoints in {cfg.train.out_dir}")
+        seconds = max(state.elapsed_s, 1e-9)  # all of the run's time, resumes and evals included
+        print(f"done: {state.step} steps in {format_duration(state.elapsed_s)} "
+              f"({state.step / seconds:.1f} steps/s, {state.tokens / seconds:,.0f} tok/s), "
+              f"best val loss {best}, checkpoints in {cfg.train.out_dir}")
 
 
 def _resume_config(*args: object) -> RunConfig:

@@ -18,6 +18,8 @@ from charlm.core.durations import format_duration
 from charlm.core.files import run_write_error, write_text_atomic
 from charlm.evaluation.scoring import finite_or_none
 
+PROGRESS_S = 30.0  # without a progress bar, a line at a log step this long after the last line
+
 # metrics.jsonl key -> TensorBoard tag, per event kind.
 TB_TAGS = {
     "train": {"train_loss": "train/loss", "lr": "lr", "grad_norm": "grad_norm",
@@ -92,6 +94,8 @@ class MetricsLogger:
                         dynamic_ncols=True, disable=None if progress is None else not progress)
         self.deadline: float | None = None  # a time budget's end, on the clock of `now`
         self.now = time.perf_counter
+        self.rate: float | None = None  # tokens/s of the last train event
+        self.said = self.now()  # when the last progress line was printed (no bar: `log`)
 
     def plan(self, total_steps: int, deadline: float, now=time.perf_counter) -> None:
         """A time budget's steps (once planned, and as planned again) and its end on the clock
@@ -114,10 +118,26 @@ class MetricsLogger:
             if values.get(key) is not None:
                 self.tb.add_scalar(tag, values[key], values["step"])
         if kind == "train":
-            left = {} if self.deadline is None else {
-                "left": format_duration(max(self.deadline - self.now(), 0.0))}
+            self.rate = values["tokens_per_s"]
+            left = {} if self.deadline is None else {"left": self.left()}
             self.bar.set_postfix(loss=f"{values['train_loss']:.4f}", lr=f"{values['lr']:.2e}",
-                                 tok_s=f"{values['tokens_per_s']:.0f}", **left, refresh=False)
+                                 tok_s=f"{self.rate:.0f}", **left, refresh=False)
+            if self.bar.disable and self.now() - self.said >= PROGRESS_S:  # nohup, CI logs
+                total = "" if self.bar.total is None else f"/{self.bar.total}"
+                self.message(f"step {values['step']}{total}: train {values['train_loss']:.4f}"
+                             f"{self.status()}")
+
+    def left(self) -> str:
+        """The time left to a budget's deadline."""
+        assert self.deadline is not None
+        return format_duration(max(self.deadline - self.now(), 0.0))
+
+    def status(self) -> str:
+        """", 12,345 tok/s, 1m30s left": the last training rate and a budget's time left, for
+        a line of the log (empty before either is known)."""
+        parts = ([] if self.rate is None else [f"{self.rate:,.0f} tok/s"]) + (
+            [] if self.deadline is None else [f"{self.left()} left"])
+        return "".join(f", {part}" for part in parts)
 
     def sample(self, text: str, step: int) -> None:
         """A generated sample, as TensorBoard text under `sample`. Indented four spaces, the
@@ -136,6 +156,7 @@ class MetricsLogger:
         """A line for the user that does not break the progress bar."""
         if self.enabled:
             self.bar.write(text, file=sys.stdout)
+            self.said = self.now()
 
     def advance(self, n: int = 1) -> None:
         if self.enabled:

@@ -80,7 +80,7 @@ def log_eval(run: Run, log: MetricsLogger, losses: dict[str, float], lr: float,
             lr=lr, train_loss=losses["train"], val_loss=losses["val"],
             val_bpc=losses["val"] / LN2, best_val_loss=state.best_val, **metrics)
     log.message(f"step {state.step}: train {losses['train']:.4f}, val {losses['val']:.4f} "
-                f"({losses['val'] / LN2:.3f} bpc){note}, {state.elapsed_s:.1f}s"
+                f"({losses['val'] / LN2:.3f} bpc){note}, {state.elapsed_s:.1f}s{log.status()}"
                 + (" *best" if improved else ""))
     if sample is not None:
         log.sample(sample, state.step)

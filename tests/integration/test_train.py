@@ -4,6 +4,7 @@ bf16 and compiled runs against float32."""
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -305,6 +306,12 @@ def test_train_command_and_refusal_to_clobber(cli, tmp_path, corpus):
     assert resumed.code == 0, resumed.err
     assert "done: 30 steps" in resumed.out
     assert load_config(run / "config.yaml").optim.min_lr == 5e-3
+    # the closing line: the whole run's time (resumes included) and its rates
+    done = re.search(r"^done: 30 steps in ([\d.]+)s \(([\d.]+) steps/s, ([\d,]+) tok/s\), "
+                     r"best val loss \d\.\d{4}, checkpoints in ", resumed.out, re.M)
+    assert done, resumed.out
+    seconds = checkpoint.load(run / "last.pt")["train_state"]["elapsed_s"]
+    assert float(done[1]) == round(seconds, 1) and float(done[2]) == round(30 / seconds, 1)
 
 
 def test_every_option_changed_trains_resumes_and_samples(cli, tmp_path, corpus):
