@@ -427,3 +427,28 @@ def test_bench_optimizers_refuses_bad_input_in_one_line(run_script, args, messag
     result = run_script("bench.py", "optimizers", TINY, *args)
     assert (result.code, result.out) == (2, "")
     assert result.err.startswith(message) and result.err.count("\n") == 1
+
+
+def test_bench_busy_times_each_variant_beside_each_neighbour(monkeypatch, capsys):
+    """Every round runs each config alone first, then beside each neighbour, with
+    train.threads auto and pinned to the usable cores; vs_alone is a run's wall time over the
+    same variant's alone in that round."""
+    busy = import_script("benchlib.busy", monkeypatch)
+    calls = []
+    walls = {("alone", "auto"): 10.0, ("alone", "2"): 10.0, ("loop2", "auto"): 25.0,
+             ("loop2", "2"): 90.0}
+
+    def fake(config, steps, threads, beside):
+        calls.append((config and Path(config).name, steps, threads, beside))
+        return {"wall_s": walls[beside, threads], "busy_warning": beside != "alone"}
+
+    monkeypatch.setattr(busy, "timed_run", fake)
+    monkeypatch.setattr(busy, "usable_cores", lambda: 2)
+    records, err = bench(monkeypatch, capsys, "busy", TINY, "--steps", "40",
+                         "--beside", "loop2", "alone")
+    assert calls == [("tiny.yaml", 40, threads, beside) for beside in ("alone", "loop2")
+                     for threads in ("auto", "2")]
+    rows = [(r["beside"], r["variant"], r["vs_alone"], r["tokens_per_s"])
+            for r in kind(records, "round")]
+    assert rows == [("alone", "auto", 1.0, 40 * 16 * 16 // 10), ("alone", "all", 1.0, 1024),
+                    ("loop2", "auto", 2.5, 410), ("loop2", "all", 9.0, 114)]
