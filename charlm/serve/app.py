@@ -1,10 +1,10 @@
 """The OpenAI-compatible HTTP app of `charlm serve` (FastAPI): `create_app(engine, settings)`.
 
-The app never runs torch on its event loop: the engine decodes on its own thread and calls
-each request's `on_event` there, which posts the event to the loop (`Mailbox`: one wake-up of
-the loop carries every event posted since the last) into one asyncio.Queue per HTTP request.
-A stream writes every event waiting in its queue at once, so a loop that falls behind the
-engine catches up in fewer, larger writes (each event still one server-sent event).
+The app never runs torch on its event loop: the engine decodes on its own thread, and its events
+reach the loop through `charlm.serve.events` (one wake-up of the loop per decode step, one
+queue per HTTP request). A stream writes every event waiting in its queue at once, so a loop
+that falls behind the engine catches up in fewer, larger writes (each event still one
+server-sent event).
 Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
 GET /metrics and GET / (the playground page, when installed)."""
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -26,7 +25,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from starlette.exceptions import HTTPException
 
 from charlm.core.errors import CharlmError
-from charlm.serve.engine import Event, Params
+from charlm.serve.engine import Params
+from charlm.serve.events import Batch, Mailbox
 from charlm.serve.metrics import CONTENT_TYPE, CountResponses, Metrics
 from charlm.serve.responses import DONE, ChatStyle, Choice, CompletionStyle, Style, sse, usage
 from charlm.serve.schema import (
@@ -125,88 +125,6 @@ def shutdown(app: FastAPI, grace_s: float) -> None:
     finish_reason "shutdown". Blocks: call it off the event loop."""
     app.state.closing = True
     app.state.engine.close(grace_s)
-
-
-class Mailbox:
-    """Hands events from the engine's thread to the event loop: `post` queues an item for an
-    asyncio.Queue and wakes the loop only if no wake-up is pending, so one wake-up (a write
-    to the loop's self-pipe) delivers a whole decode step's events."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
-        self.lock = threading.Lock()
-        self.items: list[tuple[asyncio.Queue, Any]] = []
-        self.pending = False  # a wake-up is on its way: `deliver` will take what is posted
-
-    def post(self, queue: asyncio.Queue, item: Any) -> None:  # on any thread
-        with self.lock:
-            self.items.append((queue, item))
-            if self.pending:
-                return
-            self.pending = True
-        try:
-            self.loop.call_soon_threadsafe(self.deliver)
-        except RuntimeError:  # the loop has closed: nobody waits any more
-            with self.lock:
-                self.items.clear()
-                self.pending = False
-
-    def deliver(self) -> None:  # on the loop
-        with self.lock:
-            items, self.items, self.pending = self.items, [], False
-        for queue, item in items:
-            queue.put_nowait(item)
-
-
-class Batch:
-    """The engine requests behind one HTTP request, their events merged into one queue on the
-    event loop, timed for the metrics."""
-
-    def __init__(self, engine: Any, jobs: list[tuple[str, Params]], metrics: Metrics,
-                 mailbox: Mailbox):
-        self.metrics = metrics
-        self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
-        self.requests: list[Any] = []
-        self.open: set[int] = set()
-        self.start = time.monotonic()
-
-        def handler(i: int):
-            def on_event(event: Event) -> None:  # on the engine's thread
-                mailbox.post(self.queue, (i, event))
-            return on_event
-
-        try:
-            for i, (prompt, params) in enumerate(jobs):
-                self.requests.append(engine.submit(prompt, params, handler(i)))
-                self.open.add(i)
-        except BaseException:
-            self.cancel()
-            raise
-
-    async def events(self) -> AsyncIterator[list[tuple[int, Event]]]:
-        """Every (choice index, event) that has arrived, at least one, until every choice has
-        ended."""
-        last: dict[int, float] = {}
-        while self.open:
-            ready = [await self.queue.get()]
-            while not self.queue.empty():
-                ready.append(self.queue.get_nowait())
-            now = time.monotonic()
-            for i, event in ready:
-                if event.text:
-                    if i in last:
-                        self.metrics.per_character.observe((now - last[i]) / len(event.text))
-                    else:
-                        self.metrics.first_character.observe(now - self.start)
-                    last[i] = now
-                if event.finish_reason is not None:
-                    self.open.discard(i)
-            yield ready
-
-    def cancel(self) -> None:
-        """Free the slots of the choices still going (the client went away)."""
-        for i in self.open:
-            self.requests[i].cancel()
 
 
 async def respond(request: Request, style: Style, jobs: list[tuple[str, Params]],

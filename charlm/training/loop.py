@@ -1,4 +1,5 @@
-"""Training: `train(cfg)` and its loop, `train_step` and the schedule `lr_at`.
+"""Training: `train(cfg)` and its loop (each step `charlm.training.optimizer.train_step` at the
+rate of its schedule, `lr_at`), with the time budget and the CPU threads it follows.
 
 `charlm.training.run_objects.build_run` builds a run's objects once into a `Run`; a resume then
 loads the map of stateful objects (`Run.stateful`) from `last.pt`, the map every checkpoint saves.
@@ -18,7 +19,6 @@ that fails there (a full disk) does not leave them to die in a collective.
 
 from __future__ import annotations
 
-import math
 import shlex
 import signal
 import sys
@@ -29,19 +29,18 @@ from typing import Any
 
 import torch
 
-from charlm.config.schema import OptimConfig, RunConfig
+from charlm.config.schema import RunConfig
 from charlm.core.durations import format_duration
 from charlm.core.errors import CharlmError
-from charlm.data.batches import BatchSampler, PairBatchSampler
 from charlm.runtime.device import resolve_device, seed_everything
-from charlm.runtime.distributed import Dist, distributed, sync_grads
-from charlm.runtime.precision import autocast, resolve_dtype
+from charlm.runtime.distributed import Dist, distributed
+from charlm.runtime.precision import resolve_dtype
 from charlm.runtime.threads import CpuUse, Threads
 from charlm.training import checkpoint
 from charlm.training.budget import Budget, too_short
 from charlm.training.faults import Interrupted, StopSignals
 from charlm.training.metrics import MetricsLogger
-from charlm.training.optimizer import set_lr, step_if
+from charlm.training.optimizer import lr_at, set_lr, train_step
 from charlm.training.records import log_final, report_skipped, train_event, write
 from charlm.training.resume import require_steps_left
 from charlm.training.run_dir import check_run_dir, run_lock
@@ -55,55 +54,6 @@ from charlm.training.run_objects import (
     wrap_model,
 )
 from charlm.training.validation import EvalStopped, evaluate
-
-
-def lr_at(step: int, optim: OptimConfig, max_iters: float, budget: Budget | None = None,
-          ) -> float:
-    """Linear warmup over `warmup_iters`, then cosine decay to `min_lr` at `lr_decay_iters`, or
-    along a time budget's progress (`Budget.progress`) where it has one and no
-    `lr_decay_iters` is set."""
-    if step < optim.warmup_iters:
-        return optim.lr * (step + 1) / (optim.warmup_iters + 1)
-    if budget is not None and optim.lr_decay_iters is None:
-        ratio = budget.progress(step)
-    else:
-        decay_iters = optim.lr_decay_iters or max_iters
-        if step >= decay_iters:
-            return optim.min_lr
-        ratio = (step - optim.warmup_iters) / max(decay_iters - optim.warmup_iters, 1)
-    return optim.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (optim.lr - optim.min_lr)
-
-
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-               scaler: torch.amp.GradScaler, sampler: BatchSampler | PairBatchSampler,
-               cfg: RunConfig,
-               device: torch.device, dtype: torch.dtype, dist: Dist = Dist(),
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One optimizer update over `grad_accum` micro-batches, skipped when the loss or the
-    gradient norm is not finite. Returns (mean loss, grad norm, ok) as tensors, so a step that
-    does not log never waits for the device. Under DDP the gradients are all-reduced on the last
-    micro-batch only, and the loss is averaged over ranks (the global batch's)."""
-    accum = cfg.train.grad_accum
-    total = torch.zeros((), device=device)
-    for i in range(accum):
-        batch = sampler.batch()  # (x, y), or pairs' (src, tgt_in, tgt_out)
-        with sync_grads(model, sync=i == accum - 1):
-            with autocast(device, dtype):
-                _, loss = model(*batch)
-            loss = loss / accum
-            scaler.scale(loss).backward()
-        total += loss.detach()
-    dist.mean_(total)
-    scaler.unscale_(optimizer)
-    clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-    # The norm is taken after unscaling, so it is non-finite whenever GradScaler (fp16) would
-    # skip the step: `ok` covers its check, and its update() still lowers the scale.
-    ok = torch.isfinite(total) & torch.isfinite(norm)
-    step_if(optimizer, ok)
-    scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-    return total, norm, ok
 
 
 def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,

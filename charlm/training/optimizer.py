@@ -1,7 +1,8 @@
-"""The optimizer: torch's AdamW with weight decay on matrices and embeddings only
+"""The optimizer and its update: torch's AdamW with weight decay on matrices and embeddings only
 (`optim.name: adamw`), or torch's Muon for the blocks' weight matrices with that AdamW for the
-rest (`muon`, one `MuonWithAdamW`); `set_lr`, the schedule's step into every param group; and
-`step_if`, the update that a non-finite step skips without the host waiting for the device.
+rest (`muon`, one `MuonWithAdamW`); the schedule (`lr_at`) and `set_lr`, its step into every
+param group; `train_step`, one update over the micro-batches; and `step_if`, the update that a
+non-finite step skips without the host waiting for the device.
 
 `make_optimizer` asks for torch's fused AdamW kernel where it runs on the parameters' device and
 dtype (CUDA, and the CPU since torch 2.4), else for its foreach implementation. The fused step
@@ -11,13 +12,18 @@ the same attribute to skip an update on the device.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
-from charlm.config.schema import OptimConfig
+from charlm.config.schema import OptimConfig, RunConfig
 from charlm.core.errors import CharlmError
+from charlm.data.batches import BatchSampler, PairBatchSampler
 from charlm.model.gpt import Block
+from charlm.runtime.distributed import Dist, sync_grads
+from charlm.runtime.precision import autocast
+from charlm.training.budget import Budget
 
 
 def has_fused_kernel(params: list[torch.Tensor]) -> bool:
@@ -169,3 +175,52 @@ def step_if(optimizer: Optimizer, ok: torch.Tensor) -> None:
         optimizer.step()
     finally:
         del optimizer.found_inf  # type: ignore[attr-defined]
+
+
+def lr_at(step: int, optim: OptimConfig, max_iters: float, budget: Budget | None = None,
+          ) -> float:
+    """Linear warmup over `warmup_iters`, then cosine decay to `min_lr` at `lr_decay_iters`, or
+    along a time budget's progress (`Budget.progress`) where it has one and no
+    `lr_decay_iters` is set."""
+    if step < optim.warmup_iters:
+        return optim.lr * (step + 1) / (optim.warmup_iters + 1)
+    if budget is not None and optim.lr_decay_iters is None:
+        ratio = budget.progress(step)
+    else:
+        decay_iters = optim.lr_decay_iters or max_iters
+        if step >= decay_iters:
+            return optim.min_lr
+        ratio = (step - optim.warmup_iters) / max(decay_iters - optim.warmup_iters, 1)
+    return optim.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (optim.lr - optim.min_lr)
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               scaler: torch.amp.GradScaler, sampler: BatchSampler | PairBatchSampler,
+               cfg: RunConfig,
+               device: torch.device, dtype: torch.dtype, dist: Dist = Dist(),
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One optimizer update over `grad_accum` micro-batches, skipped when the loss or the
+    gradient norm is not finite. Returns (mean loss, grad norm, ok) as tensors, so a step that
+    does not log never waits for the device. Under DDP the gradients are all-reduced on the last
+    micro-batch only, and the loss is averaged over ranks (the global batch's)."""
+    accum = cfg.train.grad_accum
+    total = torch.zeros((), device=device)
+    for i in range(accum):
+        batch = sampler.batch()  # (x, y), or pairs' (src, tgt_in, tgt_out)
+        with sync_grads(model, sync=i == accum - 1):
+            with autocast(device, dtype):
+                _, loss = model(*batch)
+            loss = loss / accum
+            scaler.scale(loss).backward()
+        total += loss.detach()
+    dist.mean_(total)
+    scaler.unscale_(optimizer)
+    clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    # The norm is taken after unscaling, so it is non-finite whenever GradScaler (fp16) would
+    # skip the step: `ok` covers its check, and its update() still lowers the scale.
+    ok = torch.isfinite(total) & torch.isfinite(norm)
+    step_if(optimizer, ok)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return total, norm, ok

@@ -1,0 +1,96 @@
+"""The engine's events on the event loop: `Mailbox`, which hands them over from the engine's
+thread with one wake-up of the loop for all that are posted before it runs, and `Batch`, the
+engine requests behind one HTTP request with their events merged into one queue."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from charlm.serve.engine import Event, Params
+from charlm.serve.metrics import Metrics
+
+
+class Mailbox:
+    """Hands events from the engine's thread to the event loop: `post` queues an item for an
+    asyncio.Queue and wakes the loop only if no wake-up is pending, so one wake-up (a write
+    to the loop's self-pipe) delivers a whole decode step's events."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.items: list[tuple[asyncio.Queue, Any]] = []
+        self.pending = False  # a wake-up is on its way: `deliver` will take what is posted
+
+    def post(self, queue: asyncio.Queue, item: Any) -> None:  # on any thread
+        with self.lock:
+            self.items.append((queue, item))
+            if self.pending:
+                return
+            self.pending = True
+        try:
+            self.loop.call_soon_threadsafe(self.deliver)
+        except RuntimeError:  # the loop has closed: nobody waits any more
+            with self.lock:
+                self.items.clear()
+                self.pending = False
+
+    def deliver(self) -> None:  # on the loop
+        with self.lock:
+            items, self.items, self.pending = self.items, [], False
+        for queue, item in items:
+            queue.put_nowait(item)
+
+
+class Batch:
+    """The engine requests behind one HTTP request, their events merged into one queue on the
+    event loop, timed for the metrics."""
+
+    def __init__(self, engine: Any, jobs: list[tuple[str, Params]], metrics: Metrics,
+                 mailbox: Mailbox):
+        self.metrics = metrics
+        self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+        self.requests: list[Any] = []
+        self.open: set[int] = set()
+        self.start = time.monotonic()
+
+        def handler(i: int):
+            def on_event(event: Event) -> None:  # on the engine's thread
+                mailbox.post(self.queue, (i, event))
+            return on_event
+
+        try:
+            for i, (prompt, params) in enumerate(jobs):
+                self.requests.append(engine.submit(prompt, params, handler(i)))
+                self.open.add(i)
+        except BaseException:
+            self.cancel()
+            raise
+
+    async def events(self) -> AsyncIterator[list[tuple[int, Event]]]:
+        """Every (choice index, event) that has arrived, at least one, until every choice has
+        ended."""
+        last: dict[int, float] = {}
+        while self.open:
+            ready = [await self.queue.get()]
+            while not self.queue.empty():
+                ready.append(self.queue.get_nowait())
+            now = time.monotonic()
+            for i, event in ready:
+                if event.text:
+                    if i in last:
+                        self.metrics.per_character.observe((now - last[i]) / len(event.text))
+                    else:
+                        self.metrics.first_character.observe(now - self.start)
+                    last[i] = now
+                if event.finish_reason is not None:
+                    self.open.discard(i)
+            yield ready
+
+    def cancel(self) -> None:
+        """Free the slots of the choices still going (the client went away)."""
+        for i in self.open:
+            self.requests[i].cancel()
