@@ -6,6 +6,7 @@ import signal
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from charlm.core.errors import CharlmError
@@ -143,7 +144,6 @@ def test_a_plan_from_before_the_budget_followed_the_clock_keeps_its_steps(tiny_c
     run = Path(cfg.train.out_dir)
     ckpt = load(run / "last.pt")
     del ckpt["train_state"]["budget"]
-    import torch
     torch.save(ckpt, run / "last.pt")
     monkeypatch.undo()
     state = train(resume_config(run, None, []), resume=True, now=Machine(monkeypatch).now)
