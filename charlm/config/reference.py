@@ -1,5 +1,5 @@
 """The config reference, docs/config.md, rendered from the schema: for each section its docstring,
-and for each key its type, its default and its help (`schema._key`), so the reference says what
+and for each key its type, its default and its help (`keys._key`), so the reference says what
 the code does. `python scripts/config_docs.py` writes it; a test fails when it is out of date.
 """
 

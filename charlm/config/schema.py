@@ -1,10 +1,11 @@
 """Typed run configuration: the dataclasses, each key with its default and its help (rendered
 into docs/config.md by `charlm.config.reference`), `from_dict` and validation.
 
-Defaults live only here. YAML -> `--set section.key=value` overrides (`charlm.config.loading`) ->
-strict `from_dict` (unknown keys rejected with the nearest valid name; each value read by its
-field's type, see `charlm.config.values`) -> `__post_init__` validation, and a run dir for a
-config that names none. Precedence: CLI > YAML > defaults.
+Defaults live only here and in `charlm.config.optim` (the `optim` section). YAML ->
+`--set section.key=value` overrides (`charlm.config.loading`) -> strict `from_dict` (unknown
+keys rejected with the nearest valid name; each value read by its field's type, see
+`charlm.config.values`) -> `__post_init__` validation, and a run dir for a config that names
+none. Precedence: CLI > YAML > defaults.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from charlm.config.keys import _check, _key
+from charlm.config.optim import OptimConfig
 from charlm.config.parsing import as_mapping, build_section, suggest
 from charlm.core.durations import duration_seconds
 from charlm.core.errors import CharlmError
@@ -28,17 +31,6 @@ def device_error(name: str) -> str | None:
     if name in ("auto", "cpu", "cuda", "mps") or re.fullmatch(r"cuda:\d+", name):
         return None
     return f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps"
-
-
-def _key(default: Any, help: str) -> Any:
-    """A config key with its default and its help: what `docs/config.md` says it means
-    (`charlm.config.reference` renders it; `SampleConfig`'s options declare theirs the same way)."""
-    return field(default=default, metadata={"help": help})
-
-
-def _check(ok: bool, key: str, msg: str) -> None:
-    if not ok:
-        raise CharlmError(f"invalid config value {key}: {msg}")
 
 
 @dataclass
@@ -131,53 +123,6 @@ MODEL_VARIANTS: dict[str, dict[str, Any]] = {
         ("activation", "swiglu"), ("tie_weights", False), ("bias", True),
     ]},
 }
-
-
-@dataclass
-class OptimConfig:
-    """The optimizer (AdamW, or Muon with AdamW) and its learning rate: a linear warmup, then a
-    cosine decay to `min_lr`."""
-
-    name: Literal["adamw", "muon"] = _key(
-        "adamw", "`adamw` for every weight, or `muon`: Muon for the weight matrices inside the "
-        "blocks (attention, MLP), AdamW for embeddings, the head, norms and biases")
-    lr: float = _key(4e-3, "peak learning rate (AdamW's)")
-    min_lr: float = _key(
-        4e-4, "the rate the cosine decays to, in [0, `lr`] (a lower `lr` needs a lower `min_lr`)")
-    weight_decay: float = _key(
-        0.1, "AdamW weight decay, on weights of two or more dimensions only")
-    beta1: float = _key(0.9, "AdamW's beta1, in [0, 1)")
-    beta2: float = _key(0.99, "AdamW's beta2, in [0, 1)")
-    grad_clip: float = _key(1.0, "clip the global gradient norm to this; 0: no clipping")
-    warmup_iters: int = _key(50, "steps of the linear warmup to `lr`")
-    lr_decay_iters: int | None = _key(
-        None, "the step where the cosine reaches `min_lr`; null: `train.max_iters`")
-    muon_lr: float = _key(
-        0.02, "`muon`: Muon's peak learning rate; its schedule is `lr`'s scaled by `muon_lr / lr`")
-    muon_momentum: float = _key(0.95, "`muon`: Muon's (Nesterov) momentum, in [0, 1)")
-    muon_weight_decay: float = _key(
-        0.0, "`muon`: Muon's decoupled weight decay, applied as `muon_lr` x this a step")
-
-    def __post_init__(self) -> None:
-        _check(self.lr > 0, "optim.lr", f"{self.lr} must be > 0")
-        _check(0 <= self.min_lr <= self.lr, "optim.min_lr",
-               f"{self.min_lr} must be in [0, lr], and lr is {self.lr}; set optim.min_lr to at "
-               f"most lr, e.g. lr / 10 = {self.lr / 10:g}")
-        _check(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
-        for key in ("beta1", "beta2"):
-            value = getattr(self, key)
-            _check(0 <= value < 1, f"optim.{key}", f"{value} is outside [0, 1)")
-        _check(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (0 disables clipping)")
-        _check(self.warmup_iters >= 0, "optim.warmup_iters", "must be >= 0")
-        _check(  # the cosine runs from the end of the warmup to lr_decay_iters
-            self.lr_decay_iters is None or self.lr_decay_iters > max(self.warmup_iters, 0),
-            "optim.lr_decay_iters",
-            f"must be more than optim.warmup_iters ({self.warmup_iters}), or null",
-        )
-        _check(self.muon_lr > 0, "optim.muon_lr", f"{self.muon_lr} must be > 0")
-        _check(0 <= self.muon_momentum < 1, "optim.muon_momentum",
-               f"{self.muon_momentum} is outside [0, 1)")
-        _check(self.muon_weight_decay >= 0, "optim.muon_weight_decay", "must be >= 0")
 
 
 @dataclass
