@@ -193,12 +193,29 @@ class TrainConfig:
 class DataConfig:
     """What a run trains on: a text file, paired text or a prepared dataset dir."""
 
-    path: str = _key(
-        "data/tinyshakespeare.txt", "a text file, a `.tsv` of pairs, or a dataset dir made by "
-        "`charlm prepare`")
+    path: str | tuple[str, ...] = _key(
+        "data/tinyshakespeare.txt", "the text: a file, a folder (every file under it, hidden "
+        "ones skipped), a quoted glob (`src/**/*.py`), `-` for stdin, a `.gz`, `.bz2` or `.xz` "
+        "file, or a list of these; a `.tsv` of pairs; or a dataset dir made by `charlm prepare`")
     val_fraction: float = _key(
-        0.1, "held out for validation, in (0, 1): the last fraction of each text; pairs: a share "
-        "of the sources, by their hash")
+        0.1, "held out for validation, in (0, 1): the last fraction of each text (see `split`); "
+        "pairs: a share of the sources, by their hash")
+    split: Literal["tail", "files"] = _key(
+        "tail", "text: where validation comes from: `tail`, the last `val_fraction` of each "
+        "file; `files`, whole files, chosen by a hash of their path (a code corpus never has "
+        "half a file in each split)")
+    skip_invalid: bool = _key(
+        False, "text: skip (and count) input files that are empty or not UTF-8 text, instead "
+        "of stopping at the first")
+    include: tuple[str, ...] = _key(
+        (), "text: of the files a folder or glob brings, only those that match one of these "
+        "patterns (`*.py`; a pattern with a `/` matches the path under the folder)")
+    exclude: tuple[str, ...] = _key(
+        (), "text: of the files a folder or glob brings, leave out those that match one of "
+        "these patterns (`tests/*`)")
+    unicode_normalize: Literal["NFC", "NFKC", "NFD", "NFKD"] | None = _key(
+        None, "text: put the text in this Unicode normal form (and prompts and eval text "
+        "alike), so `é` typed as e + U+0301 is the `é` of the model; null: as written")
     format: Literal["auto", "text", "pairs"] = _key(
         "auto", "`auto`: pairs for a `.tsv` file, else text; `text` or `pairs` say so for any "
         "name")
@@ -216,7 +233,9 @@ class DataConfig:
         False, "pairs: skip (and count) bad lines instead of stopping at the first")
 
     def __post_init__(self) -> None:
-        _check(bool(self.path), "data.path", "must not be empty")
+        if isinstance(self.path, tuple) and len(self.path) == 1:
+            self.path = self.path[0]  # one input is a string, as it was before lists
+        _check(bool(self.path) and all(self.inputs), "data.path", "must not be empty")
         _check(
             0 < self.val_fraction < 1,
             "data.val_fraction",
@@ -237,7 +256,17 @@ class DataConfig:
         dataset dir says so itself, in its meta.json.)"""
         if self.format != "auto":
             return self.format == "pairs"
-        return self.path.lower().endswith(".tsv")
+        return isinstance(self.path, str) and self.path.lower().endswith(".tsv")
+
+    @property
+    def inputs(self) -> list[str]:
+        """data.path as a list: its one input, or its several."""
+        return [self.path] if isinstance(self.path, str) else list(self.path)
+
+    @property
+    def shown(self) -> str:
+        """data.path as a message shows it."""
+        return ", ".join(self.inputs)
 
 
 @dataclass
@@ -252,7 +281,9 @@ class RunConfig:
             self.train.out_dir = default_run_dir(self.data.path)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Plain data, as YAML and JSON read it back: a list of inputs or patterns a list."""
+        return dataclasses.asdict(self, dict_factory=lambda items: {
+            k: list(v) if isinstance(v, tuple) else v for k, v in items})
 
     @classmethod
     def from_dict(cls, raw: Any, where: str = "config") -> RunConfig:
@@ -268,12 +299,18 @@ class RunConfig:
         return cls(**kwargs)
 
 
-def default_run_dir(data_path: str) -> str:
+def default_run_dir(data_path: str | tuple[str, ...]) -> str:
     """The run dir of a config that names none: `runs/<name of the data>` (`runs/my` for
-    my.txt, `runs/cmudict` for data/cmudict.tsv), so the defaults on one text and a preset on
-    another never share a run dir. The path is made absolute without following links, so `.`
-    names the current directory and a link keeps the name it was given."""
-    name = Path(os.path.abspath(data_path)).stem
+    my.txt, `runs/cmudict` for data/cmudict.tsv, `runs/src` for `src/**/*.py`, the first
+    input's of several), so the defaults on one text and a preset on another never share a run
+    dir. The path is made absolute without following links, so `.` names the current directory
+    and a link keeps the name it was given."""
+    first = data_path if isinstance(data_path, str) else data_path[0]
+    wild = [first.index(c) for c in "*?[" if c in first]
+    head = first[:min(wild)].rpartition("/")[0] or "." if wild else first
+    path = Path(os.path.abspath(head))
+    name = "stdin" if first == "-" else (
+        path.with_suffix("") if path.suffix in (".gz", ".bz2", ".xz") else path).stem
     if not name:
         raise CharlmError(f"invalid config value train.out_dir: data.path {data_path!r} has no "
                           "name to call the run dir after; set train.out_dir (or --out)")

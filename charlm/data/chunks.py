@@ -7,6 +7,8 @@ decoded at all, and `Vocab.encode_code_points` maps it to ids with one `bytes.tr
 from __future__ import annotations
 
 import codecs
+import re
+import unicodedata
 from collections.abc import Iterator
 from typing import BinaryIO
 
@@ -21,16 +23,52 @@ from charlm.data.vocab import code_points
 CHUNK_BYTES = 1 << 20
 
 
+# the first bytes of files that are compressed, not text: a hint in the error for them
+MAGIC = {b"\x1f\x8b": ("gzip", ".gz"), b"BZh": ("bzip2", ".bz2"),
+         b"\xfd7zXZ\x00": ("xz", ".xz"), b"PK\x03\x04": ("zip", None)}
+
+
+# what `prepare` adds to an `InvalidText`'s message
+SKIP_HINT = "or pass --skip-invalid (data.skip_invalid) to skip such files"
+
+
+class InvalidText(CharlmError):
+    """An input that is not a UTF-8 text file charlm can read (binary, invalid UTF-8, empty,
+    damaged, unreadable): `--skip-invalid` skips it, counted by `reason`."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def not_text(name: str, why: str, at: int, head: bytes, reason: str) -> InvalidText:
+    """The error for a file that is not UTF-8 text: `why`, at byte offset `at`, with a hint when
+    its first bytes (`head`) say it is compressed."""
+    hint = "charlm reads text files as UTF-8, convert it first"
+    for magic, (kind, suffix) in MAGIC.items():
+        if head.startswith(magic):
+            hint = (f"it looks {kind}-compressed: name it *{suffix} and charlm decompresses it"
+                    if suffix else f"it looks like a {kind} archive: extract it first")
+    if reason == "binary" and hint.startswith("charlm"):
+        hint = "a binary file? charlm reads UTF-8 text files"
+    return InvalidText(f"{name} is not valid UTF-8 text ({why} at byte offset {at}); {hint}",
+                       reason)
+
+
 def _chunks(f: BinaryIO, name: str, bar: tqdm | None) -> Iterator[tuple[bytes, bytes, str | None]]:
     """Yield (raw bytes, their text's bytes, the text) per chunk of `f`: the text's bytes are
     the raw bytes less a byte order mark that starts the file. The text is None when those bytes
-    are ASCII and no character began in an earlier chunk: then they are the text, undecoded."""
+    are ASCII and no character began in an earlier chunk: then they are the text, undecoded.
+    A NUL byte (a binary file) or an invalid byte sequence is an error (`not_text`)."""
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
-    offset = 0  # bytes read before this chunk
+    offset, head = 0, b""  # bytes read before this chunk; the file's first bytes
     while True:
         raw = f.read(CHUNK_BYTES)
         final = not raw
+        head = head or raw[:8]
         data = raw[3:] if offset == 0 and raw.startswith(codecs.BOM_UTF8) else raw
+        if (nul := raw.find(b"\0")) >= 0:
+            raise not_text(name, "a NUL byte", offset + nul, head, "binary")
         pending = len(decoder.getstate()[0])  # bytes of a character cut by the chunk's start
         text = None
         if pending or not data.isascii():
@@ -38,10 +76,8 @@ def _chunks(f: BinaryIO, name: str, bar: tqdm | None) -> Iterator[tuple[bytes, b
                 text = decoder.decode(data, final=final)
             except UnicodeDecodeError as e:
                 at = offset + len(raw) - len(data) - pending + e.start
-                raise CharlmError(
-                    f"{name} is not valid UTF-8 text (invalid byte 0x{e.object[e.start]:02x} at "
-                    f"byte offset {at}); charlm reads text files as UTF-8, convert it first"
-                ) from None
+                raise not_text(name, f"invalid byte 0x{e.object[e.start]:02x}", at, head,
+                               "not UTF-8") from None
         offset += len(raw)
         if bar is not None:
             bar.update(len(raw))
@@ -61,13 +97,32 @@ def decode_chunks(f: BinaryIO, name: str, bar: tqdm | None = None
         yield raw, data.decode("ascii") if text is None else text
 
 
-def code_point_chunks(f: BinaryIO, name: str, bar: tqdm | None = None
-                      ) -> Iterator[tuple[bytes, bytes | np.ndarray]]:
+def code_point_chunks(f: BinaryIO, name: str, bar: tqdm | None = None,
+                      normalize: str | None = None) -> Iterator[tuple[bytes, bytes | np.ndarray]]:
     """Yield (raw bytes, the code points of their text) per chunk of `f`, decoded as
-    `decode_chunks` does. The code points come as bytes when all are below 256 (a chunk of ASCII
-    as it was read, Latin-1 text encoded back), else as a uint32 array, one per character."""
+    `decode_chunks` does, and put in the Unicode normal form `normalize` (NFC, NFKC, NFD, NFKD)
+    if given. The code points come as bytes when all are below 256 (a chunk of ASCII as it was
+    read, Latin-1 text encoded back), else as a uint32 array, one per character."""
+    carry = ""  # the text after the chunk's last ASCII character, normalized with the next
     for raw, data, text in _chunks(f, name, bar):
-        yield raw, data if text is None else narrow_code_points(text)
+        if normalize is None or (text is None and not carry):  # ASCII is in every normal form
+            yield raw, data if text is None else narrow_code_points(text)
+            continue
+        text = carry + (data.decode("ascii") if text is None else text)
+        cut = len(text) if not raw or len(text) > 4 * CHUNK_BYTES else _last_ascii(text)
+        carry = text[cut:]
+        yield raw, narrow_code_points(unicodedata.normalize(normalize, text[:cut]))
+
+
+_ASCII_TAIL = re.compile(r"[\x00-\x7f][^\x00-\x7f]*\Z")
+
+
+def _last_ascii(text: str) -> int:
+    """Where the last ASCII character of `text` starts (0 if none). A normal form never joins
+    characters across it (no composition takes an ASCII character second, and it is a starter),
+    so the text before it normalizes alone as it would in the whole."""
+    match = _ASCII_TAIL.search(text)
+    return match.start() if match else 0
 
 
 def narrow_code_points(text: str) -> bytes | np.ndarray:

@@ -4,7 +4,8 @@ while the source's sha256 and the val fraction match."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,17 +13,17 @@ from typing import Any
 import numpy as np
 
 from charlm.core.errors import CharlmError, characters
+from charlm.data.corpus import TextOptions, scan
 from charlm.data.digest import sha256_file
+from charlm.data.sources import Source, list_sources, stdin_copy
 from charlm.data.text import (
     DATASET_FILES,
     DATASET_FORMAT,
     DATASET_VERSION,
-    check_source_file,
     dataset_meta,
-    prepare,
+    prepare_sources,
     read_meta,
     remove_killed_temps,
-    scan,
 )
 from charlm.data.vocab import Vocab
 
@@ -87,29 +88,63 @@ def load_dataset(path: str | Path) -> Dataset:
     return Dataset(path, meta, vocab, splits["train"], splits["val"])
 
 
-def dataset_for(data_path: str | Path, val_fraction: float, cache_dir: Path,
-                check: Callable[[Vocab], None] | None = None) -> Dataset:
-    """The dataset for `data.path`: a prepared directory as is, or a text file prepared into
-    `cache_dir` (reused while the file's sha256 and the val fraction are unchanged). Before a
-    cache is rebuilt, `check` sees the text's vocabulary and may raise: a text it rejects (say,
-    other data for a resumed run) leaves the existing cache alone."""
-    data_path = Path(data_path)
-    if data_path.is_dir():
-        return load_dataset(data_path)
-    check_source_file(data_path)
-    meta = dataset_meta(cache_dir)
-    if meta is not None:
-        try:
-            cached = [s["sha256"] for s in meta["sources"]]
-            if cached == [sha256_file(data_path)] and meta["val_fraction"] == val_fraction:
-                remove_killed_temps(cache_dir, DATASET_FILES)  # no prepare will, while reused
+def dataset_for(data_path: str | Path | Sequence[str | Path], val_fraction: float,
+                cache_dir: Path, check: Callable[[Vocab], None] | None = None,
+                options: TextOptions = TextOptions()) -> Dataset:
+    """The dataset for `data.path`: a prepared directory as is, or text (files, folders, globs:
+    `charlm.data.sources`) prepared into `cache_dir`, reused while the files, their sizes and
+    sha256 and the options are unchanged (`same_sources`). Before a cache is rebuilt, `check`
+    sees the text's vocabulary and may raise: a text it rejects (say, other data for a resumed
+    run) leaves the existing cache alone."""
+    specs = [data_path] if isinstance(data_path, (str, Path)) else list(data_path)
+    if len(specs) == 1 and is_dataset_dir(Path(specs[0])):
+        return load_dataset(specs[0])
+    with stdin_copy(specs) as stdin:
+        sources = list_sources(specs, options.include, options.exclude, stdin)
+        meta = dataset_meta(cache_dir)
+        if meta is not None and same_sources(meta, sources, val_fraction, options):
+            remove_killed_temps(cache_dir, DATASET_FILES)  # no prepare will, while reused
+            with contextlib.suppress(CharlmError):  # a damaged cache (a cut train.bin) is rebuilt
                 return load_dataset(cache_dir)
-        except (KeyError, TypeError, CharlmError):
-            pass  # a damaged cache (a truncated train.bin, say) is rebuilt
-    if check is not None:
-        check(scan([data_path])[1])
-    prepare([data_path], cache_dir, val_fraction)
+        if check is not None:
+            check(scan(sources, options)[2])
+        prepare_sources(sources, cache_dir, val_fraction, options=options)
     return load_dataset(cache_dir)
+
+
+def text_vocab(data_path: str | Path | Sequence[str | Path],
+               options: TextOptions = TextOptions()) -> Vocab:
+    """The vocabulary `dataset_for` would give `data_path`, without writing anything."""
+    specs = [data_path] if isinstance(data_path, (str, Path)) else list(data_path)
+    if len(specs) == 1 and is_dataset_dir(Path(specs[0])):
+        return load_dataset(specs[0]).vocab
+    with stdin_copy(specs) as stdin:
+        return scan(list_sources(specs, options.include, options.exclude, stdin), options)[2]
+
+
+def is_dataset_dir(path: Path) -> bool:
+    """Whether `path` is a prepared dataset dir (one with a meta.json), not a folder of text."""
+    return path.is_dir() and (path / "meta.json").exists()
+
+
+def same_sources(meta: dict[str, Any], sources: Sequence[Source], val_fraction: float,
+                 options: TextOptions) -> bool:
+    """Whether the dataset of `meta` was prepared from `sources` as they are now, with these
+    options: the sorted (path, size, sha256) of every file, those skipped too. The sizes are
+    compared first, so a changed size costs no hashing."""
+    try:
+        listed = sorted((e["path"], e["bytes"], e["sha256"])
+                        for e in [*meta["sources"], *meta["skipped"]])
+        if (meta["val_fraction"] != val_fraction
+                or {k: meta[k] for k in options.to_dict()} != options.to_dict()):
+            return False
+        sizes = sorted((s.name, s.path.stat().st_size) for s in sources)
+        if sizes != [(path, size) for path, size, _ in listed]:
+            return False
+        return sorted((s.name, s.path.stat().st_size, sha256_file(s.path))
+                      for s in sources) == listed
+    except (KeyError, TypeError, ValueError, OSError):
+        return False  # a damaged or older cache is rebuilt
 
 
 def require_window(data: np.ndarray, block_size: int, split: str,

@@ -10,9 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from charlm.config.schema import RunConfig
+from charlm.config.schema import DataConfig, RunConfig
 from charlm.core.errors import CharlmError
-from charlm.data.dataset import Dataset, dataset_for
+from charlm.data.corpus import TextOptions
+from charlm.data.dataset import Dataset, dataset_for, is_dataset_dir
 from charlm.data.pair_dataset import PairDataset, pairs_for
 from charlm.data.text import read_meta
 
@@ -21,13 +22,13 @@ def check_data_kind(cfg: RunConfig, pairs: bool) -> None:
     """model.arch and the data must agree: a GPT trains on text, an encoder-decoder on pairs."""
     if cfg.model.arch == "encoder_decoder" and not pairs:
         raise CharlmError(
-            f"model.arch=encoder_decoder trains on pairs, but {cfg.data.path} is text; give a "
+            f"model.arch=encoder_decoder trains on pairs, but {cfg.data.shown} is text; give a "
             "\"source<TAB>target\" file (.tsv, or data.format=pairs) or a dataset made by "
             "`charlm prepare --pairs`"
         )
     if cfg.model.arch == "decoder" and pairs:
         raise CharlmError(
-            f"{cfg.data.path} holds pairs, but model.arch=decoder trains on text; set "
+            f"{cfg.data.shown} holds pairs, but model.arch=decoder trains on text; set "
             "model.arch=encoder_decoder, or data.format=text to train a GPT on its lines"
         )
 
@@ -37,9 +38,9 @@ def prepared_data(cfg: RunConfig, cache_dir: Path,
                   check: Callable[[Any], None] | None = None) -> Dataset | PairDataset:
     """The run's data (a text or .tsv file is prepared into `cache_dir`, reused while
     unchanged). `check` sees the data's vocabulary state before a cache is rebuilt."""
-    path = Path(cfg.data.path)
+    path = Path(cfg.data.inputs[0])
     pairs = cfg.data.pairs
-    if path.is_dir() and (path / "meta.json").is_file():
+    if len(cfg.data.inputs) == 1 and is_dataset_dir(path):
         with contextlib.suppress(OSError, ValueError, AttributeError):  # the loader says why
             pairs = read_meta(path).get("kind") == "pairs"
     check_data_kind(cfg, pairs)
@@ -47,4 +48,11 @@ def prepared_data(cfg: RunConfig, cache_dir: Path,
         vocab_check = None if check is None else (lambda v: check(v.to_dict()))
         return pairs_for(cfg.data, cfg.model.block_size, cache_dir, vocab_check)
     text_check = None if check is None else (lambda v: check(v.chars))
-    return dataset_for(cfg.data.path, cfg.data.val_fraction, cache_dir, text_check)
+    return dataset_for(cfg.data.inputs, cfg.data.val_fraction, cache_dir, text_check,
+                       text_options(cfg.data))
+
+
+def text_options(data: DataConfig) -> TextOptions:
+    """How `prepare` reads a run's text: its data section's keys."""
+    return TextOptions(split=data.split, skip_invalid=data.skip_invalid, include=data.include,
+                       exclude=data.exclude, normalize=data.unicode_normalize)

@@ -1,24 +1,20 @@
 """Text datasets: `prepare` (text files -> meta.json + train.bin + val.bin), the input checks
 and the reading of meta.json. Loading a dataset dir back is `charlm.data.dataset`'s.
 
-`prepare` reads each input twice in fixed-size chunks (`charlm.data.chunks`; pass 1: sha256,
-character count and the set of code points; pass 2: encode and write, and sha256 again, to catch a
-file that changed between the passes), so memory stays bounded whatever the file size, and every
-step is a bytes or numpy operation over a whole chunk, never a Python loop over characters. The
-sha256 runs on a second thread beside the rest (`charlm.data.digest`). It imports no torch, so
-`charlm prepare` starts fast.
+`prepare` reads each input twice in fixed-size chunks (`charlm.data.corpus`), so memory stays
+bounded whatever the size of the files. It imports no torch, so `charlm prepare` starts fast.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any
 
 from tqdm import tqdm
 
@@ -33,13 +29,21 @@ from charlm.core.files import (
     temp_beside,
     write_text_atomic,
 )
-from charlm.data.chunks import code_point_chunks, decode_chunks
-from charlm.data.digest import ChunkDigest
-from charlm.data.vocab import CharacterSet, Vocab
-
-if TYPE_CHECKING:
-    pass
-
+from charlm.data.chunks import decode_chunks
+from charlm.data.corpus import (
+    Skipped,
+    SourceStats,
+    TextOptions,
+    check_source_file,
+    encode_source,
+    scan,
+    source_entry,
+    split_name,
+    train_counts,
+)
+from charlm.data.digest import sha256_file
+from charlm.data.sources import Source, list_sources, stdin_copy
+from charlm.data.vocab import Vocab
 
 DATASET_FORMAT = "charlm-dataset"
 
@@ -65,15 +69,6 @@ def check_input_file(path: Path) -> None:
         raise CharlmError(f"input is a directory, not a text file: {path}")
 
 
-def check_source_file(path: Path) -> None:
-    """An input of `prepare`, which reads it twice (pass 1, pass 2): a regular file. A pipe
-    (`<(cmd)`) gives its bytes once, so pass 2 would write no ids, and a named pipe blocks."""
-    check_input_file(path)
-    if not path.is_file():
-        raise CharlmError(f"input is not a regular file (a pipe or a device): {path}; charlm "
-                          "reads its text twice, save it to a file first")
-
-
 def read_text(path: Path, what: str = "text file", limit: int | None = None) -> str:
     """A whole text file, read strictly as UTF-8 (with the same errors as `prepare`): a
     regular file (named `what` in errors), of at most `limit` bytes if given."""
@@ -83,69 +78,6 @@ def read_text(path: Path, what: str = "text file", limit: int | None = None) -> 
         # with a limit, a file that grows while it is read stops at it too
         source = f if limit is None else io.BytesIO(read_capped(f, limit, f"{what} {path}"))
         return "".join(text for _, text in decode_chunks(source, str(path)))
-
-
-@dataclass
-class SourceStats:
-    path: Path
-    bytes: int
-    chars: int
-    sha256: str
-
-
-def _scan(path: Path, seen: CharacterSet, bar: tqdm | None) -> SourceStats:
-    """Pass 1: hash, count characters and add every character that occurs to `seen`."""
-    n_bytes = n_chars = 0
-    with open(path, "rb") as f, ChunkDigest() as digest:
-        for raw, cps in code_point_chunks(f, str(path), bar):
-            digest.update(raw)
-            n_bytes += len(raw)
-            n_chars += len(cps)
-            seen.add(cps)
-        return SourceStats(path, n_bytes, n_chars, digest.hexdigest())
-
-
-def scan(paths: Sequence[Path], bar: tqdm | None = None) -> tuple[list[SourceStats], Vocab]:
-    """Pass 1 over every input: per-file stats and the vocabulary of all of them together."""
-    for p in paths:
-        check_source_file(p)
-    seen = CharacterSet()
-    stats = [_scan(p, seen, bar) for p in paths]
-    for s in stats:
-        if s.chars == 0:
-            raise CharlmError(f"input file is empty: {s.path}; give it some text to learn from")
-    vocab = seen.vocab()
-    if len(vocab) < 2:
-        raise CharlmError(
-            f"{', '.join(str(p) for p in paths)} holds only one distinct character "
-            f"({vocab.chars[0]!r}); a language model needs at least two, give it real text"
-        )
-    return stats, vocab
-
-
-def _encode(s: SourceStats, vocab: Vocab, n_train: int, ftrain: BinaryIO, fval: BinaryIO,
-            bar: tqdm | None) -> None:
-    """Pass 2 over one input: its first n_train ids to ftrain, the rest to fval. What it reads
-    must be what pass 1 read (`s`: the same characters and sha256), else the file changed."""
-    done = 0
-    with open(s.path, "rb") as f, ChunkDigest() as digest:
-        for raw, cps in code_point_chunks(f, str(s.path), bar):
-            digest.update(raw)
-            try:
-                ids = memoryview(vocab.encode_code_points(cps))  # bytes or an array
-            except CharlmError:  # a character the first read did not see
-                raise changed_while_read(s.path) from None
-            cut = min(max(n_train - done, 0), len(ids))
-            ftrain.write(ids[:cut])
-            fval.write(ids[cut:])
-            done += len(ids)
-        if (done, digest.hexdigest()) != (s.chars, s.sha256):
-            raise changed_while_read(s.path)
-
-
-def changed_while_read(path: Path) -> CharlmError:
-    return CharlmError(f"{path} changed while prepare read it (the two reads differ); run it "
-                       "again once nothing writes to the file")
 
 
 def read_meta(path: Path) -> Any:
@@ -218,26 +150,38 @@ def remove_killed_temps(out: Path, names: Sequence[str]) -> None:
 
 def prepare(
     inputs: Sequence[str | Path], out: str | Path, val_fraction: float = 0.1,
-    progress: bool = True,
+    progress: bool = True, options: TextOptions = TextOptions(),
 ) -> dict[str, Any]:
-    """Encode text files into a dataset directory; returns the metadata written to meta.json.
+    """Encode text files (and folders, globs, compressed files, `-`: `charlm.data.sources`) into
+    a dataset directory; returns the metadata written to meta.json.
 
-    The validation split is the last `val_fraction` of each input, so the split of one file is the
-    same as nanoGPT's (`n_train = int(n * (1 - val_fraction))`). It holds the dataset dir's
+    The validation split is the last `val_fraction` of each input, so the split of one file is
+    the same as nanoGPT's (`n_train = int(n * (1 - val_fraction))`), or with options.split
+    "files" whole files chosen by a hash of their path (`held_out`). It holds the dataset dir's
     lock throughout, and whatever stops it (an error, SIGINT, SIGTERM) removes its temporaries.
     """
-    paths, out = [Path(p) for p in inputs], Path(out)
+    with stdin_copy(inputs) as stdin:
+        sources = list_sources(inputs, options.include, options.exclude, stdin)
+        return prepare_sources(sources, out, val_fraction, progress, options)
+
+
+def prepare_sources(sources: Sequence[Source], out: str | Path, val_fraction: float = 0.1,
+                    progress: bool = True, options: TextOptions = TextOptions()
+                    ) -> dict[str, Any]:
+    """`prepare` of the files `sources` (`charlm.data.sources.list_sources`)."""
+    out = Path(out)
     with dataset_lock(out):
-        check_prepare(paths, out, val_fraction)
-        total = sum(p.stat().st_size for p in paths)
+        check_prepare(sources, out, val_fraction)
+        total = sum(s.path.stat().st_size for s in sources)
         bar = tqdm(total=2 * total, unit="B", unit_scale=True, desc="prepare",
                    disable=True if not progress or total < PROGRESS_MIN_BYTES else None)
         final = {split: out / f"{split}.bin" for split in ("train", "val")}
         try:
-            stats, vocab = scan(paths, bar)
+            stats, skipped, vocab = scan(sources, options, bar)
+            n_train = train_counts(stats, val_fraction, options.split)
             make_writable_dir(out, f"dataset dir {out}")
             remove_killed_temps(out, DATASET_FILES)
-            sizes = write_splits(stats, vocab, final, val_fraction, bar)
+            sizes = write_splits(stats, n_train, vocab, final, options.normalize, bar)
             meta = {
                 "format": DATASET_FORMAT,
                 "version": DATASET_VERSION,
@@ -245,32 +189,44 @@ def prepare(
                 "vocab_size": len(vocab),
                 "dtype": vocab.dtype.name,
                 "val_fraction": val_fraction,
+                **options.to_dict(),
                 "train_tokens": sizes["train"],
                 "val_tokens": sizes["val"],
-                "sources": [
-                    {"path": str(s.path), "bytes": s.bytes, "chars": s.chars, "sha256": s.sha256}
-                    for s in stats
-                ],
+                **listed_sources(stats, n_train, skipped),
             }
             install(out, final.values(), meta)
-        except BaseException:
+        except BaseException as e:
             discard_temps(final.values())
+            if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise CharlmError(f"cannot write dataset {out}: {e.strerror} (it needs about "
+                                  f"{total / 2**20:,.0f} MiB or more); nothing was kept of the "
+                                  "new dataset and what was there is as it was, free disk space "
+                                  "or give another --out") from None
             raise
         finally:
             bar.close()
     return meta
 
 
-def check_prepare(paths: list[Path], out: Path, val_fraction: float) -> None:
-    """`prepare`'s refusals, before it reads anything: a split fraction outside (0, 1), no
-    inputs or an input that is not a readable file, an --out that is a file or a non-empty
-    directory that holds no dataset."""
+def listed_sources(stats: Sequence[SourceStats], n_train: Sequence[int],
+                   skipped: Sequence[Skipped]) -> dict[str, list[dict[str, Any]]]:
+    """meta.json's lists of the sources read and of those skipped (with `--skip-invalid`)."""
+    return {
+        "sources": [source_entry(s.source, s.bytes, s.sha256, chars=s.chars, split=split_name(s, n))
+                    for s, n in zip(stats, n_train, strict=True)],
+        "skipped": [source_entry(k.source, k.source.path.stat().st_size,
+                                 sha256_file(k.source.path), reason=k.reason) for k in skipped],
+    }
+
+
+def check_prepare(sources: Sequence[Source], out: Path, val_fraction: float) -> None:
+    """`prepare`'s refusals, before it reads anything: a split fraction outside (0, 1), an
+    input that is not a regular file, an --out that is a file or a non-empty directory that
+    holds no dataset."""
     if not 0 < val_fraction < 1:
         raise CharlmError(f"--val-fraction must be in (0, 1), got {val_fraction}")
-    if not paths:
-        raise CharlmError("no input files given")
-    for p in paths:
-        check_source_file(p)  # before reading any sizes
+    for s in sources:
+        check_source_file(s.path, s.name)  # before reading any sizes
     if out.exists() and not out.is_dir():
         raise CharlmError(f"--out must be a directory, but {out} is a file")
     if out.is_dir() and not replaceable(out):
@@ -278,18 +234,15 @@ def check_prepare(paths: list[Path], out: Path, val_fraction: float) -> None:
                           "empty directory, or a dataset dir to replace")
 
 
-def write_splits(stats: Sequence[SourceStats], vocab: Vocab, final: dict[str, Path],
-                 val_fraction: float, bar: tqdm) -> dict[str, int]:
-    """Encode each source's first 1 - val_fraction into the temp file beside final["train"]
+def write_splits(stats: Sequence[SourceStats], n_train: Sequence[int], vocab: Vocab,
+                 final: dict[str, Path], normalize: str | None, bar: tqdm) -> dict[str, int]:
+    """Encode each source's first n_train characters into the temp file beside final["train"]
     and the rest beside final["val"], synced to disk; the tokens written to each."""
-    sizes = {"train": 0, "val": 0}
+    sizes = {"train": sum(n_train), "val": sum(s.chars for s in stats) - sum(n_train)}
     with (open(temp_beside(final["train"]), "wb") as ftrain,
           open(temp_beside(final["val"]), "wb") as fval):
-        for s in stats:
-            n_train = int(s.chars * (1 - val_fraction))
-            _encode(s, vocab, n_train, ftrain, fval, bar)
-            sizes["train"] += n_train
-            sizes["val"] += s.chars - n_train
+        for s, n in zip(stats, n_train, strict=True):
+            encode_source(s, vocab, n, ftrain, fval, normalize, bar)
         for f in (ftrain, fval):
             f.flush()
             os.fsync(f.fileno())

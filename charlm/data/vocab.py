@@ -137,16 +137,31 @@ class CharacterSet:
     def __init__(self) -> None:
         self._seen = np.zeros(MAX_CODE_POINT, dtype=np.uint8)
         self._seen_bytes = b""  # the code points below 256 met so far, one a byte
+        self._since: list[np.ndarray] = []  # the code points first met since `begin`
 
     def add(self, cps: bytes | np.ndarray) -> None:
         if isinstance(cps, bytes):
             new = cps.translate(None, self._seen_bytes)  # what is left was not met before
             if new:
-                self._seen[np.frombuffer(new, dtype=np.uint8)] = 1
-                self._seen_bytes = np.flatnonzero(self._seen[:256]).astype(np.uint8).tobytes()
+                self._met(np.frombuffer(new, dtype=np.uint8))
         elif len(cps) and gather(self._seen, cps).min() == 0:
-            self._seen[cps] = 1
-            self._seen_bytes = np.flatnonzero(self._seen[:256]).astype(np.uint8).tobytes()
+            self._met(cps[gather(self._seen, cps) == 0])
+
+    def _met(self, new: np.ndarray) -> None:
+        self._since.append(np.unique(new))
+        self._seen[new] = 1
+        self._seen_bytes = np.flatnonzero(self._seen[:256]).astype(np.uint8).tobytes()
+
+    def begin(self) -> None:
+        """Start a text whose characters `undo` can take back (a file found bad midway)."""
+        self._since = []
+
+    def undo(self) -> None:
+        """Forget the characters first met since `begin`."""
+        for new in self._since:
+            self._seen[new] = 0
+        self._seen_bytes = np.flatnonzero(self._seen[:256]).astype(np.uint8).tobytes()
+        self._since = []
 
     def vocab(self) -> Vocab:
         """The vocabulary of the characters met, in code point order."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -19,11 +20,11 @@ import torch
 
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
-from charlm.data.dataset import load_dataset
+from charlm.data.dataset import text_vocab
 from charlm.data.pair_dataset import load_pairs
 from charlm.data.pairs import read_pairs
-from charlm.data.prepared import check_data_kind
-from charlm.data.text import scan
+from charlm.data.prepared import check_data_kind, text_options
+from charlm.data.sources import GLOB_CHARS
 from charlm.data.vocab import PairVocab
 from charlm.info.parameters import flops_per_token, parameter_table, seq2seq_flops
 from charlm.info.shapes import forward_shapes, seq2seq_forward_shapes
@@ -33,11 +34,12 @@ from charlm.model.gpt import GPT
 
 def _text_vocab_size(cfg: RunConfig) -> int:
 
-    path = Path(cfg.data.path)
-    if not path.exists():
-        raise CharlmError(f"the vocabulary size comes from data.path, and {path} does not exist; "
-                          "give --vocab-size N, or --set data.path=FILE")
-    return len(load_dataset(path).vocab if path.is_dir() else scan([path])[1])
+    missing = [p for p in cfg.data.inputs if not os.path.lexists(os.path.expanduser(p))
+               and not GLOB_CHARS & set(p) and p != "-"]
+    if missing:
+        raise CharlmError(f"the vocabulary size comes from data.path, and {missing[0]} does not "
+                          "exist; give --vocab-size N, or --set data.path=FILE")
+    return len(text_vocab(cfg.data.inputs, text_options(cfg.data)))
 
 
 def _pair_vocab(cfg: RunConfig):

@@ -34,9 +34,9 @@ def test_prepare_imports_no_torch(tmp_path, name, text, option, wrote):
 # `charlm ARGS`, whose prepare stays inside its write (its .bin temporaries open) for a minute
 SLOW_PREPARE = ("import sys, time\n"
                 "import charlm.data.text as text\n"
-                "encode = text._encode\n"
+                "encode = text.encode_source\n"
                 "def slow(*args):\n    encode(*args)\n    time.sleep(60)\n"
-                "text._encode = slow\n"
+                "text.encode_source = slow\n"
                 "from charlm.cli.app import main\n"
                 "main(sys.argv[1:])\n")
 

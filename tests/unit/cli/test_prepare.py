@@ -19,7 +19,8 @@ def test_prepare_command(cli, tmp_path):
 def test_directory_where_a_text_file_is_expected(fails, tmp_path):
     (tmp_path / "texts").mkdir()
     fails("prepare", tmp_path / "texts", "--out", tmp_path / "ds",
-          message=f"input is a directory, not a text file: {tmp_path / 'texts'}")
+          message=f"{tmp_path / 'texts'} holds no files; give a folder or pattern with text "
+                  "files in it")
 
 
 def test_a_pipe_is_refused_as_an_input_to_prepare(fails, tmp_path):
@@ -31,7 +32,7 @@ def test_a_pipe_is_refused_as_an_input_to_prepare(fails, tmp_path):
     os.close(write_end)
     pipe = f"/proc/self/fd/{read_end}"
     message = (f"input is not a regular file (a pipe or a device): {pipe}; charlm reads its "
-               "text twice, save it to a file first")
+               "text twice: give it as - (stdin), or save it to a file first")
     try:
         fails("prepare", pipe, "--out", tmp_path / "ds", message=message)
         fails("train", TINY, "--data", pipe, "--out", tmp_path / "run", message=message)

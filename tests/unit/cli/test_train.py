@@ -60,14 +60,15 @@ def test_missing_config_file(fails, tmp_path):
 def test_directory_that_is_not_a_dataset(fails, tmp_path):
     (tmp_path / "texts").mkdir()
     fails("train", TINY, "--data", tmp_path / "texts", "--out", tmp_path / "run",
-          message=f"{tmp_path / 'texts'} is not a prepared dataset (no meta.json); give a text "
-                  "file or run `charlm prepare` first")
+          message=f"{tmp_path / 'texts'} holds no files; give a folder or pattern with text "
+                  "files in it")
 
 
 def test_empty_file(fails, tmp_path):
     empty = write(tmp_path / "empty.txt", "")
     fails("train", TINY, "--data", empty, "--out", tmp_path / "run",
-          message=f"input file is empty: {empty}; give it some text to learn from")
+          message=f"input file is empty: {empty}; give it some text to learn from, or pass "
+                  "--skip-invalid (data.skip_invalid) to skip such files")
 
 
 def test_single_distinct_character(fails, tmp_path):
@@ -102,15 +103,21 @@ def test_prepared_dataset_too_short_for_a_validation_window(fails, tmp_path):
                   "or prepare it again with a larger --val-fraction")
 
 
-@pytest.mark.parametrize("content, byte, offset", [
-    ("café".encode("latin-1") + b" au lait", 0xE9, 3),  # Latin-1 text
-    (b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)), 0x80, 136),  # a binary
+@pytest.mark.parametrize("content, why, hint", [
+    ("café".encode("latin-1") + b" au lait", "invalid byte 0xe9 at byte offset 3",
+     "charlm reads text files as UTF-8, convert it first"),  # Latin-1 text
+    (b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)), "a NUL byte at byte offset 7",
+     "a binary file? charlm reads UTF-8 text files"),
+    (b"\x1f\x8b\x08\x00" + bytes(20), "a NUL byte at byte offset 3",
+     "it looks gzip-compressed: name it *.gz and charlm decompresses it"),
 ])
-def test_file_that_is_not_utf8(fails, tmp_path, content, byte, offset):
+def test_file_that_is_not_utf8(fails, tmp_path, content, why, hint):
+    """A gzip file was "not valid UTF-8 (invalid byte 0x8b)"; a binary one, an invalid byte far
+    after the NUL bytes that make it binary."""
     bad = write(tmp_path / "bad.txt", content)
     fails("train", TINY, "--data", bad, "--out", tmp_path / "run",
-          message=f"{bad} is not valid UTF-8 text (invalid byte 0x{byte:02x} at byte offset "
-                  f"{offset}); charlm reads text files as UTF-8, convert it first")
+          message=f"{bad} is not valid UTF-8 text ({why}); {hint}, or pass --skip-invalid "
+                  "(data.skip_invalid) to skip such files")
 
 
 def test_yaml_syntax_error_names_line_and_column(fails, tmp_path):

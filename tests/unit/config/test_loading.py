@@ -269,8 +269,10 @@ def test_plain_scalars_are_read_by_their_fields_type(tmp_path):
     ("model:\n  bias: 1\n", "model.bias in {path}: 1, expected true/false"),
     ("model:\n  norm: 1e3\n", "model.norm in {path}: 1000.0, expected one of 'layernorm', "
      "'rmsnorm'"),
-    ("data:\n  path: null\n", "data.path in {path}: None, expected a string"),
-    ("data:\n  path:\n", "data.path in {path}: None, expected a string"),
+    ("data:\n  path: null\n", "data.path in {path}: None, expected a string or a list, each "
+     "item a string"),
+    ("data:\n  path:\n", "data.path in {path}: None, expected a string or a list, each item a "
+     "string"),
     ("optim:\n  lr: inf\n", "optim.lr in {path}: 'inf', expected a number"),
     ("optim:\n  lr: -.Inf\n", "optim.lr in {path}: -inf, expected a finite number"),
     ("model:\n  n_ff: .NaN\n", "model.n_ff in {path}: nan, expected an integer or null"),
@@ -312,7 +314,7 @@ def test_option_values_are_taken_as_given_and_set_text_as_yaml():
     with pytest.raises(CharlmError) as e:
         load_config(None, ["data.path=null"])
     assert str(e.value) == ("invalid value for data.path in --set overrides: None, expected a "
-                            "string")
+                            "string or a list, each item a string")
     with pytest.raises(CharlmError) as e:
         load_config(None, [("optim.lr", "1e-3"), "optim.lr=1e-3"])
     assert str(e.value) == "--set optim.lr is given twice; give it once"

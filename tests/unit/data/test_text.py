@@ -78,7 +78,8 @@ def test_invalid_utf8_names_file_and_offset(tmp_path, monkeypatch, chunk):
         prepare([src], out, progress=False)
     assert str(e.value) == (
         f"{src} is not valid UTF-8 text (invalid byte 0xff at byte offset 10); "
-        "charlm reads text files as UTF-8, convert it first")
+        "charlm reads text files as UTF-8, convert it first, or pass --skip-invalid "
+        "(data.skip_invalid) to skip such files")
     assert not out.exists()
 
 
@@ -119,11 +120,13 @@ def reference_dataset(paths, val_fraction):
         val += ids[n_train:].tobytes()
     meta = {
         "format": "charlm-dataset", "version": 1, "vocab": chars, "vocab_size": len(chars),
-        "dtype": dtype.name, "val_fraction": val_fraction,
+        "dtype": dtype.name, "val_fraction": val_fraction, "split": "tail",
+        "skip_invalid": False, "include": [], "exclude": [], "unicode_normalize": None,
         "train_tokens": len(train) // dtype.itemsize, "val_tokens": len(val) // dtype.itemsize,
-        "sources": [{"path": str(p), "bytes": len(raw), "chars": len(text),
-                     "sha256": hashlib.sha256(raw).hexdigest()}
+        "sources": [{"path": str(p), "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest(),
+                     "chars": len(text), "split": "tail"}
                     for p, raw, text in zip(paths, raws, texts, strict=True)],
+        "skipped": [],
     }
     return {"meta.json": json.dumps(meta, ensure_ascii=False, indent=1).encode(),
             "train.bin": bytes(train), "val.bin": bytes(val)}
@@ -142,8 +145,8 @@ INPUTS = {  # name: the bytes of each source
     "several sources": [b"abc\n" * 30, "Жжж ab\n".encode() * 10,
                         "🙂 x\n".encode() * 7, b"plain ascii again\n" * 5],
     "uint16 ids": ["".join(chr(0x4E00 + i) for i in range(300)).encode() + b"abc\n" * 50],
-    "255 characters": ["".join(map(chr, range(255))).encode() * 3],
-    "256 characters": ["".join(map(chr, range(256))).encode() * 3, b"ascii only\n" * 30],
+    "255 characters": ["".join(map(chr, range(1, 256))).encode() * 3],
+    "256 characters": ["".join(map(chr, range(1, 257))).encode() * 3, b"ascii only\n" * 30],
 }
 
 
@@ -178,7 +181,8 @@ def test_an_invalid_byte_at_a_chunk_boundary_is_named_at_its_offset(tmp_path, mo
         prepare([src], tmp_path / "ds", progress=False)
     assert str(e.value) == (
         f"{src} is not valid UTF-8 text (invalid byte 0x{raw[offset]:02x} at byte offset "
-        f"{offset}); charlm reads text files as UTF-8, convert it first")
+        f"{offset}); charlm reads text files as UTF-8, convert it first, or pass --skip-invalid "
+        "(data.skip_invalid) to skip such files")
 
 
 def test_empty_and_single_character_inputs(tmp_path):
@@ -192,8 +196,9 @@ def test_empty_and_single_character_inputs(tmp_path):
         prepare([same], tmp_path / "ds", progress=False)
     with pytest.raises(CharlmError, match="input file not found"):
         prepare([tmp_path / "missing.txt"], tmp_path / "ds", progress=False)
-    with pytest.raises(CharlmError, match="input is a directory"):
-        prepare([tmp_path], tmp_path / "ds", progress=False)
+    with pytest.raises(CharlmError, match="holds no files; give a folder or pattern"):
+        (tmp_path / "folder").mkdir()
+        prepare([tmp_path / "folder"], tmp_path / "ds", progress=False)
 
 
 def test_prepare_failure_leaves_existing_dataset_intact(tmp_path):
@@ -264,8 +269,8 @@ def test_prepare_refuses_a_file_that_changes_between_its_reads(tmp_path, monkeyp
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     real_scan = data_module.scan
 
-    def scan_then_change(paths, bar=None):
-        result = real_scan(paths, bar)
+    def scan_then_change(sources, options, bar=None):
+        result = real_scan(sources, options, bar)
         text = src.read_text(encoding="utf-8")
         src.write_text({"append known": text + "low\n", "append new": text + "xyz\n",
                         "same size": text[::-1]}[change], encoding="utf-8")

@@ -1,0 +1,210 @@
+"""The text files a dataset is made from: what the user named (files, folders, quoted globs,
+`-` for stdin) expanded into `Source`s, and each source read the one way `prepare` reads it.
+
+A folder is walked recursively, hidden names (`.git` among them) skipped, its files sorted by
+their path under it; a glob is expanded here, with `**` for any depth, so it means the same on
+every shell. `--include` / `--exclude` patterns filter the files a folder or a glob brings (not
+a file named on its own). A file whose name ends in .gz, .bz2 or .xz is decompressed as it
+streams. stdin is copied to a temporary file first: `prepare` reads its inputs twice.
+
+A `Source` is read through a `Tap` that hashes, counts and shows on the progress bar the bytes
+as they are on disk (the compressed ones for a .gz), so a cache can compare sizes and sha256
+with what `os.stat` and one read of the file give.
+"""
+
+from __future__ import annotations
+
+import bz2
+import contextlib
+import errno
+import fnmatch
+import glob
+import gzip
+import lzma
+import os
+import shutil
+import sys
+import tempfile
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from tqdm import tqdm
+
+from charlm.core.errors import CharlmError
+from charlm.data.chunks import InvalidText
+from charlm.data.digest import ChunkDigest
+
+CODECS = {".gz": gzip.GzipFile, ".bz2": bz2.BZ2File, ".xz": lzma.LZMAFile}
+
+GLOB_CHARS = frozenset("*?[")
+
+@dataclass(frozen=True)
+class Source:
+    """One input file: `path` on disk, `name` as messages and meta.json show it, and `key`,
+    its path under the folder or glob that brought it (what `data.split: files` hashes)."""
+
+    path: Path
+    name: str
+    key: str
+
+    @property
+    def codec(self) -> str | None:
+        return self.path.suffix.lower() if self.path.suffix.lower() in CODECS else None
+
+    @contextlib.contextmanager
+    def open(self, bar: tqdm | None = None) -> Iterator[tuple[BinaryIO, Tap]]:
+        """The file's text bytes (decompressed) and the `Tap` on its bytes as stored."""
+        try:
+            raw = open(self.path, "rb")  # noqa: SIM115 - closed below
+        except OSError as e:
+            raise unreadable(self, e) from None
+        with raw, ChunkDigest() as digest:
+            tap = Tap(raw, digest, bar)
+            if self.codec is None:
+                yield tap, tap
+            else:
+                with CODECS[self.codec](fileobj=tap, mode="rb") as stream:
+                    yield stream, tap
+
+    def damaged(self, e: BaseException) -> InvalidText:
+        """The error for a compressed file whose data stops making sense (or is cut short)."""
+        why = ("it ends before its end-of-stream marker (cut short?)" if isinstance(e, EOFError)
+               else str(e) or type(e).__name__)
+        return InvalidText(f"cannot decompress {self.name} as {self.codec} data: {why}; check "
+                           f"the file (`{self.codec[1:]} -t`)", "damaged")
+
+
+class Tap:
+    """A binary file read through: every byte hashed (`ChunkDigest`), counted and shown."""
+
+    def __init__(self, f: BinaryIO, digest: ChunkDigest, bar: tqdm | None):
+        self._f, self._digest, self._bar = f, digest, bar
+        self.size = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(n)
+        if data:
+            self._digest.update(data)
+            self.size += len(data)
+            if self._bar is not None:
+                self._bar.update(len(data))
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+    def hexdigest(self) -> str:
+        return self._digest.hexdigest()
+
+
+READ_ERRORS = (EOFError, OSError, lzma.LZMAError, zlib.error)
+
+
+def unreadable(source: Source, e: OSError) -> CharlmError:
+    if e.errno == errno.ELOOP:
+        return InvalidText(f"input {source.name} is a symlink loop (too many levels of "
+                           "symbolic links); fix the link", "symlink loop")
+    if e.errno == errno.ENOENT:
+        return CharlmError(f"input file not found: {source.name}")
+    return InvalidText(f"cannot read {source.name}: {e.strerror or e}; fix its permissions",
+                       "unreadable")
+
+
+def list_sources(specs: Sequence[str | Path], include: Sequence[str] = (),
+                 exclude: Sequence[str] = (), stdin: Path | None = None) -> list[Source]:
+    """The files `specs` name, in their order (each folder's or glob's sorted), each once; `-`
+    is stdin, copied to the file `stdin` (`stdin_copy`)."""
+    if not specs:
+        raise CharlmError("no input files given")
+    found: dict[Path, Source] = {}
+    for spec in map(str, specs):
+        if spec == "-":
+            if stdin is None:
+                raise CharlmError("- (stdin) is not an input here; give a file")
+            found.setdefault(stdin, Source(stdin, "<stdin>", "<stdin>"))
+            continue
+        for source in _expand(os.path.expanduser(spec), include, exclude):
+            found.setdefault(source.path.absolute(), source)
+    return list(found.values())
+
+
+def _expand(spec: str, include: Sequence[str], exclude: Sequence[str]) -> list[Source]:
+    if GLOB_CHARS & set(spec) and not os.path.lexists(spec):
+        matches = sorted(glob.glob(spec, recursive=True))
+        if not matches:
+            raise CharlmError(f"no file matches {spec}; check the pattern (charlm expands it: "
+                              "quote it, and use ** for any depth)")
+        root = _glob_root(spec)
+        files = [s for m in matches for s in
+                 (_walk(Path(m), m) if os.path.isdir(m) else
+                  [Source(Path(m), m, os.path.relpath(m, root))])]
+        return _filtered(files, spec, include, exclude)
+    path = Path(spec)
+    try:
+        is_dir = path.is_dir()
+        path.stat()
+    except OSError as e:
+        raise unreadable(Source(path, spec, spec), e) from None
+    if is_dir:
+        return _filtered(_walk(path, spec), spec, include, exclude)
+    return [Source(path, spec, path.name)]
+
+
+def _glob_root(spec: str) -> str:
+    """The folder a glob's matches are taken under: its part before the first wildcard."""
+    head = spec[:min(spec.index(c) for c in GLOB_CHARS if c in spec)]
+    return os.path.dirname(head) or "."
+
+
+def _walk(folder: Path, spec: str) -> list[Source]:
+    """The files under `folder`, recursively, hidden names skipped, sorted by their path."""
+    files = []
+    for top, dirs, names in os.walk(folder, onerror=_walk_error):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in names:
+            if not name.startswith("."):
+                path = Path(top, name)
+                files.append(Source(path, str(path), path.relative_to(folder).as_posix()))
+    return sorted(files, key=lambda s: s.key)
+
+
+def _walk_error(e: OSError) -> None:
+    raise CharlmError(f"cannot list folder {e.filename}: {e.strerror}; fix its permissions")
+
+
+def _filtered(files: list[Source], spec: str, include: Sequence[str],
+              exclude: Sequence[str]) -> list[Source]:
+    kept = [s for s in files
+            if (not include or any(matches(s.key, p) for p in include))
+            and not any(matches(s.key, p) for p in exclude)]
+    if not kept:
+        what = "no files" if not files else f"none of its {len(files):,} files passes"
+        raise CharlmError(f"{spec} holds {what}" + (" --include / --exclude" if files else "")
+                          + "; give a folder or pattern with text files in it")
+    return kept
+
+
+def matches(key: str, pattern: str) -> bool:
+    """Whether the path `key` (under its folder) matches `pattern`: a pattern with a `/`
+    matches the whole path, one without matches the file's name (`*.py`, `tests/*`)."""
+    return fnmatch.fnmatchcase(key if "/" in pattern else key.rsplit("/", 1)[-1], pattern)
+
+
+@contextlib.contextmanager
+def stdin_copy(specs: Sequence[str | Path]) -> Iterator[Path | None]:
+    """A temporary copy of stdin when `specs` hold `-` (else None), removed on leaving:
+    prepare reads its inputs twice, and a pipe gives its bytes once."""
+    if "-" not in map(str, specs):
+        yield None
+        return
+    with tempfile.NamedTemporaryFile(prefix="charlm-stdin-", suffix=".txt") as tmp:
+        try:
+            shutil.copyfileobj(sys.stdin.buffer, tmp)
+            tmp.flush()
+        except OSError as e:
+            raise CharlmError(f"cannot copy stdin to {tmp.name}: {e.strerror}; save the text "
+                              "to a file and give its path") from None
+        yield Path(tmp.name)
