@@ -9,6 +9,7 @@ import re
 import signal
 import sys
 
+from charlm.core.errors import printable
 from charlm.core.ranks import reports_errors
 
 OUT_OF_MEMORY_ADVICE = {  # what each command can make smaller
@@ -26,11 +27,13 @@ def writes_unicode(stream: object) -> bool:
 
 
 def report(line: str) -> None:
-    """Print an error line on stderr; under torchrun only on the process that reports errors
-    for its machine (`charlm.core.ranks.reports_errors`), so one line shows, not one per process."""
+    """Print an error line on stderr, its control characters escaped (`printable`: a newline or
+    an escape sequence in a path stays on the line, as text); under torchrun only on the process
+    that reports errors for its machine (`charlm.core.ranks.reports_errors`), so one line shows,
+    not one per process."""
     if not reports_errors():
         return
-    print(line, file=sys.stderr)
+    print(printable(line), file=sys.stderr)
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)

@@ -6,6 +6,11 @@ The CLI turns a `CharlmError` into a single `error: ...` line on stderr and exit
 to do about it.
 """
 
+import re
+
+# What a terminal acts on instead of showing: C0 controls (newline, ESC, ...), DEL, C1 controls
+# and the Unicode line and paragraph separators.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 class CharlmError(Exception):
@@ -28,3 +33,10 @@ def one_line(e: BaseException | str, limit: int = 300) -> str:
     """The whole message of `e` on one line (torch's state_dict errors span several), cut to
     `limit` characters."""
     return " ".join(str(e).split())[:limit]
+
+
+def printable(text: str) -> str:
+    """`text` with each control character written as an escape (`\\n`, `\\x1b`, `\\u2028`): a
+    path or character in a message can neither break its one line nor act on the terminal (an
+    escape sequence in a file name cleared the screen)."""
+    return _CONTROLS.sub(lambda m: repr(m.group())[1:-1], text)  # as Python writes it

@@ -99,3 +99,20 @@ def test_a_stop_signal_outside_training_is_one_line_and_its_exit_code(monkeypatc
         cli.main(["prepare"])
     assert (e.value.code, capsys.readouterr().err) == (code, line)
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+@pytest.mark.parametrize("command", [["prepare", "--out", "data"], ["sample", "run",
+                                                                      "--prompt-file"]])
+def test_a_path_with_a_newline_and_an_escape_sequence_stays_on_the_error_line(cli, tmp_path,
+                                                                               monkeypatch,
+                                                                               command):
+    """A file name holding a newline broke the one-line error, and one holding `ESC [2J`
+    reached the terminal raw and cleared the screen: every control character is escaped."""
+    monkeypatch.chdir(tmp_path)
+    name = "bad\nname\x1b[2J.txt"
+    result = cli(*command, name) if command[0] == "sample" else cli(command[0], name,
+                                                                     *command[1:])
+    assert (result.code, result.out) == (2, "")
+    assert result.err.startswith("error: ") and result.err.count("\n") == 1
+    assert "bad\\nname\\x1b[2J.txt" in result.err and "\x1b" not in result.err
+

@@ -3,7 +3,7 @@ a message."""
 
 import pytest
 
-from charlm.core.errors import CharlmError, characters, first_line, one_line
+from charlm.core.errors import CharlmError, characters, first_line, one_line, printable
 
 
 def test_first_line_is_the_type_and_the_first_line_of_the_message():
@@ -34,3 +34,9 @@ def test_a_charlm_error_is_an_exception_its_message_whole():
     with pytest.raises(Exception) as e:  # noqa: B017 - the type the CLI catches
         raise CharlmError("input file not found: my.txt")
     assert isinstance(e.value, CharlmError) and str(e.value) == "input file not found: my.txt"
+
+
+def test_printable_escapes_every_control_character_and_keeps_other_text():
+    """C0 and C1 controls, DEL and the Unicode line separators, as Python writes them."""
+    assert printable("a\tb\rc\x00d\x1b[2Je\x7ff\x85g\u2028h\u2029i é ✓ \\ ok") == (
+        "a\\tb\\rc\\x00d\\x1b[2Je\\x7ff\\x85g\\u2028h\\u2029i é ✓ \\ ok")
