@@ -24,7 +24,7 @@ from charlm.cli.options import (
 from charlm.cli.reporting import writes_unicode
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError
-from charlm.core.files import read_capped
+from charlm.core.files import missing, read_capped
 
 if TYPE_CHECKING:
     from charlm.data.vocab import PairVocab, Vocab
@@ -182,7 +182,7 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
         if prompt_file.is_dir():
             raise CharlmError(f"prompt file {prompt_file} is a directory; give a text file")
         if not prompt_file.exists():
-            raise CharlmError(f"prompt file not found: {prompt_file}")
+            raise missing(prompt_file, "prompt file")
         # as prepare reads text: CRLF kept, no byte order mark
         return read_text(prompt_file, "prompt file", INPUT_LIMIT)
     if prompt == "-":
@@ -218,8 +218,10 @@ def read_sources(source: str | None, source_file: Path | None, arch: str) -> lis
     from charlm.data.text import read_text
 
     if source_file is not None:
-        if not source_file.is_file():
-            raise CharlmError(f"source file not found (or not a file): {source_file}")
+        if source_file.is_dir():
+            raise CharlmError(f"source file {source_file} is a directory; give a text file")
+        if not source_file.exists():
+            raise missing(source_file, "source file")
         text = read_text(source_file, "source file", INPUT_LIMIT)
     else:
         if sys.stdin is None:

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 
 from charlm.core.errors import CharlmError
-from charlm.core.files import read_regular
+from charlm.core.files import missing, read_regular
 
 
 class Text(str):
@@ -279,7 +279,7 @@ CONFIG_LIMIT = 1 << 20
 
 def read_yaml_file(path: Path) -> Any:
     if not path.exists():
-        raise CharlmError(f"config file not found: {path}")
+        raise missing(path, "config file")
     if path.is_dir():
         raise CharlmError(f"config path is a directory, not a YAML file: {path}")
     try:

@@ -8,6 +8,7 @@ holds on a directory it writes (a run dir, a dataset dir), so that two never wri
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import glob
 import os
@@ -217,6 +218,24 @@ def open_regular(path: Path, what: str, limit: int | None = None) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+def missing(path: Path, what: str, absent: str | None = None) -> CharlmError:
+    """The error for `what` at `path`, which cannot be opened: not found (`absent`, if given),
+    or what stands in the way when something is there (a symlink loop, a link to nothing, a
+    directory it may not search), which `Path.exists()` reports as not found too."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return CharlmError(f"cannot read {what} {path}: a symlink loop (too many levels of "
+                               "symbolic links); fix or remove the link")
+        if e.errno == errno.ENOENT and os.path.islink(path):
+            return CharlmError(f"cannot read {what} {path}: a symlink to {os.readlink(path)}, "
+                               "which does not exist; fix or remove the link")
+        if e.errno != errno.ENOENT:
+            return CharlmError(f"cannot read {what} {path}: {e.strerror}")
+    return CharlmError(absent or f"{what} not found: {path}")
 
 
 def read_capped(f: BinaryIO, limit: int, name: str) -> bytes:

@@ -22,6 +22,7 @@ from charlm.core.errors import CharlmError
 from charlm.core.files import (
     locked_dir,
     make_writable_dir,
+    missing,
     open_regular,
     read_capped,
     read_regular,
@@ -64,7 +65,7 @@ META_LIMIT = 16 << 20
 
 def check_input_file(path: Path) -> None:
     if not path.exists():
-        raise CharlmError(f"input file not found: {path}")
+        raise missing(path, "input file")
     if path.is_dir():
         raise CharlmError(f"input is a directory, not a text file: {path}")
 

@@ -21,7 +21,7 @@ import torch
 
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError, first_line, one_line
-from charlm.core.files import open_regular, run_write_error, write_atomic
+from charlm.core.files import missing, open_regular, run_write_error, write_atomic
 from charlm.data.vocab import PairVocab, Vocab
 from charlm.runtime.device import require_memory
 from charlm.training.budget import PLAN_KEYS
@@ -131,7 +131,7 @@ def resolve(path: str | Path) -> Path:
     """A checkpoint file, or the best (else last) checkpoint of a run dir."""
     path = Path(path)
     if not path.exists():
-        raise CharlmError(f"no such run dir or checkpoint: {path}")
+        raise missing(path, "checkpoint", f"no such run dir or checkpoint: {path}")
     if path.is_dir():
         for name in ("best.pt", "last.pt"):
             if (path / name).is_file():

@@ -117,3 +117,23 @@ def test_a_prompt_file_that_is_a_fifo_a_device_or_too_large_is_one_error(fails, 
     (tmp_path / "zero").symlink_to("/dev/zero")
     fails("sample", tmp_path, "--prompt-file", tmp_path / "zero",
           message=f"cannot read prompt file {tmp_path / 'zero'}: {not_regular}")
+
+
+def test_a_prompt_file_in_a_symlink_loop_says_so(fails, tmp_path):
+    """A symlink loop was "prompt file not found"; the file is there, its links go round."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    fails("sample", tmp_path, "--prompt-file", tmp_path / "a",
+          message=f"cannot read prompt file {tmp_path / 'a'}: a symlink loop (too many levels of "
+                  "symbolic links); fix or remove the link")
+
+
+def test_a_source_file_that_is_a_device_is_not_called_missing(tmp_path):
+    """`--source-file /dev/zero` was "source file not found (or not a file)"."""
+    from charlm.cli.sample import read_sources
+    from charlm.core.errors import CharlmError
+
+    with pytest.raises(CharlmError) as e:
+        read_sources(None, Path("/dev/zero"), "encoder_decoder")
+    assert str(e.value) == ("cannot read source file /dev/zero: not a regular file (a directory, "
+                            "FIFO or device); give a regular file")

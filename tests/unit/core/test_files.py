@@ -115,3 +115,20 @@ def test_remove_temps_only_dead_removes_a_dead_exports_directory_too(tmp_path):
         (tmp_path / f".out.tmp-{pid}" / "model.safetensors").write_bytes(b"x" * 10)
     remove_temps(out, only_dead=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == [f".out.tmp-{running}"]
+
+
+def test_missing_names_what_stands_in_the_way(tmp_path):
+    """`Path.exists()` is False for a symlink loop and a dangling link too, which were both
+    reported as "not found"."""
+    from charlm.core.files import missing
+
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    (tmp_path / "dangling").symlink_to("nowhere")
+    assert [str(missing(tmp_path / name, "input file")) for name in ("a", "dangling", "none")] == [
+        f"cannot read input file {tmp_path / 'a'}: a symlink loop (too many levels of symbolic "
+        "links); fix or remove the link",
+        f"cannot read input file {tmp_path / 'dangling'}: a symlink to nowhere, which does not "
+        "exist; fix or remove the link",
+        f"input file not found: {tmp_path / 'none'}"]
+    assert str(missing(tmp_path / "none", "run", "no run here")) == "no run here"
