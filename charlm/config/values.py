@@ -164,6 +164,16 @@ def _float(text: str) -> float:
     return float(digits)
 
 
+def too_large(text: str) -> bool:
+    """Whether `text` is a number beyond the largest float (`1e999`, an integer of thousands of
+    digits, which Python does not even convert to an int): YAML's rules read it as infinity."""
+    try:
+        digits = _digits(text)
+        return any(c.isdigit() for c in digits) and math.isinf(float(digits))
+    except ValueError:
+        return False
+
+
 def _str(text: str) -> str:
     if text in _NULL:  # no string: `coerce` reports it as None, as it does a null
         raise ValueError(text)
@@ -231,6 +241,10 @@ def coerce(value: Any, tp: Any, key: str, where: str = "") -> Any:
     YAML scalar's text is read by the grammar of `tp` first (`_read`)."""
     at = f" in {where}" if where else ""
     if isinstance(value, Text):
+        if too_large(value) and str not in (typing.get_args(tp) if _is_union(tp) else (tp,)):
+            number = value if len(value) <= 20 else f"{value[:20]}... ({len(value):,} characters)"
+            raise CharlmError(f"invalid value for {key}{at}: {number} is a number too large to "
+                              "read; give a smaller one")
         value = _read(value, tp)
     origin = typing.get_origin(tp)
     if _is_union(tp):

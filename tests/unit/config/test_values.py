@@ -139,3 +139,19 @@ def test_a_config_that_is_too_large_a_fifo_or_a_device_is_one_error(tmp_path):
     with pytest.raises(CharlmError) as e:
         load_config(zero)
     assert str(e.value) == f"cannot read config file {zero}: {not_regular}"
+
+
+@pytest.mark.parametrize("text, tp, shown_as", [
+    ("9" * 5000, int, "99999999999999999999... (5,000 characters)"),
+    ("-" + "9" * 5000, int | None, "-9999999999999999999... (5,001 characters)"),
+    ("1" + "0" * 400, float, "10000000000000000000... (401 characters)"),
+    ("1e999", float, "1e999"),
+])
+def test_a_number_too_large_to_read_says_so(text, tp, shown_as):
+    """A 5,000-digit integer in a --set was "inf, expected an integer": Python refuses to convert
+    it, so YAML's float rules read it as infinity."""
+    with pytest.raises(CharlmError) as e:
+        coerce(Text(text), tp, "model.n_layer", "c.yaml")
+    assert str(e.value) == (f"invalid value for model.n_layer in c.yaml: {shown_as} is a number "
+                            "too large to read; give a smaller one")
+    assert coerce(Text(text), str | None, "data.path") == text  # a name, not a number
