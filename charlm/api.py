@@ -46,8 +46,9 @@ class LM:
 
 
 def load(path: str | Path, device: str = "auto", option: str = "device",
-         dtype: str = "float32") -> LM:
-    """Load a run dir (its best.pt, else last.pt), a checkpoint file, or a directory written by
+         dtype: str = "float32", step: int | None = None) -> LM:
+    """Load a run dir (its best.pt, else last.pt; with `step`, its checkpoint of that step,
+    kept by train.keep_checkpoints), a checkpoint file, or a directory written by
     `charlm export --format safetensors`, with its weights in `dtype` (float32, as trained;
     bfloat16 or float16 decode faster, see `device.weights_dtype`). `option` names `device` in
     an error (the CLI's `--device`, whose `--dtype` is then named the same way)."""
@@ -58,6 +59,9 @@ def load(path: str | Path, device: str = "auto", option: str = "device",
     weights = weights_dtype(coerce(dtype, str, dtype_option), dtype_option)
     path = Path(path)
     dev = resolve_device(device, option)
+    if step is not None:
+        step = coerce(step, int, "--step" if option.startswith("--") else "step")
+        path = checkpoint.resolve(path, step)
     if export.is_export_dir(path):
         model, vocab, cfg = export.load_safetensors(path, dev)
         return LM(model.to(weights), vocab, cfg, path)

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from charlm.cli.options import DeviceOpt, DtypeOpt, TargetArg, command_app
+from charlm.cli.options import DeviceOpt, DtypeOpt, StepOpt, TargetArg, command_app
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError, characters
 
@@ -39,6 +39,7 @@ def eval_(
     ] = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "float32",
+    step: StepOpt = None,
 ) -> None:
     """Score a text file: loss in nats/char, bits per char, perplexity (a full, deterministic
     pass in overlapping windows). For an encoder-decoder, a file of source<TAB>target pairs:
@@ -47,7 +48,7 @@ def eval_(
     from charlm.data.text import read_text
     from charlm.evaluation.scoring import score_text
 
-    lm = load(target, device, "--device", dtype)
+    lm = load(target, device, "--device", dtype, step)
     if lm.config.model.arch == "encoder_decoder":
         eval_pairs_file(lm, text_file, unknown, json_out, beams)
         return

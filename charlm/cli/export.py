@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from charlm.cli.options import TargetArg, command_app
+from charlm.cli.options import StepOpt, TargetArg, command_app
 from charlm.core.errors import CharlmError
 
 app = command_app()
@@ -24,6 +24,7 @@ def export(
         bool, typer.Option(help="Replace an earlier export in --out (a directory holding "
                            "anything else is refused).")
     ] = False,
+    step: StepOpt = None,
 ) -> None:
     """Export a model as safetensors, or as a Hugging Face GPT-2 directory."""
     from charlm.api import load
@@ -31,7 +32,7 @@ def export(
 
     if format_ not in FORMATS:
         raise CharlmError(f"--format must be {' or '.join(FORMATS)}, got {format_!r}")
-    lm = load(target, "cpu")
+    lm = load(target, "cpu", step=step)
     export_model(lm.model, lm.vocab, lm.config, lm.source, out, format_, overwrite)
     print(f"wrote {out} ({format_})")
     for note in export_notes(format_, lm.config, lm.vocab):

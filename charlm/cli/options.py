@@ -38,6 +38,13 @@ TargetArg = Annotated[
                          "directory from `charlm export --format safetensors`."),
 ]
 
+StepOpt = Annotated[
+    int | None,
+    typer.Option(min=0, metavar="STEP",
+                 help="Use the run dir's checkpoint of this step (checkpoints/step-NNNNNN.pt, "
+                 "kept by train.keep_checkpoints) instead of best.pt."),
+]
+
 
 def is_default(ctx: typer.Context, option: str) -> bool:
     """Whether the command's `option` was left at its default (by the source's name: typer

@@ -16,6 +16,7 @@ import typer
 from charlm.cli.options import (
     DeviceOpt,
     DtypeOpt,
+    StepOpt,
     TargetArg,
     command_app,
     is_default,
@@ -70,6 +71,7 @@ def sample(
     ] = False,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "float32",
+    step: StepOpt = None,
     **options: object,
 ) -> None:
     """Generate text from a checkpoint, streamed to stdout as it is produced."""
@@ -78,7 +80,7 @@ def sample(
 
     opts = SampleConfig(**options)
     if interactive:
-        sample_interactively(target, device, dtype, opts, stream, {
+        sample_interactively(target, device, dtype, step, opts, stream, {
             "--prompt": prompt is not None, "--prompt-file": prompt_file is not None,
             "--source": source is not None, "--source-file": source_file is not None,
             "--num-samples": opts.num_samples > 1, "--beams": opts.beams is not None,
@@ -86,7 +88,7 @@ def sample(
         return
     sources_given = source is not None or source_file is not None
     text = None if sources_given else read_prompt(prompt, prompt_file)
-    lm = load(target, device, "--device", dtype)
+    lm = load(target, device, "--device", dtype, step)
     if lm.config.model.arch == "encoder_decoder" or sources_given:
         if prompt is not None or prompt_file is not None:
             raise CharlmError("--prompt is for a GPT; an encoder-decoder takes --source or "
@@ -104,8 +106,8 @@ def sample(
     print_samples(lm.model, lm.vocab, text, opts, stream, json_out)
 
 
-def sample_interactively(target: Path, device: str, dtype: str, opts: SampleConfig,
-                         stream: bool, given: dict[str, bool]) -> None:
+def sample_interactively(target: Path, device: str, dtype: str, step: int | None,
+                         opts: SampleConfig, stream: bool, given: dict[str, bool]) -> None:
     """`charlm sample --interactive`: refuse the options it cannot take (`given`: whether each
     was set) before loading, then continue each prompt typed as `charlm sample --prompt` would,
     with the options the loop holds at the time."""
@@ -113,7 +115,7 @@ def sample_interactively(target: Path, device: str, dtype: str, opts: SampleConf
     from charlm.cli.interactive import prompt_loop, refuse_conflicts
 
     refuse_conflicts(option for option, set_ in given.items() if set_)
-    lm = load(target, device, "--device", dtype)
+    lm = load(target, device, "--device", dtype, step)
     if lm.config.model.arch == "encoder_decoder":
         raise CharlmError(f"--interactive continues prompts with a GPT; {target} is an "
                           "encoder-decoder: drop --interactive and transduce with --source or "

@@ -143,6 +143,9 @@ class TrainConfig:
     log_interval: int = _key(50, "steps between log lines in `metrics.jsonl` and TensorBoard")
     checkpoint_interval: int | None = _key(
         None, "steps between writes of `last.pt`; null: at every evaluation")
+    keep_checkpoints: int = _key(
+        0, "also write `checkpoints/step-NNNNNN.pt` at each write of `last.pt` and keep the "
+        "newest N of them (`charlm sample RUN --step N`); 0: none")
     max_bad_steps: int = _key(
         5, "non-finite steps in a row (their updates skipped) that stop the run")
     sample_chars: int = _key(
@@ -174,6 +177,8 @@ class TrainConfig:
             _check(getattr(self, key) >= 1, f"train.{key}", "must be >= 1")
         _check(self.checkpoint_interval is None or self.checkpoint_interval >= 1,
                "train.checkpoint_interval", "must be >= 1, or null to write last.pt at every eval")
+        _check(self.keep_checkpoints >= 0, "train.keep_checkpoints",
+               "must be >= 0 (0 keeps no checkpoints by step)")
         _check(self.max_bad_steps >= 1, "train.max_bad_steps", "must be >= 1")
         _check(self.sample_chars >= 0, "train.sample_chars", "must be >= 0 (0 turns samples off)")
         _check(self.eval_pairs >= 0, "train.eval_pairs", "must be >= 0 (0 decodes none)")

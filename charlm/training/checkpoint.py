@@ -26,6 +26,7 @@ from charlm.data.vocab import PairVocab, Vocab
 from charlm.runtime.device import require_memory
 from charlm.training.budget import PLAN_KEYS
 from charlm.training.optimizer import Optimizer, load_state
+from charlm.training.steps import find_step
 from charlm.training.tasks import build_model, check_stored_shapes, check_weights, vocab_from_state
 
 FORMAT = "charlm-checkpoint"
@@ -34,9 +35,10 @@ FORMAT = "charlm-checkpoint"
 VERSION = 1
 
 
-def save(state: dict[str, Any], path: Path) -> None:
+def save(state: dict[str, Any], path: Path, run_dir: Path | None = None) -> None:
     """Write `state` to `path` atomically (`charlm.core.files.write_atomic`): `path` is always
-    either the old or the new complete file."""
+    either the old or the new complete file. `run_dir`: the run's, if not `path`'s folder (a
+    failed write says how the run goes on from its last.pt)."""
     path = Path(path)
     try:
         write_atomic(path, lambda f: torch.save({"format": FORMAT, "version": VERSION, **state},
@@ -46,7 +48,7 @@ def save(state: dict[str, Any], path: Path) -> None:
         # while handling the OSError, which is the reason to report.
         error = e.__context__ if isinstance(e, RuntimeError) else e
         if isinstance(error, OSError):  # a full disk, a vanished or read-only run dir
-            raise run_write_error(f"checkpoint {path}", error, path.parent,
+            raise run_write_error(f"checkpoint {path}", error, run_dir or path.parent,
                                   f"the previous {path.name}, if any, is unchanged; ") from None
         raise
 
@@ -127,11 +129,17 @@ def restore(state: dict[str, Any], objects: Mapping[str, Stateful], path: Path) 
         raise damaged(path, e) from None
 
 
-def resolve(path: str | Path) -> Path:
-    """A checkpoint file, or the best (else last) checkpoint of a run dir."""
+def resolve(path: str | Path, step: int | None = None) -> Path:
+    """A checkpoint file, or the best (else last) checkpoint of a run dir; with `step`, the run
+    dir's checkpoint of that step (`train.keep_checkpoints`)."""
     path = Path(path)
     if not path.exists():
         raise missing(path, "checkpoint", f"no such run dir or checkpoint: {path}")
+    if step is not None:
+        if not path.is_dir():
+            raise CharlmError(f"--step {step} picks a checkpoint of a run dir, and {path} is a "
+                              "file; give the run dir, or drop --step")
+        return find_step(path, step)
     if path.is_dir():
         for name in ("best.pt", "last.pt"):
             if (path / name).is_file():

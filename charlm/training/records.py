@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from charlm.generation.decoding import NonFiniteOutput
-from charlm.training import checkpoint
+from charlm.training import checkpoint, steps
 from charlm.training.metrics import MetricsLogger
 from charlm.training.run_objects import (
     Clock,
@@ -48,7 +48,8 @@ def write(run: Run, log: MetricsLogger, train_event: dict[str, Any] | None,
           losses: dict[str, float] | None, lr: float, improved: bool, save_last: bool,
           clock: Clock, stop: Callable[[], bool] | None = None) -> None:
     """Rank 0's part of a log, eval or checkpoint step: the log events, the eval's line and
-    sample (cut short once stop() says so), then best.pt and last.pt."""
+    sample (cut short once stop() says so), then best.pt, last.pt and the step's checkpoint
+    that train.keep_checkpoints keeps."""
     if train_event is not None:
         log.log("train", **train_event)
     if losses is not None:
@@ -63,6 +64,12 @@ def write(run: Run, log: MetricsLogger, train_event: dict[str, Any] | None,
             checkpoint.save(ckpt, run.run_dir / "best.pt")
         if save_last:
             checkpoint.save(ckpt, run.run_dir / "last.pt")
+            keep = run.cfg.train.keep_checkpoints
+            if keep:  # after last.pt: a crash in between loses no step a resume would redo
+                path = steps.step_path(run.run_dir, run.state.step)
+                path.parent.mkdir(exist_ok=True)
+                checkpoint.save(ckpt, path, run.run_dir)
+                steps.prune(run.run_dir, keep)
 
 
 def log_eval(run: Run, log: MetricsLogger, losses: dict[str, float], lr: float,

@@ -18,12 +18,13 @@ from charlm.config.schema import OptimConfig, RunConfig
 from charlm.config.values import read_yaml_file
 from charlm.core.errors import CharlmError
 from charlm.core.files import locked_dir, make_writable_dir, remove_temps, some, strangers
-from charlm.training import checkpoint
+from charlm.training import checkpoint, steps
 from charlm.training.budget import require_same_budget
 from charlm.training.resume import with_edits
 
-# What a run writes, and all that --overwrite removes (of tb/, only TensorBoard's event files).
-RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "tb", "config.yaml")
+# What a run writes, and all that --overwrite removes (of tb/, only TensorBoard's event files;
+# of checkpoints/, only its step-NNNNNN.pt files, see `steps`).
+RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "tb", "config.yaml", steps.STEPS_DIR)
 TB_EVENTS = "events.out.tfevents.*"
 # Made before a run's first step, and kept by --overwrite: the dataset cache of `charlm train
 # TEXT` (reused while its text is unchanged), and the config and log of a `charlm tune` trial.
@@ -91,7 +92,7 @@ def holds_run(run_dir: Path) -> bool:
 
 def _is_own(path: Path) -> bool:
     """Whether what is at `path`, one of `RUN_FILES`, is what charlm writes there."""
-    if path.name == "tb":
+    if path.name in ("tb", steps.STEPS_DIR):
         return path.is_dir()
     if not path.is_file():
         return False
@@ -158,8 +159,10 @@ def _check_run_files(run_dir: Path, overwrite: bool) -> None:
 
 def clear_run(run_dir: Path) -> None:
     """--overwrite: remove the previous run's files, only those charlm wrote (of tb/, its event
-    files: a user's notes there stay); the dataset cache and anything else stays. config.yaml
-    goes last, so a run stopped in between is still known as a run."""
+    files: a user's notes there stay; of checkpoints/, its step checkpoints); the dataset cache
+    and anything else stays. config.yaml goes last, so a run stopped in between is still known
+    as a run."""
+    steps.clear(run_dir)
     for event in (run_dir / "tb").glob(TB_EVENTS):
         event.unlink(missing_ok=True)
     with contextlib.suppress(OSError):
@@ -173,6 +176,7 @@ def start_run(run_dir: Path, cfg: RunConfig) -> None:
     half-done saves (only the holder of the run lock may: no other process writes there)."""
     for name in RUN_FILES:
         remove_temps(run_dir / name)
+    steps.remove_temps_of_steps(run_dir)
     save_config(cfg, run_dir / "config.yaml")
 
 

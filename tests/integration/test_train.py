@@ -373,3 +373,53 @@ def test_train_says_what_it_computes_in_once_as_it_starts(cli, tmp_path, corpus,
         lines = result.out.splitlines()
         assert lines[0] == line and lines.count(line) == 1
         assert lines[1].startswith("step 2: train " if result is fresh else "step 4: train ")
+
+
+def test_keep_checkpoints_keeps_the_newest_steps_and_sample_step_loads_one(cli, corpus, tmp_path,
+                                                                           monkeypatch):
+    """train.keep_checkpoints=2 over saves at steps 10, 20, 30 and 40 keeps step 30's and 40's
+    beside best.pt and last.pt; `sample RUN --step 30` is that checkpoint's sample; a step that
+    is not kept is one error listing those that are; a write that fails leaves them as they were
+    and no partial file."""
+    import errno
+    import os
+
+    run = tmp_path / "run"
+    common = ["--data", corpus, "--out", run, "--set", "train.keep_checkpoints=2",
+              "--set", "train.eval_interval=10", "--set", "train.sample_chars=0"]
+    assert cli("train", ROOT / "configs" / "tiny.yaml", *common,
+               "--set", "train.max_iters=40").code == 0
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "step-000030.pt", "step-000040.pt"]
+    assert {"best.pt", "last.pt"} <= {p.name for p in run.iterdir()}
+    assert checkpoint.load(run / "checkpoints" / "step-000030.pt")["train_state"]["step"] == 30
+    args = ["--max-new-tokens", "100", "--seed", "3", "--json"]
+
+    def tokens(target, *step):
+        result = cli("sample", target, *step, *args)
+        assert result.code == 0, result.err
+        return [json.loads(line)["text"] for line in result.out.splitlines()]
+
+    by_step = tokens(run, "--step", "30")
+    assert by_step == tokens(run / "checkpoints" / "step-000030.pt") != tokens(run / "last.pt")
+    missing = cli("sample", run, "--step", "20")
+    assert (missing.code, missing.out, missing.err) == (
+        2, "", f"error: --step 20: {run} keeps no checkpoint of step 20; its checkpoints/ holds "
+               "steps 30, 40\n")
+
+    kept = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
+    real_fsync = os.fsync
+
+    def disk_full_in_a_step_file(fd):
+        real_fsync(fd)
+        if "/checkpoints/.step-" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full_in_a_step_file)
+    result = cli("train", ROOT / "configs" / "tiny.yaml", *common, "--resume",
+                 "--set", "train.max_iters=50")
+    assert (result.code, result.err.splitlines()[-1]) == (
+        2, f"error: cannot write checkpoint {run / 'checkpoints' / 'step-000050.pt'}: No space "
+           "left on device; the previous step-000050.pt, if any, is unchanged; free disk space "
+           "(or fix the run dir), then continue with --resume")
+    assert {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()} == kept

@@ -119,3 +119,21 @@ def test_overwrite_refuses_a_file_of_a_runs_name_that_charlm_did_not_write(tmp_p
                             "--overwrite removes only a run's own files; move it out of the way, "
                             "or choose another --out")
     assert files_under(tmp_path) == before
+
+
+def test_overwrite_removes_the_step_checkpoints_and_keeps_the_users_files_there(tmp_path):
+    """train.keep_checkpoints' checkpoints/step-NNNNNN.pt are a run's own files, and what a
+    killed save of one left; a user's file in checkpoints/ (and the folder with it) stays."""
+    _run_folder(tmp_path)
+    steps = tmp_path / "checkpoints"
+    steps.mkdir()
+    for name in ("step-000500.pt", "step-1000000.pt", ".step-000600.pt.tmp-99999"):
+        (steps / name).write_bytes(b"ckpt")
+    rundir.check_run_dir(tmp_path, resume=False, overwrite=True)
+    rundir.clear_run(tmp_path)
+    assert not steps.exists()
+    steps.mkdir()
+    for name in ("step-000500.pt", "notes.txt", "step-500.pt"):
+        (steps / name).write_bytes(b"mine")
+    rundir.clear_run(tmp_path)
+    assert sorted(p.name for p in steps.iterdir()) == ["notes.txt", "step-500.pt"]

@@ -1,0 +1,77 @@
+"""The checkpoints a run keeps by step (`train.keep_checkpoints`): `checkpoints/step-000500.pt`
+in the run dir, written atomically with each `last.pt` and pruned to the newest N; and finding
+one by its step (`charlm sample RUN --step 500`). Only files of exactly this name are a run's
+own: anything else in checkpoints/ is the user's, never pruned or removed."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from pathlib import Path
+
+from charlm.core.errors import CharlmError
+
+STEPS_DIR = "checkpoints"
+_NAME = re.compile(r"step-([0-9]{6,})\.pt")
+_TEMP = re.compile(r"\.step-[0-9]{6,}\.pt\.tmp-[0-9]+")
+
+
+def step_path(run_dir: Path, step: int) -> Path:
+    """Where the run in `run_dir` keeps its checkpoint of `step` (zero-padded to 6 digits, so
+    the names sort by step up to a million)."""
+    return Path(run_dir) / STEPS_DIR / f"step-{step:06d}.pt"
+
+
+def saved_steps(run_dir: Path) -> list[int]:
+    """The steps whose checkpoints the run keeps, in order: the regular files named as
+    `step_path` names them (`step-0500.pt` or a directory is not one)."""
+    folder = Path(run_dir) / STEPS_DIR
+    if not folder.is_dir():
+        return []
+    steps = []
+    for path in folder.iterdir():
+        match = _NAME.fullmatch(path.name)
+        if match and path.name == step_path(run_dir, int(match[1])).name and path.is_file():
+            steps.append(int(match[1]))
+    return sorted(steps)
+
+
+def prune(run_dir: Path, keep: int) -> None:
+    """Remove the run's own step checkpoints but the newest `keep`."""
+    for step in saved_steps(run_dir)[:-keep] if keep > 0 else saved_steps(run_dir):
+        step_path(run_dir, step).unlink(missing_ok=True)
+
+
+def clear(run_dir: Path) -> None:
+    """--overwrite, or a start after a killed save: remove every step checkpoint of the run and
+    what a killed save left half-written, then checkpoints/ itself if nothing else is in it."""
+    folder = Path(run_dir) / STEPS_DIR
+    prune(run_dir, 0)
+    remove_temps_of_steps(run_dir)
+    with contextlib.suppress(OSError):  # not there, or the user's files are: they stay
+        folder.rmdir()
+
+
+def remove_temps_of_steps(run_dir: Path) -> None:
+    """Remove the temporary files of step checkpoints that a killed save left (only the holder
+    of the run lock may: no other process writes there)."""
+    for tmp in (Path(run_dir) / STEPS_DIR).glob(".step-*.pt.tmp-*"):  # `temp_beside`'s names
+        if _TEMP.fullmatch(tmp.name) and tmp.is_file():
+            tmp.unlink(missing_ok=True)
+
+
+def find_step(run_dir: Path, step: int) -> Path:
+    """The checkpoint of `step` that the run in `run_dir` keeps; else one error that lists the
+    steps it keeps."""
+    path = step_path(run_dir, step)
+    if path.is_file():
+        return path
+    steps = saved_steps(run_dir)
+    if not steps:
+        raise CharlmError(f"--step {step}: {run_dir} keeps no checkpoints by step (it was "
+                          "trained with train.keep_checkpoints=0); use its best.pt or last.pt "
+                          "(drop --step), or train with --set train.keep_checkpoints=N")
+    kept = ", ".join(map(str, steps[:20])) + (f", ... ({len(steps)} in all)"
+                                              if len(steps) > 20 else "")
+    raise CharlmError(f"--step {step}: {run_dir} keeps no checkpoint of step {step}; its "
+                      f"{STEPS_DIR}/ holds steps {kept}")
