@@ -1,8 +1,10 @@
-"""`charlm info`: a run's, an export's or a config's parameters, FLOPs and shapes."""
+"""`charlm info`: a run's, an export's or a config's parameters, FLOPs and shapes, or those of
+the model `charlm train` would build from the same argument (a config, text, or nothing)."""
 
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 from typing import Annotated
 
@@ -16,10 +18,12 @@ app = command_app()
 @app.command()
 def info(
     target: Annotated[
-        Path, typer.Argument(metavar="RUN_DIR_OR_CKPT_OR_CONFIG",
-                             help="A run dir, a checkpoint, a `charlm export --format "
-                                  "safetensors` directory or a YAML config.")
-    ],
+        Path | None, typer.Argument(
+            metavar="[RUN_DIR_OR_CKPT_OR_CONFIG_OR_TEXT]", show_default=False,
+            help="A run dir, a checkpoint (.pt), a `charlm export --format safetensors` "
+                 "directory, or what `charlm train` takes: a YAML config, the data (a text file "
+                 "or a dataset dir), or nothing for the built-in defaults.")
+    ] = None,
     set_: SetOpt = None,
     vocab_size: Annotated[
         int | None, typer.Option(help="Vocab size for a GPT config (default: from its data).")
@@ -35,9 +39,11 @@ def info(
     ] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Parameter table per component, FLOPs per token, forward shapes and the resolved config.
-    A config's vocabulary comes from data.path (an encoder-decoder's two from its pairs)."""
-    from charlm.config.loading import is_config_file, load_config
+    """Parameter table per component, FLOPs per token, forward shapes and the resolved config:
+    of a trained model, or of the one `charlm train` would build from the same argument. Its
+    vocabulary comes from data.path, read without writing anything (an encoder-decoder's two
+    from its pairs)."""
+    from charlm.cli.train import train_config
     from charlm.config.values import dump_yaml
     from charlm.export import is_export_dir, load_safetensors
     from charlm.info.summary import config_model, describe, render_text
@@ -49,8 +55,8 @@ def info(
     if not shapes and (batch is not None or seq_len is not None):
         given = "--batch" if batch is not None else "--seq-len"
         raise CharlmError(f"{given} sizes the forward pass of --shapes; add --shapes")
-    if is_config_file(target):
-        cfg = load_config(target, list(set_ or []))
+    if not is_model(target):
+        cfg = train_config(target, list(set_ or []))
         model = config_model(cfg, vocab_size)  # one block per stack, on the meta device
     else:
         if set_ or vocab_size is not None:
@@ -70,3 +76,24 @@ def info(
     print(render_text(report))
     print("\nconfig:")
     print("  " + dump_yaml(report["config"]).replace("\n", "\n  ").rstrip())
+
+
+def is_model(target: Path | None) -> bool:
+    """Whether `info`'s argument names a trained model (a checkpoint, a run dir, an export)
+    rather than what `charlm train` takes. A missing path that is no config is one error, so a
+    mistyped run dir is not read as data."""
+    from charlm.config.loading import is_config_file
+    from charlm.core.files import missing
+    from charlm.export import is_export_dir
+
+    if target is None or is_config_file(target):
+        return False
+    if target.suffix == ".pt":
+        return True
+    if not target.exists():
+        raise missing(target, "run dir, checkpoint or text",
+                      f"no such run dir, checkpoint, config or text: {target}")
+    if target.is_dir():
+        return is_export_dir(target) or any(
+            (target / name).exists() for name in ("best.pt", "last.pt", "config.yaml"))
+    return zipfile.is_zipfile(target)  # what torch.save writes

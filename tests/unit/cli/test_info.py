@@ -4,6 +4,7 @@ option errors."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from tests.helpers import (
     ROOT,
     TINY,
+    files_under,
 )
 
 
@@ -108,3 +110,29 @@ def test_info_of_a_symlink_to_a_device_is_one_error(fails, tmp_path):
     zero.symlink_to("/dev/zero")
     fails("info", zero, message=f"cannot read checkpoint {zero}: not a regular file (a "
                                 "directory, FIFO or device); give a regular file")
+
+
+def test_info_on_text_or_nothing_explains_the_model_train_would_build(cli, tmp_path, monkeypatch):
+    """`charlm info my.txt` was "not a complete torch.save file" and `charlm info` a missing
+    argument, while the README says info explains a model before training: both describe what
+    `charlm train` would build with the same argument, the vocabulary read from the text and
+    nothing written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "tinyshakespeare.txt").write_text("abcabc\n", encoding="utf-8")
+    (tmp_path / "my.txt").write_text("hello, world\n", encoding="utf-8")
+    before = files_under(tmp_path)
+    text = cli("info", "my.txt", "--json", "--set", "model.n_layer=3")
+    defaults = cli("info", "--json")
+    assert (text.code, text.err, defaults.code, defaults.err) == (0, "", 0, "")
+    assert files_under(tmp_path) == before and sorted(os.listdir(tmp_path)) == ["data", "my.txt"]
+    text, defaults = json.loads(text.out), json.loads(defaults.out)
+    assert (text["vocab_size"], defaults["vocab_size"]) == (10, 4)
+    assert (text["config"]["data"]["path"], text["config"]["model"]["n_layer"]) == ("my.txt", 3)
+    sized = cli("info", "--vocab-size", "10", "--json", "--set", "model.n_layer=3")
+    assert json.loads(sized.out)["parameters"] == text["parameters"]
+
+
+def test_info_on_a_path_that_is_not_there_says_what_it_looked_for(fails, tmp_path):
+    fails("info", tmp_path / "runs" / "tny",
+          message=f"no such run dir, checkpoint, config or text: {tmp_path / 'runs' / 'tny'}")
