@@ -100,27 +100,41 @@ def write_dir(out: Path, write: Callable[[Path], None], overwrite: bool) -> None
     interrupted export leaves `out` as it was, and no temporary directory. An existing
     non-empty `out` must be an earlier export (`check_replaceable`); it is replaced whole, so no
     file of it lingers. What exports killed before their end left beside `out` is removed, but
-    an earlier export that one had moved aside, with nothing in its place, is moved back first."""
+    an earlier export that one had moved aside, with nothing in its place, is moved back first.
+    A write that fails (a full disk) is one error naming `out`, and removes the folders above
+    it that it made."""
     real = resolve_out(out)
     aside = dead_temps(real, "old")
     if aside and not real.exists():  # a SIGKILL, or a power loss, between the two moves
         os.replace(aside[-1], real)
     check_replaceable(out, overwrite)
+    made = [d for d in (real.parent, *real.parent.parents) if not d.exists()]  # deepest first
     make_writable_dir(real.parent, f"--out {out}")
     tmp, old = temp_beside(real), temp_beside(real, "old")
     for tag in ("tmp", "old"):  # a SIGKILL, or a power loss, before their `finally`
         remove_temps(real, tag, only_dead=True)
+    kept = f"{out} is as it was" if real.exists() else "nothing of it is left"
+    done = False
     try:
         tmp.mkdir()
         write(tmp)
         if real.exists():
             os.replace(real, old)
         os.replace(tmp, real)
+        done = True
+    except OSError as e:  # the file in tmp that failed is no name the user knows
+        raise CharlmError(f"cannot write export {out}: {e.strerror or e}; {kept}; free disk "
+                          "space (or fix the folder), then export again") from None
     finally:  # KeyboardInterrupt, SystemExit and the like too
         if old.exists() and not real.exists():  # stopped between the two moves
             os.replace(old, real)
         for leftover in (tmp, old):
             shutil.rmtree(leftover, ignore_errors=True)
+        for folder in made if not done else ():
+            try:
+                folder.rmdir()  # only an empty one
+            except OSError:
+                break
 
 
 def check_replaceable(out: Path, overwrite: bool) -> None:

@@ -229,3 +229,34 @@ def test_an_export_killed_between_its_moves_is_put_back_not_deleted(tmp_path):
                             "--overwrite to replace it")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert [p.name for p in tmp_path.iterdir()] == ["v"]
+
+
+@pytest.mark.parametrize("earlier", [False, True])
+def test_a_full_disk_names_the_export_and_leaves_no_folder_it_made(cli, tmp_path, monkeypatch,
+                                                                   earlier):
+    """`export --format hf` on a full disk said only "No space left on device" and left the
+    folders it had made for --out; it names --out, what is kept, and removes what it made."""
+    import errno
+    import os
+
+    from charlm import export
+    from tests.helpers import files_under, random_export
+
+    st = random_export(tmp_path / "st", "abc\n")
+    out = tmp_path / "new" / "deep" / "hf"
+    if earlier:
+        assert cli("export", st, "--out", out, "--format", "hf").code == 0
+    before = files_under(tmp_path)
+    folders = sorted(p for p in tmp_path.rglob("*") if p.is_dir())
+
+    def disk_full(path, obj):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(export, "_write_json", disk_full)
+    result = cli("export", st, "--out", out, "--format", "hf", "--overwrite")
+    kept = f"{out} is as it was" if earlier else "nothing of it is left"
+    assert (result.code, result.out, result.err) == (
+        2, "", f"error: cannot write export {out}: No space left on device; {kept}; free disk "
+               "space (or fix the folder), then export again\n")
+    assert files_under(tmp_path) == before
+    assert sorted(p for p in tmp_path.rglob("*") if p.is_dir()) == folders
