@@ -13,6 +13,7 @@ import typer
 from charlm.cli.options import DEVICES, SetOpt, command_app
 from charlm.config.loading import Override, dotted_key, is_config_file, load_config
 from charlm.config.schema import RunConfig
+from charlm.config.values import read_yaml_file
 from charlm.core.durations import format_duration
 from charlm.core.errors import CharlmError
 from charlm.core.ranks import is_main_process
@@ -49,19 +50,29 @@ def train(
         bool, typer.Option(help="Start over in a run dir that already holds a run (only the "
                            "run's own files are removed).")
     ] = False,
+    init_from: Annotated[
+        str | None, typer.Option(metavar="RUN_OR_CKPT_OR_EXPORT", help="Fine-tune: start from "
+                                 "this model's weights (sets train.init_from).")
+    ] = None,
 ) -> None:
     """Train a GPT (or resume a run) and write checkpoints, metrics and TensorBoard logs."""
     # torch only after the config is checked: a mistyped key or path is reported at once
     if resume and overwrite:
         raise CharlmError("--resume and --overwrite exclude each other; choose one")
+    if resume and init_from is not None:
+        raise CharlmError("--init-from starts a new run from a model's weights, --resume "
+                          "continues a run from its last.pt; give one of them")
+    parents: list = []  # the model --init-from names, loaded once for the config and weights
     cfg = train_config(config, set_ or [], data=data, out=out, device=device, budget=budget,
-                       resume=_resume_config if resume else None)
+                       init_from=init_from, resume=_resume_config if resume else None,
+                       init=lambda *args: _init_config(*args, loaded=parents))
     from charlm.training.faults import Aborted, Interrupted
     from charlm.training.loop import train as run_training
 
     main_rank = is_main_process()  # under torchrun, rank 0 alone speaks for the run
     try:
-        state = run_training(cfg, resume=resume, overwrite=overwrite)
+        state = run_training(cfg, resume=resume, overwrite=overwrite,
+                             parent=parents.pop() if parents else None)
     except Interrupted as e:  # last.pt is saved; say where, exit 130 / 143
         if main_rank:
             print(e, file=sys.stderr)
@@ -84,17 +95,49 @@ def _resume_config(*args: object) -> RunConfig:
     return resume_config(*args)
 
 
+def _init_config(cfg: RunConfig, given: set[str], loaded: list | None = None) -> RunConfig:
+    """A fine-tune's config: `cfg` with the architecture of the model train.init_from names
+    (`charlm.training.parent.parent_config`; `given`: the model keys the user set). The model
+    is loaded as `charlm sample` loads one (`charlm.api.load`) and appended to `loaded`."""
+    from charlm.api import load  # imports torch: only for a fine-tune
+    from charlm.data.digest import sha256_file
+    from charlm.export import WEIGHTS
+    from charlm.training.parent import Parent, parent_config
+
+    try:
+        lm = load(cfg.train.init_from, device="cpu")
+    except CharlmError as e:
+        raise CharlmError(f"--init-from: {e}") from None
+    weights = lm.source / WEIGHTS if lm.source.is_dir() else lm.source
+    parent = Parent(str(lm.source), weights, sha256_file(weights), lm.config, lm.vocab,
+                    lm.model.state_dict())
+    if loaded is not None:
+        loaded.append(parent)
+    return parent_config(cfg, given, parent)
+
+
+def model_keys_given(config: Path | None, overrides: typing.Sequence[Override]) -> set[str]:
+    """The model keys a config file and the overrides set, whatever their values."""
+    raw = read_yaml_file(config) if config is not None else {}
+    model = raw.get("model") if isinstance(raw, dict) else None
+    keys = {str(k) for k in model} if isinstance(model, dict) else set()
+    dotted = (dotted_key(o).partition(".") for o in overrides)
+    return keys | {key for section, _, key in dotted if section == "model"}
+
+
 def train_config(
     config: str | Path | None, overrides: typing.Sequence[Override] = (), *,
     data: str | None = None, out: str | None = None, device: str | None = None,
-    budget: str | None = None,
+    budget: str | None = None, init_from: str | None = None,
     resume: typing.Callable[[Path, Path | None, list[Override]], RunConfig] | None = None,
+    init: typing.Callable[[RunConfig, set[str]], RunConfig] = _init_config,
 ) -> RunConfig:
     """The config `charlm train CONFIG_OR_TEXT --data --out --device --time --set` runs. A
     CONFIG that is no YAML file is the data; a config that names no run dir (the defaults, or a
     YAML file without train.out_dir) trains into runs/<data's name> (`schema.default_run_dir`).
     `resume(run_dir, config, overrides)` gives a resumed run's config (the checkpoint's, see
-    `charlm.training.run_dir.resume_config`); None starts a fresh run."""
+    `charlm.training.run_dir.resume_config`); None starts a fresh run. A fresh run with
+    train.init_from (`--init-from`) takes its architecture from that model (`init`)."""
     overrides = list(overrides)
     config = None if config is None else Path(config)
     data_given = "--data"
@@ -104,7 +147,8 @@ def train_config(
         data, config, data_given = str(config), None, str(config)
     set_keys = {dotted_key(o) for o in overrides}
     options = ((data_given, "data.path", data), ("--out", "train.out_dir", out),
-               ("--device", "train.device", device), ("--time", "train.max_time", budget))
+               ("--device", "train.device", device), ("--time", "train.max_time", budget),
+               ("--init-from", "train.init_from", init_from))
     for given, key, value in options:
         if value is not None and key in set_keys:
             raise CharlmError(f"{given} and --set {key} set the same key; give one of them")
@@ -114,7 +158,8 @@ def train_config(
         resolve_device(device, "--device")  # a missing device is an error naming --device
     overrides += [(key, value) for key, value in
                   (("data.path", data), ("train.out_dir", out), ("train.device", device),
-                   ("train.max_time", budget)) if value is not None]
+                   ("train.max_time", budget), ("train.init_from", init_from))
+                  if value is not None]
     if resume is not None:
         # Without a CONFIG the overrides apply to the checkpoint's config, not to the defaults
         # (`--set optim.min_lr=...` may be legal only with the run's optim.lr): here only the run
@@ -129,4 +174,6 @@ def train_config(
             f"{config or 'the built-in defaults'}, taken from the current directory); "
             "give your text as `charlm train my.txt` or --data PATH"
         )
+    if cfg.train.init_from is not None:
+        cfg = init(cfg, model_keys_given(config, overrides))
     return cfg

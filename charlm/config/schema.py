@@ -170,6 +170,14 @@ class TrainConfig:
     out_dir: str | None = _key(
         None, "the run dir; null: `runs/<name of data.path>` (`runs/tinyshakespeare` for the "
         "defaults), fixed when the config is read and saved so in `config.yaml`")
+    init_from: str | None = _key(
+        None, "fine-tune: start from the weights of this run dir (its `best.pt`, else "
+        "`last.pt`), checkpoint or `charlm export --format safetensors` dir, with a fresh "
+        "optimizer and schedule; the architecture is the parent's, the vocabulary the union "
+        "(`--init-from`); saved as the weights file used")
+    init_from_sha256: str | None = _key(
+        None, "the sha256 of `init_from`'s weights file (`best.pt`, `last.pt` or "
+        "`model.safetensors`), recorded by the run; set, a parent with other weights is refused")
 
     def __post_init__(self) -> None:
         for key in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters",
@@ -184,6 +192,8 @@ class TrainConfig:
         _check(self.eval_pairs >= 0, "train.eval_pairs", "must be >= 0 (0 decodes none)")
         _check(self.out_dir != "", "train.out_dir",
                "must not be empty; null names the run dir after data.path")
+        _check(self.init_from != "", "train.init_from",
+               "must not be empty; null trains from scratch")
         if self.max_time is not None:
             self.max_time = duration_seconds(self.max_time)
         unknown_device = device_error(self.device)

@@ -90,25 +90,37 @@ def load_dataset(path: str | Path) -> Dataset:
 
 def dataset_for(data_path: str | Path | Sequence[str | Path], val_fraction: float,
                 cache_dir: Path, check: Callable[[Vocab], None] | None = None,
-                options: TextOptions = TextOptions()) -> Dataset:
+                options: TextOptions = TextOptions(), base: Vocab | None = None) -> Dataset:
     """The dataset for `data.path`: a prepared directory as is, or text (files, folders, globs:
     `charlm.data.sources`) prepared into `cache_dir`, reused while the files, their sizes and
     sha256 and the options are unchanged (`same_sources`). Before a cache is rebuilt, `check`
     sees the text's vocabulary and may raise: a text it rejects (say, other data for a resumed
-    run) leaves the existing cache alone."""
+    run) leaves the existing cache alone. With a `base` vocabulary (a fine-tuned model's,
+    `Vocab.extended`) the ids are its own, the new characters after them; a prepared directory
+    must already number them so."""
     specs = [data_path] if isinstance(data_path, (str, Path)) else list(data_path)
     if len(specs) == 1 and is_dataset_dir(Path(specs[0])):
-        return load_dataset(specs[0])
+        dataset = load_dataset(specs[0])
+        if base is not None and dataset.vocab != base.extended(dataset.vocab.chars):
+            raise CharlmError(
+                f"dataset {specs[0]} numbers its characters in its own order, but a fine-tuned "
+                "model keeps its parent's ids; give the text file it was prepared from as the "
+                "data, which charlm train then prepares with the parent's vocabulary")
+        return dataset
     with stdin_copy(specs) as stdin:
         sources = list_sources(specs, options.include, options.exclude, stdin)
         meta = dataset_meta(cache_dir)
-        if meta is not None and same_sources(meta, sources, val_fraction, options):
+        # made with this base (or none), or numbered as the base itself: a resume's
+        same_base = meta is not None and (meta.get("base") is None if base is None else
+                                          base.chars in (meta.get("base"), meta.get("vocab")))
+        if same_base and same_sources(meta, sources, val_fraction, options):
             remove_killed_temps(cache_dir, DATASET_FILES)  # no prepare will, while reused
             with contextlib.suppress(CharlmError):  # a damaged cache (a cut train.bin) is rebuilt
                 return load_dataset(cache_dir)
         if check is not None:
-            check(scan(sources, options)[2])
-        prepare_sources(sources, cache_dir, val_fraction, options=options)
+            vocab = scan(sources, options)[2]
+            check(vocab if base is None else base.extended(vocab.chars))
+        prepare_sources(sources, cache_dir, val_fraction, options=options, base=base)
     return load_dataset(cache_dir)
 
 

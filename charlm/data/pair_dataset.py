@@ -119,26 +119,38 @@ def load_pairs(path: Path) -> PairDataset:
 
 
 def pairs_for(data: DataConfig, block_size: int, cache_dir: Path,
-              check: Callable[[PairVocab], None] | None = None) -> PairDataset:
+              check: Callable[[PairVocab], None] | None = None,
+              base: PairVocab | None = None) -> PairDataset:
     """The pairs of `data.path`: a prepared directory as is, or a pairs file prepared into
-    `cache_dir` (reused while the file's sha256 and every preparing setting are unchanged).
-    Before a cache is rebuilt, `check` sees the new vocabulary and may raise: pairs it rejects
-    (say, other data for a resumed run) leave the existing cache alone."""
+    `cache_dir` (reused while the file's sha256, every preparing setting and the `base` are
+    unchanged). Before a cache is rebuilt, `check` sees the new vocabulary and may raise: pairs
+    it rejects (say, other data for a resumed run) leave the existing cache alone. With a `base`
+    (a fine-tuned model's vocabulary) its ids come first (`PairVocab.extended`); a prepared
+    directory must already number them so."""
     path = Path(data.path)
     if path.is_dir():
-        return load_pairs(path)
+        dataset = load_pairs(path)
+        if base is not None and dataset.vocab != base.extended(dataset.vocab):
+            raise CharlmError(
+                f"dataset {path} numbers its units in its own order, but a fine-tuned model "
+                "keeps its parent's ids; give the pairs file it was prepared from as the data, "
+                "which charlm train then prepares with the parent's vocabulary")
+        return dataset
     check_source_file(path)
     meta = dataset_meta(cache_dir)
     if meta is not None and meta.get("kind") == PAIRS_KIND:
         try:
             settings = pair_settings(data, block_size)
-            if ([s["sha256"] for s in meta["sources"]] == [sha256_file(path)]
+            # made with this base (or none), or numbered as the base itself: a resume's
+            same_base = (meta.get("base") is None if base is None else
+                         base.to_dict() in (meta.get("base"), meta["vocab"]))
+            if ([s["sha256"] for s in meta["sources"]] == [sha256_file(path)] and same_base
                     and all(meta.get(key) == value for key, value in settings.items())):
                 remove_killed_temps(cache_dir, PAIR_FILES)  # no prepare will, while reused
                 return load_pairs(cache_dir)
         except (KeyError, TypeError, CharlmError):
             pass  # a damaged cache is rebuilt
-    prepare_pairs([path], cache_dir, data, block_size, check)
+    prepare_pairs([path], cache_dir, data, block_size, check, base)
     return load_pairs(cache_dir)
 
 

@@ -201,16 +201,21 @@ def _write(out: Path, arrays: dict[str, dict[str, np.ndarray]], meta: dict[str, 
 
 
 def prepare_pairs(inputs: Sequence[Path], out: Path, data: DataConfig, block_size: int,
-                  check: Callable[[PairVocab], None] | None = None) -> dict[str, Any]:
+                  check: Callable[[PairVocab], None] | None = None,
+                  base: PairVocab | None = None) -> dict[str, Any]:
     """Read pair files, split them by source (`split_of`) and write a dataset dir; returns the
     metadata written to meta.json. `check` sees the vocabulary before anything is written, and
-    bad input leaves an existing `out` as it was. It holds the dataset dir's lock throughout."""
+    bad input leaves an existing `out` as it was. It holds the dataset dir's lock throughout.
+    With a `base` (a fine-tuned model's vocabulary) the ids are its own, the new units after
+    them (`PairVocab.extended`), and meta.json records it as "base"."""
     with dataset_lock(Path(out)):
-        return _prepare_pairs([Path(p) for p in inputs], Path(out), data, block_size, check)
+        return _prepare_pairs([Path(p) for p in inputs], Path(out), data, block_size, check,
+                              base)
 
 
 def _prepare_pairs(paths: list[Path], out: Path, data: DataConfig, block_size: int,
-                   check: Callable[[PairVocab], None] | None) -> dict[str, Any]:
+                   check: Callable[[PairVocab], None] | None,
+                   base: PairVocab | None = None) -> dict[str, Any]:
     if not paths:
         raise CharlmError("no input files given")
     for p in paths:
@@ -221,6 +226,7 @@ def _prepare_pairs(paths: list[Path], out: Path, data: DataConfig, block_size: i
     read = [read_pairs(p, data, block_size) for p in paths]
     pairs = [pair for got, _ in read for pair in got]
     vocab = PairVocab.from_pairs(pairs, data.target_units)  # all splits: eval meets no unknown
+    vocab = vocab if base is None else base.extended(vocab)
     splits: dict[str, list[tuple[str, str]]] = {split: [] for split in SPLITS}
     for pair in pairs:
         splits[split_of(pair[0], data.val_fraction, data.test_fraction)].append(pair)
@@ -241,6 +247,7 @@ def _prepare_pairs(paths: list[Path], out: Path, data: DataConfig, block_size: i
         "sources": [{"path": str(p), "sha256": h, "pairs": len(got), "skipped": n}
                     for p, h, (got, n) in zip(paths, hashes, read, strict=True)],
         "pairs": {split: len(got) for split, got in splits.items()},
+        **({} if base is None else {"base": base.to_dict()}),
     }
     _write(out, {split: _encode(got, vocab) for split, got in splits.items()}, meta)
     return meta

@@ -16,6 +16,7 @@ from charlm.data.corpus import TextOptions
 from charlm.data.dataset import Dataset, dataset_for, is_dataset_dir
 from charlm.data.pair_dataset import PairDataset, pairs_for
 from charlm.data.text import read_meta
+from charlm.data.vocab import PairVocab, Vocab
 
 
 def check_data_kind(cfg: RunConfig, pairs: bool) -> None:
@@ -35,9 +36,11 @@ def check_data_kind(cfg: RunConfig, pairs: bool) -> None:
 
 
 def prepared_data(cfg: RunConfig, cache_dir: Path,
-                  check: Callable[[Any], None] | None = None) -> Dataset | PairDataset:
+                  check: Callable[[Any], None] | None = None,
+                  base: Vocab | PairVocab | None = None) -> Dataset | PairDataset:
     """The run's data (a text or .tsv file is prepared into `cache_dir`, reused while
-    unchanged). `check` sees the data's vocabulary state before a cache is rebuilt."""
+    unchanged). `check` sees the data's vocabulary state before a cache is rebuilt. `base`: a
+    fine-tuned model's vocabulary, whose ids the data keeps (new characters after them)."""
     path = Path(cfg.data.inputs[0])
     pairs = cfg.data.pairs
     if len(cfg.data.inputs) == 1 and is_dataset_dir(path):
@@ -46,10 +49,11 @@ def prepared_data(cfg: RunConfig, cache_dir: Path,
     check_data_kind(cfg, pairs)
     if pairs:
         vocab_check = None if check is None else (lambda v: check(v.to_dict()))
-        return pairs_for(cfg.data, cfg.model.block_size, cache_dir, vocab_check)
+        return pairs_for(cfg.data, cfg.model.block_size, cache_dir, vocab_check,
+                         base if isinstance(base, PairVocab) else None)
     text_check = None if check is None else (lambda v: check(v.chars))
     return dataset_for(cfg.data.inputs, cfg.data.val_fraction, cache_dir, text_check,
-                       text_options(cfg.data))
+                       text_options(cfg.data), base if isinstance(base, Vocab) else None)
 
 
 def text_options(data: DataConfig) -> TextOptions:

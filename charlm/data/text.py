@@ -151,7 +151,7 @@ def remove_killed_temps(out: Path, names: Sequence[str]) -> None:
 
 def prepare(
     inputs: Sequence[str | Path], out: str | Path, val_fraction: float = 0.1,
-    progress: bool = True, options: TextOptions = TextOptions(),
+    progress: bool = True, options: TextOptions = TextOptions(), base: Vocab | None = None,
 ) -> dict[str, Any]:
     """Encode text files (and folders, globs, compressed files, `-`: `charlm.data.sources`) into
     a dataset directory; returns the metadata written to meta.json.
@@ -160,15 +160,17 @@ def prepare(
     the same as nanoGPT's (`n_train = int(n * (1 - val_fraction))`), or with options.split
     "files" whole files chosen by a hash of their path (`held_out`). It holds the dataset dir's
     lock throughout, and whatever stops it (an error, SIGINT, SIGTERM) removes its temporaries.
+    With a `base` vocabulary (a fine-tuned model's) the ids are its own, the text's new
+    characters after them, and meta.json records it as "base".
     """
     with stdin_copy(inputs) as stdin:
         sources = list_sources(inputs, options.include, options.exclude, stdin)
-        return prepare_sources(sources, out, val_fraction, progress, options)
+        return prepare_sources(sources, out, val_fraction, progress, options, base)
 
 
 def prepare_sources(sources: Sequence[Source], out: str | Path, val_fraction: float = 0.1,
-                    progress: bool = True, options: TextOptions = TextOptions()
-                    ) -> dict[str, Any]:
+                    progress: bool = True, options: TextOptions = TextOptions(),
+                    base: Vocab | None = None) -> dict[str, Any]:
     """`prepare` of the files `sources` (`charlm.data.sources.list_sources`)."""
     out = Path(out)
     with dataset_lock(out):
@@ -179,6 +181,7 @@ def prepare_sources(sources: Sequence[Source], out: str | Path, val_fraction: fl
         final = {split: out / f"{split}.bin" for split in ("train", "val")}
         try:
             stats, skipped, vocab = scan(sources, options, bar)
+            vocab = vocab if base is None else base.extended(vocab.chars)
             n_train = train_counts(stats, val_fraction, options.split)
             make_writable_dir(out, f"dataset dir {out}")
             remove_killed_temps(out, DATASET_FILES)
@@ -194,6 +197,7 @@ def prepare_sources(sources: Sequence[Source], out: str | Path, val_fraction: fl
                 "train_tokens": sizes["train"],
                 "val_tokens": sizes["val"],
                 **listed_sources(stats, n_train, skipped),
+                **({} if base is None else {"base": base.chars}),
             }
             install(out, final.values(), meta)
         except BaseException as e:

@@ -1,4 +1,5 @@
-"""`Vocab`: the character vocabulary, a sorted list of Unicode code points, stored as JSON, with
+"""`Vocab`: the character vocabulary, a list of distinct Unicode characters (in code point order,
+or a parent model's order followed by the new characters of a fine-tune), stored as JSON, with
 `CharacterSet`, the characters of a text met chunk by chunk that make one; and `PairVocab`, an
 encoder-decoder's source characters and target units with their special ids."""
 
@@ -54,7 +55,9 @@ def list_unknown(bad: Sequence[tuple[int, str]], at: str = "at", limit: int = 10
 
 
 class Vocab:
-    """Maps characters to ids 0..V-1 in code point order, and back."""
+    """Maps characters to ids 0..V-1 in the order of `chars`, and back. A text's own vocabulary
+    is in code point order; a fine-tune's keeps its parent's order and adds the new characters
+    after it (`extended`)."""
 
     def __init__(self, chars: Sequence[str]):
         chars = list(chars)
@@ -62,8 +65,8 @@ class Vocab:
             raise CharlmError("a vocabulary must be a list of single characters")
         if not chars:  # a model with no symbols cannot be built (torch warns, then fails)
             raise CharlmError("a vocabulary must hold at least one character")
-        if chars != sorted(set(chars)):
-            raise CharlmError("a vocabulary must be sorted and free of duplicates")
+        if len(set(chars)) != len(chars):
+            raise CharlmError("a vocabulary must be free of duplicates")
         if any("\ud800" <= c <= "\udfff" for c in chars):  # no UTF-8 text has one; printing fails
             raise CharlmError("a vocabulary must not hold a surrogate (U+D800..U+DFFF)")
         self.chars = chars
@@ -87,6 +90,11 @@ class Vocab:
     @classmethod
     def from_code_points(cls, cps: np.ndarray) -> Vocab:
         return cls("".join(map(chr, np.sort(cps))))
+
+    def extended(self, chars: Sequence[str]) -> Vocab:
+        """This vocabulary, then the characters of `chars` it lacks in code point order: every
+        character keeps its id (a fine-tune's vocabulary, the parent's first)."""
+        return Vocab(self.chars + sorted(set(chars) - set(self.chars)))
 
     def unknown(self, text: str) -> list[tuple[int, str]]:
         """(position, character) of each character of `text` outside the vocabulary."""
@@ -176,7 +184,8 @@ def target_specials(target_size: int) -> tuple[int, int, int]:
 
 @dataclass(frozen=True)
 class PairVocab:
-    """Source characters and target units, each sorted. Ids: source characters 0..S-1, then
+    """Source characters and target units, each free of duplicates (sorted, or a parent's order
+    then the new ones: `extended`). Ids: source characters 0..S-1, then
     src_pad = S; target units 0..N-1, then pad, bos and eos (after the units, so they never
     collide with text and are never printed)."""
 
@@ -198,8 +207,8 @@ class PairVocab:
             raise ValueError(f"the target vocabulary must be a non-empty list of "
                              f"{'characters' if self.target_units == 'char' else 'symbols'}")
         for name, units in (("source", self.source), ("target", self.target)):
-            if list(units) != sorted(set(units)):
-                raise ValueError(f"the {name} vocabulary must be sorted and free of duplicates")
+            if len(set(units)) != len(units):
+                raise ValueError(f"the {name} vocabulary must be free of duplicates")
 
     @classmethod
     def from_pairs(cls, pairs: Sequence[tuple[str, str]], target_units: str) -> PairVocab:
@@ -208,6 +217,17 @@ class PairVocab:
         target = set("".join(targets)) if target_units == "char" else set(
             " ".join(targets).split())
         return cls(tuple(sorted(source)), tuple(sorted(target)), target_units)
+
+    def extended(self, other: PairVocab) -> PairVocab:
+        """This vocabulary, then the source characters and target units of `other` it lacks,
+        sorted: every unit keeps its id, and the special ids follow the new units."""
+        if other.target_units != self.target_units:
+            raise CharlmError(f"the data's targets are {other.target_units} units, but the "
+                              f"model's are {self.target_units} units; set data.target_units: "
+                              f"{self.target_units}")
+        return PairVocab(self.source + tuple(sorted(set(other.source) - set(self.source))),
+                         self.target + tuple(sorted(set(other.target) - set(self.target))),
+                         self.target_units)
 
     @cached_property
     def _source_index(self) -> dict[str, int]:

@@ -41,6 +41,7 @@ from charlm.training.budget import Budget, too_short
 from charlm.training.faults import Interrupted, StopSignals
 from charlm.training.metrics import MetricsLogger
 from charlm.training.optimizer import lr_at, set_lr, train_step
+from charlm.training.parent import Parent
 from charlm.training.records import log_final, report_skipped, train_event, write
 from charlm.training.resume import require_steps_left
 from charlm.training.run_dir import check_run_dir, run_lock
@@ -58,16 +59,18 @@ from charlm.training.validation import EvalStopped, evaluate
 
 def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
           progress: bool | None = None, now: Callable[[], float] = time.perf_counter,
-          ) -> TrainState:
+          parent: Parent | None = None) -> TrainState:
     """Train (or resume) the run described by `cfg` in `cfg.train.out_dir`; under torchrun,
-    this rank's part of a DDP run. `now`: the clock the run's time is read from (a test's)."""
+    this rank's part of a DDP run. `now`: the clock the run's time is read from (a test's);
+    `parent`: the model a fresh fine-tune (train.init_from) starts from."""
     with (distributed(resolve_device(cfg.train.device)) as (dist, device),
           run_lock(Path(cfg.train.out_dir), dist.is_main)):
-        return _train(cfg, dist, device, resume, overwrite, progress, now)
+        return _train(cfg, dist, device, resume, overwrite, progress, now, parent)
 
 
 def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overwrite: bool,
-           progress: bool | None, now: Callable[[], float] = time.perf_counter) -> TrainState:
+           progress: bool | None, now: Callable[[], float] = time.perf_counter,
+           parent: Parent | None = None) -> TrainState:
     clock = Clock(start=now(), before=0.0, now=now)
     cpu_use = CpuUse()  # the load over the build, for the threads' first look
     tc = cfg.train
@@ -85,7 +88,7 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
     ckpt = checkpoint.load(run_dir / "last.pt") if resume else None
     if ckpt is not None:
         require_steps_left(cfg, ckpt, run_dir / "last.pt")
-    run = build_run(cfg, dist, device, dtype, ckpt)
+    run = build_run(cfg, dist, device, dtype, ckpt, parent)
     if ckpt is not None:
         checkpoint.restore(ckpt, run.stateful(), run_dir / "last.pt")
     wrap_model(run)

@@ -64,6 +64,9 @@ def resume_config(run_dir: Path, config_path: str | Path | None,
         cfg.train.max_iters if config_path is None else None,
         saved_train.get("max_time"), saved_train.get("max_iters"),
         ts.get("budget_steps") if isinstance(ts, dict) else None)
+    if saved_train.get("init_from") is not None:  # a fine-tune's parent is its history
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **{
+            key: saved_train.get(key) for key in ("init_from", "init_from_sha256")}))
     # Resolved, so a key missing from an older checkpoint's config counts as its default.
     saved_model = RunConfig.from_dict({"model": saved["model"]}, f"{ckpt_path} config").model
     for key, value in dataclasses.asdict(saved_model).items():

@@ -31,6 +31,7 @@ from charlm.training.checkpoint import OptimizerState, RNGState, ScalerState, St
 from charlm.training.faults import BadSteps
 from charlm.training.metrics import MetricsLogger
 from charlm.training.optimizer import Optimizer, make_optimizer
+from charlm.training.parent import Parent, base_vocab, init_from_parent
 from charlm.training.run_dir import clear_run, start_run
 from charlm.training.tasks import PairsTask, Task, task_for
 from charlm.training.validation import eval_batches_per_forward
@@ -278,9 +279,10 @@ def warn_short_warmup(cfg: RunConfig, dist: Dist, steps: int | None = None) -> N
 
 
 def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dtype,
-              ckpt: dict[str, Any] | None) -> Run:
+              ckpt: dict[str, Any] | None, parent: Parent | None = None) -> Run:
     """Build a run's objects, the same for a fresh and a resumed run (`ckpt`, whose state is
-    loaded afterwards, is only checked against the data's vocabulary)."""
+    loaded afterwards, is only checked against the data's vocabulary); a fresh fine-tune's
+    model starts from its `parent`'s weights."""
     tc = cfg.train
     same_vocab = functools.partial(require_same_vocab, ckpt, cfg.data.path)
     cache = Path(tc.out_dir) / "dataset"
@@ -289,7 +291,7 @@ def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dty
         raise CharlmError(f"--resume: input file not found: {cfg.data.path} (data.path), but the "
                           f"run's prepared copy is in {cache}; resume with --data {cache}")
     with dist.main_first():  # rank 0 prepares the dataset cache; the others then reuse it
-        task = task_for(cfg, cache, same_vocab)
+        task = task_for(cfg, cache, same_vocab, base_vocab(cfg, ckpt, parent))
     same_vocab(task.vocab_state())  # also for a prepared dataset dir, or a reused cache
     warn_about_config(cfg, task, dist)
     warn_about_split(ckpt, cfg, task, before, dist)
@@ -297,6 +299,8 @@ def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dty
     require_model_memory(task, device)
     require_batch_memory(task, device, dtype, len(range(sampler.batch_size)[sampler.rows]))
     model = task.new_model().to(device)
+    if parent is not None and ckpt is None:
+        init_from_parent(model, parent, task.vocab)
     return Run(cfg, dist, device, dtype, task, sampler, model,
                optimizer=make_optimizer(model, cfg.optim), scaler=grad_scaler(device, dtype),
                state=TrainState(bad=BadSteps(device)), step_model=model, eval_model=model)

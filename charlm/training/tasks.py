@@ -129,10 +129,12 @@ Task = TextTask | PairsTask
 
 
 def task_for(cfg: RunConfig, cache_dir: Path,
-             check: Callable[[Any], None] | None = None) -> Task:
+             check: Callable[[Any], None] | None = None,
+             base: Vocab | PairVocab | None = None) -> Task:
     """The run's task over its data (`prepared_data`: a text or .tsv file is prepared into
-    `cache_dir`, reused while unchanged; `check` sees the vocabulary before a cache is rebuilt)."""
-    data = prepared_data(cfg, cache_dir, check)
+    `cache_dir`, reused while unchanged; `check` sees the vocabulary before a cache is rebuilt;
+    `base`: a fine-tuned model's vocabulary, whose ids the data keeps)."""
+    data = prepared_data(cfg, cache_dir, check, base)
     return PairsTask(cfg, data) if isinstance(data, PairDataset) else TextTask(cfg, data)
 
 
