@@ -12,16 +12,20 @@ from pathlib import Path
 import pytest
 import torch
 
+from charlm.api import load
 from charlm.cli.train import train_config
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
 from charlm.data.text import prepare as prepare_dataset
+from charlm.training import checkpoint
 from charlm.training.run_dir import RUN_FILES
 from tests.helpers import (
     ROOT,
     TINY,
     fixed_memory,
+    flip_bytes,
     no_step,
+    random_export,
     reversal_pairs,
     write,
     write_pairs,
@@ -475,3 +479,51 @@ def test_an_unknown_optimizer_is_one_error_line_naming_the_choices(fails):
     fails("train", TINY, "--set", "optim.name=sgd",
           message=f"invalid value for optim.name in {TINY} with --set overrides: 'sgd', "
                   "expected one of 'adamw', 'muon'")
+
+
+def _checkpoint_of(export: Path, path: Path) -> Path:
+    """A charlm checkpoint holding the model of `export`, as a run's best.pt would."""
+    lm = load(export, device="cpu")
+    checkpoint.save({"model": lm.model.state_dict(), "config": lm.config.to_dict(),
+                     "vocab": lm.vocab.chars,
+                     "train_state": {"step": 1, "best_val": 1.0, "tokens": 16}}, path)
+    return path
+
+
+@pytest.mark.parametrize("case", ["missing", "damaged", "text", "arch", "shape", "resume",
+                                  "twice"])
+def test_a_bad_init_from_is_one_error_line_and_writes_nothing(fails, tmp_path, case):
+    """--init-from a missing path, a damaged checkpoint, a file that is no model, a model of
+    another architecture than the config asks, or with --resume: one line, exit 2, no run
+    dir (`fails` checks that no file under tmp_path appears or changes)."""
+    text = write(tmp_path / "b.txt", "the quick brown fox\n" * 20)
+    export = random_export(tmp_path / "export", "the quickbrownfx\n")
+    args = ["train", text, "--out", tmp_path / "new", "--init-from"]
+    if case == "missing":
+        fails(*args, tmp_path / "nope",
+              message=f"--init-from: no such run dir or checkpoint: {tmp_path / 'nope'}")
+    elif case == "damaged":
+        ckpt = _checkpoint_of(export, tmp_path / "best.pt")
+        record = flip_bytes(ckpt, "data/0")
+        fails(*args, ckpt, message=f"--init-from: checkpoint {ckpt} is damaged or incomplete: "
+              f"record {record} fails its CRC-32 check (the file changed after it was saved); "
+              "restore it from a backup, or use the run's other checkpoint (best.pt or "
+              "last.pt)")
+    elif case == "text":
+        fails(*args, text, message=f"--init-from: cannot load checkpoint {text}: not a "
+              "readable charlm checkpoint (not a complete torch.save file)")
+    elif case in ("arch", "shape"):
+        key, value, theirs = (("arch", "encoder_decoder", "decoder") if case == "arch"
+                              else ("n_embd", 64, 32))
+        fails(*args, export, "--set", f"model.{key}={value}",
+              message=f"--init-from: model.{key}={value!r} conflicts with the parent's "
+                      f"{theirs!r} in {export}; a fine-tuned model keeps its parent's "
+                      f"architecture (drop model.{key} from the config and --set, or train "
+                      "from scratch without --init-from)")
+    elif case == "resume":
+        fails(*args, export, "--resume", message="--init-from starts a new run from a model's "
+              "weights, --resume continues a run from its last.pt; give one of them")
+    else:
+        fails(*args, export, "--set", f"train.init_from={export}",
+              message="--init-from and --set train.init_from set the same key; give one of "
+                      "them")

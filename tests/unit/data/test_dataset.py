@@ -5,8 +5,10 @@ import os
 
 import pytest
 
+from charlm.core.errors import CharlmError
 from charlm.data.dataset import dataset_for
 from charlm.data.text import prepare
+from charlm.data.vocab import Vocab
 
 
 @pytest.mark.parametrize("meta", [None, "", '{"format": "charlm-da'])
@@ -75,3 +77,39 @@ def test_a_reused_cache_loses_what_a_killed_prepare_left(tmp_path):
     (cache / ".meta.json.tmp-999999999").write_bytes(b"half")
     dataset_for(text, 0.1, cache)  # rebuilt by prepare
     assert sorted(p.name for p in cache.iterdir()) == ["meta.json", "train.bin", "val.bin"]
+
+
+def test_a_fine_tune_s_text_keeps_the_parent_s_ids_and_its_own_cache(tmp_path):
+    """With a base vocabulary (a parent model's) the ids are the parent's, the new characters
+    after them; a cache made with another base, or none, is not reused."""
+    text = tmp_path / "t.txt"
+    text.write_text("cab, bac")
+    cache = tmp_path / "run" / "dataset"
+    plain = dataset_for(text, 0.5, cache)
+    assert plain.vocab.chars == [" ", ",", "a", "b", "c"] and "base" not in plain.meta
+    base = Vocab(list("zcb"))
+    data = dataset_for(text, 0.5, cache, base=base)
+    assert data.vocab.chars == ["z", "c", "b", " ", ",", "a"] and data.meta["base"] == base.chars
+    assert data.vocab.decode(list(data.train) + list(data.val)) == "cab, bac"
+    assert list(data.train) == [1, 5, 2, 4]
+    mtime = (cache / "train.bin").stat().st_mtime_ns
+    assert dataset_for(text, 0.5, cache, base=base).vocab == data.vocab
+    assert dataset_for(text, 0.5, cache, base=data.vocab).vocab == data.vocab  # a resume's
+    assert (cache / "train.bin").stat().st_mtime_ns == mtime  # both reused
+    assert dataset_for(text, 0.5, cache, base=Vocab(list("ab"))).vocab.chars[:2] == ["a", "b"]
+    assert dataset_for(text, 0.5, cache).vocab == plain.vocab
+
+
+def test_a_prepared_dataset_numbered_otherwise_than_the_parent_is_refused(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("cab, bac")
+    prepared = tmp_path / "ds"
+    prepare([text], prepared, 0.5, progress=False)
+    with pytest.raises(CharlmError) as e:
+        dataset_for(prepared, 0.5, tmp_path / "cache", base=Vocab(list("cb")))
+    assert str(e.value) == (
+        f"dataset {prepared} numbers its characters in its own order, but a fine-tuned model "
+        "keeps its parent's ids; give the text file it was prepared from as the data, which "
+        "charlm train then prepares with the parent's vocabulary")
+    assert dataset_for(prepared, 0.5, tmp_path / "c", base=Vocab(list(" ,a"))).vocab.chars == [
+        " ", ",", "a", "b", "c"]  # its ids are the parent's already

@@ -149,3 +149,26 @@ def test_vocab_ids_encoding_and_decoding():
 def test_a_garbled_vocab_is_a_value_error(raw):
     with pytest.raises(ValueError):
         PairVocab.from_dict(raw)
+
+
+def test_extended_keeps_every_id_and_numbers_new_characters_after_the_old_ones():
+    """A fine-tune's vocabulary: the parent's ids as they were (not re-sorted), then the
+    characters the parent lacks in code point order; encoding and decoding follow that order."""
+    parent = Vocab(list("ab c"))  # a parent's own order need not be sorted either
+    union = parent.extended("cabzé!")
+    assert union.chars == ["a", "b", " ", "c", "!", "z", "é"]
+    assert union.encode("c a!é") == [3, 2, 0, 4, 6] and union.decode([6, 5, 0]) == "éza"
+    assert union.encode_code_points(b"zc") == bytes([5, 3])  # the byte table, out of order
+    assert parent.extended("ba") == parent
+
+
+def test_pair_vocab_extended_moves_the_specials_after_the_new_units():
+    parent = PairVocab(("b", "a"), ("X", "Y"), "char")
+    union = parent.extended(PairVocab(("a", "c"), ("Z", "X"), "char"))
+    assert union.source == ("b", "a", "c") and union.src_pad == 3
+    assert union.target == ("X", "Y", "Z") and (union.pad, union.bos, union.eos) == (3, 4, 5)
+    assert union.encode_source("cab") == [2, 1, 0] and union.encode_target("ZX") == [2, 0]
+    with pytest.raises(CharlmError) as e:
+        parent.extended(PairVocab(("a",), ("X",), "space"))
+    assert str(e.value) == ("the data's targets are space units, but the model's are char "
+                            "units; set data.target_units: char")
