@@ -82,7 +82,7 @@ def save_safetensors(model: torch.nn.Module, vocab: Vocab | PairVocab, cfg: RunC
     _write_json(out / "config.json", {"format": EXPORT_FORMAT, "version": EXPORT_VERSION,
                                       "config": cfg.to_dict()})
     _write_json(out / "vocab.json", vocab.to_dict() if isinstance(vocab, PairVocab)
-                else vocab.chars)
+                else vocab.state())
 
 
 def resolve_out(out: Path) -> Path:
@@ -203,6 +203,8 @@ def save_hf(model: GPT, vocab: Vocab, cfg: RunConfig, out: Path) -> None:
     """A GPT-2 directory: config.json, model.safetensors (GPT-2 names, Conv1D layout) and a
     character-level tokenizer (tokenizer.json for the `tokenizers` library)."""
     bad = hf_unsupported(cfg)
+    if vocab.units != "char":  # its tokenizer below is one token a character
+        bad.append(f"{vocab.units} units (the GPT-2 tokenizer written is character-level)")
     if bad:
         raise CharlmError(
             "this model cannot be exported as GPT-2 (--format hf): " + ", ".join(bad)

@@ -61,8 +61,11 @@ def eval_(
     if json_out:
         print(json.dumps(result.as_dict(), allow_nan=False))
         return
-    print(f"loss {result.loss:.4f} nats/char, {result.bpc:.4f} bits/char, perplexity "
-          f"{result.perplexity:.3f}, {characters(result.chars_scored)} scored")
+    unit = "byte" if lm.vocab.units == "byte" else "char"  # a byte model's bits per byte
+    counted = (f"{result.chars_scored:,} bytes" if unit == "byte" else
+               characters(result.chars_scored))
+    print(f"loss {result.loss:.4f} nats/{unit}, {result.bpc:.4f} bits/{unit}, perplexity "
+          f"{result.perplexity:.3f}, {counted} scored")
 
 
 def eval_pairs_file(lm: Any, path: Path, unknown: str, json_out: bool,

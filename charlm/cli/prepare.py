@@ -27,6 +27,10 @@ def prepare(
                            "model.arch=encoder_decoder); --set data.KEY=VALUE sets separator, "
                            "target_units, test_fraction, max_*_len, skip_bad_pairs.")
     ] = False,
+    units: Annotated[
+        str, typer.Option("--units", help="char: one id a character; byte: one id a byte of "
+                          "the files (any file, at most 256 ids; data.units=byte).")
+    ] = DataConfig.units,
     set_: SetOpt = None,
 ) -> None:
     """Encode text files into a dataset dir: meta.json, train.bin, val.bin (pairs: one .npz
@@ -34,6 +38,11 @@ def prepare(
     if (run := locked_parent(out)) is not None:  # the dataset's own lock is `prepare`'s
         raise CharlmError(f"--out {out} is inside {run}, which a running `charlm train` holds; "
                           "wait for it to end, or choose another --out")
+    if units not in ("char", "byte"):
+        raise CharlmError(f"--units must be 'char' or 'byte', got {units!r}")
+    if pairs and units != "char":
+        raise CharlmError("--units byte is for text and a GPT; pairs take characters, leave "
+                          "--units out")
     if pairs:
         from charlm.config.loading import load_config
         from charlm.data.pairs import prepare_pairs
@@ -47,8 +56,10 @@ def prepare(
         return
     if set_:
         raise CharlmError("--set applies to --pairs only; text takes --val-fraction")
+    from charlm.data.corpus import TextOptions
     from charlm.data.text import prepare as prepare_dataset
 
-    meta = prepare_dataset(inputs, out, val_fraction)
+    meta = prepare_dataset(inputs, out, val_fraction, options=TextOptions(units=units))
     print(f"wrote {out}: {meta['vocab_size']} symbols ({meta['dtype']}), "
-          f"{meta['train_tokens']:,} train / {meta['val_tokens']:,} val characters")
+          f"{meta['train_tokens']:,} train / {meta['val_tokens']:,} val "
+          f"{'bytes' if units == 'byte' else 'characters'}")

@@ -234,6 +234,10 @@ class DataConfig:
     format: Literal["auto", "text", "pairs"] = _key(
         "auto", "`auto`: pairs for a `.tsv` file, else text; `text` or `pairs` say so for any "
         "name")
+    units: Literal["char", "byte"] = _key(
+        "char", "text: a model's symbols, the characters (`char`) or the bytes of the text's "
+        "UTF-8 (`byte`: at most 256, any script; eval gives bits per byte); a prepared dataset "
+        "dir keeps its own")
     separator: str = _key("\t", "pairs: what separates a line's source from its target")
     target_units: Literal["char", "space"] = _key(
         "char", "pairs: a target's units, its characters (`char`) or its space-separated "
@@ -259,6 +263,8 @@ class DataConfig:
         _check(0 <= self.test_fraction < 1 and self.val_fraction + self.test_fraction < 1,
                "data.test_fraction", f"{self.test_fraction} must be in [0, 1) and leave "
                f"training pairs beside data.val_fraction={self.val_fraction}")
+        _check(self.units == "char" or self.unicode_normalize is None, "data.unicode_normalize",
+               "applies to data.units=char only: bytes are taken as they are; remove it")
         _check(bool(self.separator) and self.separator != "\n", "data.separator",
                "must be a non-empty string other than a newline")
         for key in ("max_source_len", "max_target_len"):

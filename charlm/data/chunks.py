@@ -132,3 +132,10 @@ def narrow_code_points(text: str) -> bytes | np.ndarray:
         return text.encode("latin-1")
     except UnicodeEncodeError:  # raised at the first character above U+00FF
         return code_points(text)
+
+
+def byte_chunks(f: BinaryIO) -> Iterator[tuple[bytes, bytes]]:
+    """`code_point_chunks` in byte units (`charlm.data.units`): (raw bytes, the same bytes) per
+    chunk, each byte its own code point. Nothing is decoded, so any file is valid."""
+    while raw := f.read(CHUNK_BYTES):
+        yield raw, raw

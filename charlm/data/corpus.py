@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from charlm.core.errors import CharlmError, characters
 from charlm.core.files import some
-from charlm.data.chunks import SKIP_HINT, InvalidText, code_point_chunks
+from charlm.data.chunks import SKIP_HINT, InvalidText, byte_chunks, code_point_chunks
 from charlm.data.sources import READ_ERRORS, Source, unreadable
 from charlm.data.vocab import CharacterSet, Vocab
 
@@ -51,9 +51,10 @@ class TextOptions:
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     normalize: str | None = None
+    units: str = "char"  # "byte": the ids are the files' bytes (`charlm.data.units`)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"split": self.split, "skip_invalid": self.skip_invalid,
+        return {"units": self.units, "split": self.split, "skip_invalid": self.skip_invalid,
                 "include": list(self.include), "exclude": list(self.exclude),
                 "unicode_normalize": self.normalize}
 
@@ -72,12 +73,14 @@ class Skipped:
     reason: str
 
 
-def _read(source: Source, normalize: str | None, each: Callable[[bytes | np.ndarray], None],
+def _read(source: Source, options: TextOptions, each: Callable[[bytes | np.ndarray], None],
           bar: tqdm | None) -> SourceStats:
-    """Read `source` once, giving `each` the code points of every chunk; its stats."""
+    """Read `source` once, giving `each` the code points (in byte units, the bytes) of every
+    chunk; its stats."""
     chars = 0
     with source.open(bar) as (f, tap):
-        chunks = code_point_chunks(f, source.name, normalize=normalize)
+        chunks = (byte_chunks(f) if options.units == "byte" else
+                  code_point_chunks(f, source.name, normalize=options.normalize))
         while True:
             try:  # only the reading: an OSError of `each` (a full disk) is not the input's
                 _, cps = next(chunks)
@@ -99,7 +102,7 @@ def scan(sources: Sequence[Source], options: TextOptions = TextOptions(),
     for source in sources:
         seen.begin()
         try:
-            s = _read(source, options.normalize, seen.add, bar)
+            s = _read(source, options, seen.add, bar)
             if s.chars == 0:
                 raise InvalidText(f"input file is empty: {source.name}; give it some text to "
                                   "learn from", "empty")
@@ -112,7 +115,7 @@ def scan(sources: Sequence[Source], options: TextOptions = TextOptions(),
     if not stats:
         raise CharlmError(f"no text to learn from: all {len(sources):,} inputs were skipped "
                           f"({count_reasons(skipped)}); give UTF-8 text files")
-    vocab = seen.vocab()
+    vocab = seen.vocab(options.units)
     if len(vocab) < 2:
         raise CharlmError(
             f"{some([s.source.name for s in stats])} holds only one distinct character "
@@ -127,8 +130,8 @@ def count_reasons(skipped: Sequence[Skipped]) -> str:
     return ", ".join(f"{n:,} {reason}" for reason, n in sorted(counts.items()))
 
 
-def encode_source(s: SourceStats, vocab: Vocab, n_train: int, ftrain: BinaryIO, fval: BinaryIO,
-            normalize: str | None, bar: tqdm | None) -> None:
+def encode_source(s: SourceStats, vocab: Vocab, n_train: int, ftrain: BinaryIO,
+                  fval: BinaryIO, options: TextOptions, bar: tqdm | None) -> None:
     """Pass 2 over one input: its first n_train ids to ftrain, the rest to fval. What it reads
     must be what pass 1 read (`s`: the same characters and sha256), else the file changed."""
     done = 0
@@ -145,7 +148,7 @@ def encode_source(s: SourceStats, vocab: Vocab, n_train: int, ftrain: BinaryIO, 
         done += len(ids)
 
     try:
-        again = _read(s.source, normalize, write, bar)
+        again = _read(s.source, options, write, bar)
     except InvalidText:
         raise changed_while_read(s.source.name) from None
     if (again.chars, again.sha256) != (s.chars, s.sha256):

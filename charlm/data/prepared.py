@@ -27,6 +27,11 @@ def check_data_kind(cfg: RunConfig, pairs: bool) -> None:
             "\"source<TAB>target\" file (.tsv, or data.format=pairs) or a dataset made by "
             "`charlm prepare --pairs`"
         )
+    if cfg.data.units == "byte" and (pairs or cfg.model.arch == "encoder_decoder"):
+        raise CharlmError(
+            f"data.units=byte is for text and a GPT, but {cfg.data.shown} is trained as pairs "
+            "by an encoder-decoder, whose vocabularies are characters; set data.units=char"
+        )
     if cfg.model.arch == "decoder" and pairs:
         raise CharlmError(
             f"{cfg.data.shown} holds pairs, but model.arch=decoder trains on text; set "
@@ -51,7 +56,7 @@ def prepared_data(cfg: RunConfig, cache_dir: Path,
         vocab_check = None if check is None else (lambda v: check(v.to_dict()))
         return pairs_for(cfg.data, cfg.model.block_size, cache_dir, vocab_check,
                          base if isinstance(base, PairVocab) else None)
-    text_check = None if check is None else (lambda v: check(v.chars))
+    text_check = None if check is None else (lambda v: check(v.state()))
     return dataset_for(cfg.data.inputs, cfg.data.val_fraction, cache_dir, text_check,
                        text_options(cfg.data), base if isinstance(base, Vocab) else None)
 
@@ -59,4 +64,5 @@ def prepared_data(cfg: RunConfig, cache_dir: Path,
 def text_options(data: DataConfig) -> TextOptions:
     """How `prepare` reads a run's text: its data section's keys."""
     return TextOptions(split=data.split, skip_invalid=data.skip_invalid, include=data.include,
-                       exclude=data.exclude, normalize=data.unicode_normalize)
+                       exclude=data.exclude, normalize=data.unicode_normalize,
+                       units=data.units)

@@ -161,7 +161,8 @@ def prepare(
     "files" whole files chosen by a hash of their path (`held_out`). It holds the dataset dir's
     lock throughout, and whatever stops it (an error, SIGINT, SIGTERM) removes its temporaries.
     With a `base` vocabulary (a fine-tuned model's) the ids are its own, the text's new
-    characters after them, and meta.json records it as "base".
+    characters after them, and meta.json records it as "base". In byte units (options.units)
+    the ids are the files' bytes (`charlm.data.units`).
     """
     with stdin_copy(inputs) as stdin:
         sources = list_sources(inputs, options.include, options.exclude, stdin)
@@ -185,7 +186,7 @@ def prepare_sources(sources: Sequence[Source], out: str | Path, val_fraction: fl
             n_train = train_counts(stats, val_fraction, options.split)
             make_writable_dir(out, f"dataset dir {out}")
             remove_killed_temps(out, DATASET_FILES)
-            sizes = write_splits(stats, n_train, vocab, final, options.normalize, bar)
+            sizes = write_splits(stats, n_train, vocab, final, options, bar)
             meta = {
                 "format": DATASET_FORMAT,
                 "version": DATASET_VERSION,
@@ -240,14 +241,14 @@ def check_prepare(sources: Sequence[Source], out: Path, val_fraction: float) -> 
 
 
 def write_splits(stats: Sequence[SourceStats], n_train: Sequence[int], vocab: Vocab,
-                 final: dict[str, Path], normalize: str | None, bar: tqdm) -> dict[str, int]:
+                 final: dict[str, Path], options: TextOptions, bar: tqdm) -> dict[str, int]:
     """Encode each source's first n_train characters into the temp file beside final["train"]
     and the rest beside final["val"], synced to disk; the tokens written to each."""
     sizes = {"train": sum(n_train), "val": sum(s.chars for s in stats) - sum(n_train)}
     with (open(temp_beside(final["train"]), "wb") as ftrain,
           open(temp_beside(final["val"]), "wb") as fval):
         for s, n in zip(stats, n_train, strict=True):
-            encode_source(s, vocab, n, ftrain, fval, normalize, bar)
+            encode_source(s, vocab, n, ftrain, fval, options, bar)
         for f in (ftrain, fval):
             f.flush()
             os.fsync(f.fileno())

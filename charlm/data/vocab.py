@@ -1,7 +1,8 @@
 """`Vocab`: the character vocabulary, a list of distinct Unicode characters (in code point order,
 or a parent model's order followed by the new characters of a fine-tune), stored as JSON, with
 `CharacterSet`, the characters of a text met chunk by chunk that make one; and `PairVocab`, an
-encoder-decoder's source characters and target units with their special ids."""
+encoder-decoder's source characters and target units with their special ids. A `Vocab` in byte
+units holds byte values as the characters of those code points (`charlm.data.units`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from charlm.core.errors import CharlmError
+from charlm.data.units import UNITS, TextStream, byte_tail, unknown_in_bytes
 
 if TYPE_CHECKING:  # `charlm prepare` imports this module and must not pay for importing torch
     import torch
@@ -55,12 +57,17 @@ def list_unknown(bad: Sequence[tuple[int, str]], at: str = "at", limit: int = 10
 
 
 class Vocab:
-    """Maps characters to ids 0..V-1 in the order of `chars`, and back. A text's own vocabulary
-    is in code point order; a fine-tune's keeps its parent's order and adds the new characters
-    after it (`extended`)."""
+    """Maps characters (in byte units: the bytes of a text's UTF-8) to ids 0..V-1 in the order
+    of `chars`, and back. A text's own vocabulary is in code point order; a fine-tune's keeps
+    its parent's order and adds the new characters after it (`extended`)."""
 
-    def __init__(self, chars: Sequence[str]):
+    def __init__(self, chars: Sequence[str], units: str = "char"):
         chars = list(chars)
+        if units not in UNITS:
+            raise CharlmError(f"a vocabulary's units must be 'char' or 'byte', got {units!r}")
+        if units == "byte" and any(not isinstance(c, str) or c > "\xff" for c in chars):
+            raise CharlmError("a byte vocabulary must hold characters U+0000..U+00FF, one a "
+                              "byte value")
         if any(not isinstance(c, str) or len(c) != 1 for c in chars):
             raise CharlmError("a vocabulary must be a list of single characters")
         if not chars:  # a model with no symbols cannot be built (torch warns, then fails)
@@ -70,6 +77,7 @@ class Vocab:
         if any("\ud800" <= c <= "\udfff" for c in chars):  # no UTF-8 text has one; printing fails
             raise CharlmError("a vocabulary must not hold a surrogate (U+D800..U+DFFF)")
         self.chars = chars
+        self.units = units
         self.index = {c: i for i, c in enumerate(chars)}
         self.dtype = id_dtype(len(chars))
         # Code point -> id lookup table for vectorised encoding. The id len(chars) marks a
@@ -85,20 +93,46 @@ class Vocab:
         return len(self.chars)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Vocab) and self.chars == other.chars
+        return (isinstance(other, Vocab) and self.chars == other.chars
+                and self.units == other.units)
 
     @classmethod
-    def from_code_points(cls, cps: np.ndarray) -> Vocab:
-        return cls("".join(map(chr, np.sort(cps))))
+    def from_code_points(cls, cps: np.ndarray, units: str = "char") -> Vocab:
+        return cls("".join(map(chr, np.sort(cps))), units)
+
+    def state(self) -> list[str] | dict[str, Any]:
+        """The vocabulary as a checkpoint or an export stores it: a character vocabulary as
+        its list (as before byte units existed), a byte one as {"units", "chars"}."""
+        return self.chars if self.units == "char" else {"units": self.units, "chars": self.chars}
+
+    @classmethod
+    def from_state(cls, state: Any) -> Vocab:
+        if isinstance(state, dict):
+            if set(state) != {"units", "chars"}:
+                raise ValueError("a vocabulary must be a list of characters, or a mapping of "
+                                 "units and chars")
+            return cls(state["chars"], state["units"])
+        return cls(state)
+
+    def stream(self) -> TextStream:
+        """A `TextStream` of this vocabulary: ids to text, a finished character at a time."""
+        return TextStream(self.chars, self.units)
 
     def extended(self, chars: Sequence[str]) -> Vocab:
         """This vocabulary, then the characters of `chars` it lacks in code point order: every
         character keeps its id (a fine-tune's vocabulary, the parent's first)."""
-        return Vocab(self.chars + sorted(set(chars) - set(self.chars)))
+        return Vocab(self.chars + sorted(set(chars) - set(self.chars)), self.units)
 
     def unknown(self, text: str) -> list[tuple[int, str]]:
-        """(position, character) of each character of `text` outside the vocabulary."""
+        """(position, character) of each character of `text` outside the vocabulary (in byte
+        units: a character with a byte of its UTF-8 outside it)."""
+        if self.units == "byte":
+            return unknown_in_bytes(text, lambda b: self._table[list(b)].max() < len(self))
         return self._unknown(code_points(text))
+
+    def tail(self, text: str, n: int) -> str:
+        """The longest tail of `text` that encodes to at most `n` ids."""
+        return byte_tail(text, n) if self.units == "byte" else text[max(len(text) - n, 0):]
 
     def _unknown(self, cps: np.ndarray) -> list[tuple[int, str]]:
         ids = gather(self._table, cps)
@@ -106,6 +140,9 @@ class Vocab:
 
     def encode_array(self, text: str) -> np.ndarray:
         """Ids of `text` as an array of `self.dtype`; unknown characters are an error."""
+        if self.units == "byte":
+            ids = self.encode_code_points(text.encode("utf-8"))
+            return np.frombuffer(ids, dtype=self.dtype) if isinstance(ids, bytes) else ids
         return self.encode_code_points(code_points(text))
 
     def encode_code_points(self, cps: bytes | np.ndarray) -> bytes | np.ndarray:
@@ -131,9 +168,12 @@ class Vocab:
         return self.encode_array(text).astype(np.int64).tolist()
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        """The text of `ids`; in byte units their bytes decoded strictly as UTF-8."""
         # Through code points, not a numpy string array: that would drop U+0000 (NUL), which
         # numpy takes for padding.
         cps = self._code_points[np.asarray(ids, dtype=np.int64)]
+        if self.units == "byte":
+            return cps.astype(np.uint8).tobytes().decode("utf-8")
         return cps.tobytes().decode("utf-32-le", "surrogatepass")
 
 
@@ -171,9 +211,10 @@ class CharacterSet:
         self._seen_bytes = np.flatnonzero(self._seen[:256]).astype(np.uint8).tobytes()
         self._since = []
 
-    def vocab(self) -> Vocab:
-        """The vocabulary of the characters met, in code point order."""
-        return Vocab.from_code_points(np.flatnonzero(self._seen))
+    def vocab(self, units: str = "char") -> Vocab:
+        """The vocabulary of the characters (byte units: byte values) met, in code point
+        order."""
+        return Vocab.from_code_points(np.flatnonzero(self._seen), units)
 
 
 def target_specials(target_size: int) -> tuple[int, int, int]:

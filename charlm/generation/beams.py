@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from charlm.generation.decoding import Decoder, NonFiniteOutput, make_decoder
+from charlm.generation.utf8 import Utf8Mask
 from charlm.model.gpt import GPT
 
 
@@ -19,24 +20,27 @@ def _ends_with_any(ids: list[int], stops: Sequence[list[int]]) -> bool:
 @torch.inference_mode()
 def beam_search(model: GPT, prompt: torch.Tensor, max_new_tokens: int, beams: int,
                 stops: Sequence[list[int]] = (), use_cache: bool = True,
-                length_penalty: float = 1.0, compile: bool = False) -> list[int]:
+                length_penalty: float = 1.0, compile: bool = False,
+                mask: Utf8Mask | None = None) -> list[int]:
     """The best continuation of prompt (1, T0) under beam search.
 
     Hypotheses are ranked by sum of log-probabilities / length**length_penalty, so beams that
     end early at a stop sequence (`stops`, as id lists) compete fairly with longer ones.
-    beams=1 is greedy decoding.
+    beams=1 is greedy decoding. A byte model's `mask` (one row a beam) keeps every beam valid
+    UTF-8.
     """
     model.eval()
     decoder = make_decoder(model, beams, use_cache, compile)
     ends = (lambda seq: _ends_with_any(seq, stops)) if stops else None
     hyps = search_beams(decoder, prompt[:, -decoder.block:].expand(beams, -1), max_new_tokens,
-                        beams, ends, length_penalty)
+                        beams, ends, length_penalty, mask)
     return hyps[0][1] if hyps else []
 
 
 def search_beams(decoder: Decoder, start: torch.Tensor, max_steps: int, beams: int,
                  ends: Callable[[list[int]], bool] | None,
-                 length_penalty: float) -> list[tuple[float, list[int]]]:
+                 length_penalty: float, mask: Utf8Mask | None = None
+                 ) -> list[tuple[float, list[int]]]:
     """Beam search over a decoder of `beams` rows, from start (beams, T0) (identical rows):
     the hypotheses, best first, as (sum of log-probabilities / length**length_penalty, ids).
 
@@ -53,6 +57,8 @@ def search_beams(decoder: Decoder, start: torch.Tensor, max_steps: int, beams: i
     last = None
     for t in range(max_steps):
         logits = decoder.prefill(start) if t == 0 else decoder.step(last)
+        if mask is not None:
+            logits = mask.apply(logits)
         logp = torch.log_softmax(logits.float(), dim=-1)  # (N, V)
         V = logp.size(-1)
         cand_scores, cand = (scores[:, None] + logp).view(-1).topk(min(2 * beams, beams * V))
@@ -81,6 +87,9 @@ def search_beams(decoder: Decoder, start: torch.Tensor, max_steps: int, beams: i
             keep_scores.append(float("-inf"))
         index = torch.tensor(keep_rows, device=device)
         decoder.reorder(index)
+        if mask is not None:
+            mask.select(index)
+            mask.advance(torch.tensor(keep_ids, device=device))
         seqs = [seqs[r] + [i] for r, i in zip(keep_rows, keep_ids, strict=True)]
         scores = torch.tensor(keep_scores, device=device)
         last = torch.tensor(keep_ids, device=device)

@@ -23,6 +23,7 @@ import torch
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError, first_line
 from charlm.generation.compiled_step import CompiledStep
+from charlm.generation.utf8 import Utf8Mask
 from charlm.model.gpt import GPT
 
 
@@ -249,11 +250,14 @@ class RecentIds:
 @torch.inference_mode()
 def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int,
              opts: SampleConfig | None = None,
-             generator: torch.Generator | None = None) -> Iterator[torch.Tensor]:
+             generator: torch.Generator | None = None,
+             mask: Utf8Mask | None = None) -> Iterator[torch.Tensor]:
     """Yield max_new_tokens tensors of ids (B,), one per step, continuing prompt (B, T0).
 
     A prompt longer than block_size is cropped to its last block_size tokens. One forward per
-    step for the whole batch; no forward is spent on a step that is never asked for.
+    step for the whole batch; no forward is spent on a step that is never asked for. A byte
+    model's `mask` keeps each row's bytes valid UTF-8 (after the repetition penalty, whose
+    clamp would make its -inf finite, and before the other processors).
     """
     opts = opts or SampleConfig()
     model.eval()
@@ -268,7 +272,11 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int,
         logits = decoder.prefill(prompt[:, -decoder.block:]) if i == 0 else decoder.step(nxt)
         if recent is not None:
             logits = apply_repetition_penalty(logits.float(), recent.ids, opts.repetition_penalty)
+        if mask is not None:
+            logits = mask.apply(logits)
         nxt = sample_next(logits, opts.temperature, procs, generator)
+        if mask is not None:
+            mask.advance(nxt)
         if recent is not None:
             recent.push(nxt)
         yield nxt

@@ -13,9 +13,11 @@ import torch
 
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError, characters
+from charlm.data.units import unit_name
 from charlm.data.vocab import Vocab, list_unknown
 from charlm.generation.beams import beam_search
 from charlm.generation.decoding import generate
+from charlm.generation.utf8 import utf8_mask
 from charlm.model.attention import attention_dtype
 from charlm.model.encoder_decoder import EncoderDecoder
 from charlm.model.footprint import sampling_bytes
@@ -67,16 +69,19 @@ class Sample:
 
 
 def default_prompt(vocab: Vocab) -> str:
-    """The prompt when none is given: a newline, or the vocabulary's first character when the
-    model never saw a newline."""
-    return "\n" if not vocab.unknown("\n") else vocab.chars[0]
+    """The prompt when none is given: a newline, or the vocabulary's first character (a byte
+    model's first that is a whole character) when the model never saw a newline."""
+    if not vocab.unknown("\n"):
+        return "\n"
+    return next((c for c in vocab.chars if not vocab.unknown(c)), vocab.chars[0])
 
 
 def encode_prompt(vocab: Vocab, prompt: str, unknown: str,
                   block_size: int) -> tuple[str, list[int], list[str]]:
     """(prompt as used, its ids, warnings). Unknown characters are an error listing each one
     and its position, or dropped with `unknown='skip'`; a prompt longer than the context keeps
-    its last block_size characters."""
+    its last block_size characters (a byte model's: the characters of its last block_size
+    bytes)."""
     warnings = []
     bad = vocab.unknown(prompt)
     if bad:
@@ -92,11 +97,14 @@ def encode_prompt(vocab: Vocab, prompt: str, unknown: str,
                         f"{listed}")
     if not prompt:
         raise CharlmError("the prompt is empty; give at least one character the model knows")
-    if len(prompt) > block_size:
-        warnings.append(f"the prompt has {len(prompt)} characters, more than the context of "
+    ids = vocab.encode(prompt)
+    if len(ids) > block_size:
+        unit = unit_name(vocab.units)
+        warnings.append(f"the prompt has {len(ids)} {unit}s, more than the context of "
                         f"{block_size}; using its last {block_size}")
-        prompt = prompt[-block_size:]
-    return prompt, vocab.encode(prompt), warnings
+        prompt = vocab.tail(prompt, block_size)
+        ids = vocab.encode(prompt)
+    return prompt, ids, warnings
 
 
 def require_cache_memory(model: GPT | EncoderDecoder, option: str, value: int,
@@ -126,7 +134,8 @@ def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
                 stop: Callable[[], bool] | None = None) -> list[Sample]:
     """Generate opts.num_samples continuations of `prompt` (checked by `encode_prompt`), as
     one batch, or the best beam when opts.beams is set. on_text(sample index, text) is called as
-    each piece of text becomes final (stop strings are held back until they cannot match).
+    each piece of text becomes final (stop strings are held back until they cannot match; a
+    byte model's character once its last byte is drawn).
     Sampling ends early, each sample as far as it got, once stop() says so (a training run's
     stop signal): it is asked after every token."""
     if opts.beams is not None:
@@ -149,14 +158,16 @@ def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
     texts = [""] * K
     counts = [0] * K
     seconds = [0.0] * K
-    steps = generate(model, ids.expand(K, -1), opts.max_new_tokens, opts, generator)
+    streams = [vocab.stream() for _ in range(K)]
+    steps = generate(model, ids.expand(K, -1), opts.max_new_tokens, opts, generator,
+                     utf8_mask(vocab, K, device))
     for step_ids in steps:
         for i, token in enumerate(step_ids.tolist()):
             m = matchers[i]
             if m.done:
                 continue
             counts[i] += 1
-            piece = m.feed(vocab.chars[token])
+            piece = m.feed(streams[i].feed(token))
             if m.done:
                 seconds[i] = time.perf_counter() - t0
             if piece:
@@ -180,9 +191,11 @@ def best_beam(model: GPT, vocab: Vocab, prompt: str, ids: torch.Tensor, opts: Sa
     """`sample_text` with opts.beams: the best beam, cut at a stop string, emitted whole."""
     stops = [vocab.encode(s) for s in opts.stop if not vocab.unknown(s)]
     best = beam_search(model, ids, opts.max_new_tokens, opts.beams, stops, opts.use_cache,
-                       compile=opts.compile)
+                       compile=opts.compile,
+                       mask=utf8_mask(vocab, opts.beams, ids.device))
     matcher = StopMatcher(opts.stop, opts.include_stop)
-    text = matcher.feed(vocab.decode(best)) + matcher.flush()
+    stream = vocab.stream()  # a byte model's beam may end inside a character: not shown
+    text = matcher.feed("".join(map(stream.feed, best))) + matcher.flush()
     emit(0, text)
     return Sample(prompt, text, len(best), time.perf_counter() - t0, matcher.done)
 

@@ -58,7 +58,6 @@ class Engine:
         self.slots = 1 if self.encdec else slots  # an encoder-decoder: one request at a time
         self.device = model.wte.weight.device
         self.decoder = None if self.encdec else SlotDecoder(model, slots, compile)
-        self.chars = None if self.encdec else list(vocab.chars)
         self.rows: list[Row] = []
         self.queue: collections.deque[Request] = collections.deque()
         self.cond = threading.Condition()
@@ -101,9 +100,12 @@ class Engine:
                 raise CharlmError("logprobs are not available for an encoder-decoder model; "
                                   "leave logprobs out")
             known = set(self.vocab.source)
+            bad = [(i, c) for i, c in enumerate(prompt) if c not in known]
         else:
-            known = set(self.chars)
-        bad = [(i, c) for i, c in enumerate(prompt) if c not in known]
+            if self.vocab.units == "byte" and params.logprobs:  # a character is several draws
+                raise CharlmError("top logprobs are per character, and this model draws bytes; "
+                                  "ask for logprobs 0 (the chosen characters' logprobs)")
+            bad = self.vocab.unknown(prompt)
         if bad:
             raise CharlmError(f"the prompt has characters outside the model's vocabulary: "
                               f"{list_unknown(bad, 'at position')}; remove them")
@@ -115,7 +117,7 @@ class Engine:
                 raise CharlmError(f"the prompt (the source) is {len(prompt)} characters, over "
                                   f"the model's block_size {block}; shorten it")
             return self.vocab.encode_source(prompt)
-        return self.vocab.encode(prompt[-block:])  # as `charlm sample` crops a long prompt
+        return self.vocab.encode(self.vocab.tail(prompt, block))  # as `charlm sample` crops
 
     def stats(self) -> Stats:
         with self.cond:
@@ -209,7 +211,7 @@ class Engine:
         elif self.encdec:
             self._translate(request)
         else:
-            row = Row(request, self.chars, self.device)
+            row = Row(request, self.vocab, self.device)
             logits = self.decoder.add(request.ids)
             with self.cond:
                 self.rows.append(row)

@@ -20,6 +20,7 @@ import torch
 
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import first_line
+from charlm.data.vocab import Vocab
 from charlm.generation.decoding import (
     RecentIds,
     apply_repetition_penalty,
@@ -28,6 +29,7 @@ from charlm.generation.decoding import (
     sample_next,
 )
 from charlm.generation.text import StopMatcher
+from charlm.generation.utf8 import utf8_mask
 
 LOGPROB_FLOOR = -9999.0
 REPETITION_WINDOW = SampleConfig().repetition_window  # as `charlm sample`'s default
@@ -117,11 +119,14 @@ class Row:
     """One request in the batch: its processors, generator, recent ids and stop strings, and
     the characters held back while they may start a stop string."""
 
-    def __init__(self, request: Request, chars: list[str], device: torch.device):
+    def __init__(self, request: Request, vocab: Vocab, device: torch.device):
         p = request.params
         self.request = request
         self.params = p
-        self.chars = chars
+        self.chars = vocab.chars
+        self.stream = vocab.stream()  # a byte model's characters, each once its last byte came
+        self.mask = utf8_mask(vocab, 1, device)
+        self.logprob = 0.0  # a byte model's: of the bytes of the character begun so far
         self.procs = build_processors(request.opts)
         self.generator = generator_for(p.seed, device)
         self.recent = None
@@ -140,29 +145,42 @@ class Row:
         x = logits[None].float()
         if self.recent is not None:
             x = apply_repetition_penalty(x, self.recent.ids, p.repetition_penalty)
+        if self.mask is not None:
+            x = self.mask.apply(x)
         nxt = sample_next(x, p.temperature, self.procs, self.generator)
         if self.recent is not None:
             self.recent.push(nxt)
+        if self.mask is not None:
+            self.mask.advance(nxt)
         self.last = token = int(nxt)
         self.count += 1
-        self.held.append(self.event(x, token))
-        released = len(self.matcher.feed(self.chars[token]))
+        event = self.event(x, token, self.stream.feed(token))
+        if event is None:  # a byte of a character still unfinished
+            return
+        self.held.append(event)
+        released = len(self.matcher.feed(event.text))
         for _ in range(released):
             self.request.send(self.held.popleft())
 
-    def event(self, x: torch.Tensor, token: int) -> Event:
-        """The character's event, with its logprob and the top-N when asked for."""
+    def event(self, x: torch.Tensor, token: int, text: str) -> Event | None:
+        """The event of the character `text` that `token` finished (None when it finished
+        none: a byte model's byte inside a character), with its logprob (a byte model's: the
+        sum over its bytes) and the top-N when asked for (a character model's)."""
         n = self.params.logprobs
         if n is None:
-            return Event(self.chars[token])
+            return Event(text) if text else None
         if self.params.temperature > 0:
             x = apply_temperature(x, self.params.temperature)
         logprobs = torch.log_softmax(x[0], dim=-1)
+        self.logprob += float(logprobs[token])
+        if not text:
+            return None
         top = logprobs.topk(min(n, logprobs.numel())) if n else None
         table = {} if top is None else {self.chars[i]: rounded(v) for v, i in
                                         zip(top.values.tolist(), top.indices.tolist(),
                                             strict=True)}
-        return Event(self.chars[token], rounded(float(logprobs[token])), table)
+        logprob, self.logprob = self.logprob, 0.0
+        return Event(text, rounded(logprob), table)
 
     def done(self) -> str | None:
         """The finish reason once the request has ended, else None."""

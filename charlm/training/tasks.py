@@ -38,7 +38,7 @@ class TextTask:
             require_window(data.split(split), cfg.model.block_size, split, cfg.data.path)
 
     def vocab_state(self) -> Any:
-        return self.vocab.chars
+        return self.vocab.state()
 
     def sampler(self, split: str, seed: int, device: torch.device,
                 rows: slice = slice(None)) -> BatchSampler:
@@ -139,10 +139,11 @@ def task_for(cfg: RunConfig, cache_dir: Path,
 
 
 def vocab_from_state(state: Any) -> Vocab | PairVocab:
-    """The vocabulary a checkpoint stores: a list of characters (GPT) or a PairVocab's dict."""
-    if isinstance(state, dict):
+    """The vocabulary a checkpoint stores: a GPT's `Vocab.state()` (a list of characters, or
+    its units and chars) or a PairVocab's dict."""
+    if isinstance(state, dict) and "units" not in state:
         return PairVocab.from_dict(state)
-    return Vocab(state)
+    return Vocab.from_state(state)
 
 
 def build_model(cfg: RunConfig, vocab: Vocab | PairVocab) -> torch.nn.Module:

@@ -494,3 +494,45 @@ def test_an_encoder_decoder_fine_tunes_from_its_safetensors_export(cli, tmp_path
     assert result.code == 0, result.err
     assert checkpoint.load(tmp_path / "run" / "last.pt")["vocab"] == {
         "source": list("gfedcbza"), "target": list("gfedcbzyxa"), "target_units": "space"}
+
+
+MULTI_SCRIPT = ("The quick brown fox jumps over the lazy dog. Ça va, Zoë?\n"
+                "Η γρήγορη καφέ αλεπού πηδάει πάνω από τον σκύλο.\n"
+                "敏捷的棕色狐狸跳过了懒狗。日本語も少し。\n"
+                "Emoji: 🦊🐕🙂👍 and more 🦊!\n")
+
+
+def test_a_byte_model_trains_samples_and_round_trips_multi_script_text(cli, tmp_path):
+    """data.units=byte on Latin, Greek, CJK and emoji: the vocabulary is the bytes that occur,
+    text round-trips through the ids, samples (the CLI's stream, and the API's) are whole
+    UTF-8 characters without a replacement character, and eval reports bits per byte."""
+    import charlm
+
+    src = tmp_path / "multi.txt"
+    src.write_text(MULTI_SCRIPT * 30, encoding="utf-8")
+    run = tmp_path / "run"
+    result = cli("train", TINY, "--data", src, "--out", run, "--set", "data.units=byte",
+                 "--set", "train.max_iters=12", "--set", "train.eval_interval=6",
+                 "--set", "train.sample_chars=40")
+    assert result.code == 0, result.err
+    lm = charlm.load(run)
+    raw = MULTI_SCRIPT.encode()
+    assert (lm.vocab.units, lm.vocab.chars) == ("byte", [chr(b) for b in sorted(set(raw))])
+    assert lm.vocab.decode(lm.vocab.encode(MULTI_SCRIPT)) == MULTI_SCRIPT
+    out = cli("sample", run, "--prompt", "Η γρ", "--max-new-tokens", "120", "--num-samples",
+              "2", "--seed", "1")
+    assert out.code == 0 and "\ufffd" not in out.out and out.out.count("Η γρ") == 2, out
+    for sample in charlm.sample(lm, "🦊", max_new_tokens=100, num_samples=3, seed=2):
+        assert "\ufffd" not in sample.text
+        assert len(sample.text.encode("utf-8", "strict")) >= sample.tokens - 3
+    scored = cli("eval", run, src)
+    assert scored.code == 0 and " bits/byte, " in scored.out, scored
+
+
+def test_byte_units_for_pairs_is_one_error(fails, tmp_path):
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("abc\tcba\nde\ted\n" * 20, encoding="utf-8")
+    fails("train", TINY, "--data", pairs, "--out", tmp_path / "run", "--set",
+          "model.arch=encoder_decoder", "--set", "data.units=byte",
+          message=f"data.units=byte is for text and a GPT, but {pairs} is trained as pairs by "
+                  "an encoder-decoder, whose vocabularies are characters; set data.units=char")

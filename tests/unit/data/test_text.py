@@ -11,6 +11,7 @@ import pytest
 from charlm.core.errors import CharlmError
 from charlm.data import chunks
 from charlm.data import text as data_module
+from charlm.data.corpus import TextOptions
 from charlm.data.dataset import load_dataset
 from charlm.data.text import prepare
 from tests.helpers import SHAKESPEARE
@@ -120,7 +121,7 @@ def reference_dataset(paths, val_fraction):
         val += ids[n_train:].tobytes()
     meta = {
         "format": "charlm-dataset", "version": 1, "vocab": chars, "vocab_size": len(chars),
-        "dtype": dtype.name, "val_fraction": val_fraction, "split": "tail",
+        "dtype": dtype.name, "val_fraction": val_fraction, "units": "char", "split": "tail",
         "skip_invalid": False, "include": [], "exclude": [], "unicode_normalize": None,
         "train_tokens": len(train) // dtype.itemsize, "val_tokens": len(val) // dtype.itemsize,
         "sources": [{"path": str(p), "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest(),
@@ -358,3 +359,21 @@ def test_read_text_refuses_a_device_and_a_text_over_its_limit(tmp_path):
         data_module.read_text(zero)
     assert str(e.value) == (f"cannot read text file {zero}: not a regular file (a directory, "
                             "FIFO or device); give a regular file")
+
+
+def test_prepare_in_byte_units_writes_the_files_bytes(tmp_path):
+    """units="byte": the vocabulary is the byte values that occur, the ids those of the raw
+    bytes (a file that is not UTF-8 too), split as characters are, and meta.json says so."""
+    raw = "Ελλάδα 漢字 🙂 ok\n".encode() + b"\xff\xfe latin-1 \xe9\n"
+    src = tmp_path / "mixed.bin"
+    src.write_bytes(raw)
+    meta = prepare([src], tmp_path / "ds", 0.25, progress=False,
+                   options=TextOptions(units="byte"))
+    assert meta["units"] == "byte"
+    assert meta["vocab"] == [chr(b) for b in sorted(set(raw))]
+    n_train = int(len(raw) * 0.75)
+    assert (meta["train_tokens"], meta["val_tokens"]) == (n_train, len(raw) - n_train)
+    ds = load_dataset(tmp_path / "ds")
+    assert ds.vocab.units == "byte"
+    ids = [sorted(set(raw)).index(b) for b in raw]
+    assert ds.train.tolist() + ds.val.tolist() == ids

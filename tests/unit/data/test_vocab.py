@@ -172,3 +172,26 @@ def test_pair_vocab_extended_moves_the_specials_after_the_new_units():
         parent.extended(PairVocab(("a",), ("X",), "space"))
     assert str(e.value) == ("the data's targets are space units, but the model's are char "
                             "units; set data.target_units: char")
+
+
+BYTE_TEXT = "a漢🙂é\n"
+
+
+def test_a_byte_vocabulary_encodes_utf8_bytes_and_streams_whole_characters():
+    """Byte units: the ids are the UTF-8 bytes' (each byte the character of its code point),
+    decode gives the text back, unknown() names the characters with a byte outside, and a
+    stream gives each character exactly when its last byte arrives, never a part of one."""
+    raw = BYTE_TEXT.encode()
+    vocab = Vocab(sorted(set(raw.decode("latin-1"))), "byte")
+    ids = vocab.encode(BYTE_TEXT)
+    assert ids == [vocab.chars.index(chr(b)) for b in raw]
+    assert vocab.decode(ids) == BYTE_TEXT
+    assert vocab.unknown("a€\n漢") == [(1, "€")]
+    assert vocab.tail("a漢🙂", 5) == "🙂" and vocab.tail("a漢🙂", 7) == "漢🙂"
+    stream = vocab.stream()
+    pieces = [stream.feed(i) for i in ids]
+    assert pieces == ["a", "", "", "漢", "", "", "", "🙂", "", "é", "\n"]
+    assert Vocab.from_state(vocab.state()) == vocab != Vocab(vocab.chars)
+    assert Vocab.from_state(Vocab(["a", "b"]).state()) == Vocab(["a", "b"])  # a list, as before
+    with pytest.raises(CharlmError, match="U\\+0000..U\\+00FF"):
+        Vocab(["a", "€"], "byte")

@@ -159,3 +159,25 @@ def test_sample_text_ends_where_it_is_once_stop_says_so(model):
     cut = sample_text(model, VOCAB, "ab", opts, stop=stop)
     assert len(asked) == 5
     assert [(s.tokens, s.text, s.stopped) for s in cut] == [(5, s.text[:5], False) for s in full]
+
+
+def test_a_byte_models_samples_are_whole_utf8_characters(model):
+    """A random GPT over 13 bytes (those of 'ab é漢🙂\\n', leads and continuations mixed): every
+    sample, beam search's too, streams only whole characters, never a replacement character,
+    and the text's UTF-8 is the bytes drawn less at most an unfinished last character."""
+    raw = "ab é漢🙂\n".encode()
+    vocab = Vocab(sorted(set(raw.decode("latin-1"))), "byte")
+    assert len(vocab) == V
+    for opts in (SampleConfig(max_new_tokens=60, num_samples=4, seed=3),
+                 SampleConfig(max_new_tokens=40, beams=3)):
+        pieces: dict[int, list[str]] = {}
+
+        def emit(i: int, s: str, pieces=pieces) -> None:
+            pieces.setdefault(i, []).append(s)
+
+        samples = sample_text(model, vocab, "é", opts, emit)
+        for i, sample in enumerate(samples):
+            assert "".join(pieces.get(i, [])) == sample.text
+            assert "\ufffd" not in sample.text
+            assert sample.tokens - 3 <= len(sample.text.encode()) <= sample.tokens
+        assert any(len(c.encode()) > 1 for s in samples for c in s.text)

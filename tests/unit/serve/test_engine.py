@@ -309,3 +309,22 @@ def test_a_request_that_fails_ends_with_an_error_and_the_others_go_on(monkeypatc
     assert len(nan.text) == 3
     assert good.text == greedy_reference(model, "abc", 40)[0] and good.reason == "length"
     assert engine.stats().busy == 0
+
+
+def test_a_byte_model_serves_whole_characters_as_charlm_sample_does():
+    """A random GPT over 13 bytes: each event is one whole character (its logprob the sum of
+    its bytes'), a seeded request's text is `sample_text`'s, and top logprobs, which a
+    character would need several draws for, are one error."""
+    vocab = Vocab(sorted(set("ab é漢🙂\n".encode().decode("latin-1"))), "byte")
+    model = random_gpt()
+    params = Params(max_tokens=60, temperature=1.0, seed=4, logprobs=0)
+    [done] = run(Engine(random_gpt(), vocab, slots=2), [("é", params)])
+    texts = [e.text for e in done.events[:-1]]
+    assert texts and all(len(t) == 1 for t in texts) and "\ufffd" not in done.text
+    assert any(len(t.encode()) > 1 for t in texts)
+    assert all(e.logprob is not None and e.logprob <= 0 for e in done.events[:-1])
+    [expected] = sample_text(model, vocab, "é", SampleConfig(max_new_tokens=60, temperature=1.0,
+                                                         seed=4))
+    assert done.text == expected.text
+    with pytest.raises(CharlmError, match="top logprobs are per character"):
+        Engine(model, vocab).submit("é", Params(max_tokens=5, logprobs=2), Completion())
