@@ -31,6 +31,11 @@ def prepare(
         str, typer.Option("--units", help="char: one id a character; byte: one id a byte of "
                           "the files (any file, at most 256 ids; data.units=byte).")
     ] = DataConfig.units,
+    benchmark: Annotated[
+        str | None, typer.Option("--benchmark", metavar="enwik8|text8", help="INPUT is this "
+                                 "benchmark's unzipped file: checked (size, sha256) and split "
+                                 "90M / 5M / 5M into train.bin, val.bin and test.bin.")
+    ] = None,
     set_: SetOpt = None,
 ) -> None:
     """Encode text files into a dataset dir: meta.json, train.bin, val.bin (pairs: one .npz
@@ -38,6 +43,9 @@ def prepare(
     if (run := locked_parent(out)) is not None:  # the dataset's own lock is `prepare`'s
         raise CharlmError(f"--out {out} is inside {run}, which a running `charlm train` holds; "
                           "wait for it to end, or choose another --out")
+    if benchmark is not None:
+        prepare_benchmark_file(benchmark, inputs, out, val_fraction, units, pairs or bool(set_))
+        return
     if units not in ("char", "byte"):
         raise CharlmError(f"--units must be 'char' or 'byte', got {units!r}")
     if pairs and units != "char":
@@ -63,3 +71,21 @@ def prepare(
     print(f"wrote {out}: {meta['vocab_size']} symbols ({meta['dtype']}), "
           f"{meta['train_tokens']:,} train / {meta['val_tokens']:,} val "
           f"{'bytes' if units == 'byte' else 'characters'}")
+
+
+def prepare_benchmark_file(name: str, inputs: list[Path], out: Path, val_fraction: float,
+                           units: str, other: bool) -> None:
+    """`charlm prepare --benchmark NAME FILE`: the benchmark fixes the split and the units."""
+    from charlm.data.benchmarks import prepare_benchmark
+
+    if len(inputs) != 1:
+        raise CharlmError(f"--benchmark {name} takes one file, the benchmark's, got "
+                          f"{len(inputs)}")
+    if other or val_fraction != DataConfig.val_fraction or units != DataConfig.units:
+        raise CharlmError("--benchmark fixes the split and the units; leave out --val-fraction, "
+                          "--units, --pairs and --set")
+    meta = prepare_benchmark(name, inputs[0], out)
+    unit = "bytes" if meta.get("units") == "byte" else "characters"
+    print(f"wrote {out}: {meta['vocab_size']} symbols ({meta['dtype']}), "
+          f"{meta['train_tokens']:,} train / {meta['val_tokens']:,} val / "
+          f"{meta['test_tokens']:,} test {unit}")

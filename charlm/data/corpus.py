@@ -130,10 +130,11 @@ def count_reasons(skipped: Sequence[Skipped]) -> str:
     return ", ".join(f"{n:,} {reason}" for reason, n in sorted(counts.items()))
 
 
-def encode_source(s: SourceStats, vocab: Vocab, n_train: int, ftrain: BinaryIO,
-                  fval: BinaryIO, options: TextOptions, bar: tqdm | None) -> None:
-    """Pass 2 over one input: its first n_train ids to ftrain, the rest to fval. What it reads
-    must be what pass 1 read (`s`: the same characters and sha256), else the file changed."""
+def encode_source(s: SourceStats, vocab: Vocab, ends: Sequence[int], files: Sequence[BinaryIO],
+                  options: TextOptions, bar: tqdm | None) -> None:
+    """Pass 2 over one input: its ids to `files` in turn, the first `ends[0]` to the first, up
+    to `ends[1]` to the second, and so on, the rest to the last. What it reads must be what
+    pass 1 read (`s`: the same characters and sha256), else the file changed."""
     done = 0
 
     def write(cps: bytes | np.ndarray) -> None:
@@ -142,9 +143,11 @@ def encode_source(s: SourceStats, vocab: Vocab, n_train: int, ftrain: BinaryIO,
             ids = memoryview(vocab.encode_code_points(cps))  # bytes or an array
         except CharlmError:  # a character the first read did not see
             raise changed_while_read(s.source.name) from None
-        cut = min(max(n_train - done, 0), len(ids))
-        ftrain.write(ids[:cut])
-        fval.write(ids[cut:])
+        start = 0
+        for f, end in zip(files, [*ends, done + len(ids)], strict=True):  # each file's part
+            cut = min(max(end - done, start), len(ids))
+            f.write(ids[start:cut])
+            start = cut
         done += len(ids)
 
     try:

@@ -49,7 +49,7 @@ from charlm.data.vocab import Vocab
 DATASET_FORMAT = "charlm-dataset"
 
 
-DATASET_FILES = ("meta.json", "train.bin", "val.bin")
+DATASET_FILES = ("meta.json", "train.bin", "val.bin", "test.bin")  # test: a benchmark's
 
 
 DATASET_VERSION = 1
@@ -201,6 +201,7 @@ def prepare_sources(sources: Sequence[Source], out: str | Path, val_fraction: fl
                 **({} if base is None else {"base": base.chars}),
             }
             install(out, final.values(), meta)
+            (out / "test.bin").unlink(missing_ok=True)  # of a benchmark this one replaced
         except BaseException as e:
             discard_temps(final.values())
             if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -248,7 +249,7 @@ def write_splits(stats: Sequence[SourceStats], n_train: Sequence[int], vocab: Vo
     with (open(temp_beside(final["train"]), "wb") as ftrain,
           open(temp_beside(final["val"]), "wb") as fval):
         for s, n in zip(stats, n_train, strict=True):
-            encode_source(s, vocab, n, ftrain, fval, options, bar)
+            encode_source(s, vocab, [n], [ftrain, fval], options, bar)
         for f in (ftrain, fval):
             f.flush()
             os.fsync(f.fileno())

@@ -84,3 +84,38 @@ def test_a_prepare_into_a_run_that_trains_is_refused(fails, tmp_path):
     finally:
         os.close(fd)
     assert list(run.iterdir()) == []
+
+
+def test_prepare_benchmark_writes_the_split_and_refuses_a_wrong_file(cli, fails, tmp_path,
+                                                                     monkeypatch):
+    """`charlm prepare --benchmark enwik8 FILE`, on a generated file that the size and sha256
+    check is pointed at (the real one is 100 MB); a wrong file, a second input, a split or
+    units of one's own, and an unknown benchmark are each one error."""
+    import hashlib
+
+    from charlm.data import benchmarks
+
+    data = "<page>Ελλάδα 東京 🙂 [[link]] ok</page>\n".encode() * 50  # 2,500 bytes
+    src, out = tmp_path / "enwik8", tmp_path / "ds"
+    src.write_bytes(data)
+    digest = hashlib.sha256(data).hexdigest()
+    monkeypatch.setitem(benchmarks.BENCHMARKS, "enwik8", benchmarks.Benchmark(
+        len(data), digest, "byte", (2250, 125, 125), "http://mattmahoney.net/dc/enwik8.zip"))
+    result = cli("prepare", "--benchmark", "enwik8", src, "--out", out)
+    assert (result.code, result.err) == (0, "")
+    assert result.out == (f"wrote {out}: {len(set(data))} symbols (uint8), 2,250 train / 125 "
+                          "val / 125 test bytes\n")
+    assert sorted(p.name for p in out.iterdir()) == [
+        "meta.json", "test.bin", "train.bin", "val.bin"]
+    (tmp_path / "other").write_bytes(data[:-1])
+    fails("prepare", "--benchmark", "enwik8", tmp_path / "other", "--out", out,
+          message=f"{tmp_path / 'other'} is not enwik8: expected 2,500 bytes with sha256 "
+                  f"{digest}, found 2,499 bytes; give the file unzipped from "
+                  "http://mattmahoney.net/dc/enwik8.zip")
+    fails("prepare", "--benchmark", "enwik8", src, src, "--out", out,
+          message="--benchmark enwik8 takes one file, the benchmark's, got 2")
+    fails("prepare", "--benchmark", "enwik8", src, "--units", "byte", "--out", out,
+          message="--benchmark fixes the split and the units; leave out --val-fraction, "
+                  "--units, --pairs and --set")
+    fails("prepare", "--benchmark", "enwik9", src, "--out", out,
+          message="--benchmark must be one of enwik8, text8, got 'enwik9'")
