@@ -16,12 +16,36 @@ app = command_app()
 
 @app.command()
 def prepare(
-    inputs: Annotated[list[Path], typer.Argument(metavar="INPUT...", help="UTF-8 text files.")],
+    inputs: Annotated[list[str], typer.Argument(
+        metavar="INPUT...", help="UTF-8 text: files, folders (every file under them, hidden ones "
+        "skipped), quoted globs ('src/**/*.py'), .gz/.bz2/.xz files, - for stdin.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Dataset directory to write.")],
     val_fraction: Annotated[
-        float, typer.Option(help="Last fraction of each input used for validation (pairs: the "
-                            "share of sources, by a hash of each).")
+        float, typer.Option(help="Last fraction of each input used for validation (--split "
+                            "files: the share of files; pairs: of sources, by a hash of each).")
     ] = DataConfig.val_fraction,
+    split: Annotated[
+        str, typer.Option(metavar="tail|files", help="tail: the last --val-fraction of each "
+                          "file is validation; files: whole files are, chosen by a hash of "
+                          "their path.")
+    ] = DataConfig.split,
+    skip_invalid: Annotated[
+        bool, typer.Option("--skip-invalid", help="Skip (and count) files that are empty or "
+                           "not UTF-8 text instead of stopping at the first.")
+    ] = False,
+    include: Annotated[
+        list[str] | None, typer.Option(metavar="PATTERN", help="Of a folder's or glob's files, "
+                                       "only those matching (`*.py`; with a /, the path under "
+                                       "the folder); repeatable.")
+    ] = None,
+    exclude: Annotated[
+        list[str] | None, typer.Option(metavar="PATTERN", help="Of a folder's or glob's files, "
+                                       "leave out those matching; repeatable.")
+    ] = None,
+    unicode_normalize: Annotated[
+        str | None, typer.Option(metavar="NFC|NFKC|NFD|NFKD", help="Put the text in this "
+                                 "Unicode normal form (recorded; prompts and eval text too).")
+    ] = None,
     pairs: Annotated[
         bool, typer.Option("--pairs", help="The inputs hold source<TAB>target lines (for "
                            "model.arch=encoder_decoder); --set data.KEY=VALUE sets separator, "
@@ -43,14 +67,18 @@ def prepare(
     if (run := locked_parent(out)) is not None:  # the dataset's own lock is `prepare`'s
         raise CharlmError(f"--out {out} is inside {run}, which a running `charlm train` holds; "
                           "wait for it to end, or choose another --out")
+    text = [(key, value) for key, value, default in (
+        ("data.split", split, DataConfig.split), ("data.skip_invalid", skip_invalid, False),
+        ("data.include", include, None), ("data.exclude", exclude, None),
+        ("data.unicode_normalize", unicode_normalize, None), ("data.units", units, "char"))
+        if value != default]
     if benchmark is not None:
-        prepare_benchmark_file(benchmark, inputs, out, val_fraction, units, pairs or bool(set_))
+        prepare_benchmark_file(benchmark, inputs, out, val_fraction,
+                               pairs or bool(set_) or bool(text))
         return
-    if units not in ("char", "byte"):
-        raise CharlmError(f"--units must be 'char' or 'byte', got {units!r}")
-    if pairs and units != "char":
-        raise CharlmError("--units byte is for text and a GPT; pairs take characters, leave "
-                          "--units out")
+    if pairs and text:
+        raise CharlmError(f"--{text[0][0][5:].replace('_', '-')} is for text; pairs take "
+                          "--set data.KEY=VALUE")
     if pairs:
         from charlm.config.loading import load_config
         from charlm.data.pairs import prepare_pairs
@@ -64,26 +92,32 @@ def prepare(
         return
     if set_:
         raise CharlmError("--set applies to --pairs only; text takes --val-fraction")
-    from charlm.data.corpus import TextOptions
+    from charlm.config.loading import load_config
+    from charlm.data.corpus import count_reasons
+    from charlm.data.prepared import text_options
     from charlm.data.text import prepare as prepare_dataset
 
-    meta = prepare_dataset(inputs, out, val_fraction, options=TextOptions(units=units))
+    data = load_config(None, [("data.val_fraction", val_fraction), *text]).data
+    meta = prepare_dataset(inputs, out, val_fraction, options=text_options(data))
+    skipped = meta["skipped"]
     print(f"wrote {out}: {meta['vocab_size']} symbols ({meta['dtype']}), "
           f"{meta['train_tokens']:,} train / {meta['val_tokens']:,} val "
-          f"{'bytes' if units == 'byte' else 'characters'}")
+          f"{'bytes' if data.units == 'byte' else 'characters'} from "
+          f"{len(meta['sources']):,} file{'s' if len(meta['sources']) != 1 else ''}"
+          + (f"; skipped {len(skipped):,} ({count_reasons(skipped)})" if skipped else ""))
 
 
-def prepare_benchmark_file(name: str, inputs: list[Path], out: Path, val_fraction: float,
-                           units: str, other: bool) -> None:
+def prepare_benchmark_file(name: str, inputs: list[str], out: Path, val_fraction: float,
+                           other: bool) -> None:
     """`charlm prepare --benchmark NAME FILE`: the benchmark fixes the split and the units."""
     from charlm.data.benchmarks import prepare_benchmark
 
     if len(inputs) != 1:
         raise CharlmError(f"--benchmark {name} takes one file, the benchmark's, got "
                           f"{len(inputs)}")
-    if other or val_fraction != DataConfig.val_fraction or units != DataConfig.units:
+    if other or val_fraction != DataConfig.val_fraction:
         raise CharlmError("--benchmark fixes the split and the units; leave out --val-fraction, "
-                          "--units, --pairs and --set")
+                          "--units, --pairs, --set and the other text options")
     meta = prepare_benchmark(name, inputs[0], out)
     unit = "bytes" if meta.get("units") == "byte" else "characters"
     print(f"wrote {out}: {meta['vocab_size']} symbols ({meta['dtype']}), "

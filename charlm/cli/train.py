@@ -23,18 +23,23 @@ app = command_app()
 @app.command()
 def train(
     config: Annotated[
-        Path | None,
+        list[str] | None,
         typer.Argument(
-            metavar="CONFIG_OR_TEXT",
-            help="A YAML config (default: the built-in defaults, a small GPT-2), or a text file "
-            "/ dataset dir to train the defaults on (run dir runs/<name> unless --out).",
+            metavar="CONFIG_OR_TEXT...",
+            help="A YAML config (default: the built-in defaults, a small GPT-2), or the text to "
+            "train the defaults on: files, folders, quoted globs ('src/**/*.py'), .gz/.bz2/.xz "
+            "files, - for stdin, or a dataset dir (run dir runs/<name> unless --out).",
         ),
     ] = None,
     data: Annotated[
-        str | None, typer.Option(help="Text file or prepared dataset dir (sets data.path; "
-                                 "the run dir is runs/<name> unless --out or the config names "
-                                 "one).")
+        list[str] | None, typer.Option(help="The text, as CONFIG_OR_TEXT takes it; repeatable "
+                                       "(sets data.path; the run dir is runs/<name> unless "
+                                       "--out or the config names one).")
     ] = None,
+    skip_invalid: Annotated[
+        bool, typer.Option("--skip-invalid", help="Skip (and count) input files that are empty "
+                           "or not UTF-8 text (sets data.skip_invalid).")
+    ] = False,
     out: Annotated[str | None, typer.Option(help="Run dir (sets train.out_dir).")] = None,
     device: Annotated[
         str | None, typer.Option(metavar="DEVICE", help=f"{DEVICES} (sets train.device).")
@@ -63,7 +68,8 @@ def train(
         raise CharlmError("--init-from starts a new run from a model's weights, --resume "
                           "continues a run from its last.pt; give one of them")
     parents: list = []  # the model --init-from names, loaded once for the config and weights
-    cfg = train_config(config, set_ or [], data=data, out=out, device=device, budget=budget,
+    overrides = [*(set_ or []), *([("data.skip_invalid", True)] if skip_invalid else [])]
+    cfg = train_config(config, overrides, data=data, out=out, device=device, budget=budget,
                        init_from=init_from, resume=_resume_config if resume else None,
                        init=lambda *args: _init_config(*args, loaded=parents))
     from charlm.training.faults import Aborted, Interrupted
@@ -126,25 +132,31 @@ def model_keys_given(config: Path | None, overrides: typing.Sequence[Override]) 
 
 
 def train_config(
-    config: str | Path | None, overrides: typing.Sequence[Override] = (), *,
-    data: str | None = None, out: str | None = None, device: str | None = None,
+    config: str | Path | typing.Sequence[str | Path] | None,
+    overrides: typing.Sequence[Override] = (), *,
+    data: str | typing.Sequence[str] | None = None, out: str | None = None,
+    device: str | None = None,
     budget: str | None = None, init_from: str | None = None,
     resume: typing.Callable[[Path, Path | None, list[Override]], RunConfig] | None = None,
     init: typing.Callable[[RunConfig, set[str]], RunConfig] = _init_config,
 ) -> RunConfig:
-    """The config `charlm train CONFIG_OR_TEXT --data --out --device --time --set` runs. A
-    CONFIG that is no YAML file is the data; a config that names no run dir (the defaults, or a
-    YAML file without train.out_dir) trains into runs/<data's name> (`schema.default_run_dir`).
+    """The config `charlm train CONFIG_OR_TEXT... --data --out --device --time --set` runs. A
+    YAML config may come first; the other arguments are the data (data.path: one input, or a
+    list), as --data is; a config that names no run dir (the defaults, or a YAML file without
+    train.out_dir) trains into runs/<data's name> (`schema.default_run_dir`).
     `resume(run_dir, config, overrides)` gives a resumed run's config (the checkpoint's, see
     `charlm.training.run_dir.resume_config`); None starts a fresh run. A fresh run with
     train.init_from (`--init-from`) takes its architecture from that model (`init`)."""
     overrides = list(overrides)
-    config = None if config is None else Path(config)
+    args = [] if config is None else [config] if isinstance(config, (str, Path)) else list(config)
+    config = Path(args.pop(0)) if args and is_config_file(Path(args[0])) else None
+    data = [data] if isinstance(data, str) else list(data or [])
     data_given = "--data"
-    if config is not None and not is_config_file(config):
-        if data is not None:
-            raise CharlmError(f"give the data either as {config} or as --data, not both")
-        data, config, data_given = str(config), None, str(config)
+    if args:
+        if data:
+            raise CharlmError(f"give the data either as {args[0]} or as --data, not both")
+        data, data_given = [str(a) for a in args], str(args[0])
+    data = None if not data else data[0] if len(data) == 1 else data
     set_keys = {dotted_key(o) for o in overrides}
     options = ((data_given, "data.path", data), ("--out", "train.out_dir", out),
                ("--device", "train.device", device), ("--time", "train.max_time", budget),
@@ -168,9 +180,9 @@ def train_config(
                           [o for o in overrides if dotted_key(o) in ("train.out_dir", "data.path")])
         return resume(Path(run.train.out_dir), config, overrides)
     cfg = load_config(config, overrides)
-    if data is None and "data.path" not in set_keys and not Path(cfg.data.path).exists():
+    if data is None and "data.path" not in set_keys and not Path(cfg.data.inputs[0]).exists():
         raise CharlmError(  # data.path is not the user's own words: say where it came from
-            f"input file not found: {cfg.data.path} (data.path of "
+            f"input file not found: {cfg.data.shown} (data.path of "
             f"{config or 'the built-in defaults'}, taken from the current directory); "
             "give your text as `charlm train my.txt` or --data PATH"
         )

@@ -67,8 +67,7 @@ def _chunks(f: BinaryIO, name: str, bar: tqdm | None) -> Iterator[tuple[bytes, b
         final = not raw
         head = head or raw[:8]
         data = raw[3:] if offset == 0 and raw.startswith(codecs.BOM_UTF8) else raw
-        if (nul := raw.find(b"\0")) >= 0:
-            raise not_text(name, "a NUL byte", offset + nul, head, "binary")
+        nul = raw.find(b"\0")
         pending = len(decoder.getstate()[0])  # bytes of a character cut by the chunk's start
         text = None
         if pending or not data.isascii():
@@ -76,8 +75,11 @@ def _chunks(f: BinaryIO, name: str, bar: tqdm | None) -> Iterator[tuple[bytes, b
                 text = decoder.decode(data, final=final)
             except UnicodeDecodeError as e:
                 at = offset + len(raw) - len(data) - pending + e.start
-                raise not_text(name, f"invalid byte 0x{e.object[e.start]:02x}", at, head,
-                               "not UTF-8") from None
+                if nul < 0 or offset + nul > at:  # the first fault is the one named
+                    raise not_text(name, f"invalid byte 0x{e.object[e.start]:02x}", at, head,
+                                   "not UTF-8") from None
+        if nul >= 0:
+            raise not_text(name, "a NUL byte", offset + nul, head, "binary")
         offset += len(raw)
         if bar is not None:
             bar.update(len(raw))
@@ -103,9 +105,9 @@ def code_point_chunks(f: BinaryIO, name: str, bar: tqdm | None = None,
     `decode_chunks` does, and put in the Unicode normal form `normalize` (NFC, NFKC, NFD, NFKD)
     if given. The code points come as bytes when all are below 256 (a chunk of ASCII as it was
     read, Latin-1 text encoded back), else as a uint32 array, one per character."""
-    carry = ""  # the text after the chunk's last ASCII character, normalized with the next
+    carry = ""  # the text from the chunk's last ASCII character on, normalized with the next
     for raw, data, text in _chunks(f, name, bar):
-        if normalize is None or (text is None and not carry):  # ASCII is in every normal form
+        if normalize is None:
             yield raw, data if text is None else narrow_code_points(text)
             continue
         text = carry + (data.decode("ascii") if text is None else text)

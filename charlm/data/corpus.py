@@ -124,9 +124,10 @@ def scan(sources: Sequence[Source], options: TextOptions = TextOptions(),
     return stats, skipped, vocab
 
 
-def count_reasons(skipped: Sequence[Skipped]) -> str:
-    """`3 empty, 1 not UTF-8`: how many inputs were skipped, by reason."""
-    counts = Counter(s.reason for s in skipped)
+def count_reasons(skipped: Sequence[Skipped | dict[str, Any]]) -> str:
+    """`3 empty, 1 not UTF-8`: how many inputs were skipped, by reason (of `scan`'s `Skipped`,
+    or meta.json's "skipped" entries)."""
+    counts = Counter(s["reason"] if isinstance(s, dict) else s.reason for s in skipped)
     return ", ".join(f"{n:,} {reason}" for reason, n in sorted(counts.items()))
 
 

@@ -26,10 +26,10 @@ import shutil
 import sys
 import tempfile
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from tqdm import tqdm
 
@@ -37,7 +37,10 @@ from charlm.core.errors import CharlmError
 from charlm.data.chunks import InvalidText
 from charlm.data.digest import ChunkDigest
 
-CODECS = {".gz": gzip.GzipFile, ".bz2": bz2.BZ2File, ".xz": lzma.LZMAFile}
+# each codec's reader of a binary file object
+CODECS: dict[str, Callable[[Any], BinaryIO]] = {
+    ".gz": lambda f: gzip.GzipFile(fileobj=f, mode="rb"), ".bz2": bz2.BZ2File,
+    ".xz": lzma.LZMAFile}
 
 GLOB_CHARS = frozenset("*?[")
 
@@ -66,7 +69,7 @@ class Source:
             if self.codec is None:
                 yield tap, tap
             else:
-                with CODECS[self.codec](fileobj=tap, mode="rb") as stream:
+                with CODECS[self.codec](tap) as stream:
                     yield stream, tap
 
     def damaged(self, e: BaseException) -> InvalidText:
@@ -181,9 +184,9 @@ def _filtered(files: list[Source], spec: str, include: Sequence[str],
             if (not include or any(matches(s.key, p) for p in include))
             and not any(matches(s.key, p) for p in exclude)]
     if not kept:
-        what = "no files" if not files else f"none of its {len(files):,} files passes"
-        raise CharlmError(f"{spec} holds {what}" + (" --include / --exclude" if files else "")
-                          + "; give a folder or pattern with text files in it")
+        what = (f"{spec} holds no files" if not files else
+                f"none of the {len(files):,} files of {spec} passes --include / --exclude")
+        raise CharlmError(f"{what}; give a folder or pattern with text files in it")
     return kept
 
 

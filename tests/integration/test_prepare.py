@@ -12,7 +12,8 @@ from tests.helpers import ROOT
 
 
 @pytest.mark.parametrize("name, text, option, wrote", [
-    ("t.txt", "hello world, hello world\n", [], "10 symbols (uint8), 22 train / 3 val characters"),
+    ("t.txt", "hello world, hello world\n", [], "10 symbols (uint8), 22 train / 3 val characters "
+     "from 1 file"),
     ("p.tsv", "".join(f"{w}\t{w.upper()}\n" for w in ("cat", "dog", "hat", "bat", "rat")),
      ["--pairs"], "4 train / 1 val / 0 test pairs"),
 ])
@@ -74,3 +75,27 @@ def test_sigterm_while_preparing_removes_its_temporaries_and_exits_143(tmp_path,
         proc.kill()
     assert (proc.returncode, err) == (143, "interrupted by SIGTERM\n")
     assert everything() == before
+
+
+AS_LIMIT = 440 << 20  # address space: prepare's interpreter, numpy and threads take ~370 MB
+
+
+def test_prepare_streams_a_corpus_larger_than_its_address_space(tmp_path):
+    """Memory stays bounded by a constant whatever the corpus: a 480 MB text (non-ASCII, so every
+    chunk is decoded) prepares in a process that cannot map even 440 MB."""
+    import resource
+
+    src = tmp_path / "big.txt"
+    line = ("naïve café " * 30 + "plain ascii words here " * 10 + "\n").encode()
+    with open(src, "wb") as f:
+        for _ in range((480 << 20) // len(line)):
+            f.write(line)
+    limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))  # noqa: E731
+    result = subprocess.run(
+        [sys.executable, "-m", "charlm", "prepare", str(src), "--out", str(tmp_path / "ds")],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        timeout=120, preexec_fn=limit)
+    assert result.returncode == 0, result.stderr
+    chars = len(line.decode()) * ((480 << 20) // len(line))
+    assert ((tmp_path / "ds" / "train.bin").stat().st_size
+            + (tmp_path / "ds" / "val.bin").stat().st_size) == chars

@@ -12,7 +12,7 @@ def test_prepare_command(cli, tmp_path):
     result = cli("prepare", SHAKESPEARE, "--out", out)
     assert result.code == 0
     assert result.out.strip() == (
-        f"wrote {out}: 65 symbols (uint8), 1,003,854 train / 111,540 val characters")
+        f"wrote {out}: 65 symbols (uint8), 1,003,854 train / 111,540 val characters from 1 file")
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "val.bin"]
 
 
@@ -116,6 +116,25 @@ def test_prepare_benchmark_writes_the_split_and_refuses_a_wrong_file(cli, fails,
           message="--benchmark enwik8 takes one file, the benchmark's, got 2")
     fails("prepare", "--benchmark", "enwik8", src, "--units", "byte", "--out", out,
           message="--benchmark fixes the split and the units; leave out --val-fraction, "
-                  "--units, --pairs and --set")
+                  "--units, --pairs, --set and the other text options")
     fails("prepare", "--benchmark", "enwik9", src, "--out", out,
           message="--benchmark must be one of enwik8, text8, got 'enwik9'")
+
+
+def test_prepare_a_folder_skipping_what_is_not_text_says_what_it_skipped(cli, tmp_path):
+    root = tmp_path / "src"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_bytes(b"")
+    (root / "pkg" / "m.py").write_text("print('hello world')\n" * 10)
+    (root / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    (root / "notes.md").write_text("# notes\n" * 10)
+    out = tmp_path / "ds"
+    result = cli("prepare", root, "--out", out, "--skip-invalid", "--exclude", "*.md")
+    assert (result.code, result.err) == (0, "")
+    assert result.out == (f"wrote {out}: 16 symbols (uint8), 189 train / 21 val characters "
+                          "from 1 file; skipped 2 (1 empty, 1 not UTF-8)\n")
+    failed = cli("prepare", root, "--out", tmp_path / "ds2")
+    assert (failed.code, failed.err) == (
+        2, f"error: {root / 'logo.png'} is not valid UTF-8 text (invalid byte 0x89 at byte "
+           "offset 0); charlm reads text files as UTF-8, convert it first, or pass "
+           "--skip-invalid (data.skip_invalid) to skip such files\n")

@@ -112,7 +112,7 @@ def test_prepared_dataset_too_short_for_a_validation_window(fails, tmp_path):
      "charlm reads text files as UTF-8, convert it first"),  # Latin-1 text
     (b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)), "a NUL byte at byte offset 7",
      "a binary file? charlm reads UTF-8 text files"),
-    (b"\x1f\x8b\x08\x00" + bytes(20), "a NUL byte at byte offset 3",
+    (b"\x1f\x8b\x08\x00" + bytes(20), "invalid byte 0x8b at byte offset 1",
      "it looks gzip-compressed: name it *.gz and charlm decompresses it"),
 ])
 def test_file_that_is_not_utf8(fails, tmp_path, content, why, hint):
@@ -527,3 +527,19 @@ def test_a_bad_init_from_is_one_error_line_and_writes_nothing(fails, tmp_path, c
         fails(*args, export, "--set", f"train.init_from={export}",
               message="--init-from and --set train.init_from set the same key; give one of "
                       "them")
+
+
+def test_train_takes_several_inputs_as_one_data_path(text_file, tmp_path):
+    """`charlm train a.txt b.txt` was a usage error with no hint; now both are the data, as a
+    repeated --data is, and a YAML config may come first."""
+    (tmp_path / "b.txt").write_text("more\n", encoding="utf-8")
+    cfg = train_config([text_file, "b.txt"])
+    assert (cfg.data.path, cfg.data.inputs, cfg.train.out_dir) == (
+        ("my.txt", "b.txt"), ["my.txt", "b.txt"], str(Path("runs", "my")))
+    assert train_config(None, data=[text_file, "b.txt"]).data.path == ("my.txt", "b.txt")
+    config = tmp_path / "c.yaml"
+    config.write_text("train:\n  max_iters: 3\n")
+    cfg = train_config([config, "src/**/*.py"])
+    assert (cfg.data.path, cfg.train.out_dir, cfg.train.max_iters) == (
+        "src/**/*.py", str(Path("runs", "src")), 3)
+    assert train_config(["notes.txt.gz"]).train.out_dir == str(Path("runs", "notes"))

@@ -6,6 +6,7 @@ import os
 import pytest
 
 from charlm.core.errors import CharlmError
+from charlm.data.corpus import TextOptions
 from charlm.data.dataset import dataset_for
 from charlm.data.text import prepare
 from charlm.data.vocab import Vocab
@@ -113,3 +114,31 @@ def test_a_prepared_dataset_numbered_otherwise_than_the_parent_is_refused(tmp_pa
         "charlm train then prepares with the parent's vocabulary")
     assert dataset_for(prepared, 0.5, tmp_path / "c", base=Vocab(list(" ,a"))).vocab.chars == [
         " ", ",", "a", "b", "c"]  # its ids are the parent's already
+
+
+def test_a_folders_cache_is_keyed_by_each_files_path_size_and_sha256(tmp_path):
+    """Editing one file of a folder (even to the same size) prepares again; nothing else does:
+    not a touch, not the files' order on disk. A new file, or other options, prepare again."""
+    root = tmp_path / "notes"
+    root.mkdir()
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (root / name).write_text(f"{name} holds some text of its own\n" * 20)
+    cache = tmp_path / "cache"
+    dataset_for(root, 0.1, cache)
+
+    def rebuilt():
+        mtime = (cache / "meta.json").stat().st_mtime_ns
+        data = dataset_for(root, 0.1, cache)
+        return data, (cache / "meta.json").stat().st_mtime_ns != mtime
+
+    os.utime(root / "b.txt", (0, 0))
+    assert rebuilt()[1] is False
+    (root / "b.txt").write_text((root / "b.txt").read_text().replace("some", "SOME"))
+    data, again = rebuilt()
+    assert again and "S" in data.vocab.chars
+    assert rebuilt()[1] is False
+    (root / "d.txt").write_text("another file\n" * 20)
+    assert rebuilt()[1] is True
+    mtime = (cache / "meta.json").stat().st_mtime_ns
+    dataset_for(root, 0.1, cache, options=TextOptions(split="files"))
+    assert (cache / "meta.json").stat().st_mtime_ns != mtime

@@ -1,0 +1,73 @@
+"""What `list_sources` makes of files, folders, globs and patterns, and the errors for what it
+cannot use."""
+
+import os
+
+import pytest
+
+from charlm.core.errors import CharlmError
+from charlm.data.sources import list_sources
+
+
+def tree(root, files):
+    for name in files:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(name)
+    return root
+
+
+def listed(specs, **kw):
+    return [(s.name, s.key) for s in list_sources([str(p) for p in specs], **kw)]
+
+
+def test_a_folder_is_walked_sorted_by_path_without_hidden_names(tmp_path):
+    root = tree(tmp_path / "notes", ["b.txt", "a/z.txt", "a.txt", ".hidden", ".git/config",
+                                     "a/.cache/x.txt", "c/d/e.md"])
+    assert [key for _, key in listed([root])] == ["a.txt", "a/z.txt", "b.txt", "c/d/e.md"]
+    assert listed([root])[1] == (str(root / "a" / "z.txt"), "a/z.txt")
+
+
+def test_a_glob_is_expanded_by_charlm_with_double_star_for_any_depth(tmp_path, monkeypatch):
+    tree(tmp_path, ["src/m.py", "src/pkg/n.py", "src/pkg/deep/o.py", "src/readme.md"])
+    monkeypatch.chdir(tmp_path)
+    assert listed(["src/**/*.py"]) == [("src/m.py", "m.py"), ("src/pkg/deep/o.py", "pkg/deep/o.py"),
+                                       ("src/pkg/n.py", "pkg/n.py")]
+    with pytest.raises(CharlmError) as e:
+        listed(["src/**/*.rs"])
+    assert str(e.value) == ("no file matches src/**/*.rs; check the pattern (charlm expands it: "
+                            "quote it, and use ** for any depth)")
+
+
+def test_several_inputs_keep_their_order_and_name_each_file_once(tmp_path):
+    root = tree(tmp_path / "d", ["a.txt", "b.txt"])
+    one = tree(tmp_path, ["one.txt"]) / "one.txt"
+    assert [n for n, _ in listed([one, root, root / "a.txt"])] == [
+        str(one), str(root / "a.txt"), str(root / "b.txt")]
+
+
+def test_include_and_exclude_filter_the_files_of_folders_not_a_named_file(tmp_path):
+    root = tree(tmp_path / "code", ["m.py", "tests/t.py", "tests/data.txt", "notes.md"])
+    assert [k for _, k in listed([root], include=["*.py"])] == ["m.py", "tests/t.py"]
+    assert [k for _, k in listed([root], include=["*.py"], exclude=["tests/*"])] == ["m.py"]
+    named = root / "notes.md"
+    assert [k for _, k in listed([named], include=["*.py"])] == ["notes.md"]
+    with pytest.raises(CharlmError) as e:
+        listed([root], include=["*.rs"])
+    assert str(e.value) == (f"none of the 4 files of {root} passes --include / --exclude; give "
+                            "a folder or pattern with text files in it")
+
+
+def test_an_empty_folder_a_symlink_loop_and_a_missing_file_are_one_error_each(tmp_path):
+    (tmp_path / "empty").mkdir()
+    loop = tmp_path / "loop"
+    os.symlink(loop, loop)
+    for spec, message in (
+        (tmp_path / "empty", f"{tmp_path / 'empty'} holds no files; give a folder or pattern "
+                             "with text files in it"),
+        (loop, f"input {loop} is a symlink loop (too many levels of symbolic links); fix the "
+               "link"),
+        (tmp_path / "none.txt", f"input file not found: {tmp_path / 'none.txt'}"),
+    ):
+        with pytest.raises(CharlmError) as e:
+            listed([spec])
+        assert str(e.value) == message
