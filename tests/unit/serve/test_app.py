@@ -314,9 +314,12 @@ def test_cors_only_for_the_origins_given():
 def test_past_the_concurrency_cap_429_with_retry_after():
     client, engine = make(Limits(concurrent=3))
     engine.gate.clear()
-    held = threading.Thread(target=post, args=(client, {"prompt": "a", "n": 2}))
+    done = []
+    held = threading.Thread(target=lambda: done.append(post(client, {"prompt": "a", "n": 2})))
     held.start()
+    deadline = time.monotonic() + 30  # a held request that failed must not hang the suite
     while len(engine.submitted) < 2:
+        assert time.monotonic() < deadline, (engine.submitted, [r.text for r in done])
         time.sleep(0.005)
     r = post(client, {"prompt": "a", "n": 2})
     assert r.status_code == 429 and r.headers["retry-after"] == "1"
