@@ -28,7 +28,8 @@ from charlm.core.errors import CharlmError
 from charlm.core.files import missing, read_capped
 
 if TYPE_CHECKING:
-    from charlm.data.vocab import PairVocab, Vocab
+    from charlm.data.pair_vocab import PairVocab
+    from charlm.data.vocab import Vocab
     from charlm.model.encoder_decoder import EncoderDecoder
     from charlm.model.gpt import GPT
 

@@ -14,7 +14,7 @@ import torch
 from charlm.core.errors import CharlmError
 from charlm.data.dataset import require_window
 from charlm.data.pair_dataset import PairSplit
-from charlm.data.vocab import PairVocab
+from charlm.data.pair_vocab import PairVocab
 
 IGNORE_INDEX = -1  # tgt_out's padding: the loss's ignore_index
 

@@ -60,7 +60,7 @@ def load_dataset(path: str | Path) -> Dataset:
     try:
         meta = read_meta(path)
         check_meta_header(meta)
-        vocab = Vocab(meta["vocab"], meta.get("units", "char"))
+        vocab = Vocab(meta["vocab"], meta.get("units", "char"), meta.get("unicode_normalize"))
         # The declared sizes must be the vocabulary's: a hand-edited one is not silently ignored.
         if meta["vocab_size"] != len(vocab):
             raise ValueError(f"meta.json gives vocab_size {meta['vocab_size']!r}, but its vocab "

@@ -16,6 +16,7 @@ from charlm.config.schema import DataConfig
 from charlm.core.errors import CharlmError
 from charlm.data.dataset import check_meta_header
 from charlm.data.digest import sha256_file
+from charlm.data.pair_vocab import PairVocab
 from charlm.data.pairs import (
     AGAIN,
     ARRAYS,
@@ -31,7 +32,6 @@ from charlm.data.text import (
     read_meta,
     remove_killed_temps,
 )
-from charlm.data.vocab import PairVocab
 
 
 @dataclass

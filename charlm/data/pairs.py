@@ -25,6 +25,7 @@ from charlm.config.schema import DataConfig
 from charlm.core.errors import CharlmError, characters
 from charlm.core.files import make_writable_dir, temp_beside
 from charlm.data.digest import sha256_file
+from charlm.data.pair_vocab import PairVocab
 from charlm.data.text import (
     DATASET_FILES,
     DATASET_FORMAT,
@@ -38,7 +39,7 @@ from charlm.data.text import (
     remove_killed_temps,
     replaceable,
 )
-from charlm.data.vocab import PairVocab, id_dtype
+from charlm.data.vocab import id_dtype
 
 PAIRS_KIND = "pairs"
 

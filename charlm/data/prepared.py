@@ -15,8 +15,9 @@ from charlm.core.errors import CharlmError
 from charlm.data.corpus import TextOptions
 from charlm.data.dataset import Dataset, dataset_for, is_dataset_dir
 from charlm.data.pair_dataset import PairDataset, pairs_for
+from charlm.data.pair_vocab import PairVocab
 from charlm.data.text import read_meta
-from charlm.data.vocab import PairVocab, Vocab
+from charlm.data.vocab import Vocab
 
 
 def check_data_kind(cfg: RunConfig, pairs: bool) -> None:

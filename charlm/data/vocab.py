@@ -1,14 +1,14 @@
 """`Vocab`: the character vocabulary, a list of distinct Unicode characters (in code point order,
 or a parent model's order followed by the new characters of a fine-tune), stored as JSON, with
-`CharacterSet`, the characters of a text met chunk by chunk that make one; and `PairVocab`, an
-encoder-decoder's source characters and target units with their special ids. A `Vocab` in byte
-units holds byte values as the characters of those code points (`charlm.data.units`)."""
+`CharacterSet`, the characters of a text met chunk by chunk that make one (an encoder-decoder's
+is `charlm.data.pair_vocab`'s). A `Vocab` in byte units holds byte values as the characters of
+those code points (`charlm.data.units`); one with a Unicode normal form puts every text it is
+given in it first (`normalized`), as its data was."""
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,10 +17,13 @@ from charlm.core.errors import CharlmError
 from charlm.data.units import UNITS, TextStream, byte_tail, unknown_in_bytes
 
 if TYPE_CHECKING:  # `charlm prepare` imports this module and must not pay for importing torch
-    import torch
+    pass
 
 
 MAX_CODE_POINT = 0x110000
+
+
+NORMAL_FORMS = (None, "NFC", "NFKC", "NFD", "NFKD")
 
 
 GATHER_SLICE = 1 << 16
@@ -61,8 +64,11 @@ class Vocab:
     of `chars`, and back. A text's own vocabulary is in code point order; a fine-tune's keeps
     its parent's order and adds the new characters after it (`extended`)."""
 
-    def __init__(self, chars: Sequence[str], units: str = "char"):
+    def __init__(self, chars: Sequence[str], units: str = "char", normalize: str | None = None):
         chars = list(chars)
+        if normalize not in NORMAL_FORMS:
+            raise CharlmError(f"a vocabulary's normal form must be one of NFC, NFKC, NFD, NFKD, "
+                              f"got {normalize!r}")
         if units not in UNITS:
             raise CharlmError(f"a vocabulary's units must be 'char' or 'byte', got {units!r}")
         if units == "byte" and any(not isinstance(c, str) or c > "\xff" for c in chars):
@@ -78,6 +84,7 @@ class Vocab:
             raise CharlmError("a vocabulary must not hold a surrogate (U+D800..U+DFFF)")
         self.chars = chars
         self.units = units
+        self.normalize = normalize  # the Unicode normal form of its texts, None: as written
         self.index = {c: i for i, c in enumerate(chars)}
         self.dtype = id_dtype(len(chars))
         # Code point -> id lookup table for vectorised encoding. The id len(chars) marks a
@@ -94,7 +101,7 @@ class Vocab:
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, Vocab) and self.chars == other.chars
-                and self.units == other.units)
+                and self.units == other.units and self.normalize == other.normalize)
 
     @classmethod
     def from_code_points(cls, cps: np.ndarray, units: str = "char") -> Vocab:
@@ -102,17 +109,25 @@ class Vocab:
 
     def state(self) -> list[str] | dict[str, Any]:
         """The vocabulary as a checkpoint or an export stores it: a character vocabulary as
-        its list (as before byte units existed), a byte one as {"units", "chars"}."""
-        return self.chars if self.units == "char" else {"units": self.units, "chars": self.chars}
+        its list (as before byte units existed), else {"units", "chars"} and "normalize" when
+        its texts have a normal form."""
+        if self.units == "char" and self.normalize is None:
+            return self.chars
+        return {"units": self.units, "chars": self.chars,
+                **({} if self.normalize is None else {"normalize": self.normalize})}
 
     @classmethod
     def from_state(cls, state: Any) -> Vocab:
         if isinstance(state, dict):
-            if set(state) != {"units", "chars"}:
+            if not {"units", "chars"} <= set(state) <= {"units", "chars", "normalize"}:
                 raise ValueError("a vocabulary must be a list of characters, or a mapping of "
-                                 "units and chars")
-            return cls(state["chars"], state["units"])
+                                 "units, chars and normalize")
+            return cls(state["chars"], state["units"], state.get("normalize"))
         return cls(state)
+
+    def normalized(self, text: str) -> str:
+        """`text` in the vocabulary's normal form (a prompt, an eval text), as its data was."""
+        return text if self.normalize is None else unicodedata.normalize(self.normalize, text)
 
     def stream(self) -> TextStream:
         """A `TextStream` of this vocabulary: ids to text, a finished character at a time."""
@@ -121,7 +136,8 @@ class Vocab:
     def extended(self, chars: Sequence[str]) -> Vocab:
         """This vocabulary, then the characters of `chars` it lacks in code point order: every
         character keeps its id (a fine-tune's vocabulary, the parent's first)."""
-        return Vocab(self.chars + sorted(set(chars) - set(self.chars)), self.units)
+        return Vocab(self.chars + sorted(set(chars) - set(self.chars)), self.units,
+                     self.normalize)
 
     def unknown(self, text: str) -> list[tuple[int, str]]:
         """(position, character) of each character of `text` outside the vocabulary (in byte
@@ -215,150 +231,3 @@ class CharacterSet:
         """The vocabulary of the characters (byte units: byte values) met, in code point
         order."""
         return Vocab.from_code_points(np.flatnonzero(self._seen), units)
-
-
-def target_specials(target_size: int) -> tuple[int, int, int]:
-    """The pad, bos and eos ids of a target vocabulary of `target_size` ids: its last three,
-    after the units. The one place this layout is written (PairVocab, EncoderDecoder)."""
-    return target_size - 3, target_size - 2, target_size - 1
-
-
-@dataclass(frozen=True)
-class PairVocab:
-    """Source characters and target units, each free of duplicates (sorted, or a parent's order
-    then the new ones: `extended`). Ids: source characters 0..S-1, then
-    src_pad = S; target units 0..N-1, then pad, bos and eos (after the units, so they never
-    collide with text and are never printed)."""
-
-    source: tuple[str, ...]
-    target: tuple[str, ...]
-    target_units: str = "char"  # "char": one unit per character; "space": space-separated
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "source", tuple(self.source))  # hashable whatever was given
-        object.__setattr__(self, "target", tuple(self.target))
-        if self.target_units not in ("char", "space"):
-            raise ValueError(f"target_units must be 'char' or 'space', got {self.target_units!r}")
-        if not self.source or any(not isinstance(c, str) or len(c) != 1 for c in self.source):
-            raise ValueError("the source vocabulary must be a non-empty list of characters")
-        # a space unit is one symbol without whitespace: "K AH" must not be a single unit
-        unit = (lambda u: len(u) == 1) if self.target_units == "char" else (
-            lambda u: u.split() == [u])
-        if not self.target or any(not isinstance(u, str) or not unit(u) for u in self.target):
-            raise ValueError(f"the target vocabulary must be a non-empty list of "
-                             f"{'characters' if self.target_units == 'char' else 'symbols'}")
-        for name, units in (("source", self.source), ("target", self.target)):
-            if len(set(units)) != len(units):
-                raise ValueError(f"the {name} vocabulary must be free of duplicates")
-
-    @classmethod
-    def from_pairs(cls, pairs: Sequence[tuple[str, str]], target_units: str) -> PairVocab:
-        source = set("".join(s for s, _ in pairs))
-        targets = (t for _, t in pairs)
-        target = set("".join(targets)) if target_units == "char" else set(
-            " ".join(targets).split())
-        return cls(tuple(sorted(source)), tuple(sorted(target)), target_units)
-
-    def extended(self, other: PairVocab) -> PairVocab:
-        """This vocabulary, then the source characters and target units of `other` it lacks,
-        sorted: every unit keeps its id, and the special ids follow the new units."""
-        if other.target_units != self.target_units:
-            raise CharlmError(f"the data's targets are {other.target_units} units, but the "
-                              f"model's are {self.target_units} units; set data.target_units: "
-                              f"{self.target_units}")
-        return PairVocab(self.source + tuple(sorted(set(other.source) - set(self.source))),
-                         self.target + tuple(sorted(set(other.target) - set(self.target))),
-                         self.target_units)
-
-    @cached_property
-    def _source_index(self) -> dict[str, int]:
-        return {c: i for i, c in enumerate(self.source)}
-
-    @cached_property
-    def target_index(self) -> dict[str, int]:
-        return {u: i for i, u in enumerate(self.target)}
-
-    @property
-    def source_size(self) -> int:
-        return len(self.source) + 1
-
-    @property
-    def target_size(self) -> int:
-        return len(self.target) + 3
-
-    @property
-    def src_pad(self) -> int:
-        return len(self.source)
-
-    @property
-    def pad(self) -> int:
-        return target_specials(self.target_size)[0]
-
-    @property
-    def bos(self) -> int:
-        return target_specials(self.target_size)[1]
-
-    @property
-    def eos(self) -> int:
-        return target_specials(self.target_size)[2]
-
-    def encode_source(self, text: str, unknown: str = "error",
-                      where: str = "the source") -> list[int]:
-        """Ids of `text`; characters outside the vocabulary are an error, or dropped with
-        unknown='skip'."""
-        if unknown not in ("error", "skip"):
-            raise CharlmError(f"--unknown must be 'error' or 'skip', got {unknown!r}")
-        index = self._source_index
-        bad = [(i, c) for i, c in enumerate(text) if c not in index]
-        if bad and unknown == "error":
-            raise CharlmError(f"{where} has characters outside the model's source vocabulary: "
-                              f"{list_unknown(bad, 'at position')}; remove them or pass "
-                              "--unknown skip")
-        return [index[c] for c in text if c in index]
-
-    def units(self, text: str) -> list[str]:
-        return list(text) if self.target_units == "char" else text.split()
-
-    def encode_target(self, text: str) -> list[int]:
-        units, index = self.units(text), self.target_index
-        bad = [(i, u) for i, u in enumerate(units) if u not in index]
-        if bad:
-            raise CharlmError(f"the target {text!r} has units outside the target vocabulary: "
-                              f"{list_unknown(bad, 'at unit')}; use only the units of the "
-                              "training pairs")
-        return [index[u] for u in units]
-
-    def decode_source(self, ids: Sequence[int] | np.ndarray | torch.Tensor) -> str:
-        """The source text of `ids`, without padding."""
-        return "".join(self.source[i] for i in _int_list(ids) if i != self.src_pad)
-
-    def decode_target(self, ids: Sequence[int] | np.ndarray | torch.Tensor) -> str:
-        """The target text of `ids` up to the first eos; pad and bos are not text."""
-        units = []
-        for i in _int_list(ids):
-            if i == self.eos:
-                break
-            if i in (self.pad, self.bos):
-                continue
-            if not 0 <= i < len(self.target):
-                raise ValueError(f"target id {i} is outside the {self.target_size}-id vocabulary")
-            units.append(self.target[i])
-        return ("" if self.target_units == "char" else " ").join(units)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"source": list(self.source), "target": list(self.target),
-                "target_units": self.target_units}
-
-    @classmethod
-    def from_dict(cls, d: Any) -> PairVocab:
-        """The vocabulary of `to_dict`'s output; anything else is a ValueError."""
-        if not isinstance(d, dict) or set(d) != {"source", "target", "target_units"}:
-            raise ValueError("a pair vocabulary must be a mapping of source, target and "
-                             "target_units")
-        if not isinstance(d["source"], list) or not isinstance(d["target"], list):
-            raise ValueError("a pair vocabulary's source and target must be lists")
-        return cls(tuple(d["source"]), tuple(d["target"]), d["target_units"])
-
-
-def _int_list(ids: Sequence[int] | np.ndarray | torch.Tensor) -> list[int]:
-    return ids.tolist() if hasattr(ids, "tolist") else [int(i) for i in ids]

@@ -139,6 +139,7 @@ def score_text(model: GPT, vocab: Vocab, text: str, min_context: int | None = No
     unknown='skip' (and counted)."""
     if unknown not in ("error", "skip"):  # `charlm eval --unknown` and charlm.score
         raise CharlmError(f"--unknown must be 'error' or 'skip', got {unknown!r}")
+    text = vocab.normalized(text)  # as the model's data was
     bad = vocab.unknown(text)
     if bad and unknown == "error":
         raise CharlmError(

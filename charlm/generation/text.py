@@ -81,8 +81,9 @@ def encode_prompt(vocab: Vocab, prompt: str, unknown: str,
     """(prompt as used, its ids, warnings). Unknown characters are an error listing each one
     and its position, or dropped with `unknown='skip'`; a prompt longer than the context keeps
     its last block_size characters (a byte model's: the characters of its last block_size
-    bytes)."""
+    bytes). The prompt is put in the vocabulary's normal form first, as its data was."""
     warnings = []
+    prompt = vocab.normalized(prompt)
     bad = vocab.unknown(prompt)
     if bad:
         listed = list_unknown(bad, "at position")

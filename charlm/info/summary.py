@@ -22,10 +22,10 @@ from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
 from charlm.data.dataset import text_vocab
 from charlm.data.pair_dataset import load_pairs
+from charlm.data.pair_vocab import PairVocab
 from charlm.data.pairs import read_pairs
 from charlm.data.prepared import check_data_kind, text_options
 from charlm.data.sources import GLOB_CHARS
-from charlm.data.vocab import PairVocab
 from charlm.info.parameters import flops_per_token, parameter_table, seq2seq_flops
 from charlm.info.shapes import forward_shapes, seq2seq_forward_shapes
 from charlm.model.encoder_decoder import EncoderDecoder

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from charlm.core.errors import CharlmError, first_line
-from charlm.data.vocab import PairVocab, Vocab, list_unknown
+from charlm.data.pair_vocab import PairVocab
+from charlm.data.vocab import Vocab, list_unknown
 from charlm.generation.seq2seq import translate_ids
 from charlm.generation.slots import SlotDecoder
 from charlm.generation.text import StopMatcher
@@ -102,6 +103,7 @@ class Engine:
             known = set(self.vocab.source)
             bad = [(i, c) for i, c in enumerate(prompt) if c not in known]
         else:
+            prompt = self.vocab.normalized(prompt)  # as the model's data was
             if self.vocab.units == "byte" and params.logprobs:  # a character is several draws
                 raise CharlmError("top logprobs are per character, and this model draws bytes; "
                                   "ask for logprobs 0 (the chosen characters' logprobs)")

@@ -20,8 +20,9 @@ from charlm.core.errors import CharlmError
 from charlm.data.batches import BatchSampler, PairBatchSampler
 from charlm.data.dataset import Dataset, require_window
 from charlm.data.pair_dataset import PairDataset, references
+from charlm.data.pair_vocab import PairVocab
 from charlm.data.prepared import prepared_data
-from charlm.data.vocab import PairVocab, Vocab
+from charlm.data.vocab import Vocab
 from charlm.evaluation.pairs import output_accuracy, rate_name
 from charlm.generation.text import preview
 from charlm.model import encoder_decoder, gpt

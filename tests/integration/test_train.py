@@ -17,8 +17,8 @@ from charlm.config.schema import RunConfig
 from charlm.data.batches import BatchSampler
 from charlm.data.dataset import dataset_for
 from charlm.data.digest import sha256_file
+from charlm.data.pair_vocab import PairVocab
 from charlm.data.text import prepare
-from charlm.data.vocab import PairVocab
 from charlm.export import save_safetensors
 from charlm.generation.decoding import generate
 from charlm.model.encoder_decoder import EncoderDecoder
@@ -536,3 +536,22 @@ def test_byte_units_for_pairs_is_one_error(fails, tmp_path):
           "model.arch=encoder_decoder", "--set", "data.units=byte",
           message=f"data.units=byte is for text and a GPT, but {pairs} is trained as pairs by "
                   "an encoder-decoder, whose vocabularies are characters; set data.units=char")
+
+
+def test_a_normal_form_trains_and_takes_prompts_and_eval_text_in_it(cli, tmp_path):
+    """data.unicode_normalize NFC on an NFD text: the model's é is one character, and an NFD
+    prompt and eval text (which it would otherwise refuse as unknown) are taken in NFC."""
+    import unicodedata
+
+    nfd = unicodedata.normalize("NFD", "le café et la crème brûlée, déjà vu.\n" * 200)
+    text = tmp_path / "nfd.txt"
+    text.write_text(nfd, encoding="utf-8")
+    run = tmp_path / "run"
+    assert cli("train", TINY, "--data", text, "--out", run, "--set", "train.max_iters=2",
+               "--set", "data.unicode_normalize=NFC").code == 0
+    vocab = checkpoint.load(run / "last.pt")["vocab"]
+    assert vocab["normalize"] == "NFC" and "é" in vocab["chars"] and "\u0301" not in vocab["chars"]
+    sampled = cli("sample", run, "--prompt", unicodedata.normalize("NFD", "café"),
+                  "--max-new-tokens", "5")
+    assert (sampled.code, sampled.out[:4]) == (0, "café")
+    assert cli("eval", run, text).code == 0

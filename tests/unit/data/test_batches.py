@@ -10,7 +10,7 @@ import torch
 from charlm.core.errors import CharlmError
 from charlm.data.batches import IGNORE_INDEX, BatchSampler, PairBatchSampler, collate
 from charlm.data.pair_dataset import PairSplit
-from charlm.data.vocab import PairVocab
+from charlm.data.pair_vocab import PairVocab
 
 CPU = torch.device("cpu")
 

@@ -9,9 +9,9 @@ import pytest
 from charlm.config.schema import DataConfig
 from charlm.core.errors import CharlmError
 from charlm.data.pair_dataset import PairSplit, load_pairs, pairs_for, references
+from charlm.data.pair_vocab import PairVocab
 from charlm.data.pairs import prepare_pairs, read_pairs, split_of
 from charlm.data.text import prepare
-from charlm.data.vocab import PairVocab
 from tests.helpers import write
 
 SKIP = "or set data.skip_bad_pairs=true to skip such lines"

@@ -181,3 +181,16 @@ def test_a_byte_models_samples_are_whole_utf8_characters(model):
             assert "\ufffd" not in sample.text
             assert sample.tokens - 3 <= len(sample.text.encode()) <= sample.tokens
         assert any(len(c.encode()) > 1 for s in samples for c in s.text)
+
+
+def test_a_prompt_takes_the_normal_form_of_the_models_data():
+    """--unicode-normalize NFC: an NFD `café` (e + U+0301) was unknown to a model that knows
+    `é`; it is put in the vocabulary's form first, and the form survives the checkpoint."""
+    import unicodedata
+
+    vocab = Vocab(list(" acfé"), normalize="NFC")
+    nfd = unicodedata.normalize("NFD", "café")
+    assert encode_prompt(vocab, nfd, "error", 16)[:2] == ("café", vocab.encode("café"))
+    assert Vocab.from_state(vocab.state()) == vocab != Vocab(list(" acfé"))
+    with pytest.raises(CharlmError, match="outside the model's vocabulary"):
+        encode_prompt(Vocab(list(" acfé")), nfd, "error", 16)
