@@ -45,6 +45,7 @@ def info(
     from its pairs)."""
     from charlm.cli.train import train_config
     from charlm.config.values import dump_yaml
+    from charlm.data.prepared import data_summary
     from charlm.export import is_export_dir, load_safetensors
     from charlm.info.summary import config_model, describe, render_text
     from charlm.training.checkpoint import load_model
@@ -55,7 +56,8 @@ def info(
     if not shapes and (batch is not None or seq_len is not None):
         given = "--batch" if batch is not None else "--seq-len"
         raise CharlmError(f"{given} sizes the forward pass of --shapes; add --shapes")
-    if not is_model(target):
+    trained = is_model(target)
+    if not trained:
         cfg = train_config(target, list(set_ or []))
         model = config_model(cfg, vocab_size)  # one block per stack, on the meta device
     else:
@@ -69,7 +71,8 @@ def info(
             train_state = state["train_state"]
     size = (cfg.train.batch_size if batch is None else batch,
             cfg.model.block_size if seq_len is None else seq_len) if shapes else None
-    report = describe(model, cfg, size, train_state)
+    run_dir = Path(cfg.train.out_dir) if trained else None  # its dataset cache, if still there
+    report = describe(model, cfg, size, train_state, data_summary(cfg, run_dir))
     if json_:
         print(json.dumps(report, indent=2))
         return

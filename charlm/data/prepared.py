@@ -12,11 +12,11 @@ from typing import Any
 
 from charlm.config.schema import DataConfig, RunConfig
 from charlm.core.errors import CharlmError
-from charlm.data.corpus import TextOptions
+from charlm.data.corpus import TextOptions, count_reasons
 from charlm.data.dataset import Dataset, dataset_for, is_dataset_dir
 from charlm.data.pair_dataset import PairDataset, pairs_for
 from charlm.data.pair_vocab import PairVocab
-from charlm.data.text import read_meta
+from charlm.data.text import dataset_meta, read_meta
 from charlm.data.vocab import Vocab
 
 
@@ -67,3 +67,20 @@ def text_options(data: DataConfig) -> TextOptions:
     return TextOptions(split=data.split, skip_invalid=data.skip_invalid, include=data.include,
                        exclude=data.exclude, normalize=data.unicode_normalize,
                        units=data.units)
+
+
+def data_summary(cfg: RunConfig, run_dir: Path | None) -> dict[str, Any] | None:
+    """What `charlm info` says of a run's prepared text: its split, units, files, those skipped
+    and the tokens of each split, from the meta.json of its dataset dir or of the cache in
+    `run_dir`; None when neither holds a text dataset."""
+    inputs = cfg.data.inputs
+    where = [Path(inputs[0])] if len(inputs) == 1 else []
+    meta = next((m for d in [*where, *([run_dir / "dataset"] if run_dir else [])]
+                 if (m := dataset_meta(d)) is not None and m.get("kind") != "pairs"), None)
+    if meta is None:
+        return None
+    return {"split": meta.get("split", "tail"), "units": meta.get("units", "char"),
+            "files": len(meta.get("sources", [])),
+            "skipped": count_reasons(meta.get("skipped", [])) or None,
+            **{f"{s}_tokens": meta[f"{s}_tokens"] for s in ("train", "val", "test")
+               if f"{s}_tokens" in meta}}

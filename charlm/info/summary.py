@@ -76,10 +76,12 @@ def config_model(cfg: RunConfig, vocab_size: int | None = None) -> GPT | Encoder
 
 
 def describe(model: GPT | EncoderDecoder, cfg: RunConfig, shapes: tuple[int, int] | None = None,
-             train_state: dict[str, Any] | None = None) -> dict[str, Any]:
+             train_state: dict[str, Any] | None = None,
+             data: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything `charlm info` reports, as plain data: vocab size (an encoder-decoder: arch and
     source and target vocab sizes), training progress (for a checkpoint), parameter table, FLOPs
-    per token, forward shapes for shapes=(batch, seq_len) when given, and the resolved config.
+    per token, forward shapes for shapes=(batch, seq_len) when given, the prepared data
+    (`charlm.data.prepared.data_summary`) when given, and the resolved config.
     `model` may have fewer blocks than `cfg` says (a one-layer stand-in, see `parameter_table`)."""
     m = cfg.model
     table = parameter_table(model, m.n_layer, m.encoder_layers)
@@ -95,6 +97,8 @@ def describe(model: GPT | EncoderDecoder, cfg: RunConfig, shapes: tuple[int, int
         info["checkpoint"] = {"step": train_state["step"],
                               "best_val_loss": best if math.isfinite(best) else None,
                               "tokens_seen": train_state["tokens"]}
+    if data is not None:
+        info["data"] = data
     info["parameters"] = table
     if seq2seq:
         info["flops_per_token"] = seq2seq_flops(table, m, *vocab)
@@ -106,6 +110,16 @@ def describe(model: GPT | EncoderDecoder, cfg: RunConfig, shapes: tuple[int, int
             info["shapes"] = forward_shapes(m, model.vocab_size, *shapes)
     info["config"] = cfg.to_dict()
     return info
+
+
+def _data_line(data: dict[str, Any]) -> str:
+    """`data: 3 files, split tail, 9,000 train / 1,000 val characters; skipped 1 (1 empty)`."""
+    unit = "bytes" if data["units"] == "byte" else "characters"
+    counts = " / ".join(f"{data[f'{s}_tokens']:,} {s}" for s in ("train", "val", "test")
+                        if f"{s}_tokens" in data)
+    skipped = f"; skipped {data['skipped']}" if data["skipped"] else ""
+    files = f"{data['files']:,} file{'' if data['files'] == 1 else 's'}"
+    return f"data: {files}, split {data['split']}, {counts} {unit}{skipped}"
 
 
 def _fmt_shape(shape: list[int] | None) -> str:
@@ -155,6 +169,8 @@ def render_text(info: dict[str, Any]) -> str:
         lines += [f"step: {ckpt['step']}",
                   f"best val loss: {'none yet' if best is None else f'{best:.4f}'}",
                   f"tokens seen: {ckpt['tokens_seen']:,}"]
+    if "data" in info:
+        lines.append(_data_line(info["data"]))
     table = info["parameters"]
 
     def line(label: str, shape: list[int] | None | str, count: int, indent: int = 2) -> None:

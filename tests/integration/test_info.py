@@ -150,3 +150,27 @@ def test_info_shapes_of_an_encoder_decoder(cli, pairs_run):
     default = cli("info", pairs_run, "--shapes").out  # train.batch_size x block_size
     assert "  memory                            8 x 16 x 32         the encoder's output\n" in \
         default
+
+
+def test_info_says_how_a_runs_data_was_split_and_what_was_skipped(cli, tmp_path):
+    """data.split files over a folder with an empty file skipped: `charlm info RUN` says which
+    split, how many files, the tokens of each side and what was skipped."""
+    folder = tmp_path / "texts"
+    (folder / "sub").mkdir(parents=True)
+    text = (ROOT / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")
+    for i in range(3):
+        (folder / "sub" / f"f{i}.txt").write_text(text[i * 5000:(i + 1) * 5000])
+    (folder / "empty.py").write_text("")
+    run = tmp_path / "run"
+    assert cli("train", ROOT / "configs" / "tiny.yaml", folder, "--skip-invalid", "--out", run,
+               "--set", "data.split=files", "--set", "data.val_fraction=0.3",
+               "--set", "train.max_iters=1").code == 0
+    meta = json.loads((run / "dataset" / "meta.json").read_text())
+    val = sum(s["chars"] for s in meta["sources"] if s["split"] == "val")
+    assert 0 < val < 15_000 and all(s["split"] in ("train", "val") for s in meta["sources"])
+    info = cli("info", run)
+    assert (f"data: 3 files, split files, {15_000 - val:,} train / {val:,} val characters; "
+            "skipped 1 empty") in info.out.splitlines()
+    assert json.loads(cli("info", run, "--json").out)["data"] == {
+        "split": "files", "units": "char", "files": 3, "skipped": "1 empty",
+        "train_tokens": 15_000 - val, "val_tokens": val}
