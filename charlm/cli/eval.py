@@ -20,9 +20,15 @@ app = command_app()
 def eval_(
     target: TargetArg,
     text_file: Annotated[
-        Path, typer.Argument(metavar="TEXT_FILE", help="UTF-8 text file to score (pairs for an "
-                             "encoder-decoder).")
-    ],
+        Path | None, typer.Argument(metavar="[TEXT_FILE]", show_default=False,
+                                    help="UTF-8 text file to score, - for stdin (pairs for an "
+                                    "encoder-decoder).")
+    ] = None,
+    split: Annotated[
+        str | None, typer.Option(metavar="val|test", show_default=False,
+                                 help="Score the run's own held-out split of its dataset "
+                                 "instead of a text file.")
+    ] = None,
     stride: Annotated[
         int | None, typer.Option(help="Every scored character after the first window sees at "
                                  "least this many characters of context; windows advance by "
@@ -41,31 +47,71 @@ def eval_(
     dtype: DtypeOpt = "float32",
     step: StepOpt = None,
 ) -> None:
-    """Score a text file: loss in nats/char, bits per char, perplexity (a full, deterministic
-    pass in overlapping windows). For an encoder-decoder, a file of source<TAB>target pairs:
-    exact match, WER, CER (PER for space units) and loss."""
+    """Score a text file (or with --split, the run's held-out split): loss in nats/char, bits
+    per char, perplexity (a full, deterministic pass in overlapping windows, the text read as it
+    is scored). For an encoder-decoder, a file of source<TAB>target pairs: exact match, WER, CER
+    (PER for space units) and loss."""
     from charlm.api import load
-    from charlm.data.text import read_text
-    from charlm.evaluation.scoring import score_text
+    from charlm.evaluation.scoring import score_file, score_ids
 
+    if (text_file is None) == (split is None):
+        raise CharlmError("give charlm eval a TEXT_FILE to score, or --split val|test for the "
+                          "run's held-out split (not both)")
+    if split not in (None, "val", "test"):
+        raise CharlmError(f"--split must be val or test, got {split!r}")
     lm = load(target, device, "--device", dtype, step)
     if lm.config.model.arch == "encoder_decoder":
+        if split is not None:
+            raise CharlmError("--split scores a GPT's text dataset; give an encoder-decoder "
+                              "its file of pairs (its test split: `charlm prepare --pairs`)")
         eval_pairs_file(lm, text_file, unknown, json_out, beams)
         return
     if beams is not None:
         raise CharlmError("--beams applies to an encoder-decoder's eval; a GPT's eval scores "
                           "the text as it is")
-    result = score_text(lm.model, lm.vocab, read_text(text_file), stride, unknown)
+    if split is None:
+        result = score_file(lm.model, lm.vocab, text_file, stride, unknown)
+        units = lm.vocab.units  # a byte model's bits per byte
+    else:
+        dataset = run_dataset(lm, target, split)
+        result = score_ids(lm.model, dataset.split(split), stride)
+        units = dataset.meta.get("units", "char")
     for note in result.notes():
         print(f"warning: {note}", file=sys.stderr)
     if json_out:
-        print(json.dumps(result.as_dict(), allow_nan=False))
+        extra = {} if split is None else {"split": split, "units": units}
+        print(json.dumps({**result.as_dict(), **extra}, allow_nan=False))
         return
-    unit = "byte" if lm.vocab.units == "byte" else "char"  # a byte model's bits per byte
+    unit = "byte" if units == "byte" else "char"
     counted = (f"{result.chars_scored:,} bytes" if unit == "byte" else
                characters(result.chars_scored))
-    print(f"loss {result.loss:.4f} nats/{unit}, {result.bpc:.4f} bits/{unit}, perplexity "
-          f"{result.perplexity:.3f}, {counted} scored")
+    print(f"{'' if split is None else f'{split} split: '}loss {result.loss:.4f} nats/{unit}, "
+          f"{result.bpc:.4f} bits/{unit}, perplexity {result.perplexity:.3f}, {counted} scored")
+
+
+def run_dataset(lm: Any, target: Path, split: str) -> Any:
+    """The dataset a run trained on, holding `split`: its data.path when that is a prepared
+    dataset dir, else the cache `charlm train` prepared in the run dir."""
+    from charlm.data.dataset import is_dataset_dir, load_dataset
+
+    inputs = [Path(p) for p in lm.config.data.inputs]
+    if len(inputs) == 1 and is_dataset_dir(inputs[0]):
+        where = inputs[0]
+    else:
+        run = target if target.is_dir() else target.parent
+        where = (run.parent if run.name == "checkpoints" else run) / "dataset"
+        if not is_dataset_dir(where):
+            raise CharlmError(f"--split {split}: {target} has no prepared dataset (neither "
+                              f"{where} nor data.path {lm.config.data.shown} is one); give "
+                              "the held-out text as TEXT_FILE instead")
+    dataset = load_dataset(where)
+    if dataset.vocab != lm.vocab:
+        raise CharlmError(f"--split {split}: dataset {where} numbers its characters other than "
+                          f"the model of {target} does; give the held-out text as TEXT_FILE")
+    if dataset.split(split) is None:
+        raise CharlmError(f"--split test: dataset {where} has no test split (only a benchmark "
+                          "prepared with `charlm prepare --benchmark` has one); use --split val")
+    return dataset
 
 
 def eval_pairs_file(lm: Any, path: Path, unknown: str, json_out: bool,

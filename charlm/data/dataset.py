@@ -30,16 +30,18 @@ from charlm.data.vocab import Vocab
 
 @dataclass
 class Dataset:
-    """A prepared dataset: its vocabulary and the two splits as read-only memmaps."""
+    """A prepared dataset: its vocabulary and its splits as read-only memmaps (a test split
+    only where meta.json gives "test_tokens": a benchmark's)."""
 
     path: Path
     meta: dict[str, Any]
     vocab: Vocab
     train: np.ndarray
     val: np.ndarray
+    test: np.ndarray | None = None
 
-    def split(self, name: str) -> np.ndarray:
-        return self.train if name == "train" else self.val
+    def split(self, name: str) -> np.ndarray | None:
+        return {"train": self.train, "val": self.val, "test": self.test}[name]
 
 
 def check_meta_header(meta: Any) -> None:
@@ -69,7 +71,7 @@ def load_dataset(path: str | Path) -> Dataset:
             raise ValueError(f"meta.json gives dtype {meta['dtype']!r}, but a {len(vocab)}-symbol "
                              f"vocabulary has {vocab.dtype.name} ids")
         splits = {}
-        for split in ("train", "val"):
+        for split in ("train", "val", "test")[:3 if "test_tokens" in meta else 2]:
             n = meta[f"{split}_tokens"]
             bin_path = path / f"{split}.bin"
             if bin_path.stat().st_size != n * vocab.dtype.itemsize:
@@ -85,7 +87,7 @@ def load_dataset(path: str | Path) -> Dataset:
         raise CharlmError(
             f"cannot read dataset {path}: {e}; prepare it again with `charlm prepare`"
         ) from None
-    return Dataset(path, meta, vocab, splits["train"], splits["val"])
+    return Dataset(path, meta, vocab, splits["train"], splits["val"], splits.get("test"))
 
 
 def dataset_for(data_path: str | Path | Sequence[str | Path], val_fraction: float,

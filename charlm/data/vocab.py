@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from charlm.core.errors import CharlmError
-from charlm.data.units import UNITS, TextStream, byte_tail, unknown_in_bytes
+from charlm.data.units import UNITS, TextStream, byte_tail, unknown_in_bytes, utf8
 
 if TYPE_CHECKING:  # `charlm prepare` imports this module and must not pay for importing torch
     pass
@@ -52,11 +52,17 @@ def code_points(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
 
 
-def list_unknown(bad: Sequence[tuple[int, str]], at: str = "at", limit: int = 10) -> str:
+UNKNOWN_LISTED = 10  # characters a message lists
+
+
+def list_unknown(bad: Sequence[tuple[int, str]], at: str = "at", limit: int = UNKNOWN_LISTED,
+                 total: int | None = None) -> str:
     """The first `limit` of `Vocab.unknown`'s (position, character) pairs as text for a message,
-    then how many more: a long text in another script must not make an endless error line."""
+    then how many more (of `total`, when `bad` holds only the first): a long text in another
+    script must not make an endless error line."""
+    total = len(bad) if total is None else total
     listed = ", ".join(f"{c!r} {at} {i}" for i, c in bad[:limit])
-    return listed + (f" and {len(bad) - limit} more" if len(bad) > limit else "")
+    return listed + (f" and {total - limit} more" if total > limit else "")
 
 
 class Vocab:
@@ -179,6 +185,26 @@ class Vocab:
             raise CharlmError(f"characters outside the vocabulary: "
                               f"{list_unknown(self._unknown(cps))}")
         return ids.astype(self.dtype, copy=False)
+
+    def encode_known(self, cps: bytes | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of a text given by its code points `cps` (as `code_point_chunks` gives
+        them), less its characters outside the vocabulary, and their positions in `cps`. In
+        byte units the ids are the UTF-8 bytes of the characters all of whose bytes it holds."""
+        if isinstance(cps, bytes):
+            cps = np.frombuffer(cps, dtype=np.uint8)
+        if self.units == "char":
+            ids = gather(self._table, cps)
+            bad = np.flatnonzero(ids == len(self))
+            return np.delete(ids, bad).astype(self.dtype, copy=False), bad
+        # by the distinct characters, so a chunk costs one pass whatever its script
+        distinct = np.flatnonzero(np.bincount(cps)).tolist()
+        out = [c for c in distinct if (b := utf8(chr(c))) is None
+               or self._table[list(b)].max() == len(self)]
+        bad = np.flatnonzero(np.isin(cps, out)) if out else np.zeros(0, dtype=np.intp)
+        kept = np.delete(cps, bad).astype(np.uint32)  # no surrogate is kept: UTF-8 has none
+        text = kept.tobytes().decode("utf-32-le").encode("utf-8")
+        ids = gather(self._table, np.frombuffer(text, dtype=np.uint8))
+        return ids.astype(self.dtype, copy=False), bad
 
     def encode(self, text: str) -> list[int]:
         return self.encode_array(text).astype(np.int64).tolist()

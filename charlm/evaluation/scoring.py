@@ -1,29 +1,39 @@
-"""Scoring a text file with a trained model: a full deterministic pass in overlapping windows,
+"""Scoring a text with a trained model: a full deterministic pass in overlapping windows,
 giving the loss in nats per character, bits per character and perplexity.
 
 Windows of `block_size` characters advance by `block_size - min_context`, and each window scores
 only the characters not scored before, so every character after the first is scored exactly
 once, and every one past the first window sees at least `min_context` characters of context.
+
+The text streams through: read and encoded a chunk at a time as `prepare` reads it
+(`charlm.data.chunks`), its windows cut from a buffer of one chunk and one window, and characters
+outside the vocabulary counted (the first few kept for the message), so memory stays bounded
+whatever the size of the text; a dataset's split (an array of ids) streams the same way.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
 from charlm.core.errors import CharlmError, characters
-from charlm.data.vocab import Vocab, list_unknown
+from charlm.core.files import open_regular
+from charlm.data.chunks import CHUNK_BYTES, code_point_chunks, narrow_code_points
+from charlm.data.text import check_input_file
+from charlm.data.vocab import UNKNOWN_LISTED, Vocab, list_unknown
 from charlm.generation.decoding import NonFiniteOutput
 from charlm.model.footprint import scoring_bytes
 from charlm.model.gpt import GPT
 from charlm.runtime.device import require_memory
-
-PROGRESS_MIN_WINDOWS = 200
-
 
 WINDOWS_PER_FORWARD = 32
 
@@ -48,81 +58,94 @@ class Score:
         return [f"skipped {characters(self.skipped_unknown)} outside the vocabulary"]
 
 
-def windows(n_ids: int, block: int, min_context: int) -> list[tuple[int, int]]:
-    """(start, first new target offset) per window over n_ids ids.
+@dataclass
+class Unknown:
+    """The characters outside the vocabulary met in a stream: how many, and the first
+    (position, character) pairs for a message (never all of them: a text in another script
+    would fill the memory)."""
 
-    Window k feeds ids[start : start + block] and predicts targets ids[start + 1 : ...]; of those
-    it scores the ones from `offset` on (earlier ones were scored by the previous window).
-    """
+    count: int = 0
+    first: list[tuple[int, str]] = field(default_factory=list)
+
+    def add(self, at: int, cps: bytes | np.ndarray, positions: np.ndarray) -> None:
+        """Count the characters at `positions` of the chunk `cps`, which starts at `at`."""
+        self.count += len(positions)
+        for i in positions[:UNKNOWN_LISTED - len(self.first)].tolist():
+            self.first.append((at + i, chr(int(cps[i]))))
+
+    def error(self) -> CharlmError:
+        return CharlmError(
+            f"the text has {characters(self.count)} outside the model's vocabulary "
+            f"({list_unknown(self.first, total=self.count)}); pass --unknown skip to drop them")
+
+
+def known_ids(chunks: Iterable[bytes | np.ndarray], vocab: Vocab, unknown: Unknown,
+              stop: bool) -> Iterator[np.ndarray]:
+    """The ids of the text whose code points come in `chunks`, less the characters outside the
+    vocabulary, which `unknown` counts; with `stop`, no ids after the first such character
+    (the rest of the text is only counted, for the error)."""
+    at = 0
+    for cps in chunks:
+        ids, bad = vocab.encode_known(cps)
+        if len(bad):
+            unknown.add(at, cps, bad)
+        at += len(cps)
+        if not (stop and unknown.count):
+            yield ids
+
+
+def stream_windows(chunks: Iterable[np.ndarray], block: int,
+                   min_context: int) -> Iterator[tuple[np.ndarray, int]]:
+    """The windows over the ids that come in `chunks`, in order: (ids, offset), block + 1 ids
+    (inputs, and targets one later) a window, fewer in a shorter last one. A window scores its
+    targets from `offset` on; the earlier ones were scored by the window before. The buffer
+    holds at most one chunk and one window of ids."""
     step = block - min_context
-    out, scored_to, start = [], 0, 0  # scored_to: targets 1..scored_to are done
-    while scored_to < n_ids - 1:
-        end = min(start + block, n_ids - 1)  # last target index of this window
-        out.append((start, scored_to - start))
-        scored_to = end
-        start += step
-    return out
-
-
-def check_stride(block: int, min_context: int) -> None:
-    """Each window must score at least one new character: min_context below block_size."""
-    if not 0 <= min_context < block:
-        raise CharlmError(f"--stride must be in [0, {block - 1}] for block_size {block}, "
-                          f"got {min_context}")
-
-
-def require_score_memory(model: GPT, n_ids: int, min_context: int) -> None:
-    """Refuse to score n_ids ids whose ids, plan of windows and one forward of
-    `WINDOWS_PER_FORWARD` windows (`memory.scoring_bytes`) exceed the device's memory, before
-    the text is encoded: a long text with a high --stride is millions of windows."""
-    block = model.cfg.block_size
-    beyond = n_ids - 1 - block  # targets past the first window
-    count = 1 + max(0, -(-beyond // (block - min_context)))  # len(windows(...)), unbuilt
-    full = beyond // (block - min_context) + 1 if beyond >= 0 else 0  # windows of `block`
-    rows = min(WINDOWS_PER_FORWARD, full) or 1
-    weight = model.wte.weight
-    need = scoring_bytes(model.cfg, model.vocab_size, n_ids, count, rows)
-    require_memory(need, weight.device,
-                   f"scoring {characters(n_ids)} in {count:,} windows of {block} needs about "
-                   f"{{gib}} for their ids, the windows and a forward of {rows} windows",
-                   "score a shorter text (split the file into parts), or lower --stride for "
-                   "fewer windows")
+    buf = np.zeros(0, dtype=np.int64)  # the ids from the next window's start on
+    first = True
+    for ids in chunks:
+        buf = np.concatenate([buf, np.asarray(ids, dtype=np.int64)])
+        while len(buf) > block:
+            yield buf[:block + 1], 0 if first else min_context
+            first = False
+            buf = buf[step:]
+    scored = 0 if first else min_context  # targets of `buf` already scored: 1..scored
+    if len(buf) - 1 > scored:
+        yield buf, scored
 
 
 @torch.inference_mode()
-def score_ids(model: GPT, ids: torch.Tensor, min_context: int,
-              batch_size: int = WINDOWS_PER_FORWARD, progress: bool = True) -> tuple[float, int]:
-    """(total negative log-likelihood in nats, characters scored) of ids (N,)."""
+def score_windows(model: GPT, windows: Iterable[tuple[np.ndarray, int]],
+                  batch_size: int = WINDOWS_PER_FORWARD) -> tuple[float, int]:
+    """(total negative log-likelihood in nats, targets scored) of `stream_windows`' windows:
+    `batch_size` full windows a forward, the shorter last one alone."""
     model.eval()
-    block = model.cfg.block_size
-    check_stride(block, min_context)
-    plan = windows(len(ids), block, min_context)
-    # Windows of exactly `block` inputs come first; at most one shorter window ends the plan.
-    n_full = sum(1 for start, _ in plan if start + block <= len(ids) - 1)
-    full, tail = plan[:n_full], plan[n_full:]
-    total, count = 0.0, 0
-    arange = torch.arange(block + 1, device=ids.device)
-    # disable=None: tqdm shows the bar only on a terminal.
-    bar = tqdm(total=len(plan), desc="eval", unit="window",
-               disable=True if not progress or len(plan) < PROGRESS_MIN_WINDOWS else None)
-    for i in range(0, len(full), batch_size):
-        chunk = full[i:i + batch_size]
-        starts = torch.tensor([s for s, _ in chunk], device=ids.device)
-        rows = ids[starts[:, None] + arange]  # (B, block + 1)
+    device = model.wte.weight.device
+    total, count, batch = 0.0, 0, []
+
+    def forward(rows: list[tuple[np.ndarray, int]]) -> None:
+        nonlocal total, count
+        if not rows:
+            return
+        ids = torch.from_numpy(np.stack([r for r, _ in rows])).to(device)  # (B, n + 1)
         # summed on the CPU in float64 (MPS has no float64), one copy a batch rather than a
         # wait for the device per row
-        nll = _nll(model, rows[:, :-1], rows[:, 1:]).cpu()  # (B, block)
-        for row, (_, offset) in enumerate(chunk):
+        nll = _nll(model, ids[:, :-1], ids[:, 1:]).cpu()  # (B, n)
+        for row, (_, offset) in enumerate(rows):
             total += nll[row, offset:].sum(dtype=torch.float64).item()
-            count += block - offset
-        bar.update(len(chunk))
-    for start, offset in tail:
-        row = ids[start:][None, :]  # (1, n) with n - 1 < block + 1
-        nll = _nll(model, row[:, :-1], row[:, 1:]).cpu()
-        total += nll[0, offset:].sum(dtype=torch.float64).item()
-        count += nll.size(1) - offset
-        bar.update(1)
-    bar.close()
+            count += nll.size(1) - offset
+
+    for window in windows:
+        if len(window[0]) <= model.cfg.block_size:  # the shorter last window
+            forward(batch)
+            batch = []
+            forward([window])
+            continue
+        batch.append(window)
+        if len(batch) == batch_size:
+            forward(batch)
+            batch = []
+    forward(batch)
     return total, count
 
 
@@ -133,31 +156,106 @@ def _nll(model: GPT, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return -logp.gather(-1, y[..., None])[..., 0]
 
 
-def score_text(model: GPT, vocab: Vocab, text: str, min_context: int | None = None,
-               unknown: str = "error", progress: bool = True) -> Score:
-    """Score `text`; characters outside the vocabulary are an error, or dropped with
-    unknown='skip' (and counted)."""
+def check_stride(block: int, min_context: int) -> None:
+    """Each window must score at least one new character: min_context below block_size."""
+    if not 0 <= min_context < block:
+        raise CharlmError(f"--stride must be in [0, {block - 1}] for block_size {block}, "
+                          f"got {min_context}")
+
+
+def require_score_memory(model: GPT) -> None:
+    """Refuse to score when a forward of `WINDOWS_PER_FORWARD` windows and the ids of one chunk
+    (`footprint.scoring_bytes`) exceed the device's memory: the need is the same whatever the
+    length of the text."""
+    block = model.cfg.block_size
+    need = scoring_bytes(model.cfg, model.vocab_size, CHUNK_BYTES + block + 1,
+                         WINDOWS_PER_FORWARD, WINDOWS_PER_FORWARD)
+    require_memory(need, model.wte.weight.device,
+                   f"scoring needs about {{gib}} for a forward of {WINDOWS_PER_FORWARD} windows of "
+                   f"{block}", "free memory on the device, or score on another --device")
+
+
+def score_stream(model: GPT, vocab: Vocab, chunks: Iterable[bytes | np.ndarray],
+                 min_context: int | None = None, unknown: str = "error") -> Score:
+    """Score the text whose code points come in `chunks` (as `code_point_chunks` gives them);
+    characters outside the vocabulary are an error, or dropped with unknown='skip' (and
+    counted)."""
     if unknown not in ("error", "skip"):  # `charlm eval --unknown` and charlm.score
         raise CharlmError(f"--unknown must be 'error' or 'skip', got {unknown!r}")
-    text = vocab.normalized(text)  # as the model's data was
-    bad = vocab.unknown(text)
-    if bad and unknown == "error":
-        raise CharlmError(
-            f"the text has {characters(len(bad))} outside the model's vocabulary "
-            f"({list_unknown(bad)}); "
-            "pass --unknown skip to drop them"
-        )
-    if bad:
-        drop = {i for i, _ in bad}
-        text = "".join(c for i, c in enumerate(text) if i not in drop)
-    if len(text) < 2:
-        raise CharlmError("the text needs at least two characters the model knows to be scored")
     block = model.cfg.block_size
     min_context = block // 2 if min_context is None else min_context
     check_stride(block, min_context)
-    require_score_memory(model, len(text), min_context)
-    ids = torch.from_numpy(vocab.encode_array(text).astype("int64")).to(model.wte.weight.device)
-    total, count = score_ids(model, ids, min_context, progress=progress)
+    require_score_memory(model)
+    tally = Unknown()
+    ids = known_ids(chunks, vocab, tally, stop=unknown == "error")
+    total, count = score_windows(model, stream_windows(ids, block, min_context))
+    if tally.count and unknown == "error":
+        raise tally.error()
+    if count == 0:
+        raise CharlmError("the text needs at least two characters the model knows to be scored")
+    return _score(total, count, tally.count)
+
+
+def score_text(model: GPT, vocab: Vocab, text: str, min_context: int | None = None,
+               unknown: str = "error", progress: bool = True) -> Score:
+    """Score `text` (`score_stream`, a slice of it at a time), in the normal form of the
+    model's data."""
+    text = vocab.normalized(text)  # as the model's data was
+    bar = _bar(len(text), "char", progress)
+    with bar:
+        chunks = (narrow_code_points(text[i:i + CHUNK_BYTES]) for i in range(0, len(text),
+                                                                             CHUNK_BYTES))
+        return score_stream(model, vocab, _shown(chunks, bar), min_context, unknown)
+
+
+def score_file(model: GPT, vocab: Vocab, path: Path, min_context: int | None = None,
+               unknown: str = "error", progress: bool = True) -> Score:
+    """Score the text file at `path` (`-`: stdin), read as `prepare` reads text (strict UTF-8,
+    in the normal form of the model's data) as it is scored."""
+    if str(path) == "-":
+        return _score_binary(model, vocab, sys.stdin.buffer, "<stdin>", None, min_context,
+                             unknown, progress)
+    check_input_file(path)
+    with open_regular(path, "text file") as f:
+        return _score_binary(model, vocab, f, str(path), os.fstat(f.fileno()).st_size,
+                             min_context, unknown, progress)
+
+
+def _score_binary(model: GPT, vocab: Vocab, f: Any, name: str, size: int | None,
+                  min_context: int | None, unknown: str, progress: bool) -> Score:
+    with _bar(size, "B", progress) as bar:
+        chunks = (cps for _, cps in code_point_chunks(f, name, bar, vocab.normalize))
+        return score_stream(model, vocab, chunks, min_context, unknown)
+
+
+def score_ids(model: GPT, ids: np.ndarray, min_context: int | None = None,
+              progress: bool = True) -> Score:
+    """Score the ids of a dataset's split (a memmap), a chunk at a time."""
+    block = model.cfg.block_size
+    min_context = block // 2 if min_context is None else min_context
+    check_stride(block, min_context)
+    require_score_memory(model)
+    with _bar(len(ids), "id", progress) as bar:
+        chunks = _shown((ids[i:i + CHUNK_BYTES] for i in range(0, len(ids), CHUNK_BYTES)), bar)
+        total, count = score_windows(model, stream_windows(chunks, block, min_context))
+    if count == 0:
+        raise CharlmError("the split needs at least two ids to be scored")
+    return _score(total, count, 0)
+
+
+def _bar(total: int | None, unit: str, progress: bool) -> tqdm:
+    # disable=None: only on a terminal; delay: not for a text scored in a second
+    return tqdm(total=total, unit=unit, unit_scale=True, desc="eval", delay=1.0,
+                disable=None if progress else True)
+
+
+def _shown(chunks: Iterable[Any], bar: tqdm) -> Iterator[Any]:
+    for chunk in chunks:
+        bar.update(len(chunk))
+        yield chunk
+
+
+def _score(total: float, count: int, skipped: int) -> Score:
     loss = total / count
     if math.isnan(loss):  # finite weights whose logits overflow: no score to give
         raise NonFiniteOutput("score")
@@ -165,7 +263,7 @@ def score_text(model: GPT, vocab: Vocab, text: str, min_context: int | None = No
         perplexity = math.exp(loss)
     except OverflowError:  # a loss past about 709 nats (a diverged model)
         perplexity = math.inf
-    return Score(loss, loss / math.log(2), perplexity, count, len(bad))
+    return Score(loss, loss / math.log(2), perplexity, count, skipped)
 
 
 def finite_or_none(value: Any) -> Any:

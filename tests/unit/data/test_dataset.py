@@ -142,3 +142,30 @@ def test_a_folders_cache_is_keyed_by_each_files_path_size_and_sha256(tmp_path):
     mtime = (cache / "meta.json").stat().st_mtime_ns
     dataset_for(root, 0.1, cache, options=TextOptions(split="files"))
     assert (cache / "meta.json").stat().st_mtime_ns != mtime
+
+
+def with_test_split(path, ids: bytes) -> None:
+    """Give the dataset dir `path` a test split of `ids` (one byte each), as a benchmark's."""
+    import json
+
+    (path / "test.bin").write_bytes(ids)
+    meta = json.loads((path / "meta.json").read_text())
+    (path / "meta.json").write_text(json.dumps({**meta, "test_tokens": len(ids)}))
+
+
+def test_a_test_split_loads_where_meta_json_gives_test_tokens(tmp_path):
+    """A benchmark's test.bin was never loaded: Dataset had no test split to score."""
+    from charlm.data.dataset import load_dataset
+
+    text = tmp_path / "t.txt"
+    text.write_text("hello world, hello world")
+    prepare([text], tmp_path / "d", progress=False)
+    plain = load_dataset(tmp_path / "d")
+    assert plain.test is None and plain.split("test") is None
+    assert len(plain.split("train")) == 21 and len(plain.split("val")) == 3
+    with_test_split(tmp_path / "d", bytes([0, 1, 2, 3, 4]))
+    data = load_dataset(tmp_path / "d")
+    assert data.split("test").tolist() == [0, 1, 2, 3, 4] and data.test is data.split("test")
+    (tmp_path / "d" / "test.bin").write_bytes(bytes(4))  # cut short
+    with pytest.raises(CharlmError, match="test.bin does not match meta.json"):
+        load_dataset(tmp_path / "d")
