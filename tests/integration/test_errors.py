@@ -39,7 +39,7 @@ EVAL_MEMORY = ("score a shorter text (split the file), free memory on the device
 @pytest.mark.parametrize("command, module, function, advice", [
     ("sample", "charlm.generation.text", "sample_text",
      "use a smaller --num-samples or --beams, or free memory on the device"),
-    ("eval", "charlm.evaluation.scoring", "score_text", EVAL_MEMORY),
+    ("eval", "charlm.evaluation.scoring", "score_file", EVAL_MEMORY),
 ])
 def test_out_of_memory_outside_training_gives_that_command_s_advice(cli, monkeypatch, tiny_run,
                                                                     corpus, command, module,
@@ -57,15 +57,16 @@ def test_out_of_memory_outside_training_gives_that_command_s_advice(cli, monkeyp
         2, f"error: out of memory (tried to allocate 2.00 GiB): {advice}\n")
 
 
-def test_a_text_too_large_to_hold_is_an_out_of_memory_line(cli, monkeypatch, tiny_run, corpus):
-    """`charlm eval` reads its text whole (a regular file has no size cap): Python's
-    MemoryError on a text larger than the memory was a traceback."""
-    import charlm.data.text
+def test_a_memory_error_while_scoring_is_an_out_of_memory_line(cli, monkeypatch, tiny_run,
+                                                                corpus):
+    """Python's MemoryError in `charlm eval` (once, a text larger than the memory, read
+    whole) was a traceback."""
+    import charlm.evaluation.scoring
 
     def too_large(*args, **kwargs):
         raise MemoryError
 
-    monkeypatch.setattr(charlm.data.text, "read_text", too_large)
+    monkeypatch.setattr(charlm.evaluation.scoring, "score_file", too_large)
     result = cli("eval", tiny_run, corpus)
     assert (result.code, result.err) == (2, f"error: out of memory: {EVAL_MEMORY}\n")
 

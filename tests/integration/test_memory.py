@@ -123,25 +123,29 @@ def test_a_checkpoint_larger_than_memory_is_refused_before_it_is_read(run_dir, m
         checkpoint.load_model(run_dir / "last.pt")
 
 
-def test_eval_of_a_text_too_big_for_memory_is_one_error_line(cli, run_dir, tmp_path,
-                                                            monkeypatch):
-    """`charlm eval` encoded the whole text, planned every window (one a character with
-    `--stride block_size - 1`) and scored 32 windows a forward without asking whether they fit:
-    a long text ran the machine out of memory instead of ending in an error line."""
+def test_eval_needs_the_same_memory_whatever_the_length_of_the_text(cli, run_dir, tmp_path,
+                                                                    monkeypatch):
+    """`charlm eval` held the whole text, its ids and a plan of its windows (about 31 bytes a
+    character), so a long text was refused on a small machine, or ran it out of memory.
+    Streamed, it needs a forward of 32 windows and one chunk's ids, whatever the length: a
+    1,900,000-character text is scored where 0.1 GiB is free, and only a machine too small
+    for that forward is refused."""
     text = tmp_path / "long.txt"
     text.write_text("to be or not to be\n" * 100_000, encoding="utf-8")  # 1,900,000 characters
     fixed_memory(monkeypatch, 0.1)
 
-    def never(*args, **kwargs):
-        raise AssertionError("the text was scored")
+    def count(model, windows):  # the windows, not their forwards: the test is the memory check
+        n = sum(len(row) - 1 - offset for row, offset in windows)
+        return 0.5 * n, n
 
     with monkeypatch.context() as patch:
-        patch.setattr("charlm.evaluation.scoring.score_ids", never)
-        result = cli("eval", run_dir, text, "--stride", "15")
+        patch.setattr("charlm.evaluation.scoring.score_windows", count)
+        result = cli("eval", run_dir, text)
+    assert (result.code, result.err) == (0, "")
+    assert result.out == ("loss 0.5000 nats/char, 0.7213 bits/char, perplexity 1.649, "
+                          "1,899,999 characters scored\n")
+    fixed_memory(monkeypatch, 0.001)
+    result = cli("eval", run_dir, text)
     assert (result.code, result.out, result.err) == (2, "", (
-        "error: scoring 1,900,000 characters in 1,899,984 windows of 16 needs about 0.2 GiB for "
-        "their ids, the windows and a forward of 32 windows, more than the 0.1 GiB of cpu; "
-        "score a shorter text (split the file into parts), or lower --stride for fewer "
-        "windows\n"))
-    text.write_text("to be or not to be\n" * 10, encoding="utf-8")
-    assert cli("eval", run_dir, text, "--stride", "15").code == 0
+        "error: scoring needs about 0.0 GiB for a forward of 32 windows of 16, more than the "
+        "0.0 GiB of cpu; free memory on the device, or score on another --device\n"))
