@@ -163,6 +163,11 @@ def check_stride(block: int, min_context: int) -> None:
                           f"got {min_context}")
 
 
+def check_unknown_policy(unknown: str) -> None:
+    if unknown not in ("error", "skip"):  # `charlm eval --unknown` and charlm.score
+        raise CharlmError(f"--unknown must be 'error' or 'skip', got {unknown!r}")
+
+
 def require_score_memory(model: GPT) -> None:
     """Refuse to score when a forward of `WINDOWS_PER_FORWARD` windows and the ids of one chunk
     (`footprint.scoring_bytes`) exceed the device's memory: the need is the same whatever the
@@ -180,8 +185,7 @@ def score_stream(model: GPT, vocab: Vocab, chunks: Iterable[bytes | np.ndarray],
     """Score the text whose code points come in `chunks` (as `code_point_chunks` gives them);
     characters outside the vocabulary are an error, or dropped with unknown='skip' (and
     counted)."""
-    if unknown not in ("error", "skip"):  # `charlm eval --unknown` and charlm.score
-        raise CharlmError(f"--unknown must be 'error' or 'skip', got {unknown!r}")
+    check_unknown_policy(unknown)
     block = model.cfg.block_size
     min_context = block // 2 if min_context is None else min_context
     check_stride(block, min_context)
@@ -211,21 +215,34 @@ def score_text(model: GPT, vocab: Vocab, text: str, min_context: int | None = No
 def score_file(model: GPT, vocab: Vocab, path: Path, min_context: int | None = None,
                unknown: str = "error", progress: bool = True) -> Score:
     """Score the text file at `path` (`-`: stdin), read as `prepare` reads text (strict UTF-8,
-    in the normal form of the model's data) as it is scored."""
+    in the normal form of the model's data). A regular file is read twice, first to find what
+    would end the pass (invalid UTF-8, an unknown character) before anything is scored; stdin
+    once, as it is scored."""
     if str(path) == "-":
         return _score_binary(model, vocab, sys.stdin.buffer, "<stdin>", None, min_context,
                              unknown, progress)
+    check_unknown_policy(unknown)
     check_input_file(path)
     with open_regular(path, "text file") as f:
+        tally = Unknown()
+        for _ in known_ids(_code_points(f, str(path), vocab), vocab, tally, stop=True):
+            pass
+        if tally.count and unknown == "error":
+            raise tally.error()
+        f.seek(0)
         return _score_binary(model, vocab, f, str(path), os.fstat(f.fileno()).st_size,
                              min_context, unknown, progress)
+
+
+def _code_points(f: Any, name: str, vocab: Vocab, bar: tqdm | None = None) -> Iterator[Any]:
+    return (cps for _, cps in code_point_chunks(f, name, bar, vocab.normalize))
 
 
 def _score_binary(model: GPT, vocab: Vocab, f: Any, name: str, size: int | None,
                   min_context: int | None, unknown: str, progress: bool) -> Score:
     with _bar(size, "B", progress) as bar:
-        chunks = (cps for _, cps in code_point_chunks(f, name, bar, vocab.normalize))
-        return score_stream(model, vocab, chunks, min_context, unknown)
+        return score_stream(model, vocab, _code_points(f, name, vocab, bar), min_context,
+                            unknown)
 
 
 def score_ids(model: GPT, ids: np.ndarray, min_context: int | None = None,

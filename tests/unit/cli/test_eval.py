@@ -107,3 +107,24 @@ def test_eval_split_errors(fails, tmp_path):
         f"--split val: {other} has no prepared dataset (neither {other / 'dataset'} nor "
         "data.path data/tinyshakespeare.txt is one); give the held-out text as TEXT_FILE "
         "instead"))
+
+
+def test_a_file_is_checked_whole_before_anything_is_scored(cli, monkeypatch, tmp_path):
+    """Streamed, a text file's last character could end the pass after every window before it
+    was scored (minutes for a large file): a file is read once to check it first, as when it
+    was read whole."""
+    st = random_export(tmp_path / "st", "abc")
+
+    def never(*args, **kwargs):
+        raise AssertionError("scored before the text was checked")
+
+    monkeypatch.setattr("charlm.evaluation.scoring.score_windows", never)
+    text = tmp_path / "t.txt"
+    text.write_text("abc" * 1000 + "x", encoding="utf-8")
+    assert cli("eval", st, text).err == (
+        "error: the text has 1 character outside the model's vocabulary ('x' at 3000); pass "
+        "--unknown skip to drop them\n")
+    text.write_bytes(b"abc" * 1000 + b"\xff")
+    assert cli("eval", st, text, "--unknown", "skip").err == (
+        f"error: {text} is not valid UTF-8 text (invalid byte 0xff at byte offset 3000); charlm "
+        "reads text files as UTF-8, convert it first\n")
