@@ -20,7 +20,7 @@ app = command_app()
 def eval_(
     target: TargetArg,
     text_file: Annotated[
-        Path | None, typer.Argument(metavar="[TEXT_FILE]", show_default=False,
+        Path | None, typer.Argument(metavar="TEXT_FILE", show_default=False,
                                     help="UTF-8 text file to score, - for stdin (pairs for an "
                                     "encoder-decoder).")
     ] = None,

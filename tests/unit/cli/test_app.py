@@ -22,7 +22,7 @@ def test_every_command_has_help(cli, command):
 
 
 def test_help_names_arguments_as_the_readme_does(cli):
-    assert "{RUN_DIR_OR_CKPT} {TEXT_FILE}" in cli("eval", "--help").out
+    assert "{RUN_DIR_OR_CKPT} [TEXT_FILE]" in cli("eval", "--help").out
     assert "the built-in defaults, a small GPT-2" in " ".join(cli("train", "--help").out.split())
 
 
