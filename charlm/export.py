@@ -204,7 +204,7 @@ def save_hf(model: GPT, vocab: Vocab, cfg: RunConfig, out: Path) -> None:
     """A GPT-2 directory: config.json, model.safetensors (GPT-2 names, Conv1D layout) and a
     character-level tokenizer (tokenizer.json for the `tokenizers` library)."""
     bad = hf_unsupported(cfg)
-    if vocab.units != "char":  # its tokenizer below is one token a character
+    if isinstance(vocab, Vocab) and vocab.units != "char":  # its tokenizer: a token a character
         bad.append(f"{vocab.units} units (the GPT-2 tokenizer written is character-level)")
     if bad:
         raise CharlmError(
