@@ -2,7 +2,11 @@
 200 MB) against a plain two-pass numpy encoder (a byte histogram, then a lookup-table encode, in
 1 MB chunks).
 
-The file is tiny-shakespeare repeated: ASCII. In every round the reference and then
+The file is tiny-shakespeare repeated: ASCII (`--text mixed` interleaves lines of French,
+Greek and Russian, so every chunk is decoded, and the reference, which counts bytes, writes other
+ids: `same_ids` is then null). `--cap-mb N` runs charlm's prepare under an address-space limit of
+N MB (RLIMIT_AS, as `prlimit --as` sets it): a corpus many times larger still prepares, its memory
+bounded by a constant. In every round the reference and then
 `charlm prepare FILE --out DIR` each run in a child process of their own, timed end to end
 (interpreter start, imports and writing the files included), with the peak RSS of that process
 alone; `vs_reference` is charlm's speed over the reference's in the same round (issue 19's
@@ -59,8 +63,15 @@ with open(src, "rb") as f, open(out + "/train.bin", "wb") as ftrain, \\
 """
 
 
-def make_input(path: Path, megabytes: int) -> int:
+MIXED = "Le cœur a ses raisons. Ἐν ἀρχῇ ἦν ὁ λόγος. Съешь же ещё этих мягких булок.\n"
+
+
+def make_input(path: Path, megabytes: int, text: str) -> int:
     block = (ROOT / "data" / "tinyshakespeare.txt").read_bytes()  # ASCII
+    if text == "mixed":  # a non-ASCII line after every tenth line
+        lines = block.decode("ascii").splitlines(keepends=True)
+        block = "".join(line + (MIXED if i % 10 == 9 else "")
+                        for i, line in enumerate(lines)).encode("utf-8")
     target = megabytes * 1_000_000
     with open(path, "wb") as f:
         written = 0
@@ -81,11 +92,14 @@ def maxrss_mb(maxrss: int) -> float:
 # (torch imported: some 240 MB) would count this one's RSS as its own peak (Linux keeps the
 # high-water mark across exec), so the command is started from this small interpreter instead.
 LAUNCHER = """
-import json, os, subprocess, sys, time
-out, err, *cmd = sys.argv[1:]
+import json, os, resource, subprocess, sys, time
+out, err, cap, *cmd = sys.argv[1:]
+def limit():
+    if int(cap):
+        resource.setrlimit(resource.RLIMIT_AS, (int(cap) << 20, int(cap) << 20))
 with open(out, "wb") as o, open(err, "wb") as e:
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=o, stderr=e)
+    proc = subprocess.Popen(cmd, stdout=o, stderr=e, preexec_fn=limit)
     _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - t0
 print(json.dumps({"seconds": seconds, "code": os.waitstatus_to_exitcode(status),
@@ -93,11 +107,13 @@ print(json.dumps({"seconds": seconds, "code": os.waitstatus_to_exitcode(status),
 """
 
 
-def run_child(args: list[str], scratch: Path) -> tuple[float, float]:
+def run_child(args: list[str], scratch: Path, cap_mb: int = 0) -> tuple[float, float]:
     """Run one command in a child process: (wall seconds from its launch to its exit, its own
-    peak RSS in MB). Its output goes to files in `scratch`, shown if it fails."""
+    peak RSS in MB), under an address-space limit of `cap_mb` MB if not 0. Its output goes to
+    files in `scratch`, shown if it fails."""
     out, err = scratch / "stdout", scratch / "stderr"
-    proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(out), str(err), *args],
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(out), str(err), str(cap_mb),
+                             *args],
                             stdout=subprocess.PIPE, env=charlm_env(), cwd=scratch,
                             start_new_session=True)
     try:
@@ -123,13 +139,17 @@ def version(package: str) -> str | None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mb", type=positive(int), default=200,
                         help="size of the generated file in MB (default 200)")
+    parser.add_argument("--text", choices=("ascii", "mixed"), default="ascii",
+                        help="ascii: tiny-shakespeare; mixed: with French, Greek and Russian")
+    parser.add_argument("--cap-mb", type=positive(int), default=None,
+                        help="run charlm's prepare under this address-space limit (MB)")
 
 
 def figures(args: argparse.Namespace) -> Iterator[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         src = tmp / "big.txt"
-        size = make_input(src, args.mb)
+        size = make_input(src, args.mb, args.text)
         charlm_ds, reference_ds = tmp / "charlm", tmp / "reference"
         reference_ds.mkdir()
         commands = {
@@ -138,18 +158,22 @@ def figures(args: argparse.Namespace) -> Iterator[dict]:
             "charlm": [sys.executable, "-m", "charlm", "prepare", str(src), "--out",
                        str(charlm_ds), "--val-fraction", str(VAL_FRACTION)]}
 
-        def runner(command: list[str]):
+        def runner(command: list[str], cap_mb: int = 0):
             def run() -> dict:
-                seconds, rss = run_child(command, tmp)
+                seconds, rss = run_child(command, tmp, cap_mb)
                 return {"seconds": round(seconds, 3), "mb_per_s": round(size / 1e6 / seconds, 1),
                         "peak_rss_mb": round(rss, 1)}
             return run
 
-        yield from interleave({name: runner(c) for name, c in commands.items()}, args.rounds)
+        caps = {"charlm": args.cap_mb or 0}
+        yield from interleave({name: runner(c, caps.get(name, 0)) for name, c in commands.items()},
+                              args.rounds)
         meta = json.loads((charlm_ds / "meta.json").read_text(encoding="utf-8"))
-        yield {"input_mb": round(size / 1e6, 1), "target_ratio": TARGET_RATIO,
+        yield {"input_mb": round(size / 1e6, 1), "text": args.text, "cap_mb": args.cap_mb,
+               "target_ratio": TARGET_RATIO,
                "same_ids": all(filecmp.cmp(charlm_ds / name, reference_ds / name, shallow=False)
-                               for name in ("train.bin", "val.bin")),
+                               for name in ("train.bin", "val.bin"))
+               if args.text == "ascii" else None,
                "vocab_size": meta["vocab_size"], "train_tokens": meta["train_tokens"],
                "val_tokens": meta["val_tokens"], "python": platform.python_version(),
                "numpy": version("numpy")}
