@@ -162,12 +162,12 @@ def same_sources(meta: dict[str, Any], sources: Sequence[Source], val_fraction: 
 
 
 def require_window(data: np.ndarray, block_size: int, split: str,
-                   source: str | Path | None = None) -> None:
-    """A split must hold at least one window of block_size + 1 characters."""
+                   source: str | Path | None = None, prepared: bool = False) -> None:
+    """A split must hold at least one window of block_size + 1 characters (of `source`, a
+    dataset dir `charlm prepare` made if `prepared`)."""
     if len(data) < block_size + 1:
         of = f" of {source}" if source is not None else ""
         # A prepared dataset dir has its split fixed: data.val_fraction does not apply to it.
-        prepared = source is not None and Path(source).is_dir()
         more_val = (" or prepare it again with a larger --val-fraction" if prepared else
                     " or raise data.val_fraction")
         raise CharlmError(

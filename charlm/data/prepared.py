@@ -47,9 +47,8 @@ def prepared_data(cfg: RunConfig, cache_dir: Path,
     """The run's data (a text or .tsv file is prepared into `cache_dir`, reused while
     unchanged). `check` sees the data's vocabulary state before a cache is rebuilt. `base`: a
     fine-tuned model's vocabulary, whose ids the data keeps (new characters after them)."""
-    path = Path(cfg.data.inputs[0])
     pairs = cfg.data.pairs
-    if len(cfg.data.inputs) == 1 and is_dataset_dir(path):
+    if (path := prepared_dir(cfg.data)) is not None:
         with contextlib.suppress(OSError, ValueError, AttributeError):  # the loader says why
             pairs = read_meta(path).get("kind") == "pairs"
     check_data_kind(cfg, pairs)
@@ -60,6 +59,12 @@ def prepared_data(cfg: RunConfig, cache_dir: Path,
     text_check = None if check is None else (lambda v: check(v.state()))
     return dataset_for(cfg.data.inputs, cfg.data.val_fraction, cache_dir, text_check,
                        text_options(cfg.data), base if isinstance(base, Vocab) else None)
+
+
+def prepared_dir(data: DataConfig) -> Path | None:
+    """data.path when it is a dataset dir made by `charlm prepare` (not a folder of text)."""
+    return Path(data.inputs[0]) if len(data.inputs) == 1 and is_dataset_dir(
+        Path(data.inputs[0])) else None
 
 
 def text_options(data: DataConfig) -> TextOptions:
@@ -73,8 +78,7 @@ def data_summary(cfg: RunConfig, run_dir: Path | None) -> dict[str, Any] | None:
     """What `charlm info` says of a run's prepared text: its split, units, files, those skipped
     and the tokens of each split, from the meta.json of its dataset dir or of the cache in
     `run_dir`; None when neither holds a text dataset."""
-    inputs = cfg.data.inputs
-    where = [Path(inputs[0])] if len(inputs) == 1 else []
+    where = [] if (prepared := prepared_dir(cfg.data)) is None else [prepared]
     meta = next((m for d in [*where, *([run_dir / "dataset"] if run_dir else [])]
                  if (m := dataset_meta(d)) is not None and m.get("kind") != "pairs"), None)
     if meta is None:

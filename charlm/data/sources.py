@@ -196,6 +196,12 @@ def matches(key: str, pattern: str) -> bool:
     return fnmatch.fnmatchcase(key if "/" in pattern else key.rsplit("/", 1)[-1], pattern)
 
 
+def missing_inputs(specs: Sequence[str]) -> list[str]:
+    """The inputs of `specs` that name no file or folder (a glob and `-` name none up front)."""
+    return [s for s in specs if s != "-" and not GLOB_CHARS & set(s)
+            and not os.path.lexists(os.path.expanduser(s))]
+
+
 @contextlib.contextmanager
 def stdin_copy(specs: Sequence[str | Path]) -> Iterator[Path | None]:
     """A temporary copy of stdin when `specs` hold `-` (else None), removed on leaving:

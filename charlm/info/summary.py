@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from charlm.data.pair_dataset import load_pairs
 from charlm.data.pair_vocab import PairVocab
 from charlm.data.pairs import read_pairs
 from charlm.data.prepared import check_data_kind, text_options
-from charlm.data.sources import GLOB_CHARS
+from charlm.data.sources import missing_inputs
 from charlm.info.parameters import flops_per_token, parameter_table, seq2seq_flops
 from charlm.info.shapes import forward_shapes, seq2seq_forward_shapes
 from charlm.model.encoder_decoder import EncoderDecoder
@@ -34,9 +33,7 @@ from charlm.model.gpt import GPT
 
 def _text_vocab_size(cfg: RunConfig) -> int:
 
-    missing = [p for p in cfg.data.inputs if not os.path.lexists(os.path.expanduser(p))
-               and not GLOB_CHARS & set(p) and p != "-"]
-    if missing:
+    if missing := missing_inputs(cfg.data.inputs):
         raise CharlmError(f"the vocabulary size comes from data.path, and {missing[0]} does not "
                           "exist; give --vocab-size N, or --set data.path=FILE")
     return len(text_vocab(cfg.data.inputs, text_options(cfg.data)))
@@ -45,7 +42,7 @@ def _text_vocab_size(cfg: RunConfig) -> int:
 def _pair_vocab(cfg: RunConfig):
     """The source and target vocabularies of data.path: a .tsv of pairs or a prepared dir."""
 
-    path = Path(cfg.data.path)
+    path = Path(cfg.data.inputs[0])
     if not path.exists():
         raise CharlmError(f"the source and target vocabularies come from data.path, and {path} "
                           "does not exist; --set data.path=FILE (a .tsv of pairs, or a dataset "

@@ -22,6 +22,8 @@ import torch
 from charlm.config.schema import DataConfig, RunConfig
 from charlm.core.errors import CharlmError
 from charlm.data.batches import BatchSampler, PairBatchSampler
+from charlm.data.prepared import prepared_dir
+from charlm.data.sources import missing_inputs
 from charlm.data.text import dataset_meta
 from charlm.model import footprint as memory
 from charlm.runtime.device import require_memory
@@ -221,10 +223,10 @@ def warn_about_config(cfg: RunConfig, task: Task, dist: Dist) -> None:
     """Warn (rank 0) about settings that do not do what they seem to."""
     prepared_with = task.data.meta.get("val_fraction")
     set_by_user = cfg.data.val_fraction != DataConfig.val_fraction  # the default says nothing
-    if (Path(cfg.data.path).is_dir() and set_by_user and prepared_with != cfg.data.val_fraction
-            and dist.is_main):
+    if (prepared_dir(cfg.data) is not None and set_by_user
+            and prepared_with != cfg.data.val_fraction and dist.is_main):
         print(f"warning: data.val_fraction={cfg.data.val_fraction} does not apply to the "
-              f"prepared dataset {cfg.data.path}, whose split was made with --val-fraction "
+              f"prepared dataset {cfg.data.shown}, whose split was made with --val-fraction "
               f"{prepared_with}; run `charlm prepare` again to change it", file=sys.stderr)
     if cfg.train.max_time is None:  # a budget's steps are known later: it warns then
         warn_short_warmup(cfg, dist)
@@ -248,7 +250,7 @@ def warn_about_split(ckpt: dict[str, Any] | None, cfg: RunConfig, task: Task,
     state, config = (ckpt.get("train_state"), ckpt.get("config")) if ckpt else (None, None)
     best = state.get("best_val") if isinstance(state, dict) else None
     if (not dist.is_main or not isinstance(best, (int, float)) or not math.isfinite(best)
-            or not isinstance(config, dict) or Path(cfg.data.path).is_dir()):
+            or not isinstance(config, dict) or prepared_dir(cfg.data) is not None):
         return  # nothing to compare with yet; a prepared dataset dir has its split fixed
     saved = config.get("data") if isinstance(config.get("data"), dict) else {}
     keys = ("val_fraction", "test_fraction") if isinstance(task, PairsTask) else ("val_fraction",)
@@ -258,7 +260,7 @@ def warn_about_split(ckpt: dict[str, Any] | None, cfg: RunConfig, task: Task,
     certain = bool(reasons)
     old = source_hashes(before) if before is not None else None
     if old is not None and old != source_hashes(task.data.meta):
-        reasons.append(f"{cfg.data.path} is not the text the run's dataset cache was made from")
+        reasons.append(f"{cfg.data.shown} is not the text the run's dataset cache was made from")
     if reasons:
         print(f"warning: --resume: the validation split {'' if certain else 'may have '}changed "
               f"({'; '.join(reasons)}): val losses from here on "
@@ -284,11 +286,12 @@ def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dty
     loaded afterwards, is only checked against the data's vocabulary); a fresh fine-tune's
     model starts from its `parent`'s weights."""
     tc = cfg.train
-    same_vocab = functools.partial(require_same_vocab, ckpt, cfg.data.path)
+    same_vocab = functools.partial(require_same_vocab, ckpt, cfg.data.shown)
     cache = Path(tc.out_dir) / "dataset"
     before = dataset_meta(cache) if ckpt is not None and dist.is_main else None
-    if ckpt is not None and not Path(cfg.data.path).exists() and (cache / "meta.json").is_file():
-        raise CharlmError(f"--resume: input file not found: {cfg.data.path} (data.path), but the "
+    if ckpt is not None and missing_inputs(cfg.data.inputs) and (cache / "meta.json").is_file():
+        raise CharlmError(f"--resume: input file not found: {missing_inputs(cfg.data.inputs)[0]} "
+                          "(data.path), but the "
                           f"run's prepared copy is in {cache}; resume with --data {cache}")
     with dist.main_first():  # rank 0 prepares the dataset cache; the others then reuse it
         task = task_for(cfg, cache, same_vocab, base_vocab(cfg, ckpt, parent))

@@ -21,7 +21,7 @@ from charlm.data.batches import BatchSampler, PairBatchSampler
 from charlm.data.dataset import Dataset, require_window
 from charlm.data.pair_dataset import PairDataset, references
 from charlm.data.pair_vocab import PairVocab
-from charlm.data.prepared import prepared_data
+from charlm.data.prepared import prepared_data, prepared_dir
 from charlm.data.vocab import Vocab
 from charlm.evaluation.pairs import output_accuracy, rate_name
 from charlm.generation.text import preview
@@ -36,7 +36,8 @@ class TextTask:
     def __init__(self, cfg: RunConfig, data: Dataset):
         self.cfg, self.data, self.vocab = cfg, data, data.vocab
         for split in ("train", "val"):
-            require_window(data.split(split), cfg.model.block_size, split, cfg.data.path)
+            require_window(data.split(split), cfg.model.block_size, split, cfg.data.shown,
+                           prepared_dir(cfg.data) is not None)
 
     def vocab_state(self) -> Any:
         return self.vocab.state()
@@ -79,7 +80,7 @@ class PairsTask:
                                    [s.tgt_offsets for s in splits])]
         if longest[0] > block or longest[1] + 1 > block:  # a target also takes its begin id
             raise CharlmError(
-                f"{cfg.data.path} holds sources of up to {longest[0]} characters and targets of "
+                f"{cfg.data.shown} holds sources of up to {longest[0]} characters and targets of "
                 f"up to {longest[1]} units, but model.block_size {block} fits sources of "
                 f"{block} and targets of {block - 1}; raise model.block_size"
             )

@@ -22,7 +22,7 @@ from charlm.config.schema import RunConfig
 from charlm.config.values import dump_yaml, read_yaml_file, untext
 from charlm.core.errors import CharlmError, one_line
 from charlm.core.files import make_writable_dir, write_text_atomic
-from charlm.data.prepared import prepared_data
+from charlm.data.prepared import prepared_data, prepared_dir
 from charlm.tune.space import Search, add, check_space, lookup
 
 PLAN_FILE, JOURNAL = "tune.yaml", "study.journal"
@@ -99,11 +99,11 @@ def prepare_data(cfg: RunConfig, search: Search, out: Path) -> str:
     """The data every trial trains on: a prepared dataset dir as is, else the text prepared
     once into OUT/dataset (pairs whose length limits follow a searched block_size: each trial
     prepares its own)."""
-    path = Path(cfg.data.path)
     limits = cfg.data.max_source_len is not None and cfg.data.max_target_len is not None
-    if path.is_dir() or (cfg.data.pairs and "model.block_size" in search.params and not limits):
-        return str(path.resolve())
-    print(f"preparing {path} once for every trial ...", file=sys.stderr)
+    if (path := prepared_dir(cfg.data)) is not None or (
+            cfg.data.pairs and "model.block_size" in search.params and not limits):
+        return str(Path(cfg.data.inputs[0] if path is None else path).resolve())
+    print(f"preparing {cfg.data.shown} once for every trial ...", file=sys.stderr)
     prepared_data(cfg, out / "dataset")
     return str((out / "dataset").resolve())
 

@@ -555,3 +555,25 @@ def test_a_normal_form_trains_and_takes_prompts_and_eval_text_in_it(cli, tmp_pat
                   "--max-new-tokens", "5")
     assert (sampled.code, sampled.out[:4]) == (0, "café")
     assert cli("eval", run, text).code == 0
+
+
+def test_train_on_a_glob_and_a_file_resumes_and_takes_a_folders_val_fraction(cli, tmp_path,
+                                                                            monkeypatch):
+    """`charlm train 'src/**/*.py' README.md` crashed at its first checks (data.path a list,
+    read as one path); --resume finds the same inputs; a val fraction for a folder is no
+    prepared dataset's, so no warning says it does not apply."""
+    text = (ROOT / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")
+    (tmp_path / "src" / "pkg").mkdir(parents=True)
+    (tmp_path / "src" / "a.py").write_text(text[:6000])
+    (tmp_path / "src" / "pkg" / "b.py").write_text(text[6000:12000])
+    (tmp_path / "README.md").write_text(text[12000:15000])
+    monkeypatch.chdir(tmp_path)
+    common = [TINY, "src/**/*.py", "README.md", "--out", "run", "--set",
+              "data.val_fraction=0.2", "--set", "optim.warmup_iters=1"]
+    first = cli("train", *common, "--set", "train.max_iters=2")
+    assert first.code == 0 and "warning" not in first.err, first.err
+    meta = json.loads((tmp_path / "run" / "dataset" / "meta.json").read_text())
+    assert [s["path"] for s in meta["sources"]] == ["src/a.py", "src/pkg/b.py", "README.md"]
+    resumed = cli("train", *common, "--resume", "--set", "train.max_iters=4")
+    assert resumed.code == 0 and "warning" not in resumed.err, resumed.err
+    assert checkpoint.load(tmp_path / "run" / "last.pt")["train_state"]["step"] == 4
