@@ -4,7 +4,6 @@ WER and CER on a file of pairs."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,7 +11,7 @@ import typer
 
 from charlm.cli.options import DeviceOpt, DtypeOpt, StepOpt, TargetArg, command_app
 from charlm.config.sampling import SampleConfig
-from charlm.core.errors import CharlmError, characters
+from charlm.core.errors import CharlmError, characters, warn
 
 app = command_app()
 
@@ -77,7 +76,7 @@ def eval_(
         result = score_ids(lm.model, dataset.split(split), stride)
         units = dataset.meta.get("units", "char")
     for note in result.notes():
-        print(f"warning: {note}", file=sys.stderr)
+        warn(note)
     if json_out:
         extra = {} if split is None else {"split": split, "units": units}
         print(json.dumps({**result.as_dict(), **extra}, allow_nan=False))
@@ -131,9 +130,9 @@ def eval_pairs_file(lm: Any, path: Path, unknown: str, json_out: bool,
     opts = SampleConfig(temperature=0, beams=beams, unknown=unknown)
     result = score_pairs(lm.model, lm.vocab, list(grouped.items()), opts)
     if result["references_not_scored"]:
-        print(f"warning: {result['references_not_scored']:,} references hold target units "
-              "outside the model's vocabulary: they count for exact match and "
-              f"{rate_name(lm.vocab)} (never matched), not for the loss", file=sys.stderr)
+        warn(f"{result['references_not_scored']:,} references hold target units "
+             "outside the model's vocabulary: they count for exact match and "
+             f"{rate_name(lm.vocab)} (never matched), not for the loss")
     if json_out:
         print(json.dumps(result, allow_nan=False))
         return

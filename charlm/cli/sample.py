@@ -24,7 +24,7 @@ from charlm.cli.options import (
 )
 from charlm.cli.reporting import writes_unicode
 from charlm.config.sampling import SampleConfig
-from charlm.core.errors import CharlmError
+from charlm.core.errors import CharlmError, warn
 from charlm.core.files import missing, read_capped
 
 if TYPE_CHECKING:
@@ -96,8 +96,8 @@ def sample(
                               "--source-file")
         sources = read_sources(source, source_file, lm.config.model.arch)
         if opts.compile:
-            print("warning: --compile compiles a GPT's decode step; an encoder-decoder decodes "
-                  "eagerly", file=sys.stderr)
+            warn("--compile compiles a GPT's decode step; an encoder-decoder decodes "
+                 "eagerly")
         if is_default(ctx, "temperature"):  # a transduction's likeliest output, unless asked
             opts = dataclasses.replace(opts, temperature=0.0)
         print_translations(lm.model, lm.vocab, sources, opts, json_out)
@@ -135,7 +135,7 @@ def prompt_text(vocab: Vocab, text: str, opts: SampleConfig, block_size: int) ->
 
     text, _, warnings = encode_prompt(vocab, text, opts.unknown, block_size)
     for w in warnings:
-        print(f"warning: {w}", file=sys.stderr)
+        warn(w)
     return text
 
 

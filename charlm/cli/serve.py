@@ -4,13 +4,12 @@ once; every request shares the engine's batch. Binds 127.0.0.1 unless --host say
 from __future__ import annotations
 
 import ipaddress
-import sys
 from typing import Annotated
 
 import typer
 
 from charlm.cli.options import DeviceOpt, DtypeOpt, TargetArg, command_app
-from charlm.core.errors import CharlmError
+from charlm.core.errors import CharlmError, warn
 
 app = command_app()
 
@@ -83,8 +82,8 @@ def serve(
                         api_key, tuple(cors_origin or ()))
     bound_host, bound_port = sock.getsockname()[:2]
     if api_key is None and not is_loopback(host):
-        print(f"warning: listening on {host} without --api-key: whoever reaches this port can "
-              "use the model", file=sys.stderr)
+        warn(f"listening on {host} without --api-key: whoever reaches this port can "
+             "use the model")
     url = f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}"
     print(f"serving {name} on {url} (the API under /v1, the page at /; Ctrl-C stops)",
           flush=True)

@@ -1,5 +1,6 @@
 """The one exception type that means "the user gave us something we cannot use", and the
-helpers that put an exception or a count into a message.
+helpers that put an exception or a count into a message, and `warn`, the one way a warning is
+printed.
 
 The CLI turns a `CharlmError` into a single `error: ...` line on stderr and exit code 2 (see
 `charlm.cli.reporting`). Its message follows the house pattern: what is wrong, where, and what
@@ -7,6 +8,7 @@ to do about it.
 """
 
 import re
+import sys
 
 # What a terminal acts on instead of showing: C0 controls (newline, ESC, ...), DEL, C1 controls
 # and the Unicode line and paragraph separators.
@@ -33,6 +35,12 @@ def one_line(e: BaseException | str, limit: int = 300) -> str:
     """The whole message of `e` on one line (torch's state_dict errors span several), cut to
     `limit` characters."""
     return " ".join(str(e).split())[:limit]
+
+
+def warn(message: str) -> None:
+    """Print one `warning: MESSAGE` line on stderr, its control characters escaped
+    (`printable`), as the `error:` line's are."""
+    print(f"warning: {printable(message)}", file=sys.stderr)
 
 
 def printable(text: str) -> str:

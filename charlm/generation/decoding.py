@@ -14,14 +14,13 @@ the uncached path's, which crops the context to its last `block_size` tokens at 
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 import torch
 
 from charlm.config.sampling import SampleConfig
-from charlm.core.errors import CharlmError, first_line
+from charlm.core.errors import CharlmError, first_line, warn
 from charlm.generation.compiled_step import CompiledStep
 from charlm.generation.utf8 import Utf8Mask
 from charlm.model.gpt import GPT
@@ -89,8 +88,7 @@ class CachedDecoder:
                 self.cache.pos += 1
                 return logits
             except Exception as e:  # the first call builds the graph: no compiler, an op, ...
-                print(f"warning: torch.compile failed ({first_line(e)}); decoding without compile",
-                      file=sys.stderr)
+                warn(f"torch.compile failed ({first_line(e)}); decoding without compile")
                 self.compiled = None
         logits, _ = self.model(ids[:, None], cache=self.cache)
         return logits[:, -1, :]

@@ -10,12 +10,11 @@ full, the most recent `block_size // 2` ids are re-prefilled, so each row's gree
 
 from __future__ import annotations
 
-import sys
 import time
 
 import torch
 
-from charlm.core.errors import first_line
+from charlm.core.errors import first_line, warn
 from charlm.generation.compiled_step import CompiledStep
 from charlm.model.gpt import GPT
 
@@ -56,8 +55,7 @@ class SlotDecoder:
             self.compiled.seek([0] * self.slots)
             self.compiled(torch.zeros(self.slots, dtype=torch.long, device=self.device))
         except Exception as e:  # no C++ compiler, an op the compiler cannot take, ...
-            print(f"warning: torch.compile failed ({first_line(e)}); decoding without compile",
-                  file=sys.stderr)
+            warn(f"torch.compile failed ({first_line(e)}); decoding without compile")
             self.compiled = None
             return 0.0
         return time.perf_counter() - start

@@ -14,14 +14,13 @@ greedy or sampled target (`charlm.generation.seq2seq.translate_ids`), sent in on
 from __future__ import annotations
 
 import collections
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from charlm.core.errors import CharlmError, first_line
+from charlm.core.errors import CharlmError, first_line, warn
 from charlm.data.pair_vocab import PairVocab
 from charlm.data.vocab import Vocab, list_unknown
 from charlm.generation.seq2seq import translate_ids
@@ -180,13 +179,13 @@ class Engine:
                 try:
                     self._admit(request)
                 except Exception as e:  # its prefill or translation failed: the others go on
-                    print(f"warning: a request failed ({first_line(e)})", file=sys.stderr)
+                    warn(f"a request failed ({first_line(e)})")
                     request.finish("error", first_line(e))
             try:
                 if self.rows and not self.encdec:
                     self._step()
             except Exception as e:  # the model failed: end what it decoded, serve the rest
-                print(f"warning: a decode step failed ({first_line(e)})", file=sys.stderr)
+                warn(f"a decode step failed ({first_line(e)})")
                 for i in reversed(range(len(self.rows))):
                     self._end(i, "error", first_line(e))
         self._shut()

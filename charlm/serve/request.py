@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import collections
 import math
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from charlm.config.sampling import SampleConfig
-from charlm.core.errors import first_line
+from charlm.core.errors import first_line, warn
 from charlm.data.vocab import Vocab
 from charlm.generation.decoding import (
     RecentIds,
@@ -92,8 +91,7 @@ class Request:
         try:
             self.on_event(event)
         except Exception as e:
-            print(f"warning: a request's event callback failed ({first_line(e)}); cancelling it",
-                  file=sys.stderr)
+            warn(f"a request's event callback failed ({first_line(e)}); cancelling it")
             self.cancelled = True
 
     def finish(self, reason: str, error: str | None = None) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from typing import Any
 import torch
 
 from charlm.config.schema import DataConfig, RunConfig
-from charlm.core.errors import CharlmError
+from charlm.core.errors import CharlmError, warn
 from charlm.data.batches import BatchSampler, PairBatchSampler
 from charlm.data.prepared import prepared_dir
 from charlm.data.sources import missing_inputs
@@ -225,9 +224,9 @@ def warn_about_config(cfg: RunConfig, task: Task, dist: Dist) -> None:
     set_by_user = cfg.data.val_fraction != DataConfig.val_fraction  # the default says nothing
     if (prepared_dir(cfg.data) is not None and set_by_user
             and prepared_with != cfg.data.val_fraction and dist.is_main):
-        print(f"warning: data.val_fraction={cfg.data.val_fraction} does not apply to the "
-              f"prepared dataset {cfg.data.shown}, whose split was made with --val-fraction "
-              f"{prepared_with}; run `charlm prepare` again to change it", file=sys.stderr)
+        warn(f"data.val_fraction={cfg.data.val_fraction} does not apply to the "
+             f"prepared dataset {cfg.data.shown}, whose split was made with --val-fraction "
+             f"{prepared_with}; run `charlm prepare` again to change it")
     if cfg.train.max_time is None:  # a budget's steps are known later: it warns then
         warn_short_warmup(cfg, dist)
 
@@ -262,11 +261,11 @@ def warn_about_split(ckpt: dict[str, Any] | None, cfg: RunConfig, task: Task,
     if old is not None and old != source_hashes(task.data.meta):
         reasons.append(f"{cfg.data.shown} is not the text the run's dataset cache was made from")
     if reasons:
-        print(f"warning: --resume: the validation split {'' if certain else 'may have '}changed "
-              f"({'; '.join(reasons)}): val losses from here on "
-              f"{'are not' if certain else 'may not be'} comparable with the run's best "
-              f"{best:.4f} so far, and best.pt is replaced only by an eval whose val loss is "
-              "below it", file=sys.stderr)
+        warn(f"--resume: the validation split {'' if certain else 'may have '}changed "
+             f"({'; '.join(reasons)}): val losses from here on "
+             f"{'are not' if certain else 'may not be'} comparable with the run's best "
+             f"{best:.4f} so far, and best.pt is replaced only by an eval whose val loss is "
+             "below it")
 
 
 def warn_short_warmup(cfg: RunConfig, dist: Dist, steps: int | None = None) -> None:
@@ -275,9 +274,9 @@ def warn_short_warmup(cfg: RunConfig, dist: Dist, steps: int | None = None) -> N
             else f"the {steps} steps the time budget plans")
     steps = cfg.train.max_iters if steps is None else steps
     if cfg.optim.warmup_iters >= steps and dist.is_main:  # a short trial run, often
-        print(f"warning: optim.warmup_iters={cfg.optim.warmup_iters} is not below "
-              f"{what}: the learning rate never reaches optim.lr="
-              f"{cfg.optim.lr:g}; lower optim.warmup_iters to train at full rate", file=sys.stderr)
+        warn(f"optim.warmup_iters={cfg.optim.warmup_iters} is not below "
+             f"{what}: the learning rate never reaches optim.lr="
+             f"{cfg.optim.lr:g}; lower optim.warmup_iters to train at full rate")
 
 
 def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dtype,
@@ -319,8 +318,7 @@ def wrap_model(run: Run) -> None:
         compiled, failure = compile_model(run.model, run.task.example_batch(rows, run.device),
                                           run.device, run.dtype)
         if failure and dist.is_main:
-            print(f"warning: torch.compile failed ({failure}); training without compile",
-                  file=sys.stderr)
+            warn(f"torch.compile failed ({failure}); training without compile")
     run.step_model = dist.wrap(compiled, run.device)  # `compiled` itself when not distributed
     run.eval_group = eval_batches_per_forward(run.cfg, run.task, run.device, rows)
     # Stacked eval batches have a shape the compiled graph was not built for: those run eagerly.

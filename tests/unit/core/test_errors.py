@@ -40,3 +40,13 @@ def test_printable_escapes_every_control_character_and_keeps_other_text():
     """C0 and C1 controls, DEL and the Unicode line separators, as Python writes them."""
     assert printable("a\tb\rc\x00d\x1b[2Je\x7ff\x85g\u2028h\u2029i é ✓ \\ ok") == (
         "a\\tb\\rc\\x00d\\x1b[2Je\\x7ff\\x85g\\u2028h\\u2029i é ✓ \\ ok")
+
+
+def test_a_warning_is_one_line_with_its_control_characters_escaped(capsys):
+    """Warnings were printed raw from fifteen places: a path with a newline split the line and
+    an escape sequence reached the terminal. All go through `warn` now."""
+    from charlm.core.errors import warn
+
+    warn("the prepared dataset data/a\nb\x1b[2J has its own split")
+    assert capsys.readouterr().err == (
+        "warning: the prepared dataset data/a\\nb\\x1b[2J has its own split\n")
