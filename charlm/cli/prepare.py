@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from charlm.cli.options import SetOpt, command_app
-from charlm.config.schema import DataConfig
+from charlm.config.data import DataConfig
 from charlm.core.errors import CharlmError
 from charlm.core.files import locked_parent
 

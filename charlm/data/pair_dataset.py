@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from charlm.config.schema import DataConfig
+from charlm.config.data import DataConfig
 from charlm.core.errors import CharlmError
 from charlm.data.dataset import check_meta_header
 from charlm.data.digest import sha256_file

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from charlm.config.schema import DataConfig
+from charlm.config.data import DataConfig
 from charlm.core.errors import CharlmError, characters
 from charlm.core.files import make_writable_dir, temp_beside
 from charlm.data.digest import sha256_file

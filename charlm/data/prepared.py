@@ -10,7 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from charlm.config.schema import DataConfig, RunConfig
+from charlm.config.data import DataConfig
+from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
 from charlm.data.corpus import TextOptions, count_reasons
 from charlm.data.dataset import Dataset, dataset_for, is_dataset_dir

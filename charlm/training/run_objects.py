@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from charlm.config.schema import DataConfig, RunConfig
+from charlm.config.data import DataConfig
+from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError, warn
 from charlm.data.batches import BatchSampler, PairBatchSampler
 from charlm.data.prepared import prepared_dir

@@ -45,7 +45,8 @@ def split_export(tmp_path, units: str = "char"):
     here (train 36, val 4 of the 40 characters prepared)."""
     import json
 
-    from charlm.config.schema import DataConfig, RunConfig
+    from charlm.config.data import DataConfig
+    from charlm.config.schema import RunConfig
     from charlm.data.corpus import TextOptions
     from charlm.data.dataset import load_dataset
     from charlm.data.text import prepare

@@ -126,7 +126,8 @@ def test_ctrl_c_during_a_generation_asks_it_to_stop_and_the_loop_goes_on(capsys)
 
 def test_interactive_refuses_an_encoder_decoder(fails, tmp_path):
     """It continues prompts; an encoder-decoder transduces sources (`--source`)."""
-    from charlm.config.schema import DataConfig, RunConfig
+    from charlm.config.data import DataConfig
+    from charlm.config.schema import RunConfig
     from charlm.data.pair_vocab import PairVocab
     from charlm.export import save_safetensors
     from charlm.training.tasks import build_model

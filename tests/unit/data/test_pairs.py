@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from charlm.config.schema import DataConfig
+from charlm.config.data import DataConfig
 from charlm.core.errors import CharlmError
 from charlm.data.pair_dataset import PairSplit, load_pairs, pairs_for, references
 from charlm.data.pair_vocab import PairVocab
