@@ -218,16 +218,16 @@ def plan_steps(left_s: float, step_s: float, eval_s: float, save_s: float,
 
 
 def too_short(seconds: float, spent: float, steps: int, step_s: float, eval_s: float,
-              save_s: float) -> CharlmError:
-    """The error for a budget that the first steps, one evaluation and a checkpoint used up."""
+              save_s: float) -> str:
+    """Why a run ends at its first evaluation: the first steps, that evaluation and its
+    checkpoint used up the budget (what it saved is the run), and what budget trains further."""
     need = spent + eval_s + save_s + 10 * step_s
-    return CharlmError(
-        f"train.max_time={format_duration(seconds)} is too short for this run here: "
-        f"{format_duration(spent)} went to starting, {steps} timed steps "
-        f"({step_s * 1000:.0f} ms each) and an evaluation with its checkpoint "
-        f"({format_duration(eval_s + save_s)}), which leaves no time for the final "
-        f"evaluation; give at least {format_duration(math.ceil(need))} "
-        "(or set train.max_iters without a budget)")
+    return (f"time budget {format_duration(seconds)} used up: {format_duration(spent)} went to "
+            f"starting, {steps} timed steps ({step_s * 1000:.0f} ms each) and an evaluation "
+            f"with its checkpoints ({format_duration(eval_s + save_s)} of it), which leaves no "
+            f"time for another; the run ends at step {steps} with what that evaluation saved "
+            f"(best.pt, last.pt); give at least {format_duration(math.ceil(need))} to train "
+            "further (or set train.max_iters without a budget)")
 
 
 def require_same_budget(max_time: float | None, max_iters: int | None,

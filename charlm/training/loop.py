@@ -253,14 +253,16 @@ def first_plan(run: Run, budget: Budget, log: MetricsLogger, clock: Clock, eval_
     spent = clock.elapsed() + save_s / 2  # and the last.pt written again below
     left = budget.first_plan(state.step, spent, eval_s, save_s, dist.least)
     step_s = budget.plan.step_s
-    if left < 0:
-        raise too_short(budget.seconds, spent, state.step, step_s, eval_s, save_s)
+    if left < 0:  # not even a final evaluation fits: the one just made and saved ends the run
+        budget.plan.steps = state.step
     state.budget = budget.state()
     log.plan(budget.plan.steps, clock.start + budget.seconds - clock.before, clock.now)
-    log.message(f"time budget {format_duration(budget.seconds)}: {budget.plan.steps} steps "
+    log.message(too_short(budget.seconds, spent, state.step, step_s, eval_s, save_s) if left < 0
+                else f"time budget {format_duration(budget.seconds)}: {budget.plan.steps} steps "
                 f"({step_s * 1000:.0f} ms a step, {format_duration(eval_s + save_s)} an eval "
                 "with its checkpoints)")
-    warn_short_warmup(run.cfg, dist, budget.plan.steps)
+    if left >= 0:
+        warn_short_warmup(run.cfg, dist, budget.plan.steps)
     with dist.main_first():
         if dist.is_main:
             write(run, log, train_event=None, losses=None, lr=0.0, improved=False,
