@@ -173,12 +173,16 @@ def split_name(s: SourceStats, n_train: int) -> str:
     return "train" if n_train == s.chars else "val" if n_train == 0 else "tail"
 
 
+def path_share(key: str) -> float:
+    """Where the file at `key` (its path under its folder) falls in [0, 1): a hash of the path,
+    so a file stays on its side of data.split files whatever other files come and go."""
+    digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
 def held_out(key: str, val_fraction: float) -> bool:
-    """Whether data.split files holds out the file at `key` (its path under its folder): a
-    hash of the path, so a file stays on its side whatever other files come and go."""
-    share = int.from_bytes(hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()[:8],
-                           "big") / 2**64
-    return share < val_fraction
+    """Whether data.split files holds out the file at `key`."""
+    return path_share(key) < val_fraction
 
 
 def train_counts(stats: Sequence[SourceStats], val_fraction: float, split: str) -> list[int]:
@@ -190,9 +194,8 @@ def train_counts(stats: Sequence[SourceStats], val_fraction: float, split: str) 
                               "input file; give several, or use data.split tail")
         val = [held_out(s.source.key, val_fraction) for s in stats]
         if all(val) or not any(val):  # few files: the one with the smallest hash goes over
-            ranked = sorted(range(len(stats)), key=lambda i: hashlib.sha256(
-                stats[i].source.key.encode("utf-8", "surrogateescape")).digest())
-            val = [i == ranked[0] for i in range(len(stats))]
+            first = min(range(len(stats)), key=lambda i: path_share(stats[i].source.key))
+            val = [i == first for i in range(len(stats))]
         counts = [0 if v else s.chars for s, v in zip(stats, val, strict=True)]
     else:
         counts = [int(s.chars * (1 - val_fraction)) for s in stats]

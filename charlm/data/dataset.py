@@ -15,7 +15,7 @@ import numpy as np
 from charlm.core.errors import CharlmError, characters
 from charlm.data.corpus import TextOptions, scan
 from charlm.data.digest import sha256_file
-from charlm.data.sources import Source, list_sources, stdin_copy
+from charlm.data.sources import Source, as_specs, listed
 from charlm.data.text import (
     DATASET_FILES,
     DATASET_FORMAT,
@@ -100,7 +100,7 @@ def dataset_for(data_path: str | Path | Sequence[str | Path], val_fraction: floa
     run) leaves the existing cache alone. With a `base` vocabulary (a fine-tuned model's,
     `Vocab.extended`) the ids are its own, the new characters after them; a prepared directory
     must already number them so."""
-    specs = [data_path] if isinstance(data_path, (str, Path)) else list(data_path)
+    specs = as_specs(data_path)
     if len(specs) == 1 and is_dataset_dir(Path(specs[0])):
         dataset = load_dataset(specs[0])
         if base is not None and dataset.vocab != base.extended(dataset.vocab.chars):
@@ -109,8 +109,7 @@ def dataset_for(data_path: str | Path | Sequence[str | Path], val_fraction: floa
                 "model keeps its parent's ids; give the text file it was prepared from as the "
                 "data, which charlm train then prepares with the parent's vocabulary")
         return dataset
-    with stdin_copy(specs) as stdin:
-        sources = list_sources(specs, options.include, options.exclude, stdin)
+    with listed(specs, options.include, options.exclude) as sources:
         meta = dataset_meta(cache_dir)
         # made with this base (or none), or numbered as the base itself: a resume's
         same_base = meta is not None and (meta.get("base") is None if base is None else
@@ -129,11 +128,11 @@ def dataset_for(data_path: str | Path | Sequence[str | Path], val_fraction: floa
 def text_vocab(data_path: str | Path | Sequence[str | Path],
                options: TextOptions = TextOptions()) -> Vocab:
     """The vocabulary `dataset_for` would give `data_path`, without writing anything."""
-    specs = [data_path] if isinstance(data_path, (str, Path)) else list(data_path)
+    specs = as_specs(data_path)
     if len(specs) == 1 and is_dataset_dir(Path(specs[0])):
         return load_dataset(specs[0]).vocab
-    with stdin_copy(specs) as stdin:
-        return scan(list_sources(specs, options.include, options.exclude, stdin), options)[2]
+    with listed(specs, options.include, options.exclude) as sources:
+        return scan(sources, options)[2]
 
 
 def is_dataset_dir(path: Path) -> bool:

@@ -202,6 +202,19 @@ def missing_inputs(specs: Sequence[str]) -> list[str]:
             and not os.path.lexists(os.path.expanduser(s))]
 
 
+def as_specs(data_path: str | Path | Sequence[str | Path]) -> list[str | Path]:
+    """data.path (one input, or several) as a list of inputs."""
+    return [data_path] if isinstance(data_path, (str, Path)) else list(data_path)
+
+
+@contextlib.contextmanager
+def listed(specs: Sequence[str | Path], include: Sequence[str] = (),
+           exclude: Sequence[str] = ()) -> Iterator[list[Source]]:
+    """`list_sources` of `specs`, with stdin copied while the block runs (`stdin_copy`)."""
+    with stdin_copy(specs) as stdin:
+        yield list_sources(specs, include, exclude, stdin)
+
+
 @contextlib.contextmanager
 def stdin_copy(specs: Sequence[str | Path]) -> Iterator[Path | None]:
     """A temporary copy of stdin when `specs` hold `-` (else None), removed on leaving:

@@ -43,7 +43,7 @@ from charlm.data.corpus import (
     train_counts,
 )
 from charlm.data.digest import sha256_file
-from charlm.data.sources import Source, list_sources, stdin_copy
+from charlm.data.sources import Source, listed
 from charlm.data.vocab import Vocab
 
 DATASET_FORMAT = "charlm-dataset"
@@ -164,8 +164,7 @@ def prepare(
     characters after them, and meta.json records it as "base". In byte units (options.units)
     the ids are the files' bytes (`charlm.data.units`).
     """
-    with stdin_copy(inputs) as stdin:
-        sources = list_sources(inputs, options.include, options.exclude, stdin)
+    with listed(inputs, options.include, options.exclude) as sources:
         return prepare_sources(sources, out, val_fraction, progress, options, base)
 
 
