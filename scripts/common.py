@@ -65,24 +65,30 @@ def machine_facts() -> dict:
     """What a figure depends on besides the code: the CPU model, its logical cores, torch's
     threads and version, the CPU capability torch dispatches to (AVX2, AVX512, ...), what
     computes bf16 natively on the CPU (`cpu_bf16_unit`: AMX, AVX512_BF16, or None where it is
-    emulated and `dtype: auto` trains in float32), and the GPU, if torch sees one."""
+    emulated and `dtype: auto` trains in float32) and how fast (`cpu_bf16_speedup`, over
+    float32: `auto` trains in bf16 from BF16_GAIN up), and the GPU, if torch sees one."""
     import torch
 
-    from charlm.runtime.precision import cpu_bf16_unit
+    from charlm.runtime.precision import cpu_bf16_speedup, cpu_bf16_unit
 
+    unit = cpu_bf16_unit()
     return {
         "cpu": cpu_model(), "logical_cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "bf16_unit": cpu_bf16_unit(),
+        "bf16_unit": unit, "bf16_speedup": round(cpu_bf16_speedup(), 2) if unit else None,
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
     }
 
 
 def machine_line(facts: dict) -> str:
     """`machine_facts` as the one line a script prints above its figures."""
-    unit = facts["bf16_unit"]
-    bf16 = f"bf16 native ({unit})" if unit else "float32 native (bf16 emulated)"
+    from charlm.runtime.precision import BF16_GAIN
+
+    unit, speedup = facts["bf16_unit"], facts["bf16_speedup"]
+    bf16 = (f"bf16 native ({unit}, {speedup}x float32's speed"
+            f"{'' if speedup >= BF16_GAIN else ': auto trains in float32'})" if unit
+            else "float32 native (bf16 emulated)")
     gpu = f", GPU {facts['gpu']}" if facts["gpu"] else ""
     return (f"machine: {facts['cpu']}, {facts['logical_cores']} logical cores, "
             f"{facts['torch_threads']} torch threads, torch {facts['torch']}, "

@@ -160,8 +160,8 @@ class TrainConfig:
         "`mps`")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = _key(
         "auto", "autocast dtype (the weights stay float32); `auto`: bfloat16 on GPUs that have "
-        "it (else float16) and on CPUs that compute it in hardware, else float32; `float16` on "
-        "CUDA only")
+        "it (else float16) and on CPUs that compute it in hardware and measure it faster than "
+        "float32, else float32; `float16` on CUDA only")
     compile: bool = _key(
         False, "`torch.compile` the model (eager, with a warning, where it cannot build)")
     threads: int | str = _key(

@@ -1,10 +1,12 @@
 """What a run computes in: the dtype `auto` resolves to (bf16 where the CPU or GPU computes it
-natively), the weights' dtype for decoding, autocast, the GradScaler (fp16 only) and
+natively and faster), the weights' dtype for decoding, autocast, the GradScaler (fp16 only) and
 `torch.compile` of a model, tried once and reported when it fails."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import time
 
 import torch
 
@@ -24,6 +26,32 @@ def cpu_bf16_unit() -> str | None:
     return None
 
 
+BF16_GAIN = 1.5  # bf16 products must run this many times float32's speed for autocast to pay
+PROBE_N, PROBE_REPEATS = 768, 3
+
+
+@functools.cache
+def cpu_bf16_speedup() -> float:
+    """How many times float32's speed this CPU multiplies bf16 matrices at: the best of
+    PROBE_REPEATS products of PROBE_N-square matrices in each dtype, on torch's threads (about
+    0.1 s, once a process). A unit in the flags is not enough: a Zen 5 EPYC's AVX512_BF16 ran at
+    4.1x float32, an Intel Xeon's (no AMX) at 0.56x. Draws nothing from the random streams."""
+    with torch.random.fork_rng(devices=[]):
+        a = torch.randn(PROBE_N, PROBE_N)
+
+    def seconds(dtype: torch.dtype) -> float:
+        x = a.to(dtype)
+        torch.mm(x, x)  # the first call's one-off costs
+        times = []
+        for _ in range(PROBE_REPEATS):
+            start = time.perf_counter()
+            torch.mm(x, x)
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    return seconds(torch.float32) / seconds(torch.bfloat16)
+
+
 def cuda_has_bf16(device: torch.device) -> bool:
     """Whether this GPU computes in bf16 natively: Ampere (compute capability 8) and later, or
     ROCm. (`torch.cuda.is_bf16_supported()` also says yes on a V100 or T4, which only emulate
@@ -36,13 +64,13 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """The compute dtype for autocast. `auto`: bf16 on a GPU that has it natively, else fp16 with
-    a GradScaler; on a CPU that multiplies bf16 in hardware (`cpu_bf16_unit`), bf16 (faster
-    per step there, with the same loss curve); float32 on other CPUs (bf16 is emulated there,
-    and slower) and on MPS."""
+    a GradScaler; on a CPU that multiplies bf16 in hardware (`cpu_bf16_unit`) at least
+    BF16_GAIN times float32's speed, measured (`cpu_bf16_speedup`), bf16 (faster per step
+    there, with the same loss curve); float32 on other CPUs and on MPS."""
     if name == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if cuda_has_bf16(device) else torch.float16
-        if device.type == "cpu" and cpu_bf16_unit():
+        if device.type == "cpu" and cpu_bf16_unit() and cpu_bf16_speedup() >= BF16_GAIN:
             return torch.bfloat16
         return torch.float32
     dtype = DTYPES[name]

@@ -365,18 +365,24 @@ def test_train_without_a_config_names_the_run_dir_after_the_data(cli, tmp_path, 
     assert sorted(p.name for p in Path("runs").iterdir()) == ["mine", "other"]
 
 
-@pytest.mark.parametrize("unit, dtype, line", [
-    ("AVX512_BF16", "auto", "training on cpu in bfloat16 autocast (train.dtype: auto)"),
-    (None, "auto", "training on cpu in float32 (train.dtype: auto)"),
-    ("AMX", "float32", "training on cpu in float32 (train.dtype: float32)"),
+@pytest.mark.parametrize("unit, speedup, dtype, line", [
+    ("AVX512_BF16", 4.1, "auto", "training on cpu in bfloat16 autocast (train.dtype: auto: "
+     "AVX512_BF16 multiplies bf16 at 4.10x float32's speed here)"),
+    ("AVX512_BF16", 0.56, "auto", "training on cpu in float32 (train.dtype: auto: AVX512_BF16 "
+     "multiplies bf16 at 0.56x float32's speed here)"),
+    (None, 4.1, "auto", "training on cpu in float32 (train.dtype: auto)"),
+    ("AMX", 4.1, "float32", "training on cpu in float32 (train.dtype: float32)"),
 ])
 def test_train_says_what_it_computes_in_once_as_it_starts(cli, tmp_path, corpus, monkeypatch,
-                                                          unit, dtype, line):
-    """`dtype: auto` is bf16 on one CPU and float32 on the next: a run says which, first, and a
-    resume says it again, once."""
+                                                          unit, speedup, dtype, line):
+    """`dtype: auto` is bf16 on one CPU and float32 on the next, even among CPUs with a bf16
+    unit: a run says which and why, first, and a resume says it again, once."""
     import charlm.runtime.precision
+    import charlm.training.run_objects
 
-    monkeypatch.setattr(charlm.runtime.precision, "cpu_bf16_unit", lambda: unit)
+    for module in (charlm.runtime.precision, charlm.training.run_objects):
+        monkeypatch.setattr(module, "cpu_bf16_unit", lambda: unit)
+        monkeypatch.setattr(module, "cpu_bf16_speedup", lambda: speedup)
     run = tmp_path / "run"
     common = ["--set", f"train.dtype={dtype}", "--set", "train.eval_interval=2"]
     fresh = cli("train", ROOT / "configs" / "tiny.yaml", "--data", corpus, "--out", run,

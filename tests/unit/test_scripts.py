@@ -222,6 +222,7 @@ def test_bench_train_probes_the_dtype_charlms_auto_picks(monkeypatch, unit, dtyp
     peak_module = import_script("benchlib.peak", monkeypatch)
     probed = []
     monkeypatch.setattr(charlm.runtime.precision, "cpu_bf16_unit", lambda: unit)
+    monkeypatch.setattr(charlm.runtime.precision, "cpu_bf16_speedup", lambda: 4.1)
     monkeypatch.setattr(peak_module, "cpu_peak", lambda d: probed.append(d) or (1e12, 512))
     assert peak_module.device_peak(torch.device("cpu")) == (1e12, dtype, source)
     assert probed == [dtype]
@@ -353,26 +354,37 @@ def test_bench_prepare_peak_rss_is_in_mb_like_the_input(monkeypatch):
     assert prepare.maxrss_mb(5_000_000) == 5.0
 
 
-@pytest.mark.parametrize("unit", ["AMX", "AVX512_BF16", None])
-def test_machine_facts_name_the_cpu_and_what_it_computes_natively(monkeypatch, unit):
+@pytest.mark.parametrize("unit, speedup, ending", [
+    ("AMX", 6.0, "bf16 native (AMX, 6.0x float32's speed)"),
+    ("AVX512_BF16", 4.1, "bf16 native (AVX512_BF16, 4.1x float32's speed)"),
+    ("AVX512_BF16", 0.49, "bf16 native (AVX512_BF16, 0.49x float32's speed: auto trains in "
+     "float32)"),
+    (None, 0.01, "float32 native (bf16 emulated)"),
+])
+def test_machine_facts_name_the_cpu_and_what_it_computes_natively(monkeypatch, unit, speedup,
+                                                                  ending):
     """Every benchmark prints these with its figures: a figure without its machine cannot be
-    compared. bf16 is native exactly where charlm's `dtype: auto` trains in it."""
+    compared. charlm's `dtype: auto` trains in bf16 where a unit computes it and measures
+    faster than float32."""
     import charlm.runtime.precision
 
     common = import_script("common", monkeypatch)
     monkeypatch.setattr(charlm.runtime.precision, "cpu_bf16_unit", lambda: unit)
+    monkeypatch.setattr(charlm.runtime.precision, "cpu_bf16_speedup", lambda: speedup)
     monkeypatch.setattr(common, "cpu_model", lambda: "Test CPU 9000")
     facts = common.machine_facts()
     assert list(facts) == ["cpu", "logical_cores", "torch_threads", "torch", "cpu_capability",
-                           "bf16_unit", "gpu"]
+                           "bf16_unit", "bf16_speedup", "gpu"]
     assert facts["cpu"] == "Test CPU 9000" and facts["bf16_unit"] == unit
+    assert facts["bf16_speedup"] == (speedup if unit else None)
     assert facts["torch"] == torch.__version__ and facts["logical_cores"] == os.cpu_count()
-    assert common.cpu_native_dtype() == (torch.bfloat16 if unit else torch.float32)
+    assert common.cpu_native_dtype() == (
+        torch.bfloat16 if unit and speedup >= 1.5 else torch.float32)
     line = common.machine_line(facts)
     assert line.startswith(f"machine: Test CPU 9000, {os.cpu_count()} logical cores, "
                            f"{torch.get_num_threads()} torch threads, torch {torch.__version__}, "
                            f"{torch.backends.cpu.get_cpu_capability()}, ")
-    assert line.endswith(f"bf16 native ({unit})" if unit else "float32 native (bf16 emulated)")
+    assert line.endswith(ending)
 
 
 def test_cpu_model_reads_cpuinfo_else_asks_platform(monkeypatch, tmp_path):
@@ -452,3 +464,4 @@ def test_bench_busy_times_each_variant_beside_each_neighbour(monkeypatch, capsys
             for r in kind(records, "round")]
     assert rows == [("alone", "auto", 1.0, 40 * 16 * 16 // 10), ("alone", "all", 1.0, 1024),
                     ("loop2", "auto", 2.5, 410), ("loop2", "all", 9.0, 114)]
+
