@@ -1,6 +1,7 @@
 """charlm's benchmarks, one harness: `decode`, `train`, `presets`, `prepare` and `serve` time their
 variants in interleaved rounds (A B A B ...) and report them alike. `optimizers` compares AdamW
-with Muon at equal wall time; `busy` times training beside other processes.
+with Muon at equal wall time; `busy` times training beside other processes; `frontier`
+gives the best val loss that 1, 5, 15 and 30 minutes buy.
 
     python scripts/bench.py SUBCOMMAND [--rounds N] [--tree REV_OR_DIR ...] [options]
     python scripts/bench.py SUBCOMMAND --help
@@ -19,13 +20,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from benchlib import busy, decode, optimizers, prepare, presets, serve, train
+from benchlib import busy, decode, frontier, optimizers, prepare, presets, serve, train
 from benchlib.harness import Bench, report
 from benchlib.trees import check_trees, tree_figures
 from common import positive, run_script, summary
 
 BENCHES: list[Bench] = [decode.BENCH, train.BENCH, presets.BENCH, prepare.BENCH, serve.BENCH,
-                        optimizers.BENCH, busy.BENCH]
+                        optimizers.BENCH, busy.BENCH, frontier.BENCH]
 
 
 def parser() -> argparse.ArgumentParser:

@@ -72,13 +72,14 @@ def train(
     cfg = train_config(config, overrides, data=data, out=out, device=device, budget=budget,
                        init_from=init_from, resume=_resume_config if resume else None,
                        init=lambda *args: _init_config(*args, loaded=parents))
+    size = None if resume else sized_keys(config, overrides, cfg)
     from charlm.training.faults import Aborted, Interrupted
     from charlm.training.loop import train as run_training
 
     main_rank = is_main_process()  # under torchrun, rank 0 alone speaks for the run
     try:
         state = run_training(cfg, resume=resume, overwrite=overwrite,
-                             parent=parents.pop() if parents else None)
+                             parent=parents.pop() if parents else None, size=size)
     except Interrupted as e:  # last.pt is saved; say where, exit 130 / 143
         if main_rank:
             print(e, file=sys.stderr)
@@ -122,6 +123,24 @@ def _init_config(cfg: RunConfig, given: set[str], loaded: list | None = None) ->
     return parent_config(cfg, given, parent)
 
 
+def sized_keys(config: str | Path | typing.Sequence[str | Path] | None,
+               overrides: typing.Sequence[Override], cfg: RunConfig) -> frozenset[str] | None:
+    """The keys the user set (`--set`), when `charlm train` sizes the GPT to the time budget:
+    a fresh run of the built-in defaults (no YAML config) with train.max_time and no
+    --init-from; None when the config's model stands (`charlm.training.sizing`)."""
+    if (config_file(config)[0] is not None or cfg.train.max_time is None
+            or cfg.train.init_from is not None):
+        return None
+    return frozenset(dotted_key(o) for o in overrides)
+
+
+def config_file(config: str | Path | typing.Sequence[str | Path] | None
+                ) -> tuple[Path | None, list[str | Path]]:
+    """CONFIG_OR_TEXT... as (the YAML config, if the first is one; the rest, the data)."""
+    args = [] if config is None else [config] if isinstance(config, (str, Path)) else list(config)
+    return (Path(args.pop(0)) if args and is_config_file(Path(args[0])) else None), args
+
+
 def model_keys_given(config: Path | None, overrides: typing.Sequence[Override]) -> set[str]:
     """The model keys a config file and the overrides set, whatever their values."""
     raw = read_yaml_file(config) if config is not None else {}
@@ -148,8 +167,7 @@ def train_config(
     `charlm.training.run_dir.resume_config`); None starts a fresh run. A fresh run with
     train.init_from (`--init-from`) takes its architecture from that model (`init`)."""
     overrides = list(overrides)
-    args = [] if config is None else [config] if isinstance(config, (str, Path)) else list(config)
-    config = Path(args.pop(0)) if args and is_config_file(Path(args[0])) else None
+    config, args = config_file(config)
     data = [data] if isinstance(data, str) else list(data or [])
     data_given = "--data"
     if args:

@@ -23,7 +23,7 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -59,18 +59,20 @@ from charlm.training.validation import EvalStopped, evaluate
 
 def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
           progress: bool | None = None, now: Callable[[], float] = time.perf_counter,
-          parent: Parent | None = None) -> TrainState:
+          parent: Parent | None = None, size: Collection[str] | None = None) -> TrainState:
     """Train (or resume) the run described by `cfg` in `cfg.train.out_dir`; under torchrun,
     this rank's part of a DDP run. `now`: the clock the run's time is read from (a test's);
-    `parent`: the model a fresh fine-tune (train.init_from) starts from."""
+    `parent`: the model a fresh fine-tune (train.init_from) starts from; `size`: the keys the
+    user set, when a fresh run's GPT is to be sized to its train.max_time
+    (`charlm.training.sizing`; None: the config's model)."""
     with (distributed(resolve_device(cfg.train.device)) as (dist, device),
           run_lock(Path(cfg.train.out_dir), dist.is_main)):
-        return _train(cfg, dist, device, resume, overwrite, progress, now, parent)
+        return _train(cfg, dist, device, resume, overwrite, progress, now, parent, size)
 
 
 def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overwrite: bool,
            progress: bool | None, now: Callable[[], float] = time.perf_counter,
-           parent: Parent | None = None) -> TrainState:
+           parent: Parent | None = None, size: Collection[str] | None = None) -> TrainState:
     clock = Clock(start=now(), before=0.0, now=now)
     cpu_use = CpuUse()  # the load over the build, for the threads' first look
     tc = cfg.train
@@ -88,7 +90,8 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
     ckpt = checkpoint.load(run_dir / "last.pt") if resume else None
     if ckpt is not None:
         require_steps_left(cfg, ckpt, run_dir / "last.pt")
-    run = build_run(cfg, dist, device, dtype, ckpt, parent)
+    run = build_run(cfg, dist, device, dtype, ckpt, parent, None if resume else size)
+    cfg, tc = run.cfg, run.cfg.train  # a model sized to the budget changes the config
     if ckpt is not None:
         checkpoint.restore(ckpt, run.stateful(), run_dir / "last.pt")
     wrap_model(run)

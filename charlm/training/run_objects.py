@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,8 @@ from charlm.training.metrics import MetricsLogger
 from charlm.training.optimizer import Optimizer, make_optimizer
 from charlm.training.parent import Parent, base_vocab, init_from_parent
 from charlm.training.run_dir import clear_run, start_run
-from charlm.training.tasks import PairsTask, Task, task_for
+from charlm.training.sizing import size_model
+from charlm.training.tasks import PairsTask, Task, TextTask, task_for
 from charlm.training.validation import eval_batches_per_forward
 
 
@@ -289,10 +290,12 @@ def warn_short_warmup(cfg: RunConfig, dist: Dist, steps: int | None = None) -> N
 
 
 def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dtype,
-              ckpt: dict[str, Any] | None, parent: Parent | None = None) -> Run:
+              ckpt: dict[str, Any] | None, parent: Parent | None = None,
+              size: Collection[str] | None = None) -> Run:
     """Build a run's objects, the same for a fresh and a resumed run (`ckpt`, whose state is
     loaded afterwards, is only checked against the data's vocabulary); a fresh fine-tune's
-    model starts from its `parent`'s weights."""
+    model starts from its `parent`'s weights; `size`: the keys the user set, when the GPT is
+    to be sized to the budget (`size_model`)."""
     tc = cfg.train
     same_vocab = functools.partial(require_same_vocab, ckpt, cfg.data.shown)
     cache = Path(tc.out_dir) / "dataset"
@@ -303,6 +306,10 @@ def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dty
                           f"run's prepared copy is in {cache}; resume with --data {cache}")
     with dist.main_first():  # rank 0 prepares the dataset cache; the others then reuse it
         task = task_for(cfg, cache, same_vocab, base_vocab(cfg, ckpt, parent))
+    if size is not None and isinstance(task, TextTask):
+        cfg = size_model(cfg, size, task, dist, device, dtype)
+        tc = cfg.train
+        task = TextTask(cfg, task.data)
     same_vocab(task.vocab_state())  # also for a prepared dataset dir, or a reused cache
     warn_about_config(cfg, task, dist)
     warn_about_split(ckpt, cfg, task, before, dist)

@@ -22,6 +22,7 @@ import os
 import pickle
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,7 @@ RECIPE = ["--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=
           "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128",
           "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0"]
 EVAL_LINE = re.compile(r"step (\d+): train loss ([\d.]+), val loss ([\d.]+)")
+ITER_LINE = re.compile(r"iter (\d+): loss [\d.]+, time ([\d.]+)ms")
 
 
 def nanogpt_data(dest: Path) -> None:
@@ -61,20 +63,28 @@ def nanogpt_data(dest: Path) -> None:
     (dest / "meta.pkl").write_bytes(pickle.dumps(meta))
 
 
-def run_nanogpt(clone: Path) -> dict:
-    """nanoGPT's CPU recipe from a copy of `clone`: the wall time of its last eval line from
-    launch, its val loss there, and the curve."""
+def run_nanogpt(clone: Path, iters: int | None = None) -> dict:
+    """nanoGPT's CPU recipe from a copy of `clone` (with `iters`: its max_iters and
+    lr_decay_iters): the wall time of its last eval line from launch, its val loss there, its
+    best, the median time of the later half of its steps (`step_s`), its whole run's wall time
+    and the curve."""
+    recipe = RECIPE if iters is None else [
+        *(a for a in RECIPE if not a.startswith(("--max_iters", "--lr_decay_iters"))),
+        f"--max_iters={iters}", f"--lr_decay_iters={iters}"]
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "nanoGPT"
         shutil.copytree(clone, repo, ignore=shutil.ignore_patterns(".git"))
         nanogpt_data(repo / "data" / "shakespeare_char")
-        cmd = [sys.executable, "train.py", "config/train_shakespeare_char.py", *RECIPE]
+        cmd = [sys.executable, "train.py", "config/train_shakespeare_char.py", *recipe]
+        steps: list[float] = []
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
             curve = []
             for line in proc.stdout:
+                if match := ITER_LINE.match(line):
+                    steps.append(float(match[2]) / 1000)
                 if match := EVAL_LINE.match(line):
                     curve.append({"step": int(match[1]),
                                   "wall_s": round(time.perf_counter() - t0, 2),
@@ -83,10 +93,14 @@ def run_nanogpt(clone: Path) -> dict:
             if proc.poll() is None:
                 proc.terminate()
             proc.wait()
+        wall = time.perf_counter() - t0
         if proc.returncode != 0 or not curve:
             raise SystemExit(f"error: nanoGPT failed ({proc.returncode}); its command: "
                              f"{' '.join(cmd)}")
-    return {"seconds": curve[-1]["wall_s"], "final_val": curve[-1]["val_loss"], "curve": curve}
+    return {"seconds": curve[-1]["wall_s"], "final_val": curve[-1]["val_loss"],
+            "best_val": min(e["val_loss"] for e in curve),
+            "step_s": statistics.median(steps[len(steps) // 2:]) if steps else None,
+            "total_wall_s": round(wall, 2), "curve": curve}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

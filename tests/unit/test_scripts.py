@@ -465,3 +465,42 @@ def test_bench_busy_times_each_variant_beside_each_neighbour(monkeypatch, capsys
     assert rows == [("alone", "auto", 1.0, 40 * 16 * 16 // 10), ("alone", "all", 1.0, 1024),
                     ("loop2", "auto", 2.5, 410), ("loop2", "all", 9.0, 114)]
 
+
+def test_bench_frontier_gives_each_budget_to_each_variant(monkeypatch, capsys, tmp_path):
+    """Every budget trains the sized model and each preset with --time, and nanoGPT's recipe
+    with the steps its measured step time fits in the budget; `within` is the deadline of issue
+    43 (5 % or 10 s), `target` the sized model's."""
+    frontier = import_script("benchlib.frontier", monkeypatch)
+    charlm_calls, nanogpt_calls = [], []
+
+    def fake_charlm(config, overrides, target, stop_at_target, max_seconds):
+        charlm_calls.append((config and Path(config).name, overrides, target, stop_at_target))
+        seconds = float(overrides[-1].removeprefix("train.max_time="))
+        return {"final_val": 1.6, "total_wall_s": seconds + (12.0 if config else 1.0),
+                "curve": [{"step": 10, "val_loss": 1.7}, {"step": 20, "val_loss": 1.5},
+                          {"step": 30, "val_loss": 1.6}]}
+
+    def fake_nanogpt(clone, iters=None):
+        nanogpt_calls.append(iters)
+        return {"step_s": 0.05, "best_val": 1.9, "final_val": 1.95, "total_wall_s": 290.0}
+
+    monkeypatch.setattr(frontier, "time_to_loss", fake_charlm)
+    monkeypatch.setattr(frontier, "run_nanogpt", fake_nanogpt)
+    (tmp_path / "train.py").write_text("")
+    records, _ = bench(monkeypatch, capsys, "frontier", "--times", "1m", "5m", "--variants",
+                       "sized", "shakespeare_char_cpu", "nanoGPT", "--nanogpt", str(tmp_path))
+    text = str(frontier.TEXT)
+    assert charlm_calls == [(config, [f"data.path={text}", f"train.max_time={s}"], 0.0, False)
+                            for s in (60.0, 300.0)
+                            for config in (None, "shakespeare_char_cpu.yaml")]
+    # measured once, then (T - 5 s) / (0.05 s x 1.07) steps
+    assert nanogpt_calls == [300, int(55 / 0.0535), int(295 / 0.0535)]
+    rounds = [(r["time"], r["variant"], r["best_val"], r["steps"], r["within"], r["target"])
+              for r in kind(records, "round")]
+    assert rounds == [
+        ("60s", "sized", 1.5, 30, True, None),
+        ("60s", "shakespeare_char_cpu", 1.5, 30, False, None),  # 72 s: past 60 + 10 s
+        ("60s", "nanoGPT", 1.9, int(55 / 0.0535), False, None),
+        ("300s", "sized", 1.5, 30, True, 1.5),
+        ("300s", "shakespeare_char_cpu", 1.5, 30, True, None),  # 312 s: within 5 %
+        ("300s", "nanoGPT", 1.9, int(295 / 0.0535), True, None)]

@@ -1,0 +1,82 @@
+"""`bench.py frontier`: the best val loss on tiny-shakespeare that each of --times buys from
+launch (default 1m 5m 15m 30m), for the model sized to the budget and its peers.
+
+Variants (`--variants`, default all): `sized`, `charlm train data/tinyshakespeare.txt --time T`;
+each CPU preset given the same --time; `nanoGPT` (with --nanogpt DIR), its CPU recipe (as
+`bench.py presets` runs it) with max_iters and lr_decay_iters set so that it ends by T: its step
+time is measured first, over the later half of one 300-step run, and its steps are those that
+fit T less 5 s of start-up, each counted 1.07 times for its evaluations. `within` says whether a
+run ended by its budget plus 5 percent or 10 s (issue 43's deadline). Issue 43's targets for
+`sized`: 1.50 at 5m, 1.47 at 15m, 1.44 at 30m."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from pathlib import Path
+
+from benchlib.harness import ROOT, Bench
+from benchlib.loss import time_to_loss
+from benchlib.presets import PRESETS, TEXT, run_nanogpt
+from charlm.core.durations import duration_seconds
+from charlm.core.errors import CharlmError
+
+TIMES = ("1m", "5m", "15m", "30m")
+TARGETS = {300.0: 1.50, 900.0: 1.47, 1800.0: 1.44}
+VARIANTS = ("sized", *(Path(name).stem for name in PRESETS), "nanoGPT")
+START_S, EVAL_SHARE = 5.0, 1.07  # nanoGPT's start-up, and its evals' share of its steps
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--times", nargs="+", default=list(TIMES), metavar="DURATION",
+                        help="the budgets (default: 1m 5m 15m 30m)")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                        help="what to train (default: all; nanoGPT needs --nanogpt)")
+    parser.add_argument("--nanogpt", type=Path, metavar="DIR",
+                        help="a clone of karpathy/nanoGPT, to run its recipe in the same time")
+
+
+def figures(args: argparse.Namespace) -> Iterator[dict]:
+    """The figures of `args`: the budgets and the clone checked now, the runs made as
+    iterated."""
+    times = [duration_seconds(t, "--times") for t in args.times]
+    if "nanoGPT" in args.variants and not (args.nanogpt and (args.nanogpt / "train.py").is_file()):
+        raise CharlmError("the nanoGPT variant needs --nanogpt DIR, a clone of karpathy/nanoGPT")
+    return measure(times, args)
+
+
+def measure(times: list[float], args: argparse.Namespace) -> Iterator[dict]:
+    nanogpt_step_s: list[float] = []  # measured once, at the first nanoGPT run
+    for r in range(1, args.rounds + 1):
+        for seconds in times:
+            for variant in args.variants:
+                if variant == "nanoGPT":
+                    if not nanogpt_step_s:
+                        nanogpt_step_s.append(run_nanogpt(args.nanogpt, iters=300)["step_s"])
+                    iters = int((seconds - START_S) / (nanogpt_step_s[0] * EVAL_SHARE))
+                    result = {**run_nanogpt(args.nanogpt, iters=iters), "steps": iters}
+                else:
+                    result = run_charlm(None if variant == "sized" else
+                                        str(ROOT / "configs" / f"{variant}.yaml"), seconds)
+                wall = result["total_wall_s"]
+                yield {"time": f"{seconds:g}s", "variant": variant, "round": r,
+                       "best_val": result["best_val"], "final_val": result["final_val"],
+                       "steps": result["steps"], "total_wall_s": wall,
+                       "within": wall <= seconds + max(0.05 * seconds, 10.0),
+                       "target": TARGETS.get(seconds) if variant == "sized" else None}
+
+
+def run_charlm(config: str | None, seconds: float) -> dict:
+    """`charlm train [CONFIG] TEXT --time SECONDS` to its end: best and last val loss, steps,
+    wall time from launch."""
+    # target 0: never reached, so the run goes to the end of its budget
+    run = time_to_loss(config, [f"data.path={TEXT}", f"train.max_time={seconds}"], 0.0,
+                       stop_at_target=False, max_seconds=2 * seconds + 60)
+    vals = [e["val_loss"] for e in run["curve"] if e["val_loss"] is not None]
+    return {"best_val": min(vals) if vals else None, "final_val": run["final_val"],
+            "total_wall_s": run["total_wall_s"],
+            "steps": run["curve"][-1]["step"] if run["curve"] else None}
+
+
+BENCH = Bench("frontier", __doc__, add_arguments, figures, case=("time",), metric="best_val",
+              metrics=("final_val", "steps", "total_wall_s"), rounds=1)

@@ -1,0 +1,164 @@
+"""Models sized to a time budget (charlm.training.sizing): the rung the rule picks for a budget,
+a machine's speed and a data size; the keys the user set winning; `charlm train TEXT --time`
+sizing the model and a config or a fine-tune keeping theirs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import yaml
+
+from charlm.cli.train import sized_keys, train_config
+from charlm.model.gpt import parameter_count
+from charlm.training import sizing
+from charlm.training.sizing import LADDER, TOKENS_PER_PARAMETER, TRAIN_SHARE, Rung, pick
+from tests.helpers import TINY
+
+VOCAB = 65
+SHAKESPEARE_TRAIN = 1_003_854  # tiny-shakespeare's training split, in characters
+
+
+def params(rung: Rung) -> int:
+    return parameter_count(rung.model(), VOCAB)
+
+
+def machine(flops: float):
+    """A machine that trains at `flops` (6 per parameter per token): each rung's rate, and
+    the rungs asked for."""
+    asked: list[Rung] = []
+
+    def rate(rung: Rung) -> float:
+        asked.append(rung)
+        return flops / (6 * params(rung))
+
+    return rate, asked
+
+
+@pytest.mark.parametrize(("seconds", "flops", "expected"), [
+    (60, 1e10, Rung(2, 96, 4, 64, 16, 3e-3)),      # a minute on a slow CPU: the smallest
+    (300, 1e11, LADDER[2]),                          # 5 minutes, a fast CPU: 4 x 128
+    (1800, 1e11, LADDER[3]),                         # 30 minutes on it: 4 x 192
+    (600, 1e15, LADDER[-1]),                         # a GPU: the ladder's top
+])
+def test_the_rung_is_the_largest_whose_tokens_reach_the_rule(seconds, flops, expected):
+    rate, asked = machine(flops)
+    chosen = pick(seconds, rate, SHAKESPEARE_TRAIN, VOCAB)
+    assert chosen.rung == expected
+    tokens = flops / (6 * params(expected)) * TRAIN_SHARE * seconds
+    assert chosen.tokens == pytest.approx(tokens)
+    assert chosen.params == params(expected)
+    assert chosen.epochs == pytest.approx(tokens / SHAKESPEARE_TRAIN)
+    i = LADDER.index(expected)
+    assert asked == list(LADDER[:i + 2])  # the speeds measured: up to the first rung refused
+    if expected != LADDER[0]:
+        assert tokens >= TOKENS_PER_PARAMETER * params(expected)
+    if expected != LADDER[-1]:
+        following = flops / (6 * params(LADDER[i + 1])) * TRAIN_SHARE * seconds
+        assert following < TOKENS_PER_PARAMETER * params(LADDER[i + 1])
+        assert chosen.next_ratio == pytest.approx(following / params(LADDER[i + 1]))
+    else:
+        assert chosen.next_ratio is None
+
+
+def test_a_longer_budget_or_a_faster_machine_never_picks_a_smaller_model():
+    budgets, machines = (60, 300, 900, 1800), (1e10, 1e11, 1e12)
+    picked = [[LADDER.index(pick(s, machine(f)[0], SHAKESPEARE_TRAIN, VOCAB).rung)
+               for s in budgets] for f in machines]
+    assert all(row == sorted(row) for row in picked)
+    assert all(list(column) == sorted(column) for column in zip(*picked, strict=True))
+    assert picked[0][0] == 0 and picked[-1][-1] > picked[0][-1]
+
+
+@pytest.mark.parametrize(("epochs", "dropout"), [
+    (0.5, 0.0), (15.9, 0.0),  # a text read up to 16 times: dropout would cost more than it gains
+    (16.0, 0.1), (31.0, 0.1), (32.0, 0.2), (5000.0, 0.2),  # read ever more often: more of it
+])
+def test_dropout_rises_with_the_epochs_of_the_training_text(epochs, dropout):
+    rate, _ = machine(1e11)
+    tokens = pick(300, rate, SHAKESPEARE_TRAIN, VOCAB).tokens
+    chosen = pick(300, rate, int(tokens / epochs), VOCAB)  # the same rung, another text size
+    assert chosen.rung == LADDER[2]
+    assert chosen.epochs >= epochs and chosen.epochs == pytest.approx(epochs, rel=1e-3)
+    assert chosen.dropout == dropout
+
+
+def test_the_block_fits_the_data_splits():
+    rate, _ = machine(1e11)
+    chosen = pick(1800, rate, SHAKESPEARE_TRAIN, VOCAB, room=100)
+    assert chosen.rung == LADDER[3] and chosen.block_size == 100  # its own block is 128
+    assert chosen.keys(set(), chosen.rung.lr)["model.block_size"] == 100
+
+
+def test_the_keys_the_user_set_are_left_out_and_min_lr_follows_the_users_lr():
+    chosen = pick(300, machine(1e11)[0], SHAKESPEARE_TRAIN, VOCAB)
+    keys = chosen.keys({"model.n_layer", "optim.lr", "data.path"}, lr=1e-3)
+    assert keys == {"model.n_embd": 128, "model.n_head": 4, "model.block_size": 64,
+                    "model.dropout": chosen.dropout, "model.pos_encoding": "rope",
+                    "model.activation": "swiglu", "optim.min_lr": 1e-4,
+                    "train.batch_size": 16}
+
+
+def test_the_line_says_what_was_picked_and_why():
+    chosen = pick(300, lambda rung: 1e11 / (6 * params(rung)), SHAKESPEARE_TRAIN, VOCAB)
+    rate = 1e11 / (6 * params(LADDER[2]))
+    assert chosen.line(300) == (
+        f"model sized to 5m00s: 4 x 128 (layers x width), block 64, "
+        f"{params(LADDER[2]) / 1e6:.2f}M parameters, dropout {chosen.dropout:g}: at "
+        f"{rate:,.0f} tok/s measured here it trains on {chosen.tokens / 1e6:.1f}M tokens, "
+        f"{chosen.tokens / chosen.params:.1f} tokens a parameter, {chosen.epochs:.1f} epochs of "
+        f"the training text; the next size up would get {chosen.next_ratio:.1f} a parameter, "
+        f"the rule wants {TOKENS_PER_PARAMETER:g} (a config or --set overrides)")
+
+
+def test_measure_rate_times_real_steps_and_leaves_the_random_streams_alone():
+    torch.manual_seed(3)
+    expected = torch.rand(3)
+    torch.manual_seed(3)
+    rate = sizing.measure_rate(LADDER[0].model(block_size=16), 4, VOCAB, torch.device("cpu"),
+                               torch.float32)
+    assert rate > 0
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_only_a_fresh_run_of_the_defaults_with_a_budget_is_sized(tmp_path, corpus):
+    given = [("model.n_layer", 3), ("train.out_dir", str(tmp_path / "r"))]
+    cfg = train_config([str(corpus)], given, budget="5m")
+    assert sized_keys([str(corpus)], given, cfg) == {"model.n_layer", "train.out_dir"}
+    assert sized_keys([str(corpus)], given, train_config([str(corpus)], given)) is None
+    with_config = [str(TINY), str(corpus)]
+    assert sized_keys(with_config, given, train_config(with_config, given, budget="5m")) is None
+
+
+def test_train_with_a_budget_runs_the_picked_model_and_says_so(cli, tmp_path, corpus,
+                                                               monkeypatch):
+    speeds = {LADDER[0]: 1e6, LADDER[1]: 1e6, LADDER[2]: 10.0}  # rung 2 gets too few tokens
+    monkeypatch.setattr(sizing, "measure_rate",
+                        lambda model, batch, vocab, device, dtype: speeds[next(
+                            r for r in LADDER if (r.n_layer, r.n_embd) ==
+                            (model.n_layer, model.n_embd))])
+    r = cli("train", corpus, "--time", "3s", "--out", tmp_path / "run",
+            "--set", "model.n_head=2", "--set", "train.eval_interval=5")
+    assert r.code == 0, r.err
+    assert "model sized to 3.0s: 2 x 128 (layers x width), block 64, 0.40M parameters, " \
+        "dropout 0.2: at 1,000,000 tok/s measured here" in r.out  # 36,000 chars, 70 epochs
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert {k: saved["model"][k] for k in ("n_layer", "n_embd", "n_head", "block_size",
+                                           "pos_encoding", "activation")} == {
+        "n_layer": 2, "n_embd": 128, "n_head": 2, "block_size": 64, "pos_encoding": "rope",
+        "activation": "swiglu"}  # the pick, but the n_head the user set
+    assert saved["model"]["dropout"] == 0.2
+    assert (saved["optim"]["lr"], saved["train"]["batch_size"]) == (4.5e-3, 16)
+
+
+def test_train_with_a_config_and_a_budget_keeps_the_configs_model(cli, tmp_path, corpus,
+                                                                  monkeypatch):
+    def refuse(*args):
+        raise AssertionError("a config's model was sized")
+
+    monkeypatch.setattr(sizing, "measure_rate", refuse)
+    r = cli("train", TINY, corpus, "--time", "2s", "--out", tmp_path / "run")
+    assert r.code == 0, r.err
+    assert "model sized" not in r.out
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    tiny = yaml.safe_load(TINY.read_text())
+    assert {k: saved["model"][k] for k in tiny["model"]} == tiny["model"]
