@@ -266,10 +266,12 @@ def first_plan(run: Run, budget: Budget, log: MetricsLogger, clock: Clock, eval_
                 "with its checkpoints)")
     if left >= 0:
         warn_short_warmup(run.cfg, dist, budget.plan.steps)
+    t_write = clock.now()
     with dist.main_first():
         if dist.is_main:
             write(run, log, train_event=None, losses=None, lr=0.0, improved=False,
                   save_last=True, clock=clock)  # last.pt again, now with its plan
+    clock.pause(t_write)  # not a step's time: the pace would take it for a slower machine
     return budget.plan.steps
 
 

@@ -207,3 +207,21 @@ def test_a_finished_budget_refuses_what_it_cannot_apply_and_trains_on_without_it
     assert "budget_steps" not in last["train_state"]
     saved = yaml.safe_load((run / "config.yaml").read_text())["train"]
     assert (saved["max_iters"], saved["max_time"]) == (9, None)
+
+
+def test_the_first_plans_own_write_is_not_taken_for_a_slower_step(tiny_cfg, monkeypatch, capsys):
+    """The first plan writes last.pt again, with the plan: that write takes time too (here 3 s
+    each, as a 10M-parameter model's checkpoint took about a second on an H200) and is paused
+    out like every other, so a machine whose speed holds keeps its first plan."""
+    machine = Machine(monkeypatch)
+    real_write = train_module.write
+
+    def write(*args, **kwargs):
+        machine.t += 3.0
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "write", write)
+    state = train(budgeted(tiny_cfg), now=machine.now)
+    out = capsys.readouterr().out
+    assert "gone:" not in out  # no new plan
+    assert state.step == state.budget_steps and state.elapsed_s <= 100.0
