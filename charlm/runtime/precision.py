@@ -59,6 +59,18 @@ def cuda_has_bf16(device: torch.device) -> bool:
     return bool(torch.version.hip) or torch.cuda.get_device_capability(device)[0] >= 8
 
 
+def precision_line(device: torch.device, dtype: torch.dtype, setting: str) -> str:
+    """What a run computes in, said once as it starts: `train.dtype: auto` (`setting`) differs
+    from one machine to the next (on a CPU with AMX or AVX512_BF16, bf16 where it measured
+    faster)."""
+    how = str(dtype).removeprefix("torch.")
+    how = how if dtype == torch.float32 else f"{how} autocast"
+    why = ""
+    if setting == "auto" and device.type == "cpu" and (unit := cpu_bf16_unit()):
+        why = f": {unit} multiplies bf16 at {cpu_bf16_speedup():.2f}x float32's speed here"
+    return f"training on {device} in {how} (train.dtype: {setting}{why})"
+
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

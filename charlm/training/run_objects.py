@@ -28,12 +28,7 @@ from charlm.data.text import dataset_meta
 from charlm.model import footprint as memory
 from charlm.runtime.device import require_memory
 from charlm.runtime.distributed import Dist
-from charlm.runtime.precision import (
-    compile_model,
-    cpu_bf16_speedup,
-    cpu_bf16_unit,
-    grad_scaler,
-)
+from charlm.runtime.precision import compile_model, grad_scaler, precision_line
 from charlm.training.checkpoint import OptimizerState, RNGState, ScalerState, Stateful
 from charlm.training.faults import BadSteps
 from charlm.training.metrics import MetricsLogger
@@ -199,24 +194,12 @@ class RunFiles:
                 start_run(run.run_dir, run.cfg)
             self.log = MetricsLogger(run.run_dir, self.total_steps, self.start_step,
                                      self.progress, enabled=dist.is_main)
-        self.log.message(precision_line(run))
+        self.log.message(precision_line(run.device, run.dtype, run.cfg.train.dtype))
         return self.log
 
     def close(self) -> None:
         if self.log is not None:
             self.log.close()
-
-
-def precision_line(run: Run) -> str:
-    """What the run computes in, said once as it starts: `train.dtype: auto` differs from one
-    machine to the next (on a CPU with AMX or AVX512_BF16, bf16 where it measured faster)."""
-    setting = run.cfg.train.dtype
-    how = str(run.dtype).removeprefix("torch.")
-    how = how if run.dtype == torch.float32 else f"{how} autocast"
-    why = ""
-    if setting == "auto" and run.device.type == "cpu" and (unit := cpu_bf16_unit()):
-        why = f": {unit} multiplies bf16 at {cpu_bf16_speedup():.2f}x float32's speed here"
-    return f"training on {run.device} in {how} (train.dtype: {setting}{why})"
 
 
 def require_same_vocab(ckpt: dict[str, Any] | None, data_path: str, vocab: Any) -> None:

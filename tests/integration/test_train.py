@@ -378,11 +378,9 @@ def test_train_says_what_it_computes_in_once_as_it_starts(cli, tmp_path, corpus,
     """`dtype: auto` is bf16 on one CPU and float32 on the next, even among CPUs with a bf16
     unit: a run says which and why, first, and a resume says it again, once."""
     import charlm.runtime.precision
-    import charlm.training.run_objects
 
-    for module in (charlm.runtime.precision, charlm.training.run_objects):
-        monkeypatch.setattr(module, "cpu_bf16_unit", lambda: unit)
-        monkeypatch.setattr(module, "cpu_bf16_speedup", lambda: speedup)
+    monkeypatch.setattr(charlm.runtime.precision, "cpu_bf16_unit", lambda: unit)
+    monkeypatch.setattr(charlm.runtime.precision, "cpu_bf16_speedup", lambda: speedup)
     run = tmp_path / "run"
     common = ["--set", f"train.dtype={dtype}", "--set", "train.eval_interval=2"]
     fresh = cli("train", ROOT / "configs" / "tiny.yaml", "--data", corpus, "--out", run,
