@@ -5,8 +5,9 @@ picked and why in one line. The keys the user set (`--set model.n_layer=6`) win 
 The rule, fitted on this project's runs (docs/design.md, "Models sized to the budget"):
 
 1. A ladder of GPTs (`LADDER`), each about twice the parameters of the one before, with the
-   block size, batch and learning rate that suit it; rotary positions and a SwiGLU MLP, which
-   beat GPT-2's learned positions and GELU on the CPU presets.
+   block size, batch and learning rate that suit it; rotary positions and a SwiGLU MLP, as the
+   CPU presets tuned on an AVX2 EPYC have. Both cost speed elsewhere (0.795x a step in bf16 on
+   an AVX512_BF16 Xeon, about 0.7x on an H200): a GPT-2-shaped ladder is not measured yet.
 2. Each rung's training speed is measured here, from the smallest up (`measure_rate`: a few
    steps on random tokens with the run's device, dtype and threads).
 3. The pick is the largest rung whose tokens in the budget (its rate over TRAIN_SHARE of the
@@ -53,10 +54,14 @@ class Rung:
     batch_size: int
     lr: float
 
-    def model(self, dropout: float = 0.0, block_size: int | None = None) -> ModelConfig:
+    def block(self, room: int | None) -> int:
+        """Its block, cut to `room`, the longest the data's splits allow (None: any)."""
+        return self.block_size if room is None else max(1, min(self.block_size, room))
+
+    def model(self, room: int | None = None) -> ModelConfig:
         return ModelConfig(n_layer=self.n_layer, n_embd=self.n_embd, n_head=self.n_head,
-                           block_size=block_size or self.block_size, dropout=dropout,
-                           pos_encoding="rope", activation="swiglu")
+                           block_size=self.block(room), pos_encoding="rope",
+                           activation="swiglu")
 
     def __str__(self) -> str:
         return f"{self.n_layer} x {self.n_embd}"
@@ -121,14 +126,14 @@ def pick(seconds: float, rate: Callable[[Rung], float], train_tokens: int, vocab
     longest block the data's splits allow (None: any)."""
     chosen: Pick | None = None
     for rung in LADDER:
-        block = rung.block_size if room is None else max(1, min(rung.block_size, room))
-        params = parameter_count(rung.model(block_size=block), vocab_size)
+        params = parameter_count(rung.model(room), vocab_size)
         speed = rate(rung)
         tokens = speed * TRAIN_SHARE * seconds
         if chosen is not None and tokens < TOKENS_PER_PARAMETER * params:
             chosen.next_ratio = tokens / params
             return chosen
-        chosen = Pick(rung, speed, tokens, params, tokens / max(train_tokens, 1), block, None)
+        chosen = Pick(rung, speed, tokens, params, tokens / max(train_tokens, 1),
+                      rung.block(room), None)
     assert chosen is not None
     return chosen
 
@@ -169,9 +174,8 @@ def size_model(cfg: RunConfig, given: Collection[str], task: TextTask, dist: Dis
     room, vocab_size = min(train, val) - 1, len(task.vocab)
 
     def rate(rung: Rung) -> float:
-        model = rung.model(block_size=max(1, min(rung.block_size, room)))
         try:
-            speed = measure_rate(model, rung.batch_size, vocab_size, device, dtype)
+            speed = measure_rate(rung.model(room), rung.batch_size, vocab_size, device, dtype)
         except torch.OutOfMemoryError:  # a rung too large for the device ends the ladder
             speed = 0.0
         return dist.least(round(speed))

@@ -114,7 +114,7 @@ def test_measure_rate_times_real_steps_and_leaves_the_random_streams_alone():
     torch.manual_seed(3)
     expected = torch.rand(3)
     torch.manual_seed(3)
-    rate = sizing.measure_rate(LADDER[0].model(block_size=16), 4, VOCAB, torch.device("cpu"),
+    rate = sizing.measure_rate(LADDER[0].model(room=16), 4, VOCAB, torch.device("cpu"),
                                torch.float32)
     assert rate > 0
     assert torch.equal(torch.rand(3), expected)
