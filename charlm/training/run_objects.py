@@ -36,7 +36,7 @@ from charlm.training.optimizer import Optimizer, make_optimizer
 from charlm.training.parent import Parent, base_vocab, init_from_parent
 from charlm.training.run_dir import clear_run, start_run
 from charlm.training.sizing import size_model
-from charlm.training.tasks import PairsTask, Task, TextTask, task_for
+from charlm.training.tasks import PairsTask, Task, task_for
 from charlm.training.validation import eval_batches_per_forward
 
 
@@ -289,10 +289,10 @@ def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dty
                           f"run's prepared copy is in {cache}; resume with --data {cache}")
     with dist.main_first():  # rank 0 prepares the dataset cache; the others then reuse it
         task = task_for(cfg, cache, same_vocab, base_vocab(cfg, ckpt, parent))
-    if size is not None and isinstance(task, TextTask):
+    if size is not None:
         cfg = size_model(cfg, size, task, dist, device, dtype)
         tc = cfg.train
-        task = TextTask(cfg, task.data)
+        task = type(task)(cfg, task.data)
     same_vocab(task.vocab_state())  # also for a prepared dataset dir, or a reused cache
     warn_about_config(cfg, task, dist)
     warn_about_split(ckpt, cfg, task, before, dist)

@@ -1,6 +1,8 @@
 """Models sized to a time budget: `charlm train TEXT --time 10m` with no config picks the GPT for
 the budget, this machine's measured speed and the data's size (`size_model`), and says what it
-picked and why in one line. The keys the user set (`--set model.n_layer=6`) win over the pick.
+picked and why in one line; pairs (`--set model.arch=encoder_decoder`) get an encoder-decoder
+the same way, from `PAIR_LADDER`. The keys the user set (`--set model.n_layer=6`) win over the
+pick.
 
 The rule, fitted on this project's runs (docs/design.md, "Models sized to the budget"):
 
@@ -19,6 +21,11 @@ The rule, fitted on this project's runs (docs/design.md, "Models sized to the bu
    quarter of a CPU step's speed and, at about 5 epochs, cost 0.04 nats of val loss at the same
    step; a 4 x 192 without it began to overfit at 8 epochs, and at 15 its best val was 1.5016
    against 1.4929 with 0.1.
+
+An encoder-decoder's ladder (`PAIR_LADDER`) has the G2P preset's architecture (sinusoidal
+positions, label smoothing 0.1, its batch of 128), each side n_layer deep, and the block the
+data's longest pair needs; its tokens are the sources' and the targets' ids, and the same rule
+picks from it (docs/design.md says what that rests on).
 """
 
 from __future__ import annotations
@@ -32,10 +39,9 @@ import torch
 
 from charlm.config.schema import ModelConfig, RunConfig
 from charlm.core.durations import format_duration
-from charlm.model.gpt import GPT, parameter_count
 from charlm.runtime.distributed import Dist
 from charlm.runtime.precision import autocast
-from charlm.training.tasks import TextTask
+from charlm.training.tasks import PairsTask, Task
 
 TOKENS_PER_PARAMETER = 4.0  # fitted: see the module's docstring
 TRAIN_SHARE = 0.85  # of the budget spent in training steps (start-up and evaluations take the rest)
@@ -45,28 +51,46 @@ MEASURE_S = 0.2  # each rung's speed is timed over at least this long, after one
 
 @dataclasses.dataclass(frozen=True)
 class Rung:
-    """One size of the ladder: the model's shape and the batch and learning rate it trains at."""
+    """One size of a ladder: the model's shape and the batch and learning rate it trains at.
+    An encoder-decoder's rung (`PAIR_LADDER`) has no block of its own: the data's longest pair
+    sets it, and n_layer is each side's depth."""
 
     n_layer: int
     n_embd: int
     n_head: int
-    block_size: int
+    block_size: int | None  # None: an encoder-decoder's, as long as the data's longest pair
     batch_size: int
     lr: float
 
     def block(self, room: int | None) -> int:
-        """Its block, cut to `room`, the longest the data's splits allow (None: any)."""
+        """Its block, cut to `room`, the longest the data's splits allow (None: any); an
+        encoder-decoder's is `room`, the longest its pairs need."""
+        if self.block_size is None:
+            assert room is not None, "an encoder-decoder's block is its data's"
+            return room
         return self.block_size if room is None else max(1, min(self.block_size, room))
 
+    def shape(self, room: int | None = None) -> dict[str, Any]:
+        """The model keys this rung sets: its size and the architecture the ladder trains."""
+        keys: dict[str, Any] = {"n_layer": self.n_layer, "n_embd": self.n_embd,
+                                "n_head": self.n_head, "block_size": self.block(room)}
+        return keys | (PAIR_STYLE if self.block_size is None else GPT_STYLE)
+
     def model(self, room: int | None = None) -> ModelConfig:
-        return ModelConfig(n_layer=self.n_layer, n_embd=self.n_embd, n_head=self.n_head,
-                           block_size=self.block(room), pos_encoding="rope",
-                           activation="swiglu")
+        return ModelConfig(**self.shape(room))
 
     def __str__(self) -> str:
-        return f"{self.n_layer} x {self.n_embd}"
+        if self.block_size is None:
+            return (f"{self.n_layer} + {self.n_layer} x {self.n_embd} "
+                    "(encoder + decoder layers x width)")
+        return f"{self.n_layer} x {self.n_embd} (layers x width)"
 
 
+GPT_STYLE = {"pos_encoding": "rope", "activation": "swiglu"}  # the CPU presets'
+PAIR_STYLE = {"arch": "encoder_decoder", "pos_encoding": "sinusoidal",  # the G2P preset's
+              "label_smoothing": 0.1}
+PAIR_RECIPE = {"optim.weight_decay": 0.01, "optim.warmup_iters": 300,  # the G2P preset's too
+               "train.eval_interval": 1000, "train.eval_iters": 10}
 LADDER = (  # the two smallest are the CPU presets' shapes
     Rung(2, 96, 4, 64, 16, 3e-3),
     Rung(2, 128, 4, 64, 16, 4.5e-3),
@@ -77,6 +101,14 @@ LADDER = (  # the two smallest are the CPU presets' shapes
     Rung(6, 384, 6, 256, 64, 1e-3),  # nanoGPT's baby GPT
     Rung(8, 512, 8, 256, 64, 8e-4),
     Rung(12, 768, 12, 256, 64, 6e-4),
+)
+PAIR_LADDER = (  # the second is configs/g2p_cmudict.yaml's shape
+    Rung(2, 96, 4, None, 128, 3e-3),
+    Rung(3, 128, 4, None, 128, 3e-3),
+    Rung(3, 192, 4, None, 128, 2e-3),
+    Rung(4, 256, 4, None, 128, 1.5e-3),
+    Rung(6, 384, 6, None, 128, 1e-3),
+    Rung(6, 512, 8, None, 128, 8e-4),
 )
 
 
@@ -101,32 +133,40 @@ class Pick:
     def keys(self, given: Collection[str], lr: float) -> dict[str, Any]:
         """The config keys of the pick, less those the user set; `lr`: the run's peak rate
         (the user's, if set), whose tenth min_lr is."""
-        r = self.rung
-        keys = {"model.n_layer": r.n_layer, "model.n_embd": r.n_embd, "model.n_head": r.n_head,
-                "model.block_size": self.block_size, "model.dropout": self.dropout,
-                "model.pos_encoding": "rope", "model.activation": "swiglu",
-                "optim.lr": r.lr, "optim.min_lr": lr / 10, "train.batch_size": r.batch_size}
+        keys = rung_keys(self.rung, self.block_size) | {
+            "model.dropout": self.dropout, "optim.lr": self.rung.lr, "optim.min_lr": lr / 10}
         return {k: v for k, v in keys.items() if k not in given}
 
     def line(self, seconds: float) -> str:
+        data = "pairs" if self.rung.block_size is None else "text"
         why = (f"{self.tokens / self.params:.1f} tokens a parameter, {self.epochs:.1f} epochs "
-               f"of the training text; the next size up would get "
+               f"of the training {data}; the next size up would get "
                f"{self.next_ratio:.1f} a parameter, the rule wants {TOKENS_PER_PARAMETER:g}"
                if self.next_ratio is not None else "the largest size charlm picks")
-        return (f"model sized to {format_duration(seconds)}: {self.rung} (layers x width), "
+        return (f"model sized to {format_duration(seconds)}: {self.rung}, "
                 f"block {self.block_size}, {self.params / 1e6:.2f}M parameters, dropout "
                 f"{self.dropout:g}: at {self.rate:,.0f} tok/s measured here it trains on "
                 f"{self.tokens / 1e6:.1f}M tokens, {why} (a config or --set overrides)")
 
 
-def pick(seconds: float, rate: Callable[[Rung], float], train_tokens: int, vocab_size: int,
-         room: int | None = None) -> Pick:
-    """The rung for a budget of `seconds` (the rule of the module's docstring): `rate(rung)`
-    its measured tokens/s, asked from the smallest rung up until the rule stops; `room`: the
-    longest block the data's splits allow (None: any)."""
+def rung_keys(rung: Rung, room: int | None) -> dict[str, Any]:
+    """The config keys of a rung's model and batch, its block cut to `room` (and an
+    encoder-decoder's recipe: `PAIR_RECIPE`)."""
+    keys = {f"model.{k}": v for k, v in rung.shape(room).items()}
+    keys["train.batch_size"] = rung.batch_size
+    return keys | PAIR_RECIPE if rung.block_size is None else keys
+
+
+def pick(seconds: float, rate: Callable[[Rung], float], train_tokens: int,
+         count: Callable[[Rung], int], room: int | None = None,
+         ladder: tuple[Rung, ...] = LADDER) -> Pick:
+    """The rung of `ladder` for a budget of `seconds` (the rule of the module's docstring):
+    `rate(rung)` its measured tokens/s, asked from the smallest rung up until the rule stops;
+    `count(rung)` its parameters; `room`: the longest block the data's splits allow (None:
+    any), or an encoder-decoder's block."""
     chosen: Pick | None = None
-    for rung in LADDER:
-        params = parameter_count(rung.model(room), vocab_size)
+    for rung in ladder:
+        params = count(rung)
         speed = rate(rung)
         tokens = speed * TRAIN_SHARE * seconds
         if chosen is not None and tokens < TOKENS_PER_PARAMETER * params:
@@ -138,18 +178,19 @@ def pick(seconds: float, rate: Callable[[Rung], float], train_tokens: int, vocab
     return chosen
 
 
-def measure_rate(model_cfg: ModelConfig, batch_size: int, vocab_size: int,
-                 device: torch.device, dtype: torch.dtype) -> float:
-    """Training tokens a second of this model here: AdamW steps on random tokens, timed for at
-    least MEASURE_S after one untimed step. Draws nothing from the run's random streams."""
+def measure_rate(task: Task, device: torch.device, dtype: torch.dtype) -> float:
+    """Training tokens a second of the task's model and batch here: AdamW steps on random ids
+    shaped like its batches (`random_batch`), timed for at least MEASURE_S after one untimed
+    step. The tokens of a step are its inputs'. Draws nothing from the run's random streams."""
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        model = GPT(model_cfg, vocab_size).to(device)
+        model = task.new_model().to(device)
+        batch = task.random_batch(task.cfg.train.batch_size, device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        x = torch.randint(vocab_size, (batch_size, model_cfg.block_size), device=device)
+        tokens = sum(x.numel() for x in batch[:-1])  # all but the targets
 
         def step() -> None:
             with autocast(device, dtype):
-                _, loss = model(x, x)
+                _, loss = model(*batch)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -161,26 +202,33 @@ def measure_rate(model_cfg: ModelConfig, batch_size: int, vocab_size: int,
         while steps < 2 or time.perf_counter() - start < MEASURE_S:
             step()
             steps += 1
-        return steps * x.numel() / (time.perf_counter() - start)
+        return steps * tokens / (time.perf_counter() - start)
 
 
-def size_model(cfg: RunConfig, given: Collection[str], task: TextTask, dist: Dist,
+def size_model(cfg: RunConfig, given: Collection[str], task: Task, dist: Dist,
                device: torch.device, dtype: torch.dtype) -> RunConfig:
-    """`cfg` with the GPT picked for its train.max_time (`pick`) over the task's data, but the
-    keys in `given` (the user's); rank 0 says why in one line. Every rank times the rungs and
-    takes the slowest rank's rate, so that all pick alike."""
+    """`cfg` with the model picked for its train.max_time (`pick`: a GPT, or an
+    encoder-decoder for pairs) over the task's data, but the keys in `given` (the user's);
+    rank 0 says why in one line. Every rank times the rungs and takes the slowest rank's
+    rate, so that all pick alike."""
     assert cfg.train.max_time is not None
-    train, val = (len(task.data.split(name)) for name in ("train", "val"))
-    room, vocab_size = min(train, val) - 1, len(task.vocab)
+    room = task.room()
+    trials: dict[Rung, Task] = {}
+
+    def trial(rung: Rung) -> Task:  # the task with the rung's model, as the user has it
+        keys = {k: v for k, v in rung_keys(rung, room).items() if k not in given}
+        return trials.setdefault(rung, type(task)(with_keys(cfg, keys), task.data))
 
     def rate(rung: Rung) -> float:
         try:
-            speed = measure_rate(rung.model(room), rung.batch_size, vocab_size, device, dtype)
+            speed = measure_rate(trial(rung), device, dtype)
         except torch.OutOfMemoryError:  # a rung too large for the device ends the ladder
             speed = 0.0
         return dist.least(round(speed))
 
-    chosen = pick(cfg.train.max_time, rate, train, vocab_size, room)
+    ladder = PAIR_LADDER if isinstance(task, PairsTask) else LADDER
+    chosen = pick(cfg.train.max_time, rate, task.train_tokens(),
+                  lambda rung: trial(rung).parameter_count(), room, ladder)
     if dist.is_main:
         print(chosen.line(cfg.train.max_time), flush=True)
     lr = cfg.optim.lr if "optim.lr" in given else chosen.rung.lr

@@ -58,6 +58,18 @@ class TextTask:
         shape = (rows, self.cfg.model.block_size)
         return tuple(torch.zeros(shape, dtype=torch.long, device=device) for _ in "xy")
 
+    def random_batch(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """Random ids shaped like a training batch (what `charlm.training.sizing` times)."""
+        x = torch.randint(len(self.vocab), (rows, self.cfg.model.block_size), device=device)
+        return x, x
+
+    def train_tokens(self) -> int:
+        return len(self.data.split("train"))
+
+    def room(self) -> int:
+        """The longest block the data's splits leave a window for."""
+        return min(len(self.data.split(name)) for name in ("train", "val")) - 1
+
     def eval_report(self, model: torch.nn.Module, stop: Callable[[], bool] | None = None
                     ) -> tuple[dict[str, float], str, str | None]:
         """What an eval logs besides the losses: metrics (none), their text for the eval's
@@ -75,14 +87,14 @@ class PairsTask:
         self.cfg, self.data, self.vocab = cfg, data, data.vocab
         block = cfg.model.block_size
         splits = [data.split(name) for name in ("train", "val", "test")]
-        longest = [max((int(np.diff(o).max()) for o in offsets if len(o) > 1), default=0)
-                   for offsets in ([s.src_offsets for s in splits],
-                                   [s.tgt_offsets for s in splits])]
-        if longest[0] > block or longest[1] + 1 > block:  # a target also takes its begin id
+        self.longest = [max((int(np.diff(o).max()) for o in offsets if len(o) > 1), default=0)
+                        for offsets in ([s.src_offsets for s in splits],
+                                        [s.tgt_offsets for s in splits])]
+        if self.room() > block:
             raise CharlmError(
-                f"{cfg.data.shown} holds sources of up to {longest[0]} characters and targets of "
-                f"up to {longest[1]} units, but model.block_size {block} fits sources of "
-                f"{block} and targets of {block - 1}; raise model.block_size"
+                f"{cfg.data.shown} holds sources of up to {self.longest[0]} characters and "
+                f"targets of up to {self.longest[1]} units, but model.block_size {block} fits "
+                f"sources of {block} and targets of {block - 1}; raise model.block_size"
             )
 
     def vocab_state(self) -> Any:
@@ -105,6 +117,26 @@ class PairsTask:
         T = self.cfg.model.block_size
         src = torch.zeros((rows, T), dtype=torch.long, device=device)
         return src, src.clone(), src.clone()
+
+    def random_batch(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """Random ids shaped like a typical training batch: sources and targets (after the
+        begin id) of the training split's mean lengths (`charlm.training.sizing` times it)."""
+        train = self.data.train
+        S, T = (max(1, round(float(np.diff(o).mean()))) if len(o) > 1 else 1
+                for o in (train.src_offsets, train.tgt_offsets))
+        src = torch.randint(self.vocab.source_size, (rows, S), device=device)
+        tgt = torch.randint(self.vocab.target_size, (rows, T + 1), device=device)
+        return src, tgt, tgt
+
+    def train_tokens(self) -> int:
+        """The ids of the training split's sources and targets (with its begin id), as
+        `random_batch` counts them."""
+        train = self.data.train
+        return len(train.src) + len(train.tgt) + len(train)
+
+    def room(self) -> int:
+        """The block the longest pair needs: its source, or its target after the begin id."""
+        return max(self.longest[0], self.longest[1] + 1, 1)
 
     def eval_report(self, model: torch.nn.Module, stop: Callable[[], bool] | None = None
                     ) -> tuple[dict[str, float], str, str | None]:

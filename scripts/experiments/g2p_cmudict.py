@@ -4,7 +4,10 @@ decoder-only GPT trained on the same pairs as text lines ("word<TAB>PH PH ...", 
 hash-split test words (exact match, WER = 1 - exact match, PER), stress marks removed.
 
     python scripts/experiments/g2p_cmudict.py [--minutes 30] [--out /tmp/bench_g2p] [--beams 5]
-                                              [--skip-decoder]
+                                              [--skip-decoder] [--sized]
+
+--sized also trains the encoder-decoder `charlm train` sizes to the budget (no config:
+`charlm.training.sizing`) on the same pairs and scores it on the same test words.
 
 Each run trains with `charlm train --time`: it times its own first steps and an eval, then sets
 its number of steps so that training, evals and checkpoints end within the budget, and the
@@ -48,13 +51,18 @@ def charlm_cli(*args: str) -> float:
     return time.perf_counter() - t0
 
 
-def train_for(config: Path, data: Path, out: Path, seconds: float) -> dict:
-    """Train `config` on a time budget of `seconds` (`charlm train --time`, which sets the
+def train_for(config: Path | None, data: Path, out: Path, seconds: float,
+              sets: tuple[str, ...] = ()) -> dict:
+    """Train `config` (None: the model `charlm train` sizes to the budget; `sets`: its
+    `--set` options) on a time budget of `seconds` (`charlm train --time`, which sets the
     steps to end the run, its evals and its checkpoints within it) and return the run's facts."""
-    wall = charlm_cli("train", str(config), "--data", str(data), "--out", str(out),
-                      "--overwrite", "--time", f"{seconds:g}")
-    steps = load_config(out / "config.yaml").train.max_iters
-    return {"budget_s": seconds, "steps": steps, "train_wall_s": round(wall, 1)}
+    wall = charlm_cli("train", *([str(config)] if config else []), "--data", str(data),
+                      "--out", str(out), "--overwrite", "--time", f"{seconds:g}",
+                      *(arg for key in sets for arg in ("--set", key)))
+    cfg = load_config(out / "config.yaml")
+    shape = f"{cfg.model.n_layer} x {cfg.model.n_embd}, dropout {cfg.model.dropout:g}"
+    return {"budget_s": seconds, "steps": cfg.train.max_iters, "train_wall_s": round(wall, 1),
+            "shape": shape}
 
 
 def split_pairs(tsv: Path, out: Path, val: float, test: float) -> tuple[Path, dict]:
@@ -104,6 +112,9 @@ def main() -> None:
                         "greedy only)")
     parser.add_argument("--skip-decoder", action="store_true",
                         help="train and score the encoder-decoder only")
+    parser.add_argument("--sized", action="store_true",
+                        help="also train and score the encoder-decoder that `charlm train` "
+                        "sizes to the budget (no config; the --config's data keys)")
     args = parser.parse_args()
     print(machine_line(machine_facts()), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -117,18 +128,23 @@ def main() -> None:
                     encoding="utf-8")
     cpu = torch.backends.cpu.get_cpu_capability()
     rows = []
-    run = args.out / "encdec"
-    facts = train_for(args.config, tsv, run, args.minutes * 60)
-    for beams in sorted({1, args.beams}):
-        scored = json.loads(subprocess.run(
-            [sys.executable, "-m", "charlm", "eval", str(run), str(test), "--json",
-             *(["--beams", str(beams)] if beams > 1 else [])],
-            check=True, capture_output=True, text=True).stdout)
-        name = "encoder_decoder" + (f", {beams} beams" if beams > 1 else "")
-        rows.append({"model": name, **facts, "exact_match": scored["exact_match"],
-                     "wer": scored["wer"], "per": scored["cer"], "test_words": scored["sources"],
-                     "threads": torch.get_num_threads(), "cpu_capability": cpu})
-        print(json.dumps(rows[-1]), flush=True)
+    data = cfg.data
+    sized = ("model.arch=encoder_decoder", f"data.target_units={data.target_units}",
+             f"data.val_fraction={data.val_fraction}", f"data.test_fraction={data.test_fraction}")
+    for name, config, sets in [("encoder_decoder", args.config, ()),
+                               *([("encoder_decoder sized", None, sized)] if args.sized else [])]:
+        run = args.out / name.replace(" ", "_")
+        facts = train_for(config, tsv, run, args.minutes * 60, sets)
+        for beams in sorted({1, args.beams}):
+            scored = json.loads(subprocess.run(
+                [sys.executable, "-m", "charlm", "eval", str(run), str(test), "--json",
+                 *(["--beams", str(beams)] if beams > 1 else [])],
+                check=True, capture_output=True, text=True).stdout)
+            rows.append({"model": name + (f", {beams} beams" if beams > 1 else ""), **facts,
+                         "exact_match": scored["exact_match"], "wer": scored["wer"],
+                         "per": scored["cer"], "test_words": scored["sources"],
+                         "threads": torch.get_num_threads(), "cpu_capability": cpu})
+            print(json.dumps(rows[-1]), flush=True)
     if not args.skip_decoder:
         run = args.out / "decoder"
         facts = train_for(DECODER, text, run, args.minutes * 60)
@@ -140,10 +156,10 @@ def main() -> None:
                      "test_words": acc.sources, "threads": torch.get_num_threads(),
                      "cpu_capability": cpu})
         print(json.dumps(rows[-1]), flush=True)
-    print("\n| model | minutes | steps | test words | exact match | WER | PER |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| model | layers x width | minutes | steps | test words | exact match | WER | PER |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['model']} | {r['train_wall_s'] / 60:.1f} | {r['steps']} | "
+        print(f"| {r['model']} | {r['shape']} | {r['train_wall_s'] / 60:.1f} | {r['steps']} | "
               f"{r['test_words']:,} | {r['exact_match']:.1%} | {r['wer']:.1%} | "
               f"{r['per']:.2%} |")
 

@@ -11,8 +11,16 @@ import yaml
 from charlm.cli.train import sized_keys, train_config
 from charlm.model.gpt import parameter_count
 from charlm.training import sizing
-from charlm.training.sizing import LADDER, TOKENS_PER_PARAMETER, TRAIN_SHARE, Rung, pick
-from tests.helpers import TINY
+from charlm.training.sizing import (
+    LADDER,
+    PAIR_LADDER,
+    TOKENS_PER_PARAMETER,
+    TRAIN_SHARE,
+    Rung,
+    pick,
+)
+from charlm.training.tasks import task_for
+from tests.helpers import TINY, pairs_config, reversal_pairs, write_pairs
 
 VOCAB = 65
 SHAKESPEARE_TRAIN = 1_003_854  # tiny-shakespeare's training split, in characters
@@ -42,7 +50,7 @@ def machine(flops: float):
 ])
 def test_the_rung_is_the_largest_whose_tokens_reach_the_rule(seconds, flops, expected):
     rate, asked = machine(flops)
-    chosen = pick(seconds, rate, SHAKESPEARE_TRAIN, VOCAB)
+    chosen = pick(seconds, rate, SHAKESPEARE_TRAIN, params)
     assert chosen.rung == expected
     tokens = flops / (6 * params(expected)) * TRAIN_SHARE * seconds
     assert chosen.tokens == pytest.approx(tokens)
@@ -62,7 +70,7 @@ def test_the_rung_is_the_largest_whose_tokens_reach_the_rule(seconds, flops, exp
 
 def test_a_longer_budget_or_a_faster_machine_never_picks_a_smaller_model():
     budgets, machines = (60, 300, 900, 1800), (1e10, 1e11, 1e12)
-    picked = [[LADDER.index(pick(s, machine(f)[0], SHAKESPEARE_TRAIN, VOCAB).rung)
+    picked = [[LADDER.index(pick(s, machine(f)[0], SHAKESPEARE_TRAIN, params).rung)
                for s in budgets] for f in machines]
     assert all(row == sorted(row) for row in picked)
     assert all(list(column) == sorted(column) for column in zip(*picked, strict=True))
@@ -75,8 +83,8 @@ def test_a_longer_budget_or_a_faster_machine_never_picks_a_smaller_model():
 ])
 def test_dropout_rises_with_the_epochs_of_the_training_text(epochs, dropout):
     rate, _ = machine(1e11)
-    tokens = pick(300, rate, SHAKESPEARE_TRAIN, VOCAB).tokens
-    chosen = pick(300, rate, int(tokens / epochs), VOCAB)  # the same rung, another text size
+    tokens = pick(300, rate, SHAKESPEARE_TRAIN, params).tokens
+    chosen = pick(300, rate, int(tokens / epochs), params)  # the same rung, another text size
     assert chosen.rung == LADDER[2]
     assert chosen.epochs >= epochs and chosen.epochs == pytest.approx(epochs, rel=1e-3)
     assert chosen.dropout == dropout
@@ -84,13 +92,13 @@ def test_dropout_rises_with_the_epochs_of_the_training_text(epochs, dropout):
 
 def test_the_block_fits_the_data_splits():
     rate, _ = machine(1e11)
-    chosen = pick(1800, rate, SHAKESPEARE_TRAIN, VOCAB, room=100)
+    chosen = pick(1800, rate, SHAKESPEARE_TRAIN, params, room=100)
     assert chosen.rung == LADDER[3] and chosen.block_size == 100  # its own block is 128
     assert chosen.keys(set(), chosen.rung.lr)["model.block_size"] == 100
 
 
 def test_the_keys_the_user_set_are_left_out_and_min_lr_follows_the_users_lr():
-    chosen = pick(300, machine(1e11)[0], SHAKESPEARE_TRAIN, VOCAB)
+    chosen = pick(300, machine(1e11)[0], SHAKESPEARE_TRAIN, params)
     keys = chosen.keys({"model.n_layer", "optim.lr", "data.path"}, lr=1e-3)
     assert keys == {"model.n_embd": 128, "model.n_head": 4, "model.block_size": 64,
                     "model.dropout": chosen.dropout, "model.pos_encoding": "rope",
@@ -99,7 +107,7 @@ def test_the_keys_the_user_set_are_left_out_and_min_lr_follows_the_users_lr():
 
 
 def test_the_line_says_what_was_picked_and_why():
-    chosen = pick(300, lambda rung: 1e11 / (6 * params(rung)), SHAKESPEARE_TRAIN, VOCAB)
+    chosen = pick(300, lambda rung: 1e11 / (6 * params(rung)), SHAKESPEARE_TRAIN, params)
     rate = 1e11 / (6 * params(LADDER[2]))
     assert chosen.line(300) == (
         f"model sized to 5m00s: 4 x 128 (layers x width), block 64, "
@@ -110,13 +118,12 @@ def test_the_line_says_what_was_picked_and_why():
         f"the rule wants {TOKENS_PER_PARAMETER:g} (a config or --set overrides)")
 
 
-def test_measure_rate_times_real_steps_and_leaves_the_random_streams_alone():
+def test_measure_rate_times_real_steps_and_leaves_the_random_streams_alone(tiny_cfg, tmp_path):
+    task = task_for(tiny_cfg, tmp_path / "cache")
     torch.manual_seed(3)
     expected = torch.rand(3)
     torch.manual_seed(3)
-    rate = sizing.measure_rate(LADDER[0].model(room=16), 4, VOCAB, torch.device("cpu"),
-                               torch.float32)
-    assert rate > 0
+    assert sizing.measure_rate(task, torch.device("cpu"), torch.float32) > 0
     assert torch.equal(torch.rand(3), expected)
 
 
@@ -133,9 +140,9 @@ def test_train_with_a_budget_runs_the_picked_model_and_says_so(cli, tmp_path, co
                                                                monkeypatch):
     speeds = {LADDER[0]: 1e6, LADDER[1]: 1e6, LADDER[2]: 10.0}  # rung 2 gets too few tokens
     monkeypatch.setattr(sizing, "measure_rate",
-                        lambda model, batch, vocab, device, dtype: speeds[next(
+                        lambda task, device, dtype: speeds[next(
                             r for r in LADDER if (r.n_layer, r.n_embd) ==
-                            (model.n_layer, model.n_embd))])
+                            (task.cfg.model.n_layer, task.cfg.model.n_embd))])
     r = cli("train", corpus, "--time", "3s", "--out", tmp_path / "run",
             "--set", "model.n_head=2", "--set", "train.eval_interval=5")
     assert r.code == 0, r.err
@@ -162,3 +169,72 @@ def test_train_with_a_config_and_a_budget_keeps_the_configs_model(cli, tmp_path,
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     tiny = yaml.safe_load(TINY.read_text())
     assert {k: saved["model"][k] for k in tiny["model"]} == tiny["model"]
+
+
+def test_pairs_are_sized_on_the_encoder_decoder_ladder_with_the_block_they_need():
+    asked = []
+
+    def count(rung: Rung) -> int:  # any count: the rule reads it
+        return parameter_count(rung.model(34), VOCAB)
+
+    def rate(rung: Rung) -> float:
+        asked.append(rung)
+        return 1e11 / (6 * count(rung))
+
+    chosen = pick(1800, rate, 2_000_000, count, room=34, ladder=PAIR_LADDER)
+    assert chosen.rung in PAIR_LADDER[1:] and asked[0] == PAIR_LADDER[0]
+    assert chosen.block_size == 34
+    keys = chosen.keys({"model.arch"}, chosen.rung.lr)
+    r = chosen.rung
+    assert keys == {"model.n_layer": r.n_layer, "model.n_embd": r.n_embd,
+                    "model.n_head": r.n_head, "model.block_size": 34,
+                    "model.pos_encoding": "sinusoidal", "model.label_smoothing": 0.1,
+                    "model.dropout": chosen.dropout, "optim.lr": r.lr,
+                    "optim.min_lr": r.lr / 10, "train.batch_size": 128,
+                    "optim.weight_decay": 0.01, "optim.warmup_iters": 300,
+                    "train.eval_interval": 1000, "train.eval_iters": 10}
+    assert f"{r.n_layer} + {r.n_layer} x {r.n_embd} (encoder + decoder layers x width), " \
+        "block 34, " in chosen.line(1800)
+    assert "epochs of the training pairs" in chosen.line(1800)
+
+
+def test_a_pairs_task_measures_its_data_for_the_rule(tmp_path):
+    pairs = reversal_pairs(60, 1)
+    data = write_pairs(tmp_path / "reverse.tsv", pairs)
+    task = task_for(pairs_config(data, tmp_path / "run"), tmp_path / "cache")
+    longest = max(max(len(s) for s, _ in pairs), max(len(t.split()) for _, t in pairs) + 1)
+    assert task.room() == longest  # a target also takes its begin id
+    train = task.data.train
+    assert task.train_tokens() == len(train.src) + len(train.tgt) + len(train)  # begin ids
+    src, tgt_in, targets = task.random_batch(5, torch.device("cpu"))
+    mean = [len(train.src) / len(train), len(train.tgt) / len(train)]
+    assert src.shape == (5, round(mean[0])) and tgt_in.shape == (5, round(mean[1]) + 1)
+    assert targets is tgt_in and int(src.max()) < task.vocab.source_size
+
+
+def test_train_pairs_with_a_budget_sizes_an_encoder_decoder(cli, tmp_path, monkeypatch):
+    data = write_pairs(tmp_path / "reverse.tsv", reversal_pairs(300, 2))
+    speeds = {PAIR_LADDER[0]: 1e6, PAIR_LADDER[1]: 10.0}  # rung 1 gets too few tokens
+    seen = []
+
+    def rate(task, device, dtype):
+        seen.append(task.cfg.model)
+        return speeds[next(r for r in PAIR_LADDER if (r.n_layer, r.n_embd) ==
+                           (task.cfg.model.n_layer, task.cfg.model.n_embd))]
+
+    monkeypatch.setattr(sizing, "measure_rate", rate)
+    r = cli("train", data, "--time", "3s", "--out", tmp_path / "run",
+            "--set", "model.arch=encoder_decoder", "--set", "data.target_units=space",
+            "--set", "train.eval_interval=5", "--set", "train.eval_pairs=4")
+    assert r.code == 0, r.err
+    room = max(max(len(s) for s, _ in reversal_pairs(300, 2)), 6 + 1)
+    assert f"model sized to 3.0s: 2 + 2 x 96 (encoder + decoder layers x width), block " \
+        f"{room}, " in r.out
+    assert seen[0].arch == "encoder_decoder" and seen[0].block_size == room
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert {k: saved["model"][k] for k in ("arch", "n_layer", "n_embd", "n_head",
+                                           "block_size", "pos_encoding",
+                                           "label_smoothing")} == {
+        "arch": "encoder_decoder", "n_layer": 2, "n_embd": 96, "n_head": 4,
+        "block_size": room, "pos_encoding": "sinusoidal", "label_smoothing": 0.1}
+    assert (saved["optim"]["lr"], saved["train"]["batch_size"]) == (3e-3, 128)
