@@ -59,10 +59,13 @@ def train_for(config: Path | None, data: Path, out: Path, seconds: float,
     wall = charlm_cli("train", *([str(config)] if config else []), "--data", str(data),
                       "--out", str(out), "--overwrite", "--time", f"{seconds:g}",
                       *(arg for key in sets for arg in ("--set", key)))
-    cfg = load_config(out / "config.yaml")
-    shape = f"{cfg.model.n_layer} x {cfg.model.n_embd}, dropout {cfg.model.dropout:g}"
-    return {"budget_s": seconds, "steps": cfg.train.max_iters, "train_wall_s": round(wall, 1),
-            "shape": shape}
+    m = load_config(out / "config.yaml").model
+    layers = (f"{m.n_encoder_layer or m.n_layer} + {m.n_layer}" if m.arch == "encoder_decoder"
+              else f"{m.n_layer}")
+    # the steps it trained: its last metrics line's (config.yaml keeps the config's max_iters)
+    last = json.loads((out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()[-1])
+    return {"budget_s": seconds, "steps": last["step"], "train_wall_s": round(wall, 1),
+            "shape": f"{layers} x {m.n_embd}, dropout {m.dropout:g}"}
 
 
 def split_pairs(tsv: Path, out: Path, val: float, test: float) -> tuple[Path, dict]:
