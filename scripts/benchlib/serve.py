@@ -12,6 +12,10 @@ Variants (--variants, in the order given; each compared with the ones before it)
 - `transformers`: `HF_HUB_OFFLINE=1 transformers serve HF_DIR --continuous-batching` (needs
   transformers, accelerate, fastapi and uvicorn: `pip install -e ".[hf,serve]" accelerate`).
 - `charlm`: `charlm serve EXPORT`. `charlm_compiled`: with `--compile`.
+- `engine`: no server: charlm serve's engine in this process, decoding on its main thread as
+  `charlm serve` does, the same load submitted straight to it (a client's next request when its
+  last one ends): the ceiling that HTTP, the event loop and a load generator on the same cores
+  take their share from.
 
 A round at concurrency C runs C streaming clients at once, each sending --requests greedy
 requests of --chars characters one after the other. `chars_per_s`: the characters all clients
@@ -28,14 +32,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,12 +49,14 @@ import torch
 from common import positive
 
 from benchlib.harness import ROOT, Bench, charlm_env
+from charlm.api import load as load_run
 from charlm.config.loading import load_config
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
 from charlm.data.vocab import Vocab
 from charlm.export import save_hf, save_safetensors
 from charlm.model.gpt import GPT
+from charlm.serve.engine import Engine, Event, Params
 
 VOCAB = Vocab([chr(c) for c in range(32, 97)])  # 65 characters, as tiny-shakespeare has
 PROMPTS = ["ROMEO:", "JULIET: O ", "FIRST CITIZEN: BEFORE WE PROCEED", "A"]  # in VOCAB
@@ -69,17 +77,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(variant: str, export: Path, hf_dir: Path, log: Path, slots: int) -> Server:
-    """Start a variant's server and wait until it answers GET /v1/models."""
+def start(variant: str, export: Path, hf_dir: Path, log: Path, slots: int,
+          dtype: str) -> Server:
+    """Start a variant's server, its weights in dtype, and wait until it answers GET
+    /v1/models."""
     import httpx
 
     port = free_port()
     if variant == "transformers":
-        cmd = ["transformers", "serve", str(hf_dir), "--continuous-batching", "--port", str(port)]
+        cmd = ["transformers", "serve", str(hf_dir), "--continuous-batching", "--port", str(port),
+               "--dtype", dtype]
         env, model = {**os.environ, "HF_HUB_OFFLINE": "1"}, str(hf_dir)
     else:
         cmd = [sys.executable, "-m", "charlm", "serve", str(export), "--port", str(port),
-               "--max-concurrent", "256", "--slots", str(slots),
+               "--max-concurrent", "256", "--slots", str(slots), "--dtype", dtype,
                *(["--compile"] if variant.endswith("compiled") else [])]
         env, model = charlm_env(), "charlm"
     with open(log, "ab") as out:
@@ -141,14 +152,60 @@ async def load(server: Server, clients: int, requests: int, chars: int) -> tuple
         return time.perf_counter() - t0, [result for results in done for result in results]
 
 
+def drive(engine: Engine, clients: int, requests: int, chars: int) -> tuple[float, list]:
+    """`load`'s work for `engine` itself, decoding on this thread until the last completion
+    ends: the wall time and each completion's result, in the order (client, request)."""
+    results: list[list[dict]] = [[] for _ in range(clients)]
+    left = threading.Semaphore(0)
+
+    def submit(c: int) -> None:
+        r = len(results[c])
+        result = {"text": "", "ttfc": None, "gaps": [], "t0": time.perf_counter()}
+        results[c].append(result)
+
+        def on_event(event: Event) -> None:  # on this thread, inside `engine.run`
+            now = time.perf_counter()
+            if event.text:
+                if result["ttfc"] is None:
+                    result["ttfc"] = now - result["t0"]
+                else:
+                    result["gaps"] += [(now - result["last"]) / len(event.text)] * len(event.text)
+                result["text"] += event.text
+                result["last"] = now
+            if event.finish_reason is not None:
+                submit(c) if r + 1 < requests else left.release()
+
+        engine.submit(PROMPTS[(c + r) % len(PROMPTS)], Params(max_tokens=chars, temperature=0),
+                      on_event)
+
+    def close_when_done() -> None:
+        for _ in range(clients):
+            left.acquire()
+        engine.close()
+
+    t0 = time.perf_counter()
+    for c in range(clients):
+        submit(c)
+    closer = threading.Thread(target=close_when_done, daemon=True)
+    closer.start()
+    engine.run()
+    closer.join()
+    return time.perf_counter() - t0, [result for results_c in results for result in results_c]
+
+
 def percentile(xs: list[float], q: float) -> float | None:
     if not xs:
         return None
     return statistics.quantiles(xs, n=100, method="inclusive")[q - 1] if len(xs) > 1 else xs[0]
 
 
-def measure(server: Server, clients: int, requests: int, chars: int) -> tuple[dict, list[str]]:
-    seconds, results = asyncio.run(load(server, clients, requests, chars))
+def measure(server: Server | Callable[[], Engine], clients: int, requests: int,
+            chars: int) -> tuple[dict, list[str]]:
+    """A round's figures and texts: from a server, or from a fresh engine (`drive`)."""
+    if isinstance(server, Server):
+        seconds, results = asyncio.run(load(server, clients, requests, chars))
+    else:
+        seconds, results = drive(server(), clients, requests, chars)
     ttfc = [r["ttfc"] for r in results if r["ttfc"] is not None]
     gaps = [g for r in results for g in r["gaps"]]
     received = sum(len(r["text"]) for r in results)
@@ -169,8 +226,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "shakespeare_char.yaml",
                         help="the model's shape (default: the baby GPT)")
     parser.add_argument("--variants", nargs="+", default=["transformers", "charlm"],
-                        choices=["transformers", "charlm", "charlm_compiled"], metavar="VARIANT",
-                        help="transformers, charlm, charlm_compiled (default: transformers charlm)")
+                        choices=["transformers", "charlm", "charlm_compiled", "engine"],
+                        metavar="VARIANT", help="transformers, charlm, charlm_compiled, engine "
+                        "(default: transformers charlm)")
     parser.add_argument("--clients", nargs="+", type=positive(int), default=[1, 4, 16, 64])
     parser.add_argument("--chars", type=positive(int), default=200,
                         help="characters each request asks for (default 200)")
@@ -178,6 +236,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests each client sends in turn, per round (default 2)")
     parser.add_argument("--slots", type=positive(int), default=16,
                         help="charlm serve --slots: completions decoded together (default 16)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="both servers' weights (default float32, as exported)")
     parser.add_argument("--memory", type=positive(int, zero=True), default=0,
                         help="requests more to each charlm variant, for its memory (e.g. 1000)")
 
@@ -202,14 +262,21 @@ def run(cfg: RunConfig, args: argparse.Namespace) -> Iterator[dict]:
         if "transformers" in args.variants:
             hf_dir.mkdir()
             save_hf(model, VOCAB, cfg, hf_dir)
-        servers: dict[str, Server] = {}
+        servers: dict[str, Server | Callable[[], Engine]] = {}
         try:
             for variant in args.variants:
-                log = Path(tmp) / f"{variant}.log"
-                servers[variant] = start(variant, export, hf_dir, log, args.slots)
+                if variant == "engine":
+                    lm = load_run(export, "cpu", dtype=args.dtype)
+                    servers[variant] = functools.partial(Engine, lm.model, lm.vocab,
+                                                         slots=args.slots)
+                else:
+                    log = Path(tmp) / f"{variant}.log"
+                    servers[variant] = start(variant, export, hf_dir, log, args.slots,
+                                             args.dtype)
                 measure(servers[variant], 1, 1, args.chars)  # warm-up
             yield {"params": sum(p.numel() for p in model.parameters()),
-                   "config": args.config.name, "chars": args.chars, "requests": args.requests}
+                   "config": args.config.name, "chars": args.chars, "requests": args.requests,
+                   "dtype": args.dtype}
             for r in range(1, args.rounds + 1):
                 for clients in args.clients:
                     reference = None
@@ -219,12 +286,13 @@ def run(cfg: RunConfig, args: argparse.Namespace) -> Iterator[dict]:
                         yield {"clients": clients, "variant": variant, "round": r, **figure,
                                "same_text": texts == reference}
             for variant, server in servers.items():
-                if args.memory and variant != "transformers":
+                if args.memory and variant.startswith("charlm"):
                     yield {"variant": variant, **memory(server, args.memory)}
         finally:
-            for server in servers.values():
+            running = [s for s in servers.values() if isinstance(s, Server)]
+            for server in running:
                 server.proc.terminate()
-            for server in servers.values():
+            for server in running:
                 try:
                     server.proc.wait(30)
                 except subprocess.TimeoutExpired:

@@ -504,3 +504,25 @@ def test_bench_frontier_gives_each_budget_to_each_variant(monkeypatch, capsys, t
         ("300s", "sized", 1.5, 30, True, 1.5),
         ("300s", "shakespeare_char_cpu", 1.5, 30, True, None),  # 312 s: within 5 %
         ("300s", "nanoGPT", 1.9, int(295 / 0.0535), True, None)]
+
+
+def test_bench_serve_engine_variant_gives_each_client_its_greedy_texts_in_turn(monkeypatch):
+    """`--variants engine`: `drive` submits each client's next request when its last one ends
+    and decodes on this thread until the last; each text is `charlm sample`'s greedy text."""
+    from charlm.config.loading import load_config
+    from charlm.config.sampling import SampleConfig
+    from charlm.generation.text import sample_text
+    from charlm.model.gpt import GPT
+    from charlm.serve.engine import Engine
+
+    serve = import_script("benchlib.serve", monkeypatch)
+    torch.manual_seed(0)
+    model = GPT(load_config(TINY).model, len(serve.VOCAB)).eval()
+    engine = Engine(model, serve.VOCAB, slots=2)  # 3 clients: one waits for a slot
+    seconds, results = serve.drive(engine, 3, 2, 5)
+    assert seconds > 0 and engine.stopped.is_set() and engine.stats().characters == 30
+    prompts = [serve.PROMPTS[(c + r) % len(serve.PROMPTS)] for c in range(3) for r in range(2)]
+    greedy = SampleConfig(max_new_tokens=5, temperature=0)
+    assert [r["text"] for r in results] == [
+        sample_text(model, serve.VOCAB, p, greedy)[0].text for p in prompts]
+    assert all(r["ttfc"] > 0 and len(r["gaps"]) == 4 for r in results)
