@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import statistics
 import time
 
 import torch
@@ -23,6 +24,7 @@ SPLIT_ROWS = 64  # up to this many rows a split product can beat F.linear
 # From this many values in a weight (512 KiB of float32) the split can win; below it, the threads'
 # start and join cost more than the product.
 SPLIT_MIN_WEIGHTS = 1 << 17
+PROBE_COUNT, PROBE_SIDE = 12, 1024  # `probe_weights`: 48 MiB of float32
 
 
 class Linear(nn.Linear):
@@ -31,16 +33,21 @@ class Linear(nn.Linear):
     graph, is split over the threads where that pays on this machine (`split_pays`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight
-        if (torch.is_grad_enabled() or w.dtype is not torch.float32 or not w.is_cpu
-                or torch.compiler.is_compiling()):
-            return F.linear(x, w, self.bias)  # training leaves at the first test
-        N, K = w.shape
-        parts = math.gcd(N, torch.get_num_threads())
-        if (parts == 1 or N * K < SPLIT_MIN_WEIGHTS or x.numel() > SPLIT_ROWS * K
-                or x.shape[-1] != K or not w.is_contiguous() or not split_pays(parts)):
-            return F.linear(x, w, self.bias)
-        return split_product(x, w, self.bias, parts)
+        return product(x, self.weight, self.bias)
+
+
+def product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear(x, w, bias) as `Linear` computes it: split over the threads for a few rows by a
+    large float32 CPU weight outside autograd and outside a compiled graph, where that pays."""
+    if (torch.is_grad_enabled() or w.dtype is not torch.float32 or not w.is_cpu
+            or torch.compiler.is_compiling()):
+        return F.linear(x, w, bias)  # training leaves at the first test
+    N, K = w.shape
+    parts = math.gcd(N, torch.get_num_threads())
+    if (parts == 1 or N * K < SPLIT_MIN_WEIGHTS or x.numel() > SPLIT_ROWS * K
+            or x.shape[-1] != K or not w.is_contiguous() or not split_pays(parts)):
+        return F.linear(x, w, bias)
+    return split_product(x, w, bias, parts)
 
 
 def split_product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
@@ -63,16 +70,16 @@ def split_product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
 
 @functools.cache
 def split_pays(parts: int) -> bool:
-    """Whether a one-row product by a large float32 weight runs faster as `split_product` over
-    `parts` threads than as F.linear on this machine, timed once per process (best of 7 each,
-    on a 1024 x 1024 weight). Some CPUs' BLAS (MKL on AMD EPYCs) computes a one-row product on
-    one core, where the split is several times faster; others use every core, where it is
+    """Whether one-row products by large float32 weights run faster as `split_product` over
+    `parts` threads than as F.linear on this machine, timed once per process on
+    `probe_weights` (`faster`). Some CPUs' BLAS (MKL on AMD EPYCs) computes a one-row product on
+    one core, where the split is up to twice as fast; others use every core, where it is
     slower. The answer is the same for every call of the process, so a decode's products are
     computed one way throughout."""
     with torch.inference_mode():
-        w, x = torch.randn(1024, 1024), torch.randn(1, 1024)
-        return best_time(lambda: split_product(x, w, None, parts)) < best_time(
-            lambda: F.linear(x, w))
+        ws, x = probe_weights(), torch.randn(1, PROBE_SIDE)
+        return faster(lambda: [split_product(x, w, None, parts) for w in ws],
+                      lambda: [F.linear(x, w) for w in ws])
 
 
 def lay_out_for_decoding(model: nn.Module) -> int:
@@ -98,27 +105,38 @@ def lay_out_for_decoding(model: nn.Module) -> int:
 
 @functools.cache
 def column_major_pays(threads: int) -> bool:
-    """Whether products of 1 and of 16 rows by a 1024 x 1024 float32 weight take less time in
-    all with the weight column-major than as `Linear` computes them row-major (split where that
-    pays), timed once per process and thread count (best of 7 each)."""
+    """Whether products of 1 and of 16 rows by large float32 weights take less time in all with
+    the weights column-major than as `Linear` computes them row-major (split where that pays),
+    timed once per process and thread count on `probe_weights` (`faster`)."""
     with torch.inference_mode():
-        rows = Linear(1024, 1024, bias=False).requires_grad_(False)
-        columns = Linear(1024, 1024, bias=False).requires_grad_(False)
-        columns.weight.data = rows.weight.data.t().contiguous().t()
-        xs = [torch.randn(1, 1024), torch.randn(16, 1024)]
-        return best_time(lambda: [columns(x) for x in xs]) < best_time(
-            lambda: [rows(x) for x in xs])
+        rows = probe_weights()
+        columns = rows.transpose(1, 2).contiguous().transpose(1, 2)  # the same values
+        xs = [torch.randn(1, PROBE_SIDE), torch.randn(16, PROBE_SIDE)]
+        return faster(lambda: [F.linear(x, w) for x in xs for w in columns],
+                      lambda: [product(x, w, None) for x in xs for w in rows])
 
 
-def best_time(f) -> float:
-    """The shortest of 7 timed calls of f, after one untimed call."""
-    f()
-    times = []
-    for _ in range(7):
-        t = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t)
-    return min(times)
+def probe_weights() -> torch.Tensor:
+    """PROBE_COUNT float32 weights of PROBE_SIDE x PROBE_SIDE, (PROBE_COUNT, side, side): more
+    bytes than most CPUs' last-level cache holds, so products by them in turn stream them from
+    memory, as a decode step streams a model's weights. (On one 1024 x 1024 weight, which a
+    cache holds, a 2-core EPYC's answers flipped from one process to the next, and a served
+    model decoded one row at 120 or 200 characters a second by chance.)"""
+    return torch.full((PROBE_COUNT, PROBE_SIDE, PROBE_SIDE), 0.01)
+
+
+def faster(a, b, rounds: int = 7) -> bool:
+    """Whether a takes less time than b: the medians of `rounds` timed calls of each, called in
+    turn (a b a b ...) after one untimed call of each, so that a machine whose speed drifts
+    slows both alike."""
+    a(), b()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(rounds):
+        for f, ts in zip((a, b), times, strict=True):
+            start = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - start)
+    return statistics.median(times[0]) < statistics.median(times[1])
 
 
 def maybe_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:

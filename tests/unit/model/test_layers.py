@@ -185,3 +185,27 @@ def test_column_major_pays_is_asked_once_per_thread_count():
     layers.column_major_pays.cache_clear()
     first = layers.column_major_pays(2)
     assert layers.column_major_pays(2) is first and layers.column_major_pays.cache_info().hits == 1
+
+
+def test_faster_compares_medians_of_calls_taken_in_turn():
+    """One slow call of the faster function (a neighbour's burst) does not flip the answer, and
+    the calls alternate, so a machine whose speed drifts slows both alike."""
+    import time
+
+    calls = []
+
+    def sleeper(name, seconds):  # each call sleeps the next of seconds (an untimed one first)
+        def f():
+            calls.append(name)
+            time.sleep(seconds.pop(0))
+        return f
+
+    quick = sleeper("a", [0, 0, 0, 0.05, 0, 0, 0, 0])
+    assert layers.faster(quick, sleeper("b", [0.002] * 8)) is True
+    assert calls == ["a", "b"] * 8
+    assert layers.faster(sleeper("c", [0.002] * 8), sleeper("d", [0] * 8)) is False
+
+
+def test_probe_weights_outgrow_a_last_level_cache_of_32_mib():
+    ws = layers.probe_weights()
+    assert ws.dtype is torch.float32 and ws.numel() * 4 > 32 << 20
