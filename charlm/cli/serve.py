@@ -32,8 +32,10 @@ def serve(
     cors_origin: Annotated[list[str] | None, opt(
         "ORIGIN", "A browser origin allowed to call the API (http://host:port); repeatable. "
         "[default: none]")] = None,
-    slots: Annotated[int, opt("N", "Completions decoded together at most; more wait in a "
-                              "queue.", min=1)] = 16,
+    slots: Annotated[int | None, opt(
+        "N", "Completions decoded together at most; more wait in a queue. [default: "
+        "--max-concurrent's, or fewer if their keys and values would pass 1 GiB]",
+        min=1, show_default=False)] = None,
     compile: Annotated[bool, typer.Option(
         "--compile", help="torch.compile the batched decode step at start-up.")] = False,
     max_prompt: Annotated[int, opt("N", "Characters of one prompt.", min=1)] = 16_384,
@@ -69,10 +71,11 @@ def serve(
         raise CharlmError(f"charlm serve needs the serve extra ({e.name} is missing): "
                           "pip install -e '.[serve]'") from None
     from charlm.api import load
-    from charlm.serve.engine import Engine
+    from charlm.serve.engine import KV_BUDGET, Engine, slots_within
 
     lm = load(target, device, "--device", dtype)  # before the port: a bad run binds nothing
     name = model_name or (target if target.is_dir() else target.parent).resolve().name
+    slots = slots or slots_within(lm.model, KV_BUDGET, max_concurrent)
     engine = Engine(lm.model, lm.vocab, slots=slots, compile=compile)
     sock = listen(host, port)
     seconds = engine.build()  # the engine decodes on this thread once serving (`serve`)
@@ -85,7 +88,8 @@ def serve(
         warn(f"listening on {host} without --api-key: whoever reaches this port can "
              "use the model")
     url = f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}"
-    print(f"serving {name} on {url} (the API under /v1, the page at /; Ctrl-C stops)",
+    print(f"serving {name} on {url} ({engine.slots} completions at once; the API under /v1, "
+          "the page at /; Ctrl-C stops)",
           flush=True)
     serve(create_app(engine, settings), sock, grace)
 

@@ -26,12 +26,24 @@ from charlm.data.vocab import Vocab, list_unknown
 from charlm.generation.seq2seq import translate_ids
 from charlm.generation.slots import SlotDecoder
 from charlm.generation.text import StopMatcher
+from charlm.model.attention import attention_dtype
 from charlm.model.encoder_decoder import EncoderDecoder, output_limit
 from charlm.model.gpt import GPT
 from charlm.model.layers import lay_out_for_decoding
 from charlm.serve.request import Event, Params, Request, Row, generator_for
 
-__all__ = ["Engine", "Event", "Params", "Request", "Stats"]
+__all__ = ["KV_BUDGET", "Engine", "Event", "Params", "Request", "Stats", "slots_within"]
+
+KV_BUDGET = 1 << 30  # bytes of keys and values that `charlm serve`'s default slots fit in
+
+
+def slots_within(model: GPT | EncoderDecoder, budget: int, most: int) -> int:
+    """The most slots, up to `most` (one at least), whose KV cache (every layer's keys and values
+    over the whole block, in the dtype attention computes in) fits in `budget` bytes."""
+    cfg = model.cfg
+    per_slot = (2 * cfg.n_layer * cfg.block_size * cfg.n_embd
+                * attention_dtype(model.wte.weight).itemsize)
+    return max(1, min(most, budget // per_slot))
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ from charlm.core.errors import CharlmError
 from charlm.data.vocab import Vocab
 from charlm.export import save_hf, save_safetensors
 from charlm.model.gpt import GPT
-from charlm.serve.engine import Engine, Event, Params
+from charlm.serve.engine import KV_BUDGET, Engine, Event, Params, slots_within
 
 VOCAB = Vocab([chr(c) for c in range(32, 97)])  # 65 characters, as tiny-shakespeare has
 PROMPTS = ["ROMEO:", "JULIET: O ", "FIRST CITIZEN: BEFORE WE PROCEED", "A"]  # in VOCAB
@@ -77,8 +77,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(variant: str, export: Path, hf_dir: Path, log: Path, slots: int,
-          dtype: str) -> Server:
+def start(variant: str, export: Path, hf_dir: Path, log: Path, slots: int | None,
+          concurrent: int, dtype: str) -> Server:
     """Start a variant's server, its weights in dtype, and wait until it answers GET
     /v1/models."""
     import httpx
@@ -90,7 +90,8 @@ def start(variant: str, export: Path, hf_dir: Path, log: Path, slots: int,
         env, model = {**os.environ, "HF_HUB_OFFLINE": "1"}, str(hf_dir)
     else:
         cmd = [sys.executable, "-m", "charlm", "serve", str(export), "--port", str(port),
-               "--max-concurrent", "256", "--slots", str(slots), "--dtype", dtype,
+               "--max-concurrent", str(concurrent), "--dtype", dtype,
+               *(["--slots", str(slots)] if slots else []),
                *(["--compile"] if variant.endswith("compiled") else [])]
         env, model = charlm_env(), "charlm"
     with open(log, "ab") as out:
@@ -234,8 +235,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="characters each request asks for (default 200)")
     parser.add_argument("--requests", type=positive(int), default=2,
                         help="requests each client sends in turn, per round (default 2)")
-    parser.add_argument("--slots", type=positive(int), default=16,
-                        help="charlm serve --slots: completions decoded together (default 16)")
+    parser.add_argument("--slots", type=positive(int),
+                        help="charlm serve --slots: completions decoded together (default: "
+                        "charlm serve's own)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                         help="both servers' weights (default float32, as exported)")
     parser.add_argument("--memory", type=positive(int, zero=True), default=0,
@@ -262,17 +264,21 @@ def run(cfg: RunConfig, args: argparse.Namespace) -> Iterator[dict]:
         if "transformers" in args.variants:
             hf_dir.mkdir()
             save_hf(model, VOCAB, cfg, hf_dir)
+        from charlm.serve.schema import Limits  # pydantic: the serve extra
+
         servers: dict[str, Server | Callable[[], Engine]] = {}
+        concurrent = max(Limits().concurrent, *args.clients)  # no client gets a 429
         try:
             for variant in args.variants:
                 if variant == "engine":
                     lm = load_run(export, "cpu", dtype=args.dtype)
+                    slots = args.slots or slots_within(lm.model, KV_BUDGET, concurrent)
                     servers[variant] = functools.partial(Engine, lm.model, lm.vocab,
-                                                         slots=args.slots)
+                                                         slots=slots)
                 else:
                     log = Path(tmp) / f"{variant}.log"
                     servers[variant] = start(variant, export, hf_dir, log, args.slots,
-                                             args.dtype)
+                                             concurrent, args.dtype)
                 measure(servers[variant], 1, 1, args.chars)  # warm-up
             yield {"params": sum(p.numel() for p in model.parameters()),
                    "config": args.config.name, "chars": args.chars, "requests": args.requests,

@@ -87,6 +87,11 @@ def test_the_openai_client_streamed_and_not(server):
     assert [m.id for m in client.models.list()] == ["run"]  # the run dir's name
 
 
+def test_without_slots_every_completion_of_max_concurrent_decodes_at_once(server):
+    """The tiny model's keys and values are far under 1 GiB, so --max-concurrent 2 gives 2."""
+    assert httpx.get(f"{server.url}/health").json()["slots"]["total"] == 2
+
+
 def test_the_first_event_comes_before_the_generation_ends(server):
     """Streaming is live: when the first character arrives the completion still holds its
     slot, and a client that then goes away frees it (/metrics shows it)."""

@@ -16,7 +16,7 @@ from charlm.generation import compiled_step
 from charlm.generation.decoding import CachedDecoder, apply_repetition_penalty, apply_temperature
 from charlm.generation.seq2seq import translate_ids
 from charlm.generation.text import sample_text
-from charlm.serve.engine import Engine, Event, Params, Stats
+from charlm.serve.engine import Engine, Event, Params, Stats, slots_within
 from charlm.serve.request import Row
 from tests.helpers import RANDOM_GPT_VOCAB, decode_ids, random_gpt, random_seq2seq
 
@@ -329,3 +329,16 @@ def test_a_byte_model_serves_whole_characters_as_charlm_sample_does():
     assert done.text == expected.text
     with pytest.raises(CharlmError, match="top logprobs are per character"):
         Engine(model, vocab).submit("é", Params(max_tokens=5, logprobs=2), Completion())
+
+
+def test_default_slots_fit_their_keys_and_values_in_the_budget():
+    """A slot holds every layer's keys and values over the block, in float32 on the CPU even
+    for bf16 weights (attention's dtype there)."""
+    model = random_gpt()
+    cfg = model.cfg
+    per_slot = 2 * cfg.n_layer * cfg.block_size * cfg.n_embd * 4
+    assert per_slot == sum(t[0].numel() * 4 for t in model.new_cache(1).k + model.new_cache(1).v)
+    assert slots_within(model, 3 * per_slot + per_slot // 2, most=64) == 3
+    assert slots_within(model, 100 * per_slot, most=64) == 64
+    assert slots_within(model, per_slot - 1, most=64) == 1  # one at least
+    assert slots_within(model.to(torch.bfloat16), 3 * per_slot, most=64) == 3
