@@ -88,8 +88,8 @@ def serve(
         warn(f"listening on {host} without --api-key: whoever reaches this port can "
              "use the model")
     url = f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}"
-    print(f"serving {name} on {url} ({engine.slots} completions at once; the API under /v1, "
-          "the page at /; Ctrl-C stops)",
+    print(f"serving {name} on {url} (slots: {engine.slots}; the API under /v1, the page at /; "
+          "Ctrl-C stops)",
           flush=True)
     serve(create_app(engine, settings), sock, grace)
 
