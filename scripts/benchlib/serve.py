@@ -173,8 +173,10 @@ def drive(engine: Engine, clients: int, requests: int, chars: int) -> tuple[floa
                     result["gaps"] += [(now - result["last"]) / len(event.text)] * len(event.text)
                 result["text"] += event.text
                 result["last"] = now
-            if event.finish_reason is not None:
-                submit(c) if r + 1 < requests else left.release()
+            if event.finish_reason is not None and r + 1 < requests:
+                submit(c)  # the client's next request
+            elif event.finish_reason is not None:
+                left.release()  # the client is done
 
         engine.submit(PROMPTS[(c + r) % len(PROMPTS)], Params(max_tokens=chars, temperature=0),
                       on_event)
