@@ -44,8 +44,9 @@ def cpu_native_dtype() -> torch.dtype:
     slow)."""
     import torch  # here, not above: scripts that print no machine facts start without torch
 
-    from charlm.runtime.precision import resolve_dtype
-    return resolve_dtype("auto", torch.device("cpu"))
+    from charlm.runtime.precision import DTYPES
+    from charlm.runtime.profile import Machine, pick_dtype
+    return DTYPES[pick_dtype("auto", torch.device("cpu"), Machine())[0]]
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
@@ -64,26 +65,27 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
 def machine_facts() -> dict:
     """What a figure depends on besides the code: the CPU model, its logical cores, torch's
     threads and version, the CPU capability torch dispatches to (AVX2, AVX512, ...), what
-    computes bf16 natively on the CPU (`cpu_bf16_unit`: AMX, AVX512_BF16, or None where it is
-    emulated and `dtype: auto` trains in float32) and how fast (`cpu_bf16_speedup`, over
+    computes bf16 natively on the CPU (`Machine.bf16_unit`: AMX, AVX512_BF16, or None where it is
+    emulated and `dtype: auto` trains in float32) and how fast (`Machine.bf16_speedup`, over
     float32: `auto` trains in bf16 from BF16_GAIN up), and the GPU, if torch sees one."""
     import torch
 
-    from charlm.runtime.precision import cpu_bf16_speedup, cpu_bf16_unit
+    from charlm.runtime.profile import Machine
 
-    unit = cpu_bf16_unit()
+    machine = Machine()
+    unit = machine.bf16_unit()
     return {
         "cpu": cpu_model(), "logical_cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "bf16_unit": unit, "bf16_speedup": round(cpu_bf16_speedup(), 2) if unit else None,
+        "bf16_unit": unit, "bf16_speedup": round(machine.bf16_speedup(), 2) if unit else None,
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
     }
 
 
 def machine_line(facts: dict) -> str:
     """`machine_facts` as the one line a script prints above its figures."""
-    from charlm.runtime.precision import BF16_GAIN
+    from charlm.runtime.profile import BF16_GAIN
 
     unit, speedup = facts["bf16_unit"], facts["bf16_speedup"]
     bf16 = (f"bf16 native ({unit}, {speedup}x float32's speed"

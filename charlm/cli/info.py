@@ -38,6 +38,11 @@ def info(
         int | None, typer.Option(help="Sequence length for --shapes (default: block_size).")
     ] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    machine: Annotated[
+        bool, typer.Option("--machine", help="Say what a run would compute with here (its "
+                           "device, threads and dtype, as `train.*: auto` resolves them) and "
+                           "why, instead.")
+    ] = False,
 ) -> None:
     """Parameter table per component, FLOPs per token, forward shapes and the resolved config:
     of a trained model, or of the one `charlm train` would build from the same argument. Its
@@ -50,6 +55,12 @@ def info(
     from charlm.info.summary import config_model, describe, render_text
     from charlm.training.checkpoint import load_model
 
+    if machine:
+        if target is not None or set_ or shapes:
+            raise CharlmError("--machine describes this machine, not a run or config; give it "
+                              "alone (or with --json)")
+        print_profile(json_)
+        return
     train_state = None
     if vocab_size is not None and vocab_size < 1:
         raise CharlmError(f"--vocab-size must be >= 1, got {vocab_size}")
@@ -79,6 +90,22 @@ def info(
     print(render_text(report))
     print("\nconfig:")
     print("  " + dump_yaml(report["config"]).replace("\n", "\n  ").rstrip())
+
+
+def print_profile(as_json: bool) -> None:
+    """What `charlm train` would decide here before its first step (`charlm.runtime.profile`)."""
+    from charlm.runtime.device import resolve_device
+    from charlm.runtime.profile import decide
+
+    device = resolve_device("auto")
+    profile = decide("auto", "auto", device)
+    if as_json:
+        print(json.dumps({"device": str(device), "threads": profile.threads,
+                          "dtype": profile.dtype, "why_threads": profile.why_threads,
+                          "why_dtype": profile.why_dtype}, indent=2))
+    else:
+        print(profile.line(device).replace("recorded in config.yaml", "a run records these "
+                                           "in its config.yaml"))
 
 
 def is_model(target: Path | None) -> bool:

@@ -11,23 +11,30 @@ from charlm.config.keys import _check, _key
 
 @dataclass
 class OptimConfig:
-    """The optimizer (AdamW, or Muon with AdamW) and its learning rate: a linear warmup, then a
-    cosine decay to `min_lr`."""
+    """The optimizer (AdamW, or Muon with AdamW) and its learning rate: a linear warmup, then
+    warmup-stable-decay (or a cosine) to `min_lr` (`charlm.training.schedule`)."""
 
     name: Literal["adamw", "muon"] = _key(
         "adamw", "`adamw` for every weight, or `muon`: Muon for the weight matrices inside the "
         "blocks (attention, MLP), AdamW for embeddings, the head, norms and biases")
     lr: float = _key(4e-3, "peak learning rate (AdamW's)")
     min_lr: float = _key(
-        4e-4, "the rate the cosine decays to, in [0, `lr`] (a lower `lr` needs a lower `min_lr`)")
+        4e-4, "the rate the schedule decays to, in [0, `lr`] (a lower `lr` needs a lower "
+        "`min_lr`)")
     weight_decay: float = _key(
         0.1, "AdamW weight decay, on weights of two or more dimensions only")
     beta1: float = _key(0.9, "AdamW's beta1, in [0, 1)")
     beta2: float = _key(0.99, "AdamW's beta2, in [0, 1)")
     grad_clip: float = _key(1.0, "clip the global gradient norm to this; 0: no clipping")
     warmup_iters: int = _key(50, "steps of the linear warmup to `lr`")
+    schedule: Literal["wsd", "cosine"] = _key(
+        "wsd", "after warmup, `wsd`: the peak `lr`, then a linear decay to `min_lr` over the "
+        "final `decay_frac` of the run (of its steps, or of a time budget); `cosine`: a half "
+        "cosine from `lr` to `min_lr`")
+    decay_frac: float = _key(0.2, "`wsd`: the share of the run its decay takes, in (0, 1]")
     lr_decay_iters: int | None = _key(
-        None, "the step where the cosine reaches `min_lr`; null: `train.max_iters`")
+        None, "the step where the schedule reaches `min_lr`; null: `train.max_iters` (or the "
+        "end of a time budget)")
     muon_lr: float = _key(
         0.02, "`muon`: Muon's peak learning rate; its schedule is `lr`'s scaled by `muon_lr / lr`")
     muon_momentum: float = _key(0.95, "`muon`: Muon's (Nesterov) momentum, in [0, 1)")
@@ -45,7 +52,9 @@ class OptimConfig:
             _check(0 <= value < 1, f"optim.{key}", f"{value} is outside [0, 1)")
         _check(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (0 disables clipping)")
         _check(self.warmup_iters >= 0, "optim.warmup_iters", "must be >= 0")
-        _check(  # the cosine runs from the end of the warmup to lr_decay_iters
+        _check(0 < self.decay_frac <= 1, "optim.decay_frac", f"{self.decay_frac} is outside "
+               "(0, 1]")
+        _check(  # the decay runs from the end of the warmup to lr_decay_iters
             self.lr_decay_iters is None or self.lr_decay_iters > max(self.warmup_iters, 0),
             "optim.lr_decay_iters",
             f"must be more than optim.warmup_iters ({self.warmup_iters}), or null",

@@ -133,8 +133,9 @@ class TrainConfig:
 
     max_iters: int = _key(1500, "optimizer steps")
     max_time: float | str | None = _key(
-        None, "a time budget in seconds, or `30s`, `5m`, `2h`: the run plans its steps to end "
-        "within it, again as its speed changes, instead of `max_iters`")
+        None, "a time budget in seconds, or `30s`, `5m`, `2h`, instead of `max_iters`: the "
+        "schedule runs along the elapsed time and the run ends, with its final evaluation, "
+        "within it (its steps follow the clock: not repeatable bitwise)")
     batch_size: int = _key(
         16, "sequences per micro-batch (of all processes together under torchrun)")
     grad_accum: int = _key(1, "micro-batches per optimizer step")
@@ -161,13 +162,14 @@ class TrainConfig:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = _key(
         "auto", "autocast dtype (the weights stay float32); `auto`: bfloat16 on GPUs that have "
         "it (else float16) and on CPUs that compute it in hardware and measure it faster than "
-        "float32, else float32; `float16` on CUDA only")
+        "float32, else float32, decided once as the run starts and recorded in `config.yaml`; "
+        "`float16` on CUDA only")
     compile: bool = _key(
         False, "`torch.compile` the model (eager, with a warning, where it cannot build)")
     threads: int | str = _key(
-        "auto", "CPU threads to compute with; `auto`: the cores other processes leave free, "
-        "checked every few seconds (results then depend on the load in the last bits; a "
-        "number, or OMP_NUM_THREADS, pins it)")
+        "auto", "CPU threads to compute with; `auto`: the cores other processes leave free as "
+        "the run starts (OMP_NUM_THREADS, if set), recorded in `config.yaml` so that a resume "
+        "computes alike")
     out_dir: str | None = _key(
         None, "the run dir; null: `runs/<name of data.path>` (`runs/tinyshakespeare` for the "
         "defaults), fixed when the config is read and saved so in `config.yaml`")

@@ -48,14 +48,15 @@ class Dist:
             value /= self.world_size
         return value
 
-    def agree_signal(self, signum: int | None) -> int | None:
-        """The stop signal any rank has received (the largest number if several), so all ranks
-        stop at the same step. One host-side all-reduce of one integer."""
+    def agree(self, signum: int | None, *values: float) -> tuple[Any, ...]:
+        """The stop signal any rank has received (the largest number if several) and the
+        largest of each of `values` (the run's elapsed time, its pace), so that all ranks
+        set the same learning rate and stop at the same step. One host-side all-reduce."""
         if not self.active:
-            return signum
-        flag = torch.tensor(signum or 0)
-        torch_dist.all_reduce(flag, op=torch_dist.ReduceOp.MAX, group=self.flags)
-        return int(flag) or None
+            return (signum, *values)
+        flags = torch.tensor([float(signum or 0), *values], dtype=torch.float64)
+        torch_dist.all_reduce(flags, op=torch_dist.ReduceOp.MAX, group=self.flags)
+        return (int(flags[0]) or None, *flags[1:].tolist())
 
     def barrier(self) -> None:
         if self.active:

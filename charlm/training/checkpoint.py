@@ -10,7 +10,6 @@ top level: "model", "optimizer", "scaler", "train_state", "sampler", "rng".
 
 from __future__ import annotations
 
-import math
 import os
 import zipfile
 from collections.abc import Mapping
@@ -25,7 +24,6 @@ from charlm.core.files import missing, open_regular, run_write_error, write_atom
 from charlm.data.pair_vocab import PairVocab
 from charlm.data.vocab import Vocab
 from charlm.runtime.device import require_memory
-from charlm.training.budget import PLAN_KEYS
 from charlm.training.optimizer import Optimizer, load_state
 from charlm.training.steps import find_step
 from charlm.training.tasks import build_model, check_stored_shapes, check_weights, vocab_from_state
@@ -235,14 +233,6 @@ def check_train_state(state: dict[str, Any]) -> None:
             or not all(count(ts.get(k, 0)) for k in ("skipped_steps", "bad_streak"))
             or not count(ts.get("budget_steps", 0))):
         raise ValueError("train_state is missing or malformed")
-    plan = ts.get("budget")  # a time budget's plan and pace (`budget.Plan`), a later addition
-    if plan is not None and not (
-            isinstance(plan, dict) and set(plan) == PLAN_KEYS
-            and all(count(plan[k]) for k in ("steps", "anchor_step"))
-            and plan["steps"] == ts.get("budget_steps")
-            and all(isinstance(plan[k], float) and math.isfinite(plan[k]) and plan[k] >= 0
-                    for k in PLAN_KEYS - {"steps", "anchor_step"})):
-        raise ValueError("train_state's time budget plan is malformed")
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu",

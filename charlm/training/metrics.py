@@ -97,9 +97,9 @@ class MetricsLogger:
         self.rate: float | None = None  # tokens/s of the last train event
         self.said = self.now()  # when the last progress line was printed (no bar: `log`)
 
-    def plan(self, total_steps: int, deadline: float, now=time.perf_counter) -> None:
-        """A time budget's steps (once planned, and as planned again) and its end on the clock
-        `now` reads, for the progress bar."""
+    def plan(self, total_steps: int | None, deadline: float, now=time.perf_counter) -> None:
+        """A time budget's steps (None: they follow the clock) and its end on the clock `now`
+        reads, for the progress bar."""
         if self.enabled:
             self.bar.total, self.deadline, self.now = total_steps, deadline, now
             self.bar.refresh()

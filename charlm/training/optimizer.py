@@ -1,8 +1,8 @@
 """The optimizer and its update: torch's AdamW with weight decay on matrices and embeddings only
 (`optim.name: adamw`), or torch's Muon for the blocks' weight matrices with that AdamW for the
-rest (`muon`, one `MuonWithAdamW`); the schedule (`lr_at`) and `set_lr`, its step into every
-param group; `train_step`, one update over the micro-batches; and `step_if`, the update that a
-non-finite step skips without the host waiting for the device.
+rest (`muon`, one `MuonWithAdamW`); `set_lr`, the schedule's rate into every param group;
+`train_step`, one update over the micro-batches; and `step_if`, the update that a non-finite
+step skips without the host waiting for the device.
 
 `make_optimizer` asks for torch's fused AdamW kernel where it runs on the parameters' device and
 dtype (CUDA, and the CPU since torch 2.4), else for its foreach implementation. The fused step
@@ -23,7 +23,6 @@ from charlm.data.batches import BatchSampler, PairBatchSampler
 from charlm.model.gpt import Block
 from charlm.runtime.distributed import Dist, sync_grads
 from charlm.runtime.precision import autocast
-from charlm.training.budget import Budget
 
 
 def has_fused_kernel(params: list[torch.Tensor]) -> bool:
@@ -175,23 +174,6 @@ def step_if(optimizer: Optimizer, ok: torch.Tensor) -> None:
         optimizer.step()
     finally:
         del optimizer.found_inf  # type: ignore[attr-defined]
-
-
-def lr_at(step: int, optim: OptimConfig, max_iters: float, budget: Budget | None = None,
-          ) -> float:
-    """Linear warmup over `warmup_iters`, then cosine decay to `min_lr` at `lr_decay_iters`, or
-    along a time budget's progress (`Budget.progress`) where it has one and no
-    `lr_decay_iters` is set."""
-    if step < optim.warmup_iters:
-        return optim.lr * (step + 1) / (optim.warmup_iters + 1)
-    if budget is not None and optim.lr_decay_iters is None:
-        ratio = budget.progress(step)
-    else:
-        decay_iters = optim.lr_decay_iters or max_iters
-        if step >= decay_iters:
-            return optim.min_lr
-        ratio = (step - optim.warmup_iters) / max(decay_iters - optim.warmup_iters, 1)
-    return optim.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (optim.lr - optim.min_lr)
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -13,10 +13,8 @@ import torch
 from charlm.generation.decoding import NonFiniteOutput
 from charlm.training import checkpoint, steps
 from charlm.training.metrics import MetricsLogger
-from charlm.training.run_objects import (
-    Clock,
-    Run,
-)
+from charlm.training.run_objects import Run
+from charlm.training.schedule import Clock
 
 LN2 = math.log(2)
 

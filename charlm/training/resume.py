@@ -1,7 +1,7 @@
 """What a resume takes from the run dir besides its checkpoint, and when it has nothing to do:
 the user's edits of RUN/config.yaml (`with_edits`, which `run_dir.resume_config` applies) and
-the refusal of a resume that would stop at once (`require_steps_left`). That a time budget's
-fixed steps cannot change is `budget.require_same_budget`."""
+the refusal of a resume that would stop at once (`require_steps_left`), and of one that would
+change the budget of a run that ended at its time budget (`require_same_budget`)."""
 
 from __future__ import annotations
 
@@ -47,15 +47,15 @@ def with_edits(run_dir: Path, saved: dict[str, Any], ckpt_path: Path) -> dict[st
 
 def require_steps_left(cfg: RunConfig, ckpt: dict[str, Any], path: Path) -> None:
     """Refuse, before the run is built, a resume that would stop at once: the checkpoint
-    (read from `path`) is at or past max_iters, or at the end of its time budget (the last step
-    it planned, `budget.Budget`), and the eval of its step is not still due."""
+    (read from `path`) is at or past max_iters, or its time budget ended it (at the step
+    `budget_steps` records), and the eval of its step is not still due."""
     try:
         checkpoint.check_train_state(ckpt)
     except ValueError as e:
         raise checkpoint.damaged(path, e) from None
     state, tc = ckpt["train_state"], cfg.train  # as `TrainState.load_state_dict` reads it
     step = state["step"]
-    steps = tc.max_iters if tc.max_time is None else state.get("budget_steps")  # None: unplanned
+    steps = tc.max_iters if tc.max_time is None else state.get("budget_steps")  # None: not ended
     if (not isinstance(steps, int) or step < steps
             or (step == steps and state.get("eval_due", False))):
         return
@@ -66,3 +66,25 @@ def require_steps_left(cfg: RunConfig, ckpt: dict[str, Any], path: Path) -> None
     raise CharlmError(
         f"--resume: nothing to train: {path} is at step {step} and {end}; to train on, resume "
         f"with {how}--set train.max_iters=N (N above {step})")
+
+
+def require_same_budget(max_time: float | None, max_iters: int | None,
+                        saved_time: float | None, saved_iters: int | None,
+                        budget_steps: int | None) -> None:
+    """A run its time budget ended (at step `budget_steps`) has decayed its learning rate to
+    the end: refuse a train.max_time other than the one that ended it (`saved_time`), or a
+    train.max_iters the user set (other than the saved config's `saved_iters`; None: none
+    set), either of which would not apply."""
+    if budget_steps is None or max_time is None or saved_time is None:
+        return  # not ended by its budget, or the budget is dropped (max_iters rules)
+    if max_time != saved_time:
+        key = f"train.max_time={format_duration(max_time)}"
+    elif max_iters is not None and max_iters != saved_iters:
+        key = f"train.max_iters={max_iters}"
+    else:
+        return
+    raise CharlmError(
+        f"--resume: {key} cannot apply: the run's time budget train.max_time="
+        f"{format_duration(saved_time)} ended it at step {budget_steps}, its schedule decayed "
+        "to the end; to train to another step, resume with --set train.max_time=null --set "
+        "train.max_iters=N")

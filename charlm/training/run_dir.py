@@ -19,8 +19,7 @@ from charlm.config.values import read_yaml_file
 from charlm.core.errors import CharlmError
 from charlm.core.files import locked_dir, make_writable_dir, remove_temps, some, strangers
 from charlm.training import checkpoint, steps
-from charlm.training.budget import require_same_budget
-from charlm.training.resume import with_edits
+from charlm.training.resume import require_same_budget, with_edits
 
 # What a run writes, and all that --overwrite removes (of tb/, only TensorBoard's event files;
 # of checkpoints/, only its step-NNNNNN.pt files, see `steps`).
@@ -37,7 +36,7 @@ def resume_config(run_dir: Path, config_path: str | Path | None,
     (`resume.with_edits`), or CONFIG's, then the overrides.
 
     The architecture comes from the checkpoint: an override, edit or CONFIG that changes it is
-    an error, as is one that changes `optim.name` or the steps a time budget fixed
+    an error, as is one that changes `optim.name` or the budget of a run its time budget ended
     (`require_same_budget`).
     """
     ckpt_path = run_dir / "last.pt"

@@ -1,6 +1,6 @@
 """A training run's objects: `TrainState`, the `Run` that `build_run` makes once (data, sampler,
-model and its compiled / DDP wrappers, optimizer, scaler, state), the run's `Clock`, and its
-files (`RunFiles`), opened once the run has started.
+model and its compiled / DDP wrappers, optimizer, scaler, state), and its files (`RunFiles`),
+opened once the run has started.
 
 Fresh and resumed runs build the same objects; a resume then loads the map of stateful objects
 (`Run.stateful`) from `last.pt`, the map every checkpoint saves. The loop is
@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-import time
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from charlm.data.text import dataset_meta
 from charlm.model import footprint as memory
 from charlm.runtime.device import require_memory
 from charlm.runtime.distributed import Dist
-from charlm.runtime.precision import compile_model, grad_scaler, precision_line
+from charlm.runtime.precision import compile_model, grad_scaler
 from charlm.training.checkpoint import OptimizerState, RNGState, ScalerState, Stateful
 from charlm.training.faults import BadSteps
 from charlm.training.metrics import MetricsLogger
@@ -48,8 +47,7 @@ class TrainState:
     best_val: float = math.inf
     tokens: int = 0  # training tokens consumed
     elapsed_s: float = 0.0  # wall time spent in train(), summed over resumes
-    # a time budget's plan and pace (`budget.Plan` as a dict; None: no budget, or not planned)
-    budget: dict[str, Any] | None = None
+    budget_steps: int | None = None  # the step a time budget ended the run at (None: not yet)
     eval_due: bool = False  # a stop signal cut the eval of `step` short: a resume runs it first
     # the skipped-step counters, kept on the device so that counting never waits for it
     bad: BadSteps = field(default_factory=BadSteps, repr=False, compare=False)
@@ -65,27 +63,19 @@ class TrainState:
         """Of those, how many in a row ended at `step` (max_bad_steps stops a run)."""
         return int(self.bad.streak)
 
-    @property
-    def budget_steps(self) -> int | None:
-        """The last step a time budget planned (None: no budget, or not planned yet)."""
-        return None if self.budget is None else self.budget["steps"]
-
     def state_dict(self) -> dict[str, Any]:
-        # saved only when set, so that the layout of other checkpoints stays version 1's;
-        # budget_steps alone, as checkpoints before the budget followed the clock had it
-        budget = {} if self.budget is None else {"budget_steps": self.budget["steps"]}
-        if self.budget is not None and len(self.budget) > 1:  # with its pace: the whole plan
-            budget["budget"] = dict(self.budget)
+        # saved only when set, so that the layout of other checkpoints stays version 1's
+        budget = {} if self.budget_steps is None else {"budget_steps": self.budget_steps}
         due = {"eval_due": True} if self.eval_due else {}
         return {"step": self.step, "best_val": self.best_val, "tokens": self.tokens,
                 "elapsed_s": self.elapsed_s, **budget, **due, **self.bad.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         fresh = TrainState()  # a field added later takes its default
-        for name in ("step", "best_val", "tokens", "elapsed_s", "eval_due"):
+        for name in ("step", "best_val", "tokens", "elapsed_s", "eval_due", "budget_steps"):
             setattr(self, name, state.get(name, getattr(fresh, name)))
-        steps = state.get("budget_steps")
-        self.budget = state.get("budget") or (None if steps is None else {"steps": steps})
+        if self.budget_steps != self.step:  # an older version's planned steps, still ahead
+            self.budget_steps = None
         self.bad.load_state_dict(state)
 
 
@@ -142,31 +132,6 @@ class Run:
 
 
 @dataclass
-class Clock:
-    """The run's time, read in one place (`now`: time.perf_counter, or a test's clock): its
-    wall time in train() summed over resumes (`elapsed`), the seconds paused in this process for
-    evals, samples and saves (`paused`: a budget's step times and tokens/s leave them out), and
-    the training tokens since the last log line (`tokens`, from `t_log`)."""
-
-    start: float  # now() when train() began
-    before: float  # elapsed_s of the checkpoint resumed from
-    now: Callable[[], float] = time.perf_counter
-    t_log: float = 0.0
-    tokens: int = 0  # training tokens since the last log line
-    paused: float = 0.0  # seconds of evals, samples and saves in this process
-
-    def elapsed(self, now: float | None = None) -> float:
-        return self.before + (self.now() if now is None else now) - self.start
-
-    def pause(self, since: float) -> float:
-        """Count the time from `since` to now as paused, out of training time; now."""
-        now = self.now()
-        self.t_log += now - since
-        self.paused += now - since
-        return now
-
-
-@dataclass
 class RunFiles:
     """A run's config.yaml and log (metrics.jsonl, tb/), opened by the first `open`: a resume's
     at once, a fresh run's once its first step has run. A run that cannot start (a batch too big
@@ -176,9 +141,10 @@ class RunFiles:
 
     run: Run
     overwrite: bool  # a fresh run over a previous one: clear it when opening
-    total_steps: int | None  # for the progress bar (None: a time budget's, not known yet)
+    total_steps: int | None  # for the progress bar (None: a time budget's, not known)
     start_step: int  # the step the run starts from (0, or the resumed checkpoint's)
     progress: bool | None = None
+    intro: str | None = None  # said once the log opens: what the run computes with
     log: MetricsLogger | None = None
 
     def open(self) -> MetricsLogger:
@@ -194,7 +160,8 @@ class RunFiles:
                 start_run(run.run_dir, run.cfg)
             self.log = MetricsLogger(run.run_dir, self.total_steps, self.start_step,
                                      self.progress, enabled=dist.is_main)
-        self.log.message(precision_line(run.device, run.dtype, run.cfg.train.dtype))
+        if self.intro is not None:
+            self.log.message(self.intro)
         return self.log
 
     def close(self) -> None:
@@ -220,7 +187,7 @@ def warn_about_config(cfg: RunConfig, task: Task, dist: Dist) -> None:
         warn(f"data.val_fraction={cfg.data.val_fraction} does not apply to the "
              f"prepared dataset {cfg.data.shown}, whose split was made with --val-fraction "
              f"{prepared_with}; run `charlm prepare` again to change it")
-    if cfg.train.max_time is None:  # a budget's steps are known later: it warns then
+    if cfg.train.max_time is None:  # a budget's steps are not known
         warn_short_warmup(cfg, dist)
 
 
@@ -261,15 +228,12 @@ def warn_about_split(ckpt: dict[str, Any] | None, cfg: RunConfig, task: Task,
              "below it")
 
 
-def warn_short_warmup(cfg: RunConfig, dist: Dist, steps: int | None = None) -> None:
-    """Warn when warmup lasts the whole run: train.max_iters, or the `steps` a budget planned."""
-    what = (f"train.max_iters={cfg.train.max_iters}" if steps is None
-            else f"the {steps} steps the time budget plans")
-    steps = cfg.train.max_iters if steps is None else steps
-    if cfg.optim.warmup_iters >= steps and dist.is_main:  # a short trial run, often
+def warn_short_warmup(cfg: RunConfig, dist: Dist) -> None:
+    """Warn when warmup lasts the whole run (train.max_iters)."""
+    if cfg.optim.warmup_iters >= cfg.train.max_iters and dist.is_main:  # a short trial run
         warn(f"optim.warmup_iters={cfg.optim.warmup_iters} is not below "
-             f"{what}: the learning rate never reaches optim.lr="
-             f"{cfg.optim.lr:g}; lower optim.warmup_iters to train at full rate")
+             f"train.max_iters={cfg.train.max_iters}: the learning rate never reaches "
+             f"optim.lr={cfg.optim.lr:g}; lower optim.warmup_iters to train at full rate")
 
 
 def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dtype,

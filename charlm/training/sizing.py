@@ -10,8 +10,9 @@ The rule, fitted on this project's runs (docs/design.md, "Models sized to the bu
    block size, batch and learning rate that suit it; rotary positions and a SwiGLU MLP, as the
    CPU presets tuned on an AVX2 EPYC have. Both cost speed elsewhere (0.795x a step in bf16 on
    an AVX512_BF16 Xeon, about 0.7x on an H200): a GPT-2-shaped ladder is not measured yet.
-2. Each rung's training speed is measured here, from the smallest up (`measure_rate`: a few
-   steps on random tokens with the run's device, dtype and threads).
+2. Each rung's training speed is measured here, before the run is built, from the smallest up
+   (`measure_rate`: a few steps on random tokens with the run's device, dtype and threads, timed
+   by the profile, `charlm.runtime.profile.train_rate`); the pick is recorded in config.yaml.
 3. The pick is the largest rung whose tokens in the budget (its rate over TRAIN_SHARE of the
    budget) reach TOKENS_PER_PARAMETER times its parameters: a bigger model than that sees too
    few tokens to beat it in the time. The smallest rung when none does.
@@ -31,7 +32,6 @@ picks from it (docs/design.md says what that rests on).
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -41,12 +41,12 @@ from charlm.config.schema import ModelConfig, RunConfig
 from charlm.core.durations import format_duration
 from charlm.runtime.distributed import Dist
 from charlm.runtime.precision import autocast
+from charlm.runtime.profile import train_rate
 from charlm.training.tasks import PairsTask, Task
 
 TOKENS_PER_PARAMETER = 4.0  # fitted: see the module's docstring
 TRAIN_SHARE = 0.85  # of the budget spent in training steps (start-up and evaluations take the rest)
 DROPOUT = ((32.0, 0.2), (10.0, 0.1))  # (epochs from which, dropout); none below the last
-MEASURE_S = 0.2  # each rung's speed is timed over at least this long, after one untimed step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,14 +179,13 @@ def pick(seconds: float, rate: Callable[[Rung], float], train_tokens: int,
 
 
 def measure_rate(task: Task, device: torch.device, dtype: torch.dtype) -> float:
-    """Training tokens a second of the task's model and batch here: AdamW steps on random ids
-    shaped like its batches (`random_batch`), timed for at least MEASURE_S after one untimed
-    step. The tokens of a step are its inputs'. Draws nothing from the run's random streams."""
+    """Training tokens a second of the task's model and batch here (`profile.train_rate`):
+    AdamW steps on random ids shaped like its batches (`random_batch`); the tokens of a step are
+    its inputs'. Draws nothing from the run's random streams."""
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         model = task.new_model().to(device)
         batch = task.random_batch(task.cfg.train.batch_size, device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        tokens = sum(x.numel() for x in batch[:-1])  # all but the targets
 
         def step() -> None:
             with autocast(device, dtype):
@@ -194,15 +193,8 @@ def measure_rate(task: Task, device: torch.device, dtype: torch.dtype) -> float:
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
 
-        step()
-        steps, start = 0, time.perf_counter()
-        while steps < 2 or time.perf_counter() - start < MEASURE_S:
-            step()
-            steps += 1
-        return steps * tokens / (time.perf_counter() - start)
+        return train_rate(step, sum(x.numel() for x in batch[:-1]), device)  # but the targets
 
 
 def size_model(cfg: RunConfig, given: Collection[str], task: Task, dist: Dist,

@@ -12,6 +12,7 @@ with the target of issue 43 item 1: at most (k + 1) / 0.7 beside k busy processe
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import tempfile
@@ -22,7 +23,7 @@ from pathlib import Path
 from benchlib.harness import ROOT, Bench, charlm_env
 from benchlib.presets import PRESETS
 from charlm.config.loading import load_config
-from charlm.runtime.threads import usable_cores
+from charlm.runtime.profile import Machine
 
 BESIDE = ("alone", "loop1", "loop2", "train")
 LOOP = "while True: pass"
@@ -59,8 +60,7 @@ def timed_run(config: str | None, steps: int, threads: str, beside: str) -> dict
             time.sleep(1.0 if others else 0.0)  # the others running before it starts
             t0 = time.perf_counter()
             done = subprocess.run(command(config, Path(tmp) / "run", steps, threads),
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                  env=charlm_env())
+                                  capture_output=True, text=True, env=charlm_env())
             wall = time.perf_counter() - t0
         finally:
             for other in others:
@@ -69,8 +69,8 @@ def timed_run(config: str | None, steps: int, threads: str, beside: str) -> dict
         if done.returncode != 0:
             raise SystemExit(f"error: charlm train failed ({done.returncode}): "
                              f"{done.stderr.strip()[-500:]}")
-        return {"wall_s": round(wall, 2), "busy_warning": "warning: the CPU is busy" in
-                done.stderr}
+        picked = re.search(r"^profile: \S+, (\d+) thread", done.stdout, re.M)
+        return {"wall_s": round(wall, 2), "threads": int(picked[1]) if picked else None}
 
 
 def measure(cases: list, args: argparse.Namespace, cores: int) -> Iterator[dict]:
@@ -100,7 +100,7 @@ def figures(args: argparse.Namespace) -> Iterator[dict]:
         tokens = (args.steps * cfg.train.batch_size * cfg.train.grad_accum
                   * cfg.model.block_size)
         cases.append((path, "defaults" if path is None else Path(config).name, tokens))
-    return measure(cases, args, usable_cores())
+    return measure(cases, args, Machine().cores())
 
 
 BENCH = Bench("busy", __doc__, add_arguments, figures, case=("config", "beside"),

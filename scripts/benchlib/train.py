@@ -20,6 +20,7 @@ peak of `benchlib.peak`, and on a CPU against the float32 peak too."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import sys
 import tempfile
@@ -42,8 +43,10 @@ from charlm.info.parameters import flops_per_token, parameter_table
 from charlm.model.gpt import GPT
 from charlm.runtime.device import resolve_device, seed_everything
 from charlm.runtime.precision import compile_model, grad_scaler, resolve_dtype
-from charlm.training.loop import lr_at, train_step
+from charlm.runtime.profile import Machine, pick_dtype
+from charlm.training.loop import train_step
 from charlm.training.optimizer import make_optimizer
+from charlm.training.schedule import Schedule
 from charlm.training.tasks import TextTask
 from charlm.training.validation import evaluate
 
@@ -66,7 +69,7 @@ class Contender:
         tc = cfg.train
         self.cfg, self.planned_steps, self.planned_s = cfg, planned_steps, planned_s
         self.device = resolve_device(tc.device)
-        self.dtype = resolve_dtype(tc.dtype, self.device)
+        self.dtype = resolve_dtype(pick_dtype(tc.dtype, self.device, Machine())[0], self.device)
         seed_everything(tc.seed)
         self.model = GPT(cfg.model, len(data.vocab)).to(self.device).train()
         self.step_model = self.model
@@ -84,6 +87,7 @@ class Contender:
                                     self.device, tc.seed)
         self.task = TextTask(cfg, data)
         self.steps, self.spent = 0, 0.0
+        self.schedule = Schedule(cfg.optim, dataclasses.replace(tc, max_time=None))
         self.tokens_per_step = tc.batch_size * tc.grad_accum * cfg.model.block_size
         self.flops = flops_per_token(parameter_table(self.model), cfg.model,
                                      len(data.vocab))["training"]
@@ -98,7 +102,7 @@ class Contender:
         t = time.perf_counter()
         done = 0
         while done < steps and (done == 0 or time.perf_counter() - t < seconds):
-            lr = lr_at(int(min(self.progress(), 1.0) * max_iters), self.cfg.optim, max_iters)
+            lr = self.schedule.lr(int(min(self.progress(), 1.0) * max_iters))
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             loss, _, _ = train_step(self.step_model, self.optimizer, self.scaler, self.sampler,

@@ -5,6 +5,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
@@ -54,7 +55,7 @@ def test_tensorboard_scalars_sample_and_hparams(tiny_cfg):
     start = plugin_data_pb2.HParamsPluginData.FromString(
         content["_hparams_/session_start_info"]).session_start_info
     hparams = {k: v.ListFields()[0][1] for k, v in start.hparams.items()}
-    assert hparams == flatten(cfg.to_dict())
+    assert hparams == flatten(cfg.to_dict()) | {"train.threads": float(torch.get_num_threads())}
     assert hparams["train.max_iters"] == 6 and hparams["model.n_layer"] == 2
     assert hparams["optim.lr_decay_iters"] == "None"
     final = {tag: [(e.step, e.value) for e in acc.Scalars(f"hparams/{tag}")]

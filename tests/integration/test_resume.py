@@ -1,12 +1,17 @@
 """Resuming a run: it ends with the weights, optimizer state and train state of an uninterrupted
 run, across devices, loss scaling, config changes and older checkpoint layouts."""
 
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from charlm.core.errors import CharlmError
+from charlm.runtime.profile import Machine
 from charlm.training import checkpoint
 from charlm.training import run_objects as run_module
 from charlm.training.loop import train
@@ -34,6 +39,42 @@ def test_resume_continues_exactly(tiny_cfg, tmp_path):
     sa, sb = a["optimizer"]["state"], b["optimizer"]["state"]
     assert all(torch.equal(sa[k]["exp_avg_sq"], sb[k]["exp_avg_sq"]) for k in sa)
     assert b["train_state"]["best_val"] <= first["train_state"]["best_val"]
+
+
+def test_a_default_run_resumed_in_a_copied_run_dir_beside_busy_processes_is_bitwise(
+        tiny_cfg, tmp_path, monkeypatch):
+    """`train.threads: auto` once followed the load mid-run, and results depend on the thread
+    count: a run resumed beside other work ended 16 of 16 tensors away from the straight run.
+    Now the profile decides once (here on an idle machine: 2 threads) and config.yaml records
+    it; the run dir copied elsewhere and resumed beside two busy processes, where `auto` would
+    take 1 thread, computes with the 2 recorded and ends bitwise equal to the straight run. The
+    same resume pinned to 1 thread does not: the count matters to the last bits."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(Machine, "cores", lambda self: 2)
+    monkeypatch.setattr(Machine, "busy_elsewhere", lambda self: 0.0)
+    base = with_(tiny_cfg, optim={"lr_decay_iters": 40},
+                 train={"max_iters": 40, "eval_interval": 10, "threads": "auto"})
+    train(with_(base, train={"out_dir": str(tmp_path / "straight")}))
+    train(with_(base, train={"max_iters": 20, "out_dir": str(tmp_path / "split")}))
+    recorded = yaml.safe_load((tmp_path / "split" / "config.yaml").read_text())["train"]
+    assert recorded["threads"] == 2
+    monkeypatch.setattr(Machine, "busy_elsewhere", lambda self: 2.0)  # what it would read now
+    for name in ("copy", "one"):
+        shutil.copytree(tmp_path / "split", tmp_path / name)
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        for name, threads in (("copy", []), ("one", ["train.threads=1"])):
+            cfg = resume_config(tmp_path / name, None, [
+                "train.max_iters=40", f"train.out_dir={tmp_path / name}", *threads])
+            train(cfg, resume=True)
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+    assert_same_weights(tmp_path / "straight" / "last.pt", tmp_path / "copy" / "last.pt")
+    one = checkpoint.load(tmp_path / "one" / "last.pt")["model"]
+    straight = checkpoint.load(tmp_path / "straight" / "last.pt")["model"]
+    assert any(not torch.equal(one[k], straight[k]) for k in straight)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -23,9 +23,9 @@ TINY = str(ROOT / "configs" / "tiny.yaml")
 @pytest.fixture
 def float32_cpu(monkeypatch):
     """A CPU that computes float32 natively, whose peak is 1 TFLOP/s without a probe."""
-    import charlm.runtime.precision
+    import charlm.runtime.profile
 
-    monkeypatch.setattr(charlm.runtime.precision, "cpu_bf16_unit", lambda: None)
+    monkeypatch.setattr(charlm.runtime.profile.Machine, "bf16_unit", lambda self: None)
     monkeypatch.setattr(import_script("benchlib.peak", monkeypatch), "cpu_peak",
                         lambda dtype: (1e12, 64))
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from charlm.config.loading import load_config
 from charlm.config.sampling import SampleConfig
@@ -27,8 +28,9 @@ from charlm.runtime.precision import grad_scaler
 from charlm.training import checkpoint
 from charlm.training import loop as train_module
 from charlm.training import run_objects as run_module
-from charlm.training.loop import lr_at, train, train_step
+from charlm.training.loop import train, train_step
 from charlm.training.optimizer import make_optimizer
+from charlm.training.schedule import Schedule
 from charlm.training.tasks import TextTask
 from charlm.training.validation import evaluate
 from tests.helpers import (
@@ -64,7 +66,9 @@ def test_tiny_config_loss_falls_and_run_dir_is_complete(tiny_cfg):
     assert any(p.name.startswith("events.out.tfevents") for p in Path(run, "tb").iterdir())
     last = checkpoint.load(f"{run}/last.pt")
     assert last["train_state"]["step"] == 60
-    assert RunConfig.from_dict(last["config"]) == tiny_cfg
+    # the checkpoint holds the config as run: `auto` threads as the profile resolved them
+    assert RunConfig.from_dict(last["config"]) == with_(tiny_cfg, train={
+        "threads": torch.get_num_threads()})
 
 
 def test_tiny_model_overfits_a_short_string(tmp_path):
@@ -292,9 +296,10 @@ def test_each_variant_learns_on_the_tiny_config(variant, tiny_cfg, tmp_path):
     optimizer = make_optimizer(model, cfg.optim)
     sampler = BatchSampler(data.train, cfg.model.block_size, cfg.train.batch_size, dev, 0)
     before = evaluate(model, TextTask(cfg, data), dev, fp32)["val"]
+    schedule = Schedule(cfg.optim, cfg.train)
     for step in range(cfg.train.max_iters):
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg.optim, cfg.train.max_iters)
+            group["lr"] = schedule.lr(step)
         train_step(model, optimizer, grad_scaler(dev, fp32), sampler, cfg, dev, fp32)
     after = evaluate(model, TextTask(cfg, data), dev, fp32)["val"]
     assert after < before - 0.7, (before, after)
@@ -366,30 +371,43 @@ def test_train_without_a_config_names_the_run_dir_after_the_data(cli, tmp_path, 
 
 
 @pytest.mark.parametrize("unit, speedup, dtype, line", [
-    ("AVX512_BF16", 4.1, "auto", "training on cpu in bfloat16 autocast (train.dtype: auto: "
-     "AVX512_BF16 multiplies bf16 at 4.10x float32's speed here)"),
-    ("AVX512_BF16", 0.56, "auto", "training on cpu in float32 (train.dtype: auto: AVX512_BF16 "
-     "multiplies bf16 at 0.56x float32's speed here)"),
-    (None, 4.1, "auto", "training on cpu in float32 (train.dtype: auto)"),
-    ("AMX", 4.1, "float32", "training on cpu in float32 (train.dtype: float32)"),
+    ("AVX512_BF16", 4.1, "auto", "bfloat16 (AVX512_BF16 multiplies bf16 at 4.10x float32's "
+     "speed here)"),
+    ("AVX512_BF16", 0.56, "auto", "float32 (AVX512_BF16 multiplies bf16 at 0.56x float32's "
+     "speed here)"),
+    (None, 4.1, "auto", "float32 (this CPU emulates bf16)"),
+    ("AMX", 4.1, "float32", "float32 (train.dtype)"),
 ])
-def test_train_says_what_it_computes_in_once_as_it_starts(cli, tmp_path, corpus, monkeypatch,
-                                                          unit, speedup, dtype, line):
+def test_train_decides_what_it_computes_with_once_and_a_resume_keeps_it(
+        cli, tmp_path, corpus, monkeypatch, unit, speedup, dtype, line):
     """`dtype: auto` is bf16 on one CPU and float32 on the next, even among CPUs with a bf16
-    unit: a run says which and why, first, and a resume says it again, once."""
-    import charlm.runtime.precision
+    unit: a run decides before its first step, says which and why once, and records it in
+    config.yaml; a resume on a machine that would decide otherwise computes as recorded."""
+    from charlm.runtime.profile import Machine
 
-    monkeypatch.setattr(charlm.runtime.precision, "cpu_bf16_unit", lambda: unit)
-    monkeypatch.setattr(charlm.runtime.precision, "cpu_bf16_speedup", lambda: speedup)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setattr(Machine, "bf16_unit", lambda self: unit)
+    monkeypatch.setattr(Machine, "bf16_speedup", lambda self: speedup)
     run = tmp_path / "run"
-    common = ["--set", f"train.dtype={dtype}", "--set", "train.eval_interval=2"]
     fresh = cli("train", ROOT / "configs" / "tiny.yaml", "--data", corpus, "--out", run,
-                "--set", "train.max_iters=2", "--set", "optim.warmup_iters=1", *common)
-    resumed = cli("train", "--out", run, "--resume", "--set", "train.max_iters=4", *common)
-    for result in (fresh, resumed):
-        assert result.code == 0, result.err
+                "--set", "train.max_iters=2", "--set", "optim.warmup_iters=1",
+                "--set", f"train.dtype={dtype}", "--set", "train.eval_interval=2")
+    assert fresh.code == 0, fresh.err
+    decided = line.split(" ")[0]
+    saved = yaml.safe_load((run / "config.yaml").read_text())["train"]
+    assert (saved["threads"], saved["dtype"]) == (1, decided)
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr(Machine, "bf16_unit", lambda self: "AMX")  # another machine
+    monkeypatch.setattr(Machine, "bf16_speedup", lambda self: 1.0 / speedup)
+    resumed = cli("train", "--out", run, "--resume", "--set", "train.max_iters=4")
+    assert resumed.code == 0, resumed.err
+    recorded = f"{decided} (train.dtype)"
+    for result, threads, what in ((fresh, "OMP_NUM_THREADS", line),
+                                  (resumed, "train.threads", recorded)):
         lines = result.out.splitlines()
-        assert lines[0] == line and lines.count(line) == 1
+        expected = (f"profile: cpu, 1 thread ({threads}), {what}; recorded in config.yaml "
+                    "(train.threads, train.dtype pin them)")
+        assert lines[0] == expected and lines.count(expected) == 1
         assert lines[1].startswith("step 2: train " if result is fresh else "step 4: train ")
 
 

@@ -217,12 +217,12 @@ def test_bench_train_probes_the_dtype_charlms_auto_picks(monkeypatch, unit, dtyp
     """The peak is probed in the dtype `dtype: auto` trains in on this CPU: bf16 without AMX or
     AVX512_BF16 is emulated, and its 2048^3 probe alone took more than ten minutes on a 2-core
     AVX2 EPYC."""
-    import charlm.runtime.precision
+    import charlm.runtime.profile
 
     peak_module = import_script("benchlib.peak", monkeypatch)
     probed = []
-    monkeypatch.setattr(charlm.runtime.precision, "cpu_bf16_unit", lambda: unit)
-    monkeypatch.setattr(charlm.runtime.precision, "cpu_bf16_speedup", lambda: 4.1)
+    monkeypatch.setattr(charlm.runtime.profile.Machine, "bf16_unit", lambda self: unit)
+    monkeypatch.setattr(charlm.runtime.profile.Machine, "bf16_speedup", lambda self: 4.1)
     monkeypatch.setattr(peak_module, "cpu_peak", lambda d: probed.append(d) or (1e12, 512))
     assert peak_module.device_peak(torch.device("cpu")) == (1e12, dtype, source)
     assert probed == [dtype]
@@ -366,11 +366,11 @@ def test_machine_facts_name_the_cpu_and_what_it_computes_natively(monkeypatch, u
     """Every benchmark prints these with its figures: a figure without its machine cannot be
     compared. charlm's `dtype: auto` trains in bf16 where a unit computes it and measures
     faster than float32."""
-    import charlm.runtime.precision
+    import charlm.runtime.profile
 
     common = import_script("common", monkeypatch)
-    monkeypatch.setattr(charlm.runtime.precision, "cpu_bf16_unit", lambda: unit)
-    monkeypatch.setattr(charlm.runtime.precision, "cpu_bf16_speedup", lambda: speedup)
+    monkeypatch.setattr(charlm.runtime.profile.Machine, "bf16_unit", lambda self: unit)
+    monkeypatch.setattr(charlm.runtime.profile.Machine, "bf16_speedup", lambda self: speedup)
     monkeypatch.setattr(common, "cpu_model", lambda: "Test CPU 9000")
     facts = common.machine_facts()
     assert list(facts) == ["cpu", "logical_cores", "torch_threads", "torch", "cpu_capability",
@@ -452,10 +452,10 @@ def test_bench_busy_times_each_variant_beside_each_neighbour(monkeypatch, capsys
 
     def fake(config, steps, threads, beside):
         calls.append((config and Path(config).name, steps, threads, beside))
-        return {"wall_s": walls[beside, threads], "busy_warning": beside != "alone"}
+        return {"wall_s": walls[beside, threads], "threads": 1 if beside != "alone" else 2}
 
     monkeypatch.setattr(busy, "timed_run", fake)
-    monkeypatch.setattr(busy, "usable_cores", lambda: 2)
+    monkeypatch.setattr(busy.Machine, "cores", lambda self: 2)
     records, err = bench(monkeypatch, capsys, "busy", TINY, "--steps", "40",
                          "--beside", "loop2", "alone")
     assert calls == [("tiny.yaml", 40, threads, beside) for beside in ("alone", "loop2")

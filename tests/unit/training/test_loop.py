@@ -1,5 +1,5 @@
-"""charlm.training.loop: the lr schedule, one train step with gradient accumulation and clipping,
-and a batch that does not split over the ranks."""
+"""charlm.training.loop: one train step with gradient accumulation and clipping, and a batch
+that does not split over the ranks."""
 
 from pathlib import Path
 from types import SimpleNamespace
@@ -7,13 +7,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from charlm.config.schema import OptimConfig
 from charlm.core.errors import CharlmError
 from charlm.model.gpt import GPT
 from charlm.runtime.distributed import Dist
 from charlm.runtime.precision import grad_scaler
 from charlm.training import loop as train_module
-from charlm.training.loop import lr_at, train_step
+from charlm.training.loop import train_step
 from charlm.training.optimizer import make_optimizer
 from tests.helpers import with_
 
@@ -26,20 +25,6 @@ def test_batch_size_must_split_over_the_ranks(tiny_cfg):
     assert str(e.value) == ("train.batch_size 9 does not split over 2 processes; make it a "
                             "multiple of the number of processes (nproc_per_node x nnodes)")
     assert not Path(cfg.train.out_dir).exists()
-
-
-def test_lr_schedule_boundaries():
-    o = OptimConfig(lr=1e-3, min_lr=1e-4, warmup_iters=10, lr_decay_iters=110)
-    assert lr_at(0, o, 500) == pytest.approx(1e-3 * 1 / 11)
-    assert lr_at(9, o, 500) == pytest.approx(1e-3 * 10 / 11)
-    assert lr_at(10, o, 500) == pytest.approx(1e-3)  # cosine starts at the peak
-    assert lr_at(60, o, 500) == pytest.approx(1e-4 + 0.5 * (1e-3 - 1e-4))  # halfway
-    assert lr_at(110, o, 500) == pytest.approx(1e-4)
-    assert lr_at(400, o, 500) == 1e-4
-    # lr_decay_iters null means max_iters
-    o2 = OptimConfig(lr=1e-3, min_lr=0.0, warmup_iters=0)
-    assert lr_at(50, o2, 100) == pytest.approx(0.5e-3)
-    assert lr_at(100, o2, 100) == 0.0
 
 
 @pytest.mark.parametrize("clip", [0.0, 0.05])

@@ -1,0 +1,186 @@
+"""The run's profile: every choice that depends on the machine, made once, before a run's
+objects are built, and nowhere else. `decide` resolves `train.threads: auto` and
+`train.dtype: auto`; `train_rate` times a model's training steps for the sizing of a budgeted
+run. The resolved values are written into the run dir's config.yaml (and every checkpoint), so
+`--resume` and a copied run dir compute with what the first run did; after the profile, nothing
+reads the clock or the load to choose a code path.
+
+Threads. torch runs its CPU kernels on one thread per core, and the threads wait for each other
+at the end of every kernel: when other processes keep cores busy, a thread is often not running
+and every kernel waits for the scheduler (beside a busy loop on a 2-core CPU, two threads took
+several times as long a step as one; docs/benchmarks.md, "Threads on a busy CPU"). So `auto`
+computes on the cores the others leave free at the start, at least one. The count never
+changes mid-run: results depend on it in the last bits, and a resume must repeat them.
+
+Dtype. bf16 on a GPU that has it natively (else float16 with a GradScaler); on a CPU, bf16 where
+a unit multiplies it in hardware and a product of two matrices measures at least BF16_GAIN times
+float32's speed (a Zen 5 EPYC's AVX512_BF16 ran at 4.1x float32, an Intel Xeon's at 0.56x);
+else float32. `charlm info --machine` shows what the profile picks here and why.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from charlm.runtime.precision import cuda_has_bf16, resolve_dtype
+
+BF16_GAIN = 1.5  # bf16 products must run this many times float32's speed for autocast to pay
+PROBE_N, PROBE_REPEATS = 768, 3
+LOAD_S = 0.2  # the window over which the other processes' load is read
+RATE_S = 0.2  # a model's training rate is timed over at least this long, after one step
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What a run computes with, and why, for its one line."""
+
+    threads: int
+    dtype: str  # a train.dtype value: float32, bfloat16 or float16
+    why_threads: str
+    why_dtype: str
+
+    def line(self, device: torch.device) -> str:
+        return (f"profile: {device}, {self.threads} thread{'s' if self.threads > 1 else ''} "
+                f"({self.why_threads}), {self.dtype} ({self.why_dtype}); recorded in "
+                "config.yaml (train.threads, train.dtype pin them)")
+
+
+class Machine:
+    """What the profile asks of the machine; a test's subclass answers instead."""
+
+    def cores(self) -> int:
+        """The cores this process may run on (its affinity where the OS has one)."""
+        try:
+            return len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):  # macOS, Windows
+            return os.cpu_count() or 1
+
+    def busy_elsewhere(self) -> float | None:
+        """Cores other processes keep busy, read from /proc/stat over LOAD_S (the machine's busy
+        time less this process's own); None where /proc/stat cannot be read."""
+        first = cpu_times()
+        time.sleep(LOAD_S)
+        last = cpu_times()
+        if first is None or last is None or last[1] <= first[1]:
+            return None
+        cpus = os.cpu_count() or 1
+        busy = (last[0] - first[0]) / (last[1] - first[1]) * cpus  # this process's included
+        wall = (last[1] - first[1]) / cpus
+        return max(busy - (last[2] - first[2]) / wall, 0.0)
+
+    def bf16_unit(self) -> str | None:
+        """What multiplies bf16 matrices in hardware on this CPU: "AMX" (Intel Sapphire Rapids
+        and later), "AVX512_BF16" (AMD Zen 4 and later, Intel Cooper Lake), or None (emulated,
+        far slower than float32)."""
+        for unit, probe in (("AMX", "_is_amx_tile_supported"),
+                            ("AVX512_BF16", "_is_avx512_bf16_supported")):
+            supported = getattr(torch.cpu, probe, None)
+            if supported and supported():
+                return unit
+        return None
+
+    def bf16_speedup(self) -> float:
+        """How many times float32's speed this CPU multiplies bf16 matrices at: the best of
+        PROBE_REPEATS products of PROBE_N-square matrices in each dtype (about 0.1 s). Draws
+        nothing from the random streams."""
+        with torch.random.fork_rng(devices=[]):
+            a = torch.randn(PROBE_N, PROBE_N)
+        return best_time(lambda: torch.mm(a, a)) / best_time(
+            lambda x=a.bfloat16(): torch.mm(x, x))
+
+
+def cpu_times() -> tuple[float, float, float] | None:
+    """(machine busy seconds, machine seconds over all CPUs, this process's CPU seconds) from
+    /proc/stat, or None without it."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [float(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    if len(fields) < 5:
+        return None
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total = sum(fields[:8]) / tick  # user nice system idle iowait irq softirq steal
+    own = os.times()
+    return total - (fields[3] + fields[4]) / tick, total, own.user + own.system
+
+
+def best_time(f: Callable[[], object]) -> float:
+    """The best of PROBE_REPEATS timed calls of f, after one untimed call."""
+    f()
+    times = []
+    for _ in range(PROBE_REPEATS):
+        start = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def pick_threads(setting: int | str, device: torch.device, machine: Machine) -> tuple[int, str]:
+    """`train.threads`: a number as given; OMP_NUM_THREADS (the user's, or torchrun's) as set;
+    `auto` on the CPU the cores the other processes leave free now, at least one."""
+    if isinstance(setting, int):
+        return setting, "train.threads"
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    if omp:
+        return (int(omp) if omp.isdigit() and int(omp) >= 1 else torch.get_num_threads(),
+                "OMP_NUM_THREADS")
+    cores = machine.cores()
+    if device.type != "cpu":
+        return torch.get_num_threads(), f"torch's own, the device computes on {device.type}"
+    others = machine.busy_elsewhere()
+    if others is None:
+        return cores, f"{cores} usable cores"
+    free = max(1, min(cores, round(cores - others)))
+    return free, f"of {cores} cores, other processes keep {others:.1f} busy"
+
+
+def pick_dtype(setting: str, device: torch.device, machine: Machine) -> tuple[str, str]:
+    """`train.dtype`: a dtype as given; `auto` as the module's docstring says."""
+    if setting != "auto":
+        resolve_dtype(setting, device)  # float16 on a CPU is an error
+        return setting, "train.dtype"
+    if device.type == "cuda":
+        native = cuda_has_bf16(device)
+        return ("bfloat16", "native on this GPU") if native else (
+            "float16", "this GPU has no native bf16")
+    if device.type != "cpu":
+        return "float32", f"on {device.type}"
+    unit = machine.bf16_unit()
+    if unit is None:
+        return "float32", "this CPU emulates bf16"
+    speedup = machine.bf16_speedup()
+    dtype = "bfloat16" if speedup >= BF16_GAIN else "float32"
+    return dtype, f"{unit} multiplies bf16 at {speedup:.2f}x float32's speed here"
+
+
+def decide(threads: int | str, dtype: str, device: torch.device,
+           machine: Machine | None = None) -> Profile:
+    """The profile of a run with these `train.threads` and `train.dtype` settings on `device`;
+    sets torch's thread count to it (the one place that does)."""
+    machine = machine or Machine()
+    count, why_threads = pick_threads(threads, device, machine)
+    name, why_dtype = pick_dtype(dtype, device, machine)
+    torch.set_num_threads(count)
+    return Profile(count, name, why_threads, why_dtype)
+
+
+def train_rate(step: Callable[[], None], tokens: int, device: torch.device) -> float:
+    """Training tokens a second of `step` (one optimizer update of `tokens` input tokens):
+    timed for at least RATE_S after one untimed step, the device synchronised."""
+    def synced() -> None:
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    synced()
+    steps, start = 0, time.perf_counter()
+    while steps < 2 or time.perf_counter() - start < RATE_S:
+        synced()
+        steps += 1
+    return steps * tokens / (time.perf_counter() - start)

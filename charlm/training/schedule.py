@@ -1,0 +1,126 @@
+"""When things happen in a run: `Schedule` answers, for a step and the run's elapsed time, the
+learning rate and whether the step logs, evaluates, saves and is the last; `Clock` keeps the
+run's time, the one place that reads it.
+
+The learning rate warms up linearly over `optim.warmup_iters` steps, then follows
+`optim.schedule` along the run's progress, 0 to 1: `wsd` holds the peak, then decays linearly
+to `min_lr` over the final `decay_frac` (warmup-stable-decay: Hägele et al. 2024 and Bergsma et
+al. 2025 find it at least matching cosine), `cosine` decays along a half cosine. With
+`train.max_iters` the progress counts steps, so a run and its resume are repeatable bitwise. With
+a time budget (`train.max_time`) it is the elapsed time over the time left for training, as
+karpathy/autoresearch's `progress = training_time / budget`: the budget less a reserve for one
+more step and the final evaluation with its checkpoints (`Clock.final_s`; never going back).
+The step after which that reserve no longer fits is the last, so the run ends within its budget
+whatever the machine's speed does; its steps follow the clock, so a budgeted run does not
+repeat bitwise.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from charlm.config.optim import OptimConfig
+from charlm.config.schema import TrainConfig
+
+
+@dataclass
+class Schedule:
+    """The schedule of a run with these `optim` and `train` sections. `reached`: a time
+    budget's progress so far, which never goes back when the reserve's estimate falls."""
+
+    optim: OptimConfig
+    train: TrainConfig
+    reached: float = 0.0
+
+    def progress(self, step: int, elapsed: float = 0.0, reserve: float = 0.0) -> float:
+        """How far along the decay step `step` is, in [0, 1]: by steps from the end of warmup
+        to `lr_decay_iters` (null: max_iters), or for a time budget by `elapsed` seconds over
+        the budget less `reserve` (one step and `Clock.final_s`)."""
+        o, t = self.optim, self.train
+        if t.max_time is not None and o.lr_decay_iters is None:
+            share = elapsed / max(t.max_time - reserve, 1e-9)
+            self.reached = max(self.reached, min(share, 1.0))
+            return self.reached
+        end = o.lr_decay_iters or t.max_iters
+        return min(max(step - o.warmup_iters, 0) / max(end - o.warmup_iters, 1), 1.0)
+
+    def lr(self, step: int, elapsed: float = 0.0, reserve: float = 0.0) -> float:
+        """The learning rate of step `step` (0-based), which peaks at `optim.lr`."""
+        o = self.optim
+        if step < o.warmup_iters:
+            return o.lr * (step + 1) / (o.warmup_iters + 1)
+        p = self.progress(step, elapsed, reserve)
+        if o.schedule == "cosine":
+            share = 0.5 * (1.0 + math.cos(math.pi * p))
+        else:
+            share = min(1.0, (1.0 - p) / o.decay_frac)
+        return o.min_lr + share * (o.lr - o.min_lr)
+
+    def is_last(self, step: int, elapsed: float = 0.0, step_s: float = 0.0,
+                final_s: float = 0.0) -> bool:
+        """Whether step `step` (just done) ends the run: max_iters, or for a time budget the
+        step after which one more step of `step_s` and the final evaluation with its writes
+        (`final_s`) would not fit, after this step's own evaluation where one is due."""
+        t = self.train
+        if t.max_time is None:
+            return step >= t.max_iters
+        evals = 2 if step % t.eval_interval == 0 else 1
+        return elapsed + step_s + evals * final_s >= t.max_time
+
+    def due(self, step: int, last: bool, stopping: bool) -> tuple[bool, bool, bool]:
+        """Whether step `step` (just done) logs, evaluates and saves last.pt: each at its
+        interval, all three at the last step; a stop signal saves."""
+        t = self.train
+        save_interval = t.checkpoint_interval or t.eval_interval  # null: at every eval
+        return (step % t.log_interval == 0 or last, step % t.eval_interval == 0 or last,
+                step % save_interval == 0 or last or stopping)
+
+
+@dataclass
+class Clock:
+    """The run's time, read in one place (`now`: time.perf_counter, or a test's clock): its
+    wall time in train() summed over resumes (`elapsed`), the seconds paused for evaluations
+    and writes (`paused`, out of the step times and tokens/s), the latest step's time, what an
+    evaluation with its writes costs, and the tokens since the last log line."""
+
+    start: float  # now() when train() began
+    before: float = 0.0  # elapsed_s of the checkpoint resumed from
+    now: Callable[[], float] = time.perf_counter
+    eval_steps: float = 20.0  # an evaluation's cost in steps (until measured: eval_iters)
+    save_s: float = 0.0  # the seconds of the latest checkpoint writes
+    step_s: float = 0.0  # the latest step's seconds
+    paused: float = 0.0
+    t_step: float | None = None  # when the latest step (or pause) ended
+    t_log: float = 0.0
+    tokens: int = 0  # training tokens since the last log line
+
+    def elapsed(self, now: float | None = None) -> float:
+        return self.before + (self.now() if now is None else now) - self.start
+
+    def stepped(self, tokens: int) -> None:
+        """A training step of `tokens` tokens just ended."""
+        now = self.now()
+        if self.t_step is not None:
+            self.step_s = now - self.t_step
+        self.t_step, self.tokens = now, self.tokens + tokens
+
+    def pause(self, since: float, eval_s: float | None = None, save_s: float | None = None
+              ) -> None:
+        """Count the time from `since` to now as paused; an evaluation's and its writes'
+        seconds, if any, become the cost `final_s` counts on."""
+        now = self.now()
+        self.paused += now - since
+        self.t_log += now - since
+        self.t_step = now if self.t_step is None else self.t_step + now - since
+        if eval_s is not None and self.step_s > 0:
+            self.eval_steps = eval_s / self.step_s
+        if save_s is not None:
+            self.save_s = save_s
+
+    def final_s(self) -> float:
+        """Seconds of an evaluation with its writes at the latest step's pace (an evaluation
+        is as much slower as the steps are)."""
+        return self.step_s * self.eval_steps + self.save_s
