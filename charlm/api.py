@@ -30,8 +30,10 @@ from charlm.evaluation.scoring import score_text
 from charlm.generation import translation
 from charlm.generation.text import default_prompt, encode_prompt, sample_text
 from charlm.model.gpt import GPT
+from charlm.model.layers import lay_out_for_decoding
 from charlm.runtime.device import resolve_device
 from charlm.runtime.precision import weights_dtype
+from charlm.runtime.profile import DecodeLayout, layout_for
 from charlm.training import checkpoint
 
 
@@ -44,6 +46,16 @@ class LM:
     config: RunConfig
     source: Path
     train_state: dict[str, Any] = field(default_factory=dict)  # empty for an export
+    layout: DecodeLayout | None = None  # the split `decoding_model` chose, once it has
+
+    def decoding_model(self) -> GPT | torch.nn.Module:
+        """The model, to decode from: at the first call, its large float32 CPU products are
+        split over the threads where that pays on this machine (`layout_for`, timed once;
+        the weights stay row-major, so the model can still be saved or trained)."""
+        if self.layout is None:
+            self.layout = layout_for(self.model, column_major=False)
+            lay_out_for_decoding(self.model, self.layout.split_parts, column_major=False)
+        return self.model
 
 
 def load(path: str | Path, device: str = "auto", option: str = "device",
@@ -99,7 +111,7 @@ def _sample(lm: LM, prompt: str | None, opts: SampleConfig) -> list:
     prompt, _, notes = encode_prompt(lm.vocab, prompt, opts.unknown, lm.model.cfg.block_size)
     for note in notes:  # what the CLI prints as `warning:` lines
         warnings.warn(note, UserWarning, stacklevel=3)  # the caller of sample / generate
-    return sample_text(lm.model, lm.vocab, prompt, opts)
+    return sample_text(lm.decoding_model(), lm.vocab, prompt, opts)
 
 
 def generate(lm: LM, prompt: str | None = None, **options: Any) -> str:
@@ -137,7 +149,7 @@ def translate(lm: LM, sources: str | Sequence[str], **options: Any) -> list:
     for source in sources:
         _check_text(source, "source")
     opts = _sample_options({"temperature": 0, **options})
-    return list(translation.translate(lm.model, lm.vocab, list(sources), opts))
+    return list(translation.translate(lm.decoding_model(), lm.vocab, list(sources), opts))
 
 
 def _check_lm(lm: Any, arch: str) -> None:

@@ -100,11 +100,11 @@ def sample(
                  "eagerly")
         if is_default(ctx, "temperature"):  # a transduction's likeliest output, unless asked
             opts = dataclasses.replace(opts, temperature=0.0)
-        print_translations(lm.model, lm.vocab, sources, opts, json_out)
+        print_translations(lm.decoding_model(), lm.vocab, sources, opts, json_out)
         return
     text = prompt_text(lm.vocab, default_prompt(lm.vocab) if text is None else text, opts,
                        lm.model.cfg.block_size)
-    print_samples(lm.model, lm.vocab, text, opts, stream, json_out)
+    print_samples(lm.decoding_model(), lm.vocab, text, opts, stream, json_out)
 
 
 def sample_interactively(target: Path, device: str, dtype: str, step: int | None,
@@ -121,10 +121,11 @@ def sample_interactively(target: Path, device: str, dtype: str, step: int | None
         raise CharlmError(f"--interactive continues prompts with a GPT; {target} is an "
                           "encoder-decoder: drop --interactive and transduce with --source or "
                           "--source-file")
+    model = lm.decoding_model()  # laid out once, before the first prompt
 
     def generate(line: str, opts: SampleConfig, stop: Callable[[], bool]) -> None:
-        text = prompt_text(lm.vocab, line, opts, lm.model.cfg.block_size)
-        print_samples(lm.model, lm.vocab, text, opts, stream, False, stop)
+        text = prompt_text(lm.vocab, line, opts, model.cfg.block_size)
+        print_samples(model, lm.vocab, text, opts, stream, False, stop)
 
     prompt_loop(generate, opts)
 

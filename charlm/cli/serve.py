@@ -77,6 +77,7 @@ def serve(
     name = model_name or (target if target.is_dir() else target.parent).resolve().name
     slots = slots or slots_within(lm.model, KV_BUDGET, max_concurrent)
     engine = Engine(lm.model, lm.vocab, slots=slots, compile=compile)
+    del lm  # the engine decodes from its own copy: the loaded weights need not stay in memory
     sock = listen(host, port)
     seconds = engine.build()  # the engine decodes on this thread once serving (`serve`)
     if compile:
@@ -88,8 +89,8 @@ def serve(
         warn(f"listening on {host} without --api-key: whoever reaches this port can "
              "use the model")
     url = f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}"
-    print(f"serving {name} on {url} (slots: {engine.slots}; the API under /v1, the page at /; "
-          "Ctrl-C stops)",
+    print(f"serving {name} on {url} (slots: {engine.slots}; {engine.layout.describe()}; "
+          "the API under /v1, the page at /; Ctrl-C stops)",
           flush=True)
     serve(create_app(engine, settings), sock, grace)
 

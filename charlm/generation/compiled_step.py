@@ -39,7 +39,8 @@ class CompiledStep:
     """`compiled_decode_step` over `cache`'s keys and values, through a copy of the cache whose
     position is a device tensor. The call that builds a graph says how long it took on stderr
     (`charlm sample --compile`); an error there (no C++ compiler, an op the compiler cannot
-    take) propagates, for the caller to go on eagerly."""
+    take) propagates, for the caller to go on eagerly. It computes with `model` as given and
+    changes nothing of it (the graph is compiled from a function, not from the module)."""
 
     def __init__(self, model: GPT, cache: KVCache, per_row: bool = False):
         self.model = model

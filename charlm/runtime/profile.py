@@ -16,21 +16,32 @@ Dtype. bf16 on a GPU that has it natively (else float16 with a GradScaler); on a
 a unit multiplies it in hardware and a product of two matrices measures at least BF16_GAIN times
 float32's speed (a Zen 5 EPYC's AVX512_BF16 ran at 4.1x float32, an Intel Xeon's at 0.56x);
 else float32. `charlm info --machine` shows what the profile picks here and why.
+
+Decode layout. How a decoding model's large float32 CPU products are computed (`DecodeLayout`:
+split over the threads, weights column-major), timed once by whoever owns the model (the serve
+engine for its own copy, `charlm.api.LM` the split only) before its first decode step, and
+applied by `charlm.model.layers.lay_out_for_decoding`; the model's code only reads the choice.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
+from charlm.model.layers import decoding_linears, product, split_product
 from charlm.runtime.precision import cuda_has_bf16, resolve_dtype
 
 BF16_GAIN = 1.5  # bf16 products must run this many times float32's speed for autocast to pay
 PROBE_N, PROBE_REPEATS = 768, 3
+PROBE_COUNT, PROBE_SIDE = 12, 1024  # `probe_weights`: 48 MiB of float32
 LOAD_S = 0.2  # the window over which the other processes' load is read
 RATE_S = 0.2  # a model's training rate is timed over at least this long, after one step
 
@@ -184,3 +195,76 @@ def train_rate(step: Callable[[], None], tokens: int, device: torch.device) -> f
         synced()
         steps += 1
     return steps * tokens / (time.perf_counter() - start)
+
+
+@dataclass(frozen=True)
+class DecodeLayout:
+    """How `Linear`s multiply a few rows by a large float32 CPU weight: split over
+    `split_parts` threads (1: plain F.linear) and/or with the weight stored column-major (the
+    same values, its transpose contiguous; such a weight is multiplied by F.linear, unsplit)."""
+
+    split_parts: int = 1
+    column_major: bool = False
+
+    def describe(self) -> str:
+        """A short phrase for a one-line report."""
+        if self.column_major:
+            return "decode weights column-major"
+        if self.split_parts > 1:
+            return f"decode products split over {self.split_parts} threads"
+        return "decode products unsplit"
+
+
+def probe_weights() -> torch.Tensor:
+    """PROBE_COUNT float32 weights of PROBE_SIDE x PROBE_SIDE, (PROBE_COUNT, side, side): more
+    bytes than most CPUs' last-level cache holds, so products by them in turn stream them from
+    memory, as a decode step streams a model's weights. (On one 1024 x 1024 weight, which a
+    cache holds, a 2-core EPYC's answers flipped from one process to the next, and a served
+    model decoded one row at 120 or 200 characters a second by chance.)"""
+    return torch.full((PROBE_COUNT, PROBE_SIDE, PROBE_SIDE), 0.01)
+
+
+def faster(a: Callable, b: Callable, rounds: int = 7) -> bool:
+    """Whether a takes less time than b: the medians of `rounds` timed calls of each, called in
+    turn (a b a b ...) after one untimed call of each, so that a machine whose speed drifts
+    slows both alike."""
+    a(), b()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(rounds):
+        for f, ts in zip((a, b), times, strict=True):
+            start = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - start)
+    return statistics.median(times[0]) < statistics.median(times[1])
+
+
+def decode_layout(threads: int, *, column_major: bool = True,
+                  faster: Callable[[Callable, Callable], bool] = faster) -> DecodeLayout:
+    """The layout that multiplies 1 and 16 rows by large float32 weights fastest here, timed
+    on `probe_weights` by `faster` (injectable). Split over gcd(PROBE_SIDE, threads) blocks
+    where one-row products run faster so (some BLAS, MKL on AMD EPYCs, computes one row on one
+    core: up to twice as fast; others use every core, where the split is slower); column-major
+    where that beats the row-major products so chosen (69 against 204 microseconds for 16 rows
+    by a 1536 x 384 weight on a 2-core Xeon). Without column_major only the split is timed."""
+    with torch.inference_mode():
+        rows, x = probe_weights(), torch.randn(1, PROBE_SIDE)
+        parts = math.gcd(PROBE_SIDE, threads)
+        if parts > 1 and not faster(lambda: [split_product(x, w, None, parts) for w in rows],
+                                    lambda: [F.linear(x, w) for w in rows]):
+            parts = 1
+        if not column_major:
+            return DecodeLayout(parts)
+        columns = rows.transpose(1, 2).contiguous().transpose(1, 2)  # the same values
+        xs = [x, torch.randn(16, PROBE_SIDE)]
+        return DecodeLayout(parts, faster(
+            lambda: [F.linear(x, w) for x in xs for w in columns],
+            lambda: [product(x, w, None, parts) for x in xs for w in rows]))
+
+
+def layout_for(model: nn.Module, *, column_major: bool = True) -> DecodeLayout:
+    """`decode_layout` over torch's threads where `model` has a weight a layout changes
+    (`decoding_linears`), else DecodeLayout() without timing anything (a small model, bf16,
+    a GPU). column_major=False: the split only, for a model whose weights must stay row-major."""
+    if not decoding_linears(model):
+        return DecodeLayout()
+    return decode_layout(torch.get_num_threads(), column_major=column_major)

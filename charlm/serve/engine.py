@@ -4,8 +4,10 @@ batch at once; it leaves when it ends, is cancelled or the engine closes, and it
 next queued request. Each request keeps its own logits processors, repetition window, stop
 strings and `torch.Generator` (`charlm.serve.request.Row`), so a seeded request gives the same
 text alone or in a crowd, and a greedy one the text of `charlm sample --temperature 0`
-(`charlm.generation.slots`). The engine owns the model: it stores its weights in the layout
-this machine multiplies a few rows by fastest (`charlm.model.layers.lay_out_for_decoding`).
+(`charlm.generation.slots`). The engine decodes from its own copy of the model, laid out as
+this machine multiplies a few rows fastest (`charlm.runtime.profile`, decided once at
+construction unless given), so the caller's model is left as it was: the same tensors,
+contiguous (safetensors can still save it), in its own train or eval mode.
 
 An encoder-decoder serves one request at a time: the prompt is the source, the completion its
 greedy or sampled target (`charlm.generation.seq2seq.translate_ids`), sent in one event.
@@ -14,6 +16,7 @@ greedy or sampled target (`charlm.generation.seq2seq.translate_ids`), sent in on
 from __future__ import annotations
 
 import collections
+import copy
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +33,7 @@ from charlm.model.attention import attention_dtype
 from charlm.model.encoder_decoder import EncoderDecoder, output_limit
 from charlm.model.gpt import GPT
 from charlm.model.layers import lay_out_for_decoding
+from charlm.runtime.profile import DecodeLayout, layout_for
 from charlm.serve.request import Event, Params, Request, Row, generator_for
 
 __all__ = ["KV_BUDGET", "Engine", "Event", "Params", "Request", "Stats", "slots_within"]
@@ -56,20 +60,23 @@ class Stats:
 
 
 class Engine:
-    """Owns the model; `start` runs its decode thread, `submit` queues a request from any
-    thread, `close` ends them all. See the module's docstring."""
+    """Owns a copy of the model; `start` runs its decode thread, `submit` queues a request from
+    any thread, `close` ends them all. `layout`: how the copy's products are computed (None:
+    decided here, `layout_for`, timing them where the model has large float32 CPU weights).
+    See the module's docstring."""
 
     def __init__(self, model: GPT | EncoderDecoder, vocab: Vocab | PairVocab, *,
-                 slots: int = 16, compile: bool = False):
+                 slots: int = 16, compile: bool = False, layout: DecodeLayout | None = None):
         if slots < 1:
             raise CharlmError(f"the engine needs at least one slot, got {slots}")
-        self.model = model.eval()
-        lay_out_for_decoding(model)  # it only decodes from now on
+        self.model = copy.deepcopy(model).eval()  # it only decodes: laid out for that
+        self.layout = layout_for(self.model) if layout is None else layout
+        lay_out_for_decoding(self.model, self.layout.split_parts, self.layout.column_major)
         self.vocab = vocab
         self.encdec = model.cfg.arch == "encoder_decoder"
         self.slots = 1 if self.encdec else slots  # an encoder-decoder: one request at a time
-        self.device = model.wte.weight.device
-        self.decoder = None if self.encdec else SlotDecoder(model, slots, compile)
+        self.device = self.model.wte.weight.device
+        self.decoder = None if self.encdec else SlotDecoder(self.model, slots, compile)
         self.rows: list[Row] = []
         self.queue: collections.deque[Request] = collections.deque()
         self.cond = threading.Condition()

@@ -10,7 +10,7 @@ put the yardsticks first):
 - `ceiling`: the weight-streaming ceiling: 20 passes of one matrix-vector product (a row per
   batch row) with each weight matrix of a decode step, by `F.linear`, in the order a step reads
   them; `tokens_per_s` is passes per second. `own_ceiling`: the same through charlm's `Linear`
-  (split over the threads where that pays on this machine, `layers.split_pays`).
+  (split over the threads as `charlm sample` splits them, `LM.decoding_model`).
   `float32_ceiling`: `ceiling` on the float32 weights whatever the dtype.
 - `transformers`: Hugging Face transformers' `generate` with its KV cache on the same weights,
   exported as `charlm export --format hf` does (the `hf` extra; GPT-2-shaped configs only).
@@ -44,7 +44,9 @@ from charlm.data.vocab import Vocab
 from charlm.export import save_hf
 from charlm.generation.decoding import generate
 from charlm.model.gpt import GPT
+from charlm.model.layers import lay_out_for_decoding
 from charlm.runtime.precision import DTYPES
+from charlm.runtime.profile import layout_for
 
 VOCAB = Vocab([chr(c) for c in range(32, 97)])  # 65 characters, as tiny-shakespeare has
 PASSES = 20  # matrix-vector passes a ceiling's call makes
@@ -168,8 +170,10 @@ def measure(cfgs: list[tuple[Path, RunConfig]], args: argparse.Namespace) -> Ite
     for path, cfg in cfgs:
         torch.manual_seed(0)
         base = GPT(cfg.model, len(VOCAB)).eval()
+        split = layout_for(base, column_major=False).split_parts  # as `charlm sample` decides
         for dtype in args.dtypes:
             model = copy.deepcopy(base).to(DTYPES[dtype])
+            lay_out_for_decoding(model, split, column_major=False)  # float32 weights only
             for batch in args.batches:
                 case = Case(model, base, cfg, batch, args.tokens, args.seconds)
                 runners = {name: MEASURES[name](case) for name in args.variants}

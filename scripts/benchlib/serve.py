@@ -56,6 +56,7 @@ from charlm.core.errors import CharlmError
 from charlm.data.vocab import Vocab
 from charlm.export import save_hf, save_safetensors
 from charlm.model.gpt import GPT
+from charlm.runtime.profile import layout_for
 from charlm.serve.engine import KV_BUDGET, Engine, Event, Params, slots_within
 
 VOCAB = Vocab([chr(c) for c in range(32, 97)])  # 65 characters, as tiny-shakespeare has
@@ -275,8 +276,9 @@ def run(cfg: RunConfig, args: argparse.Namespace) -> Iterator[dict]:
                 if variant == "engine":
                     lm = load_run(export, "cpu", dtype=args.dtype)
                     slots = args.slots or slots_within(lm.model, KV_BUDGET, concurrent)
+                    # decided once, not by each round's fresh engine
                     servers[variant] = functools.partial(Engine, lm.model, lm.vocab,
-                                                         slots=slots)
+                                                         slots=slots, layout=layout_for(lm.model))
                 else:
                     log = Path(tmp) / f"{variant}.log"
                     servers[variant] = start(variant, export, hf_dir, log, args.slots,

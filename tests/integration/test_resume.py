@@ -52,25 +52,29 @@ def test_a_default_run_resumed_in_a_copied_run_dir_beside_busy_processes_is_bitw
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(Machine, "cores", lambda self: 2)
     monkeypatch.setattr(Machine, "busy_elsewhere", lambda self: 0.0)
-    base = with_(tiny_cfg, optim={"lr_decay_iters": 40},
-                 train={"max_iters": 40, "eval_interval": 10, "threads": "auto"})
+    base = with_(tiny_cfg, optim={"lr_decay_iters": 16}, train={
+        "max_iters": 16, "eval_interval": 8, "eval_iters": 1, "sample_chars": 0,
+        "threads": "auto"})
     train(with_(base, train={"out_dir": str(tmp_path / "straight")}))
-    train(with_(base, train={"max_iters": 20, "out_dir": str(tmp_path / "split")}))
+    train(with_(base, train={"max_iters": 8, "out_dir": str(tmp_path / "split")}))
     recorded = yaml.safe_load((tmp_path / "split" / "config.yaml").read_text())["train"]
     assert recorded["threads"] == 2
     monkeypatch.setattr(Machine, "busy_elsewhere", lambda self: 2.0)  # what it would read now
     for name in ("copy", "one"):
         shutil.copytree(tmp_path / "split", tmp_path / name)
+
+    def resume(name: str, *overrides: str) -> None:
+        train(resume_config(tmp_path / name, None, [
+            "train.max_iters=16", f"train.out_dir={tmp_path / name}", *overrides]), resume=True)
+
     loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
-        for name, threads in (("copy", []), ("one", ["train.threads=1"])):
-            cfg = resume_config(tmp_path / name, None, [
-                "train.max_iters=40", f"train.out_dir={tmp_path / name}", *threads])
-            train(cfg, resume=True)
+        resume("copy")
     finally:
         for loop in loops:
             loop.kill()
             loop.wait()
+    resume("one", "train.threads=1")
     assert_same_weights(tmp_path / "straight" / "last.pt", tmp_path / "copy" / "last.pt")
     one = checkpoint.load(tmp_path / "one" / "last.pt")["model"]
     straight = checkpoint.load(tmp_path / "straight" / "last.pt")["model"]

@@ -33,6 +33,9 @@ ALLOWED = {
     ("charlm.model.encoder_decoder", "charlm.data.pair_vocab"):
         "the encoder-decoder's pad, bos and eos ids are the target vocabulary's last three "
         "(target_specials), a layout written in one place; data imports nothing of model",
+    ("charlm.runtime.profile", "charlm.model.layers"):
+        "the profile times the products that model.layers computes, to choose between them "
+        "once; model imports nothing of runtime",
 }
 
 CHARLM = ROOT / "charlm"

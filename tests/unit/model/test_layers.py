@@ -1,6 +1,7 @@
 """charlm.model.layers and how the models are built from torch's layers: children registered in
 the order they run, hooks seen on every path, and the initial draws."""
 
+import math
 import sys
 
 import pytest
@@ -109,12 +110,10 @@ def test_split_product_is_linears_product_within_rounding(shape):
 
 @pytest.fixture
 def splits(monkeypatch) -> list:
-    """The products `Linear` split, with the split made to pay and to apply to small weights."""
+    """The products `Linear` split, with the split made to apply to small weights."""
     seen = []
     real = layers.split_product
-    monkeypatch.setattr(layers, "split_pays", lambda parts: True)
     monkeypatch.setattr(layers, "SPLIT_MIN_WEIGHTS", 0)
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(layers, "split_product",
                         lambda x, w, b, parts: seen.append((tuple(x.shape), parts))
                         or real(x, w, b, parts))
@@ -125,6 +124,8 @@ def test_linear_splits_a_few_rows_outside_autograd_only(splits):
     lin = layers.Linear(16, 32)
     x = torch.randn(1, 16)
     with torch.inference_mode():
+        lin(x)  # split_parts 1 (the class's): F.linear
+        lin.split_parts = 2
         torch.testing.assert_close(lin(x), nn.functional.linear(x, lin.weight, lin.bias))
         lin(torch.randn(layers.SPLIT_ROWS + 1, 16))  # too many rows
         lin.to(torch.bfloat16)(x.bfloat16())  # half precision: F.linear
@@ -139,6 +140,7 @@ def test_cached_greedy_equals_uncached_with_split_products(splits):
     from charlm.generation.decoding import generate
 
     model = tiny_gpt().eval()
+    assert layers.lay_out_for_decoding(model, 2, column_major=False) > 0
     prompt = torch.randint(0, 11, (1, 3))
     cached, uncached = ([step.tolist() for step in generate(
         model, prompt, 12, SampleConfig(temperature=0, use_cache=use_cache))]
@@ -146,66 +148,35 @@ def test_cached_greedy_equals_uncached_with_split_products(splits):
     assert splits and cached == uncached
 
 
-def test_split_pays_is_asked_once_per_thread_count():
-    layers.split_pays.cache_clear()
-    first = layers.split_pays(2)
-    assert layers.split_pays(2) is first and layers.split_pays.cache_info().hits == 1
-
-
-@pytest.mark.parametrize("pays", [True, False])
-def test_lay_out_for_decoding_keeps_the_values_in_the_layout_that_pays(monkeypatch, pays):
-    monkeypatch.setattr(layers, "column_major_pays", lambda threads: pays)
+@pytest.mark.parametrize("column_major", [True, False])
+def test_lay_out_for_decoding_keeps_the_values_in_the_layout_given(monkeypatch, column_major):
     monkeypatch.setattr(layers, "SPLIT_MIN_WEIGHTS", 0)
     model = tiny_gpt().eval()
-    linears = {id(m.weight) for m in model.modules() if isinstance(m, layers.Linear)}
+    linears = [m for m in model.modules() if isinstance(m, layers.Linear)]
+    weights = {id(m.weight) for m in linears}
     before = {name: p.clone() for name, p in model.named_parameters()}
     idx = torch.randint(0, 11, (3, 5))
     with torch.inference_mode():
         logits = model(idx)[0]
-        assert layers.lay_out_for_decoding(model) == (len(linears) if pays else 0)
+        assert layers.lay_out_for_decoding(model, 6, column_major) == len(weights)
         torch.testing.assert_close(model(idx)[0], logits, rtol=1e-5, atol=1e-5)
-        assert layers.lay_out_for_decoding(model) == 0  # laid out already: nothing twice
+        again = layers.lay_out_for_decoding(model, 6, column_major)
+        assert again == (0 if column_major else len(weights))  # column-major once only
+    # split over gcd(out features, 6): 48 -> 6, 16 -> 2, 64 -> 2, 11 (the head) -> 1
+    assert [m.split_parts for m in linears] == [
+        1 if column_major else math.gcd(m.weight.shape[0], 6) for m in linears]
     for name, p in model.named_parameters():
         assert torch.equal(p, before[name])
         if p.dim() == 2:
-            column_major = pays and id(p) in linears
-            assert p.is_contiguous() is not column_major
-            assert p.t().is_contiguous() is column_major
+            laid = column_major and id(p) in weights
+            assert p.is_contiguous() is not laid
+            assert p.t().is_contiguous() is laid
     assert model.head.weight is model.wte.weight  # still tied
 
 
 def test_lay_out_for_decoding_leaves_half_precision_and_small_weights():
     model = tiny_gpt().eval()  # every weight below SPLIT_MIN_WEIGHTS
-    assert layers.lay_out_for_decoding(model) == 0
-    assert layers.lay_out_for_decoding(model.to(torch.bfloat16)) == 0
+    assert layers.lay_out_for_decoding(model, 2, True) == 0
+    assert layers.lay_out_for_decoding(model.to(torch.bfloat16), 2, True) == 0
     assert all(p.is_contiguous() for p in model.parameters())
-
-
-def test_column_major_pays_is_asked_once_per_thread_count():
-    layers.column_major_pays.cache_clear()
-    first = layers.column_major_pays(2)
-    assert layers.column_major_pays(2) is first and layers.column_major_pays.cache_info().hits == 1
-
-
-def test_faster_compares_medians_of_calls_taken_in_turn():
-    """One slow call of the faster function (a neighbour's burst) does not flip the answer, and
-    the calls alternate, so a machine whose speed drifts slows both alike."""
-    import time
-
-    calls = []
-
-    def sleeper(name, seconds):  # each call sleeps the next of seconds (an untimed one first)
-        def f():
-            calls.append(name)
-            time.sleep(seconds.pop(0))
-        return f
-
-    quick = sleeper("a", [0, 0, 0, 0.05, 0, 0, 0, 0])
-    assert layers.faster(quick, sleeper("b", [0.002] * 8)) is True
-    assert calls == ["a", "b"] * 8
-    assert layers.faster(sleeper("c", [0.002] * 8), sleeper("d", [0] * 8)) is False
-
-
-def test_probe_weights_outgrow_a_last_level_cache_of_32_mib():
-    ws = layers.probe_weights()
-    assert ws.dtype is torch.float32 and ws.numel() * 4 > 32 << 20
+    assert all(m.split_parts == 1 for m in model.modules() if isinstance(m, layers.Linear))

@@ -1,12 +1,13 @@
 """charlm.serve.engine: continuous batching against `generate` (greedy parity under 16 concurrent
 requests, past the context window, for learned and rotary positions), seeded determinism in a
-crowd, stop strings, logprobs, cancel, close, bad prompts, the compiled step and the
-encoder-decoder."""
+crowd, stop strings, logprobs, cancel, close, bad prompts, the compiled step, the
+encoder-decoder, and the caller's model left as it was."""
 
 import threading
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError
@@ -16,6 +17,8 @@ from charlm.generation import compiled_step
 from charlm.generation.decoding import CachedDecoder, apply_repetition_penalty, apply_temperature
 from charlm.generation.seq2seq import translate_ids
 from charlm.generation.text import sample_text
+from charlm.model import layers
+from charlm.runtime.profile import DecodeLayout
 from charlm.serve.engine import Engine, Event, Params, Stats, slots_within
 from charlm.serve.request import Row
 from tests.helpers import RANDOM_GPT_VOCAB, decode_ids, random_gpt, random_seq2seq
@@ -112,6 +115,31 @@ def test_greedy_of_16_concurrent_requests_equals_generate(pos_encoding, slots):
     # the longest request ends alone in the batch
     assert engine.stats() == Stats(slots=slots, busy=0, queued=0, batch_size=1,
                                    characters=sum(p.max_tokens for _, p in jobs))
+
+
+def test_the_engine_decodes_from_its_own_copy_and_leaves_the_callers_model_as_it_was(
+        monkeypatch, tmp_path):
+    """Laid out column-major (given, so nothing is timed; every weight counts as large), the
+    engine's copy decodes generate's greedy text, and the caller's model keeps its tensors
+    bitwise, contiguous at the same addresses, in train mode: safetensors saves it."""
+    monkeypatch.setattr(layers, "SPLIT_MIN_WEIGHTS", 0)
+    model = random_gpt().train()
+    before = {name: (p.data_ptr(), p.clone()) for name, p in model.state_dict().items()}
+    engine = Engine(model, VOCAB, layout=DecodeLayout(2, True))
+    assert engine.layout == DecodeLayout(2, True) and engine.model is not model
+    assert model.training and not engine.model.training
+    own = {k: v for k, v in engine.model.state_dict().items() if k != "head.weight"}  # tied
+    assert not all(t.is_contiguous() for t in own.values())  # the copy is column-major
+    with pytest.raises(ValueError, match="contiguous"):
+        save_file(own, tmp_path / "copy.safetensors")
+    for name, t in model.state_dict().items():
+        ptr, value = before[name]
+        assert t.data_ptr() == ptr and t.is_contiguous() and torch.equal(t, value), name
+    save_file({k: v for k, v in model.state_dict().items() if k != "head.weight"},
+              tmp_path / "model.safetensors")
+    jobs = [(p, Params(max_tokens=20, temperature=0)) for p in prompts(4)]
+    done = run(engine, jobs)
+    assert_greedy_parity(model.eval(), jobs, done)
 
 
 def test_a_seeded_request_gives_the_same_text_alone_and_among_15_others():
