@@ -95,6 +95,8 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
                      run.state.step, progress, intro=profile.line(device))
     stop = StopSignals(announce=dist.is_main, saved=ckpt is not None)
     try:
+        if ckpt is not None:
+            open_files(files, clock, run.cfg)  # a resume's at once
         with stop:
             final = _loop(run, files, stop, clock, Schedule(run.cfg.optim, tc),
                           saved_step=run.state.step if resume else None)
