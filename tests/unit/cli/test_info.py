@@ -136,3 +136,33 @@ def test_info_on_text_or_nothing_explains_the_model_train_would_build(cli, tmp_p
 def test_info_on_a_path_that_is_not_there_says_what_it_looked_for(fails, tmp_path):
     fails("info", tmp_path / "runs" / "tny",
           message=f"no such run dir, checkpoint, config or text: {tmp_path / 'runs' / 'tny'}")
+
+
+def test_info_machine_says_what_a_run_would_decide_here_and_why(cli, monkeypatch):
+    """`charlm info --machine`: the profile a run would make here (device, threads, dtype) and
+    why, in the line a run says, as text or JSON; given with a target, one error."""
+    import torch
+
+    from charlm.runtime.profile import Machine
+
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    monkeypatch.setattr(Machine, "cores", lambda self: 4)
+    monkeypatch.setattr(Machine, "busy_elsewhere", lambda self: 1.2)
+    monkeypatch.setattr(Machine, "bf16_unit", lambda self: "AMX")
+    monkeypatch.setattr(Machine, "bf16_speedup", lambda self: 3.0)
+    try:
+        text = cli("info", "--machine")
+        assert (text.code, text.out) == (0, (
+            "profile: cpu, 3 threads (of 4 cores, other processes keep 1.2 busy), bfloat16 (AMX "
+            "multiplies bf16 at 3.00x float32's speed here); a run records these in its "
+            "config.yaml (train.threads, train.dtype pin them)\n"))
+        as_json = json.loads(cli("info", "--machine", "--json").out)
+        assert (as_json["device"], as_json["threads"], as_json["dtype"]) == ("cpu", 3, "bfloat16")
+    finally:
+        torch.set_num_threads(before)
+    bad = cli("info", ROOT / "configs" / "tiny.yaml", "--machine")
+    assert (bad.code, bad.err) == (2, "error: --machine describes this machine, not a run or "
+                                      "config; give it alone (or with --json)\n")
