@@ -14,6 +14,7 @@ from charlm.serve.engine import Params
 
 MAX_LOGPROBS = 5  # alternatives per character, as OpenAI's completions allow
 MAX_STOPS = 4  # stop strings per request, as OpenAI allows
+MAX_STOP_CHARS = 1000  # characters of one stop string: a request's text cannot end with more
 ROLES = {"system": "System", "user": "User", "assistant": "Assistant"}
 CHAT_STOPS = tuple(f"\n{name}:" for name in ROLES.values())  # the next turn ends a reply
 
@@ -97,6 +98,9 @@ class Sampling(BaseModel):
             raise ValueError(f"at most {MAX_STOPS} stop strings, got {len(stops)}")
         if not all(stops):
             raise ValueError("a stop string must not be empty")
+        if (longest := max(map(len, stops), default=0)) > MAX_STOP_CHARS:
+            raise ValueError(f"a stop string may have at most {MAX_STOP_CHARS:,} characters, "
+                             f"got {longest:,}")
         return stops
 
     @property

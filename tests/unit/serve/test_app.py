@@ -230,6 +230,8 @@ def test_chat_renders_the_role_template_and_stops_at_the_next_turn():
      "stop: Value error, at most 4 stop strings, got 5"),
     ({"prompt": "a", "stop": ""}, 400, "stop",
      "stop: Value error, a stop string must not be empty"),
+    ({"prompt": "a", "stop": ["a", "x" * 250_000]}, 400, "stop",
+     "stop: Value error, a stop string may have at most 1,000 characters, got 250,000"),
     ({"prompt": "a", "max_tokens": 101}, 400, "max_tokens",
      "max_tokens is 101, more than this server's 100 (its --max-tokens)"),
     ({"prompt": ["a", "b"], "n": 2}, 400, "n",
