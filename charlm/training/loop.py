@@ -207,7 +207,7 @@ def open_files(files: RunFiles, clock: Clock, cfg: RunConfig) -> MetricsLogger:
         t_open = clock.now()
         log = files.open()
         if cfg.train.max_time is not None:
-            log.plan(None, clock.start + cfg.train.max_time - clock.before, clock.now)
+            log.set_deadline(clock.start + cfg.train.max_time - clock.before, clock.now)
         clock.pause(t_open)
     return files.open()
 

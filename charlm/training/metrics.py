@@ -97,11 +97,10 @@ class MetricsLogger:
         self.rate: float | None = None  # tokens/s of the last train event
         self.said = self.now()  # when the last progress line was printed (no bar: `log`)
 
-    def plan(self, total_steps: int | None, deadline: float, now=time.perf_counter) -> None:
-        """A time budget's steps (None: they follow the clock) and its end on the clock `now`
-        reads, for the progress bar."""
+    def set_deadline(self, deadline: float, now=time.perf_counter) -> None:
+        """A time budget's end on the clock `now` reads, for the progress bar and lines."""
         if self.enabled:
-            self.bar.total, self.deadline, self.now = total_steps, deadline, now
+            self.deadline, self.now = deadline, now
             self.bar.refresh()
 
     def log(self, kind: str, **values: Any) -> None:

@@ -62,7 +62,9 @@ def resume_config(run_dir: Path, config_path: str | Path | None,
         # without CONFIG, a max_iters other than the checkpoint's is the user's (--set, edit)
         cfg.train.max_iters if config_path is None else None,
         saved_train.get("max_time"), saved_train.get("max_iters"),
-        ts.get("budget_steps") if isinstance(ts, dict) else None)
+        # an older version's planned steps, ahead of the checkpoint's step, are no end
+        ts.get("budget_steps") if isinstance(ts, dict) and ts.get("budget_steps") == ts.get(
+            "step") else None)
     if saved_train.get("init_from") is not None:  # a fine-tune's parent is its history
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **{
             key: saved_train.get(key) for key in ("init_from", "init_from_sha256")}))

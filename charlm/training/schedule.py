@@ -82,8 +82,8 @@ class Schedule:
 @dataclass
 class Clock:
     """The run's time, read in one place (`now`: time.perf_counter, or a test's clock): its
-    wall time in train() summed over resumes (`elapsed`), the seconds paused for evaluations
-    and writes (`paused`, out of the step times and tokens/s), the latest step's time, what an
+    wall time in train() summed over resumes (`elapsed`), pauses for evaluations and writes
+    (`pause`, out of the step times and tokens/s), the latest step's time, what an
     evaluation with its writes costs, and the tokens since the last log line."""
 
     start: float  # now() when train() began
@@ -92,7 +92,6 @@ class Clock:
     eval_steps: float = 20.0  # an evaluation's cost in steps (until measured: eval_iters)
     save_s: float = 0.0  # the seconds of the latest checkpoint writes
     step_s: float = 0.0  # the latest step's seconds
-    paused: float = 0.0
     t_step: float | None = None  # when the latest step (or pause) ended
     t_log: float = 0.0
     tokens: int = 0  # training tokens since the last log line
@@ -112,7 +111,6 @@ class Clock:
         """Count the time from `since` to now as paused; an evaluation's and its writes'
         seconds, if any, become the cost `final_s` counts on."""
         now = self.now()
-        self.paused += now - since
         self.t_log += now - since
         self.t_step = now if self.t_step is None else self.t_step + now - since
         if eval_s is not None and self.step_s > 0:

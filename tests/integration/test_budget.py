@@ -7,6 +7,7 @@ import signal
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from charlm.training import loop as train_module
@@ -148,3 +149,19 @@ def test_a_finished_budget_refuses_what_it_cannot_apply_and_trains_on_without_it
     assert "budget_steps" not in load(run / "last.pt")["train_state"]
     saved = yaml.safe_load((run / "config.yaml").read_text())["train"]
     assert (saved["max_iters"], saved["max_time"]) == (steps + 2, None)
+
+
+def test_an_older_versions_planned_budget_is_no_end_on_resume(tiny_cfg):
+    """Versions that planned a budget saved the planned last step as budget_steps while the
+    run went on: such a checkpoint resumed with another budget is not refused as a budget that
+    ended (it ended nowhere), and trains on."""
+    cfg = with_(tiny_cfg, train={"max_iters": 4, "eval_interval": 4, "sample_chars": 0})
+    train(cfg)
+    run = Path(cfg.train.out_dir)
+    ckpt = load(run / "last.pt")
+    ckpt["train_state"]["budget_steps"] = 85
+    ckpt["config"]["train"]["max_time"] = 100.0
+    torch.save(ckpt, run / "last.pt")
+    (run / "config.yaml").unlink()  # the checkpoint's config is the run's
+    resumed = resume_config(run, None, ["train.max_time=200", "train.eval_interval=2"])
+    assert resumed.train.max_time == 200.0

@@ -16,8 +16,8 @@ def test_without_a_progress_bar_a_line_every_so_often_with_the_rate_and_time_lef
     from charlm.training.metrics import PROGRESS_S, MetricsLogger
 
     clock = [100.0]
-    log = MetricsLogger(tmp_path, None, progress=False)
-    log.plan(50, 400.0, lambda: clock[0])
+    log = MetricsLogger(tmp_path, 50, progress=False)
+    log.set_deadline(400.0, lambda: clock[0])
     log.said = clock[0]
     train = {"step": 10, "train_loss": 2.5, "lr": 1e-3, "tokens_per_s": 12345.6,
              "grad_norm": 1.0, "skipped_steps": 0, "elapsed_s": 1.0, "tokens": 1}

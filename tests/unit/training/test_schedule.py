@@ -127,7 +127,7 @@ def test_the_clock_pauses_evals_and_writes_out_of_the_step_time():
     clock.pause(2.0, 2.0, 1.0)  # a 2 s eval and 1 s of writes
     t[0] = 7.0
     clock.stepped(100)
-    assert clock.step_s == 2.0 and clock.paused == 3.0 and clock.tokens == 200
+    assert clock.step_s == 2.0 and clock.t_log == 3.0 and clock.tokens == 200
     assert clock.eval_steps == 1.0 and clock.save_s == 1.0
     assert clock.final_s() == 2.0 * 1.0 + 1.0
     assert clock.elapsed() == 37.0  # the resumed run's 30 s count
