@@ -195,7 +195,7 @@ def hf_unsupported(cfg: RunConfig) -> list[str]:
     if m.arch != "decoder":
         return [f"model.arch={m.arch!r} (GPT-2 is a decoder only)"]
     wanted = {"pos_encoding": "learned", "norm": "layernorm", "norm_placement": "pre",
-              "activation": "gelu"}
+              "activation": "gelu", "qk_norm": False, "logit_softcap": 0.0, "bigram": False}
     return [f"model.{k}={getattr(m, k)!r} (GPT-2 has {v!r})" for k, v in wanted.items()
             if getattr(m, k, v) != v]
 

@@ -45,7 +45,12 @@ VARIANTS = {
     **MODEL_VARIANTS,
     "all_changed": {"pos_encoding": "rope", "norm": "rmsnorm", "norm_placement": "post",
                     "activation": "swiglu", "tie_weights": False, "bias": True},
+    "levers": {"activation": "relu2", "qk_norm": True, "zero_init": True, "tie_weights": False,
+               "logit_softcap": 15.0, "bigram": True, "pos_encoding": "rope"},
 }
+# Those an encoder-decoder has too (`model.bigram` is a GPT's alone).
+PAIR_VARIANTS = {name: {k: v for k, v in keys.items() if k != "bigram"}
+                 for name, keys in VARIANTS.items() if keys != {"bigram": True}}
 
 GIB = 2**30
 

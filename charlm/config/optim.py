@@ -23,6 +23,9 @@ class OptimConfig:
         "`min_lr`)")
     weight_decay: float = _key(
         0.1, "AdamW weight decay, on weights of two or more dimensions only")
+    embedding_weight_decay: float | None = _key(
+        None, "AdamW weight decay of the token and position tables, the bigram table and the "
+        "head; null: `weight_decay` (which then decays the blocks' matrices alone)")
     beta1: float = _key(0.9, "AdamW's beta1, in [0, 1)")
     beta2: float = _key(0.99, "AdamW's beta2, in [0, 1)")
     grad_clip: float = _key(1.0, "clip the global gradient norm to this; 0: no clipping")
@@ -40,6 +43,12 @@ class OptimConfig:
     muon_momentum: float = _key(0.95, "`muon`: Muon's (Nesterov) momentum, in [0, 1)")
     muon_weight_decay: float = _key(
         0.0, "`muon`: Muon's decoupled weight decay, applied as `muon_lr` x this a step")
+    muon_ns_steps: int = _key(
+        5, "`muon`: Newton-Schulz iterations that orthogonalise each update (fewer: cheaper "
+        "steps, a rougher orthogonalisation)")
+    ema: float = _key(
+        0.0, "decay of an exponential moving average of the weights, updated every step, that "
+        "evaluations, `best.pt`, samples and exports use (e.g. 0.99); 0: none")
 
     def __post_init__(self) -> None:
         _check(self.lr > 0, "optim.lr", f"{self.lr} must be > 0")
@@ -63,3 +72,7 @@ class OptimConfig:
         _check(0 <= self.muon_momentum < 1, "optim.muon_momentum",
                f"{self.muon_momentum} is outside [0, 1)")
         _check(self.muon_weight_decay >= 0, "optim.muon_weight_decay", "must be >= 0")
+        _check(self.embedding_weight_decay is None or self.embedding_weight_decay >= 0,
+               "optim.embedding_weight_decay", "must be >= 0, or null for optim.weight_decay")
+        _check(self.muon_ns_steps >= 1, "optim.muon_ns_steps", "must be >= 1")
+        _check(0 <= self.ema < 1, "optim.ema", f"{self.ema} is outside [0, 1) (0: no average)")

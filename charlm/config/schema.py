@@ -65,8 +65,20 @@ class ModelConfig:
     norm_placement: Literal["pre", "post"] = _key(
         "pre", "`pre`: x + f(norm(x)) with a final norm; `post`: norm(x + f(x)), the original "
         "Transformer's (it needs a gentler `optim.lr` and warmup)")
-    activation: Literal["gelu", "relu", "swiglu"] = _key(
-        "gelu", "the MLP's nonlinearity; `swiglu` gates it with a third projection (see `n_ff`)")
+    activation: Literal["gelu", "relu", "relu2", "swiglu"] = _key(
+        "gelu", "the MLP's nonlinearity; `relu2` is relu(x)^2 (modded-nanogpt's); `swiglu` "
+        "gates it with a third projection (see `n_ff`)")
+    qk_norm: bool = _key(
+        False, "RMS-normalise each head's queries and keys (no weights) before attention")
+    zero_init: bool = _key(
+        False, "start the projections into the residual stream (attention's and the MLP's "
+        "outputs) and an untied head at zero, so each block starts as the identity")
+    logit_softcap: float = _key(
+        0.0, "squash the logits smoothly into (-cap, cap), cap * tanh(logits / cap); 0: none")
+    bigram: bool = _key(
+        False, "add a learned vector per (previous, current) token pair to the input, a table "
+        "of (V + 1) x V rows (V the vocabulary; the first position has no previous); "
+        "`decoder` only")
 
     def __post_init__(self) -> None:
         for key in ("block_size", "n_layer", "n_head", "n_embd"):
@@ -86,6 +98,10 @@ class ModelConfig:
         _check(0.0 <= self.dropout < 1.0, "model.dropout", f"{self.dropout} is outside [0, 1)")
         _check(0.0 <= self.label_smoothing < 1.0, "model.label_smoothing",
                f"{self.label_smoothing} is outside [0, 1)")
+        _check(self.logit_softcap >= 0, "model.logit_softcap",
+               f"{self.logit_softcap} must be >= 0 (0: no cap)")
+        _check(not (self.bigram and self.arch == "encoder_decoder"), "model.bigram",
+               "applies to model.arch=decoder only")
         _check(
             self.pos_encoding != "rope" or self.head_dim % 2 == 0,
             "model.pos_encoding",
@@ -122,6 +138,8 @@ MODEL_VARIANTS: dict[str, dict[str, Any]] = {
         ("pos_encoding", "sinusoidal"), ("pos_encoding", "rope"), ("pos_encoding", "none"),
         ("norm", "rmsnorm"), ("norm_placement", "post"), ("activation", "relu"),
         ("activation", "swiglu"), ("tie_weights", False), ("bias", True),
+        ("activation", "relu2"), ("qk_norm", True), ("zero_init", True), ("logit_softcap", 15.0),
+        ("bigram", True),
     ]},
 }
 

@@ -58,6 +58,8 @@ class KVCache:
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.max_len = max_len
         self.pos = 0
+        # each row's latest token, the previous of its next (`model.bigram`)
+        self.last_ids = torch.zeros(batch_size, dtype=torch.long, device=device)
 
     def reset(self) -> None:
         self.pos = 0
@@ -70,6 +72,7 @@ class KVCache:
         part = copy.copy(self)
         part.k = [k[rows] for k in self.k]  # whole rows: contiguous, as attend writes them
         part.v = [v[rows] for v in self.v]
+        part.last_ids = self.last_ids[rows]
         part.max_len = length or self.max_len
         if isinstance(self.pos, torch.Tensor) and self.pos.dim() == 1:
             part.pos = self.pos[rows]
@@ -80,6 +83,7 @@ class KVCache:
         for k, v in zip(self.k, self.v, strict=True):
             k[dst] = k[src]
             v[dst] = v[src]
+        self.last_ids[dst] = self.last_ids[src]
 
 
 def rope_angles(pos: torch.Tensor, head_dim: int,
@@ -118,6 +122,7 @@ class SelfAttention(nn.Module):
         self.qkv = Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # fused q, k, v
         self.proj = Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = cfg.dropout
+        self.qk_norm = cfg.qk_norm
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -125,21 +130,25 @@ class SelfAttention(nn.Module):
         """x (B, T, C) -> (B, T, C). rope: `rope_angles` tables (T, D) of the tokens' positions.
         mask (B, 1, 1, T) bool, True = a key to attend to: the encoder's source padding."""
         y = attend(self.qkv(x), self.n_head, cache, layer, rope,
-                   self.dropout if self.training else 0.0, self.causal, mask)
+                   self.dropout if self.training else 0.0, self.causal, mask, self.qk_norm)
         return maybe_dropout(self.proj(y), self.dropout, self.training)
 
 
 def attend(qkv: torch.Tensor, n_head: int, cache: KVCache | None, layer: int,
            rope: tuple[torch.Tensor, torch.Tensor] | None, dropout: float,
-           causal: bool = True, mask: torch.Tensor | None = None) -> torch.Tensor:
+           causal: bool = True, mask: torch.Tensor | None = None,
+           qk_norm: bool = False) -> torch.Tensor:
     """Self-attention from the fused projections qkv (B, T, 3C) -> (B, T, C), before the
-    output projection. With a cache (causal only), the T new keys and values are written at
-    cache.pos and the queries attend to everything cached up to them. Without one, `mask`
-    (broadcast to (B, H, T, T), True = attend) and `causal` apply."""
+    output projection; `qk_norm`: q and k RMS-normalised per head first. With a cache (causal
+    only), the T new keys and values are written at cache.pos and the queries attend to
+    everything cached up to them. Without one, `mask` (broadcast to (B, H, T, T), True =
+    attend) and `causal` apply."""
     B, T, C3 = qkv.shape
     C = C3 // 3
     # (B, T, 3C) -> 3 x (B, H, T, D), in two view ops (this runs once per token when decoding)
     qkv = qkv.view(B, T, 3, n_head, C // n_head).permute(2, 0, 3, 1, 4)
+    if qk_norm:  # q and k in one go; v as it was
+        qkv = torch.cat([unit_rms(qkv[:2]), qkv[2:]])
     if rope is not None:  # rotate before caching: cached keys keep their absolute positions
         (q, k), v = apply_rope(qkv[:2], *rope), qkv[2]  # q and k in one go
     else:
@@ -178,6 +187,12 @@ def attend(qkv: torch.Tensor, n_head: int, cache: KVCache | None, layer: int,
     return y.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
 
 
+def unit_rms(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """x (..., D) scaled to a root mean square of 1 over D, in float32 (QK-norm)."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)).type_as(x)
+
+
 class CrossAttention(nn.Module):
     """The decoder's attention over the encoder's output: queries from the target, keys and
     values from the source, which `keys_values` projects once per source for every decode step.
@@ -190,12 +205,14 @@ class CrossAttention(nn.Module):
         self.kv = Linear(cfg.n_embd, 2 * cfg.n_embd, bias=cfg.bias)  # fused k, v
         self.proj = Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = cfg.dropout
+        self.qk_norm = cfg.qk_norm
 
     def keys_values(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The encoder's output memory (B, S, C) -> k, v, each (B, H, S, D)."""
         B, S, C = memory.shape
         kv = self.kv(memory).view(B, S, 2, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
-        return kv.to(attention_dtype(kv)).unbind(0)  # converted once per source
+        k, v = kv.to(attention_dtype(kv)).unbind(0)  # converted once per source
+        return (unit_rms(k) if self.qk_norm else k), v
 
     def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:
@@ -203,6 +220,7 @@ class CrossAttention(nn.Module):
         real source position -> (B, T, C)."""
         B, T, C = x.shape
         q = self.q(x).view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, D)
+        q = unit_rms(q) if self.qk_norm else q
         y = attention(q, k, v, mask, False, self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).reshape(B, T, C)
         return maybe_dropout(self.proj(y), self.dropout, self.training)

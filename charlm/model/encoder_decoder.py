@@ -31,6 +31,7 @@ from charlm.model.attention import KVCache, attention_dtype, rope_angles
 from charlm.model.gpt import (
     Block,
     embed,
+    init_head,
     init_weights,
     logits_and_loss,
     make_norm,
@@ -102,8 +103,9 @@ class EncoderDecoder(nn.Module):
         self.apply(init_weights)
         # GPT-2's residual scaling, per stack: an encoder block adds two sublayers into the
         # stream, a decoder block three (self-attention, cross-attention, MLP).
-        scale_residual_projections(self.encoder, 2 * cfg.encoder_layers)
-        scale_residual_projections(self.blocks, 3 * cfg.n_layer)
+        scale_residual_projections(self.encoder, 2 * cfg.encoder_layers, cfg.zero_init)
+        scale_residual_projections(self.blocks, 3 * cfg.n_layer, cfg.zero_init)
+        init_head(self.head, cfg)
 
     @property
     def pad(self) -> int:

@@ -27,6 +27,7 @@ from charlm.model.attention import (
     SelfAttention,
     attention_dtype,
     rope_angles,
+    unit_rms,
 )
 from charlm.model.layers import Embedding, Linear, maybe_dropout, normal_
 
@@ -60,9 +61,7 @@ class RMSNorm(nn.Module):
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    xf = x.float()  # the mean of squares in float32, as LayerNorm does under autocast
-    xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
-    return xf.type_as(x) * weight
+    return unit_rms(x, eps) * weight  # the mean of squares in float32, as LayerNorm's
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
@@ -95,6 +94,8 @@ def activate(h: torch.Tensor, kind: str) -> torch.Tensor:
     if kind == "swiglu":
         gate, up = h.chunk(2, dim=-1)
         return F.silu(gate) * up
+    if kind == "relu2":
+        return F.relu(h).square()
     return F.relu(h) if kind == "relu" else F.gelu(h)
 
 
@@ -172,12 +173,23 @@ def init_weights(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
-def scale_residual_projections(module: nn.Module, depth: int) -> None:
+def scale_residual_projections(module: nn.Module, depth: int, zero: bool = False) -> None:
     """GPT-2's init of the projections that add into the residual stream, N(0, 0.02 /
-    sqrt(depth)) for depth additions, so the stream's variance does not grow with depth."""
+    sqrt(depth)) for depth additions, so the stream's variance does not grow with depth; zero
+    (`model.zero_init`, modded-nanogpt's): all zero, each block the identity at the start."""
     for name, p in module.named_parameters():
         if name.endswith("proj.weight"):
-            normal_(p, std=0.02 / math.sqrt(depth))
+            if zero:
+                nn.init.zeros_(p)
+            else:
+                normal_(p, std=0.02 / math.sqrt(depth))
+
+
+def init_head(head: nn.Linear, cfg: ModelConfig) -> None:
+    """`model.zero_init` starts an untied head at zero (uniform predictions); a tied one is the
+    token table's."""
+    if cfg.zero_init and not cfg.tie_weights:
+        nn.init.zeros_(head.weight)
 
 
 class GPT(nn.Module):
@@ -195,8 +207,14 @@ class GPT(nn.Module):
         self.head = Linear(cfg.n_embd, vocab_size, bias=False)
         if cfg.tie_weights:
             self.head.weight = self.wte.weight
+        if cfg.bigram:  # row prev * V + cur; prev = V: the first position, with none before it
+            self.bigram = Embedding((vocab_size + 1) * vocab_size, cfg.n_embd)
         self.apply(init_weights)
-        scale_residual_projections(self, 2 * cfg.n_layer)  # an attention and an MLP per block
+        # an attention and an MLP per block
+        scale_residual_projections(self, 2 * cfg.n_layer, cfg.zero_init)
+        init_head(self.head, cfg)
+        if cfg.bigram:
+            nn.init.zeros_(self.bigram.weight)  # learned from nothing, as it is added
 
     def new_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
         cfg = self.cfg
@@ -204,9 +222,21 @@ class GPT(nn.Module):
         return KVCache(cfg.n_layer, batch_size, cfg.n_head, max_len or cfg.block_size,
                        cfg.n_embd // cfg.n_head, p.device, attention_dtype(p))
 
-    def embed(self, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """Token ids idx (B, T) at positions pos (T,) -> input vectors (B, T, C)."""
-        return embed(self.wte, getattr(self, "wpe", None), self.cfg, idx, pos)
+    def embed(self, idx: torch.Tensor, pos: torch.Tensor,
+              cache: KVCache | None = None) -> torch.Tensor:
+        """Token ids idx (B, T) at positions pos (T,) -> input vectors (B, T, C); with
+        `model.bigram`, plus each (previous, current) pair's vector, the previous of the first
+        new token being the cache's last (none at position 0)."""
+        x = embed(self.wte, getattr(self, "wpe", None), self.cfg, idx, pos)
+        if not self.cfg.bigram:
+            return x
+        V = self.vocab_size
+        before = (cache.last_ids if cache is not None else idx.new_full((idx.size(0),), V))
+        prev = torch.cat([before[:, None], idx[:, :-1]], dim=1)  # (B, T)
+        prev = torch.where(pos.expand_as(idx) == 0, V, prev)  # a window's first token: none
+        if cache is not None:
+            cache.last_ids.copy_(idx[:, -1])  # in place: a view's rows are its cache's
+        return x + self.bigram(prev * V + idx)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -218,7 +248,7 @@ class GPT(nn.Module):
         """
         T = idx.size(1)
         pos = positions(cache, T, self.cfg.block_size, idx.device)
-        x = maybe_dropout(self.embed(idx, pos), self.cfg.dropout, self.training)  # (B, T, C)
+        x = maybe_dropout(self.embed(idx, pos, cache), self.cfg.dropout, self.training)
         rope = rope_angles(pos, self.cfg.head_dim) if self.cfg.pos_encoding == "rope" else None
         for i, block in enumerate(self.blocks):
             x = block(x, cache, i, rope)
@@ -235,6 +265,9 @@ def logits_and_loss(model: nn.Module, x: torch.Tensor, targets: torch.Tensor | N
     training mode the targets are smoothed by model.label_smoothing; in eval mode never, so
     val losses stay comparable across runs."""
     logits = model.head(model.ln_f(x))  # (B, T, V)
+    cap = model.cfg.logit_softcap
+    if cap > 0:  # in float32: tanh saturates early in bf16
+        logits = (cap * torch.tanh(logits.float() / cap)).to(logits.dtype)
     loss = None
     if targets is not None:
         smoothing = model.cfg.label_smoothing if model.training else 0.0
@@ -252,8 +285,8 @@ def param_counts(model: nn.Module, n_layer: int | None = None) -> dict[str, int]
     """
     if not isinstance(model, GPT):
         return model.component_counts(n_layer)
-    groups = {"token_embedding": "wte.", "position_embedding": "wpe.", "attention": ".attn.",
-              "mlp": ".mlp.", "norms": "ln_", "head": "head."}
+    groups = {"token_embedding": "wte.", "position_embedding": "wpe.", "bigram": "bigram.",
+              "attention": ".attn.", "mlp": ".mlp.", "norms": "ln_", "head": "head."}
     counts = dict.fromkeys(groups, 0)
     in_blocks = dict.fromkeys(groups, 0)
     for name, p in model.named_parameters():  # yields a tied tensor once, under wte

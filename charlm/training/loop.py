@@ -42,7 +42,7 @@ from charlm.training.metrics import MetricsLogger
 from charlm.training.optimizer import set_lr, train_step
 from charlm.training.parent import Parent
 from charlm.training.records import log_final, report_skipped, train_event, write
-from charlm.training.resume import require_steps_left
+from charlm.training.resume import require_same_average, require_steps_left
 from charlm.training.run_dir import check_run_dir, run_lock
 from charlm.training.run_objects import Run, RunFiles, TrainState, build_run, wrap_model
 from charlm.training.schedule import Clock, Schedule
@@ -81,6 +81,7 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
     ckpt = checkpoint.load(run_dir / "last.pt") if resume else None
     if ckpt is not None:
         require_steps_left(cfg, ckpt, run_dir / "last.pt")
+        require_same_average(cfg, ckpt)
     run = build_run(cfg, dist, device, resolve_dtype(cfg.train.dtype, device), ckpt, parent,
                     None if resume else size)
     tc = run.cfg.train  # a model sized to the budget changes the config
@@ -141,6 +142,8 @@ def _loop(run: Run, files: RunFiles, stop: StopSignals, clock: Clock, schedule: 
         drawn = run.sampler.tokens
         loss, norm, ok = train_step(run.step_model, run.optimizer, run.scaler, run.sampler, cfg,
                                     run.device, run.dtype, dist)
+        if run.average is not None:
+            run.average.update(run.model)
         state.step += 1
         state.tokens += run.sampler.tokens - drawn
         clock.stepped(run.sampler.tokens - drawn)

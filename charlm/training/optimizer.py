@@ -80,25 +80,34 @@ def make_optimizer(model: torch.nn.Module, optim: OptimConfig) -> Optimizer:
     """`optim.name: adamw`: `torch.optim.AdamW` over every parameter. `muon`: `torch.optim.Muon`
     over `block_matrices` and that AdamW over the rest, in one `MuonWithAdamW`. Each param group
     keeps its peak lr as "peak_lr", which `set_lr` scales by the schedule."""
-    matrices = block_matrices(model) if optim.name == "muon" else []
-    chosen = {id(p) for p in matrices}
+    matrices = block_matrices(model)
+    chosen = {id(p) for p in matrices} if optim.name == "muon" else set()
+    tables = {id(p) for p in model.parameters() if p.dim() >= 2} - {id(p) for p in matrices}
     adamw = make_adamw([p for p in model.parameters() if p.requires_grad and id(p) not in chosen],
-                       optim)
+                       optim, tables)
     if optim.name == "adamw":
         return adamw
     # torch's default lr adjustment ("original", Keller Jordan's): the update of an A x B
     # matrix is scaled by sqrt(max(1, A / B)), as nanochat's and modded-nanogpt's Muon do
     muon = torch.optim.Muon([{"params": matrices, "peak_lr": optim.muon_lr}], lr=optim.muon_lr,
-                            momentum=optim.muon_momentum, weight_decay=optim.muon_weight_decay)
+                            momentum=optim.muon_momentum, weight_decay=optim.muon_weight_decay,
+                            ns_steps=optim.muon_ns_steps)
     return MuonWithAdamW(adamw, muon)
 
 
-def make_adamw(params: list[torch.nn.Parameter], optim: OptimConfig) -> torch.optim.AdamW:
+def make_adamw(params: list[torch.nn.Parameter], optim: OptimConfig,
+               tables: set[int]) -> torch.optim.AdamW:
     """`torch.optim.AdamW` with weight decay on matrices and embeddings (>= 2-D) only, in two
-    param groups (decayed first). Fused where torch has the kernel (besides speed, its step can
-    be skipped on the device without a host sync, see `step_if`), else foreach."""
+    param groups (decayed first); with `optim.embedding_weight_decay`, the tables and the head
+    (`tables`: their ids) in a third, after the matrices. Fused where torch has the kernel
+    (besides speed, its step can be skipped on the device without a host sync, see `step_if`),
+    else foreach."""
+    split = optim.embedding_weight_decay is not None
     groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": optim.weight_decay},
+        {"params": [p for p in params if p.dim() >= 2 and not (split and id(p) in tables)],
+         "weight_decay": optim.weight_decay},
+        *([{"params": [p for p in params if id(p) in tables],
+            "weight_decay": optim.embedding_weight_decay}] if split else []),
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     kernel: dict[str, bool] = {"fused": True} if has_fused_kernel(params) else {"foreach": True}

@@ -77,7 +77,7 @@ def log_eval(run: Run, log: MetricsLogger, losses: dict[str, float], lr: float,
     last.pt at the next step, as after any signal)."""
     state = run.state
     try:
-        metrics, note, sample = run.task.eval_report(run.model, stop)
+        metrics, note, sample = run.task.eval_report(run.weights, stop)
     except NonFiniteOutput:  # max_bad_steps decides whether the run stops
         metrics, note, sample = {}, "", None
         log.message(f"step {state.step}: no sample, the model's outputs are not finite")

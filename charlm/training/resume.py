@@ -88,3 +88,16 @@ def require_same_budget(max_time: float | None, max_iters: int | None,
         f"{format_duration(saved_time)} ended it at step {budget_steps}, its schedule decayed "
         "to the end; to train to another step, resume with --set train.max_time=null --set "
         "train.max_iters=N")
+
+
+def require_same_average(cfg: RunConfig, ckpt: dict[str, Any]) -> None:
+    """Refuse a resume that turns `optim.ema` on or off: the checkpoint holds an average and
+    the trained weights beside it (saved as "train_model"), or the trained weights alone."""
+    had = "train_model" in ckpt
+    if had == (cfg.optim.ema > 0):
+        return
+    saved = ckpt.get("config", {}).get("optim", {}).get("ema", 0.0) if had else 0.0
+    raise CharlmError(
+        f"--resume: optim.ema={cfg.optim.ema:g} cannot apply: the run was trained "
+        f"{'with' if had else 'without'} a weight average (optim.ema={saved:g}); resume with "
+        f"--set optim.ema={saved:g}, or start a new run")

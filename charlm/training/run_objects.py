@@ -28,6 +28,7 @@ from charlm.model import footprint as memory
 from charlm.runtime.device import require_memory
 from charlm.runtime.distributed import Dist
 from charlm.runtime.precision import compile_model, grad_scaler
+from charlm.training.average import WeightAverage
 from charlm.training.checkpoint import OptimizerState, RNGState, ScalerState, Stateful
 from charlm.training.faults import BadSteps
 from charlm.training.metrics import MetricsLogger
@@ -119,14 +120,24 @@ class Run:
     step_model: torch.nn.Module  # what train_step calls: `model`, compiled and / or in DDP
     eval_model: torch.nn.Module  # what evaluate calls
     eval_group: int = 1  # eval batches per forward
+    average: WeightAverage | None = None  # `optim.ema`'s, which evals and checkpoints show
+
+    @property
+    def weights(self) -> torch.nn.Module:
+        """The model the run shows (evals, samples, a checkpoint's "model"): the average of
+        `optim.ema`, else the trained one."""
+        return self.model if self.average is None else self.average.module
 
     @property
     def run_dir(self) -> Path:
         return Path(self.cfg.train.out_dir)
 
     def stateful(self) -> dict[str, Stateful]:
-        """Everything a checkpoint saves and a resume loads, under its name in the file."""
-        return {"model": self.model, "optimizer": OptimizerState(self.optimizer),
+        """Everything a checkpoint saves and a resume loads, under its name in the file; with
+        `optim.ema` "model" is the average, and the trained weights are "train_model"."""
+        averaged: dict[str, Stateful] = {} if self.average is None else {
+            "train_model": self.model, "average": self.average}
+        return {"model": self.weights, **averaged, "optimizer": OptimizerState(self.optimizer),
                 "scaler": ScalerState(self.scaler), "train_state": self.state,
                 "sampler": self.sampler, "rng": RNGState(self.device)}
 
@@ -266,9 +277,11 @@ def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dty
     model = task.new_model().to(device)
     if parent is not None and ckpt is None:
         init_from_parent(model, parent, task.vocab)
+    average = WeightAverage(model, cfg.optim.ema) if cfg.optim.ema > 0 else None
     return Run(cfg, dist, device, dtype, task, sampler, model,
                optimizer=make_optimizer(model, cfg.optim), scaler=grad_scaler(device, dtype),
-               state=TrainState(bad=BadSteps(device)), step_model=model, eval_model=model)
+               state=TrainState(bad=BadSteps(device)), step_model=model, eval_model=model,
+               average=average)
 
 
 def wrap_model(run: Run) -> None:
@@ -286,3 +299,5 @@ def wrap_model(run: Run) -> None:
     run.eval_group = eval_batches_per_forward(run.cfg, run.task, run.device, rows)
     # Stacked eval batches have a shape the compiled graph was not built for: those run eagerly.
     run.eval_model = compiled if run.eval_group == 1 else run.model
+    if run.average is not None:  # evals are the average's, uncompiled
+        run.eval_model = run.average.module

@@ -44,8 +44,9 @@ from charlm.model.gpt import GPT
 from charlm.runtime.device import resolve_device, seed_everything
 from charlm.runtime.precision import compile_model, grad_scaler, resolve_dtype
 from charlm.runtime.profile import Machine, pick_dtype
+from charlm.training.average import WeightAverage
 from charlm.training.loop import train_step
-from charlm.training.optimizer import make_optimizer
+from charlm.training.optimizer import make_optimizer, set_lr
 from charlm.training.schedule import Schedule
 from charlm.training.tasks import TextTask
 from charlm.training.validation import evaluate
@@ -82,6 +83,7 @@ class Contender:
                 print(f"warning: torch.compile failed ({failure}); timing without compile",
                       file=sys.stderr)
         self.optimizer = make_optimizer(self.model, cfg.optim)
+        self.average = WeightAverage(self.model, cfg.optim.ema) if cfg.optim.ema else None
         self.scaler = grad_scaler(self.device, self.dtype)
         self.sampler = BatchSampler(data.train, cfg.model.block_size, tc.batch_size,
                                     self.device, tc.seed)
@@ -103,10 +105,11 @@ class Contender:
         done = 0
         while done < steps and (done == 0 or time.perf_counter() - t < seconds):
             lr = self.schedule.lr(int(min(self.progress(), 1.0) * max_iters))
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
+            set_lr(self.optimizer, lr, self.cfg.optim)  # Muon's as its share of its peak
             loss, _, _ = train_step(self.step_model, self.optimizer, self.scaler, self.sampler,
                                     self.cfg, self.device, self.dtype)
+            if self.average is not None:
+                self.average.update(self.model)
             done += 1
             self.steps += 1
         loss.item()  # wait for the device
@@ -198,7 +201,8 @@ def measure(cfgs: dict[str, RunConfig], source: Path,
         if not args.eval_iters:
             return
         for spec, c in contenders.items():
-            val = evaluate(c.model, c.task, c.device, c.dtype)["val"]
+            shown = c.model if c.average is None else c.average.module  # as `charlm train`'s
+            val = evaluate(shown, c.task, c.device, c.dtype)["val"]
             yield {"config": name, "variant": spec, "steps": c.steps,
                    "train_seconds": round(c.spent, 2), "val_loss": round(val, 4)}
 

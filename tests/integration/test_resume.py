@@ -253,3 +253,26 @@ def test_a_muon_run_resumes_bitwise_and_keeps_its_optimizer(tiny_cfg, tmp_path, 
           message=f"--resume: optim.name='adamw' conflicts with the checkpoint's 'muon' in "
                   f"{run / 'last.pt'}; a run keeps its optimizer (drop the override, or start a "
                   "new run with another --out)")
+
+
+def test_a_weight_average_is_what_the_run_shows_and_resumes_bitwise(tiny_cfg, tmp_path):
+    """`optim.ema`: a checkpoint's "model" is the average (what sample and eval read), the
+    trained weights beside it; a resume continues both as an uninterrupted run does, and one
+    that turns the average off is refused in one line."""
+    base = with_(tiny_cfg, optim={"lr_decay_iters": 20, "ema": 0.9},
+                 train={"max_iters": 20, "eval_interval": 10, "eval_iters": 1})
+    train(with_(base, train={"out_dir": str(tmp_path / "straight")}))
+    train(with_(base, train={"max_iters": 10, "out_dir": str(tmp_path / "split")}))
+    train(resume_config(tmp_path / "split", None, ["train.max_iters=20"]), resume=True)
+    a = checkpoint.load(tmp_path / "straight" / "last.pt")
+    b = checkpoint.load(tmp_path / "split" / "last.pt")
+    for part in ("model", "train_model"):
+        for key, value in a[part].items():
+            assert torch.equal(value, b[part][key]), (part, key)
+    assert int(a["average"]["updates"]) == 20
+    assert not torch.equal(a["model"]["wte.weight"], a["train_model"]["wte.weight"])
+    with pytest.raises(CharlmError, match=r"^--resume: optim.ema=0 cannot apply: the run was "
+                       r"trained with a weight average \(optim.ema=0.9\); resume with --set "
+                       r"optim.ema=0.9, or start a new run$"):
+        train(resume_config(tmp_path / "split", None, ["train.max_iters=30", "optim.ema=0"]),
+              resume=True)

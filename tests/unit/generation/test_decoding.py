@@ -250,7 +250,8 @@ def test_cached_greedy_equals_uncached_for_every_variant(variant):
     assert len(set(cached.flatten().tolist())) > 1
 
 
-@pytest.mark.parametrize("variant", ["default", "all_changed", "pos_encoding=sinusoidal"])
+@pytest.mark.parametrize("variant", ["default", "all_changed", "pos_encoding=sinusoidal",
+                                     "levers"])
 def test_static_position_cache_gives_the_dynamic_logits(variant):
     """The static-shape step (a device tensor as position, the whole cache masked) computes what
     the growing-slice cache does, one token at a time."""
@@ -258,8 +259,8 @@ def test_static_position_cache_gives_the_dynamic_logits(variant):
     idx = torch.randint(0, V, (2, 12))
     dynamic = model.new_cache(2)
     model(idx[:, :4], cache=dynamic)
-    static = copy.copy(dynamic)
-    static.pos = torch.tensor(4)
+    static = copy.copy(dynamic)  # the same keys and values (each step writes the same ones)
+    static.pos, static.last_ids = torch.tensor(4), dynamic.last_ids.clone()
     for t in range(4, 12):
         expected, _ = model(idx[:, t:t + 1], cache=dynamic)
         got, _ = model(idx[:, t:t + 1], cache=static)

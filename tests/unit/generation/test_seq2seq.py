@@ -12,17 +12,17 @@ from tests.helpers import (
     EOS,
     GREEDY,
     PAD,
-    VARIANTS,
+    PAIR_VARIANTS,
     random_seq2seq,
     seq2seq_batch,
     uncached,
 )
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", PAIR_VARIANTS)
 def test_cached_decoder_gives_the_uncached_logits(variant):
     """Step by step over forced ids, through a reorder that drops and repeats rows."""
-    model = random_seq2seq(**VARIANTS[variant])
+    model = random_seq2seq(**PAIR_VARIANTS[variant])
     src, _, _ = seq2seq_batch([[1, 2, 3], [4, 0, 6, 5, 2], [6]], [[0]] * 3)
     memory = model.encode(src)
     ids = torch.randint(0, PAD, (3, 9))
@@ -40,9 +40,9 @@ def test_cached_decoder_gives_the_uncached_logits(variant):
     torch.testing.assert_close(a[0], a[2], rtol=1e-5, atol=1e-5)  # one history, one future
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", PAIR_VARIANTS)
 def test_cached_decoding_equals_uncached(variant):
-    model = random_seq2seq(**VARIANTS[variant])
+    model = random_seq2seq(**PAIR_VARIANTS[variant])
     src, _, _ = seq2seq_batch([[1, 2, 3], [4, 0, 6, 5, 2], [6], [3, 3, 1, 0]], [[0]] * 4)
     greedy = translate_ids(model, src, GREEDY)
     assert translate_ids(model, src, uncached(GREEDY)) == greedy
@@ -104,7 +104,7 @@ def test_each_row_ends_at_its_limit():
 @pytest.mark.parametrize("variant", ["default", "all_changed"])
 @pytest.mark.parametrize("use_cache", [True, False])
 def test_beam_search_with_one_beam_is_greedy(variant, use_cache):
-    model = random_seq2seq(**VARIANTS[variant])
+    model = random_seq2seq(**PAIR_VARIANTS[variant])
     src, _, _ = seq2seq_batch([[1, 2, 3], [4, 0, 6, 5, 2], [3, 3, 1, 0]], [[0]] * 3)
     greedy = translate_ids(model, src, GREEDY)
     for row, ids in zip(src, greedy, strict=True):

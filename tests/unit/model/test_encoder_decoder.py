@@ -8,8 +8,8 @@ from charlm.model.encoder_decoder import EncoderDecoder, parameter_count
 from charlm.model.gpt import RMSNorm, param_counts
 from tests.helpers import (
     PAD,
+    PAIR_VARIANTS,
     SRC_PAD,
-    VARIANTS,
     VS,
     VT,
     random_seq2seq,
@@ -18,9 +18,9 @@ from tests.helpers import (
 )
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", PAIR_VARIANTS)
 def test_decoder_is_causal_and_reads_the_whole_source(variant):
-    model = random_seq2seq(**VARIANTS[variant])
+    model = random_seq2seq(**PAIR_VARIANTS[variant])
     src = torch.randint(0, SRC_PAD, (2, 6))
     tgt = torch.randint(0, PAD, (2, 9))
     base, _ = model(src, tgt)
@@ -78,9 +78,9 @@ def test_options_reach_both_stacks():
     assert torch.equal(dropout(src, tgt_in)[0], dropout(src, tgt_in)[0])
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", PAIR_VARIANTS)
 def test_padding_changes_no_real_position(variant):
-    model = random_seq2seq(**VARIANTS[variant])
+    model = random_seq2seq(**PAIR_VARIANTS[variant])
     sources, targets = [[1, 2, 3], [4, 0, 6, 5, 2, 1]], [[3, 1, 4, 1], [5, 9 - 1]]
     alone = [model(*seq2seq_batch([s], [t])[:2])[0][0]
              for s, t in zip(sources, targets, strict=True)]

@@ -58,6 +58,9 @@ def test_too_long_sequence_is_refused():
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_causality(variant):
     model = GPT(tiny_model_config(**VARIANTS[variant]), V).eval()
+    with torch.no_grad():  # away from the init, which `zero_init` makes position-blind
+        for p in model.parameters():
+            p.add_(torch.randn_like(p), alpha=0.1)
     idx = torch.randint(0, V, (2, 12))
     changed = idx.clone()
     changed[:, 7] = (idx[:, 7] + 1) % V
@@ -277,3 +280,25 @@ def test_a_position_per_row_works_with_bfloat16_weights_and_a_float32_cache():
     got, _ = model(idx[:, 5:], cache=cache)
     expected, _ = model(idx)
     torch.testing.assert_close(got[:, -1], expected[:, -1], rtol=2e-2, atol=2e-2)
+
+
+def test_zero_init_starts_every_block_as_the_identity_and_an_untied_head_uniform():
+    model = GPT(tiny_model_config(zero_init=True, tie_weights=False), V)
+    idx = torch.randint(0, V, (2, 12))
+    logits, loss = model(idx, idx)
+    assert torch.equal(logits, torch.zeros_like(logits))
+    assert loss.item() == pytest.approx(math.log(V))
+    projections = [p for n, p in model.named_parameters() if n.endswith("proj.weight")]
+    assert len(projections) == 4 and all(not p.any() for p in projections)
+
+
+def test_the_logit_softcap_squashes_the_logits_into_its_bounds():
+    model = GPT(tiny_model_config(logit_softcap=2.0), V).eval()
+    with torch.no_grad():
+        model.head.weight.mul_(1000)  # tied: the table too
+    idx = torch.randint(0, V, (2, 12))
+    capped, _ = model(idx)
+    model.cfg = tiny_model_config(logit_softcap=0.0)
+    raw, _ = model(idx)
+    assert raw.abs().max() > 100 and capped.abs().max() <= 2.0
+    torch.testing.assert_close(capped, 2.0 * torch.tanh(raw / 2.0))

@@ -101,12 +101,14 @@ def prompts(n: int, seed: int = 0) -> list[str]:
             for k in lengths]
 
 
-@pytest.mark.parametrize("pos_encoding", ["learned", "rope"])
+@pytest.mark.parametrize("options", [{"pos_encoding": "learned"}, {"pos_encoding": "rope"},
+                                     {"bigram": True, "qk_norm": True}])
 @pytest.mark.parametrize("slots", [16, 5])
-def test_greedy_of_16_concurrent_requests_equals_generate(pos_encoding, slots):
+def test_greedy_of_16_concurrent_requests_equals_generate(options, slots):
     """16 requests of different prompt lengths and max_tokens, past block_size (each row's
-    window rule on its own); with 5 slots the rest queue and take the slots that free up."""
-    model = random_gpt(pos_encoding=pos_encoding)
+    window rule on its own); with 5 slots the rest queue and take the slots that free up. A
+    bigram model's rows each keep their own previous token."""
+    model = random_gpt(**options)
     jobs = [(p, Params(max_tokens=20 + 3 * i, temperature=0)) for i, p in enumerate(prompts(16))]
     engine = Engine(model, VOCAB, slots=slots)
     done = run(engine, jobs)

@@ -235,6 +235,28 @@ def test_make_optimizer_decays_matrices_only():
     assert decayed["fused"] and plain["fused"]  # torch has a CPU kernel since 2.4
 
 
+def test_embedding_weight_decay_is_the_tables_and_heads_own():
+    """`optim.embedding_weight_decay` gives the token, position and bigram tables and an
+    untied head a group of their own; the blocks' matrices keep `weight_decay`."""
+    cfg = ModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, tie_weights=False,
+                      bigram=True)
+    model = GPT(cfg, 10)
+    opt = make_optimizer(model, OptimConfig(weight_decay=0.5, embedding_weight_decay=0.0))
+    matrices, tables, plain = opt.param_groups
+    assert (matrices["weight_decay"], tables["weight_decay"], plain["weight_decay"]) == (
+        0.5, 0.0, 0.0)
+    named = {id(p): n for n, p in model.named_parameters()}
+    assert sorted(named[id(p)] for p in tables["params"]) == [
+        "bigram.weight", "head.weight", "wpe.weight", "wte.weight"]
+    assert all(named[id(p)].startswith("blocks.") for p in matrices["params"])
+
+
+def test_muon_takes_its_newton_schulz_steps_from_the_config():
+    model = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8), 10)
+    opt = make_optimizer(model, OptimConfig(name="muon", muon_ns_steps=2))
+    assert opt.parts["muon"].param_groups[0]["ns_steps"] == 2
+
+
 def test_grad_scaler_unscales_our_optimizer_and_a_skipped_step_lowers_the_scale():
     """The float16 (CUDA) path, on the CPU: GradScaler unscales the optimizer's gradients
     (scaling by a power of two is exact, so the weights match an unscaled run bitwise), and an
