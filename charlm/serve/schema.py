@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from charlm.config.parsing import suggest
+from charlm.config.sampling import MAX_TEMPERATURE
 from charlm.serve.engine import Params
 
 MAX_LOGPROBS = 5  # alternatives per character, as OpenAI's completions allow
@@ -78,7 +79,7 @@ class Sampling(BaseModel):
 
     model: str | None = None  # one model is served: any name is taken, the answer names it
     max_tokens: int | None = Field(None, ge=0)
-    temperature: float = Field(1.0, ge=0)  # 0 is greedy
+    temperature: float = Field(1.0, ge=0, le=MAX_TEMPERATURE)  # 0 is greedy
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1)  # vLLM's -1 (and 0) mean off
     min_p: float | None = Field(None, ge=0, le=1)
