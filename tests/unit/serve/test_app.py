@@ -277,6 +277,46 @@ def test_a_completion_the_engine_fails_is_a_500_error_body_not_a_200(path, body)
     assert engine.active == 0
 
 
+NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "logit_bias": {}, "temperature": None,
+           "n": None, "stream": None}
+
+
+@pytest.mark.parametrize("path, body, extra", [
+    ("/v1/completions", {"prompt": "ab"}, {"best_of": 1, "suffix": None, "echo": None,
+                                           "logit_bias": None, "logprobs": None}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "ab"}]},
+     {"logprobs": None, "frequency_penalty": None})])
+def test_openais_neutral_fields_are_taken_and_change_nothing(path, body, extra):
+    """LangChain's legacy `OpenAI` sends frequency_penalty 0, presence_penalty 0, best_of 1 and
+    logit_bias {}; other clients send null for a default: each was a 400."""
+    client, engine = make()
+    plain = post(client, {**body, "max_tokens": 5, "seed": 3}, path)
+    neutral = post(client, {**body, "max_tokens": 5, "seed": 3, **NEUTRAL, **extra}, path)
+    assert (plain.status_code, neutral.status_code) == (200, 200), neutral.json()
+    assert neutral.json()["choices"] == plain.json()["choices"]
+    assert engine.submitted[0] == engine.submitted[1]
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("frequency_penalty", 0.5, "only 0 is served (charlm has no such penalty); use "
+     "repetition_penalty, or leave it out"),
+    ("presence_penalty", -1, "only 0 is served (charlm has no such penalty); use "
+     "repetition_penalty, or leave it out"),
+    ("logit_bias", {"50256": -100}, "only {} is served (the ids are the model's characters, "
+     "not OpenAI's tokens); leave it out"),
+    ("best_of", 2, "only 1 is served (each completion is returned); ask for n completions "
+     "instead"),
+    ("suffix", "end", "only null is served (a GPT continues a prompt; it does not fill in "
+     "before a suffix); leave it out"),
+])
+def test_openais_fields_that_would_change_the_output_are_refused(field, value, message):
+    client, engine = make()
+    r = post(client, {"prompt": "ab", field: value})
+    assert (r.status_code, r.json()["error"]["param"]) == (400, field)
+    assert r.json()["error"]["message"] == f"{field}: Value error, {message}"
+    assert engine.submitted == []
+
+
 def test_bad_json_unknown_paths_and_methods_get_openais_error_body():
     client, _ = make()
     r = client.post("/v1/completions", content=b'{"prompt": ', headers={
