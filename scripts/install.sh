@@ -19,14 +19,14 @@ fi
 if ! "$py" -c "import torch" >/dev/null 2>&1; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     echo "charlm: CUDA GPU found, installing torch from PyPI (CUDA build)"
-    "$py" -m pip install --quiet "torch>=2.3"
+    "$py" -m pip install --quiet "torch>=2.10"
   else
     echo "charlm: no CUDA GPU, installing a CPU build of torch"
     # --no-index: torch itself only from a local wheel (no download); its own needs from the index.
     if "$py" -m pip install --quiet --no-index --no-deps "torch==$torch_version" 2>/dev/null; then
       "$py" -m pip install --quiet "torch==$torch_version"
     else
-      "$py" -m pip install --quiet --index-url https://download.pytorch.org/whl/cpu torch
+      "$py" -m pip install --quiet --index-url https://download.pytorch.org/whl/cpu "torch>=2.10"
     fi
   fi
 fi

@@ -4,6 +4,7 @@ once; every request shares the engine's batch. Binds 127.0.0.1 unless --host say
 from __future__ import annotations
 
 import ipaddress
+import os
 from typing import Annotated
 
 import typer
@@ -56,8 +57,7 @@ def serve(
 ) -> None:
     """Serve a model over HTTP: OpenAI's /v1/completions and /v1/chat/completions (streamed or
     not), /v1/models, /health, /metrics, and a playground page at /."""
-    if api_key == "":
-        raise CharlmError("--api-key is empty; give a key, or leave it out")
+    check_exposure(host, api_key)
     if max_n > max_concurrent:
         raise CharlmError(f"--max-n {max_n} is above --max-concurrent {max_concurrent}: a "
                           "request for --max-n completions could never run; lower --max-n")
@@ -93,6 +93,19 @@ def serve(
           "the API under /v1, the page at /; Ctrl-C stops)",
           flush=True)
     serve(create_app(engine, settings), sock, grace)
+
+
+def check_exposure(host: str, api_key: str | None) -> None:
+    """Refuse an empty --host (the OS reads it as every network) and an empty key, from
+    --api-key or CHARLM_API_KEY (click reads an empty variable as unset: no key at all)."""
+    if not host.strip():
+        raise CharlmError("--host is empty, which would listen on every network; give an "
+                          "address (127.0.0.1, or 0.0.0.0 for every network with --api-key)")
+    if api_key == "":
+        raise CharlmError("--api-key is empty; give a key, or leave it out")
+    if api_key is None and os.environ.get("CHARLM_API_KEY") == "":
+        raise CharlmError("CHARLM_API_KEY is set but empty, so the server would need no key; "
+                          "give a key in it, or unset it")
 
 
 def is_loopback(host: str) -> bool:

@@ -102,9 +102,11 @@ def _resume_config(*args: object) -> RunConfig:
     return resume_config(*args)
 
 
-def _init_config(cfg: RunConfig, given: set[str], loaded: list | None = None) -> RunConfig:
-    """A fine-tune's config: `cfg` with the architecture of the model train.init_from names
-    (`charlm.training.parent.parent_config`; `given`: the model keys the user set). The model
+def _init_config(cfg: RunConfig, given: set[str], data_given: set[str] = frozenset(),
+                 loaded: list | None = None) -> RunConfig:
+    """A fine-tune's config: `cfg` with the architecture, units and normal form of the model
+    train.init_from names (`charlm.training.parent.parent_config`; `given`, `data_given`: the
+    model and data keys the user set). The model
     is loaded as `charlm sample` loads one (`charlm.api.load`) and appended to `loaded`."""
     from charlm.api import load  # imports torch: only for a fine-tune
     from charlm.data.digest import sha256_file
@@ -120,7 +122,7 @@ def _init_config(cfg: RunConfig, given: set[str], loaded: list | None = None) ->
                     lm.model.state_dict())
     if loaded is not None:
         loaded.append(parent)
-    return parent_config(cfg, given, parent)
+    return parent_config(cfg, given, parent, data_given)
 
 
 def sized_keys(config: str | Path | typing.Sequence[str | Path] | None,
@@ -141,13 +143,14 @@ def config_file(config: str | Path | typing.Sequence[str | Path] | None
     return (Path(args.pop(0)) if args and is_config_file(Path(args[0])) else None), args
 
 
-def model_keys_given(config: Path | None, overrides: typing.Sequence[Override]) -> set[str]:
-    """The model keys a config file and the overrides set, whatever their values."""
+def keys_given(config: Path | None, overrides: typing.Sequence[Override],
+               section: str = "model") -> set[str]:
+    """The keys of `section` a config file and the overrides set, whatever their values."""
     raw = read_yaml_file(config) if config is not None else {}
-    model = raw.get("model") if isinstance(raw, dict) else None
-    keys = {str(k) for k in model} if isinstance(model, dict) else set()
+    table = raw.get(section) if isinstance(raw, dict) else None
+    keys = {str(k) for k in table} if isinstance(table, dict) else set()
     dotted = (dotted_key(o).partition(".") for o in overrides)
-    return keys | {key for section, _, key in dotted if section == "model"}
+    return keys | {key for name, _, key in dotted if name == section}
 
 
 def train_config(
@@ -157,7 +160,7 @@ def train_config(
     device: str | None = None,
     budget: str | None = None, init_from: str | None = None,
     resume: typing.Callable[[Path, Path | None, list[Override]], RunConfig] | None = None,
-    init: typing.Callable[[RunConfig, set[str]], RunConfig] = _init_config,
+    init: typing.Callable[[RunConfig, set[str], set[str]], RunConfig] = _init_config,
 ) -> RunConfig:
     """The config `charlm train CONFIG_OR_TEXT... --data --out --device --time --set` runs. A
     YAML config may come first; the other arguments are the data (data.path: one input, or a
@@ -205,5 +208,5 @@ def train_config(
             "give your text as `charlm train my.txt` or --data PATH"
         )
     if cfg.train.init_from is not None:
-        cfg = init(cfg, model_keys_given(config, overrides))
+        cfg = init(cfg, keys_given(config, overrides), keys_given(config, overrides, "data"))
     return cfg

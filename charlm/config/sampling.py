@@ -20,6 +20,11 @@ def _option(default: Any, help: str, flag: str | None = None) -> Any:
     return field(default=default, metadata={"help": help, "flag": flag})
 
 
+# Past this every character of a trained model is about as likely as any other: a larger
+# temperature is a slip (1e46 made the float32 factor 0), never a setting.
+MAX_TEMPERATURE = 100.0
+
+
 @dataclass
 class SampleConfig:
     """Options of `charlm sample` (each field's metadata holds its help) and of
@@ -63,6 +68,9 @@ class SampleConfig:
         need(self.num_samples >= 1, f"--num-samples must be >= 1, got {self.num_samples}")
         need(self.temperature >= 0,
              f"--temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        need(self.temperature <= MAX_TEMPERATURE,
+             f"--temperature must be <= {MAX_TEMPERATURE:g} (past it every character is about "
+             f"as likely as any other), got {self.temperature:g}")
         need(self.top_k is None or self.top_k >= 1, f"--top-k must be >= 1, got {self.top_k}")
         need(self.top_p is None or 0 < self.top_p <= 1,
              f"--top-p must be in (0, 1], got {self.top_p}")

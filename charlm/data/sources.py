@@ -3,9 +3,11 @@
 
 A folder is walked recursively, hidden names (`.git` among them) skipped, its files sorted by
 their path under it; a glob is expanded here, with `**` for any depth, so it means the same on
-every shell. `--include` / `--exclude` patterns filter the files a folder or a glob brings (not
-a file named on its own). A file whose name ends in .gz, .bz2 or .xz is decompressed as it
-streams. stdin is copied to a temporary file first: `prepare` reads its inputs twice.
+every shell (`charlm.data.globs`: a symlink to a folder is not followed, as in the folder walk).
+A file reached twice (through a link, or by two inputs) is read once. `--include` / `--exclude`
+patterns filter the files a folder or a glob brings (not a file named on its own). A file whose
+name ends in .gz, .bz2 or .xz is decompressed as it streams. stdin is copied to a temporary file
+first: `prepare` reads its inputs twice.
 
 A `Source` is read through a `Tap` that hashes, counts and shows on the progress bar the bytes
 as they are on disk (the compressed ones for a .gz), so a cache can compare sizes and sha256
@@ -18,7 +20,6 @@ import bz2
 import contextlib
 import errno
 import fnmatch
-import glob
 import gzip
 import lzma
 import os
@@ -36,13 +37,12 @@ from tqdm import tqdm
 from charlm.core.errors import CharlmError
 from charlm.data.chunks import InvalidText
 from charlm.data.digest import ChunkDigest
+from charlm.data.globs import GLOB_CHARS, expand_glob
 
 # each codec's reader of a binary file object
 CODECS: dict[str, Callable[[Any], BinaryIO]] = {
     ".gz": lambda f: gzip.GzipFile(fileobj=f, mode="rb"), ".bz2": bz2.BZ2File,
     ".xz": lzma.LZMAFile}
-
-GLOB_CHARS = frozenset("*?[")
 
 @dataclass(frozen=True)
 class Source:
@@ -118,31 +118,30 @@ def unreadable(source: Source, e: OSError) -> CharlmError:
 
 def list_sources(specs: Sequence[str | Path], include: Sequence[str] = (),
                  exclude: Sequence[str] = (), stdin: Path | None = None) -> list[Source]:
-    """The files `specs` name, in their order (each folder's or glob's sorted), each once; `-`
-    is stdin, copied to the file `stdin` (`stdin_copy`)."""
+    """The files `specs` name, in their order (each folder's or glob's sorted), each once (by
+    its real path); `-` is stdin, copied to the file `stdin` (`stdin_copy`)."""
     if not specs:
         raise CharlmError("no input files given")
-    found: dict[Path, Source] = {}
+    found: dict[str, Source] = {}
     for spec in map(str, specs):
         if spec == "-":
             if stdin is None:
                 raise CharlmError("- (stdin) is not an input here; give a file")
-            found.setdefault(stdin, Source(stdin, "<stdin>", "<stdin>"))
+            found.setdefault(os.path.realpath(stdin), Source(stdin, "<stdin>", "<stdin>"))
             continue
         for source in _expand(os.path.expanduser(spec), include, exclude):
-            found.setdefault(source.path.absolute(), source)
+            found.setdefault(os.path.realpath(source.path), source)
     return list(found.values())
 
 
 def _expand(spec: str, include: Sequence[str], exclude: Sequence[str]) -> list[Source]:
     if GLOB_CHARS & set(spec) and not os.path.lexists(spec):
-        matches = sorted(glob.glob(spec, recursive=True))
+        root, matches = expand_glob(spec)
         if not matches:
             raise CharlmError(f"no file matches {spec}; check the pattern (charlm expands it: "
                               "quote it, and use ** for any depth)")
-        root = _glob_root(spec)
-        files = [s for m in matches for s in
-                 (_walk(Path(m), m) if os.path.isdir(m) else
+        files = [s for m, is_dir in matches for s in
+                 (_walk(Path(m), m) if is_dir else
                   [Source(Path(m), m, os.path.relpath(m, root))])]
         return _filtered(files, spec, include, exclude)
     path = Path(spec)
@@ -154,12 +153,6 @@ def _expand(spec: str, include: Sequence[str], exclude: Sequence[str]) -> list[S
     if is_dir:
         return _filtered(_walk(path, spec), spec, include, exclude)
     return [Source(path, spec, path.name)]
-
-
-def _glob_root(spec: str) -> str:
-    """The folder a glob's matches are taken under: its part before the first wildcard."""
-    head = spec[:min(spec.index(c) for c in GLOB_CHARS if c in spec)]
-    return os.path.dirname(head) or "."
 
 
 def _walk(folder: Path, spec: str) -> list[Source]:

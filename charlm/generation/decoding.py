@@ -185,13 +185,29 @@ def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
 Processor = Callable[[torch.Tensor], torch.Tensor]
 
 
-def build_processors(opts: SampleConfig) -> list[Processor]:
-    """The sampling warpers after the repetition penalty, in order; none for greedy."""
+def warpers(opts: SampleConfig, mask: Utf8Mask | None = None) -> list[Processor]:
+    """What makes the distribution a character is drawn from (and scored by), after the
+    repetition penalty: the temperature, then a byte model's UTF-8 mask. The mask comes after:
+    a huge temperature's factor is 0 in float32, and 0 times the mask's -inf is NaN."""
+    procs: list[Processor] = []
+    if opts.temperature not in (0, 1.0):
+        procs.append(lambda x: apply_temperature(x, opts.temperature))
+    if mask is not None:
+        procs.append(mask.apply)
+    return procs
+
+
+def build_processors(opts: SampleConfig, mask: Utf8Mask | None = None) -> list[Processor]:
+    """The processors after the repetition penalty, in order: `warpers`, then top-k, top-p
+    and min-p (`truncations`; none for greedy)."""
+    return warpers(opts, mask) + truncations(opts)
+
+
+def truncations(opts: SampleConfig) -> list[Processor]:
+    """The processors that cut the distribution's tail: top-k, top-p, min-p; none for greedy."""
     if opts.temperature == 0:
         return []
     procs: list[Processor] = []
-    if opts.temperature != 1.0:
-        procs.append(lambda x: apply_temperature(x, opts.temperature))
     if opts.top_k is not None:
         procs.append(lambda x: apply_top_k(x, opts.top_k))
     if opts.top_p is not None and opts.top_p < 1.0:
@@ -203,9 +219,11 @@ def build_processors(opts: SampleConfig) -> list[Processor]:
 
 def sample_next(logits: torch.Tensor, temperature: float, procs: Sequence[Processor] = (),
                 generator: torch.Generator | None = None) -> torch.Tensor:
-    """The next id per row of logits (B, V): argmax for temperature 0, else a draw from the
-    softmax of the processed logits."""
+    """The next id per row of logits (B, V), after `procs`: argmax for temperature 0, else a
+    draw from the softmax."""
     logits = logits.float()
+    for proc in procs:
+        logits = proc(logits)
     # Each check reads one number per row on the host (fewer ops than torch.isfinite): one
     # host sync per token, which streaming the token makes anyway.
     if temperature == 0:
@@ -213,8 +231,6 @@ def sample_next(logits: torch.Tensor, temperature: float, procs: Sequence[Proces
         if not all(map(math.isfinite, best.tolist())):
             raise NonFiniteOutput
         return ids
-    for proc in procs:
-        logits = proc(logits)
     probs = torch.softmax(logits, dim=-1)
     # CUDA's multinomial draws from NaN rows without a word (the CPU's raises). Probabilities
     # lie in [0, 1] unless NaN, so a row's sum is finite exactly when all of them are.
@@ -255,13 +271,13 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int,
     A prompt longer than block_size is cropped to its last block_size tokens. One forward per
     step for the whole batch; no forward is spent on a step that is never asked for. A byte
     model's `mask` keeps each row's bytes valid UTF-8 (after the repetition penalty, whose
-    clamp would make its -inf finite, and before the other processors).
+    clamp would make its -inf finite, and the temperature: `warpers`).
     """
     opts = opts or SampleConfig()
     model.eval()
     B = prompt.size(0)
     decoder = make_decoder(model, B, opts.use_cache, opts.compile)
-    procs = build_processors(opts)
+    procs = build_processors(opts, mask)
     recent = None
     if opts.repetition_penalty != 1.0:  # the prompt counts as recent too
         recent = RecentIds(prompt, opts.repetition_window, prompt.size(1) + max_new_tokens)
@@ -270,8 +286,6 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int,
         logits = decoder.prefill(prompt[:, -decoder.block:]) if i == 0 else decoder.step(nxt)
         if recent is not None:
             logits = apply_repetition_penalty(logits.float(), recent.ids, opts.repetition_penalty)
-        if mask is not None:
-            logits = mask.apply(logits)
         nxt = sample_next(logits, opts.temperature, procs, generator)
         if mask is not None:
             mask.advance(nxt)

@@ -167,6 +167,8 @@ async def respond(request: Request, style: Style, jobs: list[tuple[str, Params]]
                 choices[i].add(event)
     finally:
         done()
+    if (failed := next((c for c in choices if c.finish_reason == "error"), None)) is not None:
+        raise generation_failed(failed.error)
     return JSONResponse(style.body([style.whole(c) for c in choices],
                                    usage(prompt_characters, choices)))
 
@@ -179,13 +181,27 @@ async def stream(style: Style, batch: Batch, choices: list[Choice], prompt_chara
             if (opening := style.opening(c)) is not None:
                 yield sse(style.body([opening], chunk=True))
         async for ready in batch.events():  # one write for the events that have arrived
-            yield "".join(sse(style.body([style.delta(choices[i], event, choices[i].add(event))],
-                                         chunk=True)) for i, event in ready)
-        if include_usage:
-            yield sse(style.body([], usage(prompt_characters, choices), chunk=True))
+            if chunks := "".join(sse(style.body([style.delta(choices[i], event,
+                                                             choices[i].add(event))],
+                                                chunk=True))
+                                 for i, event in ready if event.finish_reason != "error"):
+                yield chunks
+            if failed := [e for _, e in ready if e.finish_reason == "error"]:
+                yield sse(generation_failed(failed[0].error).body)  # the headers said 200
+                break
+        else:
+            if include_usage:
+                yield sse(style.body([], usage(prompt_characters, choices), chunk=True))
         yield DONE
     finally:
         done()
+
+
+def generation_failed(error: str | None) -> ApiError:
+    """A completion the engine could not finish (its log has said why): a 500, or in a stream
+    an error event, in OpenAI's error body."""
+    return ApiError(500, f"the completion failed: {error or 'see the server log'}",
+                    code="generation_failed")
 
 
 async def cancel_on_disconnect(request: Request, batch: Batch) -> None:

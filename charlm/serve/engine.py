@@ -256,6 +256,7 @@ class Engine:
         for i in reversed(rows):
             row = self.rows[i]
             if row.error is not None:
+                warn(f"a request failed ({row.error})")
                 self._end(i, "error", row.error)
             elif (reason := row.done()) is not None:
                 self._end(i, reason)

@@ -4,8 +4,9 @@ row in the batch (`Row`): its logits processors, repetition window, stop strings
 `torch.Generator`, so a seeded request draws the same characters alone or in a crowd.
 
 Logprobs are those of the distribution the character is drawn from before truncation, as vLLM
-reports them: the model's log-softmax after the repetition penalty and the temperature (none for
-greedy), before top-k, top-p and min-p; -inf is reported as -9999.0 (JSON has no infinity).
+reports them: the model's log-softmax after the repetition penalty, the temperature (none for
+greedy) and a byte model's UTF-8 mask, before top-k, top-p and min-p; -inf is reported as
+-9999.0 (JSON has no infinity).
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from charlm.data.vocab import Vocab
 from charlm.generation.decoding import (
     RecentIds,
     apply_repetition_penalty,
-    apply_temperature,
-    build_processors,
     sample_next,
+    truncations,
+    warpers,
 )
 from charlm.generation.text import StopMatcher
 from charlm.generation.utf8 import utf8_mask
@@ -125,7 +126,8 @@ class Row:
         self.stream = vocab.stream()  # a byte model's characters, each once its last byte came
         self.mask = utf8_mask(vocab, 1, device)
         self.logprob = 0.0  # a byte model's: of the bytes of the character begun so far
-        self.procs = build_processors(request.opts)
+        self.warpers = warpers(request.opts, self.mask)  # the distribution drawn and scored
+        self.procs = truncations(request.opts)
         self.generator = generator_for(p.seed, device)
         self.recent = None
         if p.repetition_penalty != 1.0:  # the prompt counts as recent too, as in `generate`
@@ -143,8 +145,8 @@ class Row:
         x = logits[None].float()
         if self.recent is not None:
             x = apply_repetition_penalty(x, self.recent.ids, p.repetition_penalty)
-        if self.mask is not None:
-            x = self.mask.apply(x)
+        for warp in self.warpers:
+            x = warp(x)
         nxt = sample_next(x, p.temperature, self.procs, self.generator)
         if self.recent is not None:
             self.recent.push(nxt)
@@ -162,13 +164,12 @@ class Row:
 
     def event(self, x: torch.Tensor, token: int, text: str) -> Event | None:
         """The event of the character `text` that `token` finished (None when it finished
-        none: a byte model's byte inside a character), with its logprob (a byte model's: the
-        sum over its bytes) and the top-N when asked for (a character model's)."""
+        none: a byte model's byte inside a character), scored by `x` (1, V), the warped logits:
+        its logprob (a byte model's: the sum over its bytes) and the top-N when asked for (a
+        character model's)."""
         n = self.params.logprobs
         if n is None:
             return Event(text) if text else None
-        if self.params.temperature > 0:
-            x = apply_temperature(x, self.params.temperature)
         logprobs = torch.log_softmax(x[0], dim=-1)
         self.logprob += float(logprobs[token])
         if not text:

@@ -23,13 +23,14 @@ def sse(body: dict[str, Any]) -> str:
 @dataclass
 class Choice:
     """One completion as its events arrive: the echoed prompt, the text generated so far, the
-    events that carry a logprob, and why it ended."""
+    events that carry a logprob, why it ended, and what went wrong if it failed."""
 
     index: int
     echo: str = ""
     text: str = ""
     scored: list[Event] = field(default_factory=list)
     finish_reason: str | None = None
+    error: str | None = None  # with finish_reason "error"
 
     def add(self, event: Event) -> int:
         """Take one event; returns the offset of its text in the choice's text."""
@@ -38,7 +39,7 @@ class Choice:
         if event.logprob is not None and event.text:
             self.scored.append(event)
         if event.finish_reason is not None:
-            self.finish_reason = event.finish_reason
+            self.finish_reason, self.error = event.finish_reason, event.error
         return offset
 
 

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from charlm.config.parsing import suggest
+from charlm.config.sampling import MAX_TEMPERATURE
 from charlm.serve.engine import Params
 
 MAX_LOGPROBS = 5  # alternatives per character, as OpenAI's completions allow
@@ -78,7 +79,7 @@ class Sampling(BaseModel):
 
     model: str | None = None  # one model is served: any name is taken, the answer names it
     max_tokens: int | None = Field(None, ge=0)
-    temperature: float = Field(1.0, ge=0)  # 0 is greedy
+    temperature: float = Field(1.0, ge=0, le=MAX_TEMPERATURE)  # 0 is greedy
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1)  # vLLM's -1 (and 0) mean off
     min_p: float | None = Field(None, ge=0, le=1)
@@ -89,6 +90,33 @@ class Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # taken and ignored, as OpenAI's is for abuse reports
+    # OpenAI's fields charlm has no use for, taken at their neutral values (LangChain sends them)
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("temperature", "n", "stream", "repetition_penalty", "echo", "logprobs",
+                     mode="before", check_fields=False)
+    @classmethod
+    def _null_is_the_default(cls, value: Any, info: Any) -> Any:
+        """null for a field with a default means that default, as OpenAI reads it."""
+        return cls.model_fields[info.field_name].default if value is None else value
+
+    @field_validator("frequency_penalty", "presence_penalty")
+    @classmethod
+    def _no_penalty(cls, value: float | None) -> float | None:
+        if value:
+            raise ValueError("only 0 is served (charlm has no such penalty); use "
+                             "repetition_penalty, or leave it out")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value:
+            raise ValueError("only {} is served (the ids are the model's characters, not "
+                             "OpenAI's tokens); leave it out")
+        return value
 
     @field_validator("stop")
     @classmethod
@@ -118,6 +146,24 @@ class CompletionRequest(Sampling):
     prompt: str | list[str]
     echo: bool = False  # the choice's text starts with its prompt
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    best_of: int | None = None  # neutral only: 1
+    suffix: str | None = None  # neutral only: "" (a GPT continues; it does not fill in)
+
+    @field_validator("best_of")
+    @classmethod
+    def _one_of_one(cls, best_of: int | None) -> int | None:
+        if best_of not in (None, 1):
+            raise ValueError("only 1 is served (each completion is returned); ask for n "
+                             "completions instead")
+        return best_of
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, suffix: str | None) -> str | None:
+        if suffix:
+            raise ValueError("only null is served (a GPT continues a prompt; it does not fill "
+                             "in before a suffix); leave it out")
+        return suffix
 
     @field_validator("prompt")
     @classmethod

@@ -1,8 +1,8 @@
 """Fine-tuning (`train.init_from`): the `Parent` a new run starts from (its weights, vocabulary
 and config, the file they came from and that file's sha256), the new run's config with the
-parent's architecture (`parent_config`), the vocabulary its data is numbered in (`base_vocab`),
-and its first weights (`init_from_parent`): every old row where it was, the rows of characters
-the parent lacks the mean of the old ones.
+parent's architecture, units and normal form (`parent_config`), the vocabulary its data is
+numbered in (`base_vocab`), and its first weights (`init_from_parent`): every old row where it
+was, the rows of characters the parent lacks the mean of the old ones.
 
 Only the weights come from the parent: the optimizer, the step and the schedule start afresh.
 Loading the parent is `charlm.api.load`'s (a run dir, a checkpoint or an export), done by the
@@ -42,19 +42,22 @@ class Parent:
     state: dict[str, torch.Tensor]  # the model's state dict, on the CPU
 
 
-def parent_config(cfg: RunConfig, given: Collection[str], parent: Parent) -> RunConfig:
-    """`cfg` with the parent's architecture and the parent named in train.init_from and
-    train.init_from_sha256. `given`: the model keys the user set (config file, --set); one that
-    differs from the parent's is an error, unless it changes no shape (`FREE_KEYS`)."""
+def parent_config(cfg: RunConfig, given: Collection[str], parent: Parent,
+                  data_given: Collection[str] = ()) -> RunConfig:
+    """`cfg` with the parent's architecture, its units and normal form (`parent_text`) and the
+    parent named in train.init_from and train.init_from_sha256. `given`: the model keys the
+    user set (config file, --set), `data_given` the data keys; one that differs from the
+    parent's is an error, unless it changes no shape (`FREE_KEYS`)."""
     theirs = dataclasses.asdict(parent.cfg.model)
     for key in sorted(given):
         value = getattr(cfg.model, key, None)
         if key in theirs and key not in FREE_KEYS and value != theirs[key]:
-            raise CharlmError(
-                f"--init-from: model.{key}={value!r} conflicts with the parent's "
-                f"{theirs[key]!r} in {parent.source}; a fine-tuned model keeps its parent's "
-                f"architecture (drop model.{key} from the config and --set, or train from "
-                "scratch without --init-from)")
+            raise _conflict(f"model.{key}", value, theirs[key], parent, "architecture")
+    text = parent_text(parent)
+    for key in sorted(set(data_given) & text.keys()):
+        if getattr(cfg.data, key) != text[key]:
+            raise _conflict(f"data.{key}", getattr(cfg.data, key), text[key], parent,
+                            "units and normal form")
     pinned = cfg.train.init_from_sha256
     if pinned is not None and pinned != parent.sha256:
         raise CharlmError(
@@ -63,8 +66,24 @@ def parent_config(cfg: RunConfig, given: Collection[str], parent: Parent) -> Run
             "parent the config names, or set train.init_from_sha256: null to take these")
     raw = cfg.to_dict()
     raw["model"] = {**theirs, **{k: raw["model"][k] for k in given if k in FREE_KEYS}}
+    raw["data"].update(text)
     raw["train"].update(init_from=parent.source, init_from_sha256=parent.sha256)
     return RunConfig.from_dict(raw, f"the config fine-tuning {parent.source}")
+
+
+def parent_text(parent: Parent) -> dict[str, str | None]:
+    """The data keys a GPT's fine-tune inherits, as its vocabulary records them: its units
+    (a byte model's data is bytes) and its normal form; none for an encoder-decoder."""
+    if not isinstance(parent.vocab, Vocab):
+        return {}
+    return {"units": parent.vocab.units, "unicode_normalize": parent.vocab.normalize}
+
+
+def _conflict(key: str, value: object, theirs: object, parent: Parent, kept: str) -> CharlmError:
+    return CharlmError(
+        f"--init-from: {key}={value!r} conflicts with the parent's {theirs!r} in "
+        f"{parent.source}; a fine-tuned model keeps its parent's {kept} (drop {key} from the "
+        f"config and --set, or train from scratch without --init-from)")
 
 
 def base_vocab(cfg: RunConfig, ckpt: dict[str, Any] | None,

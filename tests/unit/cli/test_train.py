@@ -490,12 +490,13 @@ def _checkpoint_of(export: Path, path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("case", ["missing", "damaged", "text", "arch", "shape", "resume",
-                                  "twice"])
+@pytest.mark.parametrize("case", ["missing", "damaged", "text", "arch", "shape", "units",
+                                  "resume", "twice"])
 def test_a_bad_init_from_is_one_error_line_and_writes_nothing(fails, tmp_path, case):
     """--init-from a missing path, a damaged checkpoint, a file that is no model, a model of
-    another architecture than the config asks, or with --resume: one line, exit 2, no run
-    dir (`fails` checks that no file under tmp_path appears or changes)."""
+    another architecture or units than the config asks, or with --resume: one line, exit 2, no
+    run dir (`fails` checks that no file under tmp_path appears or changes; --set
+    data.units=byte on a char parent wrote RUN/dataset, then advised preparing it again)."""
     text = write(tmp_path / "b.txt", "the quick brown fox\n" * 20)
     export = random_export(tmp_path / "export", "the quickbrownfx\n")
     args = ["train", text, "--out", tmp_path / "new", "--init-from"]
@@ -520,6 +521,12 @@ def test_a_bad_init_from_is_one_error_line_and_writes_nothing(fails, tmp_path, c
                       f"{theirs!r} in {export}; a fine-tuned model keeps its parent's "
                       f"architecture (drop model.{key} from the config and --set, or train "
                       "from scratch without --init-from)")
+    elif case == "units":
+        fails(*args, export, "--set", "data.units=byte",
+              message=f"--init-from: data.units='byte' conflicts with the parent's 'char' in "
+                      f"{export}; a fine-tuned model keeps its parent's units and normal form "
+                      "(drop data.units from the config and --set, or train from scratch "
+                      "without --init-from)")
     elif case == "resume":
         fails(*args, export, "--resume", message="--init-from starts a new run from a model's "
               "weights, --resume continues a run from its last.pt; give one of them")

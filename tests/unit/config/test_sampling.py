@@ -19,6 +19,16 @@ def test_sample_options_validated(kwargs, message):
         SampleConfig(**kwargs)
 
 
+def test_a_temperature_past_100_is_refused_in_one_line():
+    """`--temperature 1e46` on a byte model ended "its weights have diverged": 1/T is 0 in
+    float32, times the UTF-8 mask's -inf NaN."""
+    assert SampleConfig(temperature=100).temperature == 100
+    with pytest.raises(CharlmError) as e:
+        SampleConfig(temperature=1e46)
+    assert str(e.value) == ("--temperature must be <= 100 (past it every character is about "
+                            "as likely as any other), got 1e+46")
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"max_new_tokens": "10"}, "invalid value for --max-new-tokens: '10', expected an integer"),
     ({"max_new_tokens": True}, "invalid value for --max-new-tokens: True, expected an integer"),

@@ -71,3 +71,15 @@ def test_an_empty_folder_a_symlink_loop_and_a_missing_file_are_one_error_each(tm
         with pytest.raises(CharlmError) as e:
             listed([spec])
         assert str(e.value) == message
+
+
+def test_a_quoted_glob_ends_on_symlink_loops_and_a_linked_file_is_read_once(tmp_path):
+    """`charlm prepare '/tmp/qa-g/**/*.txt'` with `sub/up -> ..` read sub/a.txt 41 times, and
+    with a second loop never ended while its memory grew."""
+    root = tree(tmp_path / "g", ["sub/a.txt"])
+    os.symlink("..", root / "sub" / "up")
+    assert listed([f"{root}/**/*.txt"]) == [(f"{root}/sub/a.txt", "sub/a.txt")]
+    os.symlink(".", root / "sub" / "self")
+    assert listed([f"{root}/**/*.txt"]) == [(f"{root}/sub/a.txt", "sub/a.txt")]
+    os.symlink("a.txt", root / "sub" / "b.txt")  # the same file by two names: read once
+    assert listed([root, f"{root}/sub/a.txt"]) == [(str(root / "sub" / "a.txt"), "sub/a.txt")]

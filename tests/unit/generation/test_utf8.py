@@ -57,3 +57,19 @@ def test_a_vocabulary_without_a_leads_continuations_never_draws_that_lead():
     assert all(seq.decode("ascii") for seq in draw(mask, 40, 2))
     with pytest.raises(CharlmError, match="holds no byte that begins a UTF-8 character"):
         Utf8Mask(Vocab(["\x80", "\xe0"], "byte"), 1)
+
+
+def test_the_mask_comes_after_the_temperature_so_a_vanishing_factor_is_no_nan():
+    """A temperature of 1e46 made 1/T 0 in float32; the mask's -inf times 0 was NaN, and the
+    sample "diverged". Masked after the temperature, the draw is uniform over what the mask
+    allows: here, after a lead byte, a continuation byte."""
+    from charlm.config.sampling import SampleConfig
+    from charlm.generation.decoding import build_processors, sample_next
+
+    opts = SampleConfig(temperature=2.0)
+    opts.temperature = 1e46  # past the bound SampleConfig checks: the order alone must hold
+    mask = Utf8Mask(ALL_BYTES, 4)
+    mask.advance(torch.full((4,), 0xC3))  # 'é' begun: a continuation byte is due
+    ids = sample_next(torch.randn(4, 256), opts.temperature, build_processors(opts, mask),
+                      torch.Generator().manual_seed(0))
+    assert all(0x80 <= i < 0xC0 for i in ids.tolist())

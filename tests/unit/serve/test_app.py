@@ -24,6 +24,7 @@ from charlm.serve.schema import Limits  # noqa: E402
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 UNKNOWN = "the prompt has '~', which is not in the model's vocabulary; remove it"
+FAILS, FAILURE = "<fail>", "RuntimeError: out of memory"  # the fake engine fails a prompt with it
 
 
 def fake_completion(prompt: str, params: Params) -> tuple[str, str]:
@@ -70,6 +71,12 @@ class FakeEngine:
         return request
 
     def run(self, prompt: str, params: Params, on_event, request: FakeRequest) -> None:
+        if FAILS in prompt:  # a character, then the engine's error (its log has said why)
+            on_event(Event("a"))
+            on_event(Event("", finish_reason="error", error=FAILURE))
+            with self.lock:
+                self.active -= 1
+            return
         text, reason = fake_completion(prompt, params)
         ended = self.held(request)
         for i, ch in enumerate(text):
@@ -220,6 +227,8 @@ def test_chat_renders_the_role_template_and_stops_at_the_next_turn():
 @pytest.mark.parametrize("body, status, param, message", [
     ({"prompt": "a", "temperature": -1}, 400, "temperature",
      "temperature: Input should be greater than or equal to 0"),
+    ({"prompt": "a", "temperature": 1e46}, 400, "temperature",
+     "temperature: Input should be less than or equal to 100"),
     ({"prompt": "a", "max_token": 5}, 400, "max_token",
      "unknown field 'max_token', did you mean 'max_tokens'?"),
     ({"prompt": [1, 2]}, 400, "prompt.str", None),
@@ -250,6 +259,62 @@ def test_bad_requests_get_openais_error_body(body, status, param, message):
     assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", param, None)
     assert message is None or error["message"] == message
     assert "Traceback" not in r.text and engine.submitted == []
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": FAILS}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": FAILS}]})])
+def test_a_completion_the_engine_fails_is_a_500_error_body_not_a_200(path, body):
+    """A failed completion was HTTP 200 with finish_reason "error" and no message."""
+    client, engine = make()
+    error = {"error": {"message": f"the completion failed: {FAILURE}", "type": "server_error",
+                       "param": None, "code": "generation_failed"}}
+    r = post(client, {**body, "max_tokens": 5}, path)
+    assert (r.status_code, r.json()) == (500, error)
+    streamed = post(client, {**body, "max_tokens": 5, "stream": True}, path)
+    assert streamed.status_code == 200  # sent before the failure: the stream says it
+    assert events_of(streamed)[-2:] == [error, "[DONE]"]
+    assert engine.active == 0
+
+
+NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "logit_bias": {}, "temperature": None,
+           "n": None, "stream": None}
+
+
+@pytest.mark.parametrize("path, body, extra", [
+    ("/v1/completions", {"prompt": "ab"}, {"best_of": 1, "suffix": None, "echo": None,
+                                           "logit_bias": None, "logprobs": None}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "ab"}]},
+     {"logprobs": None, "frequency_penalty": None})])
+def test_openais_neutral_fields_are_taken_and_change_nothing(path, body, extra):
+    """LangChain's legacy `OpenAI` sends frequency_penalty 0, presence_penalty 0, best_of 1 and
+    logit_bias {}; other clients send null for a default: each was a 400."""
+    client, engine = make()
+    plain = post(client, {**body, "max_tokens": 5, "seed": 3}, path)
+    neutral = post(client, {**body, "max_tokens": 5, "seed": 3, **NEUTRAL, **extra}, path)
+    assert (plain.status_code, neutral.status_code) == (200, 200), neutral.json()
+    assert neutral.json()["choices"] == plain.json()["choices"]
+    assert engine.submitted[0] == engine.submitted[1]
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("frequency_penalty", 0.5, "only 0 is served (charlm has no such penalty); use "
+     "repetition_penalty, or leave it out"),
+    ("presence_penalty", -1, "only 0 is served (charlm has no such penalty); use "
+     "repetition_penalty, or leave it out"),
+    ("logit_bias", {"50256": -100}, "only {} is served (the ids are the model's characters, "
+     "not OpenAI's tokens); leave it out"),
+    ("best_of", 2, "only 1 is served (each completion is returned); ask for n completions "
+     "instead"),
+    ("suffix", "end", "only null is served (a GPT continues a prompt; it does not fill in "
+     "before a suffix); leave it out"),
+])
+def test_openais_fields_that_would_change_the_output_are_refused(field, value, message):
+    client, engine = make()
+    r = post(client, {"prompt": "ab", field: value})
+    assert (r.status_code, r.json()["error"]["param"]) == (400, field)
+    assert r.json()["error"]["message"] == f"{field}: Value error, {message}"
+    assert engine.submitted == []
 
 
 def test_bad_json_unknown_paths_and_methods_get_openais_error_body():

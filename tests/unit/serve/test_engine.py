@@ -311,9 +311,10 @@ def test_an_encoder_decoder_completes_the_source_with_its_target():
     assert (capped.text, capped.reason) == (expected[:2], "length")
 
 
-def test_a_request_that_fails_ends_with_an_error_and_the_others_go_on(monkeypatch):
+def test_a_request_that_fails_ends_with_an_error_and_the_others_go_on(monkeypatch, capsys):
     """A prefill that raises ends its request with finish_reason "error" and the reason; a
-    request whose logits are not finite ends the same way, alone; the batch goes on."""
+    request whose logits are not finite ends the same way, alone; the batch goes on. Each
+    failure is a warning line in the server's log (the logits' said nothing)."""
     model = random_gpt()
     engine = Engine(model, VOCAB, slots=4)
     real_add = engine.decoder.add
@@ -338,6 +339,9 @@ def test_a_request_that_fails_ends_with_an_error_and_the_others_go_on(monkeypatc
     assert nan.reason == "error" and nan.events[-1].error.startswith(
         "the model's next-character probabilities are not finite")
     assert len(nan.text) == 3
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: a request failed (RuntimeError: out of memory)",
+        f"warning: a request failed ({nan.events[-1].error})"]
     assert good.text == greedy_reference(model, "abc", 40)[0] and good.reason == "length"
     assert engine.stats().busy == 0
 

@@ -103,3 +103,32 @@ def test_a_parent_other_than_the_pinned_sha256_is_refused():
         f"--init-from: runs/a/best.pt has sha256 {'ab' * 32}, but train.init_from_sha256 is "
         f"{'cd' * 32}: the parent's weights changed; give the parent the config names, or set "
         "train.init_from_sha256: null to take these")
+
+
+@pytest.mark.parametrize("units, normalize", [("byte", None), ("char", "NFC")])
+def test_a_fine_tune_keeps_its_parent_s_units_and_normal_form(units, normalize):
+    """A byte parent's fine-tune was a char model of byte values ('Ã', '©') that refused the
+    'é' its parent took; an NFC parent's took U+0301 as a character of its own."""
+    chars = [chr(b) for b in range(97, 110)]
+    parent = parent_of(random_gpt(), Vocab(chars, units, normalize))
+    cfg = parent_config(RunConfig(), set(), parent)
+    assert (cfg.data.units, cfg.data.unicode_normalize) == (units, normalize)
+    same = RunConfig.from_dict({"data": {"units": units, "unicode_normalize": normalize}})
+    assert parent_config(same, set(), parent, {"units", "unicode_normalize"}).data == cfg.data
+
+
+@pytest.mark.parametrize("units, normalize, key, value, theirs", [
+    ("byte", None, "units", "char", "byte"),
+    ("char", "NFC", "unicode_normalize", "NFD", "NFC"),
+    ("char", None, "units", "byte", "char"),
+])
+def test_units_or_a_normal_form_other_than_the_parent_s_is_refused(units, normalize, key, value,
+                                                                   theirs):
+    parent = parent_of(random_gpt(), Vocab([chr(b) for b in range(97, 110)], units, normalize))
+    cfg = RunConfig.from_dict({"data": {key: value}})
+    with pytest.raises(CharlmError) as e:
+        parent_config(cfg, set(), parent, {key})
+    assert str(e.value) == (
+        f"--init-from: data.{key}={value!r} conflicts with the parent's {theirs!r} in "
+        "runs/a/best.pt; a fine-tuned model keeps its parent's units and normal form (drop "
+        f"data.{key} from the config and --set, or train from scratch without --init-from)")
