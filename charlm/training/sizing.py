@@ -7,15 +7,17 @@ pick.
 The rule, fitted on this project's runs (docs/design.md, "Models sized to the budget"):
 
 1. A ladder of GPTs (`LADDER`), each about twice the parameters of the one before, with the
-   block size, batch and learning rate that suit it; rotary positions and a SwiGLU MLP, as the
-   CPU presets tuned on an AVX2 EPYC have. Both cost speed elsewhere (0.795x a step in bf16 on
-   an AVX512_BF16 Xeon, about 0.7x on an H200): a GPT-2-shaped ladder is not measured yet.
+   block size, batch and learning rate that suit it, in one recipe (`GPT_STYLE`, `GPT_RECIPE`):
+   rotary positions, as the CPU presets have, and the levers that won at equal wall time
+   (docs/benchmarks.md): a ReLU^2 MLP, a logit softcap, a bigram table, weight decay on the
+   blocks' matrices alone and an EMA of the weights (QK-norm cost more time than it gained).
 2. Each rung's training speed is measured here, before the run is built, from the smallest up
    (`measure_rate`: a few steps on random tokens with the run's device, dtype and threads, timed
    by the profile, `charlm.runtime.profile.train_rate`); the pick is recorded in config.yaml.
 3. The pick is the largest rung whose tokens in the budget (its rate over TRAIN_SHARE of the
-   budget) reach TOKENS_PER_PARAMETER times its parameters: a bigger model than that sees too
-   few tokens to beat it in the time. The smallest rung when none does.
+   budget) reach TOKENS_PER_PARAMETER times its parameters, a bigram table's aside
+   (`bigram_table`): a bigger model than that sees too few tokens to beat it in the time. The
+   smallest rung when none does.
 4. Dropout from the epochs the pick makes of the training split (`DROPOUT`): none below 10, 0.1
    from 10, 0.2 from 32 (nanoGPT's for its baby GPT, about 90 epochs of tiny-shakespeare; 0.1
    let a 6 x 384 at 56 epochs on an H200 overfit from its best 1.48 to 1.82). Dropout costs a
@@ -86,7 +88,12 @@ class Rung:
         return f"{self.n_layer} x {self.n_embd} (layers x width)"
 
 
-GPT_STYLE = {"pos_encoding": "rope", "activation": "swiglu"}  # the CPU presets'
+# rotary positions, as the CPU presets have, and the levers that won at equal wall time
+# (docs/benchmarks.md, "Levers at equal wall time")
+GPT_STYLE = {"pos_encoding": "rope", "activation": "relu2", "logit_softcap": 15.0,
+             "bigram": True}
+GPT_RECIPE = {"optim.weight_decay": 0.5, "optim.embedding_weight_decay": 0.0,
+              "optim.ema": 0.99}
 PAIR_STYLE = {"arch": "encoder_decoder", "pos_encoding": "sinusoidal",  # the G2P preset's
               "label_smoothing": 0.1}
 PAIR_RECIPE = {"optim.weight_decay": 0.01, "optim.warmup_iters": 300,  # the G2P preset's too
@@ -125,6 +132,7 @@ class Pick:
     epochs: float
     block_size: int
     next_ratio: float | None
+    aside: int = 0  # the parameters of a bigram table, which the rule does not count
 
     @property
     def dropout(self) -> float:
@@ -143,8 +151,9 @@ class Pick:
                f"of the training {data}; the next size up would get "
                f"{self.next_ratio:.1f} a parameter, the rule wants {TOKENS_PER_PARAMETER:g}"
                if self.next_ratio is not None else "the largest size charlm picks")
+        table = f" and a {self.aside / 1e6:.2f}M bigram table" if self.aside else ""
         return (f"model sized to {format_duration(seconds)}: {self.rung}, "
-                f"block {self.block_size}, {self.params / 1e6:.2f}M parameters, dropout "
+                f"block {self.block_size}, {self.params / 1e6:.2f}M parameters{table}, dropout "
                 f"{self.dropout:g}: at {self.rate:,.0f} tok/s measured here it trains on "
                 f"{self.tokens / 1e6:.1f}M tokens, {why} (a config or --set overrides)")
 
@@ -154,7 +163,7 @@ def rung_keys(rung: Rung, room: int | None) -> dict[str, Any]:
     encoder-decoder's recipe: `PAIR_RECIPE`)."""
     keys = {f"model.{k}": v for k, v in rung.shape(room).items()}
     keys["train.batch_size"] = rung.batch_size
-    return keys | PAIR_RECIPE if rung.block_size is None else keys
+    return keys | (PAIR_RECIPE if rung.block_size is None else GPT_RECIPE)
 
 
 def pick(seconds: float, rate: Callable[[Rung], float], train_tokens: int,
@@ -176,6 +185,14 @@ def pick(seconds: float, rate: Callable[[Rung], float], train_tokens: int,
                       rung.block(room), None)
     assert chosen is not None
     return chosen
+
+
+def bigram_table(task: Task) -> int:
+    """The parameters of the task's bigram table (`model.bigram`), which the rule does not
+    count: a lookup of one row a token, it costs a step little compute (as nanochat's fits
+    count the matrices and the head)."""
+    m = task.cfg.model
+    return (len(task.vocab) + 1) * len(task.vocab) * m.n_embd if m.bigram else 0
 
 
 def measure_rate(task: Task, device: torch.device, dtype: torch.dtype) -> float:
@@ -220,7 +237,9 @@ def size_model(cfg: RunConfig, given: Collection[str], task: Task, dist: Dist,
 
     ladder = PAIR_LADDER if isinstance(task, PairsTask) else LADDER
     chosen = pick(cfg.train.max_time, rate, task.train_tokens(),
-                  lambda rung: trial(rung).parameter_count(), room, ladder)
+                  lambda rung: trial(rung).parameter_count() - bigram_table(trial(rung)),
+                  room, ladder)
+    chosen.aside = bigram_table(trial(chosen.rung))
     if dist.is_main:
         print(chosen.line(cfg.train.max_time), flush=True)
     lr = cfg.optim.lr if "optim.lr" in given else chosen.rung.lr
