@@ -81,7 +81,7 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
     ckpt = checkpoint.load(run_dir / "last.pt") if resume else None
     if ckpt is not None:
         require_steps_left(cfg, ckpt, run_dir / "last.pt")
-        require_same_average(cfg, ckpt)
+        require_same_average(cfg, ckpt, run_dir / "last.pt")
     run = build_run(cfg, dist, device, resolve_dtype(cfg.train.dtype, device), ckpt, parent,
                     None if resume else size)
     tc = run.cfg.train  # a model sized to the budget changes the config

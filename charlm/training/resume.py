@@ -90,13 +90,18 @@ def require_same_budget(max_time: float | None, max_iters: int | None,
         "train.max_iters=N")
 
 
-def require_same_average(cfg: RunConfig, ckpt: dict[str, Any]) -> None:
+def require_same_average(cfg: RunConfig, ckpt: dict[str, Any], path: Path) -> None:
     """Refuse a resume that turns `optim.ema` on or off: the checkpoint holds an average and
-    the trained weights beside it (saved as "train_model"), or the trained weights alone."""
+    the trained weights beside it (saved as "train_model"), or the trained weights alone
+    (`ckpt`, read from `path`)."""
     had = "train_model" in ckpt
     if had == (cfg.optim.ema > 0):
         return
-    saved = ckpt.get("config", {}).get("optim", {}).get("ema", 0.0) if had else 0.0
+    config = ckpt.get("config")
+    optim = config.get("optim") if isinstance(config, dict) else None
+    saved = optim.get("ema") if isinstance(optim, dict) and had else 0.0
+    if not isinstance(saved, (int, float)) or isinstance(saved, bool):
+        raise checkpoint.damaged(path, "optim.ema of its config is not a number")
     raise CharlmError(
         f"--resume: optim.ema={cfg.optim.ema:g} cannot apply: the run was trained "
         f"{'with' if had else 'without'} a weight average (optim.ema={saved:g}); resume with "
