@@ -1,12 +1,14 @@
-"""Config values: YAML read with every plain scalar kept as its text, and `coerce`, which reads
-a value by the type of the dataclass field it is for (`010` is ten for an integer, `08` a path
-for a string). `charlm.config.loading` reads files with them and `charlm.config.schema` types
-the values of the run's config.
+"""Config values: YAML read by PyYAML's safe loader with every plain scalar kept as its text,
+and `coerce`, which reads a value by the type of the dataclass field it is for (`010` is ten for
+an integer, `08` a path for a string), by the table of YAML 1.2's plain scalars (`_PLAIN`).
+`charlm.config.loading` reads files with them and `charlm.config.schema` types the run's config.
 """
 
 from __future__ import annotations
 
 import math
+import re
+import sys
 import types
 import typing
 from pathlib import Path
@@ -112,102 +114,52 @@ def dump_yaml(data: Any) -> str:
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False)
 
 
-_NULL = ("", "~", "null", "Null", "NULL")
+# How YAML 1.2's core schema reads a plain scalar (with YAML 1.1's yes/no/on/off, as PyYAML read
+# them), the first match winning; underscores may follow any digit (`1_000`, `0x_ff`).
+_INT = re.compile(r"[-+]?(?:0b[01_]*[01][01_]*|0o[0-7_]*[0-7][0-7_]*"
+                  r"|0x[0-9a-fA-F_]*[0-9a-fA-F][0-9a-fA-F_]*|[0-9][0-9_]*)")
+_FLOAT = re.compile(r"[-+]?(?:\.[0-9_]*[0-9][0-9_]*|[0-9][0-9_]*(?:\.[0-9_]*)?)"
+                    r"(?:[eE][-+]?[0-9_]*[0-9][0-9_]*)?")
+_INF_NAN = re.compile(r"[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)")
 
 
-_BOOL = {form: value for value, words in ((True, "yes true on"), (False, "no false off"))
-         for word in words.split() for form in (word, word.capitalize(), word.upper())}
-
-
-_INF = {f"{sign}.{inf}": float(f"{sign}inf") for sign in ("", "+", "-")
-        for inf in ("inf", "Inf", "INF")}
-
-
-_NAN = (".nan", ".NaN", ".NAN")
-
-
-def _null(text: str) -> None:
-    if text not in _NULL:
-        raise ValueError(text)
-
-
-def _bool(text: str) -> bool:
-    return _BOOL[text]  # YAML 1.1's words, as PyYAML read them: yes/no and on/off too
-
-
-def _digits(text: str) -> str:
-    """`text` without its underscores, which may follow any digit (`1_000`, `0x_ff`)."""
-    if not text.isascii() or text.lstrip("+-")[:1] == "_":
-        raise ValueError(text)
-    return text.replace("_", "")
-
-
-def _int(text: str) -> int:
-    """Decimal (leading zeros allowed: `010` is ten), or `0b` / `0o` / `0x`, with a sign."""
-    digits = _digits(text)
-    body = digits[1:] if digits[:1] in ("+", "-") else digits
-    if not body.isalnum():  # int() would take spaces, and a second sign
-        raise ValueError(text)
-    return int(digits, 0 if body[:2] in ("0b", "0o", "0x") else 10)
-
-
-def _float(text: str) -> float:
-    """An integer, Python's float syntax with a digit in it (`1e-3`, `.5`), `.inf` or `.nan`."""
-    if text in _INF or text in _NAN:
-        return _INF.get(text, math.nan)
+def _int(text: str) -> int | float:
+    """Decimal (leading zeros allowed: `010` is ten), or `0b` / `0o` / `0x`, with a sign. One of
+    more digits than Python converts is infinity, as YAML's float rules read it."""
+    digits = text.replace("_", "")
+    sign, body = (-1, digits[1:]) if digits[0] == "-" else (1, digits.lstrip("+"))
+    base = {"0b": 2, "0o": 8, "0x": 16}.get(body[:2])
     try:
-        return float(_int(text))
-    except (ValueError, OverflowError):
-        digits = _digits(text)
-    if not any(c.isdigit() for c in digits):  # float() takes `inf`, `nan`, `infinity` too
-        raise ValueError(text)
-    return float(digits)
-
-
-def too_large(text: str) -> bool:
-    """Whether `text` is a number beyond the largest float (`1e999`, an integer of thousands of
-    digits, which Python does not even convert to an int): YAML's rules read it as infinity."""
-    try:
-        digits = _digits(text)
-        return any(c.isdigit() for c in digits) and math.isinf(float(digits))
+        return sign * (int(body[2:], base) if base else int(body))
     except ValueError:
-        return False
+        return sign * math.inf
 
 
-def _str(text: str) -> str:
-    if text in _NULL:  # no string: `coerce` reports it as None, as it does a null
-        raise ValueError(text)
-    return str(text)
-
-
-_READERS: dict[Any, typing.Callable[[str], Any]] = {
-    type(None): _null, bool: _bool, int: _int, float: _float, str: _str}
+_PLAIN: tuple[tuple[re.Pattern[str], typing.Callable[[str], Any]], ...] = (
+    (re.compile(r"~|null|Null|NULL|"), lambda text: None),
+    (re.compile(r"yes|Yes|YES|true|True|TRUE|on|On|ON"), lambda text: True),
+    (re.compile(r"no|No|NO|false|False|FALSE|off|Off|OFF"), lambda text: False),
+    (_INT, _int),
+    (_FLOAT, lambda text: float(text.replace("_", ""))),
+    (_INF_NAN, lambda text: float(text.replace(".", ""))),
+)
 
 
 def plain_value(text: str) -> Any:
     """A plain scalar's text as YAML 1.2 reads it: null, a bool, an integer, a float or the
     text itself. Error messages show a value the way a YAML reader sees it."""
-    for tp in (type(None), bool, int, float):
-        try:
-            return _READERS[tp](text)
-        except (KeyError, ValueError):
-            pass
+    for pattern, read in _PLAIN:
+        if pattern.fullmatch(text):
+            return read(text)
     return str(text)
 
 
-def _read(text: Text, tp: Any) -> Any:
-    """`text` read by the grammar of type `tp` (of one of a union's types, in their order); where
-    none fits, as YAML reads it, so that `coerce` names what is wrong."""
-    for arg in typing.get_args(tp) if _is_union(tp) else (tp,):
-        if typing.get_origin(arg) is Literal:
-            if text in typing.get_args(arg):
-                return str(text)
-            continue
-        try:
-            return _READERS[arg](text)
-        except (KeyError, ValueError):
-            pass
-    return plain_value(text)
+def _too_large(text: Text) -> bool:
+    """Whether `text` is a number beyond the largest float (`1e999`, an integer of thousands of
+    digits), which YAML's rules read as infinity."""
+    value = plain_value(text)
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and abs(value) > sys.float_info.max and not _INF_NAN.fullmatch(text))
 
 
 def untext(value: Any) -> Any:
@@ -221,62 +173,69 @@ def untext(value: Any) -> Any:
     return value
 
 
-def _is_union(tp: Any) -> bool:
-    return typing.get_origin(tp) in (typing.Union, types.UnionType)
+def _options(tp: Any) -> tuple[Any, ...]:
+    """A union's types in their order; any other type alone."""
+    union = typing.get_origin(tp) in (typing.Union, types.UnionType)
+    return typing.get_args(tp) if union else (tp,)
 
 
 def _type_name(tp: Any) -> str:
     if typing.get_origin(tp) is Literal:
         return "one of " + ", ".join(repr(c) for c in typing.get_args(tp))
-    if _is_union(tp):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if len(_options(tp)) > 1:
+        return " or ".join(_type_name(a) for a in _options(tp))
     if typing.get_origin(tp) is tuple:
         return f"a list, each item {_type_name(typing.get_args(tp)[0])}"
     return {type(None): "null", int: "an integer", float: "a number", bool: "true/false",
             str: "a string"}.get(tp, str(tp))
 
 
+_NO = object()
+
+
+def _as(value: Any, tp: Any) -> Any:
+    """`value` as the type `tp` (one of a union's, not a tuple), or `_NO` where it is not one."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    fits = {type(None): value is None, bool: isinstance(value, bool), str: isinstance(value, str),
+            int: number and isinstance(value, int), float: number}.get(tp)
+    if typing.get_origin(tp) is Literal:
+        fits = isinstance(value, str) and value in typing.get_args(tp)
+    if not fits:
+        return _NO
+    return float(value) if tp is float else str(value) if tp is str else value
+
+
+def _read(text: Text, tp: Any) -> Any:
+    """A plain scalar's text as the first of `tp`'s types that reads it: as text where that type
+    takes text (`08` for a path), else as YAML reads it (`010` for an integer is ten)."""
+    value = plain_value(text)
+    for arg in _options(tp):
+        if value is not None and _as(str(text), arg) is not _NO:
+            return str(text)
+        if _as(value, arg) is not _NO:
+            return value
+    return value
+
+
 def coerce(value: Any, tp: Any, key: str, where: str = "") -> Any:
     """Return `value` as type `tp`, or raise a CharlmError that says what is allowed. A plain
-    YAML scalar's text is read by the grammar of `tp` first (`_read`)."""
+    YAML scalar's text is read by `tp` first (`_read`)."""
     at = f" in {where}" if where else ""
     if isinstance(value, Text):
-        if too_large(value) and str not in (typing.get_args(tp) if _is_union(tp) else (tp,)):
+        if str not in _options(tp) and _too_large(value):
             number = value if len(value) <= 20 else f"{value[:20]}... ({len(value):,} characters)"
             raise CharlmError(f"invalid value for {key}{at}: {number} is a number too large to "
                               "read; give a smaller one")
         value = _read(value, tp)
-    origin = typing.get_origin(tp)
-    if _is_union(tp):
-        for arg in typing.get_args(tp):
-            try:
-                return coerce(value, arg, key, where)
-            except CharlmError:
-                if arg is float and isinstance(value, float):  # NaN or inf: say so
-                    raise
-    elif origin is Literal:
-        if value in typing.get_args(tp):
-            return value
-    elif tp is type(None):
-        if value is None:
-            return None
-    elif tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif origin is tuple:  # tuple[X, ...], given as a list or a tuple
-        if isinstance(value, (list, tuple)):
-            return tuple(coerce(item, typing.get_args(tp)[0], key, where) for item in value)
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if math.isfinite(value):
-                return float(value)
+    for arg in _options(tp):
+        if typing.get_origin(arg) is tuple and isinstance(value, (list, tuple)):
+            return tuple(coerce(item, typing.get_args(arg)[0], key, where) for item in value)
+        got = _as(value, arg)
+        if isinstance(got, float) and not math.isfinite(got):
             # A NaN fails every range check, but an infinite lr or weight decay would pass them.
             raise CharlmError(f"invalid value for {key}{at}: {value}, expected a finite number")
-    elif tp is str and isinstance(value, str):
-        return value
+        if got is not _NO:
+            return got
     raise CharlmError(
         f"invalid value for {key}{at}: {shown(untext(value))}, expected {_type_name(tp)}")
 

@@ -66,7 +66,9 @@ def test_load_text_keeps_plain_scalars_as_text_and_quoted_ones_as_strings():
 @pytest.mark.parametrize("text, tp, value", [
     ("010", int, 10), ("08", str, "08"), ("1", float, 1.0), ("yes", bool, True),
     ("~", int | None, None), ("12", int | None, 12), ("rope", Literal["learned", "rope"], "rope"),
-    ("true", str, "true"), ("1e5", str, "1e5"),
+    ("true", str, "true"), ("1e5", str, "1e5"), ("4", int | str, 4), ("auto", int | str, "auto"),
+    ("300", float | str | None, 300.0), ("5m", float | str | None, "5m"),
+    ("null", str | None, None), ("08", str | None, "08"),
 ])
 def test_coerce_reads_a_plain_scalar_by_its_fields_type(text, tp, value):
     got = coerce(Text(text), tp, "key")
