@@ -49,7 +49,7 @@ def info(
     vocabulary comes from data.path, read without writing anything (an encoder-decoder's two
     from its pairs)."""
     from charlm.cli.train import train_config
-    from charlm.config.values import dump_yaml
+    from charlm.config.yaml_files import dump_yaml
     from charlm.data.prepared import data_summary
     from charlm.export import is_export_dir, load_safetensors
     from charlm.info.summary import config_model, describe, render_text

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from charlm.config.sampling import SampleConfig
-from charlm.config.values import Text
+from charlm.config.yaml_files import PlainScalar
 from charlm.core.errors import CharlmError
 from charlm.core.files import temp_beside
 
@@ -90,8 +90,8 @@ def run_command(line: str, opts: SampleConfig, start: SampleConfig) -> tuple[Sam
     if name not in SETTABLE:
         raise CharlmError(f"unknown command /{name}; /help lists the commands")
     if value:
-        # read as `--set` reads a value (`Text`): SampleConfig types and checks it
-        opts = dataclasses.replace(opts, **{name: Text(value)})
+        # read as `--set` reads a value (`PlainScalar`): SampleConfig types and checks it
+        opts = dataclasses.replace(opts, **{name: PlainScalar(value)})
     return opts, f"{name} {shown(getattr(opts, name))}"
 
 

@@ -13,7 +13,7 @@ import typer
 from charlm.cli.options import DEVICES, SetOpt, command_app
 from charlm.config.loading import Override, dotted_key, is_config_file, load_config
 from charlm.config.schema import RunConfig
-from charlm.config.values import read_yaml_file
+from charlm.config.yaml_files import read_yaml_file
 from charlm.core.durations import format_duration
 from charlm.core.errors import CharlmError
 from charlm.core.ranks import is_main_process

@@ -8,7 +8,8 @@ import difflib
 import typing
 from typing import Any
 
-from charlm.config.values import Text, coerce, plain_value
+from charlm.config.values import coerce
+from charlm.config.yaml_files import PlainScalar, plain_value
 from charlm.core.errors import CharlmError
 
 
@@ -24,7 +25,7 @@ def suggest(name: str, valid: typing.Iterable[str]) -> str:
 def as_mapping(raw: Any, must: str) -> dict[str, Any]:
     """`raw` as a dict (empty for nothing, as an empty YAML file or section is); otherwise the
     error `must, got TYPE` (a plain scalar named by the type YAML gives it)."""
-    if isinstance(raw, Text):
+    if isinstance(raw, PlainScalar):
         raw = plain_value(raw)
     if raw is None:
         return {}

@@ -15,7 +15,7 @@ import torch
 
 from charlm.config.loading import Override, apply_overrides, load_config, save_config
 from charlm.config.schema import OptimConfig, RunConfig
-from charlm.config.values import read_yaml_file
+from charlm.config.yaml_files import read_yaml_file
 from charlm.core.errors import CharlmError
 from charlm.core.files import locked_dir, make_writable_dir, remove_temps, some, strangers
 from charlm.training import checkpoint, steps

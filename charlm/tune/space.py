@@ -27,7 +27,8 @@ from typing import Any
 from charlm.config.loading import apply_overrides
 from charlm.config.parsing import suggest
 from charlm.config.schema import RunConfig
-from charlm.config.values import load_text, read_yaml_file, shown, untext
+from charlm.config.values import shown
+from charlm.config.yaml_files import load_text, read_yaml_file, untext
 from charlm.core.durations import duration_seconds
 from charlm.core.errors import CharlmError
 

@@ -19,7 +19,7 @@ import optuna
 from optuna.storages.journal import JournalFileBackend
 
 from charlm.config.schema import RunConfig
-from charlm.config.values import dump_yaml, read_yaml_file, untext
+from charlm.config.yaml_files import dump_yaml, read_yaml_file, untext
 from charlm.core.errors import CharlmError, one_line
 from charlm.core.files import make_writable_dir, write_text_atomic
 from charlm.data.prepared import prepared_data, prepared_dir

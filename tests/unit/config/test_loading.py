@@ -8,7 +8,7 @@ import pytest
 
 from charlm.config.loading import load_config, save_config
 from charlm.config.schema import RunConfig
-from charlm.config.values import dump_yaml, parse_yaml
+from charlm.config.yaml_files import dump_yaml, parse_yaml
 from charlm.core.errors import CharlmError
 from tests.helpers import ROOT
 

@@ -6,15 +6,14 @@ from typing import Literal
 import pytest
 
 from charlm.config.loading import load_config
-from charlm.config.values import (
-    Text,
-    coerce,
+from charlm.config.values import coerce, shown
+from charlm.config.yaml_files import (
+    PlainScalar,
     dump_yaml,
     load_text,
     parse_yaml,
     plain_value,
     read_yaml_file,
-    shown,
     untext,
 )
 from charlm.core.errors import CharlmError
@@ -58,8 +57,8 @@ def test_nan_has_three_spellings():
 def test_load_text_keeps_plain_scalars_as_text_and_quoted_ones_as_strings():
     data = load_text("a: 010\nb: '010'\nc: [08, \"yes\", yes]\n")
     assert data == {"a": "010", "b": "010", "c": ["08", "yes", "yes"]}
-    assert isinstance(data["a"], Text) and not isinstance(data["b"], Text)
-    assert [isinstance(v, Text) for v in data["c"]] == [True, False, True]
+    assert isinstance(data["a"], PlainScalar) and not isinstance(data["b"], PlainScalar)
+    assert [isinstance(v, PlainScalar) for v in data["c"]] == [True, False, True]
     assert untext(data) == {"a": 10, "b": "010", "c": [8, "yes", True]}
 
 
@@ -71,21 +70,21 @@ def test_load_text_keeps_plain_scalars_as_text_and_quoted_ones_as_strings():
     ("null", str | None, None), ("08", str | None, "08"),
 ])
 def test_coerce_reads_a_plain_scalar_by_its_fields_type(text, tp, value):
-    got = coerce(Text(text), tp, "key")
+    got = coerce(PlainScalar(text), tp, "key")
     assert got == value and type(got) is type(value)
-    assert coerce([Text("a"), Text("010")], tuple[str, ...], "key") == ("a", "010")
+    assert coerce([PlainScalar("a"), PlainScalar("010")], tuple[str, ...], "key") == ("a", "010")
 
 
 @pytest.mark.parametrize("value, tp, message", [
-    (Text("x"), int, "invalid value for model.n_layer in c.yaml: 'x', expected an integer"),
+    (PlainScalar("x"), int, "invalid value for model.n_layer in c.yaml: 'x', expected an integer"),
     (True, int, "invalid value for model.n_layer in c.yaml: True, expected an integer"),
-    (Text("1.5"), int | None,
+    (PlainScalar("1.5"), int | None,
      "invalid value for model.n_layer in c.yaml: 1.5, expected an integer or null"),
-    (Text(".inf"), float,
+    (PlainScalar(".inf"), float,
      "invalid value for model.n_layer in c.yaml: inf, expected a finite number"),
-    (Text("alibi"), Literal["learned", "rope"],
+    (PlainScalar("alibi"), Literal["learned", "rope"],
      "invalid value for model.n_layer in c.yaml: 'alibi', expected one of 'learned', 'rope'"),
-    ([1, Text("x")], tuple[int, ...],
+    ([1, PlainScalar("x")], tuple[int, ...],
      "invalid value for model.n_layer in c.yaml: 'x', expected an integer"),
 ])
 def test_coerce_names_the_key_where_and_what_it_expected(value, tp, message):
@@ -153,7 +152,7 @@ def test_a_number_too_large_to_read_says_so(text, tp, shown_as):
     """A 5,000-digit integer in a --set was "inf, expected an integer": Python refuses to convert
     it, so YAML's float rules read it as infinity."""
     with pytest.raises(CharlmError) as e:
-        coerce(Text(text), tp, "model.n_layer", "c.yaml")
+        coerce(PlainScalar(text), tp, "model.n_layer", "c.yaml")
     assert str(e.value) == (f"invalid value for model.n_layer in c.yaml: {shown_as} is a number "
                             "too large to read; give a smaller one")
-    assert coerce(Text(text), str | None, "data.path") == text  # a name, not a number
+    assert coerce(PlainScalar(text), str | None, "data.path") == text  # a name, not a number
