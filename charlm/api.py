@@ -83,9 +83,9 @@ def load(path: str | Path, device: str = "auto", option: str = "device",
 
 
 def sample(lm: LM, prompt: str | None = None, **options: Any) -> list:
-    """Generate samples (`generate.Sample`: text, prompt, tokens, seconds, stopped); options are
-    those of `SampleConfig` (temperature, top_k, top_p, min_p, repetition_penalty, beams, stop,
-    num_samples, max_new_tokens, seed, ...)."""
+    """Generate samples (`generation.text.Sample`: text, prompt, tokens, seconds, stopped);
+    options are those of `SampleConfig` (temperature, top_k, top_p, min_p, repetition_penalty,
+    beams, stop, num_samples, max_new_tokens, seed, ...)."""
     return _sample(lm, prompt, _sample_options(options))
 
 

@@ -21,8 +21,7 @@ from charlm.config.schema import RunConfig
 from tests.helpers import ROOT, SHAKESPEARE, TINY, CliResult, files_under, run_main
 
 # Under pytest-xdist each core runs a worker: one thread each, in the worker and in the processes
-# it starts (charlm train, torchrun), or the cores are oversubscribed and every op waits (on the
-# 2-core EPYC two workers took 8 min 53 s with torch's default threads, 3 min 34 s with one).
+# it starts (charlm train, torchrun), or the cores are oversubscribed and every op waits.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
     torch.set_num_threads(1)

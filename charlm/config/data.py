@@ -7,75 +7,75 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from charlm.config.keys import _check, _key
+from charlm.config.keys import require, setting
 
 
 @dataclass
 class DataConfig:
     """What a run trains on: a text file, paired text or a prepared dataset dir."""
 
-    path: str | tuple[str, ...] = _key(
+    path: str | tuple[str, ...] = setting(
         "data/tinyshakespeare.txt", "the text: a file, a folder (every file under it, hidden "
         "ones skipped), a quoted glob (`src/**/*.py`), `-` for stdin, a `.gz`, `.bz2` or `.xz` "
         "file, or a list of these; a `.tsv` of pairs; or a dataset dir made by `charlm prepare`")
-    val_fraction: float = _key(
+    val_fraction: float = setting(
         0.1, "held out for validation, in (0, 1): the last fraction of each text (see `split`); "
         "pairs: a share of the sources, by their hash")
-    split: Literal["tail", "files"] = _key(
+    split: Literal["tail", "files"] = setting(
         "tail", "text: where validation comes from: `tail`, the last `val_fraction` of each "
         "file; `files`, whole files, chosen by a hash of their path (a code corpus never has "
         "half a file in each split)")
-    skip_invalid: bool = _key(
+    skip_invalid: bool = setting(
         False, "text: skip (and count) input files that are empty or not UTF-8 text, instead "
         "of stopping at the first")
-    include: tuple[str, ...] = _key(
+    include: tuple[str, ...] = setting(
         (), "text: of the files a folder or glob brings, only those that match one of these "
         "patterns (`*.py`; a pattern with a `/` matches the path under the folder)")
-    exclude: tuple[str, ...] = _key(
+    exclude: tuple[str, ...] = setting(
         (), "text: of the files a folder or glob brings, leave out those that match one of "
         "these patterns (`tests/*`)")
-    unicode_normalize: Literal["NFC", "NFKC", "NFD", "NFKD"] | None = _key(
+    unicode_normalize: Literal["NFC", "NFKC", "NFD", "NFKD"] | None = setting(
         None, "text: put the text in this Unicode normal form (and prompts and eval text "
         "alike), so `é` typed as e + U+0301 is the `é` of the model; null: as written")
-    format: Literal["auto", "text", "pairs"] = _key(
+    format: Literal["auto", "text", "pairs"] = setting(
         "auto", "`auto`: pairs for a `.tsv` file, else text; `text` or `pairs` say so for any "
         "name")
-    units: Literal["char", "byte"] = _key(
+    units: Literal["char", "byte"] = setting(
         "char", "text: a model's symbols, the characters (`char`) or the bytes of the text's "
         "UTF-8 (`byte`: at most 256, any script; eval gives bits per byte); a prepared dataset "
         "dir keeps its own")
-    separator: str = _key("\t", "pairs: what separates a line's source from its target")
-    target_units: Literal["char", "space"] = _key(
+    separator: str = setting("\t", "pairs: what separates a line's source from its target")
+    target_units: Literal["char", "space"] = setting(
         "char", "pairs: a target's units, its characters (`char`) or its space-separated "
         "symbols such as phonemes (`space`)")
-    test_fraction: float = _key(
+    test_fraction: float = setting(
         0.0, "pairs: the share of sources held out for `charlm eval`, in [0, 1)")
-    max_source_len: int | None = _key(
+    max_source_len: int | None = setting(
         None, "pairs: the longest source in characters; null: `model.block_size`")
-    max_target_len: int | None = _key(
+    max_target_len: int | None = setting(
         None, "pairs: the longest target in units; null: `model.block_size` - 1")
-    skip_bad_pairs: bool = _key(
+    skip_bad_pairs: bool = setting(
         False, "pairs: skip (and count) bad lines instead of stopping at the first")
 
     def __post_init__(self) -> None:
         if isinstance(self.path, tuple) and len(self.path) == 1:
             self.path = self.path[0]  # one input is a string, as it was before lists
-        _check(bool(self.path) and all(self.inputs), "data.path", "must not be empty")
-        _check(
+        require(bool(self.path) and all(self.inputs), "data.path", "must not be empty")
+        require(
             0 < self.val_fraction < 1,
             "data.val_fraction",
             f"{self.val_fraction} is outside (0, 1)",
         )
-        _check(0 <= self.test_fraction < 1 and self.val_fraction + self.test_fraction < 1,
+        require(0 <= self.test_fraction < 1 and self.val_fraction + self.test_fraction < 1,
                "data.test_fraction", f"{self.test_fraction} must be in [0, 1) and leave "
                f"training pairs beside data.val_fraction={self.val_fraction}")
-        _check(self.units == "char" or self.unicode_normalize is None, "data.unicode_normalize",
+        require(self.units == "char" or self.unicode_normalize is None, "data.unicode_normalize",
                "applies to data.units=char only: bytes are taken as they are; remove it")
-        _check(bool(self.separator) and self.separator != "\n", "data.separator",
+        require(bool(self.separator) and self.separator != "\n", "data.separator",
                "must be a non-empty string other than a newline")
         for key in ("max_source_len", "max_target_len"):
             value = getattr(self, key)
-            _check(value is None or value >= 1, f"data.{key}", "must be >= 1, or null")
+            require(value is None or value >= 1, f"data.{key}", "must be >= 1, or null")
 
     @property
     def pairs(self) -> bool:

@@ -1,5 +1,5 @@
-"""How a config section declares its keys: `_key` (a default with its help, which
-`charlm.config.reference` renders into docs/config.md) and `_check` (a validation that fails as
+"""How a config section declares its keys: `setting` (a default with its help, which
+`charlm.config.reference` renders into docs/config.md) and `require` (a validation that fails as
 one `invalid config value` error)."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from typing import Any
 from charlm.core.errors import CharlmError
 
 
-def _key(default: Any, help: str) -> Any:
+def setting(default: Any, help: str) -> Any:
     """A config key with its default and its help: what `docs/config.md` says it means
     (`charlm.config.reference` renders it; `SampleConfig`'s options declare theirs the same way)."""
     return field(default=default, metadata={"help": help})
 
 
-def _check(ok: bool, key: str, msg: str) -> None:
+def require(ok: bool, key: str, msg: str) -> None:
     if not ok:
         raise CharlmError(f"invalid config value {key}: {msg}")

@@ -1,5 +1,5 @@
 """The config reference, docs/config.md, rendered from the schema: for each section its docstring,
-and for each key its type, its default and its help (`keys._key`), so the reference says what
+and for each key its type, its default and its help (`keys.setting`), so the reference says what
 the code does. `python scripts/config_docs.py` writes it; a test fails when it is out of date.
 """
 
@@ -68,7 +68,7 @@ def config_reference() -> str:
         key_hints = typing.get_type_hints(cls)
         for key in dataclasses.fields(cls):
             if "help" not in key.metadata:
-                raise ValueError(f"{section.name}.{key.name} has no help; declare it with _key")
+                raise ValueError(f"{section.name}.{key.name} has no help; declare it with setting")
             lines.append(f"| `{section.name}.{key.name}` | {cell(type_name(key_hints[key.name]))} "
                          f"| `{cell(yaml_value(key.default))}` | {cell(key.metadata['help'])} |")
         lines.append("")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from charlm.config.data import DataConfig
-from charlm.config.keys import _check, _key
+from charlm.config.keys import require, setting
 from charlm.config.optim import OptimConfig
 from charlm.config.parsing import as_mapping, build_section, suggest
 from charlm.core.durations import duration_seconds
@@ -38,71 +38,71 @@ def device_error(name: str) -> str | None:
 class ModelConfig:
     """The architecture, fixed for the life of a run: a resume takes it from the checkpoint."""
 
-    arch: Literal["decoder", "encoder_decoder"] = _key(
+    arch: Literal["decoder", "encoder_decoder"] = setting(
         "decoder", "a GPT (`decoder`), or Vaswani's encoder-decoder for paired text "
         "(`encoder_decoder`, see docs/paired_text.md)")
-    n_encoder_layer: int | None = _key(
+    n_encoder_layer: int | None = setting(
         None, "`encoder_decoder`: the encoder's blocks; null: `n_layer`")
-    block_size: int = _key(
+    block_size: int = setting(
         64, "context length in characters; `encoder_decoder`: the longest source, and the "
         "longest target with its begin id")
-    n_layer: int = _key(4, "transformer blocks (`encoder_decoder`: the decoder's)")
-    n_head: int = _key(4, "attention heads; must divide `n_embd`")
-    n_embd: int = _key(128, "model width")
-    n_ff: int | None = _key(
+    n_layer: int = setting(4, "transformer blocks (`encoder_decoder`: the decoder's)")
+    n_head: int = setting(4, "attention heads; must divide `n_embd`")
+    n_embd: int = setting(128, "model width")
+    n_ff: int | None = setting(
         None, "hidden width of the MLP; null: 4 * `n_embd`, or for `swiglu` 8 * ceil(`n_embd` "
         "/ 3), which keeps its three projections about as large as the two of the others")
-    dropout: float = _key(0.0, "dropout probability, in [0, 1)")
-    label_smoothing: float = _key(
+    dropout: float = setting(0.0, "dropout probability, in [0, 1)")
+    label_smoothing: float = setting(
         0.0, "label smoothing of the training loss, in [0, 1); eval losses are never smoothed")
-    bias: bool = _key(False, "biases in the linear layers and norms")
-    tie_weights: bool = _key(True, "the output head shares the token embedding's weights")
-    pos_encoding: Literal["learned", "sinusoidal", "rope", "none"] = _key(
+    bias: bool = setting(False, "biases in the linear layers and norms")
+    tie_weights: bool = setting(True, "the output head shares the token embedding's weights")
+    pos_encoding: Literal["learned", "sinusoidal", "rope", "none"] = setting(
         "learned", "positions: `learned` (GPT-2's), `sinusoidal`, `rope` (rotary; needs an even "
         "head size) or `none` (the causal mask alone)")
-    norm: Literal["layernorm", "rmsnorm"] = _key(
+    norm: Literal["layernorm", "rmsnorm"] = setting(
         "layernorm", "LayerNorm, or RMSNorm (no centring and no bias)")
-    norm_placement: Literal["pre", "post"] = _key(
+    norm_placement: Literal["pre", "post"] = setting(
         "pre", "`pre`: x + f(norm(x)) with a final norm; `post`: norm(x + f(x)), the original "
         "Transformer's (it needs a gentler `optim.lr` and warmup)")
-    activation: Literal["gelu", "relu", "relu2", "swiglu"] = _key(
+    activation: Literal["gelu", "relu", "relu2", "swiglu"] = setting(
         "gelu", "the MLP's nonlinearity; `relu2` is relu(x)^2 (modded-nanogpt's); `swiglu` "
         "gates it with a third projection (see `n_ff`)")
-    qk_norm: bool = _key(
+    qk_norm: bool = setting(
         False, "RMS-normalise each head's queries and keys (no weights) before attention")
-    zero_init: bool = _key(
+    zero_init: bool = setting(
         False, "start the projections into the residual stream (attention's and the MLP's "
         "outputs) and an untied head at zero, so each block starts as the identity")
-    logit_softcap: float = _key(
+    logit_softcap: float = setting(
         0.0, "squash the logits smoothly into (-cap, cap), cap * tanh(logits / cap); 0: none")
-    bigram: bool = _key(
+    bigram: bool = setting(
         False, "add a learned vector per (previous, current) token pair to the input, a table "
         "of (V + 1) x V rows (V the vocabulary; the first position has no previous); "
         "`decoder` only")
 
     def __post_init__(self) -> None:
         for key in ("block_size", "n_layer", "n_head", "n_embd"):
-            _check(getattr(self, key) >= 1, f"model.{key}", "must be >= 1")
-        _check(self.n_encoder_layer is None or self.n_encoder_layer >= 1,
+            require(getattr(self, key) >= 1, f"model.{key}", "must be >= 1")
+        require(self.n_encoder_layer is None or self.n_encoder_layer >= 1,
                "model.n_encoder_layer", "must be >= 1, or null for model.n_layer")
-        _check(self.arch == "encoder_decoder" or self.n_encoder_layer is None,
+        require(self.arch == "encoder_decoder" or self.n_encoder_layer is None,
                "model.n_encoder_layer", "applies to model.arch=encoder_decoder only; remove it "
                "or set model.arch=encoder_decoder")
-        _check(
+        require(
             self.n_embd % self.n_head == 0,
             "model.n_embd",
             f"{self.n_embd} is not divisible by model.n_head={self.n_head}; "
             "choose n_embd as a multiple of n_head",
         )
-        _check(self.n_ff is None or self.n_ff >= 1, "model.n_ff", "must be >= 1 or null")
-        _check(0.0 <= self.dropout < 1.0, "model.dropout", f"{self.dropout} is outside [0, 1)")
-        _check(0.0 <= self.label_smoothing < 1.0, "model.label_smoothing",
+        require(self.n_ff is None or self.n_ff >= 1, "model.n_ff", "must be >= 1 or null")
+        require(0.0 <= self.dropout < 1.0, "model.dropout", f"{self.dropout} is outside [0, 1)")
+        require(0.0 <= self.label_smoothing < 1.0, "model.label_smoothing",
                f"{self.label_smoothing} is outside [0, 1)")
-        _check(self.logit_softcap >= 0, "model.logit_softcap",
+        require(self.logit_softcap >= 0, "model.logit_softcap",
                f"{self.logit_softcap} must be >= 0 (0: no cap)")
-        _check(not (self.bigram and self.arch == "encoder_decoder"), "model.bigram",
+        require(not (self.bigram and self.arch == "encoder_decoder"), "model.bigram",
                "applies to model.arch=decoder only")
-        _check(
+        require(
             self.pos_encoding != "rope" or self.head_dim % 2 == 0,
             "model.pos_encoding",
             f"rope rotates pairs of features and needs an even head size, but n_embd / n_head = "
@@ -149,77 +149,77 @@ class TrainConfig:
     """How long a run trains, how it evaluates, checkpoints and logs, on which device, and where
     it writes."""
 
-    max_iters: int = _key(1500, "optimizer steps")
-    max_time: float | str | None = _key(
+    max_iters: int = setting(1500, "optimizer steps")
+    max_time: float | str | None = setting(
         None, "a time budget in seconds, or `30s`, `5m`, `2h`, instead of `max_iters`: the "
         "schedule runs along the elapsed time and the run ends, with its final evaluation, "
         "within it (its steps follow the clock: not repeatable bitwise)")
-    batch_size: int = _key(
+    batch_size: int = setting(
         16, "sequences per micro-batch (of all processes together under torchrun)")
-    grad_accum: int = _key(1, "micro-batches per optimizer step")
-    eval_interval: int = _key(
+    grad_accum: int = setting(1, "micro-batches per optimizer step")
+    eval_interval: int = setting(
         250, "steps between evaluations (and `best.pt` when the val loss improved)")
-    eval_iters: int = _key(20, "batches per split in an evaluation")
-    log_interval: int = _key(50, "steps between log lines in `metrics.jsonl` and TensorBoard")
-    checkpoint_interval: int | None = _key(
+    eval_iters: int = setting(20, "batches per split in an evaluation")
+    log_interval: int = setting(50, "steps between log lines in `metrics.jsonl` and TensorBoard")
+    checkpoint_interval: int | None = setting(
         None, "steps between writes of `last.pt`; null: at every evaluation")
-    keep_checkpoints: int = _key(
+    keep_checkpoints: int = setting(
         0, "also write `checkpoints/step-NNNNNN.pt` at each write of `last.pt` and keep the "
         "newest N of them (`charlm sample RUN --step N`); 0: none")
-    max_bad_steps: int = _key(
+    max_bad_steps: int = setting(
         5, "non-finite steps in a row (their updates skipped) that stop the run")
-    sample_chars: int = _key(
+    sample_chars: int = setting(
         200, "characters sampled at each evaluation for TensorBoard; 0: none")
-    eval_pairs: int = _key(
+    eval_pairs: int = setting(
         200, "pairs: val sources decoded (greedy) at each evaluation for exact match and CER; "
         "0: none")
-    seed: int = _key(1337, "seed of the initialisation, the batch sampler and dropout")
-    device: str = _key(
+    seed: int = setting(1337, "seed of the initialisation, the batch sampler and dropout")
+    device: str = setting(
         "auto", "`auto` (cuda, then mps, then cpu), `cpu`, `cuda` (the first GPU), `cuda:N` or "
         "`mps`")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = _key(
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = setting(
         "auto", "autocast dtype (the weights stay float32); `auto`: bfloat16 on GPUs that have "
         "it (else float16) and on CPUs that compute it in hardware and measure it faster than "
         "float32, else float32, decided once as the run starts and recorded in `config.yaml`; "
         "`float16` on CUDA only")
-    compile: bool = _key(
+    compile: bool = setting(
         False, "`torch.compile` the model (eager, with a warning, where it cannot build)")
-    threads: int | str = _key(
+    threads: int | str = setting(
         "auto", "CPU threads to compute with; `auto`: the cores other processes leave free as "
         "the run starts (OMP_NUM_THREADS, if set), recorded in `config.yaml` so that a resume "
         "computes alike")
-    out_dir: str | None = _key(
+    out_dir: str | None = setting(
         None, "the run dir; null: `runs/<name of data.path>` (`runs/tinyshakespeare` for the "
         "defaults), fixed when the config is read and saved so in `config.yaml`")
-    init_from: str | None = _key(
+    init_from: str | None = setting(
         None, "fine-tune: start from the weights of this run dir (its `best.pt`, else "
         "`last.pt`), checkpoint or `charlm export --format safetensors` dir, with a fresh "
         "optimizer and schedule; the architecture is the parent's, the vocabulary the union "
         "(`--init-from`); saved as the weights file used")
-    init_from_sha256: str | None = _key(
+    init_from_sha256: str | None = setting(
         None, "the sha256 of `init_from`'s weights file (`best.pt`, `last.pt` or "
         "`model.safetensors`), recorded by the run; set, a parent with other weights is refused")
 
     def __post_init__(self) -> None:
         for key in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters",
                     "log_interval"):
-            _check(getattr(self, key) >= 1, f"train.{key}", "must be >= 1")
-        _check(self.checkpoint_interval is None or self.checkpoint_interval >= 1,
+            require(getattr(self, key) >= 1, f"train.{key}", "must be >= 1")
+        require(self.checkpoint_interval is None or self.checkpoint_interval >= 1,
                "train.checkpoint_interval", "must be >= 1, or null to write last.pt at every eval")
-        _check(self.keep_checkpoints >= 0, "train.keep_checkpoints",
+        require(self.keep_checkpoints >= 0, "train.keep_checkpoints",
                "must be >= 0 (0 keeps no checkpoints by step)")
-        _check(self.max_bad_steps >= 1, "train.max_bad_steps", "must be >= 1")
-        _check(self.sample_chars >= 0, "train.sample_chars", "must be >= 0 (0 turns samples off)")
-        _check(self.eval_pairs >= 0, "train.eval_pairs", "must be >= 0 (0 decodes none)")
-        _check(self.out_dir != "", "train.out_dir",
+        require(self.max_bad_steps >= 1, "train.max_bad_steps", "must be >= 1")
+        require(self.sample_chars >= 0, "train.sample_chars", "must be >= 0 (0 turns samples off)")
+        require(self.eval_pairs >= 0, "train.eval_pairs", "must be >= 0 (0 decodes none)")
+        require(self.out_dir != "", "train.out_dir",
                "must not be empty; null names the run dir after data.path")
-        _check(self.init_from != "", "train.init_from",
+        require(self.init_from != "", "train.init_from",
                "must not be empty; null trains from scratch")
         if self.max_time is not None:
             self.max_time = duration_seconds(self.max_time)
         unknown_device = device_error(self.device)
-        _check(unknown_device is None, "train.device", str(unknown_device))
-        _check(self.threads == "auto" or (isinstance(self.threads, int)
+        require(unknown_device is None, "train.device", str(unknown_device))
+        require(self.threads == "auto" or (isinstance(self.threads, int)
                                           and not isinstance(self.threads, bool)
                                           and self.threads >= 1),
                "train.threads", f"{self.threads!r} must be `auto` or a number >= 1")

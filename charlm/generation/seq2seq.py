@@ -1,6 +1,6 @@
-"""An encoder-decoder's decoding: `Seq2SeqDecoder` steps the decoder over the encoder's `Memory`
-with a KV cache, `translate_ids` decodes greedily or by sampling, `beam_search_ids` keeps the
-n best outputs of each source."""
+"""An encoder-decoder's decoding: `Seq2SeqDecoder` steps the decoder over the
+`EncoderOutput` with a KV cache, `translate_ids` decodes greedily or by sampling,
+`beam_search_ids` keeps the n best outputs of each source."""
 
 from __future__ import annotations
 
@@ -16,18 +16,18 @@ from charlm.generation.decoding import (
     build_processors,
     sample_next,
 )
-from charlm.model.encoder_decoder import EncoderDecoder, Memory, output_limit
+from charlm.model.encoder_decoder import EncoderDecoder, EncoderOutput, output_limit
 
 
 class Seq2SeqDecoder:
-    """Feeds target ids through the decoder over a fixed `Memory` (B rows): `prefill` (B, T)
+    """Feeds target ids through the decoder over a fixed `EncoderOutput` (B rows): `prefill` (B, T)
     from bos, `step` one id per row, `reorder` rows, as `decoding.CachedDecoder` does.
     use_cache=False recomputes the whole target prefix each step (the reference path).
 
     pad and bos are never an output, so their logits come back as -inf.
     """
 
-    def __init__(self, model: EncoderDecoder, memory: Memory, use_cache: bool = True,
+    def __init__(self, model: EncoderDecoder, memory: EncoderOutput, use_cache: bool = True,
                  max_len: int | None = None):
         self.model = model
         self.memory = memory
@@ -65,7 +65,7 @@ class Seq2SeqDecoder:
         self.memory = self.memory.select(index)
 
 
-def _limits(model: EncoderDecoder, memory: Memory, cap: int,
+def _limits(model: EncoderDecoder, memory: EncoderOutput, cap: int,
             max_len: int | Sequence[int] | None) -> list[int]:
     """Each row's longest output: given, or `output_limit` of its source's length; never past
     the target window."""

@@ -6,7 +6,7 @@ of `Block(cfg, causal=False)` over the source, the decoder a stack of
 `ModelConfig` option applies to both stacks; rotary positions turn only self-attention.
 
 Decoding: `encode` runs the encoder and every decoder layer's cross-attention key and value
-projections once per source (`Memory`); `Seq2SeqDecoder` then feeds target ids through the
+projections once per source (`EncoderOutput`); `Seq2SeqDecoder` then feeds target ids through the
 decoder with the same prefill / step / reorder interface as `generate`'s decoders, so
 `translate_ids` (greedy or sampled, batched) and `beam_search_ids` (`generate.search_beams`)
 reuse the logits processors and the one beam search.
@@ -48,7 +48,7 @@ def key_mask(mask: torch.Tensor) -> torch.Tensor:
     return (mask | ~mask.any(dim=-1, keepdim=True))[:, None, None, :]
 
 
-class Memory:
+class EncoderOutput:
     """The encoder's output for a batch of sources, reused at every decode step and by every
     beam: out (B, S, C), mask (B, S) (True = a real source position), and per decoder layer the
     cross-attention's keys and values (B, H, S, D), projected once per source."""
@@ -65,10 +65,10 @@ class Memory:
         """What decoder block `layer` attends to: (k, v, mask), as `Block.forward` takes it."""
         return self.keys[layer], self.values[layer], self.key_mask
 
-    def select(self, index: torch.Tensor) -> Memory:
+    def select(self, index: torch.Tensor) -> EncoderOutput:
         """Rows index (B',) of this memory, in that order (beams, dropping finished rows). The
         tensors are copies: nothing here changes when the new memory does."""
-        return Memory(self.out[index], self.mask[index], [k[index] for k in self.keys],
+        return EncoderOutput(self.out[index], self.mask[index], [k[index] for k in self.keys],
                       [v[index] for v in self.values])
 
 
@@ -120,7 +120,7 @@ class EncoderDecoder(nn.Module):
         return target_specials(self.target_vocab_size)[2]
 
     def new_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
-        """A cache for the decoder's self-attention (the source's keys are in `Memory`)."""
+        """A cache for the decoder's self-attention (the source's keys are in `EncoderOutput`)."""
         cfg, p = self.cfg, self.wte.weight
         return KVCache(cfg.n_layer, batch_size, cfg.n_head, max_len or cfg.block_size,
                        cfg.head_dim, p.device, attention_dtype(p))
@@ -128,8 +128,8 @@ class EncoderDecoder(nn.Module):
     def _rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         return rope_angles(pos, self.cfg.head_dim) if self.cfg.pos_encoding == "rope" else None
 
-    def encode(self, src: torch.Tensor) -> Memory:
-        """src (B, S), padded with source_pad at the end -> the `Memory` of the batch."""
+    def encode(self, src: torch.Tensor) -> EncoderOutput:
+        """src (B, S), padded with source_pad at the end -> the `EncoderOutput` of the batch."""
         mask = src != self.source_pad  # (B, S)
         pos = positions(None, src.size(1), self.cfg.block_size, src.device)
         x = embed(self.src_wte, getattr(self, "src_wpe", None), self.cfg, src, pos)
@@ -139,11 +139,11 @@ class EncoderDecoder(nn.Module):
             x = block(x, None, i, rope, keys)  # bidirectional: padding is all it masks
         out = self.ln_enc(x)
         kv = [block.cross_attn.keys_values(out) for block in self.blocks]
-        return Memory(out, mask, [k for k, _ in kv], [v for _, v in kv])
+        return EncoderOutput(out, mask, [k for k, _ in kv], [v for _, v in kv])
 
     def forward(self, src: torch.Tensor | None, tgt_in: torch.Tensor,
                 targets: torch.Tensor | None = None, cache: KVCache | None = None,
-                memory: Memory | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                memory: EncoderOutput | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """tgt_in (B, T) (bos, then the target; padded) over the source src (B, S), or over its
         `memory` when given (src is then not read) -> logits (B, T, V) and, with targets
         (B, T), the mean cross-entropy over the positions whose target is not -1.

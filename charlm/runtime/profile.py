@@ -14,8 +14,9 @@ changes mid-run: results depend on it in the last bits, and a resume must repeat
 
 Dtype. bf16 on a GPU that has it natively (else float16 with a GradScaler); on a CPU, bf16 where
 a unit multiplies it in hardware and a product of two matrices measures at least BF16_GAIN times
-float32's speed (a Zen 5 EPYC's AVX512_BF16 ran at 4.1x float32, an Intel Xeon's at 0.56x);
-else float32. `charlm info --machine` shows what the profile picks here and why.
+float32's speed (CPUs with bf16 instructions differ by several times either way:
+docs/benchmarks.md); else float32. `charlm info --machine` shows what the profile picks here
+and why.
 
 Decode layout. How a decoding model's large float32 CPU products are computed (`DecodeLayout`:
 split over the threads, weights column-major), timed once by whoever owns the model (the serve

@@ -37,6 +37,7 @@ from charlm.runtime.distributed import Dist, distributed
 from charlm.runtime.precision import resolve_dtype
 from charlm.runtime.profile import Profile, decide
 from charlm.training import checkpoint
+from charlm.training.evaluation import EvalStopped, evaluate
 from charlm.training.faults import Interrupted, StopSignals
 from charlm.training.metrics import MetricsLogger
 from charlm.training.optimizer import set_lr, train_step
@@ -47,7 +48,6 @@ from charlm.training.run_dir import check_run_dir, run_lock
 from charlm.training.run_objects import Run, RunFiles, TrainState, build_run, wrap_model
 from charlm.training.schedule import Clock, Schedule
 from charlm.training.sizing import with_keys
-from charlm.training.validation import EvalStopped, evaluate
 
 
 def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,

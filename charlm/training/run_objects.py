@@ -24,12 +24,13 @@ from charlm.data.batches import BatchSampler, PairBatchSampler
 from charlm.data.prepared import prepared_dir
 from charlm.data.sources import missing_inputs
 from charlm.data.text import dataset_meta
-from charlm.model import footprint as memory
+from charlm.model import footprint
 from charlm.runtime.device import require_memory
 from charlm.runtime.distributed import Dist
 from charlm.runtime.precision import compile_model, grad_scaler
 from charlm.training.average import WeightAverage
 from charlm.training.checkpoint import OptimizerState, RNGState, ScalerState, Stateful
+from charlm.training.evaluation import eval_batches_per_forward
 from charlm.training.faults import BadSteps
 from charlm.training.metrics import MetricsLogger
 from charlm.training.optimizer import Optimizer, make_optimizer
@@ -37,7 +38,6 @@ from charlm.training.parent import Parent, base_vocab, init_from_parent
 from charlm.training.run_dir import clear_run, start_run
 from charlm.training.sizing import size_model
 from charlm.training.tasks import PairsTask, Task, task_for
-from charlm.training.validation import eval_batches_per_forward
 
 
 @dataclass
@@ -95,7 +95,7 @@ def require_batch_memory(task: Task, device: torch.device, dtype: torch.dtype, r
     An eval forward of the same rows keeps no activations: this covers it too."""
     m = task.cfg.model
     vocab = task.vocab.target_size if m.arch == "encoder_decoder" else len(task.vocab)
-    need = memory.training_bytes(m, vocab, rows, dtype, device) + 16 * task.parameter_count()
+    need = footprint.training_bytes(m, vocab, rows, dtype, device) + 16 * task.parameter_count()
     require_memory(need, device,
                    f"a batch of {rows:,} x {m.block_size} needs about {{gib}} for its "
                    "activations in training (with the model's weights, gradients and AdamW "

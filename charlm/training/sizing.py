@@ -19,11 +19,8 @@ The rule, fitted on this project's runs (docs/design.md, "Models sized to the bu
    (`bigram_table`): a bigger model than that sees too few tokens to beat it in the time. The
    smallest rung when none does.
 4. Dropout from the epochs the pick makes of the training split (`DROPOUT`): none below 10, 0.1
-   from 10, 0.2 from 32 (nanoGPT's for its baby GPT, about 90 epochs of tiny-shakespeare; 0.1
-   let a 6 x 384 at 56 epochs on an H200 overfit from its best 1.48 to 1.82). Dropout costs a
-   quarter of a CPU step's speed and, at about 5 epochs, cost 0.04 nats of val loss at the same
-   step; a 4 x 192 without it began to overfit at 8 epochs, and at 15 its best val was 1.5016
-   against 1.4929 with 0.1.
+   from 10, 0.2 from 32 (nanoGPT's for its baby GPT). Dropout slows a CPU step, so it comes only
+   where that many epochs overfit (docs/benchmarks.md, "The sizing rule's evidence").
 
 An encoder-decoder's ladder (`PAIR_LADDER`) has the G2P preset's architecture (sinusoidal
 positions, label smoothing 0.1, its batch of 128), each side n_layer deep, and the block the

@@ -28,11 +28,11 @@ from charlm.runtime.precision import grad_scaler
 from charlm.training import checkpoint
 from charlm.training import loop as train_module
 from charlm.training import run_objects as run_module
+from charlm.training.evaluation import evaluate
 from charlm.training.loop import train, train_step
 from charlm.training.optimizer import make_optimizer
 from charlm.training.schedule import Schedule
 from charlm.training.tasks import TextTask
-from charlm.training.validation import evaluate
 from tests.helpers import (
     ROOT,
     SHAKESPEARE,

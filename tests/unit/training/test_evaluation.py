@@ -1,4 +1,4 @@
-"""charlm.training.validation: `evaluate` is pure, and batches stacked into fewer forwards score
+"""charlm.training.evaluation: `evaluate` is pure, and batches stacked into fewer forwards score
 as one batch a forward does."""
 
 import pytest
@@ -7,8 +7,8 @@ import torch
 from charlm.data.dataset import dataset_for
 from charlm.model.gpt import GPT
 from charlm.runtime.precision import resolve_dtype
+from charlm.training.evaluation import batches_that_fit, eval_batches_per_forward, evaluate
 from charlm.training.tasks import TextTask
-from charlm.training.validation import batches_that_fit, eval_batches_per_forward, evaluate
 
 
 def test_evaluate_is_pure_and_restores_train_mode(tiny_cfg, tmp_path):
