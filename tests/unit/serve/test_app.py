@@ -378,6 +378,42 @@ def test_cors_only_for_the_origins_given():
     assert "access-control-allow-origin" not in r.headers
 
 
+STAINLESS = ("authorization,content-type,x-stainless-arch,x-stainless-lang,x-stainless-os,"
+             "x-stainless-package-version,x-stainless-retry-count,x-stainless-runtime,"
+             "x-stainless-runtime-version,x-stainless-timeout")  # the OpenAI JS SDK's headers
+
+
+def test_cors_lets_a_listed_origin_send_any_header_and_refuses_in_json():
+    """The OpenAI JS SDK's preflight (x-stainless-* headers) from a listed origin is allowed,
+    and its POST answered; a preflight from another origin, or for another method, is refused
+    in OpenAI's error body."""
+    client, _ = make(cors_origins=("http://app.example",), api_key="k")
+    r = client.options("/v1/completions", headers={
+        "Origin": "http://app.example", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": STAINLESS})
+    assert r.status_code == 200, r.text
+    assert r.headers["access-control-allow-origin"] == "http://app.example"
+    assert r.headers["access-control-allow-headers"] == STAINLESS
+    r = post(client, {"prompt": "ab", "max_tokens": 2}, headers={
+        "Origin": "http://app.example", "Authorization": "Bearer k",
+        "x-stainless-lang": "js", "x-stainless-retry-count": "0"})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "cd"
+    assert r.headers["access-control-allow-origin"] == "http://app.example"
+    assert "retry-after" in r.headers["access-control-expose-headers"].lower()
+    for origin, method, what in (("http://evil.example", "POST", "origin"),
+                                 ("http://app.example", "DELETE", "method")):
+        r = client.options("/v1/completions", headers={
+            "Origin": origin, "Access-Control-Request-Method": method,
+            "Access-Control-Request-Headers": STAINLESS})
+        assert r.status_code == 400 and r.headers["content-type"] == "application/json"
+        assert r.json() == {"error": {
+            "message": f"CORS preflight refused: its {what} is not allowed (this server "
+                       "answers the origins of its --cors-origin, with GET and POST)",
+            "type": "invalid_request_error", "param": None, "code": "cors_refused"}}
+        # a listed origin may read why (the browser shows it a JSON body, not "Failed")
+        assert ("access-control-allow-origin" in r.headers) == (what != "origin")
+
+
 def test_past_the_concurrency_cap_429_with_retry_after():
     client, engine = make(Limits(concurrent=3))
     engine.gate.clear()
