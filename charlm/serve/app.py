@@ -91,8 +91,10 @@ def create_app(engine: Any, settings: Settings) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict:
+        # max_logprobs: what `logprobs` may be (None: leave it out); the page asks for that
         return {"object": "list", "data": [{"id": settings.model, "object": "model",
-                                            "created": int(time.time()), "owned_by": "charlm"}]}
+                                            "created": int(time.time()), "owned_by": "charlm",
+                                            "max_logprobs": engine.max_logprobs}]}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:

@@ -19,8 +19,9 @@ from fastapi.testclient import TestClient  # noqa: E402
 from charlm.core.errors import CharlmError  # noqa: E402
 from charlm.serve import app as app_module  # noqa: E402
 from charlm.serve.app import Settings, create_app, shutdown  # noqa: E402
-from charlm.serve.engine import Event, Params, Stats  # noqa: E402
+from charlm.serve.engine import Engine, Event, Params, Stats  # noqa: E402
 from charlm.serve.schema import Limits  # noqa: E402
+from tests.helpers import random_served  # noqa: E402
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 UNKNOWN = "the prompt has '~', which is not in the model's vocabulary; remove it"
@@ -48,6 +49,8 @@ class FakeEngine:
     """The engine's interface without a model: each completion on a thread of its own, one
     character per event (the last one carries finish_reason "length"; a stop ends with an empty
     event). Clear `gate` to hold every completion before its first character."""
+
+    max_logprobs = 5  # a char model's
 
     def __init__(self, slots: int = 4, delay: float = 0.0):
         self.slots, self.delay = slots, delay
@@ -434,6 +437,32 @@ def test_past_the_concurrency_cap_429_with_retry_after():
     held.join(5)
     assert post(client, {"prompt": "a", "n": 3, "max_tokens": 1}).status_code == 200
     assert len(engine.submitted) == 5
+
+
+@pytest.mark.parametrize("kind, offered", [("char", 5), ("byte", 0), ("encoder_decoder", None)])
+def test_models_says_which_logprobs_the_model_offers(kind, offered):
+    """GET /v1/models gives each model's `max_logprobs` (what the page reads before it asks):
+    a completion asking for that many (none, for None) is answered, one more is refused."""
+    model, vocab = random_served(kind)
+    engine = Engine(model, vocab, slots=2)
+    engine.start()
+    try:
+        client = TestClient(create_app(engine, Settings("tiny")))
+        [card] = client.get("/v1/models").json()["data"]
+        assert (card["id"], card["max_logprobs"]) == ("tiny", offered)
+        body = {"prompt": "ab", "max_tokens": 3, "temperature": 0}
+        if offered is not None:
+            body["logprobs"] = offered
+        r = post(client, body)
+        assert r.status_code == 200, r.text
+        [choice] = r.json()["choices"]
+        assert choice["text"] and (choice["logprobs"] is None) == (offered is None)
+        if offered is not None:
+            assert "".join(choice["logprobs"]["tokens"]) == choice["text"]
+        r = post(client, {**body, "logprobs": 0 if offered is None else offered + 1})
+        assert r.status_code == 400 and r.json()["error"]["param"] in ("logprobs", "prompt")
+    finally:
+        engine.close()
 
 
 def test_health_models_and_metrics():
