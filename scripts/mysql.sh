@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Sourced by .ci/run: installs MariaDB (MySQL's protocol) from Debian's packages if it is missing,
 # starts a throwaway server on loopback (its own data dir, port 53306, stopped on exit), creates
-# a database and a user without a password, and exports CHARLM_TEST_MYSQL_URL for
-# tests/integration/test_tune.py; `charlm_mysql_stop` stops it. Without root, or where it cannot
-# start, it says so and the MySQL test is skipped.
+# a database and a user without a password (who may make more charlm_* databases: a test needs
+# a fresh one), and exports CHARLM_TEST_MYSQL_URL for tests/integration/test_tune.py;
+# `charlm_mysql_stop` stops it. Without root, or where it cannot start, it says so and the MySQL
+# test is skipped.
 charlm_mysql_start() {
   local dir port=53306 sock
   if ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ]; then
@@ -28,7 +29,7 @@ charlm_mysql_start() {
     sleep 0.5
   done
   mariadb --no-defaults --socket="$sock" -u root -e "CREATE DATABASE charlm_test; CREATE USER
-      'charlm'@'127.0.0.1'; GRANT ALL ON charlm_test.* TO 'charlm'@'127.0.0.1';" ||
+      'charlm'@'127.0.0.1'; GRANT ALL ON \`charlm\\_%\`.* TO 'charlm'@'127.0.0.1';" ||
     { echo "mysql: could not start a server (see $dir): the MySQL test is skipped"; return 0; }
   export CHARLM_TEST_MYSQL_URL="mysql+pymysql://charlm@127.0.0.1:$port/charlm_test"
   echo "mysql: running at $CHARLM_TEST_MYSQL_URL"

@@ -24,6 +24,7 @@ import torch
 from charlm.config.loading import load_config
 from charlm.config.sampling import SampleConfig
 from charlm.config.schema import MODEL_VARIANTS, ModelConfig, RunConfig
+from charlm.data.pair_vocab import PairVocab
 from charlm.data.vocab import Vocab
 from charlm.export import save_safetensors
 from charlm.generation.decoding import generate
@@ -241,6 +242,16 @@ def random_seq2seq(**options) -> EncoderDecoder:
         for p in model.parameters():
             p.normal_(0.0, 0.5)
     return model
+
+
+def random_served(kind: str) -> tuple[GPT | EncoderDecoder, Vocab | PairVocab]:
+    """A random model and its vocabulary for the serving engine: "char" (13 letters), "byte"
+    (the 13 UTF-8 bytes of "ab é漢🙂" and a newline) or "encoder_decoder" (a-g to A-I)."""
+    if kind == "encoder_decoder":
+        return random_seq2seq(), PairVocab(tuple("abcdefg"), tuple("ABCDEFGHI"))
+    chars = ("abcdefghijklm" if kind == "char"
+             else sorted(set("ab é漢🙂\n".encode().decode("latin-1"))))
+    return random_gpt(), Vocab(chars, kind)
 
 
 def seq2seq_batch(sources: list[list[int]], targets: list[list[int]], S: int = 0, T: int = 0):

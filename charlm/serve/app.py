@@ -64,10 +64,10 @@ def create_app(engine: Any, settings: Settings) -> FastAPI:
     # the last added runs first: CORS answers a browser's preflight before the key is asked for
     app.add_middleware(Guard, api_key=settings.api_key, body_limit=settings.limits.body)
     app.add_middleware(CountResponses, metrics=app.state.metrics, endpoints=ENDPOINTS)
-    if settings.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
-                           allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"])
+    if settings.cors_origins:  # any request header: clients add their own (x-stainless-*)
+        app.add_middleware(Cors, allow_origins=list(settings.cors_origins),
+                           allow_methods=["GET", "POST"], allow_headers=["*"],
+                           expose_headers=["Retry-After"])
     page = resources.files("charlm.serve").joinpath("page.html")
     html = page.read_text(encoding="utf-8") if page.is_file() else None
 
@@ -91,8 +91,10 @@ def create_app(engine: Any, settings: Settings) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict:
+        # max_logprobs: what `logprobs` may be (None: leave it out); the page asks for that
         return {"object": "list", "data": [{"id": settings.model, "object": "model",
-                                            "created": int(time.time()), "owned_by": "charlm"}]}
+                                            "created": int(time.time()), "owned_by": "charlm",
+                                            "max_logprobs": engine.max_logprobs}]}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -210,6 +212,22 @@ async def cancel_on_disconnect(request: Request, batch: Batch) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
     batch.cancel()
+
+
+class Cors(CORSMiddleware):
+    """Starlette's CORS middleware, its refused preflight in OpenAI's error body rather than
+    plain text (the browser hides it; curl and the server's log show it)."""
+
+    def preflight_response(self, request_headers: Any) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code == 200:
+            return response
+        what = bytes(response.body).decode().removeprefix("Disallowed CORS ")
+        message = (f"CORS preflight refused: its {what} is not allowed (this server answers "
+                   "the origins of its --cors-origin, with GET and POST)")
+        kept = {k: v for k, v in response.headers.items()
+                if k.startswith("access-control-") or k == "vary"}
+        return JSONResponse(error_body(400, message, code="cors_refused"), 400, headers=kept)
 
 
 class Guard:

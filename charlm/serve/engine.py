@@ -34,9 +34,10 @@ from charlm.model.encoder_decoder import EncoderDecoder, output_limit
 from charlm.model.gpt import GPT
 from charlm.model.layers import lay_out_for_decoding
 from charlm.runtime.profile import DecodeLayout, layout_for
-from charlm.serve.request import Event, Params, Request, Row, generator_for
+from charlm.serve.request import MAX_LOGPROBS, Event, Params, Request, Row, generator_for
 
-__all__ = ["KV_BUDGET", "Engine", "Event", "Params", "Request", "Stats", "slots_within"]
+__all__ = ["KV_BUDGET", "MAX_LOGPROBS", "Engine", "Event", "Params", "Request", "Stats",
+           "slots_within"]
 
 KV_BUDGET = 1 << 30  # bytes of keys and values that `charlm serve`'s default slots fit in
 
@@ -74,6 +75,8 @@ class Engine:
         lay_out_for_decoding(self.model, self.layout.split_parts, self.layout.column_major)
         self.vocab = vocab
         self.encdec = model.cfg.arch == "encoder_decoder"
+        # what a request's `logprobs` may be (None: none at all; 0: the chosen characters' only)
+        self.max_logprobs = None if self.encdec else 0 if vocab.units == "byte" else MAX_LOGPROBS
         self.slots = 1 if self.encdec else slots  # an encoder-decoder: one request at a time
         self.device = self.model.wte.weight.device
         self.decoder = None if self.encdec else SlotDecoder(self.model, slots, compile)

@@ -34,6 +34,8 @@ from charlm.generation.utf8 import utf8_mask
 LOGPROB_FLOOR = -9999.0
 REPETITION_WINDOW = SampleConfig().repetition_window  # as `charlm sample`'s default
 
+MAX_LOGPROBS = 5  # alternatives per character, as OpenAI's completions allow
+
 
 @dataclass(frozen=True)
 class Params:
@@ -47,7 +49,7 @@ class Params:
     repetition_penalty: float = 1.0
     stop: tuple[str, ...] = ()  # the completion ends before the first of these (not included)
     seed: int | None = None  # its own torch.Generator: same text alone or in a crowd
-    logprobs: int | None = None  # 0..5: the chosen character's logprob and the top-N
+    logprobs: int | None = None  # 0..MAX_LOGPROBS: the chosen character's logprob and top-N
 
     def sampling(self) -> SampleConfig:
         """These options as `SampleConfig`, whose checks they pass (CharlmError otherwise)."""

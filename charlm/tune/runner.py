@@ -30,9 +30,9 @@ from charlm.tune.space import OBJECTIVES
 from charlm.tune.study import Plan, make_pruner, make_sampler, make_storage
 from charlm.tune.trial import Outcome, Stop, ended, run_trial
 from charlm.tune.workers import (
-    DATABASE_LOCKS,
     alive,
     cuda_slots,
+    database_lock,
     in_use,
     repeated,
     saved,
@@ -89,18 +89,8 @@ class Tuner:
         with open(self.plan.out / ".tune.lock", "w") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             engine = getattr(self.storage, "engine", None)
-            sql = DATABASE_LOCKS.get(engine.dialect.name) if engine is not None else None
-            if sql is None:
+            with contextlib.nullcontext() if engine is None else database_lock(engine):
                 yield
-                return
-            from sqlalchemy import text
-
-            with engine.connect() as conn:
-                conn.execute(text(sql[0]))
-                try:
-                    yield
-                finally:
-                    conn.execute(text(sql[1]))
 
     def counted(self) -> int:
         """Trials that count toward --trials: not an interrupted one (it is queued again on

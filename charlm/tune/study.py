@@ -24,6 +24,7 @@ from charlm.core.errors import CharlmError, one_line
 from charlm.core.files import make_writable_dir, write_text_atomic
 from charlm.data.prepared import prepared_data, prepared_dir
 from charlm.tune.space import Search, add, check_space, lookup
+from charlm.tune.workers import database_lock
 
 PLAN_FILE, JOURNAL = "tune.yaml", "study.journal"
 
@@ -109,11 +110,20 @@ def prepare_data(cfg: RunConfig, search: Search, out: Path) -> str:
 
 
 def make_storage(plan: Plan) -> Any:
-
+    """The study's storage: OUT's journal file, or the --storage database. A database's first
+    user creates Optuna's tables: under its named lock, since two machines starting on a new
+    database at once would both find them missing and one fail creating them."""
     if plan.storage is None:
         return optuna.storages.JournalStorage(JournalFileBackend(str(plan.out / JOURNAL)))
     try:
-        return optuna.storages.RDBStorage(plan.storage)
+        from sqlalchemy import create_engine
+
+        lock_engine = create_engine(plan.storage)
+        try:
+            with database_lock(lock_engine):
+                return optuna.storages.RDBStorage(plan.storage)
+        finally:
+            lock_engine.dispose()
     except ImportError as e:
         raise CharlmError(f"--storage needs a database driver: {one_line(e)}; pip install "
                           "'psycopg[binary]' (PostgreSQL) or pymysql (MySQL)") from None

@@ -1,4 +1,4 @@
-"""What the tuner's workers need around their trials: a database's study lock, repeated configs
+"""What the tuner's workers need around their trials: a database's named lock, repeated configs
 for seeds, which GPU each worker gets, whether a tuner is alive and a trial's run dir in use, and
 the stop signals."""
 
@@ -27,6 +27,24 @@ DATABASE_LOCKS = {
     "postgresql": ("SELECT pg_advisory_lock(4242)", "SELECT pg_advisory_unlock(4242)"),
     "mysql": MYSQL_LOCK, "mariadb": MYSQL_LOCK,
 }
+
+
+@contextlib.contextmanager
+def database_lock(engine: Any) -> Iterator[None]:
+    """Hold the database's named lock (DATABASE_LOCKS) on a connection of its own, so that one
+    tuner at a time, on any machine, does what it guards; a dialect without one: nothing."""
+    sql = DATABASE_LOCKS.get(engine.dialect.name)
+    if sql is None:
+        yield
+        return
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        conn.execute(text(sql[0]))
+        try:
+            yield
+        finally:
+            conn.execute(text(sql[1]))
 
 
 def repeated(cfg: RunConfig, repeats: int) -> list[RunConfig]:

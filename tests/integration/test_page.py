@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, random_served
 
 pytest.importorskip("selenium")
 pytest.importorskip("fastapi")
@@ -344,25 +344,32 @@ def test_stop_ends_the_stream(browser, page_server, stand_in):
 # --- the page on charlm's own server ----------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def charlm_server(tiny_run: Path) -> Iterator[str]:
-    """`charlm serve`'s app and engine on the tiny run (as `charlm serve RUN --api-key KEY`,
-    uvicorn on a thread here), its base URL."""
-    import charlm
+@contextlib.contextmanager
+def charlm_serving(model, vocab, **settings) -> Iterator[str]:
+    """`charlm serve`'s app and engine on `model` (uvicorn on a thread here), its base URL."""
     from charlm.serve.app import Settings, create_app, shutdown
     from charlm.serve.engine import Engine
-    from charlm.serve.schema import Limits
 
-    lm = charlm.load(tiny_run, "cpu")
-    engine = Engine(lm.model, lm.vocab, slots=4)
+    engine = Engine(model, vocab, slots=4)
     engine.start()
-    # --max-tokens raised: a completion long enough to be stopped however busy the machine
-    app = create_app(engine, Settings("tiny", Limits(max_tokens=LONG), api_key=KEY))
+    app = create_app(engine, Settings("tiny", **settings))
     try:
         with serving(app) as url:
             yield url
     finally:
         shutdown(app, 5)
+
+
+@pytest.fixture(scope="module")
+def charlm_server(tiny_run: Path) -> Iterator[str]:
+    """The tiny run served as `charlm serve RUN --api-key KEY` does, its base URL."""
+    import charlm
+    from charlm.serve.schema import Limits
+
+    lm = charlm.load(tiny_run, "cpu")
+    # --max-tokens raised: a completion long enough to be stopped however busy the machine
+    with charlm_serving(lm.model, lm.vocab, limits=Limits(max_tokens=LONG), api_key=KEY) as url:
+        yield url
 
 
 def test_the_page_on_charlm_serve_streams_shades_and_stops(browser, charlm_server):
@@ -394,3 +401,45 @@ def test_the_page_on_charlm_serve_streams_shades_and_stops(browser, charlm_serve
     health = lambda: httpx.get(charlm_server + "health").json()["slots"]["busy"]  # noqa: E731
     wait.until(lambda d: health() == 0)  # the engine let the stopped request go
     assert 5 <= shown < LONG and count(browser) == shown  # nothing came after Stop
+
+
+@pytest.mark.parametrize("kind, prompt", [("byte", "é"), ("encoder_decoder", "abcab")])
+def test_the_page_generates_from_a_byte_model_and_an_encoder_decoder(browser, kind, prompt):
+    """The page asks for the logprobs GET /v1/models says the model offers (it used to ask
+    every model for 5, which these refuse with a 400): a byte model's characters come shaded
+    by their probability, with no alternatives to show; an encoder-decoder's unshaded. Each
+    text is the server's own greedy answer."""
+    model, vocab = random_served(kind)
+    with charlm_serving(model, vocab) as url:
+        wait = open_page(browser, url)
+        fill(browser, prompt=prompt, temperature="0", max_tokens="12")
+        browser.find_element(By.ID, "generate").click()
+        wait.until(lambda d: state(d) in ("done", "error"))
+        assert browser.find_element(By.ID, "status").text == "Done (length)"
+        offered = httpx.get(url + "v1/models").json()["data"][0]["max_logprobs"]
+        assert offered == {"byte": 0, "encoder_decoder": None}[kind]
+        body = {"prompt": prompt, "max_tokens": 12, "temperature": 0}
+        expected = httpx.post(url + "v1/completions",
+                              json={**body, "logprobs": offered}).json()["choices"][0]
+        assert browser.find_element(By.ID, "output").get_attribute("textContent") == (
+            prompt + expected["text"])
+        chars = generated(browser)
+        help_text = browser.find_element(By.ID, "output-help").text
+        if kind == "encoder_decoder":
+            assert [c["logprob"] for c in chars] == [None]  # one piece, unshaded
+            assert help_text == "This model gives no probabilities: its text is not shaded."
+            return
+        lps = expected["logprobs"]["token_logprobs"]
+        assert [c["text"] for c in chars] == expected["logprobs"]["tokens"] and chars
+        for c, lp in zip(chars, lps, strict=True):
+            assert float(c["logprob"]) == pytest.approx(lp, abs=1e-4)
+            assert alpha(c["background"]) == pytest.approx((1 - math.exp(lp)) * SHADE_ALPHA,
+                                                           abs=0.01)
+        assert help_text.endswith("to see its probability.")
+        at = next(i for i, c in enumerate(chars) if c["text"].strip())  # one with a width
+        ActionChains(browser).move_to_element(
+            browser.find_elements(By.CSS_SELECTOR, "#output .ch")[at]).perform()
+        tooltip = browser.find_element(By.ID, "tooltip")
+        wait.until(lambda d: tooltip.is_displayed())
+        assert tooltip.find_elements(By.TAG_NAME, "tr") == []  # the probability alone
+        assert tooltip.text.endswith(f" · logprob {lps[at]:.3f}")

@@ -4,6 +4,7 @@ MySQL)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -345,27 +347,103 @@ def database_url(name: str) -> str:
     return url
 
 
+@contextlib.contextmanager
+def fresh_database(url: str) -> Iterator[str]:
+    """A new, empty database on the server of `url`, dropped afterwards: its URL."""
+    from sqlalchemy import create_engine, make_url, text
+
+    server = make_url(url)
+    name = f"charlm_fresh_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f"CREATE DATABASE {name}"))
+        yield server.set(database=name).render_as_string(hide_password=False)
+    finally:
+        force = " WITH (FORCE)" if admin.dialect.name == "postgresql" else ""
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS {name}{force}"))
+        admin.dispose()
+
+
 @pytest.mark.xdist_group("databases")  # both take the same lock on the same servers
 @pytest.mark.parametrize("name", DATABASES)
 def test_the_tuner_holds_the_databases_lock_for_other_machines(tmp_path: Path,
                                                                name: str) -> None:
-    """Workers on other machines (another --out, so another file lock) wait for it."""
+    """Workers on other machines (another --out, so another file lock) wait for it. The
+    tuner is a fresh database's first user, as on a new CI server, whatever ran before."""
     from sqlalchemy import text
 
     from charlm.tune.runner import Tuner
     from charlm.tune.study import Plan
     from charlm.tune.workers import DATABASE_LOCKS
 
-    url = database_url(name)
-    plan = Plan(tmp_path, load_config(TINY).to_dict(), read_search(["optim.lr=[0.002, 0.01]"]),
-                url, f"test-{uuid.uuid4().hex[:8]}", "data")
-    tuner = Tuner(plan, 1, 5, None)
-    dialect = tuner.storage.engine.dialect.name
-    with tuner.storage.engine.connect() as other:
-        with tuner.lock():
-            assert other.execute(text(DATABASES[name][2])).scalar() == 0  # held by the tuner
-        assert other.execute(text(DATABASES[name][2])).scalar() == 1  # given back
-        other.execute(text(DATABASE_LOCKS[dialect][1]))
+    with fresh_database(database_url(name)) as url:
+        plan = Plan(tmp_path, load_config(TINY).to_dict(),
+                    read_search(["optim.lr=[0.002, 0.01]"]), url, "locked", "data")
+        tuner = Tuner(plan, 1, 5, None)
+        dialect = tuner.storage.engine.dialect.name
+        try:
+            with tuner.storage.engine.connect() as other:
+                with tuner.lock():
+                    assert other.execute(text(DATABASES[name][2])).scalar() == 0  # the tuner's
+                assert other.execute(text(DATABASES[name][2])).scalar() == 1  # given back
+                other.execute(text(DATABASE_LOCKS[dialect][1]))
+        finally:
+            tuner.storage.engine.dispose()
+
+
+MEET_S = 3  # how long the hook below holds one tuner for the other: long past its connecting
+
+
+@pytest.mark.xdist_group("databases")
+@pytest.mark.parametrize("name", DATABASES)
+def test_two_tuners_open_a_fresh_database_at_once(tmp_path: Path, name: str) -> None:
+    """Two machines' first `charlm tune --storage URL` on a new database at the same moment
+    both open it. The race made certain: a hook holds each tuner after it has found Optuna's
+    tables missing, until the other has found them missing too (or MEET_S, when the database's
+    lock keeps the other out); before the fix both then created them and one failed
+    (PostgreSQL: UniqueViolation on CREATE TYPE studydirection)."""
+    from optuna.storages._rdb import models
+    from sqlalchemy import event
+
+    from charlm.tune.study import Plan, make_storage
+
+    met, arrived, errors, storages = threading.Event(), [], [], []
+
+    def hold(*args, **kwargs) -> None:  # Optuna's tables found missing, none created yet
+        arrived.append(threading.get_ident())
+        if len(arrived) == 2:
+            met.set()
+        met.wait(MEET_S)
+
+    def open_storage(url: str) -> None:
+        plan = Plan(tmp_path, load_config(TINY).to_dict(),
+                    read_search(["optim.lr=[0.002, 0.01]"]), url, "fresh", "data")
+        try:
+            storages.append(make_storage(plan))
+        except Exception as e:  # the CharlmError that a failed creation became
+            errors.append(e)
+
+    metadata = models.BaseModel.metadata
+    with fresh_database(database_url(name)) as url:
+        event.listen(metadata, "before_create", hold, insert=True)  # before the types, too
+        try:
+            tuners = [threading.Thread(target=open_storage, args=(url,)) for _ in range(2)]
+            for t in tuners:
+                t.start()
+            for t in tuners:
+                t.join(60)
+        finally:
+            event.remove(metadata, "before_create", hold)
+        try:
+            assert [str(e) for e in errors] == [] and len(storages) == 2 and len(arrived) == 2
+            study = optuna.create_study(storage=storages[1], study_name="fresh")
+            assert optuna.load_study(study_name="fresh", storage=storages[0]).study_name == \
+                study.study_name
+        finally:
+            for storage in storages:
+                storage.engine.dispose()
 
 
 @pytest.mark.xdist_group("databases")

@@ -19,8 +19,9 @@ from fastapi.testclient import TestClient  # noqa: E402
 from charlm.core.errors import CharlmError  # noqa: E402
 from charlm.serve import app as app_module  # noqa: E402
 from charlm.serve.app import Settings, create_app, shutdown  # noqa: E402
-from charlm.serve.engine import Event, Params, Stats  # noqa: E402
+from charlm.serve.engine import Engine, Event, Params, Stats  # noqa: E402
 from charlm.serve.schema import Limits  # noqa: E402
+from tests.helpers import random_served  # noqa: E402
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 UNKNOWN = "the prompt has '~', which is not in the model's vocabulary; remove it"
@@ -48,6 +49,8 @@ class FakeEngine:
     """The engine's interface without a model: each completion on a thread of its own, one
     character per event (the last one carries finish_reason "length"; a stop ends with an empty
     event). Clear `gate` to hold every completion before its first character."""
+
+    max_logprobs = 5  # a char model's
 
     def __init__(self, slots: int = 4, delay: float = 0.0):
         self.slots, self.delay = slots, delay
@@ -378,6 +381,42 @@ def test_cors_only_for_the_origins_given():
     assert "access-control-allow-origin" not in r.headers
 
 
+STAINLESS = ("authorization,content-type,x-stainless-arch,x-stainless-lang,x-stainless-os,"
+             "x-stainless-package-version,x-stainless-retry-count,x-stainless-runtime,"
+             "x-stainless-runtime-version,x-stainless-timeout")  # the OpenAI JS SDK's headers
+
+
+def test_cors_lets_a_listed_origin_send_any_header_and_refuses_in_json():
+    """The OpenAI JS SDK's preflight (x-stainless-* headers) from a listed origin is allowed,
+    and its POST answered; a preflight from another origin, or for another method, is refused
+    in OpenAI's error body."""
+    client, _ = make(cors_origins=("http://app.example",), api_key="k")
+    r = client.options("/v1/completions", headers={
+        "Origin": "http://app.example", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": STAINLESS})
+    assert r.status_code == 200, r.text
+    assert r.headers["access-control-allow-origin"] == "http://app.example"
+    assert r.headers["access-control-allow-headers"] == STAINLESS
+    r = post(client, {"prompt": "ab", "max_tokens": 2}, headers={
+        "Origin": "http://app.example", "Authorization": "Bearer k",
+        "x-stainless-lang": "js", "x-stainless-retry-count": "0"})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "cd"
+    assert r.headers["access-control-allow-origin"] == "http://app.example"
+    assert "retry-after" in r.headers["access-control-expose-headers"].lower()
+    for origin, method, what in (("http://evil.example", "POST", "origin"),
+                                 ("http://app.example", "DELETE", "method")):
+        r = client.options("/v1/completions", headers={
+            "Origin": origin, "Access-Control-Request-Method": method,
+            "Access-Control-Request-Headers": STAINLESS})
+        assert r.status_code == 400 and r.headers["content-type"] == "application/json"
+        assert r.json() == {"error": {
+            "message": f"CORS preflight refused: its {what} is not allowed (this server "
+                       "answers the origins of its --cors-origin, with GET and POST)",
+            "type": "invalid_request_error", "param": None, "code": "cors_refused"}}
+        # a listed origin may read why (the browser shows it a JSON body, not "Failed")
+        assert ("access-control-allow-origin" in r.headers) == (what != "origin")
+
+
 def test_past_the_concurrency_cap_429_with_retry_after():
     client, engine = make(Limits(concurrent=3))
     engine.gate.clear()
@@ -398,6 +437,32 @@ def test_past_the_concurrency_cap_429_with_retry_after():
     held.join(5)
     assert post(client, {"prompt": "a", "n": 3, "max_tokens": 1}).status_code == 200
     assert len(engine.submitted) == 5
+
+
+@pytest.mark.parametrize("kind, offered", [("char", 5), ("byte", 0), ("encoder_decoder", None)])
+def test_models_says_which_logprobs_the_model_offers(kind, offered):
+    """GET /v1/models gives each model's `max_logprobs` (what the page reads before it asks):
+    a completion asking for that many (none, for None) is answered, one more is refused."""
+    model, vocab = random_served(kind)
+    engine = Engine(model, vocab, slots=2)
+    engine.start()
+    try:
+        client = TestClient(create_app(engine, Settings("tiny")))
+        [card] = client.get("/v1/models").json()["data"]
+        assert (card["id"], card["max_logprobs"]) == ("tiny", offered)
+        body = {"prompt": "ab", "max_tokens": 3, "temperature": 0}
+        if offered is not None:
+            body["logprobs"] = offered
+        r = post(client, body)
+        assert r.status_code == 200, r.text
+        [choice] = r.json()["choices"]
+        assert choice["text"] and (choice["logprobs"] is None) == (offered is None)
+        if offered is not None:
+            assert "".join(choice["logprobs"]["tokens"]) == choice["text"]
+        r = post(client, {**body, "logprobs": 0 if offered is None else offered + 1})
+        assert r.status_code == 400 and r.json()["error"]["param"] in ("logprobs", "prompt")
+    finally:
+        engine.close()
 
 
 def test_health_models_and_metrics():
