@@ -13,11 +13,6 @@ import typer
 import typer.core
 import typer.main
 
-try:  # typer vendors click since 0.2x
-    from typer._click.exceptions import ClickException
-except ImportError:  # an older typer, on click
-    from click.exceptions import ClickException
-
 from charlm.cli.reporting import (
     STOP_SIGNALS,
     Interrupt,
@@ -78,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(sig, raise_interrupt)
     try:
         code = app(args=argv, prog_name="charlm", standalone_mode=False)
-    except ClickException as e:  # a usage error (an unknown option, ...); `charlm` alone: help
+    except typer.TyperException as e:  # a usage error (an unknown option); `charlm` alone: help
         where = e.ctx.command_path if getattr(e, "ctx", None) else "charlm"
         if argv:
             report(f"error: {e.format_message()} (see `{where} -h`)")
