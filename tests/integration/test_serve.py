@@ -5,17 +5,15 @@ error line, exit 2, before the port is bound."""
 
 from __future__ import annotations
 
-import json
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import Served, stream_events
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")  # the serve extra
@@ -24,46 +22,12 @@ pytest.importorskip("fastapi")  # the serve extra
 pytestmark = pytest.mark.xdist_group("serve")
 
 
-class Served:
-    """A `charlm serve` process and the URL it said it listens on."""
-
-    def __init__(self, run: Path, *args: str):
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "charlm", "serve", str(run), "--port", "0", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self.process.stdout.readline()  # the server says where once it listens
-        assert line.startswith("serving "), (line, self.process.stderr.read())
-        self.url = line.split(" on ")[1].split()[0]
-
-    def stop(self, timeout: float = 15) -> tuple[int, float]:
-        """SIGTERM; the exit code and the seconds it took."""
-        start = time.monotonic()
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout), time.monotonic() - start
-        finally:
-            self.process.kill()
-            self.process.wait()
-            self.process.stdout.close()
-            self.process.stderr.close()
-
-
 @pytest.fixture(scope="module")
 def server(tiny_run: Path) -> Iterator[Served]:
     """One server on tiny_run for the tests that leave it as they found it."""
     served = Served(tiny_run, "--max-concurrent", "2", "--max-n", "2")
     yield served
     assert served.stop()[0] == 0
-
-
-def stream_events(client: httpx.Client, url: str, body: dict) -> Iterator[dict | str]:
-    """The `data:` payloads of a streamed completion as they arrive."""
-    with client.stream("POST", f"{url}/v1/completions", json=body | {"stream": True}) as r:
-        assert r.status_code == 200, r.read()
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                data = line.removeprefix("data: ")
-                yield data if data == "[DONE]" else json.loads(data)
 
 
 def slots_busy(url: str) -> int:
