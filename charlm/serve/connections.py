@@ -26,6 +26,7 @@ except ImportError:  # pragma: no cover - Windows has no descriptor limit to fit
 
 RESERVED_FILES = 32  # the listening socket, the event loop's own, checkpoints, stdio
 ACCEPT_FAILED = "socket.accept() out of system resource"  # asyncio's message for EMFILE and kin
+BUSY_WAIT_S = 1.0  # a connection past the cap: time for its request to come for its 503
 WARN_INTERVAL_S = 60.0  # one warning line a minute while accept() keeps failing
 
 
@@ -33,7 +34,8 @@ def protocol(request_timeout: float, max_connections: int) -> type[H11Protocol]:
     """uvicorn's h11 protocol, bounded: a client must send a whole request (head and body)
     within `request_timeout` seconds of connecting or of its previous answer, or it is answered
     408 and closed; a connection opened while `max_connections` are open has each request
-    answered 503 (with Retry-After) and is then closed."""
+    answered 503 (with Retry-After) and is then closed, and BUSY_WAIT_S for its request, so
+    that those past the cap free their descriptors fast."""
     timeout_body = closing_answer(
         408, f"the request did not arrive whole within {request_timeout:g} s (the server's "
         "--request-timeout); send it again, faster", "request_timeout")
@@ -45,9 +47,11 @@ def protocol(request_timeout: float, max_connections: int) -> type[H11Protocol]:
     class Bounded(H11Protocol):
         def connection_made(self, transport: asyncio.Transport) -> None:
             super().connection_made(transport)
+            wait = request_timeout
             if len(self.connections) > max_connections:
                 self.app = busy  # uvicorn runs self.app for each request on this connection
-            self.deadline = self.loop.call_later(request_timeout, self.timed_out)
+                wait = min(wait, BUSY_WAIT_S)
+            self.deadline = self.loop.call_later(wait, self.timed_out)
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
