@@ -11,12 +11,17 @@ import io
 import json
 import os
 import random
+import signal
 import struct
+import subprocess
+import sys
 import threading
+import time
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -32,6 +37,9 @@ from charlm.model.encoder_decoder import EncoderDecoder
 from charlm.model.gpt import GPT
 from charlm.training import checkpoint
 from charlm.training import loop as train_module
+
+if TYPE_CHECKING:
+    import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = ROOT / "data" / "tinyshakespeare.txt"
@@ -360,3 +368,41 @@ def endless_stdin(limit: int = 64 << 20):
             return len(b)
 
     return io.TextIOWrapper(io.BufferedReader(Endless()), encoding="utf-8")
+
+
+# --- the server ------------------------------------------------------------------------------
+
+
+class Served:
+    """A `charlm serve` process and the URL it said it listens on."""
+
+    def __init__(self, run: Path, *args: str, **popen: object):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "charlm", "serve", str(run), "--port", "0", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+        line = self.process.stdout.readline()  # the server says where once it listens
+        assert line.startswith("serving "), (line, self.process.stderr.read())
+        self.url = line.split(" on ")[1].split()[0]
+
+    def stop(self, timeout: float = 15) -> tuple[int, float]:
+        """SIGTERM; the exit code and the seconds it took. What the server printed after its
+        first line is then in `out` and `err`."""
+        start = time.monotonic()
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.out, self.err = self.process.communicate(timeout=timeout)
+            return self.process.returncode, time.monotonic() - start
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.out, self.err = self.process.communicate()
+
+
+def stream_events(client: httpx.Client, url: str, body: dict) -> Iterator[dict | str]:
+    """The `data:` payloads of a streamed completion as they arrive."""
+    with client.stream("POST", f"{url}/v1/completions", json=body | {"stream": True}) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                data = line.removeprefix("data: ")
+                yield data if data == "[DONE]" else json.loads(data)

@@ -47,6 +47,12 @@ def serve(
     max_body: Annotated[int, opt("BYTES", "Bytes of a request body.", min=1)] = 1 << 20,
     max_concurrent: Annotated[int, opt("N", "Completions in flight; beyond them 429 with "
                                        "Retry-After.", min=1)] = 64,
+    request_timeout: Annotated[float, opt(
+        "SECONDS", "Time a client has to send a whole request (head and body) from connecting "
+        "or from its previous answer; past it 408 and the connection closes.", min=0.1)] = 10.0,
+    max_connections: Annotated[int, opt(
+        "N", "Connections open at once; a request on one past them is answered 503 (fewer "
+        "if ulimit -n is lower).", min=1)] = 512,
     grace: Annotated[float, opt("SECONDS", "Time streams in flight get to end at SIGTERM or "
                                 "Ctrl-C.", min=0)] = 5.0,
     model_name: Annotated[str | None, opt(
@@ -92,7 +98,7 @@ def serve(
     print(f"serving {name} on {url} (slots: {engine.slots}; {engine.layout.describe()}; "
           "the API under /v1, the page at /; Ctrl-C stops)",
           flush=True)
-    serve(create_app(engine, settings), sock, grace)
+    serve(create_app(engine, settings), sock, grace, request_timeout, max_connections)
 
 
 def check_exposure(host: str, api_key: str | None) -> None:

@@ -5,6 +5,7 @@ requests are refused, streams in flight end within the grace time with finish_re
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -15,6 +16,7 @@ from fastapi import FastAPI
 
 from charlm.core.errors import CharlmError
 from charlm.serve.app import shutdown
+from charlm.serve.connections import connection_cap, protocol, quiet_accept_errors
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -35,14 +37,17 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(app: FastAPI, sock: socket.socket, grace_s: float) -> None:
+def serve(app: FastAPI, sock: socket.socket, grace_s: float, request_timeout: float = 10.0,
+          max_connections: int = 512) -> None:
     """Serve `app` on `sock` until a stop signal, then stop as the module docstring says.
     uvicorn runs on a thread of its own and the engine decodes on this one, the main thread
     (`Engine.run`: torch is several times slower on a later thread); the stop signals are
-    taken here, where Python runs its handlers."""
+    taken here, where Python runs its handlers. Connections are bounded as
+    `charlm.serve.connections.protocol` says."""
     engine = app.state.engine
     config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=grace_s + 2)
+                            timeout_graceful_shutdown=grace_s + 2,
+                            http=protocol(request_timeout, connection_cap(max_connections)))
     server = uvicorn.Server(config)  # off the main thread it installs no signal handlers
     closer = threading.Thread(target=shutdown, args=(app, grace_s), name="charlm-shutdown",
                               daemon=True)
@@ -54,13 +59,17 @@ def serve(app: FastAPI, sock: socket.socket, grace_s: float) -> None:
             if closer.ident is None:
                 closer.start()
 
+    async def http() -> None:
+        quiet_accept_errors(asyncio.get_running_loop())
+        await server.serve(sockets=[sock])
+
     def http_then_close() -> None:  # however uvicorn ends, the engine's loop ends after it
         try:
-            server.run(sockets=[sock])
+            asyncio.run(http())
         finally:
             close_once()
 
-    http = threading.Thread(target=http_then_close, name="charlm-http", daemon=True)
+    thread = threading.Thread(target=http_then_close, name="charlm-http", daemon=True)
 
     def stop(sig: int, frame: object) -> None:
         if server.should_exit and sig == signal.SIGINT:  # a second Ctrl-C: at once
@@ -71,10 +80,10 @@ def serve(app: FastAPI, sock: socket.socket, grace_s: float) -> None:
 
     before = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
     try:
-        http.start()
+        thread.start()
         engine.run()  # until `shutdown` closes the engine
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
         server.should_exit = True
-        http.join(grace_s + 5)
+        thread.join(grace_s + 5)

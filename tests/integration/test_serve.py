@@ -1,14 +1,12 @@
 """`charlm serve` as a process on a free local port: the real `openai` client, streamed and not;
 the first event before the generation ends; 429 past --max-concurrent; a client that goes away
-frees its slot; SIGTERM during streams exits 0 within seconds; a run that cannot be loaded is one
-error line, exit 2, before the port is bound."""
+frees its slot; SIGTERM during 10 streams ends each and exits 0 within 5 s, leaving no child
+process; a run that cannot be loaded is one error line, exit 2, before the port is bound."""
 
 from __future__ import annotations
 
-import json
-import signal
+import contextlib
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -17,35 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import Served, stream_events
+
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")  # the serve extra
 
 # Every test here talks to a server: one worker runs them all, which starts one shared server
 pytestmark = pytest.mark.xdist_group("serve")
-
-
-class Served:
-    """A `charlm serve` process and the URL it said it listens on."""
-
-    def __init__(self, run: Path, *args: str):
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "charlm", "serve", str(run), "--port", "0", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self.process.stdout.readline()  # the server says where once it listens
-        assert line.startswith("serving "), (line, self.process.stderr.read())
-        self.url = line.split(" on ")[1].split()[0]
-
-    def stop(self, timeout: float = 15) -> tuple[int, float]:
-        """SIGTERM; the exit code and the seconds it took."""
-        start = time.monotonic()
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout), time.monotonic() - start
-        finally:
-            self.process.kill()
-            self.process.wait()
-            self.process.stdout.close()
-            self.process.stderr.close()
 
 
 @pytest.fixture(scope="module")
@@ -54,16 +30,6 @@ def server(tiny_run: Path) -> Iterator[Served]:
     served = Served(tiny_run, "--max-concurrent", "2", "--max-n", "2")
     yield served
     assert served.stop()[0] == 0
-
-
-def stream_events(client: httpx.Client, url: str, body: dict) -> Iterator[dict | str]:
-    """The `data:` payloads of a streamed completion as they arrive."""
-    with client.stream("POST", f"{url}/v1/completions", json=body | {"stream": True}) as r:
-        assert r.status_code == 200, r.read()
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                data = line.removeprefix("data: ")
-                yield data if data == "[DONE]" else json.loads(data)
 
 
 def slots_busy(url: str) -> int:
@@ -117,7 +83,26 @@ def test_past_max_concurrent_429_with_retry_after(server):
     assert r.json()["error"]["type"] == "rate_limit_error"
 
 
-def test_sigterm_ends_streams_in_flight_and_exits_0(tiny_run):
+def children(pid: int) -> set[int]:
+    """The processes `pid` started, and theirs (from /proc: Linux)."""
+    found, parents = set(), {pid}
+    while parents:
+        stats = []
+        for entry in Path("/proc").iterdir():
+            with contextlib.suppress(OSError):
+                if entry.name.isdigit():
+                    stats.append((int(entry.name), (entry / "stat").read_text()))
+        new = {p for p, stat in stats if int(stat.rpartition(")")[2].split()[1]) in parents}
+        parents = new - found
+        found |= new
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="child processes from /proc")
+def test_sigterm_with_10_streams_in_flight_ends_each_and_exits_0_within_5_s(tiny_run):
+    """vLLM's shutdown test: 10 streams decoding, SIGTERM; within 5 s the server has exited 0,
+    each stream has ended with finish_reason "shutdown" and `data: [DONE]`, and no process
+    it started is left."""
     served = Served(tiny_run, "--grace", "2")
     ends: list = []
 
@@ -126,17 +111,19 @@ def test_sigterm_ends_streams_in_flight_and_exits_0(tiny_run):
             ends.append(list(stream_events(client, served.url, {"prompt": "A",
                                                                  "max_tokens": 4000}))[-2:])
 
-    readers = [threading.Thread(target=read) for _ in range(2)]
+    readers = [threading.Thread(target=read) for _ in range(10)]
     for t in readers:
         t.start()
-    while slots_busy(served.url) < 2:
+    while slots_busy(served.url) < 10:
         time.sleep(0.02)
+    started = children(served.process.pid)
     code, seconds = served.stop()
     for t in readers:
         t.join(10)
     assert code == 0 and seconds < 5
     assert [[e["choices"][0]["finish_reason"], done] for e, done in ends] == [
-        ["shutdown", "[DONE]"]] * 2
+        ["shutdown", "[DONE]"]] * 10
+    assert not [pid for pid in started if Path(f"/proc/{pid}").exists()]
 
 
 def test_a_run_that_cannot_be_loaded_is_one_error_line_before_the_port(cli, tmp_path):
