@@ -20,8 +20,8 @@ def eval_(
     target: TargetArg,
     text_file: Annotated[
         Path | None, typer.Argument(metavar="TEXT_FILE", show_default=False,
-                                    help="UTF-8 text file to score, - for stdin (pairs for an "
-                                    "encoder-decoder).")
+                                    help="UTF-8 text file to score (.gz/.bz2/.xz too), - for "
+                                    "stdin (pairs for an encoder-decoder).")
     ] = None,
     split: Annotated[
         str | None, typer.Option(metavar="val|test", show_default=False,

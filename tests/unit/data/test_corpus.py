@@ -50,7 +50,8 @@ def test_a_cut_gzip_file_is_one_error_or_skipped(tmp_path):
     with pytest.raises(CharlmError) as e:
         prepare([good, cut], tmp_path / "ds", progress=False)
     assert str(e.value) == (f"cannot decompress {cut} as .gz data: it ends before its "
-                            "end-of-stream marker (cut short?); check the file (`gz -t`), or "
+                            "end-of-stream marker (cut short?); check the file (`gzip -t "
+                            f"{cut}`), or "
                             "pass --skip-invalid (data.skip_invalid) to skip such files")
     assert not (tmp_path / "ds").exists()
     meta = prepare([good, cut], tmp_path / "ds", progress=False,
