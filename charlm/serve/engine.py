@@ -50,6 +50,15 @@ def slots_within(model: GPT | EncoderDecoder, budget: int, most: int) -> int:
     return max(1, min(most, budget // per_slot))
 
 
+class FieldError(CharlmError):
+    """A request the engine refuses because of one of its fields other than the prompt (the
+    HTTP error's `param`)."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
 @dataclass(frozen=True)
 class Stats:
     slots: int
@@ -116,15 +125,16 @@ class Engine:
     def _encode(self, prompt: str, params: Params) -> list[int]:
         if self.encdec:
             if params.logprobs is not None:
-                raise CharlmError("logprobs are not available for an encoder-decoder model; "
-                                  "leave logprobs out")
+                raise FieldError("logprobs are not available for an encoder-decoder model; "
+                                 "leave logprobs out", "logprobs")
             known = set(self.vocab.source)
             bad = [(i, c) for i, c in enumerate(prompt) if c not in known]
         else:
             prompt = self.vocab.normalized(prompt)  # as the model's data was
             if self.vocab.units == "byte" and params.logprobs:  # a character is several draws
-                raise CharlmError("top logprobs are per character, and this model draws bytes; "
-                                  "ask for logprobs 0 (the chosen characters' logprobs)")
+                raise FieldError("top logprobs are per character, and this model draws bytes; "
+                                 "ask for logprobs 0 (the chosen characters' logprobs)",
+                                 "logprobs")
             bad = self.vocab.unknown(prompt)
         if bad:
             raise CharlmError(f"the prompt has characters outside the model's vocabulary: "
