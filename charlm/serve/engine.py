@@ -33,6 +33,7 @@ from charlm.model.attention import attention_dtype
 from charlm.model.encoder_decoder import EncoderDecoder, output_limit
 from charlm.model.gpt import GPT
 from charlm.model.layers import lay_out_for_decoding
+from charlm.runtime.device import require_memory
 from charlm.runtime.profile import DecodeLayout, layout_for
 from charlm.serve.request import Event, Params, Request, Row, generator_for
 
@@ -44,10 +45,15 @@ KV_BUDGET = 1 << 30  # bytes of keys and values that `charlm serve`'s default sl
 def slots_within(model: GPT | EncoderDecoder, budget: int, most: int) -> int:
     """The most slots, up to `most` (one at least), whose KV cache (every layer's keys and values
     over the whole block, in the dtype attention computes in) fits in `budget` bytes."""
+    return max(1, min(most, budget // slot_bytes(model)))
+
+
+def slot_bytes(model: GPT | EncoderDecoder) -> int:
+    """The bytes of one slot's KV cache: every layer's keys and values over the whole block, in
+    the dtype attention computes in."""
     cfg = model.cfg
-    per_slot = (2 * cfg.n_layer * cfg.block_size * cfg.n_embd
-                * attention_dtype(model.wte.weight).itemsize)
-    return max(1, min(most, budget // per_slot))
+    return (2 * cfg.n_layer * cfg.block_size * cfg.n_embd
+            * attention_dtype(model.wte.weight).itemsize)
 
 
 class FieldError(CharlmError):
@@ -78,6 +84,10 @@ class Engine:
                  slots: int = 16, compile: bool = False, layout: DecodeLayout | None = None):
         if slots < 1:
             raise CharlmError(f"the engine needs at least one slot, got {slots}")
+        if model.cfg.arch != "encoder_decoder":  # refused before it is allocated, not OOM-killed
+            require_memory(slots * slot_bytes(model), model.wte.weight.device,
+                           f"{slots:,} slots need about {{gib}} for their keys and values",
+                           "give fewer --slots (the default fits them in 1 GiB)")
         self.model = copy.deepcopy(model).eval()  # it only decodes: laid out for that
         self.layout = layout_for(self.model) if layout is None else layout
         lay_out_for_decoding(self.model, self.layout.split_parts, self.layout.column_major)
