@@ -121,7 +121,8 @@ def eval_pairs_file(lm: Any, path: Path, unknown: str, json_out: bool,
     from charlm.data.text import check_input_file
     from charlm.evaluation.pairs import rate_name, score_pairs
 
-    check_input_file(path)
+    if str(path) != "-":
+        check_input_file(path)
     cfg = lm.config
     pairs, _ = read_pairs(path, cfg.data, cfg.model.block_size)
     grouped: dict[str, list[str]] = {}
