@@ -293,6 +293,7 @@ class Engine:
                        if not matcher.done)
         with self.cond:
             self.characters += len(out)
-        if text:
-            request.send(Event(text))
+        if text:  # its tokens are target units, as max_tokens counts them (phonemes, say)
+            units = len(text.split()) if self.vocab.target_units == "space" else len(text)
+            request.send(Event(text, tokens=units))
         request.finish("stop" if matcher.done or len(out) < limit else "length")

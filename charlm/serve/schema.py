@@ -25,7 +25,7 @@ class Limits:
     """What one request may ask for, and how much the server takes at once."""
 
     prompt: int = 16_384  # characters of one prompt (a chat's after its template)
-    max_tokens: int = 4_096  # characters one completion may generate
+    max_tokens: int = 4_096  # output tokens one completion may generate (characters, units)
     n: int = 16  # completions one request asks for: prompts x n
     body: int = 1 << 20  # bytes of a request body
     concurrent: int = 64  # completions in flight; a request beyond them gets 429
