@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 import numpy as np
 from tqdm import tqdm
 
-from charlm.core.errors import CharlmError, characters
+from charlm.core.errors import CharlmError, characters, warn
 from charlm.core.files import some
 from charlm.data.chunks import SKIP_HINT, InvalidText, byte_chunks, code_point_chunks
 from charlm.data.sources import READ_ERRORS, Source, unreadable
@@ -187,7 +187,9 @@ def held_out(key: str, val_fraction: float) -> bool:
 
 def train_counts(stats: Sequence[SourceStats], val_fraction: float, split: str) -> list[int]:
     """How many characters of each source go to the train split; the rest are validation. A
-    split that leaves either side empty is refused (nothing to train on, or to measure)."""
+    split that leaves either side empty is refused (nothing to train on, or to measure); one
+    of whole files that holds out less than half or more than twice the val fraction of the
+    text is warned about (two files hold out 25 % or 75 % of it)."""
     if split == "files":
         if len(stats) < 2:
             raise CharlmError("data.split files holds out whole files, but there is only one "
@@ -206,4 +208,10 @@ def train_counts(stats: Sequence[SourceStats], val_fraction: float, split: str) 
         raise CharlmError(f"--val-fraction {val_fraction} leaves {left} for {side} of "
                           f"{characters(total)}; choose a fraction that leaves both splits "
                           "some text, or give more text")
+    share = 1 - n_train / total
+    if split == "files" and not val_fraction / 2 <= share <= val_fraction * 2:
+        held = sum(1 for c in counts if c == 0)
+        warn(f"data.split files holds out {held:,} of {len(stats):,} files, {share:.0%} of the "
+             f"text, for validation, not the {val_fraction:.0%} of the val fraction: whole "
+             "files go to one side; give more files, or use data.split tail")
     return counts

@@ -12,6 +12,7 @@ import errno
 import io
 import json
 import os
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,11 @@ def check_input_file(path: Path) -> None:
 
 def read_text(path: Path, what: str = "text file", limit: int | None = None) -> str:
     """A whole text file, read strictly as UTF-8 (with the same errors as `prepare`): a
-    regular file (named `what` in errors), of at most `limit` bytes if given."""
+    regular file (named `what` in errors), of at most `limit` bytes if given; `-` is stdin."""
+    if str(path) == "-":
+        stdin = sys.stdin.buffer
+        source = stdin if limit is None else io.BytesIO(read_capped(stdin, limit, "stdin"))
+        return "".join(text for _, text in decode_chunks(source, "<stdin>"))
     path = Path(path)
     check_input_file(path)
     with open_regular(path, what, limit) as f:
