@@ -1,13 +1,10 @@
 """What several commands share: each command's own Typer app (`command_app`), the options
 declared once (`--set`, `--device`, `--dtype`, the target run), the sampling options made from
-`SampleConfig`'s fields, and whether an option was left at its default."""
+`SampleConfig`'s fields (`sample_option`), and whether an option was left at its default."""
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import typing
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -53,25 +50,28 @@ def is_default(ctx: typer.Context, option: str) -> bool:
     return source is None or source.name == "DEFAULT"
 
 
-def with_sample_options(command: Callable[..., None]) -> Callable[..., None]:
-    """Give `command` one option per `SampleConfig` field (name, default and help from the
-    field), before its `stream` parameter; they arrive in its `**options` as the field takes
-    them (`--no-cache` as use_cache=False)."""
-    options, hints = [], typing.get_type_hints(SampleConfig)
-    for f in dataclasses.fields(SampleConfig):
-        flag, tp, default, convert = f.metadata["flag"], hints[f.name], f.default, None
-        if typing.get_origin(tp) is tuple:  # repeatable; SampleConfig takes a list
-            tp = list[typing.get_args(tp)[0]]
-        elif (flag or "").startswith("--no-"):  # a flag that turns the field off
-            default, convert = not default, turn_off
-        option = typer.Option(*([flag] if flag else []), help=f.metadata["help"], callback=convert)
-        options.append(inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                         default=default, annotation=Annotated[tp, option]))
-    params = [p for p in inspect.signature(command, eval_str=True).parameters.values()
-              if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    at = [p.name for p in params].index("stream")
-    command.__signature__ = inspect.Signature(params[:at] + options + params[at:])
-    return command
+SAMPLE_FIELDS = {f.name: f for f in dataclasses.fields(SampleConfig)}
+SAMPLE_DEFAULTS = SampleConfig()
+
+
+def sample_option(name: str) -> typer.models.OptionInfo:
+    """The `charlm sample` option of SampleConfig's field `name`, with the field's flag and help
+    (`--no-cache` turns `use_cache` off: the option is given as the field's opposite)."""
+    meta = SAMPLE_FIELDS[name].metadata
+    flag = meta["flag"]
+    off = (flag or "").startswith("--no-")
+    return typer.Option(*([flag] if flag else []), help=meta["help"],
+                        callback=turn_off if off else None)
+
+
+def sample_options(values: dict[str, object]) -> SampleConfig:
+    """The SampleConfig of a command's sampling options (`values`: its arguments by name); a
+    repeatable option not given (None) is its field's default, ()."""
+    def given(name: str) -> object:
+        default = getattr(SAMPLE_DEFAULTS, name)
+        return default if values[name] is None and isinstance(default, tuple) else values[name]
+
+    return SampleConfig(**{name: given(name) for name in SAMPLE_FIELDS})
 
 
 def turn_off(value: bool) -> bool:

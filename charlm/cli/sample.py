@@ -14,13 +14,17 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from charlm.cli.options import (
+    SAMPLE_DEFAULTS as D,
+)
+from charlm.cli.options import (
     DeviceOpt,
     DtypeOpt,
     StepOpt,
     TargetArg,
     command_app,
     is_default,
-    with_sample_options,
+    sample_option,
+    sample_options,
 )
 from charlm.cli.reporting import writes_unicode
 from charlm.config.sampling import SampleConfig
@@ -40,7 +44,6 @@ app = command_app()
 INPUT_LIMIT = 4 << 20
 
 @app.command()
-@with_sample_options
 def sample(
     ctx: typer.Context,
     target: TargetArg,
@@ -60,6 +63,22 @@ def sample(
         Path | None, typer.Option(help="Encoder-decoder: one source per line of this file; one "
                                   "output line each.")
     ] = None,
+    max_new_tokens: Annotated[int, sample_option("max_new_tokens")] = D.max_new_tokens,
+    num_samples: Annotated[int, sample_option("num_samples")] = D.num_samples,
+    temperature: Annotated[float, sample_option("temperature")] = D.temperature,
+    top_k: Annotated[int | None, sample_option("top_k")] = D.top_k,
+    top_p: Annotated[float | None, sample_option("top_p")] = D.top_p,
+    min_p: Annotated[float | None, sample_option("min_p")] = D.min_p,
+    repetition_penalty: Annotated[float, sample_option("repetition_penalty")] = (
+        D.repetition_penalty),
+    repetition_window: Annotated[int, sample_option("repetition_window")] = D.repetition_window,
+    beams: Annotated[int | None, sample_option("beams")] = D.beams,
+    stop: Annotated[list[str] | None, sample_option("stop")] = None,  # none: D.stop
+    include_stop: Annotated[bool, sample_option("include_stop")] = D.include_stop,
+    unknown: Annotated[str, sample_option("unknown")] = D.unknown,
+    seed: Annotated[int, sample_option("seed")] = D.seed,
+    use_cache: Annotated[bool, sample_option("use_cache")] = not D.use_cache,
+    compile: Annotated[bool, sample_option("compile")] = D.compile,
     stream: Annotated[bool, typer.Option(help="Print characters as they are generated.")] = True,
     json_out: Annotated[
         bool, typer.Option("--json", help="One JSON object per sample: text, prompt, tokens, "
@@ -73,13 +92,12 @@ def sample(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "float32",
     step: StepOpt = None,
-    **options: object,
 ) -> None:
     """Generate text from a checkpoint, streamed to stdout as it is produced."""
     from charlm.api import load
     from charlm.generation.text import default_prompt
 
-    opts = SampleConfig(**options)
+    opts = sample_options(locals())
     if interactive:
         sample_interactively(target, device, dtype, step, opts, stream, {
             "--prompt": prompt is not None, "--prompt-file": prompt_file is not None,
