@@ -80,8 +80,16 @@ class OnnxLM:
                        temperature: float = 0.8, top_k: int | None = None,
                        top_p: float | None = None, seed: int | None = None) -> list[str]:
         """Each prompt continued as `generate` does, all rows in one batch."""
+        rows = self.generate_ids([self.encode(p) for p in prompts], max_new_tokens,
+                                 temperature, top_k, top_p, seed)
+        return [self.decode(ids) for ids in rows]
+
+    def generate_ids(self, prompts: list[list[int]], max_new_tokens: int,
+                     temperature: float = 0.8, top_k: int | None = None,
+                     top_p: float | None = None, seed: int | None = None) -> list[list[int]]:
+        """The new ids of each row after its prompt's ids (each at least one), in one batch."""
         rng = np.random.default_rng(seed)
-        windows = [self.encode(p)[-self.block:] for p in prompts]  # the ids in each row's cache
+        windows = [list(p[-self.block:]) for p in prompts]  # the ids in each row's cache
         rows = [self.prefill(w) for w in windows]
         logits = np.stack([r[0] for r in rows])
         last = np.concatenate([r[1] for r in rows])
@@ -98,7 +106,7 @@ class OnnxLM:
                 out[row].append(int(i))
             if n + 1 < max_new_tokens:
                 logits, last, kv = self.advance(windows, ids, last, kv)
-        return [self.decode(ids) for ids in out]
+        return out
 
     def advance(self, windows: list[list[int]], ids: np.ndarray, last: np.ndarray,
                 kv: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:

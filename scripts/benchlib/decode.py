@@ -14,6 +14,8 @@ put the yardsticks first):
   `float32_ceiling`: `ceiling` on the float32 weights whatever the dtype.
 - `transformers`: Hugging Face transformers' `generate` with its KV cache on the same weights,
   exported as `charlm export --format hf` does (the `hf` extra; GPT-2-shaped configs only).
+- `onnxruntime`: `charlm.onnx` (ONNX Runtime and numpy) on the same weights, exported as
+  `charlm export --format onnx` does (the `onnx` extra; float32).
 
 A decode stops after --seconds (at least one token) and is timed over the tokens it made
 (`tokens`): that flatters it, early tokens seeing a shorter context. `same_tokens`: whether a
@@ -126,6 +128,28 @@ def transformers_decode(case: Case) -> Runner:
     return run
 
 
+def onnx_decode(case: Case) -> Runner:
+    """charlm.onnx's greedy decode of `case` on the model's weights, exported to ONNX."""
+    from charlm.onnx import OnnxLM
+    from charlm.onnx_export import save_onnx
+
+    if case.model.wte.weight.dtype != torch.float32:
+        raise CharlmError("the onnxruntime variant decodes float32 weights: give --dtypes float32")
+    tmp = tempfile.mkdtemp()  # the sessions read the files as they load; removed with /tmp
+    save_onnx(case.model, VOCAB, case.cfg, Path(tmp))
+    lm = OnnxLM(tmp, threads=torch.get_num_threads())
+
+    def run() -> dict:
+        t0 = time.perf_counter()
+        rows = lm.generate_ids([[0]] * case.batch, case.tokens, temperature=0)
+        seconds = time.perf_counter() - t0
+        return {"tokens": case.tokens, "seconds": round(seconds, 4),
+                "tokens_per_s": round(case.tokens * case.batch / seconds, 1),
+                "ids": [list(step) for step in zip(*rows, strict=True)]}
+
+    return run
+
+
 MEASURES: dict[str, Callable[[Case], Runner]] = {
     "cached": decoder,
     "uncached": lambda case: decoder(case, use_cache=False),
@@ -134,6 +158,7 @@ MEASURES: dict[str, Callable[[Case], Runner]] = {
     "own_ceiling": lambda case: ceiling(case, own=True),
     "float32_ceiling": lambda case: ceiling(case, float32=True),
     "transformers": transformers_decode,
+    "onnxruntime": onnx_decode,
 }
 
 
