@@ -109,7 +109,7 @@ def _init_config(cfg: RunConfig, given: set[str], data_given: set[str] = frozens
     model and data keys the user set). The model
     is loaded as `charlm sample` loads one (`charlm.api.load`) and appended to `loaded`."""
     from charlm.api import load  # imports torch: only for a fine-tune
-    from charlm.data.digest import sha256_file
+    from charlm.data.chunks import sha256_file
     from charlm.export import WEIGHTS
     from charlm.training.parent import Parent, parent_config
 
