@@ -29,7 +29,6 @@ from charlm.data.vocab import code_points
 # cache, and as fast to encode as larger chunks
 CHUNK_BYTES = 1 << 20
 
-
 # the first bytes of files that are compressed, not text: a hint in the error for them
 MAGIC = {b"\x1f\x8b": ("gzip", ".gz"), b"BZh": ("bzip2", ".bz2"),
          b"\xfd7zXZ\x00": ("xz", ".xz"), b"PK\x03\x04": ("zip", None)}

@@ -46,18 +46,13 @@ from charlm.data.vocab import PairVocab, id_dtype
 
 PAIRS_KIND = "pairs"
 
-
 SPLITS = ("train", "val", "test")
-
 
 PAIR_FILES = ("meta.json", *(f"{split}.npz" for split in SPLITS))
 
-
 ARRAYS = ("src", "src_offsets", "tgt", "tgt_offsets")
 
-
 AGAIN = "prepare it again with `charlm prepare --pairs`"
-
 
 SKIP_HINT = "set data.skip_bad_pairs=true to skip such lines"
 

@@ -236,15 +236,11 @@ def train_counts(stats: Sequence[SourceStats], val_fraction: float, split: str) 
 
 DATASET_FORMAT = "charlm-dataset"
 
-
 DATASET_FILES = ("meta.json", "train.bin", "val.bin", "test.bin")  # test: a benchmark's
-
 
 DATASET_VERSION = 1
 
-
 PROGRESS_MIN_BYTES = 4 << 20
-
 
 # meta.json (and an export's vocab.json) hold a vocabulary: even every Unicode character, one a
 # line, stays below this; a file far larger is not charlm's and would fill the memory

@@ -24,6 +24,9 @@ import numpy as np
 
 from charlm.core.errors import CharlmError
 
+if TYPE_CHECKING:  # `charlm prepare` imports this module and must not pay for importing torch
+    import torch
+
 UNITS = ("char", "byte")
 
 
@@ -74,15 +77,9 @@ class TextStream:
         return self.decoder is not None and bool(self.decoder.getstate()[0])
 
 
-if TYPE_CHECKING:  # `charlm prepare` imports this module and must not pay for importing torch
-    pass
-
-
 MAX_CODE_POINT = 0x110000
 
-
 NORMAL_FORMS = (None, "NFC", "NFKC", "NFD", "NFKD")
-
 
 GATHER_SLICE = 1 << 16
 
@@ -315,10 +312,6 @@ class CharacterSet:
         """The vocabulary of the characters (byte units: byte values) met, in code point
         order."""
         return Vocab.from_code_points(np.flatnonzero(self._seen), units)
-
-
-if TYPE_CHECKING:
-    import torch
 
 
 def target_specials(target_size: int) -> tuple[int, int, int]:
