@@ -12,7 +12,6 @@ and no pickles."""
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
 import zipfile
@@ -32,11 +31,13 @@ from charlm.data.prepare import (
     DATASET_FILES,
     DATASET_FORMAT,
     DATASET_VERSION,
+    check_out,
     check_source_file,
     dataset_lock,
     dataset_meta,
     discard_temps,
     install,
+    path_share,
     read_meta,
     read_text,
     remove_killed_temps,
@@ -128,8 +129,7 @@ def read_pairs(path: Path, data: DataConfig, block_size: int
 def split_of(source: str, val_fraction: float, test_fraction: float) -> str:
     """"train", "val" or "test" by a hash of `source`: every reference of one source lands in
     the same split, and the split is the same on every run and machine."""
-    digest = hashlib.sha256(source.encode("utf-8")).digest()
-    u = int.from_bytes(digest[:8], "big") / 2**64
+    u = path_share(source)  # strict UTF-8 text: its encoding is the surrogateescape one
     return "test" if u < test_fraction else "val" if u < test_fraction + val_fraction else "train"
 
 
@@ -167,15 +167,6 @@ def _killed_prepare(out: Path) -> bool:
     except (ValueError, OSError):  # missing, or cut short by a crash
         return True
     return False  # readable, yet not a charlm dataset's: another tool's meta.json
-
-
-def _check_out(out: Path) -> None:
-    """`out` may be written: new, empty, a charlm dataset dir, or a killed prepare's."""
-    if out.exists() and not out.is_dir():
-        raise CharlmError(f"--out must be a directory, but {out} is a file")
-    if out.is_dir() and not (replaceable(out) or _killed_prepare(out)):
-        raise CharlmError(f"--out {out} is not empty and holds no charlm dataset; give a new "
-                          "or empty directory, or a dataset dir to replace")
 
 
 def _write(out: Path, arrays: dict[str, dict[str, np.ndarray]], meta: dict[str, Any]) -> None:
@@ -219,7 +210,7 @@ def _prepare_pairs(paths: list[Path], out: Path, data: DataConfig, block_size: i
         raise CharlmError("no input files given")
     for p in paths:
         check_source_file(p)
-    _check_out(out)
+    check_out(out, lambda o: replaceable(o) or _killed_prepare(o))
     # hashed before reading: a file changed meanwhile makes a cache that is rebuilt, not reused
     hashes = [sha256_file(p) for p in paths]
     read = [read_pairs(p, data, block_size) for p in paths]

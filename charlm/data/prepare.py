@@ -199,8 +199,8 @@ def split_name(s: SourceStats, n_train: int) -> str:
 
 
 def path_share(key: str) -> float:
-    """Where the file at `key` (its path under its folder) falls in [0, 1): a hash of the path,
-    so a file stays on its side of data.split files whatever other files come and go."""
+    """Where `key` falls in [0, 1), by its sha256: a file's path under its folder stays on its
+    side of data.split files whatever other files come and go (a pair's source likewise)."""
     digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
     return int.from_bytes(digest[:8], "big") / 2**64
 
@@ -417,9 +417,15 @@ def check_prepare(sources: Sequence[Source], out: Path, val_fraction: float) -> 
         raise CharlmError(f"--val-fraction must be in (0, 1), got {val_fraction}")
     for s in sources:
         check_source_file(s.path, s.name)  # before reading any sizes
+    check_out(out)
+
+
+def check_out(out: Path, writable: Callable[[Path], bool] = replaceable) -> None:
+    """An --out that may be written: new, or a directory that is `writable` (empty, or a
+    dataset's); a file or a directory of something else is refused."""
     if out.exists() and not out.is_dir():
         raise CharlmError(f"--out must be a directory, but {out} is a file")
-    if out.is_dir() and not replaceable(out):
+    if out.is_dir() and not writable(out):
         raise CharlmError(f"--out {out} is not empty and holds no charlm dataset; give a new or "
                           "empty directory, or a dataset dir to replace")
 
