@@ -69,7 +69,7 @@ def info(
         raise CharlmError(f"{given} sizes the forward pass of --shapes; add --shapes")
     trained = is_model(target)
     if not trained:
-        cfg = train_config(target, list(set_ or []))
+        cfg, _ = train_config(target, list(set_ or []))
         model = config_model(cfg, vocab_size)  # one block per stack, on the meta device
     else:
         if set_ or vocab_size is not None:

@@ -6,7 +6,7 @@ import math
 import sys
 import typing
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -17,6 +17,9 @@ from charlm.config.yaml_files import read_yaml_file
 from charlm.core.durations import format_duration
 from charlm.core.errors import CharlmError
 from charlm.core.ranks import is_main_process
+
+if TYPE_CHECKING:
+    from charlm.training.parent import Parent
 
 app = command_app()
 
@@ -67,19 +70,16 @@ def train(
     if resume and init_from is not None:
         raise CharlmError("--init-from starts a new run from a model's weights, --resume "
                           "continues a run from its last.pt; give one of them")
-    parents: list = []  # the model --init-from names, loaded once for the config and weights
     overrides = [*(set_ or []), *([("data.skip_invalid", True)] if skip_invalid else [])]
-    cfg = train_config(config, overrides, data=data, out=out, device=device, budget=budget,
-                       init_from=init_from, resume=_resume_config if resume else None,
-                       init=lambda *args: _init_config(*args, loaded=parents))
+    cfg, parent = train_config(config, overrides, data=data, out=out, device=device,
+                               budget=budget, init_from=init_from, resume=resume)
     size = None if resume else sized_keys(config, overrides, cfg)
     from charlm.training.faults import Aborted, Interrupted
     from charlm.training.loop import train as run_training
 
     main_rank = is_main_process()  # under torchrun, rank 0 alone speaks for the run
     try:
-        state = run_training(cfg, resume=resume, overwrite=overwrite,
-                             parent=parents.pop() if parents else None, size=size)
+        state = run_training(cfg, resume=resume, overwrite=overwrite, parent=parent, size=size)
     except Interrupted as e:  # last.pt is saved; say where, exit 130 / 143
         if main_rank:
             print(e, file=sys.stderr)
@@ -94,20 +94,12 @@ def train(
               f"best val loss {best}, checkpoints in {cfg.train.out_dir}")
 
 
-def _resume_config(*args: object) -> RunConfig:
-    from charlm.training.run_dir import (
-        resume_config,  # imports torch: only once the run dir is known
-    )
-
-    return resume_config(*args)
-
-
-def _init_config(cfg: RunConfig, given: set[str], data_given: set[str] = frozenset(),
-                 loaded: list | None = None) -> RunConfig:
+def fine_tune_config(cfg: RunConfig, given: set[str],
+                     data_given: set[str] = frozenset()) -> tuple[RunConfig, Parent]:
     """A fine-tune's config: `cfg` with the architecture, units and normal form of the model
     train.init_from names (`charlm.training.parent.parent_config`; `given`, `data_given`: the
-    model and data keys the user set). The model
-    is loaded as `charlm sample` loads one (`charlm.api.load`) and appended to `loaded`."""
+    model and data keys the user set), and that model, loaded once as `charlm sample` loads
+    one (`charlm.api.load`), for its weights."""
     from charlm.api import load  # imports torch: only for a fine-tune
     from charlm.data.chunks import sha256_file
     from charlm.export import WEIGHTS
@@ -120,9 +112,7 @@ def _init_config(cfg: RunConfig, given: set[str], data_given: set[str] = frozens
     weights = lm.source / WEIGHTS if lm.source.is_dir() else lm.source
     parent = Parent(str(lm.source), weights, sha256_file(weights), lm.config, lm.vocab,
                     lm.model.state_dict())
-    if loaded is not None:
-        loaded.append(parent)
-    return parent_config(cfg, given, parent, data_given)
+    return parent_config(cfg, given, parent, data_given), parent
 
 
 def sized_keys(config: str | Path | typing.Sequence[str | Path] | None,
@@ -158,17 +148,15 @@ def train_config(
     overrides: typing.Sequence[Override] = (), *,
     data: str | typing.Sequence[str] | None = None, out: str | None = None,
     device: str | None = None,
-    budget: str | None = None, init_from: str | None = None,
-    resume: typing.Callable[[Path, Path | None, list[Override]], RunConfig] | None = None,
-    init: typing.Callable[[RunConfig, set[str], set[str]], RunConfig] = _init_config,
-) -> RunConfig:
+    budget: str | None = None, init_from: str | None = None, resume: bool = False,
+) -> tuple[RunConfig, Parent | None]:
     """The config `charlm train CONFIG_OR_TEXT... --data --out --device --time --set` runs. A
     YAML config may come first; the other arguments are the data (data.path: one input, or a
     list), as --data is; a config that names no run dir (the defaults, or a YAML file without
     train.out_dir) trains into runs/<data's name> (`schema.default_run_dir`).
-    `resume(run_dir, config, overrides)` gives a resumed run's config (the checkpoint's, see
-    `charlm.training.run_dir.resume_config`); None starts a fresh run. A fresh run with
-    train.init_from (`--init-from`) takes its architecture from that model (`init`)."""
+    A resumed run's config is the checkpoint's (`charlm.training.run_dir.resume_config`). A
+    fresh run with train.init_from (`--init-from`) takes its architecture from that model,
+    which comes back beside the config (`fine_tune_config`); None for any other run."""
     overrides = list(overrides)
     config, args = config_file(config)
     data = [data] if isinstance(data, str) else list(data or [])
@@ -193,13 +181,15 @@ def train_config(
                   (("data.path", data), ("train.out_dir", out), ("train.device", device),
                    ("train.max_time", budget), ("train.init_from", init_from))
                   if value is not None]
-    if resume is not None:
+    if resume:
+        from charlm.training.run_dir import resume_config  # imports torch: only for a resume
+
         # Without a CONFIG the overrides apply to the checkpoint's config, not to the defaults
         # (`--set optim.min_lr=...` may be legal only with the run's optim.lr): here only the run
         # dir is needed, to find the checkpoint, and data.path names it when out_dir does not.
         run = load_config(config, overrides if config else
                           [o for o in overrides if dotted_key(o) in ("train.out_dir", "data.path")])
-        return resume(Path(run.train.out_dir), config, overrides)
+        return resume_config(Path(run.train.out_dir), config, overrides), None
     cfg = load_config(config, overrides)
     if data is None and "data.path" not in set_keys and not Path(cfg.data.inputs[0]).exists():
         raise CharlmError(  # data.path is not the user's own words: say where it came from
@@ -207,6 +197,7 @@ def train_config(
             f"{config or 'the built-in defaults'}, taken from the current directory); "
             "give your text as `charlm train my.txt` or --data PATH"
         )
-    if cfg.train.init_from is not None:
-        cfg = init(cfg, keys_given(config, overrides), keys_given(config, overrides, "data"))
-    return cfg
+    if cfg.train.init_from is None:
+        return cfg, None
+    return fine_tune_config(cfg, keys_given(config, overrides),
+                            keys_given(config, overrides, "data"))

@@ -120,7 +120,7 @@ def _new_plan(config: Path | None, search: list[str] | None, settings: dict[str,
     found = read_search(search)
     found.settings.update({k: check_setting(k, v, "the options")
                            for k, v in settings.items() if v is not None})
-    cfg = train_config(config, set_ or [], data=data, out=str(out / "base"))
+    cfg, _ = train_config(config, set_ or [], data=data, out=str(out / "base"))
     return new_plan(cfg, found, out, storage, study)
 
 

@@ -389,16 +389,16 @@ def text_file(tmp_path, monkeypatch):
 
 def test_train_config_on_a_text_file(text_file, tmp_path):
     """`charlm train my.txt`: the defaults on my.txt, in runs/my unless --out or --set says."""
-    cfg = train_config(Path(text_file))
+    cfg = train_config(Path(text_file))[0]
     assert (cfg.data.path, cfg.train.out_dir) == ("my.txt", str(Path("runs", "my")))
     assert RunConfig.from_dict({**cfg.to_dict(), "data": {}, "train": {}}) == RunConfig()
-    assert train_config(None, data=text_file).train.out_dir == str(Path("runs", "my"))
-    assert train_config(text_file, out="o").train.out_dir == "o"
-    assert train_config(text_file, ["train.out_dir=s"]).train.out_dir == "s"
-    assert train_config(text_file, device="cpu").train.device == "cpu"
+    assert train_config(None, data=text_file)[0].train.out_dir == str(Path("runs", "my"))
+    assert train_config(text_file, out="o")[0].train.out_dir == "o"
+    assert train_config(text_file, ["train.out_dir=s"])[0].train.out_dir == "s"
+    assert train_config(text_file, device="cpu")[0].train.device == "cpu"
     config = tmp_path / "c.yaml"
     config.write_text("train:\n  out_dir: r\n  max_iters: 3\n")
-    cfg = train_config(config, ["train.max_iters=4"], data=text_file)
+    cfg = train_config(config, ["train.max_iters=4"], data=text_file)[0]
     assert (cfg.data.path, cfg.train.out_dir, cfg.train.max_iters) == ("my.txt", "r", 4)
 
 
@@ -423,23 +423,27 @@ def test_train_config_errors(text_file, args, kwargs, message):
     assert str(e.value) == message
 
 
-def test_train_config_resume_finds_the_run_dir_before_applying_overrides(text_file):
+def test_train_config_resume_finds_the_run_dir_before_applying_overrides(text_file,
+                                                                        monkeypatch):
     """Without a CONFIG the overrides apply to the checkpoint's config: only the run dir is
     resolved here (an optim.min_lr above the defaults' lr must not fail before the resume)."""
+    import charlm.training.run_dir
+
     calls = []
 
-    def resume(run_dir, config, overrides):
+    def resume_config(run_dir, config, overrides):
         calls.append((run_dir, config, overrides))
         return RunConfig()
 
-    assert train_config(None, ["optim.min_lr=0.5", "train.out_dir=r"], resume=resume) == (
-        RunConfig())
+    monkeypatch.setattr(charlm.training.run_dir, "resume_config", resume_config)
+    assert train_config(None, ["optim.min_lr=0.5", "train.out_dir=r"], resume=True) == (
+        RunConfig(), None)
     assert calls == [(Path("r"), None, ["optim.min_lr=0.5", "train.out_dir=r"])]
-    train_config(None, ["optim.min_lr=0.5"], out="o", resume=resume)
+    train_config(None, ["optim.min_lr=0.5"], out="o", resume=True)
     assert calls[-1] == (Path("o"), None, ["optim.min_lr=0.5", ("train.out_dir", "o")])
-    train_config(text_file, ["optim.min_lr=0.5"], resume=resume)  # `charlm train my.txt --resume`
+    train_config(text_file, ["optim.min_lr=0.5"], resume=True)  # `charlm train my.txt --resume`
     assert calls[-1] == (Path("runs", "my"), None, ["optim.min_lr=0.5", ("data.path", "my.txt")])
-    train_config(None, resume=resume)
+    train_config(None, resume=True)
     assert calls[-1] == (Path("runs", "tinyshakespeare"), None, [])
 
 
@@ -540,13 +544,13 @@ def test_train_takes_several_inputs_as_one_data_path(text_file, tmp_path):
     """`charlm train a.txt b.txt` was a usage error with no hint; now both are the data, as a
     repeated --data is, and a YAML config may come first."""
     (tmp_path / "b.txt").write_text("more\n", encoding="utf-8")
-    cfg = train_config([text_file, "b.txt"])
+    cfg = train_config([text_file, "b.txt"])[0]
     assert (cfg.data.path, cfg.data.inputs, cfg.train.out_dir) == (
         ("my.txt", "b.txt"), ["my.txt", "b.txt"], str(Path("runs", "my")))
-    assert train_config(None, data=[text_file, "b.txt"]).data.path == ("my.txt", "b.txt")
+    assert train_config(None, data=[text_file, "b.txt"])[0].data.path == ("my.txt", "b.txt")
     config = tmp_path / "c.yaml"
     config.write_text("train:\n  max_iters: 3\n")
-    cfg = train_config([config, "src/**/*.py"])
+    cfg = train_config([config, "src/**/*.py"])[0]
     assert (cfg.data.path, cfg.train.out_dir, cfg.train.max_iters) == (
         "src/**/*.py", str(Path("runs", "src")), 3)
-    assert train_config(["notes.txt.gz"]).train.out_dir == str(Path("runs", "notes"))
+    assert train_config(["notes.txt.gz"])[0].train.out_dir == str(Path("runs", "notes"))

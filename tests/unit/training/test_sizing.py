@@ -133,11 +133,11 @@ def test_measure_rate_times_real_steps_and_leaves_the_random_streams_alone(tiny_
 
 def test_only_a_fresh_run_of_the_defaults_with_a_budget_is_sized(tmp_path, corpus):
     given = [("model.n_layer", 3), ("train.out_dir", str(tmp_path / "r"))]
-    cfg = train_config([str(corpus)], given, budget="5m")
+    cfg = train_config([str(corpus)], given, budget="5m")[0]
     assert sized_keys([str(corpus)], given, cfg) == {"model.n_layer", "train.out_dir"}
-    assert sized_keys([str(corpus)], given, train_config([str(corpus)], given)) is None
+    assert sized_keys([str(corpus)], given, train_config([str(corpus)], given)[0]) is None
     with_config = [str(TINY), str(corpus)]
-    assert sized_keys(with_config, given, train_config(with_config, given, budget="5m")) is None
+    assert sized_keys(with_config, given, train_config(with_config, given, budget="5m")[0]) is None
 
 
 def test_train_with_a_budget_runs_the_picked_model_and_says_so(cli, tmp_path, corpus,
