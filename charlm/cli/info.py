@@ -50,7 +50,7 @@ def info(
     from its pairs)."""
     from charlm.cli.train import train_config
     from charlm.config.yaml_files import dump_yaml
-    from charlm.data.batches import data_summary
+    from charlm.data.datasets import data_summary
     from charlm.export import is_export_dir, load_safetensors
     from charlm.info.summary import config_model, describe, render_text
     from charlm.training.checkpoint import load_model

@@ -93,7 +93,7 @@ def prepare(
     if set_:
         raise CharlmError("--set applies to --pairs only; text takes --val-fraction")
     from charlm.config.loading import load_config
-    from charlm.data.batches import text_options
+    from charlm.data.datasets import text_options
     from charlm.data.prepare import count_reasons
     from charlm.data.prepare import prepare as prepare_dataset
 

@@ -26,11 +26,11 @@ from charlm.config.data import DataConfig
 from charlm.core.errors import CharlmError, characters
 from charlm.core.files import make_writable_dir, temp_beside
 from charlm.data.chunks import sha256_file
-from charlm.data.datasets import check_meta_header
 from charlm.data.prepare import (
     DATASET_FILES,
     DATASET_FORMAT,
     DATASET_VERSION,
+    check_meta_header,
     check_out,
     check_source_file,
     dataset_lock,

@@ -272,6 +272,14 @@ def read_meta(path: Path) -> Any:
                       .decode("utf-8"))
 
 
+def check_meta_header(meta: Any) -> None:
+    """Raise ValueError unless a dataset's meta.json is charlm's, of the version read here."""
+    if not isinstance(meta, dict) or meta.get("format") != DATASET_FORMAT:
+        raise ValueError("not a charlm dataset")
+    if meta.get("version") != DATASET_VERSION:
+        raise ValueError(f"dataset format version {meta.get('version')}")
+
+
 def dataset_meta(path: Path) -> dict[str, Any] | None:
     """The meta.json of the directory `path` if it is a charlm dataset's, else None (missing,
     unreadable, or another tool's)."""

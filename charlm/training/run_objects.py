@@ -20,7 +20,8 @@ import torch
 from charlm.config.data import DataConfig
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError, warn
-from charlm.data.batches import BatchSampler, PairBatchSampler, prepared_dir
+from charlm.data.batches import BatchSampler, PairBatchSampler
+from charlm.data.datasets import prepared_dir
 from charlm.data.prepare import dataset_meta
 from charlm.data.sources import missing_inputs
 from charlm.model import footprint
