@@ -33,6 +33,7 @@ from charlm.core.files import (
 from charlm.data.prepare import META_LIMIT
 from charlm.data.vocab import PairVocab, Vocab
 from charlm.model.gpt import GPT
+from charlm.onnx_export import META, ONNX_FILES, save_onnx
 from charlm.training.checkpoint import check_config
 from charlm.training.tasks import build_model, check_stored_shapes, vocab_from_state
 
@@ -46,7 +47,8 @@ WEIGHTS = "model.safetensors"
 
 
 # Every file an export of either format writes: all that --overwrite may replace.
-EXPORT_FILES = (WEIGHTS, "config.json", "vocab.json", "tokenizer.json", "tokenizer_config.json")
+EXPORT_FILES = (WEIGHTS, "config.json", "vocab.json", "tokenizer.json", "tokenizer_config.json",
+                *ONNX_FILES)
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -145,7 +147,7 @@ def check_replaceable(out: Path, overwrite: bool) -> None:
     if not out.is_dir() or not any(out.iterdir()):
         return
     others = strangers(out, EXPORT_FILES) + [n for n in EXPORT_FILES if (out / n).is_dir()]
-    if others or not is_export_dir(out):
+    if others or not (is_export_dir(out) or (out / META).is_file()):
         shown = some(others or strangers(out, ()))
         raise CharlmError(f"--out {out} holds files that are not an earlier export ({shown}); "
                           "give a new or empty directory, or an earlier export to replace")
@@ -299,7 +301,8 @@ def gpt2_weights(state: dict[str, torch.Tensor], m: ModelConfig) -> dict[str, to
 
 
 # `charlm export --format NAME`: each format's writer of (model, vocab, cfg, dir)
-FORMATS: dict[str, Callable[..., None]] = {"safetensors": save_safetensors, "hf": save_hf}
+FORMATS: dict[str, Callable[..., None]] = {"safetensors": save_safetensors, "hf": save_hf,
+                                           "onnx": save_onnx}
 
 
 def export_model(model: torch.nn.Module, vocab: Vocab | PairVocab, cfg: RunConfig, source: Path,

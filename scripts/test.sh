@@ -5,6 +5,6 @@
 # Arguments go to pytest (`bash scripts/test.sh tests/unit`, `-k NAME`, `-n 0`).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-EXTRAS=dev,hf,tune,serve source scripts/install.sh
+EXTRAS=dev,hf,tune,serve,onnx source scripts/install.sh
 ruff check .
 pytest "$@"

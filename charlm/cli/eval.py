@@ -20,8 +20,8 @@ def eval_(
     target: TargetArg,
     text_file: Annotated[
         Path | None, typer.Argument(metavar="TEXT_FILE", show_default=False,
-                                    help="UTF-8 text file to score, - for stdin (pairs for an "
-                                    "encoder-decoder).")
+                                    help="UTF-8 text file to score (.gz/.bz2/.xz too), - for "
+                                    "stdin (pairs for an encoder-decoder).")
     ] = None,
     split: Annotated[
         str | None, typer.Option(metavar="val|test", show_default=False,
@@ -121,7 +121,8 @@ def eval_pairs_file(lm: Any, path: Path, unknown: str, json_out: bool,
     from charlm.data.prepare import check_input_file
     from charlm.evaluation.pairs import rate_name, score_pairs
 
-    check_input_file(path)
+    if str(path) != "-":
+        check_input_file(path)
     cfg = lm.config
     pairs, _ = read_pairs(path, cfg.data, cfg.model.block_size)
     grouped: dict[str, list[str]] = {}

@@ -1,4 +1,4 @@
-"""`charlm export`: a model as safetensors, or as a Hugging Face GPT-2 directory."""
+"""`charlm export`: a model as safetensors, a Hugging Face GPT-2 directory, or ONNX graphs."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ def export(
     target: TargetArg,
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write.")],
     format_: Annotated[
-        str, typer.Option("--format", help="safetensors (charlm, pickle-free) or hf "
-                          "(transformers GPT-2 + tokenizer).")
+        str, typer.Option("--format", help="safetensors (charlm, pickle-free), hf "
+                          "(transformers GPT-2 + tokenizer) or onnx (ONNX Runtime, no torch: "
+                          "charlm.onnx).")
     ] = "safetensors",
     overwrite: Annotated[
         bool, typer.Option(help="Replace an earlier export in --out (a directory holding "
@@ -26,12 +27,13 @@ def export(
     ] = False,
     step: StepOpt = None,
 ) -> None:
-    """Export a model as safetensors, or as a Hugging Face GPT-2 directory."""
+    """Export a model as safetensors, a Hugging Face GPT-2 directory, or ONNX graphs."""
     from charlm.api import load
     from charlm.export import FORMATS, export_model, export_notes
 
     if format_ not in FORMATS:
-        raise CharlmError(f"--format must be {' or '.join(FORMATS)}, got {format_!r}")
+        *others, last = FORMATS
+        raise CharlmError(f"--format must be {', '.join(others)} or {last}, got {format_!r}")
     lm = load(target, "cpu", step=step)
     export_model(lm.model, lm.vocab, lm.config, lm.source, out, format_, overwrite)
     print(f"wrote {out} ({format_})")

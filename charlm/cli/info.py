@@ -114,9 +114,12 @@ def is_model(target: Path | None) -> bool:
     mistyped run dir is not read as data."""
     from charlm.config.loading import is_config_file
     from charlm.core.files import missing
+    from charlm.data.sources import GLOB_CHARS
     from charlm.export import is_export_dir
 
-    if target is None or is_config_file(target):
+    # stdin and a quoted glob are text, as `charlm train` takes them
+    if target is None or is_config_file(target) or str(target) == "-" or (
+            not target.exists() and any(c in str(target) for c in GLOB_CHARS)):
         return False
     if target.suffix == ".pt":
         return True

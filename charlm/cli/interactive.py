@@ -163,22 +163,26 @@ def prompt_loop(generate: Generate, opts: SampleConfig, read: Callable[[str], st
 
 
 def load_history(path: Path):
-    """The readline module with `path`'s history loaded (a missing or unreadable file is an
-    empty history), or None where Python has no readline."""
+    """The readline module with `path`'s history loaded (a missing or unreadable file, or one
+    that is no regular file, such as a FIFO whose read would wait for a writer, is an empty
+    history), or None where Python has no readline."""
     try:
         import readline
     except ImportError:
         return None
     readline.set_history_length(HISTORY_LINES)
-    with contextlib.suppress(OSError):
-        readline.read_history_file(path)
+    if path.is_file():
+        with contextlib.suppress(OSError):
+            readline.read_history_file(path)
     return readline
 
 
 def save_history(readline, path: Path) -> None:
     """Write the history to `path` through a temporary file beside it, so a failed write leaves
-    the old history as it was; a failure (a read-only home) is ignored: history is a
-    convenience."""
+    the old history as it was; a failure (a read-only home) is ignored, and what is no regular
+    file (a FIFO, a device) is left as it is: history is a convenience."""
+    if path.exists() and not path.is_file():
+        return
     tmp = temp_beside(path)
     try:
         readline.write_history_file(tmp)

@@ -17,6 +17,7 @@ import io
 import json
 import os
 import stat
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from typing import Any, BinaryIO
 import numpy as np
 from tqdm import tqdm
 
-from charlm.core.errors import CharlmError, characters
+from charlm.core.errors import CharlmError, characters, warn
 from charlm.core.files import (
     locked_dir,
     make_writable_dir,
@@ -212,7 +213,9 @@ def held_out(key: str, val_fraction: float) -> bool:
 
 def train_counts(stats: Sequence[SourceStats], val_fraction: float, split: str) -> list[int]:
     """How many characters of each source go to the train split; the rest are validation. A
-    split that leaves either side empty is refused (nothing to train on, or to measure)."""
+    split that leaves either side empty is refused (nothing to train on, or to measure); one
+    of whole files that holds out less than half or more than twice the val fraction of the
+    text is warned about (two files hold out 25 % or 75 % of it)."""
     if split == "files":
         if len(stats) < 2:
             raise CharlmError("data.split files holds out whole files, but there is only one "
@@ -231,6 +234,12 @@ def train_counts(stats: Sequence[SourceStats], val_fraction: float, split: str) 
         raise CharlmError(f"--val-fraction {val_fraction} leaves {left} for {side} of "
                           f"{characters(total)}; choose a fraction that leaves both splits "
                           "some text, or give more text")
+    share = 1 - n_train / total
+    if split == "files" and not val_fraction / 2 <= share <= val_fraction * 2:
+        held = sum(1 for c in counts if c == 0)
+        warn(f"data.split files holds out {held:,} of {len(stats):,} files, {share:.0%} of the "
+             f"text, for validation, not the {val_fraction:.0%} of the val fraction: whole "
+             "files go to one side; give more files, or use data.split tail")
     return counts
 
 
@@ -256,7 +265,11 @@ def check_input_file(path: Path) -> None:
 
 def read_text(path: Path, what: str = "text file", limit: int | None = None) -> str:
     """A whole text file, read strictly as UTF-8 (with the same errors as `prepare`): a
-    regular file (named `what` in errors), of at most `limit` bytes if given."""
+    regular file (named `what` in errors), of at most `limit` bytes if given; `-` is stdin."""
+    if str(path) == "-":
+        stdin = sys.stdin.buffer
+        source = stdin if limit is None else io.BytesIO(read_capped(stdin, limit, "stdin"))
+        return "".join(text for _, text in decode_chunks(source, "<stdin>"))
     path = Path(path)
     check_input_file(path)
     with open_regular(path, what, limit) as f:

@@ -97,6 +97,7 @@ def _segment(pattern: str, name: str) -> bool:
 CODECS: dict[str, Callable[[Any], BinaryIO]] = {
     ".gz": lambda f: gzip.GzipFile(fileobj=f, mode="rb"), ".bz2": bz2.BZ2File,
     ".xz": lzma.LZMAFile}
+TOOLS = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz"}  # each codec's command, that can test it
 
 @dataclass(frozen=True)
 class Source:
@@ -131,7 +132,7 @@ class Source:
         why = ("it ends before its end-of-stream marker (cut short?)" if isinstance(e, EOFError)
                else str(e) or type(e).__name__)
         return InvalidText(f"cannot decompress {self.name} as {self.codec} data: {why}; check "
-                           f"the file (`{self.codec[1:]} -t`)", "damaged")
+                           f"the file (`{TOOLS[self.codec]} -t {self.name}`)", "damaged")
 
 
 class Tap:

@@ -29,6 +29,7 @@ from charlm.core.errors import CharlmError, characters
 from charlm.core.files import open_regular
 from charlm.data.chunks import CHUNK_BYTES, code_point_chunks, narrow_code_points
 from charlm.data.prepare import check_input_file
+from charlm.data.sources import CODECS, READ_ERRORS, Source
 from charlm.data.vocab import UNKNOWN_LISTED, Vocab, list_unknown
 from charlm.generation.decoding import NonFiniteOutput
 from charlm.model.footprint import scoring_bytes
@@ -215,23 +216,31 @@ def score_text(model: GPT, vocab: Vocab, text: str, min_context: int | None = No
 def score_file(model: GPT, vocab: Vocab, path: Path, min_context: int | None = None,
                unknown: str = "error", progress: bool = True) -> Score:
     """Score the text file at `path` (`-`: stdin), read as `prepare` reads text (strict UTF-8,
-    in the normal form of the model's data). A regular file is read twice, first to find what
-    would end the pass (invalid UTF-8, an unknown character) before anything is scored; stdin
-    once, as it is scored."""
+    in the normal form of the model's data; a .gz, .bz2 or .xz decompressed as it streams).
+    A regular file is read twice, first to find what would end the pass (invalid UTF-8, an
+    unknown character) before anything is scored; stdin once, as it is scored."""
     if str(path) == "-":
         return _score_binary(model, vocab, sys.stdin.buffer, "<stdin>", None, min_context,
                              unknown, progress)
     check_unknown_policy(unknown)
     check_input_file(path)
-    with open_regular(path, "text file") as f:
-        tally = Unknown()
-        for _ in known_ids(_code_points(f, str(path), vocab), vocab, tally, stop=True):
-            pass
-        if tally.count and unknown == "error":
-            raise tally.error()
-        f.seek(0)
-        return _score_binary(model, vocab, f, str(path), os.fstat(f.fileno()).st_size,
-                             min_context, unknown, progress)
+    source = Source(path, str(path), path.name)
+    with open_regular(path, "text file") as raw:
+        f = raw if source.codec is None else CODECS[source.codec](raw)
+        try:
+            tally = Unknown()
+            for _ in known_ids(_code_points(f, str(path), vocab), vocab, tally, stop=True):
+                pass
+            if tally.count and unknown == "error":
+                raise tally.error()
+            f.seek(0)
+            size = os.fstat(raw.fileno()).st_size if source.codec is None else None
+            return _score_binary(model, vocab, f, str(path), size, min_context, unknown,
+                                 progress)
+        except READ_ERRORS as e:
+            if source.codec is None:
+                raise
+            raise source.damaged(e) from None
 
 
 def _code_points(f: Any, name: str, vocab: Vocab, bar: tqdm | None = None) -> Iterator[Any]:

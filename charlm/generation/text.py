@@ -81,7 +81,7 @@ def failure(s: str) -> list[int]:
 
 @dataclass
 class Sample:
-    prompt: str  # the prompt as the model saw it (after --unknown skip and cropping)
+    prompt: str  # the prompt as given (after --unknown skip); the model saw its tail
     text: str  # the generated text, without the prompt
     tokens: int  # characters generated (stop string included)
     seconds: float  # from the start of the call until this sample finished
@@ -98,10 +98,12 @@ def default_prompt(vocab: Vocab) -> str:
 
 def encode_prompt(vocab: Vocab, prompt: str, unknown: str,
                   block_size: int) -> tuple[str, list[int], list[str]]:
-    """(prompt as used, its ids, warnings). Unknown characters are an error listing each one
-    and its position, or dropped with `unknown='skip'`; a prompt longer than the context keeps
-    its last block_size characters (a byte model's: the characters of its last block_size
-    bytes). The prompt is put in the vocabulary's normal form first, as its data was."""
+    """(prompt as used, the ids the model sees, warnings). Unknown characters are an error
+    listing each one and its position, or dropped with `unknown='skip'`; of a prompt longer
+    than the context the model sees its last block_size characters (a byte model's: the whole
+    characters of its last block_size bytes), and the prompt stays whole, so that what is
+    printed is what was given. The prompt is put in the vocabulary's normal form first, as its
+    data was."""
     warnings = []
     prompt = vocab.normalized(prompt)
     bad = vocab.unknown(prompt)
@@ -123,8 +125,7 @@ def encode_prompt(vocab: Vocab, prompt: str, unknown: str,
         unit = unit_name(vocab.units)
         warnings.append(f"the prompt has {len(ids)} {unit}s, more than the context of "
                         f"{block_size}; using its last {block_size}")
-        prompt = vocab.tail(prompt, block_size)
-        ids = vocab.encode(prompt)
+        ids = vocab.encode(vocab.tail(prompt, block_size))
     return prompt, ids, warnings
 
 
@@ -167,7 +168,8 @@ def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
     else:
         require_cache_memory(model, "--num-samples", opts.num_samples)
     device = model.wte.weight.device
-    ids = torch.tensor([vocab.encode(prompt)], device=device)
+    # the model sees the tail that fits its context (whole characters); the prompt stays whole
+    ids = torch.tensor([vocab.encode(vocab.tail(prompt, model.cfg.block_size))], device=device)
     t0 = time.perf_counter()
     emit = on_text or (lambda i, s: None)
     if opts.beams is not None:

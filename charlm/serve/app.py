@@ -147,8 +147,8 @@ async def respond(request: Request, style: Style, jobs: list[tuple[str, Params]]
         state.mailbox = Mailbox(loop)
     try:
         batch = Batch(state.engine, jobs, state.metrics, state.mailbox)
-    except CharlmError as e:
-        raise ApiError(400, str(e), prompt_param) from None
+    except CharlmError as e:  # the prompt's fault, unless it names another field
+        raise ApiError(400, str(e), getattr(e, "param", prompt_param)) from None
     state.in_flight += len(jobs)
     watcher = asyncio.create_task(cancel_on_disconnect(request, batch))
 

@@ -32,6 +32,7 @@ from charlm.model.attention import attention_dtype
 from charlm.model.encoder_decoder import EncoderDecoder, output_limit
 from charlm.model.gpt import GPT
 from charlm.model.layers import lay_out_for_decoding
+from charlm.runtime.device import require_memory
 from charlm.runtime.profile import DecodeLayout, layout_for
 from charlm.serve.request import MAX_LOGPROBS, Event, Params, Request, Row, generator_for
 
@@ -44,10 +45,24 @@ KV_BUDGET = 1 << 30  # bytes of keys and values that `charlm serve`'s default sl
 def slots_within(model: GPT | EncoderDecoder, budget: int, most: int) -> int:
     """The most slots, up to `most` (one at least), whose KV cache (every layer's keys and values
     over the whole block, in the dtype attention computes in) fits in `budget` bytes."""
+    return max(1, min(most, budget // slot_bytes(model)))
+
+
+def slot_bytes(model: GPT | EncoderDecoder) -> int:
+    """The bytes of one slot's KV cache: every layer's keys and values over the whole block, in
+    the dtype attention computes in."""
     cfg = model.cfg
-    per_slot = (2 * cfg.n_layer * cfg.block_size * cfg.n_embd
-                * attention_dtype(model.wte.weight).itemsize)
-    return max(1, min(most, budget // per_slot))
+    return (2 * cfg.n_layer * cfg.block_size * cfg.n_embd
+            * attention_dtype(model.wte.weight).itemsize)
+
+
+class FieldError(CharlmError):
+    """A request the engine refuses because of one of its fields other than the prompt (the
+    HTTP error's `param`)."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass(frozen=True)
@@ -69,6 +84,10 @@ class Engine:
                  slots: int = 16, compile: bool = False, layout: DecodeLayout | None = None):
         if slots < 1:
             raise CharlmError(f"the engine needs at least one slot, got {slots}")
+        if model.cfg.arch != "encoder_decoder":  # refused before it is allocated, not OOM-killed
+            require_memory(slots * slot_bytes(model), model.wte.weight.device,
+                           f"{slots:,} slots need about {{gib}} for their keys and values",
+                           "give fewer --slots (the default fits them in 1 GiB)")
         self.model = copy.deepcopy(model).eval()  # it only decodes: laid out for that
         self.layout = layout_for(self.model) if layout is None else layout
         lay_out_for_decoding(self.model, self.layout.split_parts, self.layout.column_major)
@@ -118,15 +137,16 @@ class Engine:
     def _encode(self, prompt: str, params: Params) -> list[int]:
         if self.encdec:
             if params.logprobs is not None:
-                raise CharlmError("logprobs are not available for an encoder-decoder model; "
-                                  "leave logprobs out")
+                raise FieldError("logprobs are not available for an encoder-decoder model; "
+                                 "leave logprobs out", "logprobs")
             known = set(self.vocab.source)
             bad = [(i, c) for i, c in enumerate(prompt) if c not in known]
         else:
             prompt = self.vocab.normalized(prompt)  # as the model's data was
             if self.vocab.units == "byte" and params.logprobs:  # a character is several draws
-                raise CharlmError("top logprobs are per character, and this model draws bytes; "
-                                  "ask for logprobs 0 (the chosen characters' logprobs)")
+                raise FieldError("top logprobs are per character, and this model draws bytes; "
+                                 "ask for logprobs 0 (the chosen characters' logprobs)",
+                                 "logprobs")
             bad = self.vocab.unknown(prompt)
         if bad:
             raise CharlmError(f"the prompt has characters outside the model's vocabulary: "
@@ -275,6 +295,7 @@ class Engine:
                        if not matcher.done)
         with self.cond:
             self.characters += len(out)
-        if text:
-            request.send(Event(text))
+        if text:  # its tokens are target units, as max_tokens counts them (phonemes, say)
+            units = len(text.split()) if self.vocab.target_units == "space" else len(text)
+            request.send(Event(text, tokens=units))
         request.finish("stop" if matcher.done or len(out) < limit else "length")

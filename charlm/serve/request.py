@@ -69,6 +69,7 @@ class Event:
     top: dict[str, float] | None = None  # the top-N characters and their logprobs
     finish_reason: str | None = None  # None until the last event
     error: str | None = None  # with finish_reason "error"
+    tokens: int | None = None  # the output tokens its text holds; None: one a character
 
 
 class Request:

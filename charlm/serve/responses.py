@@ -31,11 +31,13 @@ class Choice:
     scored: list[Event] = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None  # with finish_reason "error"
+    tokens: int = 0  # output tokens generated: what max_tokens counts
 
     def add(self, event: Event) -> int:
         """Take one event; returns the offset of its text in the choice's text."""
         offset = len(self.echo) + len(self.text)
         self.text += event.text
+        self.tokens += len(event.text) if event.tokens is None else event.tokens
         if event.logprob is not None and event.text:
             self.scored.append(event)
         if event.finish_reason is not None:
@@ -71,8 +73,9 @@ class Style:
 
 
 def usage(prompt_characters: int, choices: list[Choice]) -> dict[str, int]:
-    """OpenAI's `usage`, counted in characters (a character is a token of a char model)."""
-    completion = sum(len(c.text) for c in choices)
+    """OpenAI's `usage`: the prompts' characters, and the output tokens generated, as
+    max_tokens counts them (a GPT's characters, an encoder-decoder's target units)."""
+    completion = sum(c.tokens for c in choices)
     return {"prompt_tokens": prompt_characters, "completion_tokens": completion,
             "total_tokens": prompt_characters + completion}
 

@@ -24,7 +24,7 @@ class Limits:
     """What one request may ask for, and how much the server takes at once."""
 
     prompt: int = 16_384  # characters of one prompt (a chat's after its template)
-    max_tokens: int = 4_096  # characters one completion may generate
+    max_tokens: int = 4_096  # output tokens one completion may generate (characters, units)
     n: int = 16  # completions one request asks for: prompts x n
     body: int = 1 << 20  # bytes of a request body
     concurrent: int = 64  # completions in flight; a request beyond them gets 429
@@ -60,10 +60,25 @@ def validation_error(e: ValidationError | Any) -> ApiError:
     if error["type"] == "json_invalid":
         return ApiError(400, f"the body is not valid JSON: {error['ctx']['error']}")
     if error["type"] == "extra_forbidden":
-        return ApiError(400, f"unknown field '{param}'{suggest(loc[-1], FIELDS)}", param)
+        return ApiError(400, f"unknown field '{param}'{_nearest(loc)}", param)
+    if not loc and isinstance(error.get("input"), (bytes, str)):  # not read as JSON at all
+        return ApiError(400, "the body was not read as JSON: send it with the header "
+                        "Content-Type: application/json")
     if not loc:
         return ApiError(400, f"the body must be a JSON object: {error['msg']}")
     return ApiError(400, f"{param}: {error['msg']}", param)
+
+
+def _nearest(loc: list[str]) -> str:
+    """What to say after an unknown field: the other endpoint's field it is (`prompt` sent to
+    /v1/chat/completions), or the nearest field's name."""
+    name = loc[-1]
+    if len(loc) == 1:
+        for path, fields, other in ((COMPLETIONS, CHAT_FIELDS, CompletionRequest),
+                                    (CHAT, COMPLETION_FIELDS, ChatRequest)):
+            if name in other.model_fields and name not in fields:
+                return f": it is a field of {path}, not of this endpoint"
+    return suggest(name, [f for f in FIELDS if f != name])
 
 
 class StreamOptions(BaseModel):
@@ -233,5 +248,7 @@ def jobs_for(prompts: list[str], body: Sampling, limits: Limits, default_max_tok
 
 
 # Every field a body may hold, for the nearest name to an unknown one
-FIELDS = sorted(set(CompletionRequest.model_fields) | set(ChatRequest.model_fields)
-                | set(Message.model_fields))
+COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
+COMPLETION_FIELDS = frozenset(CompletionRequest.model_fields)
+CHAT_FIELDS = frozenset(ChatRequest.model_fields) | frozenset(Message.model_fields)
+FIELDS = sorted(COMPLETION_FIELDS | CHAT_FIELDS)

@@ -30,6 +30,10 @@ def listen(host: str, port: int) -> socket.socket:
     try:
         sock = socket.create_server((host, port), family=family, backlog=2048)
     except OSError as e:
+        if e.errno is not None and e.errno < 0:  # getaddrinfo's (os.strerror: "Unknown error")
+            raise CharlmError(f"cannot listen on {host}:{port}: {host} is neither an IP address "
+                              "nor a host name that resolves; give a --host of this machine "
+                              "(127.0.0.1, 0.0.0.0, ::1)") from None
         why = os.strerror(e.errno) if e.errno else str(e)  # create_server adds the address
         raise CharlmError(f"cannot listen on {host}:{port}: {why}; give another "
                           "--port, or a --host of this machine") from None

@@ -22,6 +22,7 @@ import torch
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
 from charlm.data.vocab import PairVocab, Vocab
+from charlm.training.run_dir import RUN_FILES
 from charlm.training.tasks import vocab_from_state
 
 # Model keys a fine-tune may change: they change no weight's shape.
@@ -46,7 +47,9 @@ def parent_config(cfg: RunConfig, given: Collection[str], parent: Parent,
     """`cfg` with the parent's architecture, its units and normal form (`parent_text`) and the
     parent named in train.init_from and train.init_from_sha256. `given`: the model keys the
     user set (config file, --set), `data_given` the data keys; one that differs from the
-    parent's is an error, unless it changes no shape (`FREE_KEYS`)."""
+    parent's is an error, unless it changes no shape (`FREE_KEYS`), as is a parent that is
+    one of the files of the run dir (--overwrite would delete the weights it starts from)."""
+    _check_outside(parent.weights, Path(cfg.train.out_dir))
     theirs = dataclasses.asdict(parent.cfg.model)
     for key in sorted(given):
         value = getattr(cfg.model, key, None)
@@ -68,6 +71,17 @@ def parent_config(cfg: RunConfig, given: Collection[str], parent: Parent,
     raw["data"].update(text)
     raw["train"].update(init_from=parent.source, init_from_sha256=parent.sha256)
     return RunConfig.from_dict(raw, f"the config fine-tuning {parent.source}")
+
+
+def _check_outside(weights: Path, run_dir: Path) -> None:
+    """Refuse a parent whose weights are one of the files a new run in `run_dir` replaces."""
+    try:
+        inside = weights.resolve().relative_to(run_dir.resolve()).parts
+    except ValueError:
+        return
+    if inside and inside[0] in RUN_FILES:
+        raise CharlmError(f"--init-from {weights} is in the run dir {run_dir}, whose run the new "
+                          "one replaces (its checkpoints with it); choose another --out")
 
 
 def parent_text(parent: Parent) -> dict[str, str | None]:

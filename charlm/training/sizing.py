@@ -215,8 +215,8 @@ def size_model(cfg: RunConfig, given: Collection[str], task: Task, dist: Dist,
                device: torch.device, dtype: torch.dtype) -> RunConfig:
     """`cfg` with the model picked for its train.max_time (`pick`: a GPT, or an
     encoder-decoder for pairs) over the task's data, but the keys in `given` (the user's);
-    rank 0 says why in one line. Every rank times the rungs and takes the slowest rank's
-    rate, so that all pick alike."""
+    rank 0 says each rung's speed as it is timed, then why in one line. Every rank times the
+    rungs and takes the slowest rank's rate, so that all pick alike."""
     assert cfg.train.max_time is not None
     room = task.room()
     trials: dict[Rung, Task] = {}
@@ -225,12 +225,18 @@ def size_model(cfg: RunConfig, given: Collection[str], task: Task, dist: Dist,
         keys = {k: v for k, v in rung_keys(rung, room).items() if k not in given}
         return trials.setdefault(rung, type(task)(with_keys(cfg, keys), task.data))
 
-    def rate(rung: Rung) -> float:
+    def rate(rung: Rung) -> float:  # said as it goes: the larger rungs take a while to time
+        if dist.is_main:
+            print(f"sizing the model to {format_duration(cfg.train.max_time)}: timing "
+                  f"{rung} ...", end="", flush=True)
         try:
             speed = measure_rate(trial(rung), device, dtype)
         except torch.OutOfMemoryError:  # a rung too large for the device ends the ladder
             speed = 0.0
-        return dist.least(round(speed))
+        speed = dist.least(round(speed))
+        if dist.is_main:
+            print(f" {speed:,.0f} tok/s", flush=True)
+        return speed
 
     ladder = PAIR_LADDER if isinstance(task, PairsTask) else LADDER
     chosen = pick(cfg.train.max_time, rate, task.train_tokens(),

@@ -46,9 +46,9 @@ def test_cli_export_then_sample_and_eval_from_the_export(cli, run_dir, tmp_path)
 
 
 def test_cli_export_rejects_unknown_format(cli, run_dir, tmp_path):
-    result = cli("export", run_dir, "--format", "onnx", "--out", tmp_path / "x")
-    assert (result.code, result.err) == (2, "error: --format must be safetensors or hf, got "
-                                            "'onnx'\n")
+    result = cli("export", run_dir, "--format", "gguf", "--out", tmp_path / "x")
+    assert (result.code, result.err) == (2, "error: --format must be safetensors, hf or onnx, "
+                                            "got 'gguf'\n")
     assert not (tmp_path / "x").exists()
 
 

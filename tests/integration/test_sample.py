@@ -128,7 +128,10 @@ def test_sample_long_prompt_warns(cli, tiny_run):
     assert result.code == 0
     assert result.err == ("warning: the prompt has 40 characters, more than the context of 16;"
                           " using its last 16\n")
-    assert result.out.startswith("a" * 16 + result.out[16:]) and len(result.out) == 16 + 3 + 1
+    # the whole prompt is printed; only what the model sees is cut
+    assert result.out.startswith("a" * 40) and len(result.out) == 40 + 3 + 1
+    assert result.out[40:] == cli("sample", tiny_run, "--prompt", "a" * 16,
+                                  "--max-new-tokens", "3").out[16:]
 
 
 def test_sample_json_and_no_stream(cli, tiny_run):

@@ -4,6 +4,7 @@ a GPT and an encoder-decoder apart."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -105,6 +106,15 @@ def test_eval_on_pairs_scores_every_reference(cli, pairs_run, tmp_path):
                           "not for the loss\n")
     text = cli("eval", pairs_run, test).out
     assert text.startswith("exact match ") and ", PER " in text
+
+
+def test_eval_on_pairs_from_stdin_scores_as_the_file(cli, pairs_run, tmp_path, monkeypatch):
+    """`charlm eval PAIRS_RUN -` was refused ("input file not found: -"), as documented."""
+    test = write_pairs(tmp_path / "test.tsv", [("abc", "c b a"), ("gf", "f g")])
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(test.read_bytes())))
+    piped = cli("eval", pairs_run, "-", "--json")
+    assert (piped.code, piped.err) == (0, "")
+    assert piped.out == cli("eval", pairs_run, test, "--json").out
 
 
 def test_export_safetensors_translates_alike_and_hf_refuses(cli, pairs_run, tmp_path):

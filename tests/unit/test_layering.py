@@ -13,14 +13,16 @@ from tests.helpers import ROOT
 
 # Lowest first. A package may import its own modules and those of the rows above it; packages
 # of one row may not import one another (but for the edges of ALLOWED). `api` is charlm/api.py,
-# `export` charlm/export.py, `__init__` and `__main__` charlm/__init__.py and __main__.py.
+# `export` charlm/export.py (`onnx_export`, `onnx`: charlm/onnx_export.py, onnx.py), `__init__`
+# and `__main__` charlm/__init__.py and __main__.py.
 LAYERS = [
-    {"core"},  # the error type, atomic writes, ranks: imports nothing of charlm
+    {"core", "onnx"},  # imports nothing of charlm (onnx: an ONNX export run without torch)
     {"config"},
     {"data", "model", "runtime"},  # model.encoder_decoder reads data.vocab: see ALLOWED
     {"generation"},
     {"evaluation"},
     {"training"},
+    {"onnx_export"},  # the ONNX graphs, which `export` writes as one of its formats
     {"info", "export", "tune", "serve"},  # serve: the engine, the HTTP app and the page
     {"api"},  # the Python API
     {"cli"},  # the commands call the API's `load`

@@ -3,6 +3,7 @@ option errors."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import time
@@ -166,3 +167,19 @@ def test_info_machine_says_what_a_run_would_decide_here_and_why(cli, monkeypatch
     bad = cli("info", ROOT / "configs" / "tiny.yaml", "--machine")
     assert (bad.code, bad.err) == (2, "error: --machine describes this machine, not a run or "
                                       "config; give it alone (or with --json)\n")
+
+
+def test_info_reads_text_from_stdin_and_a_quoted_glob_as_train_does(cli, tmp_path, monkeypatch):
+    """`charlm info -` and `charlm info 'DIR/*.txt'` were "no such run dir, checkpoint, config
+    or text", though info takes what `charlm train` takes."""
+    (tmp_path / "a.txt").write_text("abc\n", encoding="utf-8")
+    (tmp_path / "b.txt").write_text("xyz\n", encoding="utf-8")
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"hello\n")))
+    piped = cli("info", "-", "--json")
+    assert piped.code == 0, piped.err
+    assert json.loads(piped.out)["vocab_size"] == len(set("hello\n"))
+    globbed = cli("info", tmp_path / "*.txt", "--json")
+    assert globbed.code == 0, globbed.err
+    assert json.loads(globbed.out)["vocab_size"] == len(set("abc\nxyz\n"))
+    assert cli("info", tmp_path / "nope.txt").err == (
+        f"error: no such run dir, checkpoint, config or text: {tmp_path / 'nope.txt'}\n")

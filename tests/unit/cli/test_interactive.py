@@ -6,10 +6,19 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
+import sys
+import types
 
 import pytest
 
-from charlm.cli.interactive import SETTABLE, prompt_loop, run_command
+from charlm.cli.interactive import (
+    SETTABLE,
+    load_history,
+    prompt_loop,
+    run_command,
+    save_history,
+)
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError
 
@@ -140,3 +149,24 @@ def test_interactive_refuses_an_encoder_decoder(fails, tmp_path):
           message=f"--interactive continues prompts with a GPT; {tmp_path / 'st'} is an "
                   "encoder-decoder: drop --interactive and transduce with --source or "
                   "--source-file")
+
+
+def test_a_fifo_as_the_history_file_is_neither_read_nor_replaced(tmp_path, monkeypatch):
+    """A FIFO at ~/.charlm_history hung `--interactive` before its first prompt: readline's
+    read waited for a writer that never came (holding the GIL: a fake readline records what
+    is read and written instead)."""
+    used: list[str] = []
+    fake = types.SimpleNamespace(set_history_length=lambda n: None,
+                                 read_history_file=lambda p: used.append(f"read {p}"),
+                                 write_history_file=lambda p: used.append(f"write {p}"))
+    monkeypatch.setitem(sys.modules, "readline", fake)
+    fifo = tmp_path / ".charlm_history"
+    os.mkfifo(fifo)
+    assert load_history(fifo) is fake
+    save_history(fake, fifo)
+    assert used == [] and stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert os.listdir(tmp_path) == [".charlm_history"]
+    fifo.unlink()
+    fifo.write_text("old\n")  # a regular file is still read
+    load_history(fifo)
+    assert used == [f"read {fifo}"]

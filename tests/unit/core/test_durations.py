@@ -9,7 +9,7 @@ from charlm.core.errors import CharlmError
 
 @pytest.mark.parametrize("text, seconds", [
     ("90", 90), ("30s", 30), ("5m", 300), ("2h", 7200), ("1h30m", 5400), ("1.5h", 5400),
-    (" 2m 30s ", 150), (45, 45), (0.5, 0.5),
+    (" 2m 30s ", 150), (45, 45), (0.5, 0.5), ("8760h", 365 * 24 * 3600),
 ])
 def test_durations(text, seconds):
     assert duration_seconds(text) == seconds
@@ -23,6 +23,10 @@ def test_durations(text, seconds):
     ("0", "invalid config value train.max_time: must be a positive duration, got '0'"),
     (-3, "invalid config value train.max_time: must be a positive duration, got -3"),
     ("inf", "invalid config value train.max_time: must be a positive duration, got 'inf'"),
+    ("99999999999999999999", "invalid config value train.max_time: must be at most a year "
+                             "(8760h), got '99999999999999999999'"),
+    ("8761h", "invalid config value train.max_time: must be at most a year (8760h), got "
+              "'8761h'"),
 ])
 def test_bad_durations_are_named(text, message):
     with pytest.raises(CharlmError) as e:

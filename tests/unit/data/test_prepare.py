@@ -420,7 +420,8 @@ def test_a_cut_gzip_file_is_one_error_or_skipped(tmp_path):
     with pytest.raises(CharlmError) as e:
         prepare([good, cut], tmp_path / "ds", progress=False)
     assert str(e.value) == (f"cannot decompress {cut} as .gz data: it ends before its "
-                            "end-of-stream marker (cut short?); check the file (`gz -t`), or "
+                            "end-of-stream marker (cut short?); check the file (`gzip -t "
+                            f"{cut}`), or "
                             "pass --skip-invalid (data.skip_invalid) to skip such files")
     assert not (tmp_path / "ds").exists()
     meta = prepare([good, cut], tmp_path / "ds", progress=False,
@@ -547,3 +548,23 @@ def test_train_counts_and_ids_stay_what_they_were_for_one_file(tmp_path):
     assert meta["split"] == "tail" and meta["sources"][0]["split"] == "tail"
     assert np.array_equal(load_dataset(tmp_path / "ds").train[:3],
                           [meta["vocab"].index(c) for c in TEXT[:3]])
+
+
+def test_split_files_far_from_the_val_fraction_is_warned_about(tmp_path, capsys):
+    """Two files with data.split files put 25 % or 75 % of the text in val, silently."""
+    root = tmp_path / "two"
+    root.mkdir()
+    (root / "a.txt").write_text("abc" * 100)
+    (root / "b.txt").write_text("xyz" * 300)
+    meta = prepare([root], tmp_path / "ds", 0.1, progress=False,
+                   options=TextOptions(split="files"))
+    held = [s for s in meta["sources"] if s["split"] == "val"]
+    assert len(held) == 1
+    share = meta["val_tokens"] / (meta["train_tokens"] + meta["val_tokens"])
+    assert share in (0.25, 0.75)
+    assert capsys.readouterr().err == (
+        f"warning: data.split files holds out 1 of 2 files, {share:.0%} of the text, for "
+        "validation, not the 10% of the val fraction: whole files go to one side; give more "
+        "files, or use data.split tail\n")
+    prepare([root], tmp_path / "tail", 0.1, progress=False)  # the tail split: no warning
+    assert capsys.readouterr().err == ""

@@ -1,5 +1,8 @@
 """charlm.evaluation.scoring: loss and bits per character of a text over overlapping windows."""
 
+import bz2
+import gzip
+import lzma
 import math
 import tracemalloc
 
@@ -11,6 +14,7 @@ from charlm.config.schema import ModelConfig
 from charlm.core.errors import CharlmError
 from charlm.data.vocab import Vocab
 from charlm.evaluation.scoring import (
+    score_file,
     score_ids,
     score_stream,
     score_text,
@@ -212,3 +216,25 @@ def test_a_split_s_ids_score_as_the_text_they_encode(model):
     assert split.__dict__ == score_text(model, VOCAB, "abcabcgfedcba" * 7,
                                         progress=False).__dict__
     assert split.chars_scored == len(ids) - 1
+
+
+@pytest.mark.parametrize("suffix, compress", [(".gz", gzip.compress), (".bz2", bz2.compress),
+                                              (".xz", lzma.compress)])
+def test_a_compressed_text_file_scores_as_its_text(model, tmp_path, suffix, compress):
+    """`charlm eval RUN text.gz` was refused as not UTF-8, with the hint to name it *.gz."""
+    text = "abcdefgfedcba" * 40
+    plain, packed = tmp_path / "t.txt", tmp_path / f"t.txt{suffix}"
+    plain.write_text(text, encoding="utf-8")
+    packed.write_bytes(compress(text.encode()))
+    got = score_file(model, VOCAB, packed, progress=False)
+    assert got.as_dict() == score_file(model, VOCAB, plain, progress=False).as_dict()
+
+
+def test_a_cut_compressed_text_file_is_one_error(model, tmp_path):
+    cut = tmp_path / "cut.txt.gz"
+    cut.write_bytes(gzip.compress(b"abcdefg" * 500)[:30])
+    with pytest.raises(CharlmError) as e:
+        score_file(model, VOCAB, cut, progress=False)
+    assert str(e.value) == (f"cannot decompress {cut} as .gz data: it ends before its "
+                            f"end-of-stream marker (cut short?); check the file (`gzip -t "
+                            f"{cut}`)")

@@ -153,12 +153,24 @@ def test_encode_prompt_unknown_policies():
     assert (text, ids) == ("abc", [0, 1, 2])
     assert warnings == ["skipped 2 characters of the prompt outside the vocabulary: 'Z' at "
                         "position 2, 'Y' at position 4"]
-    text, _, warnings = encode_prompt(VOCAB, "abcdefghij" * 2, "error", 16)
-    assert text == ("abcdefghij" * 2)[-16:]
+    text, ids, warnings = encode_prompt(VOCAB, "abcdefghij" * 2, "error", 16)
+    assert (text, ids) == ("abcdefghij" * 2, VOCAB.encode(("abcdefghij" * 2)[-16:]))
     assert warnings == ["the prompt has 20 characters, more than the context of 16; using its "
                         "last 16"]
     with pytest.raises(CharlmError, match="the prompt is empty"):
         encode_prompt(VOCAB, "ZZ", "skip", 16)
+
+
+
+def test_a_byte_model_sees_whole_characters_of_a_long_prompt_and_the_prompt_stays_whole():
+    """A prompt longer than the context was printed cut, for a byte model inside a character:
+    the prompt is kept as given, and the model sees the whole characters that fit."""
+    vocab = Vocab(sorted(set("aé".encode().decode("latin-1"))), "byte")
+    text, ids, warnings = encode_prompt(vocab, "aé" * 4, "error", 4)
+    assert text == "aé" * 4
+    assert ids == vocab.encode("aé")  # its last 4 bytes start inside an é: 3 are seen
+    assert warnings == ["the prompt has 12 bytes, more than the context of 4; using its "
+                        "last 4"]
 
 
 def test_unknown_prompt_characters_are_listed_up_to_ten():

@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from charlm.core.errors import CharlmError  # noqa: E402
 from charlm.serve import app as app_module  # noqa: E402
 from charlm.serve.app import Settings, create_app, shutdown  # noqa: E402
-from charlm.serve.engine import Engine, Event, Params, Stats  # noqa: E402
+from charlm.serve.engine import Engine, Event, FieldError, Params, Stats  # noqa: E402
 from charlm.serve.schema import Limits  # noqa: E402
 from tests.helpers import random_served  # noqa: E402
 
@@ -550,3 +550,31 @@ def test_shutdown_ends_streams_and_refuses_new_requests():
     assert r.status_code == 503 and r.json()["error"]["type"] == "server_error"
     assert client.get("/health").json()["ready"] is False
 
+
+
+def test_a_body_sent_without_a_json_content_type_is_named_so():
+    """curl -d without -H 'Content-Type: application/json' was told "the body must be a JSON
+    object: Input should be a valid dictionary", about a JSON object."""
+    client, _ = make()
+    r = client.post("/v1/completions", content=b'{"prompt": "a"}')
+    assert (r.status_code, r.json()["error"]["message"]) == (
+        400, "the body was not read as JSON: send it with the header Content-Type: "
+             "application/json")
+    assert post(client, {"prompt": "a", "max_tokens": 1}).status_code == 200
+
+
+def test_an_engine_refusal_of_a_field_names_that_field_not_the_prompt(monkeypatch):
+    """A byte model's or an encoder-decoder's refusal of logprobs came with param "prompt"."""
+    client, engine = make()
+
+    def refuse(prompt, params, on_event):
+        raise FieldError("logprobs are not available for an encoder-decoder model; leave "
+                         "logprobs out", "logprobs")
+
+    monkeypatch.setattr(engine, "submit", refuse)
+    for path, body in (("/v1/completions", {"prompt": "a", "logprobs": 1}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}],
+                                                 "logprobs": True})):
+        error = post(client, body, path).json()["error"]
+        assert (error["param"], error["message"]) == ("logprobs", (
+            "logprobs are not available for an encoder-decoder model; leave logprobs out"))

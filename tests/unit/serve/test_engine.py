@@ -20,7 +20,8 @@ from charlm.model import layers
 from charlm.runtime.profile import DecodeLayout
 from charlm.serve.engine import Engine, Event, Params, Stats, slots_within
 from charlm.serve.request import Row
-from tests.helpers import RANDOM_GPT_VOCAB, decode_ids, random_gpt, random_seq2seq
+from charlm.serve.responses import Choice, usage
+from tests.helpers import RANDOM_GPT_VOCAB, decode_ids, fixed_memory, random_gpt, random_seq2seq
 
 VOCAB = Vocab("abcdefghijklm"[:RANDOM_GPT_VOCAB])
 BLOCK = 16  # random_gpt's block_size
@@ -375,3 +376,38 @@ def test_default_slots_fit_their_keys_and_values_in_the_budget():
     assert slots_within(model, 100 * per_slot, most=64) == 64
     assert slots_within(model, per_slot - 1, most=64) == 1  # one at least
     assert slots_within(model.to(torch.bfloat16), 3 * per_slot, most=64) == 3
+
+
+def test_more_slots_than_memory_holds_are_refused_before_anything_is_allocated(monkeypatch):
+    """`charlm serve RUN --slots 10000000` allocated the KV cache until the kernel killed it."""
+    fixed_memory(monkeypatch, 1)
+    model = random_gpt()  # 2 layers x 16 positions x 32 dims x float32: 8 KiB a slot's K and V
+    Engine(model, VOCAB, slots=1000)  # 8 MiB
+    with pytest.raises(CharlmError) as e:  # (that old code allocates 1.5 GiB, not 76 GiB)
+        Engine(model, VOCAB, slots=200_000)
+    assert str(e.value) == ("200,000 slots need about 1.5 GiB for their keys and values, more "
+                            "than the 1.0 GiB of cpu; give fewer --slots (the default fits "
+                            "them in 1 GiB)")
+
+
+def test_an_encoder_decoder_s_tokens_are_its_target_units_as_max_tokens_counts_them():
+    """max_tokens counts a space-unit model's phonemes, and `usage` counted its characters
+    (spaces included): the event says how many target units its text holds."""
+    model = random_seq2seq()
+    vocab = PairVocab(tuple("abcdefg"), ("AA", "B", "CH", "D", "EH", "F", "G", "HH", "IY"),
+                      "space")
+    capped = Completion()
+    engine = Engine(model, vocab)
+    engine.submit("abcab", Params(max_tokens=2, temperature=0), capped)
+    engine.start()
+    try:
+        assert capped.finished.wait(30)
+    finally:
+        engine.close()
+    [event] = [e for e in capped.events if e.text]
+    assert len(event.text.split()) == 2 and event.tokens == 2
+    choice = Choice(0)
+    for e in capped.events:
+        choice.add(e)
+    assert usage(5, [choice]) == {"prompt_tokens": 5, "completion_tokens": 2,
+                                  "total_tokens": 7}

@@ -40,3 +40,20 @@ def test_an_unknown_field_in_a_message_names_its_place_and_the_nearest_field():
     assert error.body["error"]["param"] == "messages.0.contnt"
     message = "unknown field 'messages.0.contnt', did you mean 'content'?"
     assert error.body["error"]["message"] == message
+
+
+@pytest.mark.parametrize("model, field, message", [
+    (ChatRequest, "prompt", "unknown field 'prompt': it is a field of /v1/completions, not of "
+                            "this endpoint"),
+    (CompletionRequest, "messages", "unknown field 'messages': it is a field of "
+                                    "/v1/chat/completions, not of this endpoint"),
+    (ChatRequest, "promt", "unknown field 'promt', did you mean 'prompt'?"),
+])
+def test_a_field_of_the_other_endpoint_is_named_as_such(model, field, message):
+    """Chat's answer to a `prompt` was "unknown field 'prompt', did you mean 'prompt'?"."""
+    body = {"prompt": "a"} if model is CompletionRequest else {
+        "messages": [{"role": "user", "content": "a"}]}
+    with pytest.raises(ValidationError) as e:
+        model(**body, **{field: "a"})
+    error = validation_error(e.value).body["error"]
+    assert (error["message"], error["param"]) == (message, field)

@@ -28,3 +28,13 @@ def test_its_connections_send_without_nagles_delay():
         accepted, _ = sock.accept()
         with accepted:
             assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
+@pytest.mark.parametrize("host", ["999.1.1.1"])
+def test_a_host_that_is_no_address_is_named_so(host):
+    """`--host 999.1.1.1` was "cannot listen on 999.1.1.1:0: Unknown error -2"."""
+    with pytest.raises(CharlmError) as e:
+        listen(host, 0)
+    assert str(e.value) == (f"cannot listen on {host}:0: {host} is neither an IP address nor a "
+                            "host name that resolves; give a --host of this machine (127.0.0.1, "
+                            "0.0.0.0, ::1)")

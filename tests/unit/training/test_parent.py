@@ -131,3 +131,26 @@ def test_units_or_a_normal_form_other_than_the_parent_s_is_refused(units, normal
         f"--init-from: data.{key}={value!r} conflicts with the parent's {theirs!r} in "
         "runs/a/best.pt; a fine-tuned model keeps its parent's units and normal form (drop "
         f"data.{key} from the config and --set, or train from scratch without --init-from)")
+
+
+@pytest.mark.parametrize("weights", ["run/best.pt", "run/last.pt",
+                                     "run/checkpoints/step-000010.pt"])
+def test_a_parent_among_the_files_of_the_run_dir_is_refused(tmp_path, monkeypatch, weights):
+    """`--init-from RUN --out RUN --overwrite` deleted the parent's weights it had just loaded,
+    and the run's config named a parent whose file was the run's own checkpoint."""
+    monkeypatch.chdir(tmp_path)
+    parent = parent_of(random_gpt(), Vocab(list("abcdefghijklm")))
+    parent.weights = Path(weights)
+    cfg = RunConfig.from_dict({"train": {"out_dir": str(tmp_path / "run")}})
+    with pytest.raises(CharlmError) as e:
+        parent_config(cfg, set(), parent)
+    assert str(e.value) == (
+        f"--init-from {weights} is in the run dir {tmp_path / 'run'}, whose run the new one "
+        "replaces (its checkpoints with it); choose another --out")
+
+
+def test_a_parent_exported_into_a_folder_of_the_run_dir_may_be_fine_tuned_there(tmp_path):
+    parent = parent_of(random_gpt(), Vocab(list("abcdefghijklm")))
+    parent.weights = tmp_path / "run" / "export" / "model.safetensors"  # --overwrite keeps it
+    cfg = RunConfig.from_dict({"train": {"out_dir": str(tmp_path / "run")}})
+    assert parent_config(cfg, set(), parent).train.out_dir == str(tmp_path / "run")

@@ -1,0 +1,116 @@
+"""`charlm export --format onnx` and `charlm.onnx`: greedy text from ONNX Runtime equal to
+`charlm sample`'s, through the cache's re-prefills, for a char and a byte model; a batch of
+rows at different lengths; the refusals. Each export traces the model twice (tens of seconds),
+so the variants share two models: one with every lever, one of GPT-2's shape in byte units."""
+
+import importlib.util
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from charlm.config.sampling import SampleConfig
+from charlm.config.schema import RunConfig
+from charlm.data.vocab import Vocab
+from charlm.onnx_export import ONNX_FILES, save_onnx
+from tests.helpers import VARIANTS, decode_ids, random_gpt, random_served
+
+pytestmark = pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("onnx", "onnxruntime", "onnxscript")),
+    reason="the onnx extra is not installed")
+
+PROMPTS = ["a", "ab", "abababab"]  # 1, 2 and 8 ids in both vocabularies
+
+
+@pytest.fixture(scope="module", params=["levers", "byte"])
+def exported(request, tmp_path_factory):
+    """(model, vocab, export dir): a random GPT with every lever over 13 characters, or one of
+    GPT-2's shape over the 13 UTF-8 bytes of "ab é漢🙂", exported."""
+    if request.param == "levers":
+        model, vocab = random_gpt(**VARIANTS["levers"]), Vocab("abcdefghijklm")
+    else:
+        model, vocab = random_served("byte")
+    out = tmp_path_factory.mktemp("onnx")
+    save_onnx(model, vocab, RunConfig(model=model.cfg), out)
+    return model, vocab, out
+
+
+def test_greedy_text_equals_charlm_samples_over_200_characters(exported):
+    """Block 16: 200 steps re-prefill the cache from its recent half a dozen times."""
+    from charlm.generation.text import sample_text
+    from charlm.onnx import OnnxLM
+
+    model, vocab, out = exported
+    assert sorted(p.name for p in out.iterdir()) == sorted(ONNX_FILES)
+    lm = OnnxLM(out)
+    prompt = "ab"
+    expected = sample_text(model, vocab, prompt, SampleConfig(temperature=0,
+                                                              max_new_tokens=200))[0].text
+    assert lm.generate(prompt, 200, temperature=0) == expected
+
+
+def test_rows_of_different_lengths_share_a_batch(exported):
+    """Rows prefilled at lengths 1, 2 and 8 decode together as each does alone, and their
+    logits agree with torch's within float tolerance at the first step."""
+    from charlm.onnx import OnnxLM
+
+    model, vocab, out = exported
+    lm = OnnxLM(out)
+    prompts = PROMPTS
+    alone = [lm.generate(p, 40, temperature=0) for p in prompts]
+    assert lm.generate_batch(prompts, 40, temperature=0) == alone
+    ids = torch.tensor([lm.encode(prompts[2])])
+    logits, *_ = lm.prefill(lm.encode(prompts[2]))
+    with torch.no_grad():
+        expected = model(ids)[0][0, -1].float().numpy()
+    np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-4)
+    assert decode_ids(model, ids, 1)[0, 0] == int(np.argmax(logits))
+
+
+def test_a_seed_gives_the_same_sampled_text(exported):
+    from charlm.onnx import OnnxLM
+
+    lm = OnnxLM(exported[2])
+    a, b = (lm.generate("a", 50, temperature=1.0, top_k=5, top_p=0.9, seed=7) for _ in "ab")
+    assert a == b and a != lm.generate("a", 50, temperature=1.0, top_k=5, top_p=0.9, seed=8)
+
+
+def test_the_loader_runs_without_torch(exported):
+    """`charlm.onnx` imports numpy and onnxruntime alone: it runs where torch is not."""
+    code = ("import sys; sys.modules['torch'] = None; from charlm.onnx import OnnxLM; "
+            f"print(OnnxLM({str(exported[2])!r}).generate('a', 20, temperature=0))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout) > 1
+
+
+def test_cli_refuses_an_encoder_decoder(cli, tmp_path):
+    from charlm.export import save_safetensors
+
+    model, vocab = random_served("encoder_decoder")
+    source = tmp_path / "ed"
+    save_safetensors(model, vocab, RunConfig(model=model.cfg), source)
+    result = cli("export", source, "--format", "onnx", "--out", tmp_path / "x")
+    assert (result.code, result.err) == (
+        2, "error: --format onnx: an encoder-decoder is not exported to ONNX yet; export it as "
+        "safetensors (--format safetensors)\n")
+    assert not (tmp_path / "x").exists()
+
+
+def test_an_onnx_export_is_replaced_only_with_overwrite(tmp_path):
+    from charlm.core.errors import CharlmError
+    from charlm.export import check_replaceable
+
+    for name in ONNX_FILES:
+        (tmp_path / name).write_text("{}")
+    with pytest.raises(CharlmError) as e:
+        check_replaceable(tmp_path, overwrite=False)
+    assert str(e.value) == (f"--out {tmp_path} holds an earlier export; give a new directory, "
+                            "or --overwrite to replace it")
+    check_replaceable(tmp_path, overwrite=True)
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(CharlmError, match="holds files that are not an earlier export"):
+        check_replaceable(tmp_path, overwrite=True)
