@@ -29,8 +29,7 @@ import torch
 from charlm.config.loading import load_config
 from charlm.config.sampling import SampleConfig
 from charlm.config.schema import MODEL_VARIANTS, ModelConfig, RunConfig
-from charlm.data.pair_vocab import PairVocab
-from charlm.data.vocab import Vocab
+from charlm.data.vocab import PairVocab, Vocab
 from charlm.export import save_safetensors
 from charlm.generation.decoding import generate
 from charlm.model.encoder_decoder import EncoderDecoder

@@ -50,7 +50,7 @@ def info(
     from its pairs)."""
     from charlm.cli.train import train_config
     from charlm.config.yaml_files import dump_yaml
-    from charlm.data.prepared import data_summary
+    from charlm.data.datasets import data_summary
     from charlm.export import is_export_dir, load_safetensors
     from charlm.info.summary import config_model, describe, render_text
     from charlm.training.checkpoint import load_model
@@ -114,7 +114,7 @@ def is_model(target: Path | None) -> bool:
     mistyped run dir is not read as data."""
     from charlm.config.loading import is_config_file
     from charlm.core.files import missing
-    from charlm.data.globs import GLOB_CHARS
+    from charlm.data.sources import GLOB_CHARS
     from charlm.export import is_export_dir
 
     # stdin and a quoted glob are text, as `charlm train` takes them

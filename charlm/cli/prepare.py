@@ -93,9 +93,9 @@ def prepare(
     if set_:
         raise CharlmError("--set applies to --pairs only; text takes --val-fraction")
     from charlm.config.loading import load_config
-    from charlm.data.corpus import count_reasons
-    from charlm.data.prepared import text_options
-    from charlm.data.text import prepare as prepare_dataset
+    from charlm.data.datasets import text_options
+    from charlm.data.prepare import count_reasons
+    from charlm.data.prepare import prepare as prepare_dataset
 
     data = load_config(None, [("data.val_fraction", val_fraction), *text]).data
     meta = prepare_dataset(inputs, out, val_fraction, options=text_options(data))
@@ -110,7 +110,7 @@ def prepare(
 def prepare_benchmark_file(name: str, inputs: list[str], out: Path, val_fraction: float,
                            other: bool) -> None:
     """`charlm prepare --benchmark NAME FILE`: the benchmark fixes the split and the units."""
-    from charlm.data.benchmarks import prepare_benchmark
+    from charlm.data.datasets import prepare_benchmark
 
     if len(inputs) != 1:
         raise CharlmError(f"--benchmark {name} takes one file, the benchmark's, got "

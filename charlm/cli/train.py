@@ -101,7 +101,7 @@ def fine_tune_config(cfg: RunConfig, given: set[str],
     model and data keys the user set), and that model, loaded once as `charlm sample` loads
     one (`charlm.api.load`), for its weights."""
     from charlm.api import load  # imports torch: only for a fine-tune
-    from charlm.data.digest import sha256_file
+    from charlm.data.chunks import sha256_file
     from charlm.export import WEIGHTS
     from charlm.training.parent import Parent, parent_config
 

@@ -1,8 +1,7 @@
 """The batch samplers training draws from, each with its own seeded `torch.Generator`:
 `BatchSampler`, random windows of a text split (one vectorised gather from the memmap), and for
 the encoder-decoder `collate`, which pads and shifts (source, target) ids into tensors, and the
-length-bucketed `PairBatchSampler` over a split of `charlm.data.pair_dataset`.
-"""
+length-bucketed `PairBatchSampler` over a split of pairs."""
 
 from __future__ import annotations
 
@@ -12,9 +11,9 @@ import numpy as np
 import torch
 
 from charlm.core.errors import CharlmError
-from charlm.data.dataset import require_window
-from charlm.data.pair_dataset import PairSplit
-from charlm.data.pair_vocab import PairVocab
+from charlm.data.datasets import require_window
+from charlm.data.pairs import PairSplit
+from charlm.data.vocab import PairVocab
 
 IGNORE_INDEX = -1  # tgt_out's padding: the loss's ignore_index
 

@@ -2,14 +2,21 @@
 a file's size: each chunk as text (`decode_chunks`), or as code points in the narrowest form
 (`code_point_chunks`, for `prepare`). A chunk of ASCII bytes is its own code points: it is not
 decoded at all, and `Vocab.encode_code_points` maps it to ids with one `bytes.translate`.
-"""
+
+sha256 of files read in chunks: `sha256_file` for a file alone, and `ChunkDigest`, which hashes
+the chunks a reader works on, on a second thread (hashlib lets go of the GIL while it hashes a
+large buffer, so hashing runs beside the encoding: docs/benchmarks.md)."""
 
 from __future__ import annotations
 
 import codecs
+import hashlib
 import re
 import unicodedata
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
 from typing import BinaryIO
 
 import numpy as np
@@ -21,7 +28,6 @@ from charlm.data.vocab import code_points
 # 1 MB: a chunk, its text (up to 4 bytes a character) and its code points stay a few MB, in the
 # cache, and as fast to encode as larger chunks
 CHUNK_BYTES = 1 << 20
-
 
 # the first bytes of files that are compressed, not text: a hint in the error for them
 MAGIC = {b"\x1f\x8b": ("gzip", ".gz"), b"BZh": ("bzip2", ".bz2"),
@@ -137,7 +143,48 @@ def narrow_code_points(text: str) -> bytes | np.ndarray:
 
 
 def byte_chunks(f: BinaryIO) -> Iterator[tuple[bytes, bytes]]:
-    """`code_point_chunks` in byte units (`charlm.data.units`): (raw bytes, the same bytes) per
+    """`code_point_chunks` in byte units (`charlm.data.vocab`): (raw bytes, the same bytes) per
     chunk, each byte its own code point. Nothing is decoded, so any file is valid."""
     while raw := f.read(CHUNK_BYTES):
         yield raw, raw
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class ChunkDigest:
+    """The sha256 of the chunks given to `update`, in their order, hashed on a worker thread.
+    `update` first waits for the chunk before, so no more than one chunk waits to be hashed
+    (memory stays bounded whatever the reader's speed). A context manager: leaving it stops
+    the thread."""
+
+    def __init__(self) -> None:
+        self._digest = hashlib.sha256()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="charlm-sha256")
+        self._pending: Future | None = None
+
+    def update(self, chunk: bytes) -> None:
+        """Hash `chunk` (immutable bytes: the worker reads it later) after the ones before."""
+        self._wait()
+        self._pending = self._pool.submit(self._digest.update, chunk)
+
+    def hexdigest(self) -> str:
+        self._wait()
+        return self._digest.hexdigest()
+
+    def _wait(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def __enter__(self) -> ChunkDigest:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self._pool.shutdown(wait=True)

@@ -1,21 +1,22 @@
 """Paired text for the encoder-decoder (G2P, transliteration, spelling): reading
 "source<TAB>target" lines, the hashed train/val/test split, `prepare_pairs` into a dataset dir,
-loading it back, and the references of a split for multi-reference accuracy (see
-`charlm.evaluation.accuracy`). It imports no torch, so `charlm prepare --pairs` starts fast; the
-batches are `charlm.data.batches`'.
+`load_pairs` and `pairs_for` (a .tsv prepared into a cache dir), and `references`, a split's
+targets grouped by source for multi-reference accuracy (`charlm.evaluation.accuracy`). It
+imports no torch, so `charlm prepare --pairs` starts fast; the batches are
+`charlm.data.batches`'.
 
 A pairs dataset dir holds meta.json (kind "pairs") and train.npz, val.npz and test.npz, each
 with the flat ids of all its sources (`src`) and targets (`tgt`) and their int64 offsets: pair
 i's source is src[src_offsets[i]:src_offsets[i + 1]]. Four arrays whatever the number of pairs,
-and no pickles.
-"""
+and no pickles."""
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
+import zipfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,37 +25,35 @@ import numpy as np
 from charlm.config.data import DataConfig
 from charlm.core.errors import CharlmError, characters
 from charlm.core.files import make_writable_dir, temp_beside
-from charlm.data.digest import sha256_file
-from charlm.data.pair_vocab import PairVocab
-from charlm.data.text import (
+from charlm.data.chunks import sha256_file
+from charlm.data.prepare import (
     DATASET_FILES,
     DATASET_FORMAT,
     DATASET_VERSION,
+    check_meta_header,
+    check_out,
     check_source_file,
     dataset_lock,
+    dataset_meta,
     discard_temps,
     install,
+    path_share,
     read_meta,
     read_text,
     remove_killed_temps,
     replaceable,
 )
-from charlm.data.vocab import id_dtype
+from charlm.data.vocab import PairVocab, id_dtype
 
 PAIRS_KIND = "pairs"
 
-
 SPLITS = ("train", "val", "test")
-
 
 PAIR_FILES = ("meta.json", *(f"{split}.npz" for split in SPLITS))
 
-
 ARRAYS = ("src", "src_offsets", "tgt", "tgt_offsets")
 
-
 AGAIN = "prepare it again with `charlm prepare --pairs`"
-
 
 SKIP_HINT = "set data.skip_bad_pairs=true to skip such lines"
 
@@ -130,8 +129,7 @@ def read_pairs(path: Path, data: DataConfig, block_size: int
 def split_of(source: str, val_fraction: float, test_fraction: float) -> str:
     """"train", "val" or "test" by a hash of `source`: every reference of one source lands in
     the same split, and the split is the same on every run and machine."""
-    digest = hashlib.sha256(source.encode("utf-8")).digest()
-    u = int.from_bytes(digest[:8], "big") / 2**64
+    u = path_share(source)  # strict UTF-8 text: its encoding is the surrogateescape one
     return "test" if u < test_fraction else "val" if u < test_fraction + val_fraction else "train"
 
 
@@ -169,15 +167,6 @@ def _killed_prepare(out: Path) -> bool:
     except (ValueError, OSError):  # missing, or cut short by a crash
         return True
     return False  # readable, yet not a charlm dataset's: another tool's meta.json
-
-
-def _check_out(out: Path) -> None:
-    """`out` may be written: new, empty, a charlm dataset dir, or a killed prepare's."""
-    if out.exists() and not out.is_dir():
-        raise CharlmError(f"--out must be a directory, but {out} is a file")
-    if out.is_dir() and not (replaceable(out) or _killed_prepare(out)):
-        raise CharlmError(f"--out {out} is not empty and holds no charlm dataset; give a new "
-                          "or empty directory, or a dataset dir to replace")
 
 
 def _write(out: Path, arrays: dict[str, dict[str, np.ndarray]], meta: dict[str, Any]) -> None:
@@ -221,7 +210,7 @@ def _prepare_pairs(paths: list[Path], out: Path, data: DataConfig, block_size: i
         raise CharlmError("no input files given")
     for p in paths:
         check_source_file(p)
-    _check_out(out)
+    check_out(out, lambda o: replaceable(o) or _killed_prepare(o))
     # hashed before reading: a file changed meanwhile makes a cache that is rebuilt, not reused
     hashes = [sha256_file(p) for p in paths]
     read = [read_pairs(p, data, block_size) for p in paths]
@@ -252,3 +241,136 @@ def _prepare_pairs(paths: list[Path], out: Path, data: DataConfig, block_size: i
     }
     _write(out, {split: _encode(got, vocab) for split, got in splits.items()}, meta)
     return meta
+
+
+@dataclass
+class PairSplit:
+    """The pairs of one split: flat ids and offsets (see the module docstring)."""
+
+    src: np.ndarray
+    src_offsets: np.ndarray
+    tgt: np.ndarray
+    tgt_offsets: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.src_offsets) - 1
+
+    def example(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Source and target ids of pair `i`."""
+        return (self.src[self.src_offsets[i]:self.src_offsets[i + 1]],
+                self.tgt[self.tgt_offsets[i]:self.tgt_offsets[i + 1]])
+
+    def lengths(self) -> np.ndarray:
+        """Source plus target length of each pair."""
+        return np.diff(self.src_offsets) + np.diff(self.tgt_offsets)
+
+
+@dataclass
+class PairDataset:
+    path: Path
+    meta: dict[str, Any]
+    vocab: PairVocab
+    train: PairSplit
+    val: PairSplit
+    test: PairSplit
+
+    def split(self, name: str) -> PairSplit:
+        if name not in SPLITS:
+            raise ValueError(f"unknown split {name!r}; use one of {', '.join(SPLITS)}")
+        return getattr(self, name)
+
+
+def _load_split(path: Path, split: str, n: Any, vocab: PairVocab) -> PairSplit:
+    if not isinstance(n, int) or n < 0:
+        raise ValueError(f"meta.json gives {n!r} {split} pairs")
+    with np.load(path / f"{split}.npz", allow_pickle=False) as z:
+        if sorted(z.files) != sorted(ARRAYS):
+            raise ValueError(f"{split}.npz holds {sorted(z.files)}, not {list(ARRAYS)}")
+        got = PairSplit(**{name: z[name] for name in ARRAYS})
+    for what, ids, offsets, size in (("source", got.src, got.src_offsets, len(vocab.source)),
+                                     ("target", got.tgt, got.tgt_offsets, len(vocab.target))):
+        if ids.ndim != 1 or ids.dtype.kind != "u":
+            raise ValueError(f"{split}.npz: the {what} ids are not a flat array of unsigned ints")
+        if offsets.dtype != np.int64 or offsets.shape != (n + 1,):
+            raise ValueError(f"{split}.npz: the {what} offsets do not match the {n} pairs of "
+                             "meta.json")
+        if offsets[0] != 0 or offsets[-1] != len(ids) or (np.diff(offsets) < 1).any():
+            raise ValueError(f"{split}.npz: the {what} offsets do not rise from 0 to {len(ids)}")
+        if len(ids) and int(ids.max()) >= size:
+            raise ValueError(f"{split}.npz holds {what} ids outside the {size}-unit vocabulary "
+                             "of meta.json")
+    return got
+
+
+def load_pairs(path: Path) -> PairDataset:
+    """A dataset dir of `prepare_pairs`, checked: any damage is one CharlmError."""
+    path = Path(path)
+    if not (path / "meta.json").is_file():
+        raise CharlmError(f"{path} is not a prepared dataset (no meta.json); give a .tsv file "
+                          "of pairs or run `charlm prepare --pairs` first")
+    try:
+        meta = read_meta(path)
+        check_meta_header(meta)
+        if meta.get("kind", "text") == "text":  # not caught below: the dataset is fine
+            raise CharlmError(f"{path} holds a text dataset, not pairs; give a .tsv file of "
+                              "pairs or a dataset dir made by `charlm prepare --pairs`")
+        if meta["kind"] != PAIRS_KIND:
+            raise ValueError(f"unknown dataset kind {meta['kind']!r}")
+        vocab = PairVocab.from_dict(meta["vocab"])
+        if meta["target_units"] != vocab.target_units:
+            raise ValueError(f"meta.json gives target_units {meta['target_units']!r}, but its "
+                             f"vocab {vocab.target_units!r}")
+        splits = {split: _load_split(path, split, meta["pairs"][split], vocab)
+                  for split in SPLITS}
+    except (ValueError, KeyError, TypeError, OSError, EOFError, zipfile.BadZipFile) as e:
+        raise CharlmError(f"cannot read dataset {path}: {e}; {AGAIN}") from None
+    return PairDataset(path, meta, vocab, **splits)
+
+
+def pairs_for(data: DataConfig, block_size: int, cache_dir: Path,
+              check: Callable[[PairVocab], None] | None = None,
+              base: PairVocab | None = None) -> PairDataset:
+    """The pairs of `data.path`: a prepared directory as is, or a pairs file prepared into
+    `cache_dir` (reused while the file's sha256, every preparing setting and the `base` are
+    unchanged). Before a cache is rebuilt, `check` sees the new vocabulary and may raise: pairs
+    it rejects (say, other data for a resumed run) leave the existing cache alone. With a `base`
+    (a fine-tuned model's vocabulary) its ids come first (`PairVocab.extended`); a prepared
+    directory must already number them so."""
+    path = Path(data.path)
+    if path.is_dir():
+        dataset = load_pairs(path)
+        if base is not None and dataset.vocab != base.extended(dataset.vocab):
+            raise CharlmError(
+                f"dataset {path} numbers its units in its own order, but a fine-tuned model "
+                "keeps its parent's ids; give the pairs file it was prepared from as the data, "
+                "which charlm train then prepares with the parent's vocabulary")
+        return dataset
+    check_source_file(path)
+    meta = dataset_meta(cache_dir)
+    if meta is not None and meta.get("kind") == PAIRS_KIND:
+        try:
+            settings = pair_settings(data, block_size)
+            # made with this base (or none), or numbered as the base itself: a resume's
+            same_base = (meta.get("base") is None if base is None else
+                         base.to_dict() in (meta.get("base"), meta["vocab"]))
+            if ([s["sha256"] for s in meta["sources"]] == [sha256_file(path)] and same_base
+                    and all(meta.get(key) == value for key, value in settings.items())):
+                remove_killed_temps(cache_dir, PAIR_FILES)  # no prepare will, while reused
+                return load_pairs(cache_dir)
+        except (KeyError, TypeError, CharlmError):
+            pass  # a damaged cache is rebuilt
+    prepare_pairs([path], cache_dir, data, block_size, check, base)
+    return load_pairs(cache_dir)
+
+
+def references(split: PairSplit, vocab: PairVocab) -> list[tuple[str, list[str]]]:
+    """Each distinct source of `split` in first-seen order, with all its distinct targets: the
+    references of multi-reference accuracy."""
+    grouped: dict[str, list[str]] = {}
+    for i in range(len(split)):
+        src, tgt = split.example(i)
+        refs = grouped.setdefault(vocab.decode_source(src), [])
+        target = vocab.decode_target(tgt)
+        if target not in refs:
+            refs.append(target)
+    return list(grouped.items())

@@ -2,17 +2,17 @@
 `-` for stdin) expanded into `Source`s, and each source read the one way `prepare` reads it.
 
 A folder is walked recursively, hidden names (`.git` among them) skipped, its files sorted by
-their path under it; a glob is expanded here, with `**` for any depth, so it means the same on
-every shell (`charlm.data.globs`: a symlink to a folder is not followed, as in the folder walk).
-A file reached twice (through a link, or by two inputs) is read once. `--include` / `--exclude`
-patterns filter the files a folder or a glob brings (not a file named on its own). A file whose
-name ends in .gz, .bz2 or .xz is decompressed as it streams. stdin is copied to a temporary file
-first: `prepare` reads its inputs twice.
+their path under it. A glob is expanded here (`expand_glob`), so it means the same on every
+shell: the tree under its literal head is walked once with `os.walk`, which never follows a
+symlink to a folder (a link back up cannot make `**` loop); a wildcard matches no hidden name
+unless its pattern starts with a dot, and `**` matches any number of folders, as
+`glob.glob(recursive=True)` does. A file reached twice is read once. `--include` / `--exclude`
+filter the files a folder or a glob brings. A .gz, .bz2 or .xz file is decompressed as it
+streams; stdin is copied to a temporary file first, as `prepare` reads its inputs twice.
 
 A `Source` is read through a `Tap` that hashes, counts and shows on the progress bar the bytes
 as they are on disk (the compressed ones for a .gz), so a cache can compare sizes and sha256
-with what `os.stat` and one read of the file give.
-"""
+with what `os.stat` and one read of the file give."""
 
 from __future__ import annotations
 
@@ -35,9 +35,63 @@ from typing import Any, BinaryIO
 from tqdm import tqdm
 
 from charlm.core.errors import CharlmError
-from charlm.data.chunks import InvalidText
-from charlm.data.digest import ChunkDigest
-from charlm.data.globs import GLOB_CHARS, expand_glob
+from charlm.data.chunks import ChunkDigest, InvalidText
+
+GLOB_CHARS = frozenset("*?[")
+
+
+def expand_glob(spec: str) -> tuple[str, list[tuple[str, bool]]]:
+    """(the folder the matches are taken under, the matches sorted by path, each with whether
+    it is a folder). A matched folder is not walked further: its files are all the caller's."""
+    parts = spec.split("/")
+    dirs_only = len(parts) > 1 and parts[-1] == ""  # `src/*/`: folders alone, as glob
+    parts = [p for i, p in enumerate(parts) if p or i == 0]  # `a//b` is `a/b`
+    head = 0
+    while head < len(parts) - 1 and not GLOB_CHARS & set(parts[head]):
+        head += 1
+    prefix, pattern = parts[:head], parts[head:]
+    root = "/".join(prefix) or ("/" if prefix else ".")
+    found: list[tuple[str, bool]] = []
+    for top, dirs, names in os.walk(root):
+        rel = [] if top == root else os.path.relpath(top, root).split(os.sep)
+        kept = []
+        for d in sorted(dirs):
+            if os.path.islink(os.path.join(top, d)):
+                continue  # as the folder walk: a linked folder is not read
+            if _match(pattern, [*rel, d], partial=False):
+                found.append((_shown(prefix, [*rel, d]), True))
+            elif _match(pattern, [*rel, d], partial=True):
+                kept.append(d)
+        dirs[:] = kept
+        found += [(_shown(prefix, [*rel, n]), False) for n in names
+                  if not dirs_only and _match(pattern, [*rel, n], partial=False)]
+    return root, sorted(found)
+
+
+def _shown(prefix: list[str], rel: list[str]) -> str:
+    """The path as glob.glob gives it: the spec's literal head, then the path under it."""
+    return "/".join([*prefix, *rel])
+
+
+def _match(pattern: list[str], segments: list[str], partial: bool) -> bool:
+    """Whether the path `segments` matches `pattern` (segment by segment); `partial`: whether
+    a path below the folder `segments` may."""
+    if not segments:
+        return partial or all(p == "**" for p in pattern)
+    if not pattern:
+        return False
+    first, rest = pattern[0], pattern[1:]
+    if first == "**":
+        return (_match(rest, segments, partial)
+                or (not segments[0].startswith(".") and _match(pattern, segments[1:], partial)))
+    return _segment(first, segments[0]) and _match(rest, segments[1:], partial)
+
+
+def _segment(pattern: str, name: str) -> bool:
+    if name.startswith(".") and not pattern.startswith("."):
+        return False  # a hidden name is matched only by a pattern that starts with a dot
+    return fnmatch.fnmatchcase(name, pattern)
+
 
 # each codec's reader of a binary file object
 CODECS: dict[str, Callable[[Any], BinaryIO]] = {

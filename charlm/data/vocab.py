@@ -1,30 +1,85 @@
-"""`Vocab`: the character vocabulary, a list of distinct Unicode characters (in code point order,
-or a parent model's order followed by the new characters of a fine-tune), stored as JSON, with
-`CharacterSet`, the characters of a text met chunk by chunk that make one (an encoder-decoder's
-is `charlm.data.pair_vocab`'s). A `Vocab` in byte units holds byte values as the characters of
-those code points (`charlm.data.units`); one with a Unicode normal form puts every text it is
-given in it first (`normalized`), as its data was."""
+"""What one id is, and the vocabularies that map text to ids.
+
+Units: characters (`char`) or the bytes of the text's UTF-8 (`byte`). A byte vocabulary is
+stored as characters too: byte value b is the character with code point b (Latin-1), so the
+character machinery runs unchanged over raw bytes and any file in any script is representable.
+`TextStream` is the one way ids become text as they are generated, a character at a time.
+
+`Vocab`: a list of distinct characters (in code point order, or a parent model's order followed
+by a fine-tune's new characters), stored as JSON, with `CharacterSet`, the characters of a text
+met chunk by chunk that make one; one with a Unicode normal form puts every text it is given in
+it first (`normalized`), as its data was. `PairVocab`: an encoder-decoder's source characters
+and target units (characters, or space-separated symbols such as phonemes) with special ids."""
 
 from __future__ import annotations
 
+import codecs
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from charlm.core.errors import CharlmError
-from charlm.data.units import UNITS, TextStream, byte_tail, unknown_in_bytes, utf8
 
 if TYPE_CHECKING:  # `charlm prepare` imports this module and must not pay for importing torch
-    pass
+    import torch
+
+UNITS = ("char", "byte")
+
+
+def unit_name(units: str) -> str:
+    """What one id is, in messages: "character" or "byte"."""
+    return "character" if units == "char" else "byte"
+
+
+def utf8(c: str) -> bytes | None:
+    """The UTF-8 bytes of the character `c`, None for a lone surrogate (no UTF-8 text has one)."""
+    try:
+        return c.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+
+
+def unknown_in_bytes(text: str, known: Callable[[bytes], bool]) -> list[tuple[int, str]]:
+    """(position, character) of each character of `text` whose UTF-8 bytes are not all `known`
+    (a byte vocabulary's check), by its distinct characters, so a long text costs one pass."""
+    bad = {c for c in set(text) if (b := utf8(c)) is None or not known(b)}
+    return [(i, c) for i, c in enumerate(text) if c in bad] if bad else []
+
+
+def byte_tail(text: str, n: int) -> str:
+    """The longest tail of `text` whose UTF-8 is at most `n` bytes: the cut may fall inside a
+    character, whose remaining continuation bytes are dropped."""
+    return text.encode("utf-8")[-n:].decode("utf-8", "ignore") if n > 0 else ""
+
+
+class TextStream:
+    """Ids to text as they are generated: `feed(id)` gives the text that id completes. In
+    character units that is the id's character; in byte units the bytes of a character are
+    held until its last one arrives, so a partial character is never shown (a sequence cut
+    short leaves its last, unfinished character unsaid). Bytes that are not UTF-8 raise
+    UnicodeDecodeError: the sampler's mask (`charlm.generation.utf8`) never draws them."""
+
+    def __init__(self, chars: Sequence[str], units: str):
+        self.chars = chars
+        self.decoder = (codecs.getincrementaldecoder("utf-8")("strict") if units == "byte"
+                        else None)
+
+    def feed(self, token: int) -> str:
+        c = self.chars[token]
+        return c if self.decoder is None else self.decoder.decode(c.encode("latin-1"))
+
+    def pending(self) -> bool:
+        """Whether bytes of an unfinished character are held."""
+        return self.decoder is not None and bool(self.decoder.getstate()[0])
 
 
 MAX_CODE_POINT = 0x110000
 
-
 NORMAL_FORMS = (None, "NFC", "NFKC", "NFD", "NFKD")
-
 
 GATHER_SLICE = 1 << 16
 
@@ -257,3 +312,150 @@ class CharacterSet:
         """The vocabulary of the characters (byte units: byte values) met, in code point
         order."""
         return Vocab.from_code_points(np.flatnonzero(self._seen), units)
+
+
+def target_specials(target_size: int) -> tuple[int, int, int]:
+    """The pad, bos and eos ids of a target vocabulary of `target_size` ids: its last three,
+    after the units. The one place this layout is written (PairVocab, EncoderDecoder)."""
+    return target_size - 3, target_size - 2, target_size - 1
+
+
+@dataclass(frozen=True)
+class PairVocab:
+    """Source characters and target units, each free of duplicates (sorted, or a parent's order
+    then the new ones: `extended`). Ids: source characters 0..S-1, then
+    src_pad = S; target units 0..N-1, then pad, bos and eos (after the units, so they never
+    collide with text and are never printed)."""
+
+    source: tuple[str, ...]
+    target: tuple[str, ...]
+    target_units: str = "char"  # "char": one unit per character; "space": space-separated
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "source", tuple(self.source))  # hashable whatever was given
+        object.__setattr__(self, "target", tuple(self.target))
+        if self.target_units not in ("char", "space"):
+            raise ValueError(f"target_units must be 'char' or 'space', got {self.target_units!r}")
+        if not self.source or any(not isinstance(c, str) or len(c) != 1 for c in self.source):
+            raise ValueError("the source vocabulary must be a non-empty list of characters")
+        # a space unit is one symbol without whitespace: "K AH" must not be a single unit
+        unit = (lambda u: len(u) == 1) if self.target_units == "char" else (
+            lambda u: u.split() == [u])
+        if not self.target or any(not isinstance(u, str) or not unit(u) for u in self.target):
+            raise ValueError(f"the target vocabulary must be a non-empty list of "
+                             f"{'characters' if self.target_units == 'char' else 'symbols'}")
+        for name, units in (("source", self.source), ("target", self.target)):
+            if len(set(units)) != len(units):
+                raise ValueError(f"the {name} vocabulary must be free of duplicates")
+
+    @classmethod
+    def from_pairs(cls, pairs: Sequence[tuple[str, str]], target_units: str) -> PairVocab:
+        source = set("".join(s for s, _ in pairs))
+        targets = (t for _, t in pairs)
+        target = set("".join(targets)) if target_units == "char" else set(
+            " ".join(targets).split())
+        return cls(tuple(sorted(source)), tuple(sorted(target)), target_units)
+
+    def extended(self, other: PairVocab) -> PairVocab:
+        """This vocabulary, then the source characters and target units of `other` it lacks,
+        sorted: every unit keeps its id, and the special ids follow the new units."""
+        if other.target_units != self.target_units:
+            raise CharlmError(f"the data's targets are {other.target_units} units, but the "
+                              f"model's are {self.target_units} units; set data.target_units: "
+                              f"{self.target_units}")
+        return PairVocab(self.source + tuple(sorted(set(other.source) - set(self.source))),
+                         self.target + tuple(sorted(set(other.target) - set(self.target))),
+                         self.target_units)
+
+    @cached_property
+    def _source_index(self) -> dict[str, int]:
+        return {c: i for i, c in enumerate(self.source)}
+
+    @cached_property
+    def target_index(self) -> dict[str, int]:
+        return {u: i for i, u in enumerate(self.target)}
+
+    @property
+    def source_size(self) -> int:
+        return len(self.source) + 1
+
+    @property
+    def target_size(self) -> int:
+        return len(self.target) + 3
+
+    @property
+    def src_pad(self) -> int:
+        return len(self.source)
+
+    @property
+    def pad(self) -> int:
+        return target_specials(self.target_size)[0]
+
+    @property
+    def bos(self) -> int:
+        return target_specials(self.target_size)[1]
+
+    @property
+    def eos(self) -> int:
+        return target_specials(self.target_size)[2]
+
+    def encode_source(self, text: str, unknown: str = "error",
+                      where: str = "the source") -> list[int]:
+        """Ids of `text`; characters outside the vocabulary are an error, or dropped with
+        unknown='skip'."""
+        if unknown not in ("error", "skip"):
+            raise CharlmError(f"--unknown must be 'error' or 'skip', got {unknown!r}")
+        index = self._source_index
+        bad = [(i, c) for i, c in enumerate(text) if c not in index]
+        if bad and unknown == "error":
+            raise CharlmError(f"{where} has characters outside the model's source vocabulary: "
+                              f"{list_unknown(bad, 'at position')}; remove them or pass "
+                              "--unknown skip")
+        return [index[c] for c in text if c in index]
+
+    def units(self, text: str) -> list[str]:
+        return list(text) if self.target_units == "char" else text.split()
+
+    def encode_target(self, text: str) -> list[int]:
+        units, index = self.units(text), self.target_index
+        bad = [(i, u) for i, u in enumerate(units) if u not in index]
+        if bad:
+            raise CharlmError(f"the target {text!r} has units outside the target vocabulary: "
+                              f"{list_unknown(bad, 'at unit')}; use only the units of the "
+                              "training pairs")
+        return [index[u] for u in units]
+
+    def decode_source(self, ids: Sequence[int] | np.ndarray | torch.Tensor) -> str:
+        """The source text of `ids`, without padding."""
+        return "".join(self.source[i] for i in _int_list(ids) if i != self.src_pad)
+
+    def decode_target(self, ids: Sequence[int] | np.ndarray | torch.Tensor) -> str:
+        """The target text of `ids` up to the first eos; pad and bos are not text."""
+        units = []
+        for i in _int_list(ids):
+            if i == self.eos:
+                break
+            if i in (self.pad, self.bos):
+                continue
+            if not 0 <= i < len(self.target):
+                raise ValueError(f"target id {i} is outside the {self.target_size}-id vocabulary")
+            units.append(self.target[i])
+        return ("" if self.target_units == "char" else " ").join(units)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": list(self.source), "target": list(self.target),
+                "target_units": self.target_units}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> PairVocab:
+        """The vocabulary of `to_dict`'s output; anything else is a ValueError."""
+        if not isinstance(d, dict) or set(d) != {"source", "target", "target_units"}:
+            raise ValueError("a pair vocabulary must be a mapping of source, target and "
+                             "target_units")
+        if not isinstance(d["source"], list) or not isinstance(d["target"], list):
+            raise ValueError("a pair vocabulary's source and target must be lists")
+        return cls(tuple(d["source"]), tuple(d["target"]), d["target_units"])
+
+
+def _int_list(ids: Sequence[int] | np.ndarray | torch.Tensor) -> list[int]:
+    return ids.tolist() if hasattr(ids, "tolist") else [int(i) for i in ids]

@@ -13,8 +13,7 @@ import torch
 
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError, characters
-from charlm.data.units import unit_name
-from charlm.data.vocab import Vocab, list_unknown
+from charlm.data.vocab import Vocab, list_unknown, unit_name
 from charlm.generation.beams import beam_search
 from charlm.generation.decoding import generate
 from charlm.generation.utf8 import utf8_mask

@@ -19,12 +19,10 @@ import torch
 
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
-from charlm.data.dataset import text_vocab
-from charlm.data.pair_dataset import load_pairs
-from charlm.data.pair_vocab import PairVocab
-from charlm.data.pairs import read_pairs
-from charlm.data.prepared import check_data_kind, text_options
+from charlm.data.datasets import check_data_kind, text_options, text_vocab
+from charlm.data.pairs import load_pairs, read_pairs
 from charlm.data.sources import missing_inputs
+from charlm.data.vocab import PairVocab
 from charlm.info.parameters import flops_per_token, parameter_table, seq2seq_flops
 from charlm.info.shapes import forward_shapes, seq2seq_forward_shapes
 from charlm.model.encoder_decoder import EncoderDecoder
@@ -78,7 +76,7 @@ def describe(model: GPT | EncoderDecoder, cfg: RunConfig, shapes: tuple[int, int
     """Everything `charlm info` reports, as plain data: vocab size (an encoder-decoder: arch and
     source and target vocab sizes), training progress (for a checkpoint), parameter table, FLOPs
     per token, forward shapes for shapes=(batch, seq_len) when given, the prepared data
-    (`charlm.data.prepared.data_summary`) when given, and the resolved config.
+    (`charlm.data.datasets.data_summary`) when given, and the resolved config.
     `model` may have fewer blocks than `cfg` says (a one-layer stand-in, see `parameter_table`)."""
     m = cfg.model
     table = parameter_table(model, m.n_layer, m.encoder_layers)

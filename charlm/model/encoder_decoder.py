@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 
 from charlm.config.schema import ModelConfig
-from charlm.data.pair_vocab import target_specials
+from charlm.data.vocab import target_specials
 from charlm.model.attention import KVCache, attention_dtype, rope_angles
 from charlm.model.gpt import (
     Block,

@@ -24,8 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from charlm.core.errors import CharlmError, first_line, warn
-from charlm.data.pair_vocab import PairVocab
-from charlm.data.vocab import Vocab, list_unknown
+from charlm.data.vocab import PairVocab, Vocab, list_unknown
 from charlm.generation.seq2seq import translate_ids
 from charlm.generation.slots import SlotDecoder
 from charlm.generation.text import StopMatcher

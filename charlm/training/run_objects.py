@@ -21,9 +21,9 @@ from charlm.config.data import DataConfig
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError, warn
 from charlm.data.batches import BatchSampler, PairBatchSampler
-from charlm.data.prepared import prepared_dir
+from charlm.data.datasets import prepared_dir
+from charlm.data.prepare import dataset_meta
 from charlm.data.sources import missing_inputs
-from charlm.data.text import dataset_meta
 from charlm.model import footprint
 from charlm.runtime.device import require_memory
 from charlm.runtime.distributed import Dist

@@ -2,7 +2,7 @@
 batches, the model, what a checkpoint stores as the vocabulary, and what an eval shows besides
 the loss. `task_for` picks one by `model.arch`; training, evaluation and loading ask it.
 
-Which data a run trains on, without torch, is `charlm.data.prepared`.
+Which data a run trains on, without torch, is `charlm.data.datasets`.
 """
 
 from __future__ import annotations
@@ -18,11 +18,9 @@ import torch
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
 from charlm.data.batches import BatchSampler, PairBatchSampler
-from charlm.data.dataset import Dataset, require_window
-from charlm.data.pair_dataset import PairDataset, references
-from charlm.data.pair_vocab import PairVocab
-from charlm.data.prepared import prepared_data, prepared_dir
-from charlm.data.vocab import Vocab
+from charlm.data.datasets import Dataset, prepared_data, prepared_dir, require_window
+from charlm.data.pairs import PairDataset, references
+from charlm.data.vocab import PairVocab, Vocab
 from charlm.evaluation.pairs import output_accuracy, rate_name
 from charlm.generation.text import preview
 from charlm.model import encoder_decoder, gpt

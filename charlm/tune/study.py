@@ -22,7 +22,7 @@ from charlm.config.schema import RunConfig
 from charlm.config.yaml_files import dump_yaml, read_yaml_file, untext
 from charlm.core.errors import CharlmError, one_line
 from charlm.core.files import make_writable_dir, write_text_atomic
-from charlm.data.prepared import prepared_data, prepared_dir
+from charlm.data.datasets import prepared_data, prepared_dir
 from charlm.tune.space import Search, add, check_space, lookup
 from charlm.tune.workers import database_lock
 

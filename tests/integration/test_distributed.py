@@ -119,7 +119,7 @@ def accumulation_probe(config: str) -> None:
     on and the gradient buckets all-reduced. The group lives and dies with that process: when
     this test brought it up and tore it down inside pytest's process, CI hung right after it."""
     from charlm.config.loading import load_config
-    from charlm.data.dataset import dataset_for
+    from charlm.data.datasets import dataset_for
     from charlm.model.gpt import GPT
 
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():

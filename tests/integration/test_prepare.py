@@ -34,7 +34,7 @@ def test_prepare_imports_no_torch(tmp_path, name, text, option, wrote):
 
 # `charlm ARGS`, whose prepare stays inside its write (its .bin temporaries open) for a minute
 SLOW_PREPARE = ("import sys, time\n"
-                "import charlm.data.text as text\n"
+                "import charlm.data.prepare as text\n"
                 "encode = text.encode_source\n"
                 "def slow(*args):\n    encode(*args)\n    time.sleep(60)\n"
                 "text.encode_source = slow\n"
@@ -48,7 +48,7 @@ def test_sigterm_while_preparing_removes_its_temporaries_and_exits_143(tmp_path,
     process without a word (exit -15) and left .train.bin.tmp-PID and .val.bin.tmp-PID (668-782
     MB for a large text) that nothing removed. Now: one line, exit 143 as training's, and
     everything as it was: the dataset it was replacing byte for byte, no run dir made."""
-    from charlm.data.text import prepare
+    from charlm.data.prepare import prepare
 
     old = tmp_path / "old.txt"
     old.write_text("hello world, hello world\n", encoding="utf-8")

@@ -16,10 +16,10 @@ from charlm.config.loading import load_config
 from charlm.config.sampling import SampleConfig
 from charlm.config.schema import RunConfig
 from charlm.data.batches import BatchSampler
-from charlm.data.dataset import dataset_for
-from charlm.data.digest import sha256_file
-from charlm.data.pair_vocab import PairVocab
-from charlm.data.text import prepare
+from charlm.data.chunks import sha256_file
+from charlm.data.datasets import dataset_for
+from charlm.data.prepare import prepare
+from charlm.data.vocab import PairVocab
 from charlm.export import save_safetensors
 from charlm.generation.decoding import generate
 from charlm.model.encoder_decoder import EncoderDecoder

@@ -47,9 +47,8 @@ def split_export(tmp_path, units: str = "char"):
 
     from charlm.config.data import DataConfig
     from charlm.config.schema import RunConfig
-    from charlm.data.corpus import TextOptions
-    from charlm.data.dataset import load_dataset
-    from charlm.data.text import prepare
+    from charlm.data.datasets import load_dataset
+    from charlm.data.prepare import TextOptions, prepare
     from charlm.export import save_safetensors
     from charlm.model.gpt import GPT
     from tests.helpers import tiny_model_config

@@ -93,13 +93,13 @@ def test_prepare_benchmark_writes_the_split_and_refuses_a_wrong_file(cli, fails,
     units of one's own, and an unknown benchmark are each one error."""
     import hashlib
 
-    from charlm.data import benchmarks
+    from charlm.data import datasets
 
     data = "<page>Ελλάδα 東京 🙂 [[link]] ok</page>\n".encode() * 50  # 2,500 bytes
     src, out = tmp_path / "enwik8", tmp_path / "ds"
     src.write_bytes(data)
     digest = hashlib.sha256(data).hexdigest()
-    monkeypatch.setitem(benchmarks.BENCHMARKS, "enwik8", benchmarks.Benchmark(
+    monkeypatch.setitem(datasets.BENCHMARKS, "enwik8", datasets.Benchmark(
         len(data), digest, "byte", (2250, 125, 125), "http://mattmahoney.net/dc/enwik8.zip"))
     result = cli("prepare", "--benchmark", "enwik8", src, "--out", out)
     assert (result.code, result.err) == (0, "")

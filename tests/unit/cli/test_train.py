@@ -16,7 +16,7 @@ from charlm.api import load
 from charlm.cli.train import train_config
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
-from charlm.data.text import prepare as prepare_dataset
+from charlm.data.prepare import prepare as prepare_dataset
 from charlm.training import checkpoint
 from charlm.training.run_dir import RUN_FILES
 from tests.helpers import (

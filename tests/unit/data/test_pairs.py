@@ -1,4 +1,4 @@
-"""Paired text (charlm.data.pairs and charlm.data.pair_dataset): source<TAB>target lines and their
+"""Paired text (charlm.data.pairs and charlm.data.pairs): source<TAB>target lines and their
 errors, the split, the prepared dataset, its cache and its damage."""
 
 import json
@@ -8,10 +8,17 @@ import pytest
 
 from charlm.config.data import DataConfig
 from charlm.core.errors import CharlmError
-from charlm.data.pair_dataset import PairSplit, load_pairs, pairs_for, references
-from charlm.data.pair_vocab import PairVocab
-from charlm.data.pairs import prepare_pairs, read_pairs, split_of
-from charlm.data.text import prepare
+from charlm.data.pairs import (
+    PairSplit,
+    load_pairs,
+    pairs_for,
+    prepare_pairs,
+    read_pairs,
+    references,
+    split_of,
+)
+from charlm.data.prepare import prepare
+from charlm.data.vocab import PairVocab
 from tests.helpers import write
 
 SKIP = "or set data.skip_bad_pairs=true to skip such lines"

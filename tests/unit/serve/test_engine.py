@@ -11,8 +11,7 @@ from safetensors.torch import save_file
 
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError
-from charlm.data.pair_vocab import PairVocab
-from charlm.data.vocab import Vocab
+from charlm.data.vocab import PairVocab, Vocab
 from charlm.generation import compiled_step
 from charlm.generation.decoding import CachedDecoder, apply_repetition_penalty, apply_temperature
 from charlm.generation.seq2seq import translate_ids

@@ -4,7 +4,7 @@ as one batch a forward does."""
 import pytest
 import torch
 
-from charlm.data.dataset import dataset_for
+from charlm.data.datasets import dataset_for
 from charlm.model.gpt import GPT
 from charlm.runtime.precision import resolve_dtype
 from charlm.training.evaluation import batches_that_fit, eval_batches_per_forward, evaluate
