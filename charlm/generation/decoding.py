@@ -22,6 +22,7 @@ import torch
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError, first_line, warn
 from charlm.generation.compiled_step import CompiledStep
+from charlm.generation.sampler import Sampler
 from charlm.generation.utf8 import Utf8Mask
 from charlm.model.gpt import GPT
 
@@ -275,20 +276,14 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int,
     """
     opts = opts or SampleConfig()
     model.eval()
-    B = prompt.size(0)
-    decoder = make_decoder(model, B, opts.use_cache, opts.compile)
-    procs = build_processors(opts, mask)
-    recent = None
-    if opts.repetition_penalty != 1.0:  # the prompt counts as recent too
-        recent = RecentIds(prompt, opts.repetition_window, prompt.size(1) + max_new_tokens)
+    decoder = make_decoder(model, prompt.size(0), opts.use_cache, opts.compile)
+    sampler = Sampler(min(opts.repetition_window, prompt.size(1) + max_new_tokens),
+                      prompt.device, mask, generator)
+    sampler.add(opts, prompt)  # the prompt counts as recent too
     nxt = None
     for i in range(max_new_tokens):
         logits = decoder.prefill(prompt[:, -decoder.block:]) if i == 0 else decoder.step(nxt)
-        if recent is not None:
-            logits = apply_repetition_penalty(logits.float(), recent.ids, opts.repetition_penalty)
-        nxt = sample_next(logits, opts.temperature, procs, generator)
-        if mask is not None:
-            mask.advance(nxt)
-        if recent is not None:
-            recent.push(nxt)
+        nxt, _, ok, _ = sampler.step(logits)
+        if not all(ok):
+            raise NonFiniteOutput
         yield nxt

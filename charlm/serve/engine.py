@@ -1,8 +1,9 @@
 """The serving engine: one thread owns the model and steps every active request together
 (continuous batching, as nano-vllm's scheduler does). A request is prefilled alone and joins the
 batch at once; it leaves when it ends, is cancelled or the engine closes, and its slot takes the
-next queued request. Each request keeps its own logits processors, repetition window, stop
-strings and `torch.Generator` (`charlm.serve.request.Row`), so a seeded request gives the same
+next queued request. Each request keeps its own sampling options, recent ids and
+`torch.Generator` (a row of one `charlm.generation.sampler.Sampler`, drawn from in one batched
+step) and stop strings (`charlm.serve.request.Row`), so a seeded request gives the same
 text alone or in a crowd, and a greedy one the text of `charlm sample --temperature 0`
 (`charlm.generation.slots`). The engine decodes from its own copy of the model, laid out as
 this machine multiplies a few rows fastest (`charlm.runtime.profile`, decided once at
@@ -25,16 +26,27 @@ import torch
 
 from charlm.core.errors import CharlmError, first_line, warn
 from charlm.data.vocab import PairVocab, Vocab, list_unknown
+from charlm.generation.decoding import NonFiniteOutput
+from charlm.generation.sampler import Sampler
 from charlm.generation.seq2seq import translate_ids
 from charlm.generation.slots import SlotDecoder
 from charlm.generation.text import StopMatcher
+from charlm.generation.utf8 import utf8_mask
 from charlm.model.attention import attention_dtype
 from charlm.model.encoder_decoder import EncoderDecoder, output_limit
 from charlm.model.gpt import GPT
 from charlm.model.layers import lay_out_for_decoding
 from charlm.runtime.device import require_memory
 from charlm.runtime.profile import DecodeLayout, layout_for
-from charlm.serve.request import MAX_LOGPROBS, Event, Params, Request, Row, generator_for
+from charlm.serve.request import (
+    MAX_LOGPROBS,
+    REPETITION_WINDOW,
+    Event,
+    Params,
+    Request,
+    Row,
+    generator_for,
+)
 
 __all__ = ["KV_BUDGET", "MAX_LOGPROBS", "Engine", "Event", "Params", "Request", "Stats",
            "slots_within"]
@@ -98,6 +110,8 @@ class Engine:
         self.slots = 1 if self.encdec else slots  # an encoder-decoder: one request at a time
         self.device = self.model.wte.weight.device
         self.decoder = None if self.encdec else SlotDecoder(self.model, slots, compile)
+        self.sampler = Sampler(REPETITION_WINDOW, self.device, utf8_mask(vocab, 0, self.device)
+                               if not self.encdec else None)
         self.rows: list[Row] = []
         self.queue: collections.deque[Request] = collections.deque()
         self.cond = threading.Condition()
@@ -216,19 +230,29 @@ class Engine:
                 while self.queue and len(self.rows) + len(admitted) < self.slots:
                     admitted.append(self.queue.popleft())
             self._drop_cancelled()
-            for request in admitted:
-                try:
-                    self._admit(request)
-                except Exception as e:  # its prefill or translation failed: the others go on
-                    warn(f"a request failed ({first_line(e)})")
-                    request.finish("error", first_line(e))
+            logits = []  # of the rows that go on, then of those admitted: one draw for all
             try:
                 if self.rows and not self.encdec:
-                    self._step()
+                    logits.append(self._step())
             except Exception as e:  # the model failed: end what it decoded, serve the rest
                 warn(f"a decode step failed ({first_line(e)})")
                 for i in reversed(range(len(self.rows))):
                     self._end(i, "error", first_line(e))
+                logits.clear()
+            for request in admitted:
+                try:
+                    if (x := self._admit(request)) is not None:
+                        logits.append(x[None])
+                except Exception as e:  # its prefill or translation failed: the others go on
+                    warn(f"a request failed ({first_line(e)})")
+                    request.finish("error", first_line(e))
+            if logits:
+                try:
+                    self._choose(torch.cat(logits))
+                except Exception as e:  # sampling failed: end every row
+                    warn(f"a decode step failed ({first_line(e)})")
+                    for i in reversed(range(len(self.rows))):
+                        self._end(i, "error", first_line(e))
         self._shut()
 
     def _drop_cancelled(self) -> None:
@@ -240,12 +264,14 @@ class Engine:
         """Row i leaves the batch; the last row takes its place, as in the decoder."""
         row = self.rows[i]
         self.decoder.remove(i)
+        self.sampler.remove(i)
         with self.cond:
             self.rows[i] = self.rows[-1]
             self.rows.pop()
         row.request.finish(reason, error)
 
-    def _admit(self, request: Request) -> None:
+    def _admit(self, request: Request) -> torch.Tensor | None:
+        """Start `request`: its row's logits (V,) when it joins the batch, else None."""
         if request.cancelled:
             request.finish("cancelled")
         elif request.params.max_tokens <= 0:
@@ -253,29 +279,36 @@ class Engine:
         elif self.encdec:
             self._translate(request)
         else:
-            row = Row(request, self.vocab, self.device)
             logits = self.decoder.add(request.ids)
+            p = request.params
+            self.sampler.add(request.opts, torch.tensor([request.ids], device=self.device),
+                             generator_for(p.seed, self.device))
             with self.cond:
-                self.rows.append(row)
-            self._choose([len(self.rows) - 1], logits[None])
+                self.rows.append(Row(request, self.vocab))
+            return logits
+        return None
 
-    def _step(self) -> None:
+    def _step(self) -> torch.Tensor:
         ids = torch.tensor([row.last for row in self.rows], device=self.device)
         logits = self.decoder.step(ids)
         self.batch_size = len(self.rows)
-        self._choose(range(len(self.rows)), logits)
+        return logits
 
-    def _choose(self, rows, logits: torch.Tensor) -> None:
-        """Each of `rows` draws from its logits (one row each); those that ended leave."""
-        rows = list(rows)
-        for row, x in zip(rows, logits, strict=True):
+    def _choose(self, logits: torch.Tensor) -> None:
+        """Every row draws from its logits (one row each, in one batched step); those that
+        ended leave."""
+        _, ids, ok, x = self.sampler.step(logits)
+        for i, row in enumerate(self.rows):
+            if not ok[i]:
+                row.error = str(NonFiniteOutput())
+                continue
             try:
-                self.rows[row].choose(x)
-            except Exception as e:  # its logits are not finite, ...: this row alone ends
-                self.rows[row].error = str(e) if isinstance(e, CharlmError) else first_line(e)
+                row.take(ids[i], x[i:i + 1])
+            except Exception as e:  # this row alone ends
+                row.error = str(e) if isinstance(e, CharlmError) else first_line(e)
         with self.cond:
-            self.characters += len(rows)
-        for i in reversed(rows):
+            self.characters += len(ids)
+        for i in reversed(range(len(self.rows))):
             row = self.rows[i]
             if row.error is not None:
                 warn(f"a request failed ({row.error})")

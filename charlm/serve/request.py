@@ -1,7 +1,7 @@
 """One request's side of the serving engine (`charlm.serve.engine`): its sampling options
 (`Params`), the events it receives (`Event`), the handle the app holds (`Request`), and its
-row in the batch (`Row`): its logits processors, repetition window, stop strings and
-`torch.Generator`, so a seeded request draws the same characters alone or in a crowd.
+row in the batch (`Row`): its stop strings and held-back text. Its sampling state and
+`torch.Generator` are its row of the engine's `charlm.generation.sampler.Sampler`.
 
 Logprobs are those of the distribution the character is drawn from before truncation, as vLLM
 reports them: the model's log-softmax after the repetition penalty, the temperature (none for
@@ -21,15 +21,7 @@ import torch
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import first_line, warn
 from charlm.data.vocab import Vocab
-from charlm.generation.decoding import (
-    RecentIds,
-    apply_repetition_penalty,
-    sample_next,
-    truncations,
-    warpers,
-)
 from charlm.generation.text import StopMatcher
-from charlm.generation.utf8 import utf8_mask
 
 LOGPROB_FLOOR = -9999.0
 REPETITION_WINDOW = SampleConfig().repetition_window  # as `charlm sample`'s default
@@ -118,44 +110,25 @@ def rounded(logprob: float) -> float:
 
 
 class Row:
-    """One request in the batch: its processors, generator, recent ids and stop strings, and
-    the characters held back while they may start a stop string."""
+    """One request in the batch, beside its row of the engine's `Sampler`: its stop strings,
+    the characters held back while they may start a stop string, and a byte model's logprob of
+    the character begun so far."""
 
-    def __init__(self, request: Request, vocab: Vocab, device: torch.device):
-        p = request.params
+    def __init__(self, request: Request, vocab: Vocab):
         self.request = request
-        self.params = p
+        self.params = request.params
         self.chars = vocab.chars
         self.stream = vocab.stream()  # a byte model's characters, each once its last byte came
-        self.mask = utf8_mask(vocab, 1, device)
-        self.logprob = 0.0  # a byte model's: of the bytes of the character begun so far
-        self.warpers = warpers(request.opts, self.mask)  # the distribution drawn and scored
-        self.procs = truncations(request.opts)
-        self.generator = generator_for(p.seed, device)
-        self.recent = None
-        if p.repetition_penalty != 1.0:  # the prompt counts as recent too, as in `generate`
-            prompt = torch.tensor([request.ids], device=device)
-            self.recent = RecentIds(prompt, REPETITION_WINDOW, len(request.ids) + p.max_tokens)
-        self.matcher = StopMatcher(p.stop, include_stop=False)
+        self.logprob = 0.0
+        self.matcher = StopMatcher(self.params.stop, include_stop=False)
         self.held: collections.deque[Event] = collections.deque()
         self.count = 0
         self.last = 0  # the id to feed at the next step
         self.error: str | None = None  # why it cannot go on
 
-    def choose(self, logits: torch.Tensor) -> None:
-        """Draw the next id from logits (V,) and send the characters that became final."""
-        p = self.params
-        x = logits[None].float()
-        if self.recent is not None:
-            x = apply_repetition_penalty(x, self.recent.ids, p.repetition_penalty)
-        for warp in self.warpers:
-            x = warp(x)
-        nxt = sample_next(x, p.temperature, self.procs, self.generator)
-        if self.recent is not None:
-            self.recent.push(nxt)
-        if self.mask is not None:
-            self.mask.advance(nxt)
-        self.last = token = int(nxt)
+    def take(self, token: int, x: torch.Tensor) -> None:
+        """Take the drawn id, scored by x (1, V), and send the characters that became final."""
+        self.last = token
         self.count += 1
         event = self.event(x, token, self.stream.feed(token))
         if event is None:  # a byte of a character still unfinished

@@ -19,7 +19,6 @@ from charlm.generation.text import sample_text
 from charlm.model import layers
 from charlm.runtime.profile import DecodeLayout
 from charlm.serve.engine import Engine, Event, Params, Stats, slots_within
-from charlm.serve.request import Row
 from charlm.serve.responses import Choice, usage
 from tests.helpers import RANDOM_GPT_VOCAB, decode_ids, fixed_memory, random_gpt, random_seq2seq
 
@@ -325,14 +324,16 @@ def test_a_request_that_fails_ends_with_an_error_and_the_others_go_on(monkeypatc
         return real_add(ids)
 
     monkeypatch.setattr(engine.decoder, "add", add)
-    real_choose = Row.choose
+    real_step = engine.sampler.step
 
-    def choose(self, logits):
-        if self.request.ids == VOCAB.encode("mam") and self.count == 3:
-            logits = torch.full_like(logits, float("nan"))
-        real_choose(self, logits)
+    def step(logits):
+        for i, row in enumerate(engine.rows):
+            if row.request.ids == VOCAB.encode("mam") and row.count == 3:
+                logits = logits.clone()
+                logits[i] = float("nan")
+        return real_step(logits)
 
-    monkeypatch.setattr(Row, "choose", choose)
+    monkeypatch.setattr(engine.sampler, "step", step)
     bad, nan, good = run(engine, [("bad", GREEDY), ("mam", GREEDY), ("abc", GREEDY)])
     assert bad.events == [Event("", finish_reason="error",
                                 error="RuntimeError: out of memory")]
@@ -411,3 +412,20 @@ def test_an_encoder_decoder_s_tokens_are_its_target_units_as_max_tokens_counts_t
         choice.add(e)
     assert usage(5, [choice]) == {"prompt_tokens": 5, "completion_tokens": 2,
                                   "total_tokens": 7}
+
+
+def test_a_decode_step_samples_every_row_in_one_softmax(monkeypatch):
+    """Eight sampled requests with different options decode together: one softmax a step for
+    the whole batch, not one a row, and each request's text is its text alone (its own
+    generator)."""
+    model = random_gpt()
+    jobs = [("abc", Params(max_tokens=6, temperature=0.8 + i / 10, top_k=(None, 3)[i % 2],
+                           top_p=(None, 0.9)[i // 4], min_p=(None, 0.05)[i % 3 == 0],
+                           repetition_penalty=(1.0, 1.3)[i % 2], seed=i)) for i in range(8)]
+    alone = [run(Engine(model, VOCAB, slots=1), [job])[0].text for job in jobs]
+    calls = []
+    real_softmax = torch.softmax
+    monkeypatch.setattr(torch, "softmax", lambda *a, **k: calls.append(1) or real_softmax(*a, **k))
+    together = run(Engine(model, VOCAB, slots=8), jobs)
+    assert [c.text for c in together] == alone
+    assert len(calls) <= 7  # one a step (6 characters each), however many rows
