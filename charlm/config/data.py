@@ -24,7 +24,8 @@ class DataConfig:
     split: Literal["tail", "files"] = setting(
         "tail", "text: where validation comes from: `tail`, the last `val_fraction` of each "
         "file; `files`, whole files, chosen by a hash of their path (a code corpus never has "
-        "half a file in each split)")
+        "half a file in each split; a warning when that holds out under half or over twice "
+        "`val_fraction` of the text)")
     skip_invalid: bool = setting(
         False, "text: skip (and count) input files that are empty or not UTF-8 text, instead "
         "of stopping at the first")

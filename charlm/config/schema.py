@@ -151,9 +151,9 @@ class TrainConfig:
 
     max_iters: int = setting(1500, "optimizer steps")
     max_time: float | str | None = setting(
-        None, "a time budget in seconds, or `30s`, `5m`, `2h`, instead of `max_iters`: the "
-        "schedule runs along the elapsed time and the run ends, with its final evaluation, "
-        "within it (its steps follow the clock: not repeatable bitwise)")
+        None, "a time budget in seconds, or `30s`, `5m`, `2h` (at most a year, `8760h`), instead "
+        "of `max_iters`: the schedule runs along the elapsed time and the run ends, with its "
+        "final evaluation, within it (its steps follow the clock: not repeatable bitwise)")
     batch_size: int = setting(
         16, "sequences per micro-batch (of all processes together under torchrun)")
     grad_accum: int = setting(1, "micro-batches per optimizer step")

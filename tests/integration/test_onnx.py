@@ -17,9 +17,12 @@ from charlm.data.vocab import Vocab
 from charlm.onnx_export import ONNX_FILES, save_onnx
 from tests.helpers import VARIANTS, decode_ids, random_gpt, random_served
 
-pytestmark = pytest.mark.skipif(
-    any(importlib.util.find_spec(m) is None for m in ("onnx", "onnxruntime", "onnxscript")),
-    reason="the onnx extra is not installed")
+pytestmark = [
+    pytest.mark.skipif(
+        any(importlib.util.find_spec(m) is None for m in ("onnx", "onnxruntime", "onnxscript")),
+        reason="the onnx extra is not installed"),
+    pytest.mark.xdist_group("onnx"),  # one worker exports each model once, for all its tests
+]
 
 PROMPTS = ["a", "ab", "abababab"]  # 1, 2 and 8 ids in both vocabularies
 
