@@ -225,33 +225,34 @@ def benchmark(name: str) -> Benchmark:
     return BENCHMARKS[name]
 
 
-def wrong_file(name: str, bench: Benchmark, path: Path, found: str) -> CharlmError:
+def wrong_file(name: str, bench: Benchmark, path: str, found: str) -> CharlmError:
     return CharlmError(
         f"{path} is not {name}: expected {bench.size:,} bytes with sha256 {bench.sha256}, "
         f"found {found}; give the file unzipped from {bench.url}")
 
 
-def prepare_benchmark(name: str, path: str | Path, out: str | Path,
-                      progress: bool = True) -> dict[str, Any]:
+def prepare_benchmark(name: str, path: str | Path, out: str | Path, progress: bool = True,
+                      shown: str | None = None) -> dict[str, Any]:
     """Check `path` is the benchmark `name` (its size, then its sha256, before anything is
-    written) and write its standard split into the dataset dir `out`; the meta.json written."""
+    written) and write its standard split into the dataset dir `out`; the meta.json written.
+    `shown`: how messages name the input (`-` for a copy of stdin)."""
     bench, path, out = benchmark(name), Path(path), Path(out)
-    source = Source(path, str(path), path.name)
+    source = Source(path, shown or str(path), path.name)
     options = TextOptions(units=bench.units)
     with dataset_lock(out):
         check_prepare([source], out, 0.5)  # the input and --out (the split is the benchmark's)
         size = path.stat().st_size
         if size != bench.size:
-            raise wrong_file(name, bench, path, f"{size:,} bytes")
+            raise wrong_file(name, bench, source.name, f"{size:,} bytes")
         bar = tqdm(total=2 * size, unit="B", unit_scale=True, desc=f"prepare {name}",
                    disable=None if progress else True)
         final = {split: out / f"{split}.bin" for split in SPLITS}
         try:
             [stats], _, vocab = scan([source], options, bar)
             if stats.sha256 != bench.sha256:
-                raise wrong_file(name, bench, path, f"sha256 {stats.sha256}")
+                raise wrong_file(name, bench, source.name, f"sha256 {stats.sha256}")
             if stats.chars != sum(bench.split):
-                raise wrong_file(name, bench, path, f"{stats.chars:,} {bench.units}s")
+                raise wrong_file(name, bench, source.name, f"{stats.chars:,} {bench.units}s")
             make_writable_dir(out, f"dataset dir {out}")
             remove_killed_temps(out, DATASET_FILES)
             with contextlib.ExitStack() as stack:

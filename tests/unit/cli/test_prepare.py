@@ -121,6 +121,35 @@ def test_prepare_benchmark_writes_the_split_and_refuses_a_wrong_file(cli, fails,
           message="--benchmark must be one of enwik8, text8, got 'enwik9'")
 
 
+
+def test_prepare_benchmark_reads_stdin_as_its_file(cli, fails, tmp_path, monkeypatch):
+    """`unzip -p enwik8.zip | charlm prepare --benchmark enwik8 -` was "input file not found:
+    -": the file is read twice (checked, then split), so stdin is copied first, and removed."""
+    import hashlib
+    import io
+    import sys
+    import tempfile
+
+    from charlm.data import datasets
+
+    data = "<page>Ελλάδα 東京 🙂 [[link]] ok</page>\n".encode() * 50  # 2,500 bytes
+    monkeypatch.setitem(datasets.BENCHMARKS, "enwik8", datasets.Benchmark(
+        len(data), hashlib.sha256(data).hexdigest(), "byte", (2250, 125, 125),
+        "http://mattmahoney.net/dc/enwik8.zip"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    result = cli("prepare", "--benchmark", "enwik8", "-", "--out", tmp_path / "ds")
+    assert (result.code, result.err) == (0, "")
+    assert (tmp_path / "ds" / "test.bin").stat().st_size == 125
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data + b"more")))
+    fails("prepare", "--benchmark", "enwik8", "-", "--out", tmp_path / "ds2",
+          message="- is not enwik8: expected 2,500 bytes with sha256 "
+                  f"{hashlib.sha256(data).hexdigest()}, found 2,501 bytes; give the file "
+                  "unzipped from http://mattmahoney.net/dc/enwik8.zip")
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
 def test_prepare_a_folder_skipping_what_is_not_text_says_what_it_skipped(cli, tmp_path):
     root = tmp_path / "src"
     (root / "pkg").mkdir(parents=True)
