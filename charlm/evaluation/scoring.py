@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from charlm.core.errors import CharlmError, characters
 from charlm.core.files import open_regular
-from charlm.data.chunks import CHUNK_BYTES, code_point_chunks, narrow_code_points
+from charlm.data.chunks import CHUNK_BYTES, byte_chunks, code_point_chunks, narrow_code_points
 from charlm.data.prepare import check_input_file
 from charlm.data.sources import CODECS, READ_ERRORS, Source
 from charlm.data.vocab import UNKNOWN_LISTED, Vocab, list_unknown
@@ -216,7 +216,8 @@ def score_text(model: GPT, vocab: Vocab, text: str, min_context: int | None = No
 def score_file(model: GPT, vocab: Vocab, path: Path, min_context: int | None = None,
                unknown: str = "error", progress: bool = True) -> Score:
     """Score the text file at `path` (`-`: stdin), read as `prepare` reads text (strict UTF-8,
-    in the normal form of the model's data; a .gz, .bz2 or .xz decompressed as it streams).
+    in the normal form of the model's data; any bytes for a byte model; a .gz, .bz2 or .xz
+    decompressed as it streams).
     A regular file is read twice, first to find what would end the pass (invalid UTF-8, an
     unknown character) before anything is scored; stdin once, as it is scored."""
     if str(path) == "-":
@@ -229,7 +230,8 @@ def score_file(model: GPT, vocab: Vocab, path: Path, min_context: int | None = N
         f = raw if source.codec is None else CODECS[source.codec](raw)
         try:
             tally = Unknown()
-            for _ in known_ids(_code_points(f, str(path), vocab), vocab, tally, stop=True):
+            for _ in known_ids(_code_points(f, str(path), vocab), _reading(vocab), tally,
+                               stop=True):
                 pass
             if tally.count and unknown == "error":
                 raise tally.error()
@@ -244,14 +246,25 @@ def score_file(model: GPT, vocab: Vocab, path: Path, min_context: int | None = N
 
 
 def _code_points(f: Any, name: str, vocab: Vocab, bar: tqdm | None = None) -> Iterator[Any]:
+    """The file's code points as `prepare` reads them: a byte model's are its bytes, any file's
+    (a binary one too), undecoded."""
+    if vocab.units == "byte":
+        raw = (data for data, _ in byte_chunks(f))
+        return raw if bar is None else _shown(raw, bar)
     return (cps for _, cps in code_point_chunks(f, name, bar, vocab.normalize))
+
+
+def _reading(vocab: Vocab) -> Vocab:
+    """The vocabulary `_code_points` are read by: a byte model's as characters of its byte
+    values, its ids for the raw bytes."""
+    return Vocab(vocab.chars, "char") if vocab.units == "byte" else vocab
 
 
 def _score_binary(model: GPT, vocab: Vocab, f: Any, name: str, size: int | None,
                   min_context: int | None, unknown: str, progress: bool) -> Score:
     with _bar(size, "B", progress) as bar:
-        return score_stream(model, vocab, _code_points(f, name, vocab, bar), min_context,
-                            unknown)
+        return score_stream(model, _reading(vocab), _code_points(f, name, vocab, bar),
+                            min_context, unknown)
 
 
 def score_ids(model: GPT, ids: np.ndarray, min_context: int | None = None,

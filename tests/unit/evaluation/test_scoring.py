@@ -238,3 +238,19 @@ def test_a_cut_compressed_text_file_is_one_error(model, tmp_path):
     assert str(e.value) == (f"cannot decompress {cut} as .gz data: it ends before its "
                             f"end-of-stream marker (cut short?); check the file (`gzip -t "
                             f"{cut}`)")
+
+
+def test_a_byte_model_scores_a_binary_file_as_prepare_reads_it(tmp_path):
+    """A byte model trains on any file (`prepare --units byte`), but eval read the file as
+    UTF-8 text and refused a NUL byte or an invalid sequence: its bytes are its ids, scored as
+    `score_ids` scores them."""
+    data = bytes(range(256)) * 3 + b"\xff\xfe\x00\x80"
+    vocab = Vocab([chr(b) for b in range(256)], "byte")
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=32), 256).eval()
+    path = tmp_path / "blob.bin"
+    path.write_bytes(data)
+    got = score_file(model, vocab, path, progress=False)
+    expected = score_ids(model, np.frombuffer(data, dtype=np.uint8).astype(np.int64),
+                         progress=False)
+    assert got.as_dict() == expected.as_dict() and got.as_dict()["chars_scored"] == len(data) - 1
