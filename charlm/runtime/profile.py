@@ -98,7 +98,7 @@ class Machine:
 
     def bf16_speedup(self) -> float:
         """How many times float32's speed this CPU multiplies bf16 matrices at: the best of
-        PROBE_REPEATS products of PROBE_N-square matrices in each dtype (about 0.1 s). Draws
+        PROBE_REPEATS products of PROBE_N-square matrices in each dtype. Draws
         nothing from the random streams."""
         with torch.random.fork_rng(devices=[]):
             a = torch.randn(PROBE_N, PROBE_N)
@@ -219,9 +219,8 @@ class DecodeLayout:
 def probe_weights() -> torch.Tensor:
     """PROBE_COUNT float32 weights of PROBE_SIDE x PROBE_SIDE, (PROBE_COUNT, side, side): more
     bytes than most CPUs' last-level cache holds, so products by them in turn stream them from
-    memory, as a decode step streams a model's weights. (On one 1024 x 1024 weight, which a
-    cache holds, a 2-core EPYC's answers flipped from one process to the next, and a served
-    model decoded one row at 120 or 200 characters a second by chance.)"""
+    memory, as a decode step streams a model's weights. (On one weight that a cache holds, the
+    answers flipped from one process to the next.)"""
     return torch.full((PROBE_COUNT, PROBE_SIDE, PROBE_SIDE), 0.01)
 
 
@@ -245,8 +244,8 @@ def decode_layout(threads: int, *, column_major: bool = True,
     on `probe_weights` by `faster` (injectable). Split over gcd(PROBE_SIDE, threads) blocks
     where one-row products run faster so (some BLAS, MKL on AMD EPYCs, computes one row on one
     core: up to twice as fast; others use every core, where the split is slower); column-major
-    where that beats the row-major products so chosen (69 against 204 microseconds for 16 rows
-    by a 1536 x 384 weight on a 2-core Xeon). Without column_major only the split is timed."""
+    where that beats the row-major products so chosen (docs/benchmarks.md has the figures).
+    Without column_major only the split is timed."""
     with torch.inference_mode():
         rows, x = probe_weights(), torch.randn(1, PROBE_SIDE)
         parts = math.gcd(PROBE_SIDE, threads)

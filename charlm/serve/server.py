@@ -25,7 +25,7 @@ def listen(host: str, port: int) -> socket.socket:
     """A socket bound to host:port and listening, or the error line that says why not. Its
     connections send without Nagle's delay (TCP_NODELAY, which they inherit from it): uvicorn
     sets none on a socket it is given, and an answer's small writes then waited for the
-    client's delayed ACK, 40 ms an answer (/health took 44 ms, a first character as long)."""
+    client's delayed ACK."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         sock = socket.create_server((host, port), family=family, backlog=2048)
