@@ -1,2 +1,3 @@
-"""Core: the error type users see, writes that are never left half-done, durations, and which
-process of a torchrun world speaks. Torch-free; imports nothing else of charlm."""
+"""Core: the error type users see, writes that are never left half-done, durations, which
+process of a torchrun world speaks, and the parent-death signal. Torch-free; imports nothing
+else of charlm."""

@@ -1,7 +1,8 @@
 """Faults a training run survives: stop signals and non-finite steps.
 
 `StopSignals` turns the first SIGINT / SIGTERM into a request the loop honours after its current
-step (it saves `last.pt` and raises `Interrupted`); a second signal aborts at once. `BadSteps`
+step (it saves `last.pt` and raises `Interrupted`); a second signal aborts at once (but the
+parent-death signal, which may come several times, never aborts). `BadSteps`
 counts steps whose update was skipped for a non-finite loss or gradient norm and stops a run that
 keeps producing them.
 """
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from charlm.core.errors import CharlmError
+from charlm.core.parent_death import parent_death_signal
 
 
 class Interrupted(KeyboardInterrupt):
@@ -36,6 +38,7 @@ class Aborted(KeyboardInterrupt):
         self.exit_code = 128 + signum
 
 
+STOPS = (signal.SIGINT, signal.SIGTERM)
 ABORT_GRACE_S = 2.0  # how long a second signal may wait for the main thread to take it
 
 
@@ -57,6 +60,11 @@ class StopSignals:
     handler also writes the signal's number to a wakeup fd, which a thread reads: it announces
     the first signal at once, and when the main thread has not taken a second one within
     ABORT_GRACE_S, it ends the process (exit 128 + signal), as a second Ctrl-C promises.
+
+    A process whose parent-death signal is SIGTERM (a `charlm tune` trial) may get it once for
+    each thread of its dying tuner (`charlm.core.parent_death`): there SIGTERM only asks to
+    stop, however often it comes, so that the run saves as the first one promised; a second
+    SIGINT still aborts (the tuner itself aborts its trials with SIGKILL).
     """
 
     def __init__(self, announce: bool = True, saved: bool = False) -> None:
@@ -66,10 +74,12 @@ class StopSignals:
         self._previous: dict[int, Any] = {}
         self._aborting = threading.Event()
         self._wakeup: tuple[int, int, int] | None = None  # read end, write end, previous fd
+        self._only_stops: set[int] = set()  # signals that never abort: the parent-death one
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            self._only_stops = {parent_death_signal()} & set(STOPS)
+            for sig in STOPS:
                 self._previous[sig] = signal.signal(sig, self._handle)
             read, write = os.pipe()
             os.set_blocking(write, False)
@@ -94,28 +104,30 @@ class StopSignals:
         return self.signum is not None
 
     def _watch(self, read: int) -> None:
-        seen = 0
+        seen = False
         try:
             while data := os.read(read, 64):  # every signal with a Python handler, not ours only
-                stops = [sig for sig in data if sig in (signal.SIGINT, signal.SIGTERM)]
+                stops = [sig for sig in data if sig in STOPS]
                 if stops and not seen and self.announce:  # the handler may wait for the step
                     os.write(2, f"\n{signal.Signals(stops[0]).name}: finishing this step and "
                                 "saving last.pt (press Ctrl-C again to abort without saving)\n"
                                 .encode())
-                seen += len(stops)
-                if stops and seen >= 2 and not self._aborting.wait(ABORT_GRACE_S):
+                aborts = [sig for sig in stops[0 if seen else 1:] if sig not in self._only_stops]
+                seen = seen or bool(stops)
+                if aborts and not self._aborting.wait(ABORT_GRACE_S):
                     os.write(2, aborted(self.saved))
-                    os._exit(128 + stops[-1])
+                    os._exit(128 + aborts[-1])
         finally:
             os.close(read)
 
     def _handle(self, signum: int, frame: object) -> None:
         # os.write, not print: a handler may run in the middle of another write to stderr.
-        if self.signum is not None:
+        if self.signum is not None and signum not in self._only_stops:
             self._aborting.set()
             os.write(2, aborted(self.saved))
             raise Aborted(signum)
-        self.signum = signum
+        if self.signum is None:
+            self.signum = signum
 
 
 class BadSteps:

@@ -5,23 +5,25 @@ when the pruner (or the user) says so, and what its ending means for the study (
 A child runs in its own session, so a Ctrl-C at the terminal reaches the tuner alone, which then
 sends each child exactly one SIGTERM: it finishes its step, saves last.pt and exits 143. On Linux
 a child also gets that SIGTERM from the kernel when its tuner dies (a parent-death signal), so a
-`kill -9` of the tuner leaves no trial training on.
+`kill -9` of the tuner leaves no trial training on; the kernel may send it once for each of the
+tuner's threads (`charlm.core.parent_death`), and `charlm train` takes those as the one request
+(`charlm.training.faults.StopSignals`), so that the trial still saves.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from charlm.core.parent_death import PR_SET_PDEATHSIG, PRCTL
 
 POLL_S = 0.2  # how often the tuner looks at a running trial
 
@@ -31,22 +33,6 @@ NOTHING_LEFT = "--resume: nothing to train"  # in that of a resumed run that had
 
 
 LOG = "train.log"  # the child's stdout and stderr, in its run dir
-
-
-PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-
-
-def libc_prctl() -> Callable[..., int] | None:
-    """libc's prctl, looked up once here: a forked child calls it without loading anything."""
-    if not sys.platform.startswith("linux"):
-        return None  # macOS has no parent-death signal: a killed tuner's trials train on
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-PRCTL = libc_prctl()
 
 
 @dataclass

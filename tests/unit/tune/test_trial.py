@@ -1,8 +1,14 @@
-"""charlm.tune.trial: the Follower of a trial's metrics.jsonl."""
+"""charlm.tune.trial: the Follower of a trial's metrics.jsonl, and the parent-death SIGTERM
+of its `charlm train`."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
+
+import pytest
 
 from charlm.tune.trial import Follower
 from tests.helpers import write
@@ -19,3 +25,27 @@ def test_follower_reads_each_line_once_and_again_after_a_cut_back(tmp_path: Path
     assert follower.events() == [{"step": 3}]
     write(path, '{"step": 1}\n')  # a resumed run cut its log back
     assert follower.events() == [{"step": 1}]
+
+
+def test_a_trials_parent_death_sigterm_is_one_request_however_often_it_comes(
+        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture) -> None:
+    """A trial's `charlm train` (parent-death signal SIGTERM, `die_with`) gets a SIGTERM for
+    each thread of its tuner that takes it on as a `kill -9` ends the tuner: the second aborted
+    the save that the first had announced (train.log said "saving last.pt", and there was
+    none). There SIGTERM only asks to stop, in the handler and in the watcher past its grace;
+    a SIGINT after it still aborts."""
+    from charlm.training import faults
+
+    monkeypatch.setattr(faults, "parent_death_signal", lambda: signal.SIGTERM)
+    monkeypatch.setattr(faults, "ABORT_GRACE_S", 0.1)  # the watcher's wait for the handler
+    with faults.StopSignals(saved=True) as stop:
+        for _ in range(3):
+            os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.4)  # past the grace: a watcher that counted them would have ended pytest
+        assert stop.signum == signal.SIGTERM
+        monkeypatch.setattr(faults, "ABORT_GRACE_S", 10.0)
+        with pytest.raises(faults.Aborted):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert capfd.readouterr().err == (
+        "\nSIGTERM: finishing this step and saving last.pt (press Ctrl-C again to abort without "
+        "saving)\naborted: last.pt holds the last completed save\n")

@@ -1,0 +1,39 @@
+"""The parent-death signal (Linux's prctl PR_SET_PDEATHSIG), which `charlm tune` asks the kernel
+to send its trials when it dies, and how a process reads the one it was started with.
+
+The kernel sends it each time the process passes to a new parent on the way out of a dying one:
+to another thread of that parent that still lives, then to init; so a process started by a
+thread of a tuner with several threads may get it once for each thread that takes it on while
+the tuner dies (`kill -9`). It is one request, however many times it comes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from collections.abc import Callable
+
+PR_SET_PDEATHSIG, PR_GET_PDEATHSIG = 1, 2  # from <linux/prctl.h>
+
+
+def libc_prctl() -> Callable[..., int] | None:
+    """libc's prctl, looked up once here: a forked child calls it without loading anything."""
+    if not sys.platform.startswith("linux"):
+        return None  # macOS has no parent-death signal: a killed tuner's trials train on
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+PRCTL = libc_prctl()
+
+
+def parent_death_signal() -> int:
+    """The signal this process gets when its parent dies; 0 for none (or off Linux)."""
+    if PRCTL is None:
+        return 0
+    signum = ctypes.c_int(0)
+    if PRCTL(PR_GET_PDEATHSIG, ctypes.byref(signum)) != 0:
+        return 0
+    return signum.value
