@@ -6,6 +6,7 @@ written; a new package gets a row there."""
 from __future__ import annotations
 
 import ast
+import functools
 import textwrap
 from pathlib import Path
 
@@ -78,7 +79,8 @@ def imports_of(source: str, module: str, is_package: bool = False) -> list[tuple
                   if name == "charlm" or name.startswith("charlm."))
 
 
-def edges() -> list[tuple[str, str, str]]:
+@functools.cache  # the parse of every module, done once for the three uses of this module
+def edges() -> tuple[tuple[str, str, str], ...]:
     """(importer, imported, "charlm/file.py:line") for every import between charlm modules."""
     out = []
     for module, path in MODULES.items():
@@ -86,7 +88,7 @@ def edges() -> list[tuple[str, str, str]]:
         for line, imported in imports_of(source, module, path.name == "__init__.py"):
             if imported != module:
                 out.append((module, imported, f"{path.relative_to(ROOT)}:{line}"))
-    return out
+    return tuple(out)
 
 
 def test_imports_are_found_inside_functions_and_under_type_checking():

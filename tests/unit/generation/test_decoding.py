@@ -268,26 +268,6 @@ def test_static_position_cache_gives_the_dynamic_logits(variant):
     assert int(static.pos) == dynamic.pos == 12
 
 
-def test_the_compiled_step_is_one_graph_for_every_position(model, monkeypatch):
-    """One graph, traced once, serves every step of a decode and of a later one: the position
-    is a device tensor, so no step changes what the compiler guards on (a stand-in backend
-    that runs the traced graph counts the traces)."""
-    traces = []
-
-    def backend(gm, example_inputs):
-        traces.append(gm)
-        return gm.forward
-
-    step = torch.compile(compiled_step.decode_one_token, backend=backend, dynamic=False,
-                         fullgraph=True)
-    monkeypatch.setattr(compiled_step, "compiled_decode_step", lambda: step)
-    prompt = torch.randint(0, V, (1, 3))
-    for _ in range(2):  # 30 tokens: past a full window of 16 and its re-prefill
-        assert torch.equal(decode_ids(model, prompt, 30, SampleConfig(temperature=0, compile=True)),
-                           decode_ids(model, prompt, 30))
-    assert len(traces) == 1
-
-
 def test_compile_failure_falls_back_to_eager_with_one_warning(model, monkeypatch, capsys):
     def broken_step(*args):
         raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found\nmore")
