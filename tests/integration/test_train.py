@@ -46,6 +46,8 @@ from tests.helpers import (
 
 
 def test_tiny_config_loss_falls_and_run_dir_is_complete(tiny_cfg):
+    # a preview sample of 16 characters, not 200, at each eval: the preview runs, faster
+    tiny_cfg = with_(tiny_cfg, train={"sample_chars": 16})
     state = train(tiny_cfg)
     run = tiny_cfg.train.out_dir
     lines = Path(run, "metrics.jsonl").read_text().splitlines()
@@ -79,7 +81,7 @@ def test_tiny_model_overfits_a_short_string(tmp_path):
         "model": {"block_size": 32, "n_layer": 2, "n_head": 2, "n_embd": 48},
         "optim": {"lr": 1e-2, "min_lr": 1e-3, "warmup_iters": 10, "weight_decay": 0.0},
         "train": {"max_iters": 150, "batch_size": 16, "eval_interval": 50, "eval_iters": 2,
-                  "device": "cpu", "out_dir": str(tmp_path / "run")},
+                  "sample_chars": 0, "device": "cpu", "out_dir": str(tmp_path / "run")},
         "data": {"path": str(src)},
     })
     state = train(cfg)
@@ -156,7 +158,8 @@ def test_train_scores_evals_with_the_stacked_batches_eagerly(tiny_cfg, monkeypat
     compiled graph has the training batch's shape), at the grouping eval_batches_per_forward
     chose, and logs the same losses as one batch a forward. A stand-in for torch.compile's
     wrapper tells the two models apart."""
-    cfg = with_(tiny_cfg, train={"max_iters": 20, "eval_interval": 10, "compile": True})
+    cfg = with_(tiny_cfg, train={"max_iters": 20, "eval_interval": 10, "compile": True,
+                                 "sample_chars": 0})
 
     class Compiled(torch.nn.Module):
         def __init__(self, model):
@@ -228,7 +231,8 @@ def test_compile_that_fails_to_build_falls_back_with_one_warning(tiny_cfg, monke
         return run
 
     monkeypatch.setattr(torch, "compile", broken_compile)
-    cfg = with_(tiny_cfg, train={"compile": True, "max_iters": 6, "eval_interval": 6})
+    cfg = with_(tiny_cfg, train={"compile": True, "max_iters": 6, "eval_interval": 6,
+                                 "sample_chars": 0})
     state = train(cfg)
     captured = capsys.readouterr()
     out = captured.err
@@ -242,7 +246,8 @@ def test_compile_that_fails_to_build_falls_back_with_one_warning(tiny_cfg, monke
 
 
 def test_checkpoint_interval_sets_last_and_best_follows_evals(tiny_cfg, monkeypatch):
-    cfg = with_(tiny_cfg, train={"max_iters": 25, "eval_interval": 10, "checkpoint_interval": 4})
+    cfg = with_(tiny_cfg, train={"max_iters": 25, "eval_interval": 10, "checkpoint_interval": 4,
+                                 "sample_chars": 0})
     writes: list[tuple[str, int]] = []
     real_save = checkpoint.save
 
@@ -308,7 +313,7 @@ def test_each_variant_learns_on_the_tiny_config(variant, tiny_cfg, tmp_path):
 def test_train_command_and_refusal_to_clobber(cli, tmp_path, corpus):
     run = tmp_path / "run"
     args = ["train", ROOT / "configs" / "tiny.yaml", "--data", corpus, "--out", run,
-            "--set", "train.max_iters=20"]
+            "--set", "train.max_iters=20", "--set", "train.sample_chars=0"]
     result = cli(*args)
     assert result.code == 0, result.err
     assert "step 20: train" in result.out and f"checkpoints in {run}" in result.out
@@ -338,7 +343,8 @@ def test_every_option_changed_trains_resumes_and_samples(cli, tmp_path, corpus):
     arch = [f"model.{k}={v}" for k, v in VARIANTS["all_changed"].items()]
     sets = [a for kv in arch for a in ("--set", kv)]
     first = cli("train", ROOT / "configs" / "tiny.yaml", "--data", corpus, "--out", run, *sets,
-                "--set", "train.max_iters=10", "--set", "train.eval_interval=5")
+                "--set", "train.max_iters=10", "--set", "train.eval_interval=5",
+                "--set", "train.sample_chars=0")
     assert first.code == 0, first.err
     resumed = cli("train", "--out", run, "--resume", "--set", "train.max_iters=15")
     assert resumed.code == 0 and "done: 15 steps" in resumed.out
@@ -360,7 +366,7 @@ def test_train_without_a_config_names_the_run_dir_after_the_data(cli, tmp_path, 
     for name in ("mine.txt", "other.txt"):
         Path(name).write_text(SHAKESPEARE.read_text(encoding="utf-8")[:5000], encoding="utf-8")
     small = ["--set", "train.max_iters=1", "--set", "train.eval_iters=1", "--set",
-             "model.n_layer=1"]
+             "model.n_layer=1", "--set", "train.sample_chars=0"]
     for args, run in ((["--data", "mine.txt"], "runs/mine"), (["other.txt"], "runs/other"),
                       (["--data", "mine.txt", "--set", "train.out_dir=elsewhere"], "elsewhere")):
         result = cli("train", *args, *small)
@@ -391,7 +397,8 @@ def test_train_decides_what_it_computes_with_once_and_a_resume_keeps_it(
     run = tmp_path / "run"
     fresh = cli("train", ROOT / "configs" / "tiny.yaml", "--data", corpus, "--out", run,
                 "--set", "train.max_iters=2", "--set", "optim.warmup_iters=1",
-                "--set", f"train.dtype={dtype}", "--set", "train.eval_interval=2")
+                "--set", f"train.dtype={dtype}", "--set", "train.eval_interval=2",
+                "--set", "train.sample_chars=0")
     assert fresh.code == 0, fresh.err
     decided = line.split(" ")[0]
     saved = yaml.safe_load((run / "config.yaml").read_text())["train"]
@@ -478,13 +485,14 @@ def test_fine_tuning_beats_training_from_scratch_for_the_same_steps(cli, tmp_pat
     a.write_text(sentences("cat dog bird fish | saw met fed chased", 1500, 1), encoding="utf-8")
     b.write_text(sentences("cow fox hen café | saw met hid helped", 1500, 2), encoding="utf-8")
     assert cli("train", TINY, "--data", a, "--out", tmp_path / "a",
-               "--set", "train.max_iters=100", "--set", "train.eval_interval=100").code == 0
+               "--set", "train.max_iters=100", "--set", "train.eval_interval=100",
+               "--set", "train.sample_chars=0").code == 0
     parent = tmp_path / "parent.pt"
     (tmp_path / "a" / "best.pt").rename(parent)
     losses = {}
     for name, extra in (("scratch", []), ("tuned", ["--init-from", parent])):
         result = cli("train", TINY, "--data", b, "--out", tmp_path / name,
-                     "--set", "train.max_iters=30", *extra)
+                     "--set", "train.max_iters=30", "--set", "train.sample_chars=0", *extra)
         assert result.code == 0, result.err
         losses[name] = float(re.search(r"best val loss ([0-9.]+)", result.out).group(1))
     assert losses["tuned"] < losses["scratch"] - 0.2, (
@@ -570,7 +578,7 @@ def test_a_normal_form_trains_and_takes_prompts_and_eval_text_in_it(cli, tmp_pat
     text.write_text(nfd, encoding="utf-8")
     run = tmp_path / "run"
     assert cli("train", TINY, "--data", text, "--out", run, "--set", "train.max_iters=2",
-               "--set", "data.unicode_normalize=NFC").code == 0
+               "--set", "data.unicode_normalize=NFC", "--set", "train.sample_chars=0").code == 0
     vocab = checkpoint.load(run / "last.pt")["vocab"]
     assert vocab["normalize"] == "NFC" and "é" in vocab["chars"] and "\u0301" not in vocab["chars"]
     sampled = cli("sample", run, "--prompt", unicodedata.normalize("NFD", "café"),
@@ -591,7 +599,8 @@ def test_train_on_a_glob_and_a_file_resumes_and_takes_a_folders_val_fraction(cli
     (tmp_path / "README.md").write_text(text[12000:15000])
     monkeypatch.chdir(tmp_path)
     common = [TINY, "src/**/*.py", "README.md", "--out", "run", "--set",
-              "data.val_fraction=0.2", "--set", "optim.warmup_iters=1"]
+              "data.val_fraction=0.2", "--set", "optim.warmup_iters=1",
+              "--set", "train.sample_chars=0"]
     first = cli("train", *common, "--set", "train.max_iters=2")
     assert first.code == 0 and "warning" not in first.err, first.err
     meta = json.loads((tmp_path / "run" / "dataset" / "meta.json").read_text())
