@@ -32,6 +32,7 @@ from charlm.config.schema import MODEL_VARIANTS, ModelConfig, RunConfig
 from charlm.data.vocab import PairVocab, Vocab
 from charlm.export import save_safetensors
 from charlm.generation.decoding import generate
+from charlm.generation.sampler import Sampler
 from charlm.model.encoder_decoder import EncoderDecoder
 from charlm.model.gpt import GPT
 from charlm.training import checkpoint
@@ -227,6 +228,15 @@ def decode_ids(model: GPT, prompt: torch.Tensor, n: int, opts: SampleConfig = GR
                generator: torch.Generator | None = None) -> torch.Tensor:
     """The (B, n) ids `generate` decodes after `prompt` (B, T)."""
     return torch.stack(list(generate(model, prompt, n, opts, generator)), dim=1)
+
+
+def sampler_for(opts: SampleConfig, rows: int = 1, recent: list[int] = (), mask=None,
+                seed: int = 0) -> Sampler:
+    """A `Sampler` of `rows` rows with `opts`, each having seen the ids `recent`, drawing from a
+    generator seeded with `seed`."""
+    s = Sampler(8, "cpu", mask, torch.Generator().manual_seed(seed))
+    s.add(opts, torch.tensor([list(recent)] * rows, dtype=torch.long).view(rows, len(recent)))
+    return s
 
 
 # The encoder-decoder's ids: a source vocabulary of VS ids whose last is its padding, a target

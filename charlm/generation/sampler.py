@@ -1,7 +1,8 @@
 """`Sampler`: the sampling state of a batch's rows, each with its own options (temperature,
 top-k, top-p, min-p, repetition penalty as per-row tensors), recent ids, UTF-8 state and
 `torch.Generator`, drawn from in one batched step with one host sync (nano-vllm's sampler).
-`generate`, `sample_text` and the serving engine all sample through it.
+`generate`, `sample_text`, an encoder-decoder's `translate_ids` and the serving engine all
+sample through it.
 
 A sampled row draws one uniform number a step from its generator and picks the id where the
 cumulative distribution passes it, so a seeded row gives the same ids alone or in a crowd.
@@ -58,15 +59,19 @@ class Sampler:
 
     def remove(self, row: int) -> None:
         """Row `row` leaves; the last row takes its place."""
-        last = len(self) - 1
-        for t in [self.recent, self.slot] + ([self.mask.state] if self.mask else []):
-            t[row] = t[last]
-        self.recent, self.slot = self.recent[:last], self.slot[:last]
+        index = list(range(len(self) - 1))
+        if row < len(index):
+            index[row] = len(index)
+        self.keep(index)
+
+    def keep(self, index: list[int]) -> None:
+        """Keep the rows `index`, in that order (the rows of an encoder-decoder that go on)."""
+        at = torch.tensor(index, dtype=torch.long, device=self.device)
+        self.recent, self.slot = self.recent[at], self.slot[at]
         if self.mask is not None:
-            self.mask.state = self.mask.state[:last]
-        for rows in (self.opts, self.generators):
-            rows[row] = rows[last]
-            rows.pop()
+            self.mask.state = self.mask.state[at]
+        self.opts = [self.opts[i] for i in index]
+        self.generators = [self.generators[i] for i in index]
         self.params = None
 
     def _params(self) -> dict[str, torch.Tensor]:

@@ -10,12 +10,8 @@ import torch
 
 from charlm.config.sampling import SampleConfig
 from charlm.generation.beams import search_beams
-from charlm.generation.decoding import (
-    RecentIds,
-    apply_repetition_penalty,
-    build_processors,
-    sample_next,
-)
+from charlm.generation.decoding import NonFiniteOutput
+from charlm.generation.sampler import Sampler
 from charlm.model.encoder_decoder import EncoderDecoder, EncoderOutput, output_limit
 
 
@@ -102,18 +98,17 @@ def translate_ids(model: EncoderDecoder, src: torch.Tensor, opts: SampleConfig,
         memory = memory.select(torch.tensor(rows, device=src.device))
     steps = max(limits)
     decoder = Seq2SeqDecoder(model, memory, opts.use_cache, steps)
-    procs = build_processors(opts)
-    recent = None
-    if opts.repetition_penalty != 1.0:  # over the output only: the source is another vocab
-        recent = RecentIds(src.new_empty(len(rows), 0), opts.repetition_window, steps)
-    nxt = torch.full((len(rows), 1), model.bos, dtype=torch.long, device=src.device)
+    sampler = Sampler(min(opts.repetition_window, steps), src.device, generator=generator)
+    # the repetition penalty looks at the output only: the source is another vocabulary
+    sampler.add(opts, src.new_empty(len(rows), 0))
+    nxt = torch.full((len(rows),), model.bos, dtype=torch.long, device=src.device)
     for t in range(steps):
-        logits = decoder.prefill(nxt) if t == 0 else decoder.step(nxt)
-        if recent is not None:
-            logits = apply_repetition_penalty(logits.float(), recent.ids, opts.repetition_penalty)
-        nxt = sample_next(logits, opts.temperature, procs, generator)  # (B,)
+        logits = decoder.prefill(nxt[:, None]) if t == 0 else decoder.step(nxt)
+        nxt, tokens, ok, _ = sampler.step(logits)
+        if not all(ok):
+            raise NonFiniteOutput
         live = []
-        for j, token in enumerate(nxt.tolist()):
+        for j, token in enumerate(tokens):
             r = rows[j]
             if token != model.eos:
                 out[r].append(token)
@@ -121,14 +116,10 @@ def translate_ids(model: EncoderDecoder, src: torch.Tensor, opts: SampleConfig,
                     live.append(j)
         if not live:
             break
-        if recent is not None:
-            recent.push(nxt)
         if len(live) < len(rows):
-            index = torch.tensor(live, device=src.device)
-            decoder.reorder(index)
-            nxt = nxt[index]
-            if recent is not None:
-                recent.select(index)
+            decoder.reorder(torch.tensor(live, device=src.device))
+            sampler.keep(live)
+            nxt = nxt[live]
             rows = [rows[j] for j in live]
     return out
 

@@ -2,7 +2,6 @@
 sampling errors, beam search, and the fallback when compiling fails."""
 
 import copy
-import math
 
 import pytest
 import torch
@@ -11,15 +10,17 @@ from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError
 from charlm.generation import compiled_step
 from charlm.generation.beams import beam_search
-from charlm.generation.decoding import (
-    apply_min_p,
-    apply_repetition_penalty,
-    apply_top_k,
-    apply_top_p,
-    sample_next,
-)
+from charlm.generation.decoding import generate
 from charlm.model.gpt import GPT
-from tests.helpers import GREEDY, RANDOM_GPT_VOCAB, VARIANTS, decode_ids, random_gpt, uncached
+from tests.helpers import (
+    GREEDY,
+    RANDOM_GPT_VOCAB,
+    VARIANTS,
+    decode_ids,
+    random_gpt,
+    sampler_for,
+    uncached,
+)
 
 V = RANDOM_GPT_VOCAB
 
@@ -138,28 +139,34 @@ def test_beam_search_that_stops_early_returns_a_finished_hypothesis(model):
     assert len(beam_search(model, prompt, 10, beams=2)) == 10
 
 
+def drawn(logits: torch.Tensor, draws: int = 1, **options) -> set[int]:
+    """The ids `draws` steps of a Sampler with SampleConfig(**options) draw from logits (1, V)."""
+    s = sampler_for(SampleConfig(**options))
+    return {s.step(logits)[1][0] for _ in range(draws)}
+
+
 def test_temperature_zero_is_argmax():
     logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 2.9], [1.0, 2.0, 2.0]])
-    assert sample_next(logits, temperature=0).tolist() == [1, 0, 1]  # a tie: the first
+    _, ids, ok, _ = sampler_for(GREEDY, rows=3).step(logits)
+    assert ids == [1, 0, 1] and ok == [True] * 3  # a tie: the first
 
 
-@pytest.mark.parametrize("multinomial", ["cpu", "unchecked"])
-def test_sampling_from_non_finite_logits_is_a_plain_error(monkeypatch, multinomial):
-    """Also where multinomial draws from NaN rows without an error, as CUDA's does."""
-    if multinomial == "unchecked":
-        monkeypatch.setattr(torch, "multinomial", lambda probs, n, generator=None: torch.zeros(
-            probs.size(0), n, dtype=torch.long))
-    logits = torch.tensor([[0.0, float("nan"), 1.0]])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_sampling_from_non_finite_logits_is_a_plain_error(model, temperature):
+    """A row with a NaN or +inf logit is flagged, greedy or sampled, and `generate` says so."""
+    logits = torch.tensor([[0.0, float("nan"), 1.0], [0.0, float("inf"), 1.0], [0.0, 1.0, 2.0]])
+    opts = SampleConfig(temperature=temperature)
+    assert sampler_for(opts, rows=3).step(logits)[2] == [False, False, True]
+    with torch.no_grad():
+        model.head.weight[3, 0] = float("nan")
     with pytest.raises(CharlmError, match="the model's next-character probabilities are not "
                                           "finite"):
-        sample_next(logits, 0.8, generator=torch.Generator().manual_seed(0))
+        next(generate(model, torch.tensor([[1, 2, 3]]), 5, opts, torch.Generator()))
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_greedy_and_beam_search_on_a_diverged_model_are_the_same_plain_error(model, bad):
     message = "the model's next-character probabilities are not finite"
-    with pytest.raises(CharlmError, match=message):
-        sample_next(torch.tensor([[0.0, bad, 1.0], [0.0, 1.0, 2.0]]), temperature=0)
     with torch.no_grad():
         model.head.weight[3, 0] = bad  # one logit of every position is NaN or inf
     prompt = torch.tensor([[1, 2, 3]])
@@ -174,42 +181,39 @@ def test_top_k_never_samples_outside_the_k_largest():
     torch.manual_seed(0)
     logits = torch.randn(4, 50)
     allowed = torch.topk(logits, 5, dim=-1).indices
-    g = torch.Generator().manual_seed(0)
-    procs = [lambda x: apply_top_k(x, 5)]
+    s = sampler_for(SampleConfig(temperature=2.0, top_k=5), rows=4)
     for _ in range(200):
-        picks = sample_next(logits, 2.0, procs, generator=g)
-        assert all(p in allowed[i] for i, p in enumerate(picks.tolist()))
-    masked = apply_top_k(torch.tensor([[1.0, 5.0, 3.0, 4.0]]), 2)
-    assert masked.tolist() == [[-math.inf, 5.0, -math.inf, 4.0]]
-    tied = apply_top_k(torch.tensor([[4.0, 5.0, 3.0, 4.0]]), 2)  # a tie with the 2nd stays
-    assert tied.tolist() == [[4.0, 5.0, -math.inf, 4.0]]
+        picks = s.step(logits)[1]
+        assert all(p in allowed[i] for i, p in enumerate(picks))
+    assert drawn(torch.tensor([[1.0, 5.0, 3.0, 4.0]]), 200, temperature=1.0, top_k=2) == {1, 3}
+    tied = torch.tensor([[4.0, 5.0, 3.0, 4.0]])  # a tie with the 2nd stays
+    assert drawn(tied, 200, temperature=1.0, top_k=2) == {0, 1, 3}
 
 
 def test_top_p_keeps_the_smallest_set_with_enough_mass():
-    probs = torch.tensor([[0.1, 0.5, 0.05, 0.3, 0.05]])
-    logits = probs.log()
-    keep = lambda p: (apply_top_p(logits, p) > -math.inf)[0].tolist()  # noqa: E731
-    assert keep(0.5) == [False, True, False, False, False]  # 0.5 alone reaches 0.5
-    assert keep(0.6) == [False, True, False, True, False]  # 0.5 + 0.3
-    assert keep(0.85) == [True, True, False, True, False]  # 0.5 + 0.3 + 0.1 = 0.9
-    assert keep(1.0) == [True] * 5
+    logits = torch.tensor([[0.1, 0.5, 0.05, 0.3, 0.05]]).log()
+    keep = lambda p: drawn(logits, 400, temperature=1.0, top_p=p)  # noqa: E731
+    assert keep(0.5) == {1}  # 0.5 alone reaches 0.5
+    assert keep(0.6) == {1, 3}  # 0.5 + 0.3
+    assert keep(0.85) == {0, 1, 3}  # 0.5 + 0.3 + 0.1 = 0.9
+    assert keep(1.0) == {0, 1, 2, 3, 4}
     for tiny in (0.01, 1e-46, 5e-324):  # the likeliest always stays (1e-46 is 0 in float32)
-        assert keep(tiny) == [False, True, False, False, False]
+        assert keep(tiny) == {1}
 
 
 def test_min_p_threshold():
-    probs = torch.tensor([[0.5, 0.3, 0.1, 0.06, 0.04]])
-    kept = apply_min_p(probs.log(), 0.1) > -math.inf  # threshold 0.05
-    assert kept[0].tolist() == [True, True, True, True, False]
-    assert (apply_min_p(probs.log(), 0.0) > -math.inf).all()
+    logits = torch.tensor([[0.5, 0.3, 0.1, 0.06, 0.04]]).log()
+    assert drawn(logits, 600, temperature=1.0, min_p=0.1) == {0, 1, 2, 3}  # threshold 0.05
+    assert drawn(logits, 600, temperature=1.0, min_p=0.0) == {0, 1, 2, 3, 4}
 
 
 def test_repetition_penalty_direction():
     logits = torch.tensor([[2.0, -1.0, 3.0, 0.5]])
-    recent = torch.tensor([[0, 1, -1]])  # ids 0 and 1 were seen; -1 is an empty slot
-    out = apply_repetition_penalty(logits, recent, 2.0)
-    assert out.tolist() == [[1.0, -2.0, 3.0, 0.5]]  # both seen ids became less likely
-    assert apply_repetition_penalty(logits, recent, 1.0).tolist() == logits.tolist()
+    # ids 0 and 1 were seen: both became less likely (the distribution is shifted by its max)
+    out = sampler_for(SampleConfig(temperature=1.0, repetition_penalty=2.0), recent=[0, 1])
+    assert out.warp(logits).tolist() == [[-2.0, -5.0, 0.0, -2.5]]
+    off = sampler_for(SampleConfig(temperature=1.0), recent=[0, 1])
+    assert off.warp(logits).tolist() == (logits - 3.0).tolist()
 
 
 def test_repetition_penalty_changes_greedy_output(model):

@@ -48,9 +48,9 @@ def test_cached_decoding_equals_uncached(variant):
     assert translate_ids(model, src, uncached(GREEDY)) == greedy
     opts = SampleConfig(temperature=1.5, top_k=8, top_p=0.98, min_p=0.01,
                         repetition_penalty=1.3, repetition_window=4)
-    sampled = translate_ids(model, src, opts, generator=torch.Generator().manual_seed(3))
+    sampled = translate_ids(model, src, opts, generator=torch.Generator().manual_seed(2))
     assert translate_ids(model, src, uncached(opts),
-                         generator=torch.Generator().manual_seed(3)) == sampled
+                         generator=torch.Generator().manual_seed(2)) == sampled
     assert len({t for row in sampled for t in row}) > 2  # not a degenerate constant stream
     assert all(BOS not in row and PAD not in row and EOS not in row for row in greedy + sampled)
 

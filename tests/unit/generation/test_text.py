@@ -8,11 +8,10 @@ import torch
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError
 from charlm.data.vocab import Vocab
-from charlm.generation.decoding import apply_repetition_penalty, apply_temperature, sample_next
 from charlm.generation.text import StopMatcher, encode_prompt, sample_text
 from charlm.model.footprint import sampling_bytes
 from charlm.model.gpt import GPT
-from tests.helpers import RANDOM_GPT_VOCAB, random_gpt
+from tests.helpers import RANDOM_GPT_VOCAB, random_gpt, sampler_for
 
 V = RANDOM_GPT_VOCAB
 
@@ -198,11 +197,10 @@ def test_a_tiny_temperature_or_penalty_that_overflows_the_logits_still_samples(m
     # CUDA divides by a number as a product with its inverse, inf for these: the same product
     # here, so what runs on the CPU is what runs there (0 * inf would be NaN)
     for temperature in (1e-45, 2.0**-149, 1e-40):
-        scaled = apply_temperature(logits, temperature)
+        scaled = sampler_for(SampleConfig(temperature=temperature)).warp(logits)
         assert scaled[0, 2] == 0 and bool((scaled[0, [0, 1, 3]] < -1e37).all()), scaled
-    boosted = apply_repetition_penalty(logits, torch.tensor([[1]]), 1e-40)
-    g = torch.Generator().manual_seed(0)
-    assert [sample_next(boosted, 1.0, generator=g).item() for _ in range(20)] == [1] * 20
+    boosted = sampler_for(SampleConfig(temperature=1.0, repetition_penalty=1e-40), recent=[1])
+    assert [boosted.step(logits)[1][0] for _ in range(20)] == [1] * 20
 
 
 def test_sample_text_ends_where_it_is_once_stop_says_so(model):

@@ -64,12 +64,12 @@ def test_the_mask_comes_after_the_temperature_so_a_vanishing_factor_is_no_nan():
     sample "diverged". Masked after the temperature, the draw is uniform over what the mask
     allows: here, after a lead byte, a continuation byte."""
     from charlm.config.sampling import SampleConfig
-    from charlm.generation.decoding import build_processors, sample_next
+    from tests.helpers import sampler_for
 
     opts = SampleConfig(temperature=2.0)
     opts.temperature = 1e46  # past the bound SampleConfig checks: the order alone must hold
     mask = Utf8Mask(ALL_BYTES, 4)
+    s = sampler_for(opts, rows=4, mask=mask)
     mask.advance(torch.full((4,), 0xC3))  # 'é' begun: a continuation byte is due
-    ids = sample_next(torch.randn(4, 256), opts.temperature, build_processors(opts, mask),
-                      torch.Generator().manual_seed(0))
-    assert all(0x80 <= i < 0xC0 for i in ids.tolist())
+    _, ids, ok, _ = s.step(torch.randn(4, 256))
+    assert ok == [True] * 4 and all(0x80 <= i < 0xC0 for i in ids)

@@ -13,7 +13,7 @@ from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError
 from charlm.data.vocab import PairVocab, Vocab
 from charlm.generation import compiled_step
-from charlm.generation.decoding import CachedDecoder, apply_repetition_penalty, apply_temperature
+from charlm.generation.decoding import CachedDecoder
 from charlm.generation.seq2seq import translate_ids
 from charlm.generation.text import sample_text
 from charlm.model import layers
@@ -199,8 +199,9 @@ def test_logprobs_are_of_the_penalised_tempered_distribution():
     assert first.logprob == pytest.approx(float(expected.max()), abs=1e-5)
     assert first.top[first.text] == first.logprob
     # sampled: after the repetition penalty and the temperature, before top-k and top-p
-    recent = torch.tensor([VOCAB.encode(prompt)])
-    x = apply_temperature(apply_repetition_penalty(logits, recent, 1.5), 0.7)
+    seen = torch.zeros_like(logits, dtype=torch.bool)
+    seen[0, VOCAB.encode(prompt)] = True
+    x = torch.where(seen, torch.where(logits > 0, logits / 1.5, logits * 1.5), logits) / 0.7
     expected = torch.log_softmax(x[0], dim=-1)
     first = sampled.events[0]
     assert first.logprob == pytest.approx(float(expected[VOCAB.encode(first.text)[0]]), abs=1e-5)
