@@ -150,7 +150,7 @@ def test_report_writes_the_machine_rounds_results_and_summaries_as_json_lines(mo
     assert records[5] == {"kind": "result", "bench": "fake", "config": "x", "params": 123}
     assert records[7]["vs_base"] == {"min": 1.0, "median": 1.25, "max": 1.5, "n": 2}
     lines = err.getvalue().splitlines()
-    assert lines[0] == common.machine_line(common.machine_facts())
+    assert lines[0] == common.machine_line(machine)  # the record's facts: bf16 speed is timed
     assert lines[1] == "round 1, x base: 10.0 rate"
     assert lines[-1] == "| x | new | 2 | 17.5 (15.0-20.0) | 1.25x (1-1.5) |"
 
