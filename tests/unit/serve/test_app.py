@@ -76,9 +76,9 @@ class FakeEngine:
     def run(self, prompt: str, params: Params, on_event, request: FakeRequest) -> None:
         if FAILS in prompt:  # a character, then the engine's error (its log has said why)
             on_event(Event("a"))
-            on_event(Event("", finish_reason="error", error=FAILURE))
-            with self.lock:
+            with self.lock:  # the slot is free before the client can read the end
                 self.active -= 1
+            on_event(Event("", finish_reason="error", error=FAILURE))
             return
         text, reason = fake_completion(prompt, params)
         ended = self.held(request)
