@@ -1,7 +1,8 @@
 """`charlm export --format onnx` and `charlm.onnx`: greedy text from ONNX Runtime equal to
-`charlm sample`'s, through the cache's re-prefills, for a char and a byte model; a batch of
-rows at different lengths; the refusals. Each export traces the model twice (tens of seconds),
-so the variants share two models: one with every lever, one of GPT-2's shape in byte units."""
+`charlm sample`'s, through the cache's re-prefills, for a char and a byte model; logits within
+float tolerance at every step; a batch of rows at different lengths; the refusals. Each export
+traces the model twice (tens of seconds), so the variants share two models: one with every
+lever, one of GPT-2's shape in byte units."""
 
 import importlib.util
 import subprocess
@@ -15,7 +16,7 @@ from charlm.config.sampling import SampleConfig
 from charlm.config.schema import RunConfig
 from charlm.data.vocab import Vocab
 from charlm.onnx_export import ONNX_FILES, save_onnx
-from tests.helpers import VARIANTS, decode_ids, random_gpt, random_served
+from tests.helpers import VARIANTS, random_gpt, random_served
 
 pytestmark = [
     pytest.mark.skipif(
@@ -55,21 +56,36 @@ def test_greedy_text_equals_charlm_samples_over_200_characters(exported):
 
 
 def test_rows_of_different_lengths_share_a_batch(exported):
-    """Rows prefilled at lengths 1, 2 and 8 decode together as each does alone, and their
-    logits agree with torch's within float tolerance at the first step."""
+    """Rows prefilled at lengths 1, 2 and 8 decode together as each does alone."""
     from charlm.onnx import OnnxLM
 
-    model, vocab, out = exported
+    lm = OnnxLM(exported[2])
+    alone = [lm.generate(p, 40, temperature=0) for p in PROMPTS]
+    assert lm.generate_batch(PROMPTS, 40, temperature=0) == alone
+
+
+def test_logits_agree_with_torchs_at_prefill_and_at_every_decode_step(exported):
+    """Rows at lengths 1, 2 and 8, 40 greedy steps in one batch (block 16: each row's cache is
+    prefilled again from its recent ids on the way): at every step each row's logits are
+    torch's over the ids its cache holds, within float tolerance."""
+    from charlm.onnx import OnnxLM
+
+    model, _, out = exported
     lm = OnnxLM(out)
-    prompts = PROMPTS
-    alone = [lm.generate(p, 40, temperature=0) for p in prompts]
-    assert lm.generate_batch(prompts, 40, temperature=0) == alone
-    ids = torch.tensor([lm.encode(prompts[2])])
-    logits, *_ = lm.prefill(lm.encode(prompts[2]))
-    with torch.no_grad():
-        expected = model(ids)[0][0, -1].float().numpy()
-    np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-4)
-    assert decode_ids(model, ids, 1)[0, 0] == int(np.argmax(logits))
+    windows = [lm.encode(p) for p in PROMPTS]
+    rows = [lm.prefill(w) for w in windows]
+    logits = np.stack([r[0] for r in rows])
+    last = np.concatenate([r[1] for r in rows])
+    kv = [np.concatenate(parts) for parts in zip(*(r[2] for r in rows), strict=True)]
+    refilled = 0
+    for _ in range(40):
+        with torch.no_grad():
+            expected = [model(torch.tensor([w]))[0][0, -1].float().numpy() for w in windows]
+        np.testing.assert_allclose(logits, np.stack(expected), rtol=1e-4, atol=1e-4)
+        before = [len(w) for w in windows]
+        logits, last, kv = lm.advance(windows, logits.argmax(-1), last, kv)
+        refilled += sum(len(w) < n for w, n in zip(windows, before, strict=True))
+    assert refilled >= 3  # every row went through a re-prefill
 
 
 def test_a_seed_gives_the_same_sampled_text(exported):
