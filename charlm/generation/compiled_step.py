@@ -26,8 +26,10 @@ def decode_one_token(model: GPT, idx: torch.Tensor, cache: KVCache) -> torch.Ten
 def compiled_decode_step() -> Callable[[GPT, torch.Tensor, KVCache], torch.Tensor]:
     """`decode_one_token` compiled once per process, so that every decoder shares its graphs
     (one per batch size and dtype); a graph break fails the build (`fullgraph`) rather than
-    splitting the step."""
-    return torch.compile(decode_one_token, dynamic=False, fullgraph=True)
+    splitting the step. Inductor's C++ wrapper calls the kernels without Python between them,
+    which is most of what a small step costs (docs/benchmarks.md)."""
+    return torch.compile(decode_one_token, dynamic=False, fullgraph=True,
+                         options={"cpp_wrapper": True})
 
 
 # What each graph built in this process was built for: the model's architecture and vocabulary,
