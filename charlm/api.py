@@ -57,22 +57,20 @@ class LM:
         return self.model
 
 
-def load(path: str | Path, device: str = "auto", option: str = "device",
-         dtype: str = "float32", step: int | None = None) -> LM:
+def load(path: str | Path, device: str = "auto", dtype: str = "float32",
+         step: int | None = None) -> LM:
     """Load a run dir (its best.pt, else last.pt; with `step`, its checkpoint of that step,
     kept by train.keep_checkpoints), a checkpoint file, or a directory written by
     `charlm export --format safetensors`, with its weights in `dtype` (float32, as trained;
-    bfloat16 or float16 decode faster, see `device.weights_dtype`). `option` names `device` in
-    an error (the CLI's `--device`, whose `--dtype` is then named the same way)."""
+    bfloat16 or float16 decode faster, see `device.weights_dtype`)."""
     if not isinstance(path, (str, os.PathLike)):
         raise CharlmError(f"charlm.load() takes a path (str or Path), got {type(path).__name__}")
-    device = coerce(device, str, option)
-    dtype_option = "--dtype" if option.startswith("--") else "dtype"
-    weights = weights_dtype(coerce(dtype, str, dtype_option), dtype_option)
+    device = coerce(device, str, "device")
+    weights = weights_dtype(coerce(dtype, str, "dtype"))
     path = Path(path)
-    dev = resolve_device(device, option)
+    dev = resolve_device(device, "device")
     if step is not None:
-        step = coerce(step, int, "--step" if option.startswith("--") else "step")
+        step = coerce(step, int, "step")
         path = checkpoint.resolve(path, step)
     if export.is_export_dir(path):
         model, vocab, cfg = export.load_safetensors(path, dev)
@@ -130,7 +128,7 @@ def score(lm: LM, text: str, stride: int | None = None, unknown: str = "error",
                           f"{suggest(name, ['stride', 'unknown', 'progress'])}")
     _check_lm(lm, "decoder")
     _check_text(text, "text")
-    stride = coerce(stride, int | None, "--stride")
+    stride = coerce(stride, int | None, "stride")
     result = score_text(lm.model, lm.vocab, text, stride, unknown, progress)
     for note in result.notes():  # what the CLI prints as `warning:` lines
         warnings.warn(note, UserWarning, stacklevel=2)

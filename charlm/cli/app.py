@@ -22,7 +22,7 @@ from charlm.cli.reporting import (
     report,
     tolerant_stdout,
 )
-from charlm.core.errors import CharlmError
+from charlm.core.errors import CharlmError, SettingError
 
 # charlm.cli.<name>
 COMMANDS = ("prepare", "train", "sample", "info", "eval", "export", "tune", "serve")
@@ -59,6 +59,18 @@ def _root(
     """charlm: prepare text, train a GPT on it, sample from the checkpoints."""
 
 
+def error_message(e: CharlmError | OSError) -> str:
+    """What the `error:` line says: a setting by the CLI's name for it, a file error with its
+    file."""
+    from charlm.cli.options import flag
+
+    if isinstance(e, SettingError):
+        return e.calling(flag(e.setting))
+    if isinstance(e, CharlmError):
+        return str(e)
+    return f"{e.strerror or e}: {e.filename}" if e.filename else f"{e.strerror or e}"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning bad input into one `error:` line and exit code 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -83,9 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     except (CharlmError, OSError) as e:
         if "--debug" in argv:
             raise
-        message = str(e) if isinstance(e, CharlmError) else (
-            f"{e.strerror or e}: {e.filename}" if e.filename else f"{e.strerror or e}")
-        report(f"error: {message}")
+        report(f"error: {error_message(e)}")
         sys.exit(2)
     except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError (CUDA) is a RuntimeError
         if "--debug" in argv or not out_of_memory(e):

@@ -58,7 +58,7 @@ def eval_(
                           "run's held-out split (not both)")
     if split not in (None, "val", "test"):
         raise CharlmError(f"--split must be val or test, got {split!r}")
-    lm = load(target, device, "--device", dtype, step)
+    lm = load(target, device, dtype, step)
     if lm.config.model.arch == "encoder_decoder":
         if split is not None:
             raise CharlmError("--split scores a GPT's text dataset; give an encoder-decoder "

@@ -64,6 +64,16 @@ def sample_option(name: str) -> typer.models.OptionInfo:
                         callback=turn_off if off else None)
 
 
+def flag(setting: str) -> str:
+    """What the CLI calls a setting an error names (`SettingError`): a config key (`train.lr`,
+    given with --set) as it is, a sampling option by its flag, and an argument of the Python
+    API (`device`, `stride`) as the option of that name (`--device`)."""
+    if "." in setting:
+        return setting
+    given = SAMPLE_FIELDS[setting].metadata["flag"] if setting in SAMPLE_FIELDS else None
+    return given if given and not given.startswith("--no-") else "--" + setting.replace("_", "-")
+
+
 def sample_options(values: dict[str, object]) -> SampleConfig:
     """The SampleConfig of a command's sampling options (`values`: its arguments by name); a
     repeatable option not given (None) is its field's default, ()."""

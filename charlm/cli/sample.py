@@ -106,7 +106,7 @@ def sample(
         return
     sources_given = source is not None or source_file is not None
     text = None if sources_given else read_prompt(prompt, prompt_file)
-    lm = load(target, device, "--device", dtype, step)
+    lm = load(target, device, dtype, step)
     if lm.config.model.arch == "encoder_decoder" or sources_given:
         if prompt is not None or prompt_file is not None:
             raise CharlmError("--prompt is for a GPT; an encoder-decoder takes --source or "
@@ -133,7 +133,7 @@ def sample_interactively(target: Path, device: str, dtype: str, step: int | None
     from charlm.cli.interactive import prompt_loop, refuse_conflicts
 
     refuse_conflicts(option for option, set_ in given.items() if set_)
-    lm = load(target, device, "--device", dtype, step)
+    lm = load(target, device, dtype, step)
     if lm.config.model.arch == "encoder_decoder":
         raise CharlmError(f"--interactive continues prompts with a GPT; {target} is an "
                           "encoder-decoder: drop --interactive and transduce with --source or "

@@ -80,7 +80,7 @@ def serve(
     from charlm.api import load
     from charlm.serve.engine import KV_BUDGET, Engine, slots_within
 
-    lm = load(target, device, "--device", dtype)  # before the port: a bad run binds nothing
+    lm = load(target, device, dtype)  # before the port: a bad run binds nothing
     name = model_name or (target if target.is_dir() else target.parent).resolve().name
     slots = slots or slots_within(lm.model, KV_BUDGET, max_concurrent)
     engine = Engine(lm.model, lm.vocab, slots=slots, compile=compile)

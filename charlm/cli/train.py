@@ -176,7 +176,7 @@ def train_config(
     if device is not None:
         from charlm.runtime.device import resolve_device  # imports torch: only when asked for
 
-        resolve_device(device, "--device")  # a missing device is an error naming --device
+        resolve_device(device, "device")  # a missing device is an error naming --device
     overrides += [(key, value) for key, value in
                   (("data.path", data), ("train.out_dir", out), ("train.device", device),
                    ("train.max_time", budget), ("train.init_from", init_from))

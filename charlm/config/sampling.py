@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from charlm.config.values import coerce
-from charlm.core.errors import CharlmError
+from charlm.core.errors import SettingError
 
 
 def _option(default: Any, help: str, flag: str | None = None) -> Any:
@@ -56,36 +56,36 @@ class SampleConfig:
                             "slower than eager, see docs/benchmarks.md).", flag="--compile")
 
     def __post_init__(self) -> None:
-        def need(ok: bool, msg: str) -> None:
-            if not ok:
-                raise CharlmError(msg)
+        def need(ok: bool, setting: str, problem: str) -> None:
+            if not ok:  # named as the Python API's keyword; the CLI says the flag
+                raise SettingError(setting, "", problem)
 
         # The CLI's options arrive typed; the Python API's (`charlm.sample(**options)`) may not.
         hints = typing.get_type_hints(SampleConfig)
         for f in dataclasses.fields(self):
-            option = f.name if f.name == "use_cache" else "--" + f.name.replace("_", "-")
-            setattr(self, f.name, coerce(getattr(self, f.name), hints[f.name], option))
-        need(self.max_new_tokens >= 0, f"--max-new-tokens must be >= 0, got {self.max_new_tokens}")
-        need(self.num_samples >= 1, f"--num-samples must be >= 1, got {self.num_samples}")
-        need(self.temperature >= 0,
-             f"--temperature must be >= 0 (0 is greedy), got {self.temperature}")
-        need(self.temperature <= MAX_TEMPERATURE,
-             f"--temperature must be <= {MAX_TEMPERATURE:g} (past it every character is about "
-             f"as likely as any other), got {self.temperature:g}")
-        need(self.top_k is None or self.top_k >= 1, f"--top-k must be >= 1, got {self.top_k}")
-        need(self.top_p is None or 0 < self.top_p <= 1,
-             f"--top-p must be in (0, 1], got {self.top_p}")
-        need(self.min_p is None or 0 <= self.min_p <= 1,
-             f"--min-p must be in [0, 1], got {self.min_p}")
-        need(self.repetition_penalty > 0,
-             f"--repetition-penalty must be > 0 (1 is off), got {self.repetition_penalty}")
-        need(self.repetition_window >= 1,
-             f"--repetition-window must be >= 1, got {self.repetition_window}")
-        need(self.beams is None or self.beams >= 1, f"--beams must be >= 1, got {self.beams}")
-        need(self.use_cache or not self.compile,
-             "--compile compiles the KV-cached decode step; it cannot go with --no-cache")
-        need(all(self.stop), "--stop must not be empty")
-        need(self.unknown in ("error", "skip"),
-             f"--unknown must be 'error' or 'skip', got {self.unknown!r}")
+            setattr(self, f.name, coerce(getattr(self, f.name), hints[f.name], f.name))
+        need(self.max_new_tokens >= 0, "max_new_tokens",
+             f" must be >= 0, got {self.max_new_tokens}")
+        need(self.num_samples >= 1, "num_samples", f" must be >= 1, got {self.num_samples}")
+        need(self.temperature >= 0, "temperature",
+             f" must be >= 0 (0 is greedy), got {self.temperature}")
+        need(self.temperature <= MAX_TEMPERATURE, "temperature",
+             f" must be <= {MAX_TEMPERATURE:g} (past it every character is about as likely as "
+             f"any other), got {self.temperature:g}")
+        need(self.top_k is None or self.top_k >= 1, "top_k", f" must be >= 1, got {self.top_k}")
+        need(self.top_p is None or 0 < self.top_p <= 1, "top_p",
+             f" must be in (0, 1], got {self.top_p}")
+        need(self.min_p is None or 0 <= self.min_p <= 1, "min_p",
+             f" must be in [0, 1], got {self.min_p}")
+        need(self.repetition_penalty > 0, "repetition_penalty",
+             f" must be > 0 (1 is off), got {self.repetition_penalty}")
+        need(self.repetition_window >= 1, "repetition_window",
+             f" must be >= 1, got {self.repetition_window}")
+        need(self.beams is None or self.beams >= 1, "beams", f" must be >= 1, got {self.beams}")
+        need(self.use_cache or not self.compile, "compile",
+             " needs the KV cache: it compiles the cached decode step")
+        need(all(self.stop), "stop", " must not be empty")
+        need(self.unknown in ("error", "skip"), "unknown",
+             f" must be 'error' or 'skip', got {self.unknown!r}")
         need(-2**63 <= self.seed < 2**64,  # what torch.Generator.manual_seed takes
-             f"--seed must be in [-2**63, 2**64 - 1], got {self.seed}")
+             "seed", f" must be in [-2**63, 2**64 - 1], got {self.seed}")

@@ -12,7 +12,7 @@ import typing
 from typing import Any, Literal
 
 from charlm.config.yaml_files import PlainScalar, plain_value, too_large, untext
-from charlm.core.errors import CharlmError
+from charlm.core.errors import SettingError
 
 
 def _options(tp: Any) -> tuple[Any, ...]:
@@ -60,14 +60,14 @@ def _read(text: PlainScalar, tp: Any) -> Any:
 
 
 def coerce(value: Any, tp: Any, key: str, where: str = "") -> Any:
-    """Return `value` as type `tp`, or raise a CharlmError that says what is allowed. A plain
-    YAML scalar's text is read by `tp` first (`_read`)."""
+    """Return `value` as type `tp`, or raise a SettingError naming `key` that says what is
+    allowed. A plain YAML scalar's text is read by `tp` first (`_read`)."""
     at = f" in {where}" if where else ""
     if isinstance(value, PlainScalar):
         if str not in _options(tp) and too_large(value):
             number = value if len(value) <= 20 else f"{value[:20]}... ({len(value):,} characters)"
-            raise CharlmError(f"invalid value for {key}{at}: {number} is a number too large to "
-                              "read; give a smaller one")
+            raise SettingError(key, "invalid value for ", f"{at}: {number} is a number too "
+                               "large to read; give a smaller one")
         value = _read(value, tp)
     for arg in _options(tp):
         if typing.get_origin(arg) is tuple and isinstance(value, (list, tuple)):
@@ -75,11 +75,12 @@ def coerce(value: Any, tp: Any, key: str, where: str = "") -> Any:
         got = _as(value, arg)
         if isinstance(got, float) and not math.isfinite(got):
             # A NaN fails every range check, but an infinite lr or weight decay would pass them.
-            raise CharlmError(f"invalid value for {key}{at}: {value}, expected a finite number")
+            raise SettingError(key, "invalid value for ", f"{at}: {value}, expected a finite "
+                               "number")
         if got is not _NO:
             return got
-    raise CharlmError(
-        f"invalid value for {key}{at}: {shown(untext(value))}, expected {_type_name(tp)}")
+    raise SettingError(key, "invalid value for ",
+                       f"{at}: {shown(untext(value))}, expected {_type_name(tp)}")
 
 
 def shown(value: Any, limit: int = 80) -> str:

@@ -19,6 +19,21 @@ class CharlmError(Exception):
     """Bad input or an impossible request, reported to the user without a traceback."""
 
 
+class SettingError(CharlmError):
+    """A bad value of one setting, its name in the message as the caller knows it: the Python
+    API's keyword (`top_k must be >= 1, got 0`), a config key (`train.device`), or, once the CLI
+    renames it (`charlm.cli.app`), the flag (`--top-k`). `parts`: the message's text around
+    each mention of the name."""
+
+    def __init__(self, setting: str, *parts: str):
+        super().__init__(setting.join(parts))
+        self.setting, self.parts = setting, parts
+
+    def calling(self, name: str) -> str:
+        """The message with the setting called `name`."""
+        return name.join(self.parts)
+
+
 def first_line(e: BaseException) -> str:
     """`Type: first line of the message` of an exception from a library (e.g. a torch.compile
     backend), short enough for one `warning:` line."""

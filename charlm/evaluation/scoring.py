@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from charlm.core.errors import CharlmError, characters
+from charlm.core.errors import CharlmError, SettingError, characters
 from charlm.core.files import open_regular
 from charlm.data.chunks import CHUNK_BYTES, byte_chunks, code_point_chunks, narrow_code_points
 from charlm.data.prepare import check_input_file
@@ -166,7 +166,7 @@ def check_stride(block: int, min_context: int) -> None:
 
 def check_unknown_policy(unknown: str) -> None:
     if unknown not in ("error", "skip"):  # `charlm eval --unknown` and charlm.score
-        raise CharlmError(f"--unknown must be 'error' or 'skip', got {unknown!r}")
+        raise SettingError("unknown", "", f" must be 'error' or 'skip', got {unknown!r}")
 
 
 def require_score_memory(model: GPT) -> None:

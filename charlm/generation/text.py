@@ -129,26 +129,27 @@ def encode_prompt(vocab: Vocab, prompt: str, unknown: str,
     return prompt, ids, warnings
 
 
-def require_cache_memory(model: GPT | EncoderDecoder, option: str, value: int,
+def require_cache_memory(model: GPT | EncoderDecoder, setting: str, value: int,
                          sources: int = 1) -> None:
-    """Refuse decoding `value` samples or beams (`option`) for each of `sources` sources (an
-    encoder-decoder's batch; a GPT continues one prompt) when their keys and values over a full
-    context (what the KV cache holds; the uncached forward computes as much), an
-    encoder-decoder's cross-attention keys and values, and one forward's activations and logits
-    exceed the device's memory."""
+    """Refuse decoding `value` samples or beams (`setting`: num_samples or beams) for each of
+    `sources` sources (an encoder-decoder's batch; a GPT continues one prompt) when their keys
+    and values over a full context (what the KV cache holds; the uncached forward computes as
+    much), an encoder-decoder's cross-attention keys and values, and one forward's activations
+    and logits exceed the device's memory."""
     weight = model.wte.weight
     encdec = model.cfg.arch == "encoder_decoder"
     vocab = model.target_vocab_size if encdec else model.vocab_size
     cache_dtype = attention_dtype(weight)  # what the caches are kept in
     need = sampling_bytes(model.cfg, vocab, value * sources, cache_dtype.itemsize)
-    head = f"{option} {value:,}" if value > 1 else "one output"
+    head = f"{{setting}} {value:,}" if value > 1 else "one output"
     if sources > 1:
         head += f" for each of {sources:,} sources decoded together"
     held = ("the decoder's keys and values, the sources' cross-attention keys and values"
             if encdec else "the keys and values of the context")
     require_memory(need, weight.device, f"{head} needs about {{gib}} for {held} and a "
                    "forward's activations",
-                   f"use a smaller {option}" if value > 1 else "use a device with more memory")
+                   "use a smaller {setting}" if value > 1 else "use a device with more memory",
+                   setting)
 
 
 def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
@@ -164,9 +165,9 @@ def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
         if opts.num_samples != 1:  # an encoder-decoder's beams give an n-best list instead
             raise CharlmError("--beams returns the single best sequence; use --num-samples 1 "
                               "with --beams")
-        require_cache_memory(model, "--beams", opts.beams)
+        require_cache_memory(model, "beams", opts.beams)
     else:
-        require_cache_memory(model, "--num-samples", opts.num_samples)
+        require_cache_memory(model, "num_samples", opts.num_samples)
     device = model.wte.weight.device
     # the model sees the tail that fits its context (whole characters); the prompt stays whole
     ids = torch.tensor([vocab.encode(vocab.tail(prompt, model.cfg.block_size))], device=device)

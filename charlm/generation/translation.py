@@ -68,9 +68,9 @@ def translate(model: EncoderDecoder, vocab: PairVocab, sources: Sequence[str],
         if opts.beams < K:
             raise CharlmError(f"--num-samples {K} asks for the {K} best of --beams "
                               f"{opts.beams}; give at most {opts.beams}, or more beams")
-        require_cache_memory(model, "--beams", opts.beams)
+        require_cache_memory(model, "beams", opts.beams)
     else:
-        require_cache_memory(model, "--num-samples", K, min(BATCH, len(encoded)))
+        require_cache_memory(model, "num_samples", K, min(BATCH, len(encoded)))
     for first in range(0, len(sources), BATCH):
         chunk = encoded[first:first + BATCH]
         if opts.beams is not None:

@@ -12,12 +12,12 @@ import random
 import torch
 
 from charlm.config.schema import device_error
-from charlm.core.errors import CharlmError
+from charlm.core.errors import CharlmError, SettingError
 
 
-def resolve_device(name: str, option: str = "train.device") -> torch.device:
-    """`auto` picks cuda > mps > cpu; an explicit device that is missing is an error, which
-    names `option` (the config key, or `--device` for sample and eval) and how to change it."""
+def resolve_device(name: str, setting: str = "train.device") -> torch.device:
+    """`auto` picks cuda > mps > cpu; an explicit device that is missing is an error naming
+    `setting` (the config key, or the Python API's `device`: the CLI says `--device`)."""
     unknown = device_error(name)
     if unknown:
         raise CharlmError(unknown)
@@ -26,19 +26,16 @@ def resolve_device(name: str, option: str = "train.device") -> torch.device:
         if torch.cuda.is_available():
             return torch.device("cuda")
         return torch.device("mps" if has_mps else "cpu")
-    fix = "--set train.device=cpu" if option == "train.device" else f"{option} cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise CharlmError(
-            f"{option} is {name!r} but no CUDA GPU is available to this torch build; "
-            f"use {fix} (or auto), or install a CUDA build of torch"
-        )
+        raise SettingError(setting, "", f" is {name!r} but no CUDA GPU is available to this "
+                           "torch build; use cpu (or auto), or install a CUDA build of torch")
     if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
         n = torch.cuda.device_count()
-        raise CharlmError(f"{option} is {name!r} but this machine has {n} CUDA "
-                          f"GPU{'s' if n != 1 else ''} (cuda:0 to cuda:{n - 1}); use one of "
-                          f"them, or cuda (the first)")
+        raise SettingError(setting, "", f" is {name!r} but this machine has {n} CUDA "
+                           f"GPU{'s' if n != 1 else ''} (cuda:0 to cuda:{n - 1}); use one of "
+                           "them, or cuda (the first)")
     if name == "mps" and not has_mps:
-        raise CharlmError(f"{option} is 'mps' but MPS is not available; use {fix} (or auto)")
+        raise SettingError(setting, "", " is 'mps' but MPS is not available; use cpu (or auto)")
     return torch.device(name)
 
 
@@ -52,15 +49,19 @@ def memory_bytes(device: torch.device) -> int | None:
     return None
 
 
-def require_memory(need: int, device: torch.device, needs: str, advice: str) -> None:
+def require_memory(need: int, device: torch.device, needs: str, advice: str,
+                   setting: str | None = None) -> None:
     """Refuse work whose `need` bytes alone exceed the device's memory, before it is allocated:
     a mistyped size could take the machine down first. The error reads `{needs}, more than the
-    N GiB of {device}; {advice}`, with the need in GiB where `needs` says `{gib}`."""
+    N GiB of {device}; {advice}`, with the need in GiB where `needs` says `{gib}`; a
+    SettingError of `setting` where they say `{setting}`."""
     have = memory_bytes(device)
     if have is not None and need > have:
         needs = needs.replace("{gib}", f"{need / 2**30:,.1f} GiB")
-        raise CharlmError(f"{needs}, more than the {have / 2**30:,.1f} GiB of {device.type}; "
-                          f"{advice}")
+        message = f"{needs}, more than the {have / 2**30:,.1f} GiB of {device.type}; {advice}"
+        if setting is not None:
+            raise SettingError(setting, *message.split("{setting}"))
+        raise CharlmError(message)
 
 
 def seed_everything(seed: int) -> None:

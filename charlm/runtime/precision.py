@@ -8,7 +8,7 @@ import contextlib
 
 import torch
 
-from charlm.core.errors import CharlmError, first_line
+from charlm.core.errors import CharlmError, SettingError, first_line
 
 
 def cuda_has_bf16(device: torch.device) -> bool:
@@ -32,7 +32,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return dtype
 
 
-def weights_dtype(name: str, option: str = "dtype") -> torch.dtype:
+def weights_dtype(name: str) -> torch.dtype:
     """The dtype a loaded model's weights are cast to for sampling and scoring (`--dtype`).
 
     float32 is the model as trained. bfloat16 and float16 halve the bytes a decode step streams
@@ -40,7 +40,7 @@ def weights_dtype(name: str, option: str = "dtype") -> torch.dtype:
     rounding the weights and activations (float16 keeps 3 more mantissa bits than bfloat16).
     Logits are sampled in float32 either way."""
     if name not in DTYPES:
-        raise CharlmError(f"{option} must be one of {', '.join(DTYPES)}, got {name!r}")
+        raise SettingError("dtype", "", f" must be one of {', '.join(DTYPES)}, got {name!r}")
     return DTYPES[name]
 
 

@@ -73,12 +73,12 @@ def test_api_arguments_of_the_wrong_kind_raise_charlm_error(run_dir):
         (lambda: charlm.generate(lm, "First", topk=5),
          "unknown option 'topk' for charlm.sample / charlm.generate, did you mean 'top_k'?"),
         (lambda: charlm.generate(lm, "First", num_samples="1"),
-         "invalid value for --num-samples: '1', expected an integer"),
+         "invalid value for num_samples: '1', expected an integer"),
         (lambda: charlm.sample(lm, "First", stop=5),
-         "invalid value for --stop: 5, expected a list, each item a string"),
+         "invalid value for stop: 5, expected a list, each item a string"),
         (lambda: charlm.score(lm, b"First"), "the text must be a str, got bytes"),
         (lambda: charlm.score(lm, "First Citizen", stride=4.0),
-         "invalid value for --stride: 4.0, expected an integer or null"),
+         "invalid value for stride: 4.0, expected an integer or null"),
         (lambda: charlm.score(lm, "First Citizen", strde=2),  # was a bare TypeError
          "unknown option 'strde' for charlm.score, did you mean 'stride'?"),
     ]

@@ -121,7 +121,7 @@ def test_interactive_prompts_sample_as_charlm_sample_with_the_options_commands_s
     assert t.ask("/seed 7") == "seed 7\n"
     assert t.ask("First") == seeded
     assert t.ask("/nope") == "error: unknown command /nope; /help lists the commands\n"
-    assert t.ask("/top_k 0") == "error: --top-k must be >= 1, got 0\n"
+    assert t.ask("/top_k 0") == "error: top_k must be >= 1, got 0\n"
     assert t.ask("Fir#") == ("error: prompt has characters outside the model's vocabulary: "
                                  "'#' at position 3; remove them or pass --unknown skip\n")
     assert t.ask("/reset").startswith("options reset: temperature 0.0, top_k null, ")

@@ -71,7 +71,7 @@ def test_sample_rejects_unknown_prompt_characters(cli, tiny_run):
     (["--temperature", "-1"], "error: --temperature must be >= 0 (0 is greedy), got -1.0\n"),
     (["--top-k", "0"], "error: --top-k must be >= 1, got 0\n"),
     (["--compile", "--no-cache"],
-     "error: --compile compiles the KV-cached decode step; it cannot go with --no-cache\n"),
+     "error: --compile needs the KV cache: it compiles the cached decode step\n"),
 ])
 def test_sample_rejects_bad_options(cli, tiny_run, args, message):
     result = cli("sample", tiny_run, *args)

@@ -62,10 +62,10 @@ def test_help_lists_every_command_with_its_help_and_value():
     ("/nope 3", "unknown command /nope; /help lists the commands"),
     ("/", "unknown command /; /help lists the commands"),
     ("/num_samples 2", "unknown command /num_samples; /help lists the commands"),
-    ("/temperature -1", "--temperature must be >= 0 (0 is greedy), got -1.0"),
-    ("/temperature warm", "invalid value for --temperature: 'warm', expected a number"),
-    ("/top_p 2", "--top-p must be in (0, 1], got 2.0"),
-    ("/seed 1.5", "invalid value for --seed: 1.5, expected an integer"),
+    ("/temperature -1", "temperature must be >= 0 (0 is greedy), got -1.0"),
+    ("/temperature warm", "invalid value for temperature: 'warm', expected a number"),
+    ("/top_p 2", "top_p must be in (0, 1], got 2.0"),
+    ("/seed 1.5", "invalid value for seed: 1.5, expected an integer"),
     ("/reset now", "/reset takes no value, got 'now'; type /reset alone"),
 ])
 def test_a_bad_command_or_value_is_one_error(line, message):

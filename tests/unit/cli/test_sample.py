@@ -81,7 +81,7 @@ def test_sample_and_eval_without_cuda_name_their_own_option(fails, tmp_path, cor
     extra = [corpus] if command == "eval" else []
     fails(command, run, *extra, "--device", "cuda",
           message="--device is 'cuda' but no CUDA GPU is available to this torch build; use "
-                  "--device cpu (or auto), or install a CUDA build of torch")
+                  "cpu (or auto), or install a CUDA build of torch")
 
 
 def test_prompt_file_that_is_a_directory(fails, tmp_path):

@@ -202,10 +202,10 @@ def test_device_cuda_without_cuda(fails, tmp_path, corpus):
     fails("train", TINY, "--data", corpus, "--out", tmp_path / "run", "--set",
           "train.device=cuda",
           message="train.device is 'cuda' but no CUDA GPU is available to this torch build; "
-                  "use --set train.device=cpu (or auto), or install a CUDA build of torch")
+                  "use cpu (or auto), or install a CUDA build of torch")
     fails("train", TINY, "--data", corpus, "--out", tmp_path / "run", "--device", "cuda",
           message="--device is 'cuda' but no CUDA GPU is available to this torch build; use "
-                  "--device cpu (or auto), or install a CUDA build of torch")
+                  "cpu (or auto), or install a CUDA build of torch")
 
 
 def test_a_model_too_big_for_memory_is_refused_before_it_is_built(fails, tmp_path, corpus):

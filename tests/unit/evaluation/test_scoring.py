@@ -109,7 +109,7 @@ def test_score_text_rejects_an_unknown_policy_it_does_not_have(model):
     for text in ("abcabc", "abXcabc"):
         with pytest.raises(CharlmError) as e:
             score_text(model, VOCAB, text, unknown="drop", progress=False)
-        assert str(e.value) == "--unknown must be 'error' or 'skip', got 'drop'"
+        assert str(e.value) == "unknown must be 'error' or 'skip', got 'drop'"
 
 
 def test_a_diverged_model_scores_without_a_traceback_and_as_strict_json(model):

@@ -288,8 +288,7 @@ def test_compile_failure_falls_back_to_eager_with_one_warning(model, monkeypatch
 def test_compile_needs_the_cache():
     with pytest.raises(CharlmError) as e:
         SampleConfig(compile=True, use_cache=False)
-    assert str(e.value) == ("--compile compiles the KV-cached decode step; it cannot go with "
-                            "--no-cache")
+    assert str(e.value) == "compile needs the KV cache: it compiles the cached decode step"
 
 
 @pytest.mark.parametrize("use_cache", [True, False])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from charlm.config.sampling import SampleConfig
-from charlm.core.errors import CharlmError
+from charlm.core.errors import CharlmError, SettingError
 from charlm.data.vocab import Vocab
 from charlm.generation.text import StopMatcher, encode_prompt, sample_text
 from charlm.model.footprint import sampling_bytes
@@ -25,18 +25,20 @@ def model() -> GPT:
 
 
 def test_more_samples_or_beams_than_memory_holds_is_a_plain_error(model, monkeypatch):
-    """A mistyped --num-samples or --beams is refused up front, naming the memory its keys and
+    """A mistyped num_samples or beams is refused up front, naming the memory its keys and
     values and a forward need, rather than exhausting the machine or failing in the
     allocator."""
     monkeypatch.setattr("charlm.runtime.device.memory_bytes", lambda device: 2**30)
-    for opts, option in [(SampleConfig(beams=10**12, max_new_tokens=1), "--beams"),
-                         (SampleConfig(num_samples=10**12, max_new_tokens=1), "--num-samples")]:
-        with pytest.raises(CharlmError) as e:  # 8 KiB of keys and values, 52 KiB forward a row
+    for opts, setting, flag in [
+            (SampleConfig(beams=10**12, max_new_tokens=1), "beams", "--beams"),
+            (SampleConfig(num_samples=10**12, max_new_tokens=1), "num_samples", "--num-samples")]:
+        with pytest.raises(SettingError) as e:  # 8 KiB of keys and values, 52 KiB forward a row
             sample_text(model, VOCAB, "ab", opts)
-        assert str(e.value) == (
-            f"{option} 1,000,000,000,000 needs about 57,637,691.5 GiB for the keys and values of "
-            f"the context and a forward's activations, more than the 1.0 GiB of cpu; use a "
-            f"smaller {option}")
+        message = ("{} 1,000,000,000,000 needs about 57,637,691.5 GiB for the keys and values "
+                   "of the context and a forward's activations, more than the 1.0 GiB of cpu; "
+                   "use a smaller {}")
+        assert str(e.value) == message.format(setting, setting)  # as the Python API says it
+        assert e.value.calling(flag) == message.format(flag, flag)  # as the CLI does
     four = sampling_bytes(model.cfg, V, 4, 4)
     monkeypatch.setattr("charlm.runtime.device.memory_bytes", lambda device: four)
     assert len(sample_text(model, VOCAB, "ab", SampleConfig(num_samples=4, max_new_tokens=3))) == 4
@@ -53,7 +55,7 @@ def test_the_memory_guard_counts_the_float32_cache_of_a_half_precision_model(mod
     monkeypatch.setattr("charlm.runtime.device.memory_bytes", lambda device: four)
     assert len(sample_text(model, VOCAB, "ab", SampleConfig(num_samples=4, max_new_tokens=3))) == 4
     monkeypatch.setattr("charlm.runtime.device.memory_bytes", lambda device: four - 1)
-    with pytest.raises(CharlmError, match="--num-samples 4 needs about"):
+    with pytest.raises(CharlmError, match="num_samples 4 needs about"):
         sample_text(model, VOCAB, "ab", SampleConfig(num_samples=4, max_new_tokens=3))
 
 

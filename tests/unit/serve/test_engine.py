@@ -258,7 +258,7 @@ def test_close_ends_requests_in_flight_and_queued_with_shutdown():
     ("abz!", GREEDY, "the prompt has characters outside the model's vocabulary: 'z' at position "
                      "2, '!' at position 3; remove them"),
     ("", GREEDY, "the prompt is empty; give at least one character the model knows"),
-    ("abc", Params(max_tokens=5, stop=("",)), "--stop must not be empty"),
+    ("abc", Params(max_tokens=5, stop=("",)), "stop must not be empty"),
 ])
 def test_a_bad_prompt_is_one_line_error_at_submit(prompt, params, message):
     engine = Engine(random_gpt(), VOCAB)
