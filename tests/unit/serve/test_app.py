@@ -76,9 +76,7 @@ class FakeEngine:
     def run(self, prompt: str, params: Params, on_event, request: FakeRequest) -> None:
         if FAILS in prompt:  # a character, then the engine's error (its log has said why)
             on_event(Event("a"))
-            with self.lock:  # the slot is free before the client can read the end
-                self.active -= 1
-            on_event(Event("", finish_reason="error", error=FAILURE))
+            self.finish(on_event, Event("", finish_reason="error", error=FAILURE))
             return
         text, reason = fake_completion(prompt, params)
         ended = self.held(request)
@@ -88,14 +86,23 @@ class FakeEngine:
             top = None if params.logprobs is None else {
                 LETTERS[j]: -1.0 - j for j in range(params.logprobs)}
             last = i == len(text) - 1 and reason == "length"
-            on_event(Event(ch, None if top is None else -0.25, top, reason if last else None))
             with self.lock:
                 self.characters += 1
+            event = Event(ch, None if top is None else -0.25, top, reason if last else None)
+            if last:
+                self.finish(on_event, event)
+            else:
+                on_event(event)
             time.sleep(self.delay)
         if ended or reason == "stop" or not text:
-            on_event(Event("", finish_reason=ended or reason))
+            self.finish(on_event, Event("", finish_reason=ended or reason))
+
+    def finish(self, on_event, event: Event) -> None:
+        """Free the slot, then send the last event: as the real engine does, so that a client
+        that has read its end finds the counts final."""
         with self.lock:
             self.active -= 1
+        on_event(event)
 
     def held(self, request: FakeRequest) -> str | None:
         while not self.gate.wait(0.005):
