@@ -65,7 +65,7 @@ def error_message(e: CharlmError | OSError) -> str:
     from charlm.cli.options import flag
 
     if isinstance(e, SettingError):
-        return e.calling(flag(e.setting))
+        return e.calling(flag)
     if isinstance(e, CharlmError):
         return str(e)
     return f"{e.strerror or e}: {e.filename}" if e.filename else f"{e.strerror or e}"

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from charlm.config.values import coerce
-from charlm.core.errors import SettingError
+from charlm.core.errors import Setting, SettingError
 
 
 def _option(default: Any, help: str, flag: str | None = None) -> Any:
@@ -58,7 +58,7 @@ class SampleConfig:
     def __post_init__(self) -> None:
         def need(ok: bool, setting: str, problem: str) -> None:
             if not ok:  # named as the Python API's keyword; the CLI says the flag
-                raise SettingError(setting, "", problem)
+                raise SettingError(Setting(setting), problem)
 
         # The CLI's options arrive typed; the Python API's (`charlm.sample(**options)`) may not.
         hints = typing.get_type_hints(SampleConfig)

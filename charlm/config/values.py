@@ -12,7 +12,7 @@ import typing
 from typing import Any, Literal
 
 from charlm.config.yaml_files import PlainScalar, plain_value, too_large, untext
-from charlm.core.errors import SettingError
+from charlm.core.errors import Setting, SettingError
 
 
 def _options(tp: Any) -> tuple[Any, ...]:
@@ -66,8 +66,8 @@ def coerce(value: Any, tp: Any, key: str, where: str = "") -> Any:
     if isinstance(value, PlainScalar):
         if str not in _options(tp) and too_large(value):
             number = value if len(value) <= 20 else f"{value[:20]}... ({len(value):,} characters)"
-            raise SettingError(key, "invalid value for ", f"{at}: {number} is a number too "
-                               "large to read; give a smaller one")
+            raise SettingError("invalid value for ", Setting(key), f"{at}: {number} is a number "
+                               "too large to read; give a smaller one")
         value = _read(value, tp)
     for arg in _options(tp):
         if typing.get_origin(arg) is tuple and isinstance(value, (list, tuple)):
@@ -75,11 +75,11 @@ def coerce(value: Any, tp: Any, key: str, where: str = "") -> Any:
         got = _as(value, arg)
         if isinstance(got, float) and not math.isfinite(got):
             # A NaN fails every range check, but an infinite lr or weight decay would pass them.
-            raise SettingError(key, "invalid value for ", f"{at}: {value}, expected a finite "
-                               "number")
+            raise SettingError("invalid value for ", Setting(key),
+                               f"{at}: {value}, expected a finite number")
         if got is not _NO:
             return got
-    raise SettingError(key, "invalid value for ",
+    raise SettingError("invalid value for ", Setting(key),
                        f"{at}: {shown(untext(value))}, expected {_type_name(tp)}")
 
 

@@ -9,6 +9,7 @@ to do about it.
 
 import re
 import sys
+from collections.abc import Callable
 
 # What a terminal acts on instead of showing: C0 controls (newline, ESC, ...), DEL, C1 controls
 # and the Unicode line and paragraph separators.
@@ -19,19 +20,23 @@ class CharlmError(Exception):
     """Bad input or an impossible request, reported to the user without a traceback."""
 
 
+class Setting(str):
+    """A setting's name inside a `SettingError`'s message: the Python API's keyword (`top_k`)
+    or a config key (`train.device`), which the CLI says as its flag (`--top-k`)."""
+
+
 class SettingError(CharlmError):
-    """A bad value of one setting, its name in the message as the caller knows it: the Python
-    API's keyword (`top_k must be >= 1, got 0`), a config key (`train.device`), or, once the CLI
-    renames it (`charlm.cli.app`), the flag (`--top-k`). `parts`: the message's text around
-    each mention of the name."""
+    """Bad values of settings, named in the message as the caller knows them: `parts` is the
+    message, its `Setting` parts the names. `str()` says the Python names; the CLI's error line
+    renames them (`charlm.cli.app`)."""
 
-    def __init__(self, setting: str, *parts: str):
-        super().__init__(setting.join(parts))
-        self.setting, self.parts = setting, parts
+    def __init__(self, *parts: str):
+        super().__init__("".join(parts))
+        self.parts = parts
 
-    def calling(self, name: str) -> str:
-        """The message with the setting called `name`."""
-        return name.join(self.parts)
+    def calling(self, rename: Callable[[str], str]) -> str:
+        """The message with each setting called rename(its name)."""
+        return "".join(rename(p) if isinstance(p, Setting) else p for p in self.parts)
 
 
 def first_line(e: BaseException) -> str:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from charlm.core.errors import CharlmError, SettingError
+from charlm.core.errors import CharlmError, Setting, SettingError
 
 if TYPE_CHECKING:  # `charlm prepare` imports this module and must not pay for importing torch
     import torch
@@ -404,7 +404,7 @@ class PairVocab:
         """Ids of `text`; characters outside the vocabulary are an error, or dropped with
         unknown='skip'."""
         if unknown not in ("error", "skip"):
-            raise SettingError("unknown", "", f" must be 'error' or 'skip', got {unknown!r}")
+            raise SettingError(Setting("unknown"), f" must be 'error' or 'skip', got {unknown!r}")
         index = self._source_index
         bad = [(i, c) for i, c in enumerate(text) if c not in index]
         if bad and unknown == "error":

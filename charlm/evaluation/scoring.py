@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from charlm.core.errors import CharlmError, SettingError, characters
+from charlm.core.errors import CharlmError, Setting, SettingError, characters
 from charlm.core.files import open_regular
 from charlm.data.chunks import CHUNK_BYTES, byte_chunks, code_point_chunks, narrow_code_points
 from charlm.data.prepare import check_input_file
@@ -160,13 +160,13 @@ def _nll(model: GPT, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def check_stride(block: int, min_context: int) -> None:
     """Each window must score at least one new character: min_context below block_size."""
     if not 0 <= min_context < block:
-        raise CharlmError(f"--stride must be in [0, {block - 1}] for block_size {block}, "
-                          f"got {min_context}")
+        raise SettingError(Setting("stride"), f" must be in [0, {block - 1}] for block_size "
+                           f"{block}, got {min_context}")
 
 
 def check_unknown_policy(unknown: str) -> None:
     if unknown not in ("error", "skip"):  # `charlm eval --unknown` and charlm.score
-        raise SettingError("unknown", "", f" must be 'error' or 'skip', got {unknown!r}")
+        raise SettingError(Setting("unknown"), f" must be 'error' or 'skip', got {unknown!r}")
 
 
 def require_score_memory(model: GPT) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from charlm.config.sampling import SampleConfig
-from charlm.core.errors import CharlmError, characters
+from charlm.core.errors import CharlmError, Setting, SettingError, characters
 from charlm.data.vocab import Vocab, list_unknown, unit_name
 from charlm.generation.beams import beam_search
 from charlm.generation.decoding import generate
@@ -163,8 +163,9 @@ def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
     stop signal): it is asked after every token."""
     if opts.beams is not None:
         if opts.num_samples != 1:  # an encoder-decoder's beams give an n-best list instead
-            raise CharlmError("--beams returns the single best sequence; use --num-samples 1 "
-                              "with --beams")
+            beams = Setting("beams")
+            raise SettingError(beams, " returns the single best sequence; use ",
+                               Setting("num_samples"), " 1 with ", beams)
         require_cache_memory(model, "beams", opts.beams)
     else:
         require_cache_memory(model, "num_samples", opts.num_samples)

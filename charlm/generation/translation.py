@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from charlm.config.sampling import SampleConfig
-from charlm.core.errors import CharlmError
+from charlm.core.errors import CharlmError, Setting, SettingError
 from charlm.data.batches import collate
 from charlm.data.vocab import PairVocab
 from charlm.generation.seq2seq import beam_search_ids, translate_ids
@@ -66,8 +66,9 @@ def translate(model: EncoderDecoder, vocab: PairVocab, sources: Sequence[str],
     K = opts.num_samples
     if opts.beams is not None:
         if opts.beams < K:
-            raise CharlmError(f"--num-samples {K} asks for the {K} best of --beams "
-                              f"{opts.beams}; give at most {opts.beams}, or more beams")
+            raise SettingError(Setting("num_samples"), f" {K} asks for the {K} best of ",
+                               Setting("beams"), f" {opts.beams}; give at most {opts.beams}, "
+                               "or more beams")
         require_cache_memory(model, "beams", opts.beams)
     else:
         require_cache_memory(model, "num_samples", K, min(BATCH, len(encoded)))

@@ -12,7 +12,7 @@ import random
 import torch
 
 from charlm.config.schema import device_error
-from charlm.core.errors import CharlmError, SettingError
+from charlm.core.errors import CharlmError, Setting, SettingError
 
 
 def resolve_device(name: str, setting: str = "train.device") -> torch.device:
@@ -27,15 +27,16 @@ def resolve_device(name: str, setting: str = "train.device") -> torch.device:
             return torch.device("cuda")
         return torch.device("mps" if has_mps else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise SettingError(setting, "", f" is {name!r} but no CUDA GPU is available to this "
+        raise SettingError(Setting(setting), f" is {name!r} but no CUDA GPU is available to this "
                            "torch build; use cpu (or auto), or install a CUDA build of torch")
     if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
         n = torch.cuda.device_count()
-        raise SettingError(setting, "", f" is {name!r} but this machine has {n} CUDA "
+        raise SettingError(Setting(setting), f" is {name!r} but this machine has {n} CUDA "
                            f"GPU{'s' if n != 1 else ''} (cuda:0 to cuda:{n - 1}); use one of "
                            "them, or cuda (the first)")
     if name == "mps" and not has_mps:
-        raise SettingError(setting, "", " is 'mps' but MPS is not available; use cpu (or auto)")
+        raise SettingError(Setting(setting), " is 'mps' but MPS is not available; use cpu "
+                           "(or auto)")
     return torch.device(name)
 
 
@@ -60,7 +61,8 @@ def require_memory(need: int, device: torch.device, needs: str, advice: str,
         needs = needs.replace("{gib}", f"{need / 2**30:,.1f} GiB")
         message = f"{needs}, more than the {have / 2**30:,.1f} GiB of {device.type}; {advice}"
         if setting is not None:
-            raise SettingError(setting, *message.split("{setting}"))
+            first, *rest = message.split("{setting}")
+            raise SettingError(first, *(p for piece in rest for p in (Setting(setting), piece)))
         raise CharlmError(message)
 
 

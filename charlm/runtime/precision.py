@@ -8,7 +8,7 @@ import contextlib
 
 import torch
 
-from charlm.core.errors import CharlmError, SettingError, first_line
+from charlm.core.errors import CharlmError, Setting, SettingError, first_line
 
 
 def cuda_has_bf16(device: torch.device) -> bool:
@@ -40,7 +40,7 @@ def weights_dtype(name: str) -> torch.dtype:
     rounding the weights and activations (float16 keeps 3 more mantissa bits than bfloat16).
     Logits are sampled in float32 either way."""
     if name not in DTYPES:
-        raise SettingError("dtype", "", f" must be one of {', '.join(DTYPES)}, got {name!r}")
+        raise SettingError(Setting("dtype"), f" must be one of {', '.join(DTYPES)}, got {name!r}")
     return DTYPES[name]
 
 

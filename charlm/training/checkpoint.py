@@ -19,12 +19,12 @@ from typing import Any, BinaryIO, Protocol
 import torch
 
 from charlm.config.schema import RunConfig
-from charlm.core.errors import CharlmError, first_line, one_line
+from charlm.core.errors import CharlmError, SettingError, first_line, one_line
 from charlm.core.files import missing, open_regular, run_write_error, write_atomic
 from charlm.data.vocab import PairVocab, Vocab
 from charlm.runtime.device import require_memory
 from charlm.training.optimizer import Optimizer, load_state
-from charlm.training.steps import find_step
+from charlm.training.steps import STEP, find_step
 from charlm.training.tasks import build_model, check_stored_shapes, check_weights, vocab_from_state
 
 FORMAT = "charlm-checkpoint"
@@ -135,8 +135,8 @@ def resolve(path: str | Path, step: int | None = None) -> Path:
         raise missing(path, "checkpoint", f"no such run dir or checkpoint: {path}")
     if step is not None:
         if not path.is_dir():
-            raise CharlmError(f"--step {step} picks a checkpoint of a run dir, and {path} is a "
-                              "file; give the run dir, or drop --step")
+            raise SettingError(STEP, f" {step} picks a checkpoint of a run dir, and {path} is a "
+                               "file; give the run dir, or drop ", STEP)
         return find_step(path, step)
     if path.is_dir():
         for name in ("best.pt", "last.pt"):

@@ -9,9 +9,10 @@ import contextlib
 import re
 from pathlib import Path
 
-from charlm.core.errors import CharlmError
+from charlm.core.errors import Setting, SettingError
 
 STEPS_DIR = "checkpoints"
+STEP = Setting("step")  # `charlm.load`'s, the CLI's --step
 _NAME = re.compile(r"step-([0-9]{6,})\.pt")
 _TEMP = re.compile(r"\.step-[0-9]{6,}\.pt\.tmp-[0-9]+")
 
@@ -68,10 +69,10 @@ def find_step(run_dir: Path, step: int) -> Path:
         return path
     steps = saved_steps(run_dir)
     if not steps:
-        raise CharlmError(f"--step {step}: {run_dir} keeps no checkpoints by step (it was "
-                          "trained with train.keep_checkpoints=0); use its best.pt or last.pt "
-                          "(drop --step), or train with --set train.keep_checkpoints=N")
+        raise SettingError(STEP, f" {step}: {run_dir} keeps no checkpoints by step (it was "
+                           "trained with train.keep_checkpoints=0); use its best.pt or last.pt "
+                           "(drop ", STEP, "), or train with train.keep_checkpoints=N")
     kept = ", ".join(map(str, steps[:20])) + (f", ... ({len(steps)} in all)"
                                               if len(steps) > 20 else "")
-    raise CharlmError(f"--step {step}: {run_dir} keeps no checkpoint of step {step}; its "
-                      f"{STEPS_DIR}/ holds steps {kept}")
+    raise SettingError(STEP, f" {step}: {run_dir} keeps no checkpoint of step {step}; its "
+                       f"{STEPS_DIR}/ holds steps {kept}")

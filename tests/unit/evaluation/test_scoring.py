@@ -99,7 +99,7 @@ def test_score_text_units_and_unknown_policies(model):
     assert score_text(model, VOCAB, "abX" + text, unknown="skip", progress=False).notes() == [
         "skipped 1 character outside the vocabulary"]
     assert skipped.loss == score_text(model, VOCAB, "abc" + text, progress=False).loss
-    with pytest.raises(CharlmError, match="--stride must be in"):
+    with pytest.raises(CharlmError, match="stride must be in"):
         score_text(model, VOCAB, text, min_context=8, progress=False)
 
 

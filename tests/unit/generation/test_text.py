@@ -5,6 +5,7 @@ import random
 import pytest
 import torch
 
+from charlm.cli.options import flag as cli_flag
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError, SettingError
 from charlm.data.vocab import Vocab
@@ -38,7 +39,7 @@ def test_more_samples_or_beams_than_memory_holds_is_a_plain_error(model, monkeyp
                    "of the context and a forward's activations, more than the 1.0 GiB of cpu; "
                    "use a smaller {}")
         assert str(e.value) == message.format(setting, setting)  # as the Python API says it
-        assert e.value.calling(flag) == message.format(flag, flag)  # as the CLI does
+        assert e.value.calling(cli_flag) == message.format(flag, flag)  # as the CLI does
     four = sampling_bytes(model.cfg, V, 4, 4)
     monkeypatch.setattr("charlm.runtime.device.memory_bytes", lambda device: four)
     assert len(sample_text(model, VOCAB, "ab", SampleConfig(num_samples=4, max_new_tokens=3))) == 4

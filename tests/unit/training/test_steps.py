@@ -26,14 +26,14 @@ def test_a_step_that_is_not_kept_is_one_error_that_lists_those_that_are(tmp_path
     with pytest.raises(CharlmError) as e:
         steps.find_step(tmp_path, 500)
     assert str(e.value) == (
-        f"--step 500: {tmp_path} keeps no checkpoints by step (it was trained with "
-        "train.keep_checkpoints=0); use its best.pt or last.pt (drop --step), or train with "
-        "--set train.keep_checkpoints=N")
+        f"step 500: {tmp_path} keeps no checkpoints by step (it was trained with "
+        "train.keep_checkpoints=0); use its best.pt or last.pt (drop step), or train with "
+        "train.keep_checkpoints=N")
     (tmp_path / "checkpoints").mkdir()
     for step in (100, 200):
         steps.step_path(tmp_path, step).write_bytes(b"x")
     assert steps.find_step(tmp_path, 200) == tmp_path / "checkpoints" / "step-000200.pt"
     with pytest.raises(CharlmError) as e:
         steps.find_step(tmp_path, 150)
-    assert str(e.value) == (f"--step 150: {tmp_path} keeps no checkpoint of step 150; its "
+    assert str(e.value) == (f"step 150: {tmp_path} keeps no checkpoint of step 150; its "
                             "checkpoints/ holds steps 100, 200")
