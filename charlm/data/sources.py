@@ -10,9 +10,9 @@ unless its pattern starts with a dot, and `**` matches any number of folders, as
 filter the files a folder or a glob brings. A .gz, .bz2 or .xz file is decompressed as it
 streams; stdin is copied to a temporary file first, as `prepare` reads its inputs twice.
 
-A `Source` is read through a `Tap` that hashes, counts and shows on the progress bar the bytes
-as they are on disk (the compressed ones for a .gz), so a cache can compare sizes and sha256
-with what `os.stat` and one read of the file give."""
+A `Source` is read through a `HashingReader` that hashes, counts and shows on the progress bar
+the bytes as they are on disk (the compressed ones for a .gz), so a cache can compare sizes
+and sha256 with what `os.stat` and one read of the file give."""
 
 from __future__ import annotations
 
@@ -113,14 +113,14 @@ class Source:
         return self.path.suffix.lower() if self.path.suffix.lower() in CODECS else None
 
     @contextlib.contextmanager
-    def open(self, bar: tqdm | None = None) -> Iterator[tuple[BinaryIO, Tap]]:
-        """The file's text bytes (decompressed) and the `Tap` on its bytes as stored."""
+    def open(self, bar: tqdm | None = None) -> Iterator[tuple[BinaryIO, HashingReader]]:
+        """The file's text bytes (decompressed) and the `HashingReader` on its bytes as stored."""
         try:
             raw = open(self.path, "rb")  # noqa: SIM115 - closed below
         except OSError as e:
             raise unreadable(self, e) from None
         with raw, ChunkDigest() as digest:
-            tap = Tap(raw, digest, bar)
+            tap = HashingReader(raw, digest, bar)
             if self.codec is None:
                 yield tap, tap
             else:
@@ -135,7 +135,7 @@ class Source:
                            f"the file (`{TOOLS[self.codec]} -t {self.name}`)", "damaged")
 
 
-class Tap:
+class HashingReader:
     """A binary file read through: every byte hashed (`ChunkDigest`), counted and shown."""
 
     def __init__(self, f: BinaryIO, digest: ChunkDigest, bar: tqdm | None):

@@ -25,8 +25,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from starlette.exceptions import HTTPException
 
 from charlm.core.errors import CharlmError
-from charlm.serve.engine import Params
-from charlm.serve.events import Batch, Mailbox
+from charlm.serve.engine import Backend, Params
+from charlm.serve.events import Completions, Mailbox
 from charlm.serve.metrics import CONTENT_TYPE, CountResponses, Metrics
 from charlm.serve.responses import DONE, ChatStyle, Choice, CompletionStyle, Style, sse, usage
 from charlm.serve.schema import (
@@ -54,7 +54,7 @@ class Settings:
     cors_origins: tuple[str, ...] = ()  # browsers' origins allowed to call the API
 
 
-def create_app(engine: Any, settings: Settings) -> FastAPI:
+def create_app(engine: Backend, settings: Settings) -> FastAPI:
     """The app around `engine` (charlm.serve.engine.Engine's interface, already started)."""
     app = FastAPI(title="charlm", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine, app.state.settings = engine, settings
@@ -146,25 +146,25 @@ async def respond(request: Request, style: Style, jobs: list[tuple[str, Params]]
     if state.mailbox is None or state.mailbox.loop is not loop:  # tests run an app on several
         state.mailbox = Mailbox(loop)
     try:
-        batch = Batch(state.engine, jobs, state.metrics, state.mailbox)
+        completions = Completions(state.engine, jobs, state.metrics, state.mailbox)
     except CharlmError as e:  # the prompt's fault, unless it names another field
         raise ApiError(400, str(e), getattr(e, "param", prompt_param)) from None
     state.in_flight += len(jobs)
-    watcher = asyncio.create_task(cancel_on_disconnect(request, batch))
+    watcher = asyncio.create_task(cancel_on_disconnect(request, completions))
 
     def done() -> None:
         state.in_flight -= len(jobs)
         watcher.cancel()
-        batch.cancel()
+        completions.cancel()
 
     prompt_characters = sum(len(prompt) for prompt, _ in jobs[::body.n])  # n jobs per prompt
     if body.stream:
         return StreamingResponse(
-            stream(style, batch, choices, prompt_characters, body.include_usage, done),
+            stream(style, completions, choices, prompt_characters, body.include_usage, done),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
-        async for ready in batch.events():
+        async for ready in completions.events():
             for i, event in ready:
                 choices[i].add(event)
     finally:
@@ -175,14 +175,14 @@ async def respond(request: Request, style: Style, jobs: list[tuple[str, Params]]
                                    usage(prompt_characters, choices)))
 
 
-async def stream(style: Style, batch: Batch, choices: list[Choice], prompt_characters: int,
-                 include_usage: bool, done: Any) -> AsyncIterator[str]:
+async def stream(style: Style, completions: Completions, choices: list[Choice],
+                 prompt_characters: int, include_usage: bool, done: Any) -> AsyncIterator[str]:
     """The server-sent events of a streamed answer, ending with `data: [DONE]`."""
     try:
         for c in choices:
             if (opening := style.opening(c)) is not None:
                 yield sse(style.body([opening], chunk=True))
-        async for ready in batch.events():  # one write for the events that have arrived
+        async for ready in completions.events():  # one write for the events that have arrived
             if chunks := "".join(sse(style.body([style.delta(choices[i], event,
                                                              choices[i].add(event))],
                                                 chunk=True))
@@ -206,12 +206,12 @@ def generation_failed(error: str | None) -> ApiError:
                     code="generation_failed")
 
 
-async def cancel_on_disconnect(request: Request, batch: Batch) -> None:
+async def cancel_on_disconnect(request: Request, completions: Completions) -> None:
     """Wait for the client to go away, then cancel its completions (the engine frees their slots
     at its next step). The body has been read: the next message is the disconnect."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-    batch.cancel()
+    completions.cancel()
 
 
 class Cors(CORSMiddleware):

@@ -21,6 +21,7 @@ import copy
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -48,7 +49,7 @@ from charlm.serve.request import (
     generator_for,
 )
 
-__all__ = ["KV_BUDGET", "MAX_LOGPROBS", "Engine", "Event", "Params", "Request", "Stats",
+__all__ = ["KV_BUDGET", "MAX_LOGPROBS", "Backend", "Engine", "Event", "Params", "Request", "Stats",
            "slots_within"]
 
 KV_BUDGET = 1 << 30  # bytes of keys and values that `charlm serve`'s default slots fit in
@@ -84,6 +85,19 @@ class Stats:
     queued: int
     batch_size: int  # rows in the last decode step
     characters: int  # generated in all
+
+
+class Backend(Protocol):
+    """What the app and its metrics ask of an engine: `Engine`, or a test's fake one."""
+
+    max_logprobs: int | None  # the most logprobs a request may ask for; None: none at all
+
+    def submit(self, prompt: str, params: Params,
+               on_event: Callable[[Event], None]) -> Request: ...
+
+    def stats(self) -> Stats: ...
+
+    def close(self, grace_s: float = 5.0) -> None: ...
 
 
 class Engine:

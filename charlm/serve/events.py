@@ -1,6 +1,6 @@
 """The engine's events on the event loop: `Mailbox`, which hands them over from the engine's
-thread with one wake-up of the loop for all that are posted before it runs, and `Batch`, the
-engine requests behind one HTTP request with their events merged into one queue."""
+thread with one wake-up of the loop for all that are posted before it runs, and `Completions`,
+the engine requests behind one HTTP request with their events merged into one queue."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from charlm.serve.engine import Event, Params
+from charlm.serve.engine import Backend, Event, Params, Request
 from charlm.serve.metrics import Metrics
 
 
@@ -45,15 +45,15 @@ class Mailbox:
             queue.put_nowait(item)
 
 
-class Batch:
+class Completions:
     """The engine requests behind one HTTP request, their events merged into one queue on the
     event loop, timed for the metrics."""
 
-    def __init__(self, engine: Any, jobs: list[tuple[str, Params]], metrics: Metrics,
+    def __init__(self, engine: Backend, jobs: list[tuple[str, Params]], metrics: Metrics,
                  mailbox: Mailbox):
         self.metrics = metrics
         self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
-        self.requests: list[Any] = []
+        self.requests: list[Request] = []
         self.open: set[int] = set()
         self.start = time.monotonic()
 
