@@ -19,6 +19,7 @@ import torch
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
 from charlm.data.vocab import Vocab
+from charlm.generation.decoding import refill_length
 from charlm.generation.utf8 import vocab_transitions
 from charlm.model.attention import KVCache
 from charlm.model.gpt import GPT
@@ -110,7 +111,7 @@ def save_onnx(model: GPT, vocab: Vocab, cfg: RunConfig, out: Path) -> None:
             "vocab": {"units": vocab.units, "chars": list(vocab.chars),
                       "normalize": vocab.normalize},
             "block_size": m.block_size, "n_layer": layers, "n_head": m.n_head,
-            "head_dim": m.head_dim, "keep": max(m.block_size // 2, 1),
+            "head_dim": m.head_dim, "keep": refill_length(m.block_size),
             "inputs": names, "outputs": outputs,
             "utf8_next": vocab_transitions(vocab).tolist() if vocab.units == "byte" else None}
     (out / META).write_text(json.dumps(meta, ensure_ascii=False, indent=1) + "\n",

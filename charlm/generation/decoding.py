@@ -46,6 +46,17 @@ class Decoder(Protocol):
     def reorder(self, index: torch.Tensor) -> None: ...
 
 
+def refill_length(block: int) -> int:
+    """The past-window rule: a full cache is prefilled again from its most recent
+    refill_length(block) ids, the new one last: half the context (at least the new id)."""
+    return max(block // 2, 1)
+
+
+def kept_ids(window: torch.Tensor, block: int) -> torch.Tensor:
+    """The ids of a full cache's window (..., block) that the new id follows in its refill."""
+    return window[..., block - refill_length(block) + 1:]
+
+
 class CachedDecoder:
     """Feeds tokens through the model over a preallocated KV cache.
 
@@ -60,7 +71,6 @@ class CachedDecoder:
     def __init__(self, model: GPT, batch_size: int, compile: bool = False):
         self.model = model
         self.block = model.cfg.block_size
-        self.keep = max(self.block // 2, 1)
         self.cache = model.new_cache(batch_size)
         self.window = torch.empty(batch_size, self.block, dtype=torch.long,
                                   device=model.wte.weight.device)
@@ -79,7 +89,7 @@ class CachedDecoder:
         """Append one id per row, ids (B,); logits (B, V) for the next position."""
         pos = self.cache.pos
         if pos == self.block:  # full: keep the most recent tokens, re-prefill once
-            tail = torch.cat([self.window[:, pos - self.keep + 1:], ids[:, None]], dim=1)
+            tail = torch.cat([kept_ids(self.window, self.block), ids[:, None]], dim=1)
             return self.prefill(tail)
         self.window[:, pos] = ids
         if self.compiled is not None:

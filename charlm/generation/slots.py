@@ -16,6 +16,7 @@ import torch
 
 from charlm.core.errors import first_line, warn
 from charlm.generation.compiled_step import CompiledStep
+from charlm.generation.decoding import kept_ids
 from charlm.model.gpt import GPT
 
 
@@ -32,7 +33,6 @@ class SlotDecoder:
         self.model = model
         self.slots = slots
         self.block = model.cfg.block_size
-        self.keep = max(self.block // 2, 1)
         self.cache = model.new_cache(slots)
         self.device = model.wte.weight.device
         # the ids whose keys and values sit in each row, to re-prefill a full row from
@@ -95,7 +95,7 @@ class SlotDecoder:
         n = self.n
         for row in range(n):
             if self.pos[row] == self.block:  # full: keep the most recent ids, as CachedDecoder
-                kept = self.window[row, self.block - self.keep + 1:].clone()  # and ids[row]
+                kept = kept_ids(self.window[row], self.block).clone()  # and ids[row]
                 if kept.numel():
                     self._prefill(row, kept)
                 else:  # block_size 1: only the new id
