@@ -179,36 +179,52 @@ def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
 
     K = opts.num_samples
     generator = torch.Generator(device=device).manual_seed(opts.seed)
-    matchers = [StopMatcher(opts.stop, opts.include_stop) for _ in range(K)]
-    texts = [""] * K
-    counts = [0] * K
-    seconds = [0.0] * K
-    streams = [vocab.stream() for _ in range(K)]
+    drafts = [Draft(vocab, opts, t0) for _ in range(K)]
     steps = generate(model, ids.expand(K, -1), opts.max_new_tokens, opts, generator,
                      utf8_mask(vocab, K, device))
     for step_ids in steps:
         for i, token in enumerate(step_ids.tolist()):
-            m = matchers[i]
-            if m.done:
-                continue
-            counts[i] += 1
-            piece = m.feed(streams[i].feed(token))
-            if m.done:
-                seconds[i] = time.perf_counter() - t0
-            if piece:
-                texts[i] += piece
+            if not drafts[i].done and (piece := drafts[i].feed(token)):
                 emit(i, piece)
-        if all(m.done for m in matchers) or (stop is not None and stop()):
+        if all(d.done for d in drafts) or (stop is not None and stop()):
             steps.close()
             break
-    for i, m in enumerate(matchers):
-        rest = m.flush()
-        if rest:
-            texts[i] += rest
+    for i, d in enumerate(drafts):
+        if rest := d.finish():
             emit(i, rest)
-        if not m.done:
-            seconds[i] = time.perf_counter() - t0
-    return [Sample(prompt, texts[i], counts[i], seconds[i], matchers[i].done) for i in range(K)]
+    return [Sample(prompt, d.text, d.count, d.seconds, d.done) for d in drafts]
+
+
+class Draft:
+    """One sample's text as its ids arrive: decoded (a byte model's whole characters), held
+    back while a stop string may still match, its ids counted and its time taken."""
+
+    def __init__(self, vocab: Vocab, opts: SampleConfig, t0: float):
+        self.matcher = StopMatcher(opts.stop, opts.include_stop)
+        self.stream = vocab.stream()
+        self.t0, self.text, self.count, self.seconds = t0, "", 0, 0.0
+
+    @property
+    def done(self) -> bool:
+        """A stop string has ended it."""
+        return self.matcher.done
+
+    def feed(self, token: int) -> str:
+        """Take the next id; the text that became final ("" while it may be a stop's start)."""
+        self.count += 1
+        piece = self.matcher.feed(self.stream.feed(token))
+        if self.done:
+            self.seconds = time.perf_counter() - self.t0
+        self.text += piece
+        return piece
+
+    def finish(self) -> str:
+        """End it: the text held back until now."""
+        rest = self.matcher.flush()
+        self.text += rest
+        if not self.done:
+            self.seconds = time.perf_counter() - self.t0
+        return rest
 
 
 def best_beam(model: GPT, vocab: Vocab, prompt: str, ids: torch.Tensor, opts: SampleConfig,
