@@ -6,8 +6,9 @@ each CPU preset given the same --time; `nanoGPT` (with --nanogpt DIR), its CPU r
 `bench.py presets` runs it) with max_iters and lr_decay_iters set so that it ends by T: its step
 time is measured first, over the later half of one 300-step run, and its steps are those that
 fit T less 5 s of start-up, each counted 1.07 times for its evaluations. `within` says whether a
-run ended by its budget plus 5 percent or 10 s (issue 43's deadline). Issue 43's targets for
-`sized`: 1.50 at 5m, 1.47 at 15m, 1.44 at 30m."""
+run ended by its budget plus 5 percent or 10 s (issue 43's deadline). `--set KEY=VALUE` goes to
+every charlm run (a seed, or a rung's keys to try a sizing rule's other pick: the keys given win
+over the pick). Issue 43's targets for `sized`: 1.50 at 5m, 1.47 at 15m, 1.44 at 30m."""
 
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what to train (default: all; nanoGPT needs --nanogpt)")
     parser.add_argument("--nanogpt", type=Path, metavar="DIR",
                         help="a clone of karpathy/nanoGPT, to run its recipe in the same time")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="a config key for every charlm run")
 
 
 def figures(args: argparse.Namespace) -> Iterator[dict]:
@@ -57,7 +60,8 @@ def measure(times: list[float], args: argparse.Namespace) -> Iterator[dict]:
                     result = {**run_nanogpt(args.nanogpt, iters=iters), "steps": iters}
                 else:
                     result = run_charlm(None if variant == "sized" else
-                                        str(ROOT / "configs" / f"{variant}.yaml"), seconds)
+                                        str(ROOT / "configs" / f"{variant}.yaml"), seconds,
+                                        args.overrides)
                 wall = result["total_wall_s"]
                 yield {"time": f"{seconds:g}s", "variant": variant, "round": r,
                        "best_val": result["best_val"], "final_val": result["final_val"],
@@ -66,11 +70,12 @@ def measure(times: list[float], args: argparse.Namespace) -> Iterator[dict]:
                        "target": TARGETS.get(seconds) if variant == "sized" else None}
 
 
-def run_charlm(config: str | None, seconds: float) -> dict:
-    """`charlm train [CONFIG] TEXT --time SECONDS` to its end: best and last val loss, steps,
-    wall time from launch."""
+def run_charlm(config: str | None, seconds: float, overrides: list[str]) -> dict:
+    """`charlm train [CONFIG] TEXT --time SECONDS --set ...` to its end: best and last val
+    loss, steps, wall time from launch."""
     # target 0: never reached, so the run goes to the end of its budget
-    run = time_to_loss(config, [f"data.path={TEXT}", f"train.max_time={seconds}"], 0.0,
+    run = time_to_loss(config, [f"data.path={TEXT}", f"train.max_time={seconds}", *overrides],
+                       0.0,
                        stop_at_target=False, max_seconds=2 * seconds + 60)
     vals = [e["val_loss"] for e in run["curve"] if e["val_loss"] is not None]
     return {"best_val": min(vals) if vals else None, "final_val": run["final_val"],
