@@ -469,13 +469,13 @@ def test_bench_busy_times_each_variant_beside_each_neighbour(monkeypatch, capsys
 def test_bench_frontier_gives_each_budget_to_each_variant(monkeypatch, capsys, tmp_path):
     """Every budget trains the sized model and each preset with --time, and nanoGPT's recipe
     with the steps its measured step time fits in the budget; `within` is the deadline of issue
-    43 (5 % or 10 s), `target` the sized model's."""
+    43 (5 % or 10 s), `target` the sized model's; `--set` keys go to every charlm run, last."""
     frontier = import_script("benchlib.frontier", monkeypatch)
     charlm_calls, nanogpt_calls = [], []
 
     def fake_charlm(config, overrides, target, stop_at_target, max_seconds):
         charlm_calls.append((config and Path(config).name, overrides, target, stop_at_target))
-        seconds = float(overrides[-1].removeprefix("train.max_time="))
+        seconds = float(overrides[1].removeprefix("train.max_time="))
         return {"final_val": 1.6, "total_wall_s": seconds + (12.0 if config else 1.0),
                 "curve": [{"step": 10, "val_loss": 1.7}, {"step": 20, "val_loss": 1.5},
                           {"step": 30, "val_loss": 1.6}]}
@@ -488,9 +488,11 @@ def test_bench_frontier_gives_each_budget_to_each_variant(monkeypatch, capsys, t
     monkeypatch.setattr(frontier, "run_nanogpt", fake_nanogpt)
     (tmp_path / "train.py").write_text("")
     records, _ = bench(monkeypatch, capsys, "frontier", "--times", "1m", "5m", "--variants",
-                       "sized", "shakespeare_char_cpu", "nanoGPT", "--nanogpt", str(tmp_path))
+                       "sized", "shakespeare_char_cpu", "nanoGPT", "--nanogpt", str(tmp_path),
+                       "--set", "train.seed=2", "--set", "model.n_layer=4")
     text = str(frontier.TEXT)
-    assert charlm_calls == [(config, [f"data.path={text}", f"train.max_time={s}"], 0.0, False)
+    assert charlm_calls == [(config, [f"data.path={text}", f"train.max_time={s}",
+                                      "train.seed=2", "model.n_layer=4"], 0.0, False)
                             for s in (60.0, 300.0)
                             for config in (None, "shakespeare_char_cpu.yaml")]
     # measured once, then (T - 5 s) / (0.05 s x 1.07) steps
