@@ -74,9 +74,8 @@ def run_charlm(config: str | None, seconds: float, overrides: list[str]) -> dict
     """`charlm train [CONFIG] TEXT --time SECONDS --set ...` to its end: best and last val
     loss, steps, wall time from launch."""
     # target 0: never reached, so the run goes to the end of its budget
-    run = time_to_loss(config, [f"data.path={TEXT}", f"train.max_time={seconds}", *overrides],
-                       0.0,
-                       stop_at_target=False, max_seconds=2 * seconds + 60)
+    keys = [f"data.path={TEXT}", f"train.max_time={seconds}", *overrides]
+    run = time_to_loss(config, keys, 0.0, stop_at_target=False, max_seconds=2 * seconds + 60)
     vals = [e["val_loss"] for e in run["curve"] if e["val_loss"] is not None]
     return {"best_val": min(vals) if vals else None, "final_val": run["final_val"],
             "total_wall_s": run["total_wall_s"],
