@@ -86,9 +86,7 @@ def serve(
     engine = Engine(lm.model, lm.vocab, slots=slots, compile=compile)
     del lm  # the engine decodes from its own copy: the loaded weights need not stay in memory
     sock = listen(host, port)
-    seconds = engine.build()  # the engine decodes on this thread once serving (`serve`)
-    if compile:
-        print(f"compiled the decode step in {seconds:.1f} s")
+    engine.build()  # the engine decodes on this thread once serving (`serve`); says its time
     settings = Settings(name, Limits(max_prompt, max_tokens, max_n, max_body, max_concurrent),
                         api_key, tuple(cors_origin or ()))
     bound_host, bound_port = sock.getsockname()[:2]

@@ -10,8 +10,6 @@ full, the most recent `block_size // 2` ids are re-prefilled, so each row's gree
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from charlm.core.errors import first_line, warn
@@ -44,20 +42,17 @@ class SlotDecoder:
     def n(self) -> int:
         return len(self.pos)
 
-    def build(self) -> float:
-        """Build the compiled step's graph now (one step over empty slots); its seconds. Where
-        it cannot be built, one warning and eager steps from then on (0.0)."""
+    def build(self) -> None:
+        """Build the compiled step's graph now (one step over empty slots). Where it cannot be
+        built, one warning and eager steps from then on."""
         if self.compiled is None:
-            return 0.0
-        start = time.perf_counter()
+            return
         try:
             self.compiled.seek([0] * self.slots)
             self.compiled(torch.zeros(self.slots, dtype=torch.long, device=self.device))
         except Exception as e:  # no C++ compiler, an op the compiler cannot take, ...
             warn(f"torch.compile failed ({first_line(e)}); decoding without compile")
             self.compiled = None
-            return 0.0
-        return time.perf_counter() - start
 
     def add(self, ids: list[int]) -> torch.Tensor:
         """Start a sequence in row n from ids (its last block_size), prefilled alone; the

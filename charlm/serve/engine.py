@@ -136,20 +136,18 @@ class Engine:
         self.batch_size = 0
         self.characters = 0
 
-    def build(self) -> float:
-        """Build the compiled step with `compile`; the seconds that took (0.0 without)."""
-        if self.decoder is None:
-            return 0.0
-        with torch.inference_mode():
-            return self.decoder.build()
+    def build(self) -> None:
+        """Build the compiled step with `compile`."""
+        if self.decoder is not None:
+            with torch.inference_mode():
+                self.decoder.build()
 
-    def start(self) -> float:
-        """`build`, then run the decode loop on a thread of its own; the build's seconds.
-        (`charlm serve` runs it on the main thread instead: `run`.)"""
-        seconds = self.build()
+    def start(self) -> None:
+        """`build`, then run the decode loop on a thread of its own. (`charlm serve` runs it on
+        the main thread instead: `run`.)"""
+        self.build()
         self.thread = threading.Thread(target=self.run, name="charlm-engine", daemon=True)
         self.thread.start()
-        return seconds
 
     def submit(self, prompt: str, params: Params, on_event: Callable[[Event], None]) -> Request:
         """Queue a completion of `prompt`; thread-safe. Bad input is a one-line CharlmError."""

@@ -284,7 +284,8 @@ def test_the_compiled_step_is_one_graph_for_every_batch(monkeypatch):
     engine = Engine(model, VOCAB, slots=6, compile=True)
     jobs = [(p, Params(max_tokens=18 + 2 * i, temperature=0)) for i, p in enumerate(prompts(10))]
     done = [Completion() for _ in jobs]
-    assert engine.start() > 0 and len(traces) == 1
+    engine.start()
+    assert len(traces) == 1
     try:
         for (prompt, params), completion in zip(jobs, done, strict=True):
             engine.submit(prompt, params, completion)
