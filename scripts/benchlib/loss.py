@@ -7,7 +7,10 @@ trainer logged it (from the start of training) comes with it. The run is ended o
 is reached (unless asked to run on) and after `max_seconds` from launch, reached or not, so a
 config's fixed number of steps cannot hold a slow CPU for long; `stopped_at_max_seconds` then
 says so. The run lives in a temporary directory, removed at the end, also when Ctrl-C or
-SIGTERM stop the caller (the run is ended first)."""
+SIGTERM stop the caller (the run is ended first). With `score`, the model the run kept (best.pt,
+else last.pt) is scored on its whole val split in windows of block_size laid end to end
+(`charlm eval --split val --stride 0`): `full_val`, what nanoGPT's random val windows estimate,
+without their noise."""
 
 from __future__ import annotations
 
@@ -56,10 +59,12 @@ def watch(proc: subprocess.Popen, metrics: Path, target: float, stop_at_target: 
 
 
 def time_to_loss(config: str | None, overrides: list[str], target: float,
-                 stop_at_target: bool = True, max_seconds: float = float("inf")) -> dict:
+                 stop_at_target: bool = True, max_seconds: float = float("inf"),
+                 score: bool = False) -> dict:
     """`charlm train CONFIG --set ...` (the built-in defaults without CONFIG) timed to `target`:
     the wall time from launch at which it was reached (`seconds`, None if not), that eval's step
-    and trainer time, the last val loss, the whole run's wall time and the curve."""
+    and trainer time, the last val loss, the whole run's wall time and the curve (with `score`,
+    `full_val`)."""
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"
         cmd = [sys.executable, "-m", "charlm", "train", *([config] if config else []),
@@ -83,9 +88,22 @@ def time_to_loss(config: str | None, overrides: list[str], target: float,
         if proc.returncode not in (0, 143, -15) and hit is None and not cut:
             raise SystemExit(f"error: charlm train failed ({proc.returncode}): "
                              f"{message.strip()[-500:]}")
+        wall = round(time.perf_counter() - t0, 2)
+        full_val = full_val_loss(run) if score else None
     return {"seconds": hit["wall_s"] if hit else None,
             "step_at_target": hit["step"] if hit else None,
             "trainer_elapsed_at_target_s": hit["elapsed_s"] if hit else None,
             "final_val": curve[-1]["val_loss"] if curve else None,
-            "total_wall_s": round(time.perf_counter() - t0, 2), "stopped_at_max_seconds": cut,
-            "curve": curve}
+            "total_wall_s": wall, "stopped_at_max_seconds": cut, "curve": curve,
+            "full_val": full_val}
+
+
+def full_val_loss(run: Path) -> float:
+    """The loss of `run`'s kept model over its whole val split, windows end to end."""
+    cmd = [sys.executable, "-m", "charlm", "eval", str(run), "--split", "val", "--stride", "0",
+           "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=charlm_env())
+    if done.returncode != 0:
+        raise SystemExit(f"error: charlm eval failed ({done.returncode}): "
+                         f"{done.stderr.strip()[-500:]}")
+    return round(json.loads(done.stdout)["loss"], 4)

@@ -47,6 +47,25 @@ RECIPE = ["--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=
           "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0"]
 EVAL_LINE = re.compile(r"step (\d+): train loss ([\d.]+), val loss ([\d.]+)")
 ITER_LINE = re.compile(r"iter (\d+): loss [\d.]+, time ([\d.]+)ms")
+# run in nanoGPT's copy after its run: the loss of the model it kept (ckpt.pt, saved at its best
+# val) over the whole val.bin in windows of block_size end to end, as `charlm eval --stride 0`
+SCORE = """
+import numpy as np, torch
+from model import GPT, GPTConfig
+ckpt = torch.load("out-shakespeare-char/ckpt.pt", map_location="cpu")
+model = GPT(GPTConfig(**ckpt["model_args"]))
+model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
+model.eval()
+ids = np.fromfile("data/shakespeare_char/val.bin", dtype=np.uint16)
+ids = torch.from_numpy(ids.astype(np.int64))
+block = ckpt["model_args"]["block_size"]
+n = (len(ids) - 1) // block
+x, y = ids[:n * block].view(n, block), ids[1:n * block + 1].view(n, block)
+with torch.no_grad():
+    total = sum(model(x[i:i + 256], y[i:i + 256])[1].item() * len(x[i:i + 256])
+                for i in range(0, n, 256))
+print(total / n)
+"""
 
 
 def nanogpt_data(dest: Path) -> None:
@@ -63,11 +82,11 @@ def nanogpt_data(dest: Path) -> None:
     (dest / "meta.pkl").write_bytes(pickle.dumps(meta))
 
 
-def run_nanogpt(clone: Path, iters: int | None = None) -> dict:
+def run_nanogpt(clone: Path, iters: int | None = None, score: bool = False) -> dict:
     """nanoGPT's CPU recipe from a copy of `clone` (with `iters`: its max_iters and
     lr_decay_iters): the wall time of its last eval line from launch, its val loss there, its
     best, the median time of the later half of its steps (`step_s`), its whole run's wall time
-    and the curve."""
+    and the curve; with `score`, `full_val` (`SCORE`)."""
     recipe = RECIPE if iters is None else [
         *(a for a in RECIPE if not a.startswith(("--max_iters", "--lr_decay_iters"))),
         f"--max_iters={iters}", f"--lr_decay_iters={iters}"]
@@ -97,10 +116,22 @@ def run_nanogpt(clone: Path, iters: int | None = None) -> dict:
         if proc.returncode != 0 or not curve:
             raise SystemExit(f"error: nanoGPT failed ({proc.returncode}); its command: "
                              f"{' '.join(cmd)}")
+        full_val = score_nanogpt(repo) if score else None
     return {"seconds": curve[-1]["wall_s"], "final_val": curve[-1]["val_loss"],
             "best_val": min(e["val_loss"] for e in curve),
             "step_s": statistics.median(steps[len(steps) // 2:]) if steps else None,
-            "total_wall_s": round(wall, 2), "curve": curve}
+            "total_wall_s": round(wall, 2), "curve": curve, "full_val": full_val}
+
+
+def score_nanogpt(repo: Path) -> float:
+    """`SCORE` in nanoGPT's copy `repo`, after its run."""
+    if not (repo / "out-shakespeare-char" / "ckpt.pt").is_file():
+        raise SystemExit("error: nanoGPT kept no ckpt.pt to score: its run ended before its "
+                         "first eval after step 0 (every 250 steps); give it a longer budget")
+    done = subprocess.run([sys.executable, "-c", SCORE], cwd=repo, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"error: scoring nanoGPT's ckpt.pt failed: {done.stderr.strip()[-500:]}")
+    return round(float(done.stdout.split()[-1]), 4)  # after its "number of parameters" line
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -344,6 +344,35 @@ def test_bench_presets_times_nanogpt_to_its_last_eval(monkeypatch, tmp_path):
                                                            "train.py"]
 
 
+def test_bench_nanogpt_score_is_its_kept_models_mean_over_the_val_windows(monkeypatch, tmp_path):
+    """`score` loads the ckpt.pt nanoGPT's run kept, with the `_orig_mod.` prefix of a compiled
+    model taken off, and averages its loss over val.bin in windows of block_size end to end (a
+    stand-in model whose loss is its targets' mean id, so the figure is the mean of ids 1..n*64)."""
+    import numpy as np
+
+    presets = import_script("benchlib.presets", monkeypatch)
+    (tmp_path / "data" / "shakespeare_char").mkdir(parents=True)
+    (tmp_path / "model.py").write_text(
+        "import torch\nfrom dataclasses import dataclass\n"
+        "@dataclass\nclass GPTConfig:\n    block_size: int\n"
+        "class GPT(torch.nn.Module):\n"
+        "    def __init__(self, cfg):\n        super().__init__()\n"
+        "        self.w = torch.nn.Parameter(torch.zeros(1))\n"
+        "    def forward(self, x, y):\n"
+        "        assert x.shape[1] == 64 and (y[:, :-1] == x[:, 1:]).all()\n"
+        "        return None, y.double().mean() + self.w\n")
+    (tmp_path / "train.py").write_text(
+        "import os, torch\nos.makedirs('out-shakespeare-char')\n"
+        "torch.save({'model_args': {'block_size': 64},\n"
+        "            'model': {'_orig_mod.w': torch.zeros(1)}}, 'out-shakespeare-char/ckpt.pt')\n"
+        "print('step 250: train loss 1.9000, val loss 1.8857')\n")
+    val = np.random.default_rng(0).integers(0, 65, size=64 * 300 + 10, dtype=np.uint16)
+    monkeypatch.setattr(presets, "nanogpt_data", lambda dest: val.tofile(dest / "val.bin"))
+    result = presets.run_nanogpt(tmp_path, score=True)
+    assert result["full_val"] == round(float(val[1:64 * 300 + 1].astype(np.float64).mean()), 4)
+    assert presets.run_nanogpt(tmp_path)["full_val"] is None
+
+
 def test_bench_prepare_peak_rss_is_in_mb_like_the_input(monkeypatch):
     """peak_rss_mb is in MB (10^6 bytes) as input_mb and mb_per_s are, not in MiB: Linux's
     ru_maxrss of 1,000,000 KiB is 1024 MB."""
@@ -473,16 +502,19 @@ def test_bench_frontier_gives_each_budget_to_each_variant(monkeypatch, capsys, t
     frontier = import_script("benchlib.frontier", monkeypatch)
     charlm_calls, nanogpt_calls = [], []
 
-    def fake_charlm(config, overrides, target, stop_at_target, max_seconds):
-        charlm_calls.append((config and Path(config).name, overrides, target, stop_at_target))
+    def fake_charlm(config, overrides, target, stop_at_target, max_seconds, score):
+        charlm_calls.append((config and Path(config).name, overrides, target, stop_at_target,
+                             score))
         seconds = float(overrides[1].removeprefix("train.max_time="))
-        return {"final_val": 1.6, "total_wall_s": seconds + (12.0 if config else 1.0),
+        return {"final_val": 1.6, "full_val": 1.55,
+                "total_wall_s": seconds + (12.0 if config else 1.0),
                 "curve": [{"step": 10, "val_loss": 1.7}, {"step": 20, "val_loss": 1.5},
                           {"step": 30, "val_loss": 1.6}]}
 
-    def fake_nanogpt(clone, iters=None):
-        nanogpt_calls.append(iters)
-        return {"step_s": 0.05, "best_val": 1.9, "final_val": 1.95, "total_wall_s": 290.0}
+    def fake_nanogpt(clone, iters=None, score=False):
+        nanogpt_calls.append((iters, score))
+        return {"step_s": 0.05, "best_val": 1.9, "final_val": 1.95, "total_wall_s": 290.0,
+                "full_val": 1.97 if score else None}
 
     monkeypatch.setattr(frontier, "time_to_loss", fake_charlm)
     monkeypatch.setattr(frontier, "run_nanogpt", fake_nanogpt)
@@ -492,20 +524,20 @@ def test_bench_frontier_gives_each_budget_to_each_variant(monkeypatch, capsys, t
                        "--set", "train.seed=2", "--set", "model.n_layer=4")
     text = str(frontier.TEXT)
     assert charlm_calls == [(config, [f"data.path={text}", f"train.max_time={s}",
-                                      "train.seed=2", "model.n_layer=4"], 0.0, False)
+                                      "train.seed=2", "model.n_layer=4"], 0.0, False, True)
                             for s in (60.0, 300.0)
                             for config in (None, "shakespeare_char_cpu.yaml")]
-    # measured once, then (T - 5 s) / (0.05 s x 1.07) steps
-    assert nanogpt_calls == [300, int(55 / 0.0535), int(295 / 0.0535)]
-    rounds = [(r["time"], r["variant"], r["best_val"], r["steps"], r["within"], r["target"])
-              for r in kind(records, "round")]
+    # measured once, then (T - 5 s) / (0.05 s x 1.07) steps, scored on the whole val split
+    assert nanogpt_calls == [(300, False), (int(55 / 0.0535), True), (int(295 / 0.0535), True)]
+    rounds = [(r["time"], r["variant"], r["full_val"], r["best_val"], r["steps"], r["within"],
+               r["target"]) for r in kind(records, "round")]
     assert rounds == [
-        ("60s", "sized", 1.5, 30, True, None),
-        ("60s", "shakespeare_char_cpu", 1.5, 30, False, None),  # 72 s: past 60 + 10 s
-        ("60s", "nanoGPT", 1.9, int(55 / 0.0535), False, None),
-        ("300s", "sized", 1.5, 30, True, 1.5),
-        ("300s", "shakespeare_char_cpu", 1.5, 30, True, None),  # 312 s: within 5 %
-        ("300s", "nanoGPT", 1.9, int(295 / 0.0535), True, None)]
+        ("60s", "sized", 1.55, 1.5, 30, True, None),
+        ("60s", "shakespeare_char_cpu", 1.55, 1.5, 30, False, None),  # 72 s: past 60 + 10 s
+        ("60s", "nanoGPT", 1.97, 1.9, int(55 / 0.0535), False, None),
+        ("300s", "sized", 1.55, 1.5, 30, True, 1.5),
+        ("300s", "shakespeare_char_cpu", 1.55, 1.5, 30, True, None),  # 312 s: within 5 %
+        ("300s", "nanoGPT", 1.97, 1.9, int(295 / 0.0535), True, None)]
 
 
 def test_bench_serve_engine_variant_gives_each_client_its_greedy_texts_in_turn(monkeypatch):
