@@ -7,9 +7,10 @@ each CPU preset given the same --time; `nanoGPT` (with --nanogpt DIR), its CPU r
 time is measured first, over the later half of one 300-step run, and its steps are those that
 fit T less 5 s of start-up, each counted 1.07 times for its evaluations, rounded down to a
 multiple of its 250-step eval interval so that its last step is evaluated (and can be kept).
-`within` says whether a run ended by its budget plus 5 percent or 10 s (issue 43's deadline). `--set KEY=VALUE` goes to
-every charlm run (a seed, or a rung's keys to try a sizing rule's other pick: the keys given win
-over the pick). Issue 43's targets for `sized`: 1.50 at 5m, 1.47 at 15m, 1.44 at 30m.
+`within` says whether a run ended by its budget plus 5 percent or 10 s (issue 43's deadline).
+`--set KEY=VALUE` goes to every charlm run (a seed, or a rung's keys to try a sizing rule's
+other pick: the keys given win over the pick). Issue 43's targets for `sized`: 1.50 at 5m,
+1.47 at 15m, 1.44 at 30m.
 
 `full_val`, the figure to compare, is the loss of the model each run kept over the whole val split
 (the same last 10 % of the text for both), in windows of block_size end to end. `best_val`, the
@@ -33,6 +34,7 @@ TIMES = ("1m", "5m", "15m", "30m")
 TARGETS = {300.0: 1.50, 900.0: 1.47, 1800.0: 1.44}
 VARIANTS = ("sized", *(Path(name).stem for name in PRESETS), "nanoGPT")
 START_S, EVAL_SHARE = 5.0, 1.07  # nanoGPT's start-up, and its evals' share of its steps
+NANOGPT_MODEL = "4 x 128, block 64"  # its CPU recipe's (presets.RECIPE)
 EVAL_EVERY = 250  # nanoGPT's eval_interval for shakespeare_char: its steps are a multiple
 
 
@@ -66,13 +68,15 @@ def measure(times: list[float], args: argparse.Namespace) -> Iterator[dict]:
                         nanogpt_step_s.append(run_nanogpt(args.nanogpt, iters=300)["step_s"])
                     fit = int((seconds - START_S) / (nanogpt_step_s[0] * EVAL_SHARE))
                     iters = max(EVAL_EVERY, fit // EVAL_EVERY * EVAL_EVERY)
-                    result = {**run_nanogpt(args.nanogpt, iters, score=True), "steps": iters}
+                    result = {**run_nanogpt(args.nanogpt, iters, score=True), "steps": iters,
+                              "model": NANOGPT_MODEL}
                 else:
                     result = run_charlm(None if variant == "sized" else
                                         str(ROOT / "configs" / f"{variant}.yaml"), seconds,
                                         args.overrides)
                 wall = result["total_wall_s"]
                 yield {"time": f"{seconds:g}s", "variant": variant, "round": r,
+                       "model": result["model"],
                        "full_val": result["full_val"], "best_val": result["best_val"],
                        "final_val": result["final_val"],
                        "steps": result["steps"], "total_wall_s": wall,
@@ -82,14 +86,14 @@ def measure(times: list[float], args: argparse.Namespace) -> Iterator[dict]:
 
 def run_charlm(config: str | None, seconds: float, overrides: list[str]) -> dict:
     """`charlm train [CONFIG] TEXT --time SECONDS --set ...` to its end: best and last val
-    loss, the kept model's on the whole val split, steps, wall time from launch."""
+    loss, the kept model's on the whole val split, steps, wall time from launch, the model."""
     # target 0: never reached, so the run goes to the end of its budget
     keys = [f"data.path={TEXT}", f"train.max_time={seconds}", *overrides]
     run = time_to_loss(config, keys, 0.0, stop_at_target=False, max_seconds=2 * seconds + 60,
                        score=True)
     vals = [e["val_loss"] for e in run["curve"] if e["val_loss"] is not None]
     return {"best_val": min(vals) if vals else None, "final_val": run["final_val"],
-            "full_val": run["full_val"],
+            "full_val": run["full_val"], "model": run["model"],
             "total_wall_s": run["total_wall_s"],
             "steps": run["curve"][-1]["step"] if run["curve"] else None}
 

@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 from benchlib.harness import charlm_env
 
 
@@ -64,7 +66,8 @@ def time_to_loss(config: str | None, overrides: list[str], target: float,
     """`charlm train CONFIG --set ...` (the built-in defaults without CONFIG) timed to `target`:
     the wall time from launch at which it was reached (`seconds`, None if not), that eval's step
     and trainer time, the last val loss, the whole run's wall time and the curve (with `score`,
-    `full_val`)."""
+    `full_val`) and the model it trained (`model`: "4 x 192, block 128", its dropout when any,
+    from the run's config.yaml, where a sized pick is recorded)."""
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"
         cmd = [sys.executable, "-m", "charlm", "train", *([config] if config else []),
@@ -90,7 +93,8 @@ def time_to_loss(config: str | None, overrides: list[str], target: float,
                              f"{message.strip()[-500:]}")
         wall = round(time.perf_counter() - t0, 2)
         full_val = full_val_loss(run) if score else None
-    return {"seconds": hit["wall_s"] if hit else None,
+        model = shape(run / "config.yaml")
+    return {"model": model, "seconds": hit["wall_s"] if hit else None,
             "step_at_target": hit["step"] if hit else None,
             "trainer_elapsed_at_target_s": hit["elapsed_s"] if hit else None,
             "final_val": curve[-1]["val_loss"] if curve else None,
@@ -107,3 +111,12 @@ def full_val_loss(run: Path) -> float:
         raise SystemExit(f"error: charlm eval failed ({done.returncode}): "
                          f"{done.stderr.strip()[-500:]}")
     return round(json.loads(done.stdout)["loss"], 4)
+
+
+def shape(config: Path) -> str | None:
+    """The model a run's config.yaml names, in a few words (None before the run wrote one)."""
+    if not config.is_file():
+        return None
+    m = yaml.safe_load(config.read_text())["model"]
+    dropout = f", dropout {m['dropout']}" if m.get("dropout") else ""
+    return f"{m['n_layer']} x {m['n_embd']}, block {m['block_size']}{dropout}"

@@ -344,6 +344,18 @@ def test_bench_presets_times_nanogpt_to_its_last_eval(monkeypatch, tmp_path):
                                                            "train.py"]
 
 
+def test_bench_names_the_model_a_run_recorded(monkeypatch, tmp_path):
+    """A run's model from its config.yaml (where a sized pick is recorded), dropout when any;
+    None where the run wrote no config."""
+    loss = import_script("benchlib.loss", monkeypatch)
+    config = tmp_path / "config.yaml"
+    assert loss.shape(config) is None
+    config.write_text("model:\n  n_layer: 4\n  n_embd: 192\n  block_size: 128\n  dropout: 0.0\n")
+    assert loss.shape(config) == "4 x 192, block 128"
+    config.write_text("model: {n_layer: 2, n_embd: 96, block_size: 64, dropout: 0.1}\n")
+    assert loss.shape(config) == "2 x 96, block 64, dropout 0.1"
+
+
 def test_bench_nanogpt_score_is_its_kept_models_mean_over_the_val_windows(monkeypatch, tmp_path):
     """`score` loads the ckpt.pt nanoGPT's run kept, with the `_orig_mod.` prefix of a compiled
     model taken off, and averages its loss over val.bin in windows of block_size end to end (a
@@ -506,7 +518,7 @@ def test_bench_frontier_gives_each_budget_to_each_variant(monkeypatch, capsys, t
         charlm_calls.append((config and Path(config).name, overrides, target, stop_at_target,
                              score))
         seconds = float(overrides[1].removeprefix("train.max_time="))
-        return {"final_val": 1.6, "full_val": 1.55,
+        return {"final_val": 1.6, "full_val": 1.55, "model": "2 x 96, block 64",
                 "total_wall_s": seconds + (12.0 if config else 1.0),
                 "curve": [{"step": 10, "val_loss": 1.7}, {"step": 20, "val_loss": 1.5},
                           {"step": 30, "val_loss": 1.6}]}
@@ -532,6 +544,8 @@ def test_bench_frontier_gives_each_budget_to_each_variant(monkeypatch, capsys, t
     assert nanogpt_calls == [(300, False), (1000, True), (5500, True)]
     rounds = [(r["time"], r["variant"], r["full_val"], r["best_val"], r["steps"], r["within"],
                r["target"]) for r in kind(records, "round")]
+    assert [r["model"] for r in kind(records, "round")] == [
+        "2 x 96, block 64", "2 x 96, block 64", "4 x 128, block 64"] * 2
     assert rounds == [
         ("60s", "sized", 1.55, 1.5, 30, True, None),
         ("60s", "shakespeare_char_cpu", 1.55, 1.5, 30, False, None),  # 72 s: past 60 + 10 s
