@@ -25,7 +25,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from starlette.exceptions import HTTPException
 
 from charlm.core.errors import CharlmError
-from charlm.serve.engine import Backend, Params
+from charlm.serve.backend import Backend
+from charlm.serve.engine import Params
 from charlm.serve.events import Completions, Mailbox
 from charlm.serve.metrics import CONTENT_TYPE, CountResponses, Metrics
 from charlm.serve.responses import DONE, ChatStyle, Choice, CompletionStyle, Style, sse, usage

@@ -20,8 +20,6 @@ import collections
 import copy
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
@@ -33,12 +31,12 @@ from charlm.generation.seq2seq import translate_ids
 from charlm.generation.slots import SlotDecoder
 from charlm.generation.text import StopMatcher
 from charlm.generation.utf8 import utf8_mask
-from charlm.model.attention import attention_dtype
 from charlm.model.encoder_decoder import EncoderDecoder, output_limit
 from charlm.model.gpt import GPT
 from charlm.model.layers import lay_out_for_decoding
 from charlm.runtime.device import require_memory
 from charlm.runtime.profile import DecodeLayout, layout_for
+from charlm.serve.backend import FieldError, Stats, slot_bytes
 from charlm.serve.request import (
     MAX_LOGPROBS,
     REPETITION_WINDOW,
@@ -49,56 +47,7 @@ from charlm.serve.request import (
     generator_for,
 )
 
-__all__ = ["KV_BUDGET", "MAX_LOGPROBS", "Backend", "Engine", "Event", "Params", "Request", "Stats",
-           "slots_within"]
-
-KV_BUDGET = 1 << 30  # bytes of keys and values that `charlm serve`'s default slots fit in
-
-
-def slots_within(model: GPT | EncoderDecoder, budget: int, most: int) -> int:
-    """The most slots, up to `most` (one at least), whose KV cache (every layer's keys and values
-    over the whole block, in the dtype attention computes in) fits in `budget` bytes."""
-    return max(1, min(most, budget // slot_bytes(model)))
-
-
-def slot_bytes(model: GPT | EncoderDecoder) -> int:
-    """The bytes of one slot's KV cache: every layer's keys and values over the whole block, in
-    the dtype attention computes in."""
-    cfg = model.cfg
-    return (2 * cfg.n_layer * cfg.block_size * cfg.n_embd
-            * attention_dtype(model.wte.weight).itemsize)
-
-
-class FieldError(CharlmError):
-    """A request the engine refuses because of one of its fields other than the prompt (the
-    HTTP error's `param`)."""
-
-    def __init__(self, message: str, param: str):
-        super().__init__(message)
-        self.param = param
-
-
-@dataclass(frozen=True)
-class Stats:
-    slots: int
-    busy: int
-    queued: int
-    batch_size: int  # rows in the last decode step
-    characters: int  # generated in all
-
-
-class Backend(Protocol):
-    """What the app and its metrics ask of an engine: `Engine`, or a test's fake one."""
-
-    max_logprobs: int | None  # the most logprobs a request may ask for; None: none at all
-
-    def submit(self, prompt: str, params: Params,
-               on_event: Callable[[Event], None]) -> Request: ...
-
-    def stats(self) -> Stats: ...
-
-    def close(self, grace_s: float = 5.0) -> None: ...
-
+__all__ = ["MAX_LOGPROBS", "Engine", "Event", "Params", "Request"]
 
 class Engine:
     """Owns a copy of the model; `start` runs its decode thread, `submit` queues a request from

@@ -10,7 +10,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from charlm.serve.engine import Backend, Event, Params, Request
+from charlm.serve.backend import Backend
+from charlm.serve.engine import Event, Params, Request
 from charlm.serve.metrics import Metrics
 
 

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
-    from charlm.serve.engine import Backend
+    from charlm.serve.backend import Backend
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 FIRST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)

@@ -57,7 +57,8 @@ from charlm.data.vocab import Vocab
 from charlm.export import save_hf, save_safetensors
 from charlm.model.gpt import GPT
 from charlm.runtime.profile import layout_for
-from charlm.serve.engine import KV_BUDGET, Engine, Event, Params, slots_within
+from charlm.serve.backend import KV_BUDGET, slots_within
+from charlm.serve.engine import Engine, Event, Params
 
 VOCAB = Vocab([chr(c) for c in range(32, 97)])  # 65 characters, as tiny-shakespeare has
 PROMPTS = ["ROMEO:", "JULIET: O ", "FIRST CITIZEN: BEFORE WE PROCEED", "A"]  # in VOCAB

@@ -1,0 +1,62 @@
+"""What the serving app asks of an engine (`Backend`, with its `Stats` and the `FieldError` it
+raises) and how many slots `charlm serve` gives it by default (`slots_within` a KV budget), kept
+apart from `charlm.serve.engine` so the app, its metrics and a test's fake engine need only this."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from charlm.core.errors import CharlmError
+from charlm.model.attention import attention_dtype
+from charlm.model.encoder_decoder import EncoderDecoder
+from charlm.model.gpt import GPT
+from charlm.serve.request import Event, Params, Request
+
+KV_BUDGET = 1 << 30  # bytes of keys and values that `charlm serve`'s default slots fit in
+
+
+def slots_within(model: GPT | EncoderDecoder, budget: int, most: int) -> int:
+    """The most slots, up to `most` (one at least), whose KV cache (every layer's keys and values
+    over the whole block, in the dtype attention computes in) fits in `budget` bytes."""
+    return max(1, min(most, budget // slot_bytes(model)))
+
+
+def slot_bytes(model: GPT | EncoderDecoder) -> int:
+    """The bytes of one slot's KV cache: every layer's keys and values over the whole block, in
+    the dtype attention computes in."""
+    cfg = model.cfg
+    return (2 * cfg.n_layer * cfg.block_size * cfg.n_embd
+            * attention_dtype(model.wte.weight).itemsize)
+
+
+class FieldError(CharlmError):
+    """A request the engine refuses because of one of its fields other than the prompt (the
+    HTTP error's `param`)."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class Stats:
+    slots: int
+    busy: int
+    queued: int
+    batch_size: int  # rows in the last decode step
+    characters: int  # generated in all
+
+
+class Backend(Protocol):
+    """What the app and its metrics ask of an engine: `Engine`, or a test's fake one."""
+
+    max_logprobs: int | None  # the most logprobs a request may ask for; None: none at all
+
+    def submit(self, prompt: str, params: Params,
+               on_event: Callable[[Event], None]) -> Request: ...
+
+    def stats(self) -> Stats: ...
+
+    def close(self, grace_s: float = 5.0) -> None: ...
