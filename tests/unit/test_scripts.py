@@ -344,6 +344,18 @@ def test_bench_presets_times_nanogpt_to_its_last_eval(monkeypatch, tmp_path):
                                                            "train.py"]
 
 
+def test_bench_nanogpt_score_without_a_kept_checkpoint_says_so(monkeypatch, tmp_path):
+    """A nanoGPT run that saved no ckpt.pt (no eval after step 0) ends with one error line
+    instead of a traceback from the scoring script."""
+    presets = import_script("benchlib.presets", monkeypatch)
+    (tmp_path / "data" / "shakespeare_char").mkdir(parents=True)
+    (tmp_path / "train.py").write_text("print('step 0: train loss 4.2000, val loss 4.1000')\n")
+    with pytest.raises(SystemExit) as e:
+        presets.run_nanogpt(tmp_path, score=True)
+    assert str(e.value) == ("error: nanoGPT kept no ckpt.pt to score: its run ended before its "
+                            "first eval after step 0 (every 250 steps); give it a longer budget")
+
+
 def test_bench_names_the_model_a_run_recorded(monkeypatch, tmp_path):
     """A run's model from its config.yaml (where a sized pick is recorded), dropout when any;
     None where the run wrote no config."""
