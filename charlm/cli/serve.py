@@ -38,8 +38,8 @@ def serve(
         "--max-concurrent's, or fewer if their keys and values would pass 1 GiB]",
         min=1, show_default=False)] = None,
     compile: Annotated[bool, typer.Option(
-        "--compile", help="torch.compile the batched decode step at start-up (on a CPU it "
-        "can decode slower than eager, see docs/benchmarks.md).")] = False,
+        "--compile", help="torch.compile the batched decode step at start-up; it prints a "
+        "step against an eager one, and says where it is slower.")] = False,
     max_prompt: Annotated[int, opt("N", "Characters of one prompt.", min=1)] = 16_384,
     max_tokens: Annotated[int, opt("N", "Characters one completion may generate (chat's "
                                    "default).", min=1)] = 4_096,

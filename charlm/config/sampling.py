@@ -52,8 +52,8 @@ class SampleConfig:
     seed: int = _option(1337, "Random seed; the same seed gives the same text.")
     use_cache: bool = _option(True, "Recompute the whole context every step.", flag="--no-cache")
     compile: bool = _option(False, "torch.compile the one-token decode step (static shapes; "
-                            "pays for long generations on a GPU; on a CPU it can decode "
-                            "slower than eager, see docs/benchmarks.md).", flag="--compile")
+                            "pays for long generations; once built it prints a step against an "
+                            "eager one, and says where it is slower).", flag="--compile")
 
     def __post_init__(self) -> None:
         def need(ok: bool, setting: str, problem: str) -> None:

@@ -35,6 +35,7 @@ def compiled_decode_step() -> Callable[[GPT, torch.Tensor, KVCache], torch.Tenso
 # What each graph built in this process was built for: the model's architecture and vocabulary,
 # the batch size, dtype and device (a graph serves every model that matches).
 BUILT: set[tuple] = set()
+REPS = 10  # timed steps of each kind when a graph is built
 
 
 class CompiledStep:
@@ -70,5 +71,33 @@ class CompiledStep:
         start = time.perf_counter()
         logits = self.step(self.model, ids[:, None], self.static)
         BUILT.add(self.key)
-        print(f"compiled the decode step in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+        built = time.perf_counter() - start
+        print(f"compiled the decode step in {built:.1f} s; {self.against_eager(ids)}",
+              file=sys.stderr)
         return logits
+
+    def against_eager(self, ids: torch.Tensor) -> str:
+        """A step of the graph against the eager step it stands for, the fastest of REPS each,
+        interleaved: what `--compile` buys on this machine, said once when it is built, since
+        on some CPUs it costs (docs/benchmarks.md). Both run at least halfway into the cache,
+        at positions no later step reads before writing them again; the position is put back."""
+        pos = self.static.pos.clone()
+        at = pos.clamp(min=self.static.max_len // 2)
+        eager = self.static.view(slice(None), int(at.max()) + 1)
+        best = {"compiled": float("inf"), "eager": float("inf")}
+        for _ in range(REPS):
+            for name in best:
+                start = time.perf_counter()
+                if name == "compiled":
+                    self.static.pos.copy_(at)
+                    self.step(self.model, ids[:, None], self.static)
+                else:
+                    eager.pos = at.clone() if at.dim() else int(at)
+                    self.model(ids[:, None], cache=eager)
+                best[name] = min(best[name], time.perf_counter() - start)
+        self.static.pos.copy_(pos)
+        ratio = best["eager"] / best["compiled"]
+        rows = f"{ids.numel()} row{'s' if ids.numel() > 1 else ''}"
+        return (f"a step of {rows} takes {best['compiled'] * 1e3:.2f} ms against eager's "
+                f"{best['eager'] * 1e3:.2f} ms ({ratio:.2f}x"
+                f"{'' if ratio >= 1 else ': slower than eager on this machine'})")
