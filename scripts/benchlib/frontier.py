@@ -1,5 +1,6 @@
-"""`bench.py frontier`: the val loss on tiny-shakespeare that each of --times buys from
-launch (default 1m 5m 15m 30m), for the model sized to the budget and its peers.
+"""`bench.py frontier`: the val loss on tiny-shakespeare (or `--text`, one file: the last tenth
+held out by both) that each of --times buys from launch (default 1m 5m 15m 30m), for the model
+sized to the budget and its peers.
 
 Variants (`--variants`, default all): `sized`, `charlm train data/tinyshakespeare.txt --time T`;
 each CPU preset given the same --time; `nanoGPT` (with --nanogpt DIR), its CPU recipe (as
@@ -45,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what to train (default: all; nanoGPT needs --nanogpt)")
     parser.add_argument("--nanogpt", type=Path, metavar="DIR",
                         help="a clone of karpathy/nanoGPT, to run its recipe in the same time")
+    parser.add_argument("--text", type=Path, default=TEXT, metavar="FILE",
+                        help="the text to train on (default: tiny-shakespeare; the targets are "
+                        "its own)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="a config key for every charlm run")
 
@@ -65,15 +69,16 @@ def measure(times: list[float], args: argparse.Namespace) -> Iterator[dict]:
             for variant in args.variants:
                 if variant == "nanoGPT":
                     if not nanogpt_step_s:
-                        nanogpt_step_s.append(run_nanogpt(args.nanogpt, iters=300)["step_s"])
+                        nanogpt_step_s.append(
+                            run_nanogpt(args.nanogpt, iters=300, text=args.text)["step_s"])
                     fit = int((seconds - START_S) / (nanogpt_step_s[0] * EVAL_SHARE))
                     iters = max(EVAL_EVERY, fit // EVAL_EVERY * EVAL_EVERY)
-                    result = {**run_nanogpt(args.nanogpt, iters, score=True), "steps": iters,
-                              "model": NANOGPT_MODEL}
+                    result = {**run_nanogpt(args.nanogpt, iters, score=True, text=args.text),
+                              "steps": iters, "model": NANOGPT_MODEL}
                 else:
                     result = run_charlm(None if variant == "sized" else
                                         str(ROOT / "configs" / f"{variant}.yaml"), seconds,
-                                        args.overrides)
+                                        args.text, args.overrides)
                 wall = result["total_wall_s"]
                 yield {"time": f"{seconds:g}s", "variant": variant, "round": r,
                        "model": result["model"],
@@ -81,14 +86,15 @@ def measure(times: list[float], args: argparse.Namespace) -> Iterator[dict]:
                        "final_val": result["final_val"],
                        "steps": result["steps"], "total_wall_s": wall,
                        "within": wall <= seconds + max(0.05 * seconds, 10.0),
-                       "target": TARGETS.get(seconds) if variant == "sized" else None}
+                       "target": TARGETS.get(seconds)
+                       if variant == "sized" and args.text == TEXT else None}
 
 
-def run_charlm(config: str | None, seconds: float, overrides: list[str]) -> dict:
+def run_charlm(config: str | None, seconds: float, text: Path, overrides: list[str]) -> dict:
     """`charlm train [CONFIG] TEXT --time SECONDS --set ...` to its end: best and last val
     loss, the kept model's on the whole val split, steps, wall time from launch, the model."""
     # target 0: never reached, so the run goes to the end of its budget
-    keys = [f"data.path={TEXT}", f"train.max_time={seconds}", *overrides]
+    keys = [f"data.path={text}", f"train.max_time={seconds}", *overrides]
     run = time_to_loss(config, keys, 0.0, stop_at_target=False, max_seconds=2 * seconds + 60,
                        score=True)
     vals = [e["val_loss"] for e in run["curve"] if e["val_loss"] is not None]

@@ -68,10 +68,10 @@ print(total / n)
 """
 
 
-def nanogpt_data(dest: Path) -> None:
-    """tinyshakespeare as nanoGPT's shakespeare_char/prepare.py writes it: uint16 ids of the
-    sorted characters, the first 90 % in train.bin, the rest in val.bin, and meta.pkl."""
-    text = TEXT.read_text(encoding="utf-8")
+def nanogpt_data(dest: Path, source: Path = TEXT) -> None:
+    """`source` (tinyshakespeare) as nanoGPT's shakespeare_char/prepare.py writes it: uint16 ids
+    of the sorted characters, the first 90 % in train.bin, the rest in val.bin, and meta.pkl."""
+    text = source.read_text(encoding="utf-8")
     chars = sorted(set(text))
     stoi = {ch: i for i, ch in enumerate(chars)}
     ids = np.array([stoi[ch] for ch in text], dtype=np.uint16)
@@ -82,8 +82,9 @@ def nanogpt_data(dest: Path) -> None:
     (dest / "meta.pkl").write_bytes(pickle.dumps(meta))
 
 
-def run_nanogpt(clone: Path, iters: int | None = None, score: bool = False) -> dict:
-    """nanoGPT's CPU recipe from a copy of `clone` (with `iters`: its max_iters and
+def run_nanogpt(clone: Path, iters: int | None = None, score: bool = False,
+                text: Path = TEXT) -> dict:
+    """nanoGPT's CPU recipe on `text` from a copy of `clone` (with `iters`: its max_iters and
     lr_decay_iters): the wall time of its last eval line from launch, its val loss there, its
     best, the median time of the later half of its steps (`step_s`), its whole run's wall time
     and the curve; with `score`, `full_val` (`SCORE`)."""
@@ -93,7 +94,7 @@ def run_nanogpt(clone: Path, iters: int | None = None, score: bool = False) -> d
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "nanoGPT"
         shutil.copytree(clone, repo, ignore=shutil.ignore_patterns(".git"))
-        nanogpt_data(repo / "data" / "shakespeare_char")
+        nanogpt_data(repo / "data" / "shakespeare_char", text)
         cmd = [sys.executable, "train.py", "config/train_shakespeare_char.py", *recipe]
         steps: list[float] = []
         t0 = time.perf_counter()

@@ -316,9 +316,8 @@ def test_bench_presets_writes_nanogpts_data_as_its_prepare_does(monkeypatch, tmp
     import numpy as np
 
     presets = import_script("benchlib.presets", monkeypatch)
-    monkeypatch.setattr(presets, "TEXT", tmp_path / "input.txt")
     (tmp_path / "input.txt").write_text("hello world\n" * 5, encoding="utf-8")
-    presets.nanogpt_data(tmp_path)
+    presets.nanogpt_data(tmp_path, tmp_path / "input.txt")
     meta = pickle.loads((tmp_path / "meta.pkl").read_bytes())
     assert meta["itos"] == dict(enumerate(sorted(set("hello world\n"))))
     assert meta["vocab_size"] == 9 and meta["stoi"]["h"] == 4  # "\n", " ", d, e, h, ...
@@ -391,7 +390,7 @@ def test_bench_nanogpt_score_is_its_kept_models_mean_over_the_val_windows(monkey
         "            'model': {'_orig_mod.w': torch.zeros(1)}}, 'out-shakespeare-char/ckpt.pt')\n"
         "print('step 250: train loss 1.9000, val loss 1.8857')\n")
     val = np.random.default_rng(0).integers(0, 65, size=64 * 300 + 10, dtype=np.uint16)
-    monkeypatch.setattr(presets, "nanogpt_data", lambda dest: val.tofile(dest / "val.bin"))
+    monkeypatch.setattr(presets, "nanogpt_data", lambda dest, text: val.tofile(dest / "val.bin"))
     result = presets.run_nanogpt(tmp_path, score=True)
     assert result["full_val"] == round(float(val[1:64 * 300 + 1].astype(np.float64).mean()), 4)
     assert presets.run_nanogpt(tmp_path)["full_val"] is None
@@ -535,8 +534,8 @@ def test_bench_frontier_gives_each_budget_to_each_variant(monkeypatch, capsys, t
                 "curve": [{"step": 10, "val_loss": 1.7}, {"step": 20, "val_loss": 1.5},
                           {"step": 30, "val_loss": 1.6}]}
 
-    def fake_nanogpt(clone, iters=None, score=False):
-        nanogpt_calls.append((iters, score))
+    def fake_nanogpt(clone, iters=None, score=False, text=None):
+        nanogpt_calls.append((iters, score, text))
         return {"step_s": 0.05, "best_val": 1.9, "final_val": 1.95, "total_wall_s": 290.0,
                 "full_val": 1.97 if score else None}
 
@@ -546,14 +545,14 @@ def test_bench_frontier_gives_each_budget_to_each_variant(monkeypatch, capsys, t
     records, _ = bench(monkeypatch, capsys, "frontier", "--times", "1m", "5m", "--variants",
                        "sized", "shakespeare_char_cpu", "nanoGPT", "--nanogpt", str(tmp_path),
                        "--set", "train.seed=2", "--set", "model.n_layer=4")
-    text = str(frontier.TEXT)
+    text = frontier.TEXT
     assert charlm_calls == [(config, [f"data.path={text}", f"train.max_time={s}",
                                       "train.seed=2", "model.n_layer=4"], 0.0, False, True)
                             for s in (60.0, 300.0)
                             for config in (None, "shakespeare_char_cpu.yaml")]
     # measured once, then (T - 5 s) / (0.05 s x 1.07) steps down to a multiple of 250 (1,028
     # and 5,514 fit), scored on the whole val split
-    assert nanogpt_calls == [(300, False), (1000, True), (5500, True)]
+    assert nanogpt_calls == [(300, False, text), (1000, True, text), (5500, True, text)]
     rounds = [(r["time"], r["variant"], r["full_val"], r["best_val"], r["steps"], r["within"],
                r["target"]) for r in kind(records, "round")]
     assert [r["model"] for r in kind(records, "round")] == [
@@ -565,6 +564,32 @@ def test_bench_frontier_gives_each_budget_to_each_variant(monkeypatch, capsys, t
         ("300s", "sized", 1.55, 1.5, 30, True, 1.5),
         ("300s", "shakespeare_char_cpu", 1.55, 1.5, 30, True, None),  # 312 s: within 5 %
         ("300s", "nanoGPT", 1.97, 1.9, 5500, True, None)]
+
+
+def test_bench_frontier_trains_everyone_on_the_text_given(monkeypatch, capsys, tmp_path):
+    """`--text FILE`: charlm's runs and nanoGPT's train on FILE; tiny-shakespeare's targets are
+    not given for it."""
+    frontier = import_script("benchlib.frontier", monkeypatch)
+    paths = []
+
+    def fake_charlm(config, overrides, *_, **__):
+        paths.append(overrides[0])
+        return {"final_val": 1.6, "full_val": 1.55, "model": "2 x 96, block 64",
+                "total_wall_s": 300.0, "curve": [{"step": 10, "val_loss": 1.7}]}
+
+    def fake_nanogpt(clone, iters=None, score=False, text=None):
+        paths.append(text)
+        return {"step_s": 0.05, "best_val": 1.9, "final_val": 1.95, "total_wall_s": 290.0,
+                "full_val": 1.97}
+
+    monkeypatch.setattr(frontier, "time_to_loss", fake_charlm)
+    monkeypatch.setattr(frontier, "run_nanogpt", fake_nanogpt)
+    (tmp_path / "train.py").write_text("")
+    code = tmp_path / "code.txt"
+    records, _ = bench(monkeypatch, capsys, "frontier", "--times", "5m", "--variants", "sized",
+                       "nanoGPT", "--nanogpt", str(tmp_path), "--text", str(code))
+    assert paths == [f"data.path={code}", code, code]  # nanoGPT: its step time, then its run
+    assert [r["target"] for r in kind(records, "round")] == [None, None]
 
 
 def test_bench_serve_engine_variant_gives_each_client_its_greedy_texts_in_turn(monkeypatch):
