@@ -7,6 +7,9 @@ put the yardsticks first):
 - `cached`: charlm's decode with its KV cache, as `charlm sample` runs it.
 - `uncached`: the same without the cache (`--no-cache`): the whole window every token.
 - `compiled`: `cached` with the one-token step compiled (`--compile`; compiled in the warm-up).
+- `aoti`: `compiled` with the step built by AOTInductor instead of `torch.compile` (exported by
+  `torch.export`, compiled ahead of time into a package of its own per batch, weights inside,
+  and run with no Python between kernels: a trial, not a path of charlm's).
 - `ceiling`: the weight-streaming ceiling: 20 passes of one matrix-vector product (a row per
   batch row) with each weight matrix of a decode step, by `F.linear`, in the order a step reads
   them; `tokens_per_s` is passes per second. `own_ceiling`: the same through charlm's `Linear`
@@ -32,6 +35,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +48,10 @@ from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
 from charlm.data.vocab import Vocab
 from charlm.export import save_hf
+from charlm.generation import compiled_step
+from charlm.generation.compiled_step import decode_one_token
 from charlm.generation.decoding import generate
+from charlm.model.attention import KVCache
 from charlm.model.gpt import GPT
 from charlm.model.layers import lay_out_for_decoding
 from charlm.runtime.precision import DTYPES
@@ -84,6 +91,44 @@ def decoder(case: Case, use_cache: bool = True, compile: bool = False) -> Runner
                 "tokens_per_s": round(len(ids) * case.batch / seconds, 1), "ids": ids}
 
     return run
+
+
+class _Step(torch.nn.Module):
+    """`decode_one_token` over a cache made of its inputs, which it writes in place."""
+
+    def __init__(self, model: GPT):
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx: torch.Tensor, pos: torch.Tensor, last_ids: torch.Tensor,
+                k: tuple[torch.Tensor, ...], v: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        cache = KVCache.__new__(KVCache)
+        cache.k, cache.v, cache.pos, cache.last_ids = list(k), list(v), pos, last_ids
+        cache.max_len = self.model.cfg.block_size
+        return decode_one_token(self.model, idx, cache)
+
+
+def aoti(case: Case) -> Runner:
+    """`decoder(case, compile=True)` with the step of an AOTInductor package."""
+    packages: dict[int, Callable] = {}
+    built: set[tuple] = set()  # compiled_step.BUILT for this variant's graphs
+
+    def step(model: GPT, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        args = (idx, cache.pos, cache.last_ids, tuple(cache.k), tuple(cache.v))
+        if idx.size(0) not in packages:
+            program = torch.export.export(_Step(model), args)
+            path = torch._inductor.aoti_compile_and_package(program)
+            packages[idx.size(0)] = torch._inductor.aoti_load_package(path)
+        return packages[idx.size(0)](*args)
+
+    run = decoder(case, compile=True)
+
+    def run_aoti() -> dict:
+        with mock.patch.object(compiled_step, "compiled_decode_step", lambda: step), \
+                mock.patch.object(compiled_step, "BUILT", built):
+            return run()
+
+    return run_aoti
 
 
 def ceiling(case: Case, own: bool = False, float32: bool = False) -> Runner:
@@ -154,6 +199,7 @@ MEASURES: dict[str, Callable[[Case], Runner]] = {
     "cached": decoder,
     "uncached": lambda case: decoder(case, use_cache=False),
     "compiled": lambda case: decoder(case, compile=True),
+    "aoti": aoti,
     "ceiling": ceiling,
     "own_ceiling": lambda case: ceiling(case, own=True),
     "float32_ceiling": lambda case: ceiling(case, float32=True),
