@@ -30,8 +30,9 @@ from charlm.core.files import (
     write_atomic,
     write_text_atomic,
 )
-from charlm.data.prepare import META_LIMIT
-from charlm.data.vocab import PairVocab, Vocab
+from charlm.data.dataset_dir import META_LIMIT
+from charlm.data.pair_vocab import PairVocab
+from charlm.data.vocab import Vocab
 from charlm.model.gpt import GPT
 from charlm.onnx_export import META, ONNX_FILES, save_onnx
 from charlm.training.checkpoint import check_config

@@ -20,7 +20,7 @@ from common import run_script, summary
 
 from charlm.core.errors import CharlmError
 from charlm.core.files import write_text_atomic
-from charlm.data.prepare import read_text
+from charlm.data.chunks import read_text
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANT = re.compile(r"\(\d+\)$")

@@ -91,7 +91,7 @@ def eval_(
 def run_dataset(lm: Any, target: Path, split: str) -> Any:
     """The dataset a run trained on, holding `split`: its data.path when that is a prepared
     dataset dir, else the cache `charlm train` prepared in the run dir."""
-    from charlm.data.datasets import is_dataset_dir, load_dataset
+    from charlm.data.dataset_dir import is_dataset_dir, load_dataset
 
     inputs = [Path(p) for p in lm.config.data.inputs]
     if len(inputs) == 1 and is_dataset_dir(inputs[0]):
@@ -117,8 +117,8 @@ def eval_pairs_file(lm: Any, path: Path, unknown: str, json_out: bool,
                     beams: int | None) -> None:
     """`charlm eval` of an encoder-decoder on a file of pairs (the run's separator and units):
     every reference of a source counts (see `score_pairs`)."""
+    from charlm.data.chunks import check_input_file
     from charlm.data.pairs import read_pairs
-    from charlm.data.prepare import check_input_file
     from charlm.evaluation.pairs import rate_name, score_pairs
 
     if str(path) != "-":

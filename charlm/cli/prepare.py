@@ -92,8 +92,8 @@ def prepare(
         return
     if set_:
         raise CharlmError("--set applies to --pairs only; text takes --val-fraction")
+    from charlm.config.data import text_options
     from charlm.config.loading import load_config
-    from charlm.data.datasets import text_options
     from charlm.data.prepare import count_reasons
     from charlm.data.prepare import prepare as prepare_dataset
 

@@ -32,7 +32,8 @@ from charlm.core.errors import CharlmError, warn
 from charlm.core.files import missing, read_capped
 
 if TYPE_CHECKING:
-    from charlm.data.vocab import PairVocab, Vocab
+    from charlm.data.pair_vocab import PairVocab
+    from charlm.data.vocab import Vocab
     from charlm.model.encoder_decoder import EncoderDecoder
     from charlm.model.gpt import GPT
 
@@ -195,7 +196,7 @@ def print_samples(model: GPT, vocab: Vocab, text: str, opts: SampleConfig, strea
 
 def read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
     """The prompt text, or None for the default (see `sampling.default_prompt`)."""
-    from charlm.data.prepare import read_text
+    from charlm.data.chunks import read_text
 
     if prompt is not None and prompt_file is not None:
         raise CharlmError("give the prompt either with --prompt or with --prompt-file, not both")
@@ -236,7 +237,7 @@ def read_sources(source: str | None, source_file: Path | None, arch: str) -> lis
                           "(one per line on stdin) or --source-file FILE")
     if source is not None and source != "-":
         return [source]
-    from charlm.data.prepare import read_text
+    from charlm.data.chunks import read_text
 
     if source_file is not None:
         if source_file.is_dir():

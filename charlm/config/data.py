@@ -1,11 +1,12 @@
 """The `data` section of a run's config (`DataConfig`): what a run trains on, text (files,
 folders, globs, compressed, stdin) or paired text or a prepared dataset dir, and how it is read
-and split; `charlm.config.schema` puts it in `RunConfig`."""
+and split; `charlm.config.schema` puts it in `RunConfig`. `TextOptions`: the keys of it that
+`prepare` reads text by (`text_options`), which a text dataset's meta.json records."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from charlm.config.keys import require, setting
 
@@ -95,3 +96,28 @@ class DataConfig:
     def shown(self) -> str:
         """data.path as a message shows it."""
         return ", ".join(self.inputs)
+
+
+@dataclass(frozen=True)
+class TextOptions:
+    """How `prepare` finds, reads and splits its inputs, beside the val fraction: the
+    data.split, skip_invalid, include, exclude and unicode_normalize keys of a run."""
+
+    split: str = "tail"  # "tail": the last val_fraction of each input; "files": whole files
+    skip_invalid: bool = False
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    normalize: str | None = None
+    units: str = "char"  # "byte": the ids are the files' bytes (`charlm.data.vocab`)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"units": self.units, "split": self.split, "skip_invalid": self.skip_invalid,
+                "include": list(self.include), "exclude": list(self.exclude),
+                "unicode_normalize": self.normalize}
+
+
+def text_options(data: DataConfig) -> TextOptions:
+    """How `prepare` reads a run's text: its data section's keys."""
+    return TextOptions(split=data.split, skip_invalid=data.skip_invalid, include=data.include,
+                       exclude=data.exclude, normalize=data.unicode_normalize,
+                       units=data.units)

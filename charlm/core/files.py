@@ -15,7 +15,7 @@ import os
 import re
 import shutil
 import stat
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -40,6 +40,20 @@ def remove_temps(path: Path, tag: str = "tmp", only_dead: bool = False) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
         elif tmp.is_file():
             tmp.unlink(missing_ok=True)
+
+
+def discard_temps(finals: Iterable[Path]) -> None:
+    """Remove the temporaries of `finals` that a stopped prepare wrote (while it is stopping:
+    an OSError here must not hide the error being raised)."""
+    for path in finals:
+        with contextlib.suppress(OSError):
+            temp_beside(path).unlink(missing_ok=True)
+
+
+def remove_killed_temps(out: Path, names: Sequence[str]) -> None:
+    """Remove the .NAME.tmp-PID files of `names` in `out` that a killed process left."""
+    for name in names:
+        remove_temps(out / name, only_dead=True)
 
 
 def dead_temps(path: Path, tag: str = "tmp") -> list[Path]:
@@ -108,6 +122,19 @@ def write_text_atomic(path: Path, text: str) -> None:
         write_atomic(path, lambda f: f.write(data))
     except OSError as e:
         raise OSError(e.errno, e.strerror, str(path)) from None
+
+
+@contextlib.contextmanager
+def synced_temps(finals: Iterable[Path]) -> Iterator[list[BinaryIO]]:
+    """The temporaries (`temp_beside`) of `finals`, opened to write in turn; when the block ends
+    without an error each reaches the disk (fsync) before it is closed. Moving them into place,
+    or removing them after an error (`discard_temps`), is the caller's."""
+    with contextlib.ExitStack() as stack:
+        files = [stack.enter_context(open(temp_beside(path), "wb")) for path in finals]
+        yield files
+        for f in files:
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def make_writable_dir(path: Path, what: str) -> None:
@@ -257,3 +284,4 @@ def read_regular(path: Path, what: str, limit: int) -> bytes:
 def too_large(name: str, limit: int) -> CharlmError:
     return CharlmError(f"cannot read {name}: it holds more than {limit / 2**20:g} MiB, charlm's "
                        "limit for it; give a smaller one")
+

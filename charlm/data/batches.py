@@ -1,19 +1,20 @@
 """The batch samplers training draws from, each with its own seeded `torch.Generator`:
 `BatchSampler`, random windows of a text split (one vectorised gather from the memmap), and for
 the encoder-decoder `collate`, which pads and shifts (source, target) ids into tensors, and the
-length-bucketed `PairBatchSampler` over a split of pairs."""
+length-bucketed `PairBatchSampler` over a split of pairs; `require_window`, the check that a
+text split holds one window."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from charlm.core.errors import CharlmError
-from charlm.data.datasets import require_window
-from charlm.data.pairs import PairSplit
-from charlm.data.vocab import PairVocab
+from charlm.core.errors import CharlmError, characters
+from charlm.data.dataset_dir import PairSplit
+from charlm.data.pair_vocab import PairVocab
 
 IGNORE_INDEX = -1  # tgt_out's padding: the loss's ignore_index
 
@@ -126,3 +127,19 @@ class BatchSampler:
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self.generator.set_state(state["generator"])
+
+
+def require_window(data: np.ndarray, block_size: int, split: str,
+                   source: str | Path | None = None, prepared: bool = False) -> None:
+    """A split must hold at least one window of block_size + 1 characters (of `source`, a
+    dataset dir `charlm prepare` made if `prepared`)."""
+    if len(data) < block_size + 1:
+        of = f" of {source}" if source is not None else ""
+        # A prepared dataset dir has its split fixed: data.val_fraction does not apply to it.
+        more_val = (" or prepare it again with a larger --val-fraction" if prepared else
+                    " or raise data.val_fraction")
+        raise CharlmError(
+            f"the {split} split{of} is too short: {characters(len(data))}, but one window needs "
+            f"block_size + 1 = {block_size + 1}; give more text, or lower model.block_size"
+            + (more_val if split == "val" else "")
+        )

@@ -2,6 +2,8 @@
 a file's size: each chunk as text (`decode_chunks`), or as code points in the narrowest form
 (`code_point_chunks`, for `prepare`). A chunk of ASCII bytes is its own code points: it is not
 decoded at all, and `Vocab.encode_code_points` maps it to ids with one `bytes.translate`.
+`CharacterSet` gathers the characters met over a text's chunks, which make its vocabulary, and
+`read_text` reads a whole text file (a prompt, an eval text, pairs) with the same errors.
 
 sha256 of files read in chunks: `sha256_file` for a file alone, and `ChunkDigest`, which hashes
 the chunks a reader works on, on a second thread (hashlib lets go of the GIL while it hashes a
@@ -11,7 +13,9 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import io
 import re
+import sys
 import unicodedata
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,7 +27,8 @@ import numpy as np
 from tqdm import tqdm
 
 from charlm.core.errors import CharlmError
-from charlm.data.vocab import code_points
+from charlm.core.files import missing, open_regular, read_capped
+from charlm.data.vocab import MAX_CODE_POINT, Vocab, code_points, gather
 
 # 1 MB: a chunk, its text (up to 4 bytes a character) and its code points stay a few MB, in the
 # cache, and as fast to encode as larger chunks
@@ -188,3 +193,65 @@ class ChunkDigest:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
         self._pool.shutdown(wait=True)
+
+
+class CharacterSet:
+    """The characters met so far, added as code points in chunks (bytes or arrays, as
+    `Vocab.encode_code_points` takes them), each chunk by one vectorised pass that changes
+    nothing once every character of the chunk has been met before (most chunks of a text)."""
+
+    def __init__(self) -> None:
+        self._seen = np.zeros(MAX_CODE_POINT, dtype=np.uint8)
+        self._seen_bytes = b""  # the code points below 256 met so far, one a byte
+        self._since: list[np.ndarray] = []  # the code points first met since `begin`
+
+    def add(self, cps: bytes | np.ndarray) -> None:
+        if isinstance(cps, bytes):
+            new = cps.translate(None, self._seen_bytes)  # what is left was not met before
+            if new:
+                self._met(np.frombuffer(new, dtype=np.uint8))
+        elif len(cps) and gather(self._seen, cps).min() == 0:
+            self._met(cps[gather(self._seen, cps) == 0])
+
+    def _met(self, new: np.ndarray) -> None:
+        self._since.append(np.unique(new))
+        self._seen[new] = 1
+        self._seen_bytes = np.flatnonzero(self._seen[:256]).astype(np.uint8).tobytes()
+
+    def begin(self) -> None:
+        """Start a text whose characters `undo` can take back (a file found bad midway)."""
+        self._since = []
+
+    def undo(self) -> None:
+        """Forget the characters first met since `begin`."""
+        for new in self._since:
+            self._seen[new] = 0
+        self._seen_bytes = np.flatnonzero(self._seen[:256]).astype(np.uint8).tobytes()
+        self._since = []
+
+    def vocab(self, units: str = "char") -> Vocab:
+        """The vocabulary of the characters (byte units: byte values) met, in code point
+        order."""
+        return Vocab.from_code_points(np.flatnonzero(self._seen), units)
+
+
+def check_input_file(path: Path) -> None:
+    if not path.exists():
+        raise missing(path, "input file")
+    if path.is_dir():
+        raise CharlmError(f"input is a directory, not a text file: {path}")
+
+
+def read_text(path: Path, what: str = "text file", limit: int | None = None) -> str:
+    """A whole text file, read strictly as UTF-8 (with the same errors as `prepare`): a
+    regular file (named `what` in errors), of at most `limit` bytes if given; `-` is stdin."""
+    if str(path) == "-":
+        stdin = sys.stdin.buffer
+        source = stdin if limit is None else io.BytesIO(read_capped(stdin, limit, "stdin"))
+        return "".join(text for _, text in decode_chunks(source, "<stdin>"))
+    path = Path(path)
+    check_input_file(path)
+    with open_regular(path, what, limit) as f:
+        # with a limit, a file that grows while it is read stops at it too
+        source = f if limit is None else io.BytesIO(read_capped(f, limit, f"{what} {path}"))
+        return "".join(text for _, text in decode_chunks(source, str(path)))

@@ -1,6 +1,6 @@
-"""A prepared text dataset: `load_dataset` opens a dataset dir (meta.json, train.bin, val.bin as
-memmaps) after checking it, and `dataset_for` prepares a text file into a cache dir, reused
-while the source's sha256 and the val fraction match. `prepared_data`: which data a run trains
+"""The dataset a run uses (opening a dataset dir is `charlm.data.dataset_dir`'s): `dataset_for`
+prepares a text file into a cache dir, reused while the source's sha256 and the val fraction
+match. `prepared_data`: which data a run trains
 on, its text or pairs prepared into a cache dir where they are not a dataset dir already, and
 checked against `model.arch` (torch-free: `charlm tune`'s process prepares it for all trials).
 
@@ -16,96 +16,45 @@ unzipped file of http://mattmahoney.net/dc/enwik8.zip (text8.zip likewise)."""
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from tqdm import tqdm
 
-from charlm.config.data import DataConfig
+from charlm.config.data import DataConfig, TextOptions, text_options
 from charlm.config.schema import RunConfig
-from charlm.core.errors import CharlmError, characters
-from charlm.core.files import make_writable_dir, temp_beside
+from charlm.core.errors import CharlmError
+from charlm.core.files import discard_temps, remove_killed_temps, synced_temps
 from charlm.data.chunks import sha256_file
-from charlm.data.pairs import PairDataset, pairs_for
-from charlm.data.prepare import (
+from charlm.data.dataset_dir import (
     DATASET_FILES,
     DATASET_FORMAT,
     DATASET_VERSION,
-    TextOptions,
-    check_meta_header,
-    check_prepare,
-    count_reasons,
+    SPLITS,
+    Dataset,
+    PairDataset,
     dataset_lock,
     dataset_meta,
-    discard_temps,
-    encode_source,
     install,
-    prepare_sources,
+    is_dataset_dir,
+    load_dataset,
+    make_dataset_dir,
     read_meta,
-    remove_killed_temps,
+)
+from charlm.data.pair_vocab import PairVocab
+from charlm.data.pairs import pairs_for
+from charlm.data.prepare import (
+    check_prepare,
+    count_reasons,
+    encode_source,
+    prepare_sources,
     scan,
     source_entry,
 )
 from charlm.data.sources import Source, as_specs, listed
-from charlm.data.vocab import PairVocab, Vocab
-
-
-@dataclass
-class Dataset:
-    """A prepared dataset: its vocabulary and its splits as read-only memmaps (a test split
-    only where meta.json gives "test_tokens": a benchmark's)."""
-
-    path: Path
-    meta: dict[str, Any]
-    vocab: Vocab
-    train: np.ndarray
-    val: np.ndarray
-    test: np.ndarray | None = None
-
-    def split(self, name: str) -> np.ndarray | None:
-        return {"train": self.train, "val": self.val, "test": self.test}[name]
-
-
-def load_dataset(path: str | Path) -> Dataset:
-    path = Path(path)
-    if not (path / "meta.json").is_file():
-        raise CharlmError(
-            f"{path} is not a prepared dataset (no meta.json); "
-            "give a text file or run `charlm prepare` first"
-        )
-    try:
-        meta = read_meta(path)
-        check_meta_header(meta)
-        vocab = Vocab(meta["vocab"], meta.get("units", "char"), meta.get("unicode_normalize"))
-        # The declared sizes must be the vocabulary's: a hand-edited one is not silently ignored.
-        if meta["vocab_size"] != len(vocab):
-            raise ValueError(f"meta.json gives vocab_size {meta['vocab_size']!r}, but its vocab "
-                             f"holds {len(vocab)} characters")
-        if meta["dtype"] != vocab.dtype.name:
-            raise ValueError(f"meta.json gives dtype {meta['dtype']!r}, but a {len(vocab)}-symbol "
-                             f"vocabulary has {vocab.dtype.name} ids")
-        splits = {}
-        for split in ("train", "val", "test")[:3 if "test_tokens" in meta else 2]:
-            n = meta[f"{split}_tokens"]
-            bin_path = path / f"{split}.bin"
-            if bin_path.stat().st_size != n * vocab.dtype.itemsize:
-                raise ValueError(f"{split}.bin does not match meta.json")
-            splits[split] = (
-                np.memmap(bin_path, dtype=vocab.dtype, mode="r") if n else
-                np.zeros(0, dtype=vocab.dtype)
-            )
-            if n and int(splits[split].max()) >= len(vocab):  # one vectorised pass
-                raise ValueError(f"{split}.bin holds ids outside the {len(vocab)}-symbol "
-                                 "vocabulary of meta.json")
-    except (ValueError, KeyError, TypeError, OSError, CharlmError) as e:
-        raise CharlmError(
-            f"cannot read dataset {path}: {e}; prepare it again with `charlm prepare`"
-        ) from None
-    return Dataset(path, meta, vocab, splits["train"], splits["val"], splits.get("test"))
+from charlm.data.vocab import Vocab
 
 
 def dataset_for(data_path: str | Path | Sequence[str | Path], val_fraction: float,
@@ -153,11 +102,6 @@ def text_vocab(data_path: str | Path | Sequence[str | Path],
         return scan(sources, options)[2]
 
 
-def is_dataset_dir(path: Path) -> bool:
-    """Whether `path` is a prepared dataset dir (one with a meta.json), not a folder of text."""
-    return path.is_dir() and (path / "meta.json").exists()
-
-
 def same_sources(meta: dict[str, Any], sources: Sequence[Source], val_fraction: float,
                  options: TextOptions) -> bool:
     """Whether the dataset of `meta` was prepared from `sources` as they are now, with these
@@ -176,22 +120,6 @@ def same_sources(meta: dict[str, Any], sources: Sequence[Source], val_fraction: 
                       for s in sources) == listed
     except (KeyError, TypeError, ValueError, OSError):
         return False  # a damaged or older cache is rebuilt
-
-
-def require_window(data: np.ndarray, block_size: int, split: str,
-                   source: str | Path | None = None, prepared: bool = False) -> None:
-    """A split must hold at least one window of block_size + 1 characters (of `source`, a
-    dataset dir `charlm prepare` made if `prepared`)."""
-    if len(data) < block_size + 1:
-        of = f" of {source}" if source is not None else ""
-        # A prepared dataset dir has its split fixed: data.val_fraction does not apply to it.
-        more_val = (" or prepare it again with a larger --val-fraction" if prepared else
-                    " or raise data.val_fraction")
-        raise CharlmError(
-            f"the {split} split{of} is too short: {characters(len(data))}, but one window needs "
-            f"block_size + 1 = {block_size + 1}; give more text, or lower model.block_size"
-            + (more_val if split == "val" else "")
-        )
 
 
 @dataclass(frozen=True)
@@ -215,8 +143,6 @@ BENCHMARKS: dict[str, Benchmark] = {
         100_000_000, "6e890197040d37d85beb962ae1f041ff1d9a9ca8d20c7d99c85027eebf51dca7",
         "char", (90_000_000, 5_000_000, 5_000_000), "http://mattmahoney.net/dc/text8.zip"),
 }
-
-SPLITS = ("train", "val", "test")
 
 
 def benchmark(name: str) -> Benchmark:
@@ -253,15 +179,10 @@ def prepare_benchmark(name: str, path: str | Path, out: str | Path, progress: bo
                 raise wrong_file(name, bench, source.name, f"sha256 {stats.sha256}")
             if stats.chars != sum(bench.split):
                 raise wrong_file(name, bench, source.name, f"{stats.chars:,} {bench.units}s")
-            make_writable_dir(out, f"dataset dir {out}")
-            remove_killed_temps(out, DATASET_FILES)
-            with contextlib.ExitStack() as stack:
-                files = [stack.enter_context(open(temp_beside(p), "wb")) for p in final.values()]
+            make_dataset_dir(out, DATASET_FILES)
+            with synced_temps(final.values()) as files:
                 ends = [sum(bench.split[:i + 1]) for i in range(len(SPLITS) - 1)]
                 encode_source(stats, vocab, ends, files, options, bar)
-                for f in files:
-                    f.flush()
-                    os.fsync(f.fileno())
             meta = {
                 "format": DATASET_FORMAT, "version": DATASET_VERSION,
                 "vocab": vocab.chars, "vocab_size": len(vocab), "units": vocab.units,
@@ -300,7 +221,6 @@ def check_data_kind(cfg: RunConfig, pairs: bool) -> None:
         )
 
 
-
 def prepared_data(cfg: RunConfig, cache_dir: Path,
                   check: Callable[[Any], None] | None = None,
                   base: Vocab | PairVocab | None = None) -> Dataset | PairDataset:
@@ -325,13 +245,6 @@ def prepared_dir(data: DataConfig) -> Path | None:
     """data.path when it is a dataset dir made by `charlm prepare` (not a folder of text)."""
     return Path(data.inputs[0]) if len(data.inputs) == 1 and is_dataset_dir(
         Path(data.inputs[0])) else None
-
-
-def text_options(data: DataConfig) -> TextOptions:
-    """How `prepare` reads a run's text: its data section's keys."""
-    return TextOptions(split=data.split, skip_invalid=data.skip_invalid, include=data.include,
-                       exclude=data.exclude, normalize=data.unicode_normalize,
-                       units=data.units)
 
 
 def data_summary(cfg: RunConfig, run_dir: Path | None) -> dict[str, Any] | None:

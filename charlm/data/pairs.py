@@ -1,22 +1,15 @@
 """Paired text for the encoder-decoder (G2P, transliteration, spelling): reading
-"source<TAB>target" lines, the hashed train/val/test split, `prepare_pairs` into a dataset dir,
-`load_pairs` and `pairs_for` (a .tsv prepared into a cache dir), and `references`, a split's
-targets grouped by source for multi-reference accuracy (`charlm.evaluation.accuracy`). It
+"source<TAB>target" lines, the hashed train/val/test split, `prepare_pairs` into a dataset dir
+(its layout and `load_pairs` are `charlm.data.dataset_dir`'s), `pairs_for` (a .tsv prepared
+into a cache dir), and `references`, a split's targets grouped by source for multi-reference
+accuracy (`charlm.evaluation.accuracy`). The vocabulary is `charlm.data.pair_vocab`'s. It
 imports no torch, so `charlm prepare --pairs` starts fast; the batches are
-`charlm.data.batches`'.
-
-A pairs dataset dir holds meta.json (kind "pairs") and train.npz, val.npz and test.npz, each
-with the flat ids of all its sources (`src`) and targets (`tgt`) and their int64 offsets: pair
-i's source is src[src_offsets[i]:src_offsets[i + 1]]. Four arrays whatever the number of pairs,
-and no pickles."""
+`charlm.data.batches`'."""
 
 from __future__ import annotations
 
 import itertools
-import os
-import zipfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,36 +17,30 @@ import numpy as np
 
 from charlm.config.data import DataConfig
 from charlm.core.errors import CharlmError, characters
-from charlm.core.files import make_writable_dir, temp_beside
-from charlm.data.chunks import sha256_file
-from charlm.data.prepare import (
+from charlm.core.files import discard_temps, remove_killed_temps, synced_temps
+from charlm.data.chunks import read_text, sha256_file
+from charlm.data.dataset_dir import (
     DATASET_FILES,
     DATASET_FORMAT,
     DATASET_VERSION,
-    check_meta_header,
+    PAIR_FILES,
+    PAIRS_KIND,
+    SPLITS,
+    PairDataset,
+    PairSplit,
     check_out,
-    check_source_file,
     dataset_lock,
     dataset_meta,
-    discard_temps,
     install,
+    load_pairs,
+    make_dataset_dir,
     path_share,
     read_meta,
-    read_text,
-    remove_killed_temps,
     replaceable,
 )
-from charlm.data.vocab import PairVocab, id_dtype
-
-PAIRS_KIND = "pairs"
-
-SPLITS = ("train", "val", "test")
-
-PAIR_FILES = ("meta.json", *(f"{split}.npz" for split in SPLITS))
-
-ARRAYS = ("src", "src_offsets", "tgt", "tgt_offsets")
-
-AGAIN = "prepare it again with `charlm prepare --pairs`"
+from charlm.data.pair_vocab import PairVocab
+from charlm.data.sources import check_source_file
+from charlm.data.vocab import id_dtype
 
 SKIP_HINT = "set data.skip_bad_pairs=true to skip such lines"
 
@@ -172,15 +159,12 @@ def _killed_prepare(out: Path) -> bool:
 def _write(out: Path, arrays: dict[str, dict[str, np.ndarray]], meta: dict[str, Any]) -> None:
     """Every .npz under a temporary name first, then moved into place, meta.json last; whatever
     stops it (an error, SIGINT, SIGTERM) removes its temporaries."""
-    make_writable_dir(out, f"dataset dir {out}")
-    remove_killed_temps(out, PAIR_FILES)
+    make_dataset_dir(out, PAIR_FILES)
     finals = {split: out / f"{split}.npz" for split in SPLITS}
     try:
-        for split, path in finals.items():
-            with open(temp_beside(path), "wb") as f:
+        with synced_temps(finals.values()) as files:
+            for split, f in zip(finals, files, strict=True):
                 np.savez(f, **arrays[split])
-                f.flush()
-                os.fsync(f.fileno())
         install(out, finals.values(), meta)
     except BaseException:
         discard_temps(finals.values())
@@ -241,90 +225,6 @@ def _prepare_pairs(paths: list[Path], out: Path, data: DataConfig, block_size: i
     }
     _write(out, {split: _encode(got, vocab) for split, got in splits.items()}, meta)
     return meta
-
-
-@dataclass
-class PairSplit:
-    """The pairs of one split: flat ids and offsets (see the module docstring)."""
-
-    src: np.ndarray
-    src_offsets: np.ndarray
-    tgt: np.ndarray
-    tgt_offsets: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.src_offsets) - 1
-
-    def example(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """Source and target ids of pair `i`."""
-        return (self.src[self.src_offsets[i]:self.src_offsets[i + 1]],
-                self.tgt[self.tgt_offsets[i]:self.tgt_offsets[i + 1]])
-
-    def lengths(self) -> np.ndarray:
-        """Source plus target length of each pair."""
-        return np.diff(self.src_offsets) + np.diff(self.tgt_offsets)
-
-
-@dataclass
-class PairDataset:
-    path: Path
-    meta: dict[str, Any]
-    vocab: PairVocab
-    train: PairSplit
-    val: PairSplit
-    test: PairSplit
-
-    def split(self, name: str) -> PairSplit:
-        if name not in SPLITS:
-            raise ValueError(f"unknown split {name!r}; use one of {', '.join(SPLITS)}")
-        return getattr(self, name)
-
-
-def _load_split(path: Path, split: str, n: Any, vocab: PairVocab) -> PairSplit:
-    if not isinstance(n, int) or n < 0:
-        raise ValueError(f"meta.json gives {n!r} {split} pairs")
-    with np.load(path / f"{split}.npz", allow_pickle=False) as z:
-        if sorted(z.files) != sorted(ARRAYS):
-            raise ValueError(f"{split}.npz holds {sorted(z.files)}, not {list(ARRAYS)}")
-        got = PairSplit(**{name: z[name] for name in ARRAYS})
-    for what, ids, offsets, size in (("source", got.src, got.src_offsets, len(vocab.source)),
-                                     ("target", got.tgt, got.tgt_offsets, len(vocab.target))):
-        if ids.ndim != 1 or ids.dtype.kind != "u":
-            raise ValueError(f"{split}.npz: the {what} ids are not a flat array of unsigned ints")
-        if offsets.dtype != np.int64 or offsets.shape != (n + 1,):
-            raise ValueError(f"{split}.npz: the {what} offsets do not match the {n} pairs of "
-                             "meta.json")
-        if offsets[0] != 0 or offsets[-1] != len(ids) or (np.diff(offsets) < 1).any():
-            raise ValueError(f"{split}.npz: the {what} offsets do not rise from 0 to {len(ids)}")
-        if len(ids) and int(ids.max()) >= size:
-            raise ValueError(f"{split}.npz holds {what} ids outside the {size}-unit vocabulary "
-                             "of meta.json")
-    return got
-
-
-def load_pairs(path: Path) -> PairDataset:
-    """A dataset dir of `prepare_pairs`, checked: any damage is one CharlmError."""
-    path = Path(path)
-    if not (path / "meta.json").is_file():
-        raise CharlmError(f"{path} is not a prepared dataset (no meta.json); give a .tsv file "
-                          "of pairs or run `charlm prepare --pairs` first")
-    try:
-        meta = read_meta(path)
-        check_meta_header(meta)
-        if meta.get("kind", "text") == "text":  # not caught below: the dataset is fine
-            raise CharlmError(f"{path} holds a text dataset, not pairs; give a .tsv file of "
-                              "pairs or a dataset dir made by `charlm prepare --pairs`")
-        if meta["kind"] != PAIRS_KIND:
-            raise ValueError(f"unknown dataset kind {meta['kind']!r}")
-        vocab = PairVocab.from_dict(meta["vocab"])
-        if meta["target_units"] != vocab.target_units:
-            raise ValueError(f"meta.json gives target_units {meta['target_units']!r}, but its "
-                             f"vocab {vocab.target_units!r}")
-        splits = {split: _load_split(path, split, meta["pairs"][split], vocab)
-                  for split in SPLITS}
-    except (ValueError, KeyError, TypeError, OSError, EOFError, zipfile.BadZipFile) as e:
-        raise CharlmError(f"cannot read dataset {path}: {e}; {AGAIN}") from None
-    return PairDataset(path, meta, vocab, **splits)
 
 
 def pairs_for(data: DataConfig, block_size: int, cache_dir: Path,

@@ -1,5 +1,5 @@
-"""Text datasets: `prepare` (text files -> meta.json + train.bin + val.bin), the input checks
-and the reading of meta.json; loading a dataset dir back is `charlm.data.datasets`'.
+"""Text datasets: `prepare` (text files -> meta.json + train.bin + val.bin) and its checks;
+what a dataset dir holds, writing it safely and loading it back are `charlm.data.dataset_dir`'s.
 
 The corpus is read in two passes of fixed-size chunks (`charlm.data.chunks`): pass 1 (`scan`):
 sha256, character count and the set of characters; pass 2 (`encode_source`): the ids, and
@@ -10,16 +10,9 @@ torch, so `charlm prepare` starts fast."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import hashlib
-import io
-import json
-import os
-import stat
-import sys
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -27,62 +20,29 @@ from typing import Any, BinaryIO
 import numpy as np
 from tqdm import tqdm
 
+from charlm.config.data import TextOptions
 from charlm.core.errors import CharlmError, characters, warn
-from charlm.core.files import (
-    locked_dir,
-    make_writable_dir,
-    missing,
-    open_regular,
-    read_capped,
-    read_regular,
-    remove_temps,
-    some,
-    temp_beside,
-    write_text_atomic,
-)
+from charlm.core.files import discard_temps, some, synced_temps
 from charlm.data.chunks import (
     SKIP_HINT,
+    CharacterSet,
     InvalidText,
     byte_chunks,
     code_point_chunks,
-    decode_chunks,
     sha256_file,
 )
-from charlm.data.sources import READ_ERRORS, Source, listed, unreadable
-from charlm.data.vocab import CharacterSet, Vocab
-
-
-def check_source_file(path: Path, name: str | None = None) -> None:
-    """An input of `prepare` (named `name` in errors), which reads it twice (pass 1, pass 2): a
-    regular file. A pipe (`<(cmd)`) gives its bytes once, so pass 2 would write no ids, and a
-    named pipe blocks."""
-    name = str(path) if name is None else name
-    try:
-        regular = stat.S_ISREG(path.stat().st_mode)
-    except OSError as e:
-        raise unreadable(Source(path, name, name), e) from None
-    if not regular:
-        raise CharlmError(f"input is not a regular file (a pipe or a device): {name}; "
-                          "charlm reads its text twice: give it as - (stdin), or save it to a "
-                          "file first")
-
-
-@dataclass(frozen=True)
-class TextOptions:
-    """How `prepare` finds, reads and splits its inputs, beside the val fraction: the
-    data.split, skip_invalid, include, exclude and unicode_normalize keys of a run."""
-
-    split: str = "tail"  # "tail": the last val_fraction of each input; "files": whole files
-    skip_invalid: bool = False
-    include: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
-    normalize: str | None = None
-    units: str = "char"  # "byte": the ids are the files' bytes (`charlm.data.vocab`)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"units": self.units, "split": self.split, "skip_invalid": self.skip_invalid,
-                "include": list(self.include), "exclude": list(self.exclude),
-                "unicode_normalize": self.normalize}
+from charlm.data.dataset_dir import (
+    DATASET_FILES,
+    DATASET_FORMAT,
+    DATASET_VERSION,
+    check_out,
+    dataset_lock,
+    install,
+    make_dataset_dir,
+    path_share,
+)
+from charlm.data.sources import READ_ERRORS, Source, check_source_file, listed, unreadable
+from charlm.data.vocab import Vocab
 
 
 @dataclass
@@ -199,13 +159,6 @@ def split_name(s: SourceStats, n_train: int) -> str:
     return "train" if n_train == s.chars else "val" if n_train == 0 else "tail"
 
 
-def path_share(key: str) -> float:
-    """Where `key` falls in [0, 1), by its sha256: a file's path under its folder stays on its
-    side of data.split files whatever other files come and go (a pair's source likewise)."""
-    digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64
-
-
 def held_out(key: str, val_fraction: float) -> bool:
     """Whether data.split files holds out the file at `key`."""
     return path_share(key) < val_fraction
@@ -243,115 +196,7 @@ def train_counts(stats: Sequence[SourceStats], val_fraction: float, split: str) 
     return counts
 
 
-DATASET_FORMAT = "charlm-dataset"
-
-DATASET_FILES = ("meta.json", "train.bin", "val.bin", "test.bin")  # test: a benchmark's
-
-DATASET_VERSION = 1
-
 PROGRESS_MIN_BYTES = 4 << 20
-
-# meta.json (and an export's vocab.json) hold a vocabulary: even every Unicode character, one a
-# line, stays below this; a file far larger is not charlm's and would fill the memory
-META_LIMIT = 16 << 20
-
-
-def check_input_file(path: Path) -> None:
-    if not path.exists():
-        raise missing(path, "input file")
-    if path.is_dir():
-        raise CharlmError(f"input is a directory, not a text file: {path}")
-
-
-def read_text(path: Path, what: str = "text file", limit: int | None = None) -> str:
-    """A whole text file, read strictly as UTF-8 (with the same errors as `prepare`): a
-    regular file (named `what` in errors), of at most `limit` bytes if given; `-` is stdin."""
-    if str(path) == "-":
-        stdin = sys.stdin.buffer
-        source = stdin if limit is None else io.BytesIO(read_capped(stdin, limit, "stdin"))
-        return "".join(text for _, text in decode_chunks(source, "<stdin>"))
-    path = Path(path)
-    check_input_file(path)
-    with open_regular(path, what, limit) as f:
-        # with a limit, a file that grows while it is read stops at it too
-        source = f if limit is None else io.BytesIO(read_capped(f, limit, f"{what} {path}"))
-        return "".join(text for _, text in decode_chunks(source, str(path)))
-
-
-def read_meta(path: Path) -> Any:
-    """The parsed meta.json of the directory `path`, whatever JSON it holds. Raises OSError
-    (FileNotFoundError when there is none) or ValueError (not JSON, not UTF-8)."""
-    return json.loads(read_regular(path / "meta.json", "dataset metadata", META_LIMIT)
-                      .decode("utf-8"))
-
-
-def check_meta_header(meta: Any) -> None:
-    """Raise ValueError unless a dataset's meta.json is charlm's, of the version read here."""
-    if not isinstance(meta, dict) or meta.get("format") != DATASET_FORMAT:
-        raise ValueError("not a charlm dataset")
-    if meta.get("version") != DATASET_VERSION:
-        raise ValueError(f"dataset format version {meta.get('version')}")
-
-
-def dataset_meta(path: Path) -> dict[str, Any] | None:
-    """The meta.json of the directory `path` if it is a charlm dataset's, else None (missing,
-    unreadable, or another tool's)."""
-    try:
-        meta = read_meta(path)
-    except (ValueError, OSError):
-        return None
-    return meta if isinstance(meta, dict) and meta.get("format") == DATASET_FORMAT else None
-
-
-def replaceable(out: Path) -> bool:
-    """Whether `prepare` may write into the existing directory `out`: one that holds a charlm
-    dataset (its meta.json says so: a meta.json of another tool is not ours to overwrite), or
-    nothing but dataset files and the hidden .NAME.tmp-PID files of a killed prepare, with a
-    meta.json missing or damaged (a prepare or a machine stopped between moving the .bin files
-    into place and writing meta.json, say in a run's own dataset cache)."""
-    if dataset_meta(out) is not None:
-        return True
-    if not all(p.name.startswith(".") or p.name in DATASET_FILES for p in out.iterdir()):
-        return False
-    try:  # only dataset files: replaceable unless meta.json is another tool's
-        read_meta(out)
-    except FileNotFoundError:
-        return True
-    except (ValueError, OSError):  # damaged (cut short by a crash) beside our .bin files
-        return any((out / name).exists() for name in ("train.bin", "val.bin"))
-    return False
-
-
-def dataset_lock(out: Path) -> contextlib.AbstractContextManager[None]:
-    """The lock a prepare holds on its dataset dir (`locked_dir`), so that two prepares into
-    one dir never mix one's meta.json with the other's data files."""
-    return locked_dir(out, f"dataset dir {out} is in use by another `charlm prepare` (or a "
-                           "`charlm train` preparing its data); wait for it to end, or choose "
-                           "another --out")
-
-
-def install(out: Path, finals: Iterable[Path], meta: dict[str, Any]) -> None:
-    """Move the written temporaries (`temp_beside`) of a dataset's `finals` into place, then
-    write its meta.json. The old meta.json goes first: stopped between the moves, the dir holds
-    no meta.json beside a mix of old and new files, which no reader takes for a dataset."""
-    (out / "meta.json").unlink(missing_ok=True)
-    for path in finals:
-        os.replace(temp_beside(path), path)
-    write_text_atomic(out / "meta.json", json.dumps(meta, ensure_ascii=False, indent=1))
-
-
-def discard_temps(finals: Iterable[Path]) -> None:
-    """Remove the temporaries of `finals` that a stopped prepare wrote (while it is stopping:
-    an OSError here must not hide the error being raised)."""
-    for path in finals:
-        with contextlib.suppress(OSError):
-            temp_beside(path).unlink(missing_ok=True)
-
-
-def remove_killed_temps(out: Path, names: Sequence[str]) -> None:
-    """Remove the .NAME.tmp-PID files of `names` in `out` that a killed process left."""
-    for name in names:
-        remove_temps(out / name, only_dead=True)
 
 
 def prepare(
@@ -388,8 +233,7 @@ def prepare_sources(sources: Sequence[Source], out: str | Path, val_fraction: fl
             stats, skipped, vocab = scan(sources, options, bar)
             vocab = vocab if base is None else base.extended(vocab.chars)
             n_train = train_counts(stats, val_fraction, options.split)
-            make_writable_dir(out, f"dataset dir {out}")
-            remove_killed_temps(out, DATASET_FILES)
+            make_dataset_dir(out, DATASET_FILES)
             sizes = write_splits(stats, n_train, vocab, final, options, bar)
             meta = {
                 "format": DATASET_FORMAT,
@@ -441,26 +285,12 @@ def check_prepare(sources: Sequence[Source], out: Path, val_fraction: float) -> 
     check_out(out)
 
 
-def check_out(out: Path, writable: Callable[[Path], bool] = replaceable) -> None:
-    """An --out that may be written: new, or a directory that is `writable` (empty, or a
-    dataset's); a file or a directory of something else is refused."""
-    if out.exists() and not out.is_dir():
-        raise CharlmError(f"--out must be a directory, but {out} is a file")
-    if out.is_dir() and not writable(out):
-        raise CharlmError(f"--out {out} is not empty and holds no charlm dataset; give a new or "
-                          "empty directory, or a dataset dir to replace")
-
-
 def write_splits(stats: Sequence[SourceStats], n_train: Sequence[int], vocab: Vocab,
                  final: dict[str, Path], options: TextOptions, bar: tqdm) -> dict[str, int]:
     """Encode each source's first n_train characters into the temp file beside final["train"]
     and the rest beside final["val"], synced to disk; the tokens written to each."""
     sizes = {"train": sum(n_train), "val": sum(s.chars for s in stats) - sum(n_train)}
-    with (open(temp_beside(final["train"]), "wb") as ftrain,
-          open(temp_beside(final["val"]), "wb") as fval):
+    with synced_temps([final["train"], final["val"]]) as files:
         for s, n in zip(stats, n_train, strict=True):
-            encode_source(s, vocab, [n], [ftrain, fval], options, bar)
-        for f in (ftrain, fval):
-            f.flush()
-            os.fsync(f.fileno())
+            encode_source(s, vocab, [n], files, options, bar)
     return sizes

@@ -1,5 +1,6 @@
 """The text files a dataset is made from: what the user named (files, folders, quoted globs,
-`-` for stdin) expanded into `Source`s, and each source read the one way `prepare` reads it.
+`-` for stdin) expanded into `Source`s, each checked to be a regular file (`check_source_file`)
+and read the one way `prepare` reads it.
 
 A folder is walked recursively, hidden names (`.git` among them) skipped, its files sorted by
 their path under it. A glob is expanded here (`expand_glob`), so it means the same on every
@@ -24,6 +25,7 @@ import gzip
 import lzma
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import zlib
@@ -278,3 +280,18 @@ def stdin_copy(specs: Sequence[str | Path]) -> Iterator[Path | None]:
             raise CharlmError(f"cannot copy stdin to {tmp.name}: {e.strerror}; save the text "
                               "to a file and give its path") from None
         yield Path(tmp.name)
+
+
+def check_source_file(path: Path, name: str | None = None) -> None:
+    """An input of `prepare` (named `name` in errors), which reads it twice (pass 1, pass 2): a
+    regular file. A pipe (`<(cmd)`) gives its bytes once, so pass 2 would write no ids, and a
+    named pipe blocks."""
+    name = str(path) if name is None else name
+    try:
+        regular = stat.S_ISREG(path.stat().st_mode)
+    except OSError as e:
+        raise unreadable(Source(path, name, name), e) from None
+    if not regular:
+        raise CharlmError(f"input is not a regular file (a pipe or a device): {name}; "
+                          "charlm reads its text twice: give it as - (stdin), or save it to a "
+                          "file first")

@@ -27,8 +27,13 @@ from tqdm import tqdm
 
 from charlm.core.errors import CharlmError, Setting, SettingError, characters
 from charlm.core.files import open_regular
-from charlm.data.chunks import CHUNK_BYTES, byte_chunks, code_point_chunks, narrow_code_points
-from charlm.data.prepare import check_input_file
+from charlm.data.chunks import (
+    CHUNK_BYTES,
+    byte_chunks,
+    check_input_file,
+    code_point_chunks,
+    narrow_code_points,
+)
 from charlm.data.sources import CODECS, READ_ERRORS, Source
 from charlm.data.vocab import UNKNOWN_LISTED, Vocab, list_unknown
 from charlm.generation.decoding import NonFiniteOutput

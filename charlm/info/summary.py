@@ -17,12 +17,14 @@ from typing import Any
 
 import torch
 
+from charlm.config.data import text_options
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
-from charlm.data.datasets import check_data_kind, text_options, text_vocab
-from charlm.data.pairs import load_pairs, read_pairs
+from charlm.data.dataset_dir import load_pairs
+from charlm.data.datasets import check_data_kind, text_vocab
+from charlm.data.pair_vocab import PairVocab
+from charlm.data.pairs import read_pairs
 from charlm.data.sources import missing_inputs
-from charlm.data.vocab import PairVocab
 from charlm.info.parameters import flops_per_token, parameter_table, seq2seq_flops
 from charlm.info.shapes import forward_shapes, seq2seq_forward_shapes
 from charlm.model.encoder_decoder import EncoderDecoder

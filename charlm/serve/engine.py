@@ -24,7 +24,8 @@ from collections.abc import Callable
 import torch
 
 from charlm.core.errors import CharlmError, first_line, warn
-from charlm.data.vocab import PairVocab, Vocab, list_unknown
+from charlm.data.pair_vocab import PairVocab
+from charlm.data.vocab import Vocab, list_unknown
 from charlm.generation.decoding import NonFiniteOutput
 from charlm.generation.sampler import Sampler
 from charlm.generation.seq2seq import translate_ids

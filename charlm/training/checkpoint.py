@@ -21,7 +21,8 @@ import torch
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError, SettingError, first_line, one_line
 from charlm.core.files import missing, open_regular, run_write_error, write_atomic
-from charlm.data.vocab import PairVocab, Vocab
+from charlm.data.pair_vocab import PairVocab
+from charlm.data.vocab import Vocab
 from charlm.runtime.device import require_memory
 from charlm.training.optimizer import Optimizer, load_state
 from charlm.training.steps import STEP, find_step

@@ -21,8 +21,8 @@ from charlm.config.data import DataConfig
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError, warn
 from charlm.data.batches import BatchSampler, PairBatchSampler
+from charlm.data.dataset_dir import dataset_meta
 from charlm.data.datasets import prepared_dir
-from charlm.data.prepare import dataset_meta
 from charlm.data.sources import missing_inputs
 from charlm.model import footprint
 from charlm.runtime.device import require_memory

@@ -17,10 +17,12 @@ import torch
 
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
-from charlm.data.batches import BatchSampler, PairBatchSampler
-from charlm.data.datasets import Dataset, prepared_data, prepared_dir, require_window
-from charlm.data.pairs import PairDataset, references
-from charlm.data.vocab import PairVocab, Vocab
+from charlm.data.batches import BatchSampler, PairBatchSampler, require_window
+from charlm.data.dataset_dir import Dataset, PairDataset
+from charlm.data.datasets import prepared_data, prepared_dir
+from charlm.data.pair_vocab import PairVocab
+from charlm.data.pairs import references
+from charlm.data.vocab import Vocab
 from charlm.evaluation.pairs import output_accuracy, rate_name
 from charlm.generation.text import preview
 from charlm.model import encoder_decoder, gpt

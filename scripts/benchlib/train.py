@@ -37,8 +37,9 @@ from charlm.config.loading import load_config
 from charlm.config.schema import MODEL_VARIANTS, RunConfig
 from charlm.core.errors import CharlmError
 from charlm.data.batches import BatchSampler
-from charlm.data.datasets import Dataset, dataset_for
-from charlm.data.prepare import check_source_file
+from charlm.data.dataset_dir import Dataset
+from charlm.data.datasets import dataset_for
+from charlm.data.sources import check_source_file
 from charlm.info.parameters import flops_per_token, parameter_table
 from charlm.model.gpt import GPT
 from charlm.runtime.device import resolve_device, seed_everything

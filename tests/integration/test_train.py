@@ -18,8 +18,8 @@ from charlm.config.schema import RunConfig
 from charlm.data.batches import BatchSampler
 from charlm.data.chunks import sha256_file
 from charlm.data.datasets import dataset_for
+from charlm.data.pair_vocab import PairVocab
 from charlm.data.prepare import prepare
-from charlm.data.vocab import PairVocab
 from charlm.export import save_safetensors
 from charlm.generation.decoding import generate
 from charlm.model.encoder_decoder import EncoderDecoder

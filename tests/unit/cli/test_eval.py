@@ -45,10 +45,10 @@ def split_export(tmp_path, units: str = "char"):
     here (train 36, val 4 of the 40 characters prepared)."""
     import json
 
-    from charlm.config.data import DataConfig
+    from charlm.config.data import DataConfig, TextOptions
     from charlm.config.schema import RunConfig
-    from charlm.data.datasets import load_dataset
-    from charlm.data.prepare import TextOptions, prepare
+    from charlm.data.dataset_dir import load_dataset
+    from charlm.data.prepare import prepare
     from charlm.export import save_safetensors
     from charlm.model.gpt import GPT
     from tests.helpers import tiny_model_config

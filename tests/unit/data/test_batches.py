@@ -9,8 +9,8 @@ import torch
 
 from charlm.core.errors import CharlmError
 from charlm.data.batches import IGNORE_INDEX, BatchSampler, PairBatchSampler, collate
-from charlm.data.pairs import PairSplit
-from charlm.data.vocab import PairVocab
+from charlm.data.dataset_dir import PairSplit
+from charlm.data.pair_vocab import PairVocab
 
 CPU = torch.device("cpu")
 

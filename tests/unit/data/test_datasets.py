@@ -14,10 +14,12 @@ import os
 import numpy as np
 import pytest
 
+from charlm.config.data import TextOptions
 from charlm.core.errors import CharlmError
 from charlm.data import chunks, datasets
-from charlm.data.datasets import Benchmark, dataset_for, load_dataset, prepare_benchmark
-from charlm.data.prepare import TextOptions, prepare
+from charlm.data.dataset_dir import load_dataset
+from charlm.data.datasets import Benchmark, dataset_for, prepare_benchmark
+from charlm.data.prepare import prepare
 from charlm.data.vocab import Vocab
 
 
@@ -164,7 +166,7 @@ def with_test_split(path, ids: bytes) -> None:
 
 def test_a_test_split_loads_where_meta_json_gives_test_tokens(tmp_path):
     """A benchmark's test.bin was never loaded: Dataset had no test split to score."""
-    from charlm.data.datasets import load_dataset
+    from charlm.data.dataset_dir import load_dataset
 
     text = tmp_path / "t.txt"
     text.write_text("hello world, hello world")

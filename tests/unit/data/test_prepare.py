@@ -20,11 +20,12 @@ import unicodedata
 import numpy as np
 import pytest
 
+from charlm.config.data import TextOptions
 from charlm.core.errors import CharlmError
 from charlm.data import chunks
 from charlm.data import prepare as data_module
-from charlm.data.datasets import load_dataset
-from charlm.data.prepare import TextOptions, held_out, prepare
+from charlm.data.dataset_dir import load_dataset
+from charlm.data.prepare import held_out, prepare
 from tests.helpers import SHAKESPEARE
 
 
@@ -360,14 +361,14 @@ def test_read_text_refuses_a_device_and_a_text_over_its_limit(tmp_path):
     """`charlm eval RUN /dev/zero` died of a MemoryError; a prompt file has a limit."""
     big = tmp_path / "big.txt"
     big.write_bytes(b"a" * 1000)
-    assert data_module.read_text(big, "prompt file", 1000) == "a" * 1000
+    assert chunks.read_text(big, "prompt file", 1000) == "a" * 1000
     with pytest.raises(CharlmError) as e:
-        data_module.read_text(big, "prompt file", 999)
+        chunks.read_text(big, "prompt file", 999)
     assert str(e.value).startswith(f"cannot read prompt file {big}: it holds more than ")
     zero = tmp_path / "zero.txt"
     zero.symlink_to("/dev/zero")
     with pytest.raises(CharlmError) as e:
-        data_module.read_text(zero)
+        chunks.read_text(zero)
     assert str(e.value) == (f"cannot read text file {zero}: not a regular file (a directory, "
                             "FIFO or device); give a regular file")
 

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from charlm.core.errors import CharlmError
-from charlm.data.vocab import CharacterSet, PairVocab, Vocab, id_dtype, list_unknown
+from charlm.data.chunks import CharacterSet
+from charlm.data.pair_vocab import PairVocab
+from charlm.data.vocab import Vocab, id_dtype, list_unknown
 
 
 def test_vocab_round_trip_unicode():

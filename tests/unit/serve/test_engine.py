@@ -11,7 +11,8 @@ from safetensors.torch import save_file
 
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError
-from charlm.data.vocab import PairVocab, Vocab
+from charlm.data.pair_vocab import PairVocab
+from charlm.data.vocab import Vocab
 from charlm.generation import compiled_step
 from charlm.generation.decoding import CachedDecoder
 from charlm.generation.seq2seq import translate_ids

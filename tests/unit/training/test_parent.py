@@ -8,7 +8,8 @@ import torch
 
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
-from charlm.data.vocab import PairVocab, Vocab
+from charlm.data.pair_vocab import PairVocab
+from charlm.data.vocab import Vocab
 from charlm.model.encoder_decoder import EncoderDecoder
 from charlm.model.gpt import GPT
 from charlm.training.parent import Parent, init_from_parent, parent_config
