@@ -1,6 +1,7 @@
 """`charlm` itself (charlm.cli.app): every command's help, usage errors, and a failure of any
 command as one `error:` line."""
 
+import contextlib
 import errno
 import os
 import signal
@@ -86,8 +87,10 @@ def test_a_stop_signal_outside_training_is_one_line_and_its_exit_code(monkeypatc
                                                                        code, line):
     """SIGTERM kept its default outside training: the process died where it stood (in the
     middle of `prepare`, leaving its temporaries) without a word. Both signals now unwind the
-    command as an error would, and exit 128 + their number; the handlers come back after."""
-    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    command as an error would, and exit 128 + their number; the handlers come back after. The
+    handlers are set as a terminal's foreground job has them first: a background job of a
+    shell inherits SIGINT ignored, which main leaves alone (the next test)."""
+    defaults = signal.default_int_handler, signal.SIG_DFL
 
     def command(**kwargs):  # the signal arrives: Python calls the handler main installed
         handler = signal.getsignal(signum)
@@ -95,10 +98,35 @@ def test_a_stop_signal_outside_training_is_one_line_and_its_exit_code(monkeypatc
         handler(signum, None)
 
     monkeypatch.setattr(cli, "app", command)
-    with pytest.raises(SystemExit) as e:
-        cli.main(["prepare"])
+    with handlers(*defaults):
+        with pytest.raises(SystemExit) as e:
+            cli.main(["prepare"])
+        assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == defaults
     assert (e.value.code, capsys.readouterr().err) == (code, line)
-    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_an_ignored_stop_signal_stays_ignored(monkeypatch):
+    """`nohup` or a shell's background job starts charlm with SIGINT and SIGTERM ignored: the
+    command runs with them ignored still, as the caller asked."""
+    seen = []
+    monkeypatch.setattr(cli, "app", lambda **kwargs: seen.append(
+        (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))))
+    with handlers(signal.SIG_IGN, signal.SIG_IGN), pytest.raises(SystemExit) as e:
+        cli.main(["prepare"])
+    assert e.value.code == 0 and seen == [(signal.SIG_IGN, signal.SIG_IGN)]
+
+
+@contextlib.contextmanager
+def handlers(on_int, on_term):
+    """SIGINT and SIGTERM handled by on_int and on_term within; as they were after."""
+    inherited = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGINT, on_int)
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, inherited[0])
+        signal.signal(signal.SIGTERM, inherited[1])
 
 
 @pytest.mark.parametrize("command", [["prepare", "--out", "data"], ["sample", "run",
