@@ -1,8 +1,9 @@
 """`charlm export --format onnx` and `charlm.onnx`: greedy text from ONNX Runtime equal to
 `charlm sample`'s, through the cache's re-prefills, for a char and a byte model; logits within
 float tolerance at every step; a batch of rows at different lengths; the refusals. Each export
-traces the model twice (tens of seconds), so the variants share two models: one with every
-lever, one of GPT-2's shape in byte units."""
+traces the model twice (about ten seconds), so the variants share five models: every position
+encoding, norm, norm placement and activation is in one of them (`MODELS`), and one is of GPT-2's
+shape in byte units."""
 
 import importlib.util
 import subprocess
@@ -26,19 +27,32 @@ pytestmark = [
 ]
 
 PROMPTS = ["a", "ab", "abababab"]  # 1, 2 and 8 ids in both vocabularies
+# with the byte model's learned positions, LayerNorm and GELU: every option of the architecture
+MODELS = {"levers": VARIANTS["levers"], "all_changed": VARIANTS["all_changed"],
+          "sinusoidal_relu": {"pos_encoding": "sinusoidal", "activation": "relu"},
+          "no_positions": {"pos_encoding": "none"}}
 
 
-@pytest.fixture(scope="module", params=["levers", "byte"])
-def exported(request, tmp_path_factory):
-    """(model, vocab, export dir): a random GPT with every lever over 13 characters, or one of
+@pytest.fixture(scope="module")
+def exports() -> dict:
+    """The models `exported` made, by name: a worker given the tests in another order than by
+    model builds each once all the same."""
+    return {}
+
+
+@pytest.fixture(scope="module", params=[*MODELS, "byte"])
+def exported(request, exports, tmp_path_factory):
+    """(model, vocab, export dir): a random GPT of `MODELS` over 13 characters, or one of
     GPT-2's shape over the 13 UTF-8 bytes of "ab é漢🙂", exported."""
-    if request.param == "levers":
-        model, vocab = random_gpt(**VARIANTS["levers"]), Vocab("abcdefghijklm")
-    else:
-        model, vocab = random_served("byte")
-    out = tmp_path_factory.mktemp("onnx")
-    save_onnx(model, vocab, RunConfig(model=model.cfg), out)
-    return model, vocab, out
+    if request.param not in exports:
+        if request.param == "byte":
+            model, vocab = random_served("byte")
+        else:
+            model, vocab = random_gpt(**MODELS[request.param]), Vocab("abcdefghijklm")
+        out = tmp_path_factory.mktemp("onnx")
+        save_onnx(model, vocab, RunConfig(model=model.cfg), out)
+        exports[request.param] = model, vocab, out
+    return exports[request.param]
 
 
 def test_greedy_text_equals_charlm_samples_over_200_characters(exported):
