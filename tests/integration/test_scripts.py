@@ -185,3 +185,32 @@ def test_bench_prepare_stopped_removes_its_generated_file(tmp_path):
     assert proc.returncode == 143 and "Traceback" not in err
     assert [json.loads(line)["kind"] for line in out.splitlines()] == ["machine"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_nanogpt_score_is_its_kept_models_mean_over_the_val_windows(monkeypatch, tmp_path):
+    """`score` loads the ckpt.pt nanoGPT's run kept, with the `_orig_mod.` prefix of a compiled
+    model taken off, and averages its loss over val.bin in windows of block_size end to end (a
+    stand-in model whose loss is its targets' mean id, so the figure is the mean of ids 1..n*64)."""
+    import numpy as np
+
+    presets = import_script("benchlib.presets", monkeypatch)
+    (tmp_path / "data" / "shakespeare_char").mkdir(parents=True)
+    (tmp_path / "model.py").write_text(
+        "import torch\nfrom dataclasses import dataclass\n"
+        "@dataclass\nclass GPTConfig:\n    block_size: int\n"
+        "class GPT(torch.nn.Module):\n"
+        "    def __init__(self, cfg):\n        super().__init__()\n"
+        "        self.w = torch.nn.Parameter(torch.zeros(1))\n"
+        "    def forward(self, x, y):\n"
+        "        assert x.shape[1] == 64 and (y[:, :-1] == x[:, 1:]).all()\n"
+        "        return None, y.double().mean() + self.w\n")
+    (tmp_path / "train.py").write_text(
+        "import os, torch\nos.makedirs('out-shakespeare-char')\n"
+        "torch.save({'model_args': {'block_size': 64},\n"
+        "            'model': {'_orig_mod.w': torch.zeros(1)}}, 'out-shakespeare-char/ckpt.pt')\n"
+        "print('step 250: train loss 1.9000, val loss 1.8857')\n")
+    val = np.random.default_rng(0).integers(0, 65, size=64 * 300 + 10, dtype=np.uint16)
+    monkeypatch.setattr(presets, "nanogpt_data", lambda dest, text: val.tofile(dest / "val.bin"))
+    result = presets.run_nanogpt(tmp_path, score=True)
+    assert result["full_val"] == round(float(val[1:64 * 300 + 1].astype(np.float64).mean()), 4)
+    assert presets.run_nanogpt(tmp_path)["full_val"] is None
