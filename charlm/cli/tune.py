@@ -1,5 +1,4 @@
-"""The `charlm tune` command (registered by `charlm.cli.app`): options, the study's plan, the
-run."""
+"""`charlm tune`: a new study (or the one in --out, resumed), run to its end."""
 
 from __future__ import annotations
 
@@ -82,20 +81,21 @@ def tune(
                 "pruner_warmup": pruner_warmup, "seed": seed, "repeats": repeats,
                 "trials": trials, "timeout": timeout}
     if resume:
-        plan = _saved_plan(ctx, out)
+        study_cfg = _saved_study(ctx, out)
     else:
-        plan = _new_plan(config, search, settings, set_, data, out, storage, study)
-    limit = plan.search.setting("timeout") if timeout is None else check_setting(
+        study_cfg = _new_study(config, search, settings, set_, data, out, storage, study)
+    limit = study_cfg.search.setting("timeout") if timeout is None else check_setting(
         "timeout", timeout, "--timeout")
-    tuner = Tuner(plan, workers, check_setting("trials", _budget(plan, trials), "--trials"), limit)
+    tuner = Tuner(study_cfg, workers, check_setting("trials", _budget(study_cfg, trials),
+                                                    "--trials"), limit)
     code = summarize(tuner, tuner.run())
     if code:
         raise typer.Exit(code)
 
 
-def _saved_plan(ctx: typer.Context, out: Path) -> Any:
-    """--resume: the study in --out as it was made; only --trials, --timeout, --workers change."""
-    from charlm.tune.study import RESUMABLE, Plan
+def _saved_study(ctx: typer.Context, out: Path) -> Any:
+    """--resume: the study in --out as it was made; only RESUMABLE options change."""
+    from charlm.tune.study import RESUMABLE, StudyConfig
 
     given = [p.opts[0] for p in ctx.command.params if p.name not in (
         "out", "trials", "timeout", "workers", "resume")
@@ -103,17 +103,17 @@ def _saved_plan(ctx: typer.Context, out: Path) -> Any:
     if given:
         raise CharlmError(f"--resume continues the study as it was made; {given[0]} cannot "
                           f"change it (only {', '.join(RESUMABLE)} can)")
-    return Plan.load(out)
+    return StudyConfig.load(out)
 
 
-def _new_plan(config: Path | None, search: list[str] | None, settings: dict[str, Any],
+def _new_study(config: Path | None, search: list[str] | None, settings: dict[str, Any],
               set_: list[str] | None, data: str | None, out: Path, storage: str | None,
               study: str | None) -> Any:
     """A new study: its search (options win over the search file's settings), the base config
     as `charlm train` reads it, the data prepared once."""
     from charlm.cli.train import train_config
     from charlm.tune.space import check_setting, read_search
-    from charlm.tune.study import new_plan
+    from charlm.tune.study import new_study
 
     if not search:
         raise CharlmError("give the search space with --search FILE or --search KEY=SPEC")
@@ -121,13 +121,14 @@ def _new_plan(config: Path | None, search: list[str] | None, settings: dict[str,
     found.settings.update({k: check_setting(k, v, "the options")
                            for k, v in settings.items() if v is not None})
     cfg, _ = train_config(config, set_ or [], data=data, out=str(out / "base"))
-    return new_plan(cfg, found, out, storage, study)
+    return new_study(cfg, found, out, storage, study)
 
 
-def _budget(plan: Any, trials: int | None) -> int:
+def _budget(study_cfg: Any, trials: int | None) -> int:
     """--trials, else the search's; a grid without either: every combination."""
+    search = study_cfg.search
     if trials is not None:
         return trials
-    if plan.search.setting("sampler") == "grid" and "trials" not in plan.search.settings:
-        return math.prod(len(p.grid()) for p in plan.search.sampled())
-    return plan.search.setting("trials")
+    if search.setting("sampler") == "grid" and "trials" not in search.settings:
+        return math.prod(len(p.grid()) for p in search.sampled())
+    return search.setting("trials")

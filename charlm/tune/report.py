@@ -1,6 +1,5 @@
 """What `charlm tune` shows and leaves behind: a line per finished trial, the table of trials
-sorted by the objective (also in OUT/trials.txt), OUT/best.yaml (the best trial's full config,
-ready for `charlm train`) and the plots."""
+(also OUT/trials.txt), OUT/best.yaml (the best trial's config, for `charlm train`), the plots."""
 
 from __future__ import annotations
 
@@ -62,8 +61,8 @@ def sort_key(trial: Any, maximize: bool) -> tuple[int, float]:
 
 
 def table(study: Any) -> str:
-    """The study's trials sorted by the objective: number, state, value, step, wall time and
-    the searched values."""
+    """The study's trials sorted by the objective, with their state, value, step, wall time and
+    searched values."""
     maximize = study.direction.name == "MAXIMIZE"
     trials = sorted(study.get_trials(deepcopy=False), key=lambda t: sort_key(t, maximize))
     rows = [("trial", "state", "value", "step", "time", "values")]
@@ -82,25 +81,22 @@ def table(study: Any) -> str:
 
 
 def best_trial(study: Any) -> Any | None:
-
     if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         return None
     return study.best_trial
 
 
-def write_best(plan: Any, trial: Any) -> Path:
-    """OUT/best.yaml: the best trial's full config on the study's own data, run dir OUT/best."""
-    base = plan.trial_base(plan.out / "best")
-    base["data"]["path"] = plan.base["data"]["path"]  # the user's data, as they gave it
-    cfg = plan.search.trial_config(base, trial.params, "the best trial's config")
-    path = plan.out / "best.yaml"
-    save_config(cfg, path)
+def write_best(study_cfg: Any, trial: Any) -> Path:
+    """OUT/best.yaml: the best trial's config on the user's data, run dir OUT/best."""
+    base = study_cfg.trial_base(study_cfg.out / "best")
+    base["data"]["path"] = study_cfg.base["data"]["path"]  # as the user gave it
+    path = study_cfg.out / "best.yaml"
+    save_config(study_cfg.search.trial_config(base, trial.params, "the best trial's config"), path)
     return path
 
 
 def write_plots(study: Any, out: Path) -> list[str]:
-    """The optimization history, intermediate values and parameter importances as PNGs; a
-    plot the study cannot give yet (one trial, say) is left out. Returns the files written."""
+    """The files of PLOTS written: a plot the study cannot give yet (one trial) is left out."""
     try:
         import matplotlib
 
@@ -126,22 +122,21 @@ def write_plots(study: Any, out: Path) -> list[str]:
 
 def summarize(tuner: Any, signum: int | None) -> int:
     """Print the table, write trials.txt, best.yaml and the plots; the exit code: 0, 128 + the
-    signal that stopped the study (130 for Ctrl-C, 143 for SIGTERM, as `charlm train`), 1 when
-    no trial completed."""
-    plan, study = tuner.plan, tuner.study
+    signal that stopped the study (as `charlm train`), 1 when no trial completed."""
+    study_cfg, study, out = tuner.study_cfg, tuner.study, tuner.study_cfg.out
     text = table(study)
-    (plan.out / "trials.txt").write_text(text + "\n", encoding="utf-8")
+    (out / "trials.txt").write_text(text + "\n", encoding="utf-8")
     print(text)
     best = best_trial(study)
-    plots = write_plots(study, plan.out)
+    plots = write_plots(study, out)
     if best is not None:
-        path = write_best(plan, best)
-        print(f"best: trial {best.number}, {plan.search.setting('objective')} {best.value:.4f}: "
-              f"{shown_params(best.params)}\nwrote {path}"
-              + (f", {', '.join(plots)}" if plots else "") + f" in {plan.out}; train it with "
+        path = write_best(study_cfg, best)
+        print(f"best: trial {best.number}, {study_cfg.search.setting('objective')} "
+              f"{best.value:.4f}: {shown_params(best.params)}\nwrote {path}"
+              + (f", {', '.join(plots)}" if plots else "") + f" in {out}; train it with "
               f"`charlm train {path}`")
     if signum is not None:
-        print(f"stopped: the study is saved; continue it with `charlm tune --out {plan.out} "
+        print(f"stopped: the study is saved; continue it with `charlm tune --out {out} "
               "--resume`", file=sys.stderr)
         return 128 + signum
     if best is None:

@@ -1,8 +1,6 @@
-"""Running a `charlm tune` study (`charlm.tune.study`): `Tuner` runs its trials, `workers` at a
-time,
-each a child `charlm train` (`charlm.tune.trial`), until the study's budget is spent or the user
-stops it; it counts and asks for trials under a lock, so that workers never start more than asked,
-and queues interrupted trials again to resume them."""
+"""Running a `charlm tune` study: `Tuner` runs its trials, each a child `charlm train`
+(`charlm.tune.trial`), counting and asking for them under a lock so that workers never start
+more than asked, and queues interrupted trials again to resume them."""
 
 from __future__ import annotations
 
@@ -14,7 +12,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,7 @@ from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError, first_line
 from charlm.tune.report import trial_line
 from charlm.tune.space import OBJECTIVES
-from charlm.tune.study import Plan, make_pruner, make_sampler, make_storage
+from charlm.tune.study import StudyConfig, make_pruner, make_sampler, make_storage
 from charlm.tune.trial import Outcome, Stop, ended, run_trial
 from charlm.tune.workers import (
     alive,
@@ -45,48 +43,47 @@ BY_TOKENS = ("model.block_size", "train.batch_size", "train.grad_accum")  # chan
 class Tuner:
     """Runs a study's trials, `workers` at a time, until its budget is spent or it is stopped."""
 
-    def __init__(self, plan: Plan, workers: int, trials: int, timeout: float | None):
+    def __init__(self, study_cfg: StudyConfig, workers: int, trials: int, timeout: float | None):
         optuna.logging.set_verbosity(optuna.logging.ERROR)
-        self.plan, self.workers, self.trials, self.timeout = plan, workers, trials, timeout
-        self.key, direction = OBJECTIVES[plan.search.setting("objective")]
-        self.repeats = plan.search.setting("repeats")
-        self.storage = make_storage(plan)
-        seed = plan.search.setting("seed")
+        self.study_cfg, self.workers, self.trials = study_cfg, workers, trials
+        self.timeout = timeout
+        search = study_cfg.search
+        self.key, direction = OBJECTIVES[search.setting("objective")]
+        self.repeats = search.setting("repeats")
+        self.storage = make_storage(study_cfg)
         self.study = optuna.create_study(
-            storage=self.storage, study_name=plan.study_name, direction=direction,
-            pruner=make_pruner(plan.search, plan.base), load_if_exists=True)
+            storage=self.storage, study_name=study_cfg.study_name, direction=direction,
+            pruner=make_pruner(search, study_cfg.base), load_if_exists=True)
         self.check_joined()
-        done = len(self.study.get_trials(deepcopy=False))
-        self.study.sampler = make_sampler(plan.search, None if seed is None else seed + done,
-                                          workers)
+        seed, done = search.setting("seed"), len(self.study.get_trials(deepcopy=False))
+        self.study.sampler = make_sampler(search, None if seed is None else seed + done, workers)
         self.stop = Stop(threading.Event(), threading.Event())
         self.start = time.monotonic()
         self.host = socket.gethostname()
-        self.by_tokens = any(k in plan.search.params for k in BY_TOKENS)
-        self.gpus = cuda_slots(plan.base, workers)
+        self.by_tokens = any(k in search.params for k in BY_TOKENS)
+        self.gpus = cuda_slots(study_cfg.base, workers)
         self.bar: tqdm | None = None
         self.error: Exception | None = None  # what stopped a worker
 
     def check_joined(self) -> None:
         """A worker joins a study only if it searches the same space from the same config."""
-        config = copy.deepcopy(self.plan.base)  # where each machine keeps its files may differ
-        del config["train"]["out_dir"], config["data"]["path"]
-        mine = {"space": self.plan.search.spec(), "config": config,
-                "objective": self.plan.search.setting("objective"), "repeats": self.repeats}
+        base = copy.deepcopy(self.study_cfg.base)  # where each machine keeps its files may differ
+        del base["train"]["out_dir"], base["data"]["path"]
+        mine = {"space": self.study_cfg.search.spec(), "config": base,
+                "objective": self.study_cfg.search.setting("objective"), "repeats": self.repeats}
         theirs = self.study.user_attrs.get("charlm")
         if theirs is None:
             self.study.set_user_attr("charlm", mine)
         elif theirs != mine:
             differ = ", ".join(k for k in mine if theirs.get(k) != mine[k])
-            raise CharlmError(f"the study {self.plan.study_name} in the storage has another "
+            raise CharlmError(f"the study {self.study_cfg.study_name} in the storage has another "
                               f"{differ}; give the same config and search, or another --study")
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
-        """Held while counting trials and asking for one, so that workers on this machine never
-        start more trials than asked (a database study also takes the database's named lock,
-        for workers on other machines)."""
-        with open(self.plan.out / ".tune.lock", "w") as f:
+        """Held while counting trials and asking for one; a database study also takes the
+        database's named lock, for workers on other machines."""
+        with open(self.study_cfg.out / ".tune.lock", "w") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             engine = getattr(self.storage, "engine", None)
             with contextlib.nullcontext() if engine is None else database_lock(engine):
@@ -125,41 +122,39 @@ class Tuner:
         host, _, pid = str(trial.user_attrs.get("worker", "")).rpartition(":")
         return host == self.host and pid.isdigit() and not alive(int(pid))
 
+    def wait_while(self, running: Callable[[Any], bool],
+                   lines: Callable[[list[Any]], dict[Any, str]], poll_s: float) -> bool:
+        """Wait while a RUNNING trial is `running`, printing each of `lines` (by key) once;
+        False if the user stopped the wait."""
+        said = set()
+        while not self.stop.requested.is_set():
+            live = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                    if running(t)]
+            if not live:
+                return True
+            for key, line in lines(live).items():
+                if key not in said:
+                    print(line, file=sys.stderr)
+                    said.add(key)
+            self.stop.requested.wait(poll_s)
+        return False
+
     def wait_for_orphans(self) -> bool:
         """Wait while a killed tuner's trial still trains (its run dir is locked: on Linux it got
         a SIGTERM when its tuner died; elsewhere it trains to its end), so that it resumes from
-        its own last save, never runs twice nor fails. False if the user stopped the wait."""
-        said: set[int] = set()
-        while not self.stop.requested.is_set():
-            live = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                    if self.orphaned(t) and t.user_attrs.get("run_dir")
-                    and in_use(Path(t.user_attrs["run_dir"]))]
-            if not live:
-                return True
-            for t in live:
-                if t.number not in said:
-                    print(f"waiting for trial {t.number}'s `charlm train`, left by a killed "
-                          f"tuner, to end in {t.user_attrs['run_dir']} (Ctrl-C stops waiting)",
-                          file=sys.stderr)
-                    said.add(t.number)
-            self.stop.requested.wait(0.5)
-        return False
+        its own last save, never runs twice nor fails."""
+        return self.wait_while(
+            lambda t: self.orphaned(t) and t.user_attrs.get("run_dir")
+            and in_use(Path(t.user_attrs["run_dir"])),
+            lambda live: {t.number: f"waiting for trial {t.number}'s `charlm train`, left by a "
+                          f"killed tuner, to end in {t.user_attrs['run_dir']} (Ctrl-C stops "
+                          "waiting)" for t in live}, 0.5)
 
     def wait_for_others(self) -> None:
-        """Wait for the trials other workers are running, so that the table and best.yaml
-        cover the whole study."""
-        said = False
-        while not self.stop.requested.is_set():
-            running = [t for t in self.study.get_trials(deepcopy=False,
-                                                        states=(TrialState.RUNNING,))
-                       if not self.orphaned(t)]
-            if not running:
-                return
-            if not said:
-                print(f"waiting for {len(running)} trial(s) of other workers to end (Ctrl-C "
-                      "stops waiting)", file=sys.stderr)
-                said = True
-            self.stop.requested.wait(1.0)
+        """Wait for the trials other workers run, so that the table and best.yaml cover them."""
+        self.wait_while(lambda t: not self.orphaned(t), lambda live: {
+            None: f"waiting for {len(live)} trial(s) of other workers to end (Ctrl-C stops "
+                  "waiting)"}, 1.0)
 
     def next_trial(self) -> Any:
         """The next trial to run, or None when the budget is spent or the study is stopping."""
@@ -183,14 +178,14 @@ class Tuner:
             self.stop.requested.set()
 
     def run_one(self, trial: Any, slot: int) -> None:
-        plan = self.plan
-        sampled = {p.key: p.suggest(trial) for p in plan.search.sampled()}
+        study_cfg = self.study_cfg
+        sampled = {p.key: p.suggest(trial) for p in study_cfg.search.sampled()}
         resumed = trial.user_attrs.get("run_dir")
-        run_dir = Path(resumed or plan.out.resolve() / f"trial-{trial.number:04d}")
+        run_dir = Path(resumed or study_cfg.out.resolve() / f"trial-{trial.number:04d}")
         trial.set_user_attr("run_dir", str(run_dir))
         try:
-            cfg = plan.search.trial_config(plan.trial_base(run_dir), sampled,
-                                           f"trial {trial.number}")
+            cfg = study_cfg.search.trial_config(study_cfg.trial_base(run_dir), sampled,
+                                                f"trial {trial.number}")
         except CharlmError as e:
             return self.finish(trial, Outcome("failed", error=f"error: {e}"))
         configs = repeated(cfg, self.repeats)
@@ -221,9 +216,9 @@ class Tuner:
         `last_step` (the trial's train.max_iters) is its final one: reported, never pruned, so
         a trial that has trained to its end is complete."""
         reported: set[int] = set()
-        train = self.plan.base["train"]
+        train = self.study_cfg.base["train"]
         tokens_per_eval = (train["batch_size"] * train["grad_accum"]
-                           * self.plan.base["model"]["block_size"] * train["eval_interval"])
+                           * self.study_cfg.base["model"]["block_size"] * train["eval_interval"])
 
         def report(event: dict[str, Any]) -> bool:
             value = event.get(self.key)
@@ -285,6 +280,7 @@ class Tuner:
             raise self.error
         if self.error is not None:
             raise CharlmError(f"the study stopped: {first_line(self.error)}; its trials so far are "
-                              f"saved: continue with `charlm tune --out {self.plan.out} --resume` "
-                              "once the cause is fixed") from self.error
+                              "saved: continue with `charlm tune --out "
+                              f"{self.study_cfg.out} --resume` once the cause is fixed"
+                              ) from self.error
         return self.stop.signum

@@ -1,10 +1,7 @@
-"""What a `charlm tune` study is: its plan (the base config, the search, where the study is
-stored), kept in OUT/tune.yaml, and the Optuna storage, sampler and pruner made from it.
-`charlm.tune.runner` runs it; each trial is a child `charlm train` (`charlm.tune.trial`).
-
---out holds `tune.yaml` (what the study is: the base config, the search and where the study is
-stored, for --resume), `study.journal` (the default storage), the prepared `dataset/`, one run
-dir per trial (`trial-0007/`), and at the end `best.yaml`, `trials.txt` and the plots.
+"""What a `charlm tune` study is (`StudyConfig`, kept in OUT/tune.yaml for --resume), and the
+Optuna storage, sampler and pruner made from it. OUT also holds `study.journal` (the default
+storage), the prepared `dataset/`, a run dir per trial (`trial-0007/`), and at the end
+`best.yaml`, `trials.txt` and the plots.
 """
 
 from __future__ import annotations
@@ -26,16 +23,14 @@ from charlm.data.datasets import prepared_data, prepared_dir
 from charlm.tune.space import Search, add, check_space, lookup
 from charlm.tune.workers import database_lock
 
-PLAN_FILE, JOURNAL = "tune.yaml", "study.journal"
-
-
+STUDY_FILE, JOURNAL = "tune.yaml", "study.journal"
 RESUMABLE = ("--trials", "--timeout", "--workers")  # what --resume may change
 
 
 @dataclass
-class Plan:
-    """What a study is, saved in OUT/tune.yaml: the base config (resolved), the search, where
-    the study is stored, and the data its trials train on (prepared once)."""
+class StudyConfig:
+    """A study: its base config (resolved), its search, where it is stored, and the data its
+    trials train on (prepared once)."""
 
     out: Path
     base: dict[str, Any]
@@ -45,15 +40,15 @@ class Plan:
     data: str
 
     def save(self) -> None:
-        write_text_atomic(self.out / PLAN_FILE, dump_yaml({
+        write_text_atomic(self.out / STUDY_FILE, dump_yaml({
             "config": self.base, "search": {**self.search.spec(), **self.search.settings},
             "storage": self.storage, "study": self.study_name, "data": self.data}))
 
     @classmethod
-    def load(cls, out: Path) -> Plan:
-        path = out / PLAN_FILE
+    def load(cls, out: Path) -> StudyConfig:
+        path = out / STUDY_FILE
         if not path.is_file():
-            raise CharlmError(f"--resume: {out} holds no study ({PLAN_FILE} is missing); start "
+            raise CharlmError(f"--resume: {out} holds no study ({STUDY_FILE} is missing); start "
                               "one with `charlm tune CONFIG --search FILE --out DIR`")
         raw = untext(read_yaml_file(path))
         try:
@@ -72,28 +67,29 @@ class Plan:
         return base
 
 
-def new_plan(cfg: RunConfig, search: Search, out: Path, storage: str | None,
-             study_name: str | None) -> Plan:
-    """A new study's plan: the space checked against the config, the data prepared once."""
+def new_study(cfg: RunConfig, search: Search, out: Path, storage: str | None,
+              study_name: str | None) -> StudyConfig:
+    """A new study: the space checked against the config, the data prepared once."""
     base = cfg.to_dict()
     check_space(search, base, "the search")
     objective = search.setting("objective")
     if objective.startswith("val_") and cfg.model.arch != "encoder_decoder":
         raise CharlmError(f"objective {objective} is measured on pairs (model.arch="
                           "encoder_decoder); a GPT's objectives are best_val_loss, final_val_loss")
-    if (out / PLAN_FILE).exists():
+    if (out / STUDY_FILE).exists():
         raise CharlmError(f"{out} already holds a study; continue it with --resume, or choose "
                           "another --out")
     if storage and storage.startswith("sqlite"):
         raise CharlmError("--storage: SQLite cannot take several workers at once; use the "
                           "default journal file in --out, or PostgreSQL / MySQL")
     make_writable_dir(out, f"--out {out}")
-    plan = Plan(out, base, search, storage, study_name or out.resolve().name, cfg.data.path)
+    study_cfg = StudyConfig(out, base, search, storage, study_name or out.resolve().name,
+                            cfg.data.path)
     if storage:  # a wrong URL or a missing driver is said before the data is prepared
-        make_storage(plan)
-    plan.data = prepare_data(cfg, search, out)
-    plan.save()
-    return plan
+        make_storage(study_cfg)
+    study_cfg.data = prepare_data(cfg, search, out)
+    study_cfg.save()
+    return study_cfg
 
 
 def prepare_data(cfg: RunConfig, search: Search, out: Path) -> str:
@@ -109,30 +105,31 @@ def prepare_data(cfg: RunConfig, search: Search, out: Path) -> str:
     return str((out / "dataset").resolve())
 
 
-def make_storage(plan: Plan) -> Any:
-    """The study's storage: OUT's journal file, or the --storage database. A database's first
-    user creates Optuna's tables: under its named lock, since two machines starting on a new
-    database at once would both find them missing and one fail creating them."""
-    if plan.storage is None:
-        return optuna.storages.JournalStorage(JournalFileBackend(str(plan.out / JOURNAL)))
+def make_storage(study_cfg: StudyConfig) -> Any:
+    """OUT's journal file, or the --storage database, whose first user creates Optuna's tables
+    under the database's named lock (two machines starting at once would both find them
+    missing, and one fail creating them)."""
+    url = study_cfg.storage
+    if url is None:
+        return optuna.storages.JournalStorage(JournalFileBackend(str(study_cfg.out / JOURNAL)))
     try:
         from sqlalchemy import create_engine
 
-        lock_engine = create_engine(plan.storage)
+        lock_engine = create_engine(url)
         try:
             with database_lock(lock_engine):
-                return optuna.storages.RDBStorage(plan.storage)
+                return optuna.storages.RDBStorage(url)
         finally:
             lock_engine.dispose()
     except ImportError as e:
         raise CharlmError(f"--storage needs a database driver: {one_line(e)}; pip install "
                           "'psycopg[binary]' (PostgreSQL) or pymysql (MySQL)") from None
     except Exception as e:  # sqlalchemy's errors: a wrong URL, a database that is down
-        raise CharlmError(f"cannot open --storage {hidden(plan.storage)}: {one_line(e)}") from None
+        raise CharlmError(f"cannot open --storage {hidden(url)}: {one_line(e)}") from None
 
 
 def hidden(url: str) -> str:
-    """A database URL with its password hidden, for messages."""
+    """A database URL with its password hidden."""
     try:
         from sqlalchemy.engine import make_url
 
@@ -141,35 +138,30 @@ def hidden(url: str) -> str:
         return "(the URL given)"
 
 
-def make_sampler(search: Search, seed: int | None, workers: int) -> Any:
+class EndlessGrid(optuna.samplers.GridSampler):
+    """GridSampler without its `Study.stop` at the grid's end, which raises in an ask-and-tell
+    study (before the last trial is recorded); the tuner ends at --trials, by default the grid's
+    size."""
 
+    def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+        pass
+
+
+def make_sampler(search: Search, seed: int | None, workers: int) -> Any:
     name = search.setting("sampler")
     if name == "grid":
-        return grid_sampler()({p.key: p.grid() for p in search.sampled()}, seed=seed)
+        return EndlessGrid({p.key: p.grid() for p in search.sampled()}, seed=seed)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=search.setting("startup_trials"),
                                       multivariate=True, constant_liar=workers > 1)
 
 
-def grid_sampler() -> type:
-    """Optuna's GridSampler without its stop at the end of the grid: `Study.stop` works only
-    inside `Study.optimize` and raises in an ask-and-tell study such as this one (before the last
-    trial is recorded). The tuner ends at --trials, which defaults to the grid's size."""
-
-    class Grid(optuna.samplers.GridSampler):
-        def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
-            pass
-
-    return Grid
-
-
 def make_pruner(search: Search, base: dict[str, Any]) -> Any:
-
     name, warmup = search.setting("pruner"), search.setting("pruner_warmup")
-    interval = lookup(base, "train.eval_interval")
+    interval, steps = lookup(base, "train.eval_interval"), lookup(base, "train.max_iters")
     if warmup is None:  # a higher lr looks worse early under a cosine: judge from half-way on
-        warmup = lookup(base, "train.max_iters") // 2
+        warmup = steps // 2
     if name == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=search.setting("startup_trials"),
                                            n_warmup_steps=warmup)
@@ -177,5 +169,5 @@ def make_pruner(search: Search, base: dict[str, Any]) -> Any:
         return optuna.pruners.SuccessiveHalvingPruner(min_resource=max(warmup, interval))
     if name == "hyperband":
         return optuna.pruners.HyperbandPruner(min_resource=max(warmup, interval),
-                                              max_resource=lookup(base, "train.max_iters"))
+                                              max_resource=steps)
     return optuna.pruners.NopPruner()

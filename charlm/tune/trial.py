@@ -1,13 +1,9 @@
-"""One trial of `charlm tune`: a child `charlm train` process in its own run dir (or one per seed,
-for a study that repeats each trial), followed through its metrics.jsonl, stopped with one SIGTERM
-when the pruner (or the user) says so, and what its ending means for the study (`Outcome`).
+"""One trial of `charlm tune`: a child `charlm train` in its own run dir (one per seed when
+trials repeat), followed through its metrics.jsonl, and what its ending means (`Outcome`).
 
-A child runs in its own session, so a Ctrl-C at the terminal reaches the tuner alone, which then
-sends each child exactly one SIGTERM: it finishes its step, saves last.pt and exits 143. On Linux
-a child also gets that SIGTERM from the kernel when its tuner dies (a parent-death signal), so a
-`kill -9` of the tuner leaves no trial training on; the kernel may send it once for each of the
-tuner's threads (`charlm.core.parent_death`), and `charlm train` takes those as the one request
-(`charlm.training.faults.StopSignals`), so that the trial still saves.
+A child runs in its own session, so a Ctrl-C reaches the tuner alone, which sends each child one
+SIGTERM: it saves last.pt and exits 143. On Linux the kernel sends it that SIGTERM too when the
+tuner dies (`charlm.core.parent_death`), so a `kill -9` of the tuner leaves no trial training on.
 """
 
 from __future__ import annotations
@@ -15,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 import threading
 import time
@@ -26,19 +23,15 @@ from typing import Any
 from charlm.core.parent_death import PR_SET_PDEATHSIG, PRCTL
 
 POLL_S = 0.2  # how often the tuner looks at a running trial
-
-
 DIVERGED = "non-finite loss or gradient norm"  # in the error line of a run that diverged
 NOTHING_LEFT = "--resume: nothing to train"  # in that of a resumed run that had already ended
-
-
 LOG = "train.log"  # the child's stdout and stderr, in its run dir
 
 
 @dataclass
 class Stop:
     """The user's requests: the first Ctrl-C / SIGTERM stops the study (each child saves and
-    exits), a second one aborts the children at once. `signum`: the first signal's number."""
+    exits), a second aborts the children. `signum`: the first signal's."""
 
     requested: threading.Event
     aborted: threading.Event
@@ -58,8 +51,8 @@ class Outcome:
 
 
 class Follower:
-    """The events of a metrics.jsonl that a running process appends to: each complete line once.
-    A file that shrinks (a resumed run cuts back its log) is read again from the start."""
+    """The events a running process appends to a metrics.jsonl, each complete line once; a file
+    that shrinks (a resumed run cuts back its log) is read again from the start."""
 
     def __init__(self, path: Path):
         self.path, self.offset, self.partial = path, 0, b""
@@ -88,10 +81,9 @@ class Follower:
 
 def run_trial(runs: list[tuple[list[str], Path]], env: dict[str, str], objective_key: str,
               report: Callable[[dict[str, Any]], bool], stop: Stop) -> Outcome:
-    """Run a trial's children to their end: each (command, run dir) a `charlm train`, all at
-    once (one, or one per seed of a trial that repeats). `report(eval_event)` gets each step's
-    eval once every child has logged it, with the mean of their objectives, and says whether to
-    prune; `stop` carries the user's requests to stop the study."""
+    """Run a trial's `charlm train`s (command, run dir) at once, to their end. `report` gets
+    each step's eval once every child has logged it, with the mean of their objectives, and
+    says whether to prune."""
     start = time.monotonic()
     children = [Child.start(cmd, run_dir, env) for cmd, run_dir in runs]
     sent: str | None = None  # why the children were sent their SIGTERM: pruned / interrupted
@@ -128,7 +120,7 @@ def run_trial(runs: list[tuple[list[str], Path]], env: dict[str, str], objective
         values = [final.get(objective_key) for final in finals]
         if None in values:
             return Outcome("failed", None, step, seconds, f"no finite {objective_key} logged")
-        return Outcome("complete", sum(float(v) for v in values) / len(values),
+        return Outcome("complete", statistics.fmean(map(float, values)),
                        max(final["step"] for final in finals), seconds)
     if sent is not None:
         return Outcome(sent, value, step, seconds)
@@ -139,24 +131,20 @@ def run_trial(runs: list[tuple[list[str], Path]], env: dict[str, str], objective
 
 
 def finished(code: int | None, child: Child) -> bool:
-    """Whether a child's run has trained to its end: it exited 0, or it was resumed after it had
-    already ended (a seed that finished before its tuner stopped, or a spent time budget), which
-    `charlm train --resume` refuses as having nothing to train."""
+    """Whether a child's run trained to its end: it exited 0, or `--resume` found nothing to
+    train (a seed that finished before its tuner stopped, a spent time budget)."""
     return code == 0 or (code == 2 and NOTHING_LEFT in (last_error(child.run_dir / LOG) or ""))
 
 
 def ended(run_dirs: list[Path], objective_key: str, last_step: int) -> Outcome | None:
-    """A resumed trial whose runs have all logged their final eval, at `last_step`, already (a
-    killed tuner's trial whose `charlm train` ended on its own): complete, with the mean of
-    their final values, and nothing to train again. None if one has not."""
-    values = []
-    for run_dir in run_dirs:
-        evals = [e for e in Follower(run_dir / "metrics.jsonl").events()
-                 if e.get("event") == "eval"]
-        if not evals or evals[-1].get("step") != last_step or evals[-1].get(objective_key) is None:
-            return None
-        values.append(float(evals[-1][objective_key]))
-    return Outcome("complete", sum(values) / len(values), last_step)
+    """Complete, with the mean of their final values, if every run of a resumed trial logged
+    its final eval (at `last_step`) already: a killed tuner's trial that ended on its own."""
+    finals = [([e for e in Follower(run_dir / "metrics.jsonl").events()
+                if e.get("event") == "eval"] or [{}])[-1] for run_dir in run_dirs]
+    if any(e.get("step") != last_step or e.get(objective_key) is None for e in finals):
+        return None
+    return Outcome("complete", statistics.fmean(float(e[objective_key]) for e in finals),
+                   last_step)
 
 
 @dataclass
@@ -184,16 +172,14 @@ class Child:
 
 
 def die_with(tuner: int) -> Callable[[], None] | None:
-    """What a child runs between fork and exec (None off Linux): ask the kernel for a SIGTERM
-    when the thread that started it dies (the worker thread, which lives until its trials end;
-    with it, on a `kill -9`, the whole tuner), so that the child saves last.pt and stops. A
-    tuner that died before the call is no longer its parent: the child exits at once."""
-    prctl = PRCTL
-    if prctl is None:
+    """What a child runs between fork and exec (None off Linux): a SIGTERM when the thread that
+    started it dies (its worker, or the whole tuner on a `kill -9`); a tuner already gone is no
+    longer its parent, so the child exits at once."""
+    if PRCTL is None:
         return None
 
     def call() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != tuner:
             os._exit(128 + signal.SIGTERM)
 
@@ -201,22 +187,21 @@ def die_with(tuner: int) -> Callable[[], None] | None:
 
 
 def merge(children: list[Child], key: str, done: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The evals, after those `done`, that every child has logged: the first child's event
-    with the mean of the children's `key` (None if one lacks it)."""
+    """The evals after `done` that every child has logged: the first child's event with the
+    mean of their `key` (None if one lacks it)."""
     after = done[-1]["step"] if done else -1
     steps = sorted(s for s in children[0].evals if s > after
                    and all(s in child.evals for child in children))
     merged = []
     for s in steps:
         values = [child.evals[s].get(key) for child in children]
-        mean = None if None in values else sum(float(v) for v in values) / len(values)
+        mean = None if None in values else statistics.fmean(map(float, values))
         merged.append({**children[0].evals[s], key: mean})
     return merged
 
 
 def terminate(children: list[Child], why: str) -> str:
-    """One SIGTERM to each running child: it saves last.pt and exits 143 (a second one would
-    abort it)."""
+    """One SIGTERM to each running child (a second would abort it, unsaved)."""
     for child in children:
         if child.proc.poll() is None:
             child.proc.send_signal(signal.SIGTERM)

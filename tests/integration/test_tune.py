@@ -375,11 +375,11 @@ def test_the_tuner_holds_the_databases_lock_for_other_machines(tmp_path: Path,
     from sqlalchemy import text
 
     from charlm.tune.runner import Tuner
-    from charlm.tune.study import Plan
+    from charlm.tune.study import StudyConfig
     from charlm.tune.workers import DATABASE_LOCKS
 
     with fresh_database(database_url(name)) as url:
-        plan = Plan(tmp_path, load_config(TINY).to_dict(),
+        plan = StudyConfig(tmp_path, load_config(TINY).to_dict(),
                     read_search(["optim.lr=[0.002, 0.01]"]), url, "locked", "data")
         tuner = Tuner(plan, 1, 5, None)
         dialect = tuner.storage.engine.dialect.name
@@ -407,7 +407,7 @@ def test_two_tuners_open_a_fresh_database_at_once(tmp_path: Path, name: str) -> 
     from optuna.storages._rdb import models
     from sqlalchemy import event
 
-    from charlm.tune.study import Plan, make_storage
+    from charlm.tune.study import StudyConfig, make_storage
 
     met, arrived, errors, storages = threading.Event(), [], [], []
 
@@ -418,7 +418,7 @@ def test_two_tuners_open_a_fresh_database_at_once(tmp_path: Path, name: str) -> 
         met.wait(MEET_S)
 
     def open_storage(url: str) -> None:
-        plan = Plan(tmp_path, load_config(TINY).to_dict(),
+        plan = StudyConfig(tmp_path, load_config(TINY).to_dict(),
                     read_search(["optim.lr=[0.002, 0.01]"]), url, "fresh", "data")
         try:
             storages.append(make_storage(plan))

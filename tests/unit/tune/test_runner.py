@@ -26,10 +26,10 @@ pytest.importorskip("optuna")  # Tuner runs on Optuna, an optional extra
 def test_values_are_reported_at_tokens_seen_when_a_step_changes_size(
         tmp_path: Path, spec: str, expected: dict[int, float]) -> None:
     from charlm.tune.runner import Tuner
-    from charlm.tune.study import Plan
+    from charlm.tune.study import StudyConfig
 
     base = load_config(TINY).to_dict()  # batch 16 x block 16, an eval every 20 steps
-    tuner = Tuner(Plan(tmp_path, base, read_search([spec]), None, "s", "data"), 1, 5, None)
+    tuner = Tuner(StudyConfig(tmp_path, base, read_search([spec]), None, "s", "data"), 1, 5, None)
     trial = tuner.study.ask()
     report = tuner.reporter(trial)
     for step, value in ((20, 3.0), (40, 2.5), (60, 2.4)):
@@ -42,11 +42,11 @@ def test_a_trial_is_not_pruned_at_its_final_eval(tmp_path: Path) -> None:
     """Worse than the median of two complete trials: pruned at step 40, not at step 60, its
     train.max_iters (it has trained to its end, and completes)."""
     from charlm.tune.runner import Tuner
-    from charlm.tune.study import Plan
+    from charlm.tune.study import StudyConfig
 
     base = load_config(TINY, ["train.max_iters=60"]).to_dict()
     search = read_search(["optim.lr=[0.002, 0.01]", "startup_trials=2", "pruner_warmup=0"])
-    tuner = Tuner(Plan(tmp_path, base, search, None, "s", "data"), 1, 5, None)
+    tuner = Tuner(StudyConfig(tmp_path, base, search, None, "s", "data"), 1, 5, None)
     for _ in range(2):
         done = tuner.study.ask()
         for step in (20, 40, 60):
@@ -61,10 +61,10 @@ def test_a_trial_is_not_pruned_at_its_final_eval(tmp_path: Path) -> None:
 
 def test_an_error_in_a_worker_stops_the_study_with_one_line(tmp_path: Path) -> None:
     from charlm.tune.runner import Tuner
-    from charlm.tune.study import Plan
+    from charlm.tune.study import StudyConfig
 
     base = load_config(TINY).to_dict()
-    tuner = Tuner(Plan(tmp_path, base, read_search(["optim.lr=[0.002, 0.01]"]), None, "s",
+    tuner = Tuner(StudyConfig(tmp_path, base, read_search(["optim.lr=[0.002, 0.01]"]), None, "s",
                        "data"), 2, 5, None)
 
     def lost(trial, slot: int) -> None:
@@ -87,9 +87,9 @@ def test_a_killed_tuners_trial_that_still_trains_is_waited_for_then_resumed(
     from charlm.training.run_dir import run_lock
     from charlm.tune import runner
     from charlm.tune.runner import Tuner
-    from charlm.tune.study import Plan
+    from charlm.tune.study import StudyConfig
 
-    tuner = Tuner(Plan(tmp_path, load_config(TINY).to_dict(),
+    tuner = Tuner(StudyConfig(tmp_path, load_config(TINY).to_dict(),
                        read_search(["optim.lr=[0.002, 0.01]"]), None, "s", "data"), 1, 5, None)
     run_dir = tmp_path / "trial-0000"
     run_dir.mkdir()
@@ -123,9 +123,9 @@ def test_a_resumed_trial_whose_run_ended_on_its_own_takes_its_result(
     value; nothing is trained again (a resume of a finished run has nothing to train)."""
     from charlm.tune import runner
     from charlm.tune.runner import Tuner
-    from charlm.tune.study import Plan
+    from charlm.tune.study import StudyConfig
 
-    tuner = Tuner(Plan(tmp_path, load_config(TINY, ["train.max_iters=60"]).to_dict(),
+    tuner = Tuner(StudyConfig(tmp_path, load_config(TINY, ["train.max_iters=60"]).to_dict(),
                        read_search(["optim.lr=[0.002, 0.01]"]), None, "s", "data"), 1, 5, None)
     run_dir = tmp_path / "trial-0000"
     run_dir.mkdir()
