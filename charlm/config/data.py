@@ -1,7 +1,5 @@
-"""The `data` section of a run's config (`DataConfig`): what a run trains on, text (files,
-folders, globs, compressed, stdin) or paired text or a prepared dataset dir, and how it is read
-and split; `charlm.config.schema` puts it in `RunConfig`. `TextOptions`: the keys of it that
-`prepare` reads text by (`text_options`), which a text dataset's meta.json records."""
+"""The `data` section of a run's config (`DataConfig`), and the keys of it that `prepare` reads
+text by (`TextOptions`), which a text dataset's meta.json records."""
 
 from __future__ import annotations
 
@@ -81,8 +79,7 @@ class DataConfig:
 
     @property
     def pairs(self) -> bool:
-        """Whether data.path holds pairs: data.format, or for auto a .tsv file. (A prepared
-        dataset dir says so itself, in its meta.json.)"""
+        """Whether data.path holds pairs: data.format, or for auto a .tsv file."""
         if self.format != "auto":
             return self.format == "pairs"
         return isinstance(self.path, str) and self.path.lower().endswith(".tsv")
@@ -100,8 +97,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class TextOptions:
-    """How `prepare` finds, reads and splits its inputs, beside the val fraction: the
-    data.split, skip_invalid, include, exclude and unicode_normalize keys of a run."""
+    """How `prepare` finds, reads and splits its inputs: DataConfig's keys of these names."""
 
     split: str = "tail"  # "tail": the last val_fraction of each input; "files": whole files
     skip_invalid: bool = False
@@ -117,7 +113,6 @@ class TextOptions:
 
 
 def text_options(data: DataConfig) -> TextOptions:
-    """How `prepare` reads a run's text: its data section's keys."""
     return TextOptions(split=data.split, skip_invalid=data.skip_invalid, include=data.include,
                        exclude=data.exclude, normalize=data.unicode_normalize,
                        units=data.units)

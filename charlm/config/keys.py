@@ -1,6 +1,4 @@
-"""How a config section declares its keys: `setting` (a default with its help, which
-`charlm.config.reference` renders into docs/config.md) and `require` (a validation that fails as
-one `invalid config value` error)."""
+"""How a config section declares its keys (`setting`) and checks them (`require`)."""
 
 from __future__ import annotations
 
@@ -10,10 +8,10 @@ from typing import Any
 from charlm.core.errors import CharlmError
 
 
-def setting(default: Any, help: str) -> Any:
-    """A config key with its default and its help: what `docs/config.md` says it means
-    (`charlm.config.reference` renders it; `SampleConfig`'s options declare theirs the same way)."""
-    return field(default=default, metadata={"help": help})
+def setting(default: Any, help: str, flag: str | None = None) -> Any:
+    """A key with its default and its help (docs/config.md's, or a sampling option's), and the
+    option's `flag` where its name is not the field's."""
+    return field(default=default, metadata={"help": help, "flag": flag})
 
 
 def require(ok: bool, key: str, msg: str) -> None:

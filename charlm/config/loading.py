@@ -1,5 +1,4 @@
-"""Reading a run config: a YAML file (or the defaults), `--set section.key=value` overrides
-(values read as YAML would read them), validated by the schema; and writing the resolved config."""
+"""Reading a run config (the defaults, a YAML file, `--set` overrides) and writing it."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ from charlm.core.files import write_text_atomic
 
 
 def is_config_file(path: Path) -> bool:
-    """Whether a command-line path names a YAML config (`.yaml` / `.yml`, in any case) rather
-    than text, a dataset dir or a checkpoint."""
+    """Whether a command-line path names a YAML config (`.yaml` / `.yml`, in any case)."""
     return path.suffix.lower() in (".yaml", ".yml") and not path.is_dir()
 
 
@@ -30,10 +28,8 @@ def dotted_key(item: Override) -> str:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[Override]) -> dict[str, Any]:
-    """Apply overrides onto a raw config dict: `section.key=value` strings, whose value is read
-    as a value in a YAML file is, or `(section.key, value)` pairs, whose value is taken as it is
-    (an option's text, exactly). A key given twice is an error, as it is in a YAML file: the
-    later one would win silently."""
+    """`raw` with the overrides set: a string's value read as YAML, a pair's taken as it is (an
+    option's text). A key given twice is an error, as in a YAML file."""
     seen: set[str] = set()
     for item in overrides:
         dotted = dotted_key(item)
@@ -76,5 +72,5 @@ def load_config(path: str | Path | None = None,
 
 
 def save_config(cfg: RunConfig, path: Path) -> None:
-    """Write the resolved config as YAML, atomically (a resume rewrites it)."""
+    """Write the resolved config, atomically (a resume rewrites it)."""
     write_text_atomic(path, dump_yaml(cfg.to_dict()))

@@ -1,5 +1,4 @@
-"""The `optim` section of a run's config (`OptimConfig`): the optimizer, AdamW or Muon with
-AdamW, and its learning-rate schedule; `charlm.config.schema` puts it in `RunConfig`."""
+"""The `optim` section of a run's config: the optimizer and its learning-rate schedule."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""From plain data (a YAML file's, a checkpoint's) to a config dataclass: a mapping checked as
-one, each key by name with the nearest valid name suggested, each value read by its field's
-type (`charlm.config.values.coerce`)."""
+"""From plain data (a YAML file's, a checkpoint's) to a config section: unknown keys refused
+with the nearest valid name, each value read by its field's type."""
 
 from __future__ import annotations
 
@@ -23,8 +22,8 @@ def suggest(name: str, valid: typing.Iterable[str]) -> str:
 
 
 def as_mapping(raw: Any, must: str) -> dict[str, Any]:
-    """`raw` as a dict (empty for nothing, as an empty YAML file or section is); otherwise the
-    error `must, got TYPE` (a plain scalar named by the type YAML gives it)."""
+    """`raw` as a dict (empty for nothing, as an empty YAML file is), else the error
+    `must, got TYPE`."""
     if isinstance(raw, PlainScalar):
         raw = plain_value(raw)
     if raw is None:

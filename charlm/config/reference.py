@@ -1,7 +1,5 @@
-"""The config reference, docs/config.md, rendered from the schema: for each section its docstring,
-and for each key its type, its default and its help (`keys.setting`), so the reference says what
-the code does. `python scripts/config_docs.py` writes it; a test fails when it is out of date.
-"""
+"""docs/config.md rendered from the schema (each section's docstring, each key's type, default
+and help), so the reference says what the code does; a test fails when it is out of date."""
 
 from __future__ import annotations
 
@@ -31,7 +29,7 @@ and in every checkpoint; on `--resume` the `model` section comes from the checkp
 
 
 def type_name(hint: Any) -> str:
-    """A key's type as a reader of the YAML thinks of it: `int`, `float or null`, `one of a, b`."""
+    """A key's type as a YAML reader thinks of it: `int`, `float or null`, `one of a, b`."""
     if typing.get_origin(hint) is typing.Literal:
         return "one of " + ", ".join(str(choice) for choice in typing.get_args(hint))
     if typing.get_origin(hint) in (typing.Union, types.UnionType):

@@ -1,24 +1,15 @@
 """The options of `charlm sample` and of the Python API's generation calls, validated, each with
-its help (declared once, here; `charlm.cli.options` makes the CLI's options from them). Not part
-of a run's YAML: a run's config is `charlm.config.schema.RunConfig`.
-"""
+its help (`charlm.cli.options` makes the CLI's options from them); not part of a run's config."""
 
 from __future__ import annotations
 
 import dataclasses
 import typing
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
+from charlm.config.keys import setting
 from charlm.config.values import coerce
 from charlm.core.errors import Setting, SettingError
-
-
-def _option(default: Any, help: str, flag: str | None = None) -> Any:
-    """A `SampleConfig` field and its `charlm sample` option: `flag` names it where the field's
-    name does not (`--no-cache` turns `use_cache` off)."""
-    return field(default=default, metadata={"help": help, "flag": flag})
-
 
 # Past this every character of a trained model is about as likely as any other: a larger
 # temperature is a slip (1e46 made the float32 factor 0), never a setting.
@@ -27,37 +18,34 @@ MAX_TEMPERATURE = 100.0
 
 @dataclass
 class SampleConfig:
-    """Options of `charlm sample` (each field's metadata holds its help) and of
-    `charlm.generation.text.sample_text`; not part of a run's YAML.
+    """Logits processors apply in this order: repetition penalty, temperature, top-k, top-p,
+    min-p."""
 
-    Logits processors apply in this order: repetition penalty, temperature, top-k, top-p, min-p.
-    """
-
-    max_new_tokens: int = _option(500, "Characters to generate per sample.")
-    num_samples: int = _option(1, "Samples, generated as one batch (for pairs with --beams: "
+    max_new_tokens: int = setting(500, "Characters to generate per sample.")
+    num_samples: int = setting(1, "Samples, generated as one batch (for pairs with --beams: "
                                "the n best).")
-    temperature: float = _option(0.8, "Softmax temperature; 0 is greedy.")
-    top_k: int | None = _option(None, "Sample only from the k likeliest.")
-    top_p: float | None = _option(None, "Nucleus: sample from the smallest set with mass >= p.")
-    min_p: float | None = _option(
+    temperature: float = setting(0.8, "Softmax temperature; 0 is greedy.")
+    top_k: int | None = setting(None, "Sample only from the k likeliest.")
+    top_p: float | None = setting(None, "Nucleus: sample from the smallest set with mass >= p.")
+    min_p: float | None = setting(
         None, "Drop characters below min_p x the likeliest one's probability.")
-    repetition_penalty: float = _option(
+    repetition_penalty: float = setting(
         1.0, "> 1 discourages characters in the recent window; 1 is off.")
-    repetition_window: int = _option(64, "Recent characters the repetition penalty looks at.")
-    beams: int | None = _option(  # None samples
+    repetition_window: int = setting(64, "Recent characters the repetition penalty looks at.")
+    beams: int | None = setting(  # None samples
         None, "Beam search with N beams; prints the best (1 = greedy).")
-    stop: tuple[str, ...] = _option((), "End a sample when it ends with this text; repeatable.")
-    include_stop: bool = _option(False, "Print the stop string that ended a sample.")
-    unknown: str = _option("error", "Prompt characters outside the vocabulary: error or skip.")
-    seed: int = _option(1337, "Random seed; the same seed gives the same text.")
-    use_cache: bool = _option(True, "Recompute the whole context every step.", flag="--no-cache")
-    compile: bool = _option(False, "torch.compile the one-token decode step (static shapes; "
+    stop: tuple[str, ...] = setting((), "End a sample when it ends with this text; repeatable.")
+    include_stop: bool = setting(False, "Print the stop string that ended a sample.")
+    unknown: str = setting("error", "Prompt characters outside the vocabulary: error or skip.")
+    seed: int = setting(1337, "Random seed; the same seed gives the same text.")
+    use_cache: bool = setting(True, "Recompute the whole context every step.", flag="--no-cache")
+    compile: bool = setting(False, "torch.compile the one-token decode step (static shapes; "
                             "pays for long generations; once built it prints a step against an "
                             "eager one, and says where it is slower).", flag="--compile")
 
     def __post_init__(self) -> None:
         def need(ok: bool, setting: str, problem: str) -> None:
-            if not ok:  # named as the Python API's keyword; the CLI says the flag
+            if not ok:  # named by the Python API's keyword; the CLI says the flag
                 raise SettingError(Setting(setting), problem)
 
         # The CLI's options arrive typed; the Python API's (`charlm.sample(**options)`) may not.

@@ -1,12 +1,6 @@
-"""Typed run configuration: the dataclasses, each key with its default and its help (rendered
-into docs/config.md by `charlm.config.reference`), `from_dict` and validation.
-
-Defaults live only here, in `charlm.config.optim` and in `charlm.config.data` (the `optim` and
-`data` sections). YAML -> `--set section.key=value` overrides (`charlm.config.loading`) -> strict
-`from_dict` (unknown keys rejected with the nearest valid name; each value read by its field's
-type, see `charlm.config.values`) -> `__post_init__` validation, and a run dir for a config that
-names none. Precedence: CLI > YAML > defaults.
-"""
+"""The run config: its sections (`optim` and `data` in modules of their own), each key with its
+default and help, strict `from_dict`, `__post_init__` validation, and a run dir for a config
+that names none. The defaults live only in these dataclasses."""
 
 from __future__ import annotations
 
@@ -27,8 +21,7 @@ from charlm.core.errors import CharlmError
 
 
 def device_error(name: str) -> str | None:
-    """Why `name` is not a device name (auto, cpu, cuda, cuda:N, mps), or None when it is one.
-    Whether the device is there is `device.resolve_device`'s question."""
+    """Why `name` is not a device name, or None (whether it is there: `resolve_device`)."""
     if name in ("auto", "cpu", "cuda", "mps") or re.fullmatch(r"cuda:\d+", name):
         return None
     return f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps"
@@ -120,9 +113,8 @@ class ModelConfig:
 
     @property
     def ff_width(self) -> int:
-        """Hidden width of the MLP: n_ff when set; else 4 * n_embd, or for swiglu 2/3 of that
-        rounded up to a multiple of 8 (LLaMA's rule), so its three projections hold about as
-        many parameters as the two of the 4 * n_embd MLP."""
+        """n_ff, else 4 * n_embd, or for swiglu 2/3 of that rounded up to a multiple of 8
+        (LLaMA's rule: its three projections about as large as the others' two)."""
         if self.n_ff is not None:
             return self.n_ff
         if self.activation == "swiglu":
@@ -243,8 +235,7 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, raw: Any, where: str = "config") -> RunConfig:
-        """Build a validated config from plain data, rejecting unknown sections and keys. Values
-        may be typed (a checkpoint's config) or text from YAML (`load_config`)."""
+        """A validated config from plain data, typed (a checkpoint's) or YAML's text."""
         raw = as_mapping(raw, f"{where} must be a mapping of sections (model, optim, train, data)")
         hints = typing.get_type_hints(cls)
         kwargs = {}
@@ -256,11 +247,9 @@ class RunConfig:
 
 
 def default_run_dir(data_path: str | tuple[str, ...]) -> str:
-    """The run dir of a config that names none: `runs/<name of the data>` (`runs/my` for
-    my.txt, `runs/cmudict` for data/cmudict.tsv, `runs/src` for `src/**/*.py`, the first
-    input's of several), so the defaults on one text and a preset on another never share a run
-    dir. The path is made absolute without following links, so `.` names the current directory
-    and a link keeps the name it was given."""
+    """`runs/<name of the (first) input>` (`runs/src` for `src/**/*.py`), so runs on other
+    texts never share a run dir; made absolute without following links, so `.` names the
+    current directory and a link keeps its name."""
     first = data_path if isinstance(data_path, str) else data_path[0]
     wild = [first.index(c) for c in "*?[" if c in first]
     head = first[:min(wild)].rpartition("/")[0] or "." if wild else first

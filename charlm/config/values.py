@@ -1,8 +1,5 @@
-"""Config values read by the type of the dataclass field they are for (`coerce`): a plain YAML
-scalar's text (`PlainScalar`) as text where the field takes text (`08` for a path), else as
-YAML 1.2 reads it (`010` for an integer is ten); every other value checked against the type,
-with an error that names the key, where it came from and what it expected.
-"""
+"""Config values read by the type of their dataclass field (`coerce`), with an error that
+names the key, where it came from and what it expected."""
 
 from __future__ import annotations
 
@@ -36,7 +33,7 @@ _NO = object()
 
 
 def _as(value: Any, tp: Any) -> Any:
-    """`value` as the type `tp` (one of a union's, not a tuple), or `_NO` where it is not one."""
+    """`value` as the type `tp` (not a union or tuple), or `_NO` where it is not one."""
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     fits = {type(None): value is None, bool: isinstance(value, bool), str: isinstance(value, str),
             int: number and isinstance(value, int), float: number}.get(tp)
@@ -60,8 +57,7 @@ def _read(text: PlainScalar, tp: Any) -> Any:
 
 
 def coerce(value: Any, tp: Any, key: str, where: str = "") -> Any:
-    """Return `value` as type `tp`, or raise a SettingError naming `key` that says what is
-    allowed. A plain YAML scalar's text is read by `tp` first (`_read`)."""
+    """`value` as type `tp`, or a SettingError naming `key` that says what is allowed."""
     at = f" in {where}" if where else ""
     if isinstance(value, PlainScalar):
         if str not in _options(tp) and too_large(value):
@@ -87,5 +83,3 @@ def shown(value: Any, limit: int = 80) -> str:
     """repr(value), cut to about `limit` characters: an error line stays one line."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
-
-

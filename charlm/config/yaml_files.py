@@ -1,8 +1,7 @@
-"""YAML text and files as charlm reads them: PyYAML's safe loader with every plain (unquoted)
-scalar kept as its text (`PlainScalar`), so that a config field's type says how to read it
-(`charlm.config.values.coerce`); YAML 1.2's plain scalars (`plain_value`); a writer whose
-strings read back as strings; config files read with their size capped and errors in one line.
-"""
+"""YAML as charlm reads it: PyYAML's safe loader with every plain (unquoted) scalar kept as its
+text (`PlainScalar`), so that a config field's type says how to read it (`values.coerce`);
+YAML 1.2's plain scalars (`plain_value`); a writer whose strings read back as strings; config
+files read with their size capped and errors in one line."""
 
 from __future__ import annotations
 
@@ -24,10 +23,8 @@ class PlainScalar(str):
 
 
 class _Loader(yaml.SafeLoader):
-    """yaml.safe_load that keeps every plain scalar as its text (`PlainScalar`), so that `coerce`
-    reads it by its field's type: `010` for an integer is ten, `08` for a path stays "08". Quoted
-    scalars stay strings. A key given twice in one mapping is an error (PyYAML keeps the last one
-    silently, so a second `optim:` section would reset the first one's keys to their defaults)."""
+    """yaml.safe_load with plain scalars kept as `PlainScalar`s, and a key given twice in one
+    mapping an error (PyYAML keeps the last one: a second `optim:` would reset the first's)."""
 
     yaml_implicit_resolvers = {  # only `<<` (merge keys): no plain scalar gets a type here
         first: [(tag, regex) for tag, regex in resolvers if tag == "tag:yaml.org,2002:merge"]
@@ -49,7 +46,6 @@ class _Loader(yaml.SafeLoader):
                 seen.add(key)
         return super().construct_mapping(node, deep)
 
-
     def construct_document(self, node: yaml.Node) -> Any:
         _check_expansion(node, 0, {})
         return super().construct_document(node)
@@ -64,8 +60,8 @@ MAX_VALUES, MAX_DEPTH = 10_000, 32
 
 
 def _check_expansion(node: yaml.Node, depth: int, counted: dict[int, int]) -> int:
-    """The number of values `node` expands to, each alias counted in full (once per node:
-    `counted`); a YAMLError beyond MAX_VALUES or MAX_DEPTH."""
+    """The number of values `node` expands to, aliases in full (each node counted once); a
+    YAMLError beyond MAX_VALUES or MAX_DEPTH."""
     if depth > MAX_DEPTH:
         raise yaml.constructor.ConstructorError(
             None, None, f"values nested more than {MAX_DEPTH} levels deep", node.start_mark)
@@ -83,7 +79,7 @@ def _check_expansion(node: yaml.Node, depth: int, counted: dict[int, int]) -> in
 
 class _Dumper(yaml.SafeDumper):
     """yaml.safe_dump that quotes every string a YAML 1.2 reader would take for something else
-    (`1e5`, `0o17`), so the config `charlm info` prints means the same to any YAML tool."""
+    (`1e5`, `0o17`), so the config means the same to any YAML tool."""
 
     def represent_str(self, data: str) -> yaml.ScalarNode:
         node = super().represent_str(data)
@@ -96,7 +92,7 @@ _Dumper.add_representer(str, _Dumper.represent_str)
 
 
 def load_text(text: str) -> Any:
-    """YAML text as data, each plain scalar kept as its text (`PlainScalar`)."""
+    """YAML text as data, each plain scalar a `PlainScalar`."""
     try:
         return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
     except RecursionError:  # PyYAML's parser recurses per level, before the loader can count
@@ -104,7 +100,7 @@ def load_text(text: str) -> Any:
 
 
 def parse_yaml(text: str) -> Any:
-    """YAML text as data, each plain scalar typed as YAML 1.2 reads it (see `plain_value`)."""
+    """YAML text as data, each plain scalar typed as YAML 1.2 reads it."""
     return untext(load_text(text))
 
 
@@ -123,8 +119,8 @@ _INF_NAN = re.compile(r"[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)")
 
 
 def _int(text: str) -> int | float:
-    """Decimal (leading zeros allowed: `010` is ten), or `0b` / `0o` / `0x`, with a sign. One of
-    more digits than Python converts is infinity, as YAML's float rules read it."""
+    """Decimal (`010` is ten), or `0b` / `0o` / `0x`, with a sign; one of more digits than
+    Python converts is infinity, as YAML's float rules read it."""
     digits = text.replace("_", "")
     sign, body = (-1, digits[1:]) if digits[0] == "-" else (1, digits.lstrip("+"))
     base = {"0b": 2, "0o": 8, "0x": 16}.get(body[:2])
@@ -146,7 +142,7 @@ _PLAIN: tuple[tuple[re.Pattern[str], typing.Callable[[str], Any]], ...] = (
 
 def plain_value(text: str) -> Any:
     """A plain scalar's text as YAML 1.2 reads it: null, a bool, an integer, a float or the
-    text itself. Error messages show a value the way a YAML reader sees it."""
+    text itself."""
     for pattern, read in _PLAIN:
         if pattern.fullmatch(text):
             return read(text)
@@ -154,15 +150,15 @@ def plain_value(text: str) -> Any:
 
 
 def too_large(text: str) -> bool:
-    """Whether `text` is a number beyond the largest float (`1e999`, an integer of thousands of
-    digits), which YAML's rules read as infinity."""
+    """Whether `text` is a number beyond the largest float (`1e999`), which YAML reads as
+    infinity."""
     value = plain_value(text)
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
             and abs(value) > sys.float_info.max and not _INF_NAN.fullmatch(text))
 
 
 def untext(value: Any) -> Any:
-    """`value` with each plain scalar's text as YAML reads it (`plain_value`)."""
+    """`value` with each plain scalar typed as YAML reads it."""
     if isinstance(value, PlainScalar):
         return plain_value(value)
     if isinstance(value, list):
