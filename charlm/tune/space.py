@@ -1,18 +1,7 @@
-"""A search space for `charlm tune`: config keys and their distributions, read from search files
-and `--search key=SPEC` options, with the study's settings; checked against the config loader
-before any trial starts.
-
-A search file maps dotted config keys to distributions, in Optuna's short form:
-
-    optim.lr: {type: float, low: 1e-4, high: 1e-2, log: true}
-    optim.min_lr: {of: optim.lr, times: 0.1}      # derived: 0.1 x the trial's optim.lr
-    model.n_layer: {type: int, low: 2, high: 6}
-    model.activation: [gelu, swiglu]               # categorical
-    trials: 40                                     # settings: the keys without a dot
-    repeats: 2                                     # each trial's value: the mean of 2 seeds
-
-Setting keys (`SETTINGS`) may also be given as `charlm tune` options, which win.
-"""
+"""A search space for `charlm tune` (its file format: docs/tune.md): dotted config keys and
+their distributions, and the study's settings (the keys without a dot, which `charlm tune`'s
+options override), read from search files and `--search KEY=SPEC`, and checked against the
+config loader before any trial starts."""
 
 from __future__ import annotations
 
@@ -25,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from charlm.config.loading import apply_overrides
-from charlm.config.parsing import suggest
+from charlm.config.parsing import as_mapping, suggest
 from charlm.config.schema import RunConfig
 from charlm.config.values import shown
 from charlm.config.yaml_files import load_text, read_yaml_file, untext
@@ -37,26 +26,16 @@ SETTINGS: dict[str, Any] = {
     "objective": "best_val_loss", "sampler": "tpe", "pruner": "median", "pruner_warmup": None,
     "startup_trials": 5, "trials": 20, "timeout": None, "seed": None, "repeats": 1,
 }
-
-
 OBJECTIVES = {  # objective -> (the eval event's key reported as it goes, direction)
     "best_val_loss": ("best_val_loss", "minimize"),
     "final_val_loss": ("val_loss", "minimize"),
     "val_exact_match": ("val_exact_match", "maximize"),  # pairs
     "val_cer": ("val_cer", "minimize"),  # pairs
 }
-
-
 SAMPLERS = ("tpe", "random", "grid")
-
-
 PRUNERS = ("median", "halving", "hyperband", "none")
-
-
 # Keys a study holds fixed: its data is prepared once, its trials' run dirs are its own.
 FIXED = ("data.", "train.out_dir", "train.device")
-
-
 MAX_CORNERS = 4096  # combinations of range ends and choices checked up front
 
 
@@ -154,11 +133,9 @@ def read_search(items: list[str]) -> Search:
     for item in items:
         path = Path(item)
         if path.is_file() or path.suffix.lower() in (".yaml", ".yml"):
-            raw, where = read_yaml_file(path), str(path)
-            raw = {} if raw is None else raw
-            if not isinstance(raw, dict):
-                raise CharlmError(f"search file {path} must map config keys to distributions, "
-                                  f"got {type(untext(raw)).__name__}")
+            raw = as_mapping(read_yaml_file(path),
+                             f"search file {path} must map config keys to distributions")
+            where = str(path)
         elif "=" in item:
             key, _, text = item.partition("=")
             try:
