@@ -1,6 +1,5 @@
-"""The `charlm` command line: the root app, which imports a command's module only when that
-command runs (or `charlm --help` lists it), and `main`, which turns bad input into one
-`error: ...` line on stderr with exit code 2 (`--debug` shows the traceback)."""
+"""The `charlm` command line: the root app, which imports a command's module only when the
+command runs (or `--help` lists it), and `main`, which ends bad input with one `error:` line."""
 
 from __future__ import annotations
 
@@ -24,12 +23,11 @@ from charlm.cli.reporting import (
 )
 from charlm.core.errors import CharlmError, SettingError
 
-# charlm.cli.<name>
 COMMANDS = ("prepare", "train", "sample", "info", "eval", "export", "tune", "serve")
 
 
 class LazyGroup(typer.core.TyperGroup):
-    """The commands, each loaded from its module `charlm.cli.app.<name>` when it is asked for."""
+    """The commands, each loaded from `charlm.cli.<name>` when it is asked for."""
 
     def list_commands(self, ctx: typer.Context) -> list[str]:
         return list(COMMANDS)
@@ -60,8 +58,7 @@ def _root(
 
 
 def error_message(e: CharlmError | OSError) -> str:
-    """What the `error:` line says: a setting by the CLI's name for it, a file error with its
-    file."""
+    """What the `error:` line says: a setting by its flag, a file error with its file."""
     from charlm.cli.options import flag
 
     if isinstance(e, SettingError):
@@ -72,7 +69,7 @@ def error_message(e: CharlmError | OSError) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the app, turning bad input into one `error:` line and exit code 2."""
+    """Run the app: bad input ends with one `error:` line and exit code 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
     tolerant_stdout()
     # Typer turns KeyboardInterrupt into a silent exit 130, and SIGTERM's default ends the

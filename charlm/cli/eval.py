@@ -89,8 +89,8 @@ def eval_(
 
 
 def run_dataset(lm: Any, target: Path, split: str) -> Any:
-    """The dataset a run trained on, holding `split`: its data.path when that is a prepared
-    dataset dir, else the cache `charlm train` prepared in the run dir."""
+    """The dataset a run trained on, holding `split`: its data.path if that is a dataset dir,
+    else the run dir's cache."""
     from charlm.data.dataset_dir import is_dataset_dir, load_dataset
 
     inputs = [Path(p) for p in lm.config.data.inputs]
@@ -115,8 +115,8 @@ def run_dataset(lm: Any, target: Path, split: str) -> Any:
 
 def eval_pairs_file(lm: Any, path: Path, unknown: str, json_out: bool,
                     beams: int | None) -> None:
-    """`charlm eval` of an encoder-decoder on a file of pairs (the run's separator and units):
-    every reference of a source counts (see `score_pairs`)."""
+    """`charlm eval` of an encoder-decoder on a file of pairs, every reference of a source
+    counted."""
     from charlm.data.chunks import check_input_file
     from charlm.data.pairs import read_pairs
     from charlm.evaluation.pairs import rate_name, score_pairs

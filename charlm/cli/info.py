@@ -93,7 +93,7 @@ def info(
 
 
 def print_profile(as_json: bool) -> None:
-    """What `charlm train` would decide here before its first step (`charlm.runtime.profile`)."""
+    """What `charlm train` would decide here before its first step."""
     from charlm.runtime.device import resolve_device
     from charlm.runtime.profile import decide
 
@@ -109,9 +109,8 @@ def print_profile(as_json: bool) -> None:
 
 
 def is_model(target: Path | None) -> bool:
-    """Whether `info`'s argument names a trained model (a checkpoint, a run dir, an export)
-    rather than what `charlm train` takes. A missing path that is no config is one error, so a
-    mistyped run dir is not read as data."""
+    """Whether the argument names a trained model rather than what `charlm train` takes; a
+    missing path that is no config is an error, so a mistyped run dir is not read as data."""
     from charlm.config.loading import is_config_file
     from charlm.core.files import missing
     from charlm.data.sources import GLOB_CHARS

@@ -1,9 +1,6 @@
-"""`charlm sample RUN --interactive`: a prompt loop over a model loaded once. Each line is a
-prompt, continued and streamed as `charlm sample --prompt LINE` would with the current options,
-or a `/command` that changes them (`run_command`). Line editing and history come from the
-standard library's readline when stdin is a terminal; Ctrl-C stops a generation (or clears the
-line being typed), Ctrl-D ends the loop.
-"""
+"""`charlm sample RUN --interactive`: a prompt loop over a model loaded once, each line a prompt
+continued as `charlm sample --prompt LINE` would, or a `/command` that changes the options.
+Ctrl-C stops a generation (or clears the line being typed), Ctrl-D ends the loop."""
 
 from __future__ import annotations
 
@@ -45,8 +42,7 @@ Generate = Callable[[str, SampleConfig, Callable[[], bool]], None]
 
 
 def refuse_conflicts(given: Iterable[str]) -> None:
-    """A CharlmError for the first option of `given` (those the user set) that --interactive
-    cannot take."""
+    """Refuse the first option the user set (`given`) that --interactive cannot take."""
     for option in given:
         if option in CONFLICTS:
             raise CharlmError(f"--interactive cannot go with {option}: {CONFLICTS[option]}; "
@@ -59,7 +55,7 @@ def shown(value: object) -> str:
 
 
 def help_text(opts: SampleConfig) -> str:
-    """What /help prints: the commands, each option's help and current value."""
+    """What /help prints."""
     helps = {f.name: f.metadata["help"] for f in dataclasses.fields(SampleConfig)}
     width = max(map(len, SETTABLE)) + 8
     lines = ["Type a prompt and Enter: the model continues it. A line that starts with / is a "
@@ -75,9 +71,8 @@ def help_text(opts: SampleConfig) -> str:
 
 
 def run_command(line: str, opts: SampleConfig, start: SampleConfig) -> tuple[SampleConfig, str]:
-    """One `/command` line applied to `opts`: the options after it and what to print. `start`
-    is what /reset goes back to. A bad command or value is a CharlmError (SampleConfig's own
-    checks), and `opts` stays as it was."""
+    """One `/command` line applied to `opts` (`start`: what /reset goes back to): the options
+    after it and what to print. A bad command or value is a CharlmError."""
     name, _, value = line.removeprefix("/").strip().partition(" ")
     name, value = name.replace("-", "_"), value.strip()
     if name in ("help", "reset") and value:
@@ -96,9 +91,8 @@ def run_command(line: str, opts: SampleConfig, start: SampleConfig) -> tuple[Sam
 
 
 class CtrlC:
-    """SIGINT while the loop runs: at the prompt it raises KeyboardInterrupt, which ends
-    input() with the line cleared; otherwise it only sets `pressed`, which the generation asks
-    after each character, so the text so far stays and the loop goes on."""
+    """SIGINT in the loop: at the prompt a KeyboardInterrupt (input() ends, the line cleared);
+    else it sets `pressed`, which the generation asks after each character."""
 
     def __init__(self) -> None:
         self.at_prompt = False
@@ -111,8 +105,7 @@ class CtrlC:
 
 
 def read_line(ctrl_c: CtrlC, prompt: str, read: Callable[[str], str]) -> str | None:
-    """The next line typed, or None at the end of input (Ctrl-D); a Ctrl-C drops the line
-    being typed and asks again."""
+    """The next line typed, or None at the end of input (Ctrl-D); Ctrl-C asks again."""
     while True:
         try:
             ctrl_c.at_prompt = True
@@ -130,9 +123,8 @@ def read_line(ctrl_c: CtrlC, prompt: str, read: Callable[[str], str]) -> str | N
 
 def prompt_loop(generate: Generate, opts: SampleConfig, read: Callable[[str], str] = input,
                 history: Path | None = None) -> None:
-    """Read lines until the end of input: each `/command` changes the options (`run_command`),
-    each other non-empty line is a prompt for `generate`. A bad command, value or prompt is one
-    `error:` line on stderr and the loop goes on."""
+    """Read lines until the end of input, each a `/command` or a prompt for `generate`; a bad
+    one is an `error:` line on stderr, and the loop goes on."""
     start, ctrl_c = opts, CtrlC()
     # a person at a terminal: a prompt, and input() edits lines with readline (it does only
     # when both are terminals); fed from a file, the output is the samples alone
@@ -163,9 +155,8 @@ def prompt_loop(generate: Generate, opts: SampleConfig, read: Callable[[str], st
 
 
 def load_history(path: Path):
-    """The readline module with `path`'s history loaded (a missing or unreadable file, or one
-    that is no regular file, such as a FIFO whose read would wait for a writer, is an empty
-    history), or None where Python has no readline."""
+    """The readline module (None where Python has none) with `path`'s history loaded, if it is
+    a readable regular file (a FIFO's read would wait for a writer)."""
     try:
         import readline
     except ImportError:
@@ -178,9 +169,8 @@ def load_history(path: Path):
 
 
 def save_history(readline, path: Path) -> None:
-    """Write the history to `path` through a temporary file beside it, so a failed write leaves
-    the old history as it was; a failure (a read-only home) is ignored, and what is no regular
-    file (a FIFO, a device) is left as it is: history is a convenience."""
+    """Write the history through a temporary file beside `path`, so a failed write leaves the
+    old one; a failure (a read-only home) or a `path` that is no regular file is ignored."""
     if path.exists() and not path.is_file():
         return
     tmp = temp_beside(path)

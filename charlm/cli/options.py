@@ -1,6 +1,5 @@
-"""What several commands share: each command's own Typer app (`command_app`), the options
-declared once (`--set`, `--device`, `--dtype`, the target run), the sampling options made from
-`SampleConfig`'s fields (`sample_option`), and whether an option was left at its default."""
+"""What several commands share: their Typer app, the options declared once (`--set`,
+`--device`, `--dtype`, the target run, the sampling options of `SampleConfig`'s fields)."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from charlm.config.sampling import SampleConfig
 
 
 def command_app() -> typer.Typer:
-    """A Typer app that holds one command; `charlm.cli.app` loads it when the command runs."""
+    """The Typer app of one command."""
     return typer.Typer(add_completion=False, pretty_exceptions_enable=False,
                        rich_markup_mode=None)
 
@@ -44,8 +43,7 @@ StepOpt = Annotated[
 
 
 def is_default(ctx: typer.Context, option: str) -> bool:
-    """Whether the command's `option` was left at its default (by the source's name: typer
-    may bring its own copy of click)."""
+    """Whether `option` was left at its default (by name: typer may bring its own click)."""
     source = ctx.get_parameter_source(option)
     return source is None or source.name == "DEFAULT"
 
@@ -55,8 +53,8 @@ SAMPLE_DEFAULTS = SampleConfig()
 
 
 def sample_option(name: str) -> typer.models.OptionInfo:
-    """The `charlm sample` option of SampleConfig's field `name`, with the field's flag and help
-    (`--no-cache` turns `use_cache` off: the option is given as the field's opposite)."""
+    """The option of SampleConfig's field `name`, with its flag and help (`--no-cache` is
+    `use_cache`'s opposite)."""
     meta = SAMPLE_FIELDS[name].metadata
     flag = meta["flag"]
     off = (flag or "").startswith("--no-")
@@ -65,9 +63,8 @@ def sample_option(name: str) -> typer.models.OptionInfo:
 
 
 def flag(setting: str) -> str:
-    """What the CLI calls a setting an error names (`SettingError`): a config key (`train.lr`,
-    given with --set) as it is, a sampling option by its flag, and an argument of the Python
-    API (`device`, `stride`) as the option of that name (`--device`)."""
+    """A setting a `SettingError` names, as the CLI calls it: a config key as it is, any other
+    by its flag (`top_k`: `--top-k`)."""
     if "." in setting:
         return setting
     given = SAMPLE_FIELDS[setting].metadata["flag"] if setting in SAMPLE_FIELDS else None
@@ -75,8 +72,8 @@ def flag(setting: str) -> str:
 
 
 def sample_options(values: dict[str, object]) -> SampleConfig:
-    """The SampleConfig of a command's sampling options (`values`: its arguments by name); a
-    repeatable option not given (None) is its field's default, ()."""
+    """The SampleConfig of a command's arguments by name; a repeatable option not given (None)
+    is its field's default."""
     def given(name: str) -> object:
         default = getattr(SAMPLE_DEFAULTS, name)
         return default if values[name] is None and isinstance(default, tuple) else values[name]

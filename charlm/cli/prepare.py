@@ -129,9 +129,8 @@ def prepare_benchmark_file(name: str, inputs: list[str], out: Path, val_fraction
 
 
 def benchmark_from_stdin(name: str, out: Path) -> dict:
-    """`charlm prepare --benchmark NAME -`: stdin copied to a temporary file (the check and the
-    split read it twice), at most one byte past the benchmark's size, so that a larger input is
-    still refused as the wrong file; the copy is removed whatever happens."""
+    """`charlm prepare --benchmark NAME -`: stdin copied to a temporary file (it is read twice),
+    at most one byte past the benchmark's size, so a larger input is still refused."""
     import os
     import sys
     import tempfile

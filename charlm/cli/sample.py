@@ -128,8 +128,7 @@ def sample(
 def sample_interactively(target: Path, device: str, dtype: str, step: int | None,
                          opts: SampleConfig, stream: bool, given: dict[str, bool]) -> None:
     """`charlm sample --interactive`: refuse the options it cannot take (`given`: whether each
-    was set) before loading, then continue each prompt typed as `charlm sample --prompt` would,
-    with the options the loop holds at the time."""
+    was set) before loading, then continue each prompt typed."""
     from charlm.api import load
     from charlm.cli.interactive import prompt_loop, refuse_conflicts
 
@@ -149,7 +148,7 @@ def sample_interactively(target: Path, device: str, dtype: str, step: int | None
 
 
 def prompt_text(vocab: Vocab, text: str, opts: SampleConfig, block_size: int) -> str:
-    """The prompt as the model will see it (`encode_prompt`), its warnings said on stderr."""
+    """The prompt as the model will see it, its warnings said on stderr."""
     from charlm.generation.text import encode_prompt
 
     text, _, warnings = encode_prompt(vocab, text, opts.unknown, block_size)
@@ -160,10 +159,9 @@ def prompt_text(vocab: Vocab, text: str, opts: SampleConfig, block_size: int) ->
 
 def print_samples(model: GPT, vocab: Vocab, text: str, opts: SampleConfig, stream: bool,
                   json_out: bool, stop: Callable[[], bool] | None = None) -> None:
-    """`charlm sample`'s output: the first sample streamed after its prompt as it is generated
-    (unless stream is off, or with --json or beams), the others printed when done, separated by
-    a line of dashes; with json_out one JSON object per sample. Sampling ends early, each
-    sample as far as it got, once stop() says so."""
+    """The first sample streamed after its prompt (unless stream is off, or with --json or
+    beams), the others printed when done, between lines of dashes, or one JSON object per
+    sample; each ends where it got to once stop() says so."""
     from charlm.generation.text import sample_text
 
     out = sys.stdout
@@ -171,7 +169,7 @@ def print_samples(model: GPT, vocab: Vocab, text: str, opts: SampleConfig, strea
     live = stream and not json_out and opts.beams is None
 
     def show(i: int, piece: str) -> None:
-        if live and i == 0:  # the first sample streams; the others are printed when done
+        if live and i == 0:
             out.write(piece)
             out.flush()
 
@@ -195,18 +193,11 @@ def print_samples(model: GPT, vocab: Vocab, text: str, opts: SampleConfig, strea
 
 
 def read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
-    """The prompt text, or None for the default (see `sampling.default_prompt`)."""
-    from charlm.data.chunks import read_text
-
+    """The prompt text, or None for the model's default."""
     if prompt is not None and prompt_file is not None:
         raise CharlmError("give the prompt either with --prompt or with --prompt-file, not both")
     if prompt_file is not None:
-        if prompt_file.is_dir():
-            raise CharlmError(f"prompt file {prompt_file} is a directory; give a text file")
-        if not prompt_file.exists():
-            raise missing(prompt_file, "prompt file")
-        # as prepare reads text: CRLF kept, no byte order mark
-        return read_text(prompt_file, "prompt file", INPUT_LIMIT)
+        return read_file(prompt_file, "prompt file")
     if prompt == "-":
         if sys.stdin is None:  # started with stdin closed (`<&-`)
             raise CharlmError("--prompt - reads the prompt from stdin, which is closed; pipe the "
@@ -215,9 +206,20 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
     return prompt
 
 
+def read_file(path: Path, name: str) -> str:
+    """A text file as `charlm prepare` reads one (CRLF kept, no byte order mark)."""
+    from charlm.data.chunks import read_text
+
+    if path.is_dir():
+        raise CharlmError(f"{name} {path} is a directory; give a text file")
+    if not path.exists():
+        raise missing(path, name)
+    return read_text(path, name, INPUT_LIMIT)
+
+
 def read_stdin(name: str) -> str:
-    """The text on stdin, read as a file is (`read_text`: CRLF kept, no byte order mark), of at
-    most INPUT_LIMIT bytes: a pipe may never end."""
+    """The text on stdin, read as a file is, of at most INPUT_LIMIT bytes: a pipe may never
+    end."""
     from charlm.data.chunks import decode_chunks
 
     data = read_capped(sys.stdin.buffer, INPUT_LIMIT, name)
@@ -225,8 +227,8 @@ def read_stdin(name: str) -> str:
 
 
 def read_sources(source: str | None, source_file: Path | None, arch: str) -> list[str]:
-    """The sources of `charlm sample`: --source TEXT, --source - (stdin) or --source-file, one
-    source per line (a final newline ends the last line; CRLF is taken as a line end)."""
+    """--source TEXT, or one source a line of --source - (stdin) or --source-file (a final
+    newline ends the last line; CRLF is a line end)."""
     if arch != "encoder_decoder":
         raise CharlmError("--source and --source-file are for an encoder-decoder; this model is "
                           "a GPT: give --prompt or --prompt-file")
@@ -237,14 +239,8 @@ def read_sources(source: str | None, source_file: Path | None, arch: str) -> lis
                           "(one per line on stdin) or --source-file FILE")
     if source is not None and source != "-":
         return [source]
-    from charlm.data.chunks import read_text
-
     if source_file is not None:
-        if source_file.is_dir():
-            raise CharlmError(f"source file {source_file} is a directory; give a text file")
-        if not source_file.exists():
-            raise missing(source_file, "source file")
-        text = read_text(source_file, "source file", INPUT_LIMIT)
+        text = read_file(source_file, "source file")
     else:
         if sys.stdin is None:
             raise CharlmError("--source - reads the sources from stdin, which is closed")
@@ -259,8 +255,8 @@ def read_sources(source: str | None, source_file: Path | None, arch: str) -> lis
 
 def print_translations(model: EncoderDecoder, vocab: PairVocab, sources: Sequence[str],
                        opts: SampleConfig, json_out: bool) -> None:
-    """One output line per source and output (--num-samples or n-best), or with json_out one
-    JSON object per source, each printed as soon as it is decoded."""
+    """A line per output of each source (--num-samples or n-best), or a JSON object per source,
+    each printed as soon as it is decoded."""
     from charlm.generation.translation import translate
 
     out = sys.stdout
@@ -270,5 +266,3 @@ def print_translations(model: EncoderDecoder, vocab: PairVocab, sources: Sequenc
         else:
             out.write("".join(text + "\n" for text, _ in t.outputs))
         out.flush()
-
-

@@ -102,8 +102,8 @@ def serve(
 
 
 def check_exposure(host: str, api_key: str | None) -> None:
-    """Refuse an empty --host (the OS reads it as every network) and an empty key, from
-    --api-key or CHARLM_API_KEY (click reads an empty variable as unset: no key at all)."""
+    """Refuse an empty --host (every network to the OS) and an empty key (click reads an empty
+    CHARLM_API_KEY as unset: no key at all)."""
     if not host.strip():
         raise CharlmError("--host is empty, which would listen on every network; give an "
                           "address (127.0.0.1, or 0.0.0.0 for every network with --api-key)")

@@ -96,10 +96,8 @@ def train(
 
 def fine_tune_config(cfg: RunConfig, given: set[str],
                      data_given: set[str] = frozenset()) -> tuple[RunConfig, Parent]:
-    """A fine-tune's config: `cfg` with the architecture, units and normal form of the model
-    train.init_from names (`charlm.training.parent.parent_config`; `given`, `data_given`: the
-    model and data keys the user set), and that model, loaded once as `charlm sample` loads
-    one (`charlm.api.load`), for its weights."""
+    """A fine-tune's config (`cfg` with the architecture, units and normal form of the model
+    train.init_from names, but for the model and data keys the user set) and that model."""
     from charlm.api import load  # imports torch: only for a fine-tune
     from charlm.data.chunks import sha256_file
     from charlm.export import WEIGHTS
@@ -117,9 +115,8 @@ def fine_tune_config(cfg: RunConfig, given: set[str],
 
 def sized_keys(config: str | Path | typing.Sequence[str | Path] | None,
                overrides: typing.Sequence[Override], cfg: RunConfig) -> frozenset[str] | None:
-    """The keys the user set (`--set`), when `charlm train` sizes the GPT to the time budget:
-    a fresh run of the built-in defaults (no YAML config) with train.max_time and no
-    --init-from; None when the config's model stands (`charlm.training.sizing`)."""
+    """The keys the user set, when `charlm train` sizes the GPT to the time budget (a fresh run
+    of the built-in defaults with train.max_time and no --init-from); else None."""
     if (config_file(config)[0] is not None or cfg.train.max_time is None
             or cfg.train.init_from is not None):
         return None
@@ -150,13 +147,9 @@ def train_config(
     device: str | None = None,
     budget: str | None = None, init_from: str | None = None, resume: bool = False,
 ) -> tuple[RunConfig, Parent | None]:
-    """The config `charlm train CONFIG_OR_TEXT... --data --out --device --time --set` runs. A
-    YAML config may come first; the other arguments are the data (data.path: one input, or a
-    list), as --data is; a config that names no run dir (the defaults, or a YAML file without
-    train.out_dir) trains into runs/<data's name> (`schema.default_run_dir`).
-    A resumed run's config is the checkpoint's (`charlm.training.run_dir.resume_config`). A
-    fresh run with train.init_from (`--init-from`) takes its architecture from that model,
-    which comes back beside the config (`fine_tune_config`); None for any other run."""
+    """The config `charlm train CONFIG_OR_TEXT... --data --out --device --time --set` runs (a
+    resume's: the checkpoint's), and the model a fine-tune starts from (else None). A YAML
+    config may come first; the other arguments are the data, as --data is."""
     overrides = list(overrides)
     config, args = config_file(config)
     data = [data] if isinstance(data, str) else list(data or [])
@@ -167,20 +160,18 @@ def train_config(
         data, data_given = [str(a) for a in args], str(args[0])
     data = None if not data else data[0] if len(data) == 1 else data
     set_keys = {dotted_key(o) for o in overrides}
-    options = ((data_given, "data.path", data), ("--out", "train.out_dir", out),
-               ("--device", "train.device", device), ("--time", "train.max_time", budget),
-               ("--init-from", "train.init_from", init_from))
-    for given, key, value in options:
-        if value is not None and key in set_keys:
+    options = [(given, key, value) for given, key, value in (
+        (data_given, "data.path", data), ("--out", "train.out_dir", out),
+        ("--device", "train.device", device), ("--time", "train.max_time", budget),
+        ("--init-from", "train.init_from", init_from)) if value is not None]
+    for given, key, _ in options:
+        if key in set_keys:
             raise CharlmError(f"{given} and --set {key} set the same key; give one of them")
     if device is not None:
         from charlm.runtime.device import resolve_device  # imports torch: only when asked for
 
         resolve_device(device, "device")  # a missing device is an error naming --device
-    overrides += [(key, value) for key, value in
-                  (("data.path", data), ("train.out_dir", out), ("train.device", device),
-                   ("train.max_time", budget), ("train.init_from", init_from))
-                  if value is not None]
+    overrides += [(key, value) for _, key, value in options]
     if resume:
         from charlm.training.run_dir import resume_config  # imports torch: only for a resume
 
