@@ -92,11 +92,9 @@ def run_dataset(lm: Any, target: Path, split: str) -> Any:
     """The dataset a run trained on, holding `split`: its data.path if that is a dataset dir,
     else the run dir's cache."""
     from charlm.data.dataset_dir import is_dataset_dir, load_dataset
+    from charlm.data.datasets import prepared_dir
 
-    inputs = [Path(p) for p in lm.config.data.inputs]
-    if len(inputs) == 1 and is_dataset_dir(inputs[0]):
-        where = inputs[0]
-    else:
+    if (where := prepared_dir(lm.config.data)) is None:
         run = target if target.is_dir() else target.parent
         where = (run.parent if run.name == "checkpoints" else run) / "dataset"
         if not is_dataset_dir(where):
@@ -130,14 +128,14 @@ def eval_pairs_file(lm: Any, path: Path, unknown: str, json_out: bool,
         grouped.setdefault(s, []).append(t)
     opts = SampleConfig(temperature=0, beams=beams, unknown=unknown)
     result = score_pairs(lm.model, lm.vocab, list(grouped.items()), opts)
+    rate = rate_name(lm.vocab)
     if result["references_not_scored"]:
         warn(f"{result['references_not_scored']:,} references hold target units "
-             "outside the model's vocabulary: they count for exact match and "
-             f"{rate_name(lm.vocab)} (never matched), not for the loss")
+             f"outside the model's vocabulary: they count for exact match and {rate} (never "
+             "matched), not for the loss")
     if json_out:
         print(json.dumps(result, allow_nan=False))
         return
-    rate = rate_name(lm.vocab)
     loss = ("no loss (no reference in the vocabulary)" if result["loss"] is None else
             f"loss {result['loss']:.4f} nats/unit, {result['bits_per_unit']:.4f} bits/unit")
     print(f"exact match {result['exact_match']:.2%}, WER {result['wer']:.2%}, {rate} "

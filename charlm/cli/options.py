@@ -59,7 +59,7 @@ def sample_option(name: str) -> typer.models.OptionInfo:
     flag = meta["flag"]
     off = (flag or "").startswith("--no-")
     return typer.Option(*([flag] if flag else []), help=meta["help"],
-                        callback=turn_off if off else None)
+                        callback=(lambda value: not value) if off else None)
 
 
 def flag(setting: str) -> str:
@@ -79,7 +79,3 @@ def sample_options(values: dict[str, object]) -> SampleConfig:
         return default if values[name] is None and isinstance(default, tuple) else values[name]
 
     return SampleConfig(**{name: given(name) for name in SAMPLE_FIELDS})
-
-
-def turn_off(value: bool) -> bool:
-    return not value

@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from charlm.cli.options import SetOpt, command_app
-from charlm.config.data import DataConfig
+from charlm.config.data import DataConfig, text_options
+from charlm.config.loading import load_config
 from charlm.core.errors import CharlmError
 from charlm.core.files import locked_parent
 
@@ -80,7 +81,6 @@ def prepare(
         raise CharlmError(f"--{text[0][0][5:].replace('_', '-')} is for text; pairs take "
                           "--set data.KEY=VALUE")
     if pairs:
-        from charlm.config.loading import load_config
         from charlm.data.pairs import prepare_pairs
 
         cfg = load_config(None, [("data.format", "pairs"), ("data.val_fraction", val_fraction),
@@ -92,8 +92,6 @@ def prepare(
         return
     if set_:
         raise CharlmError("--set applies to --pairs only; text takes --val-fraction")
-    from charlm.config.data import text_options
-    from charlm.config.loading import load_config
     from charlm.data.prepare import count_reasons
     from charlm.data.prepare import prepare as prepare_dataset
 
