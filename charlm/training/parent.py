@@ -1,12 +1,7 @@
-"""Fine-tuning (`train.init_from`): the `Parent` a new run starts from (its weights, vocabulary
-and config, the file they came from and that file's sha256), the new run's config with the
-parent's architecture, units and normal form (`parent_config`), the vocabulary its data is
-numbered in (`base_vocab`), and its first weights (`init_from_parent`): every old row where it
-was, the rows of characters the parent lacks the mean of the old ones.
-
-Only the weights come from the parent: the optimizer, the step and the schedule start afresh.
-Loading the parent is `charlm.api.load`'s (a run dir, a checkpoint or an export), done by the
-command; a resume of a fine-tuned run loads its own last.pt and never the parent again.
+"""Fine-tuning (`train.init_from`): the `Parent` a new run starts from, the new run's config with
+the parent's architecture (`parent_config`), the vocabulary its data is numbered in
+(`base_vocab`), and its first weights (`init_from_parent`). Only the weights come from the
+parent; a resume of a fine-tuned run never reads the parent again (docs/design.md, "Fine-tuning").
 """
 
 from __future__ import annotations
@@ -46,10 +41,9 @@ class Parent:
 def parent_config(cfg: RunConfig, given: Collection[str], parent: Parent,
                   data_given: Collection[str] = ()) -> RunConfig:
     """`cfg` with the parent's architecture, its units and normal form (`parent_text`) and the
-    parent named in train.init_from and train.init_from_sha256. `given`: the model keys the
-    user set (config file, --set), `data_given` the data keys; one that differs from the
-    parent's is an error, unless it changes no shape (`FREE_KEYS`), as is a parent that is
-    one of the files of the run dir (--overwrite would delete the weights it starts from)."""
+    parent named in train.init_from and train.init_from_sha256. `given`, `data_given`: the model
+    and data keys the user set; one that differs from the parent's is an error, but for
+    `FREE_KEYS`, as is a parent among the files of the run dir (--overwrite would delete it)."""
     _check_outside(parent.weights, Path(cfg.train.out_dir))
     theirs = dataclasses.asdict(parent.cfg.model)
     for key in sorted(given):
@@ -86,8 +80,7 @@ def _check_outside(weights: Path, run_dir: Path) -> None:
 
 
 def parent_text(parent: Parent) -> dict[str, str | None]:
-    """The data keys a GPT's fine-tune inherits, as its vocabulary records them: its units
-    (a byte model's data is bytes) and its normal form; none for an encoder-decoder."""
+    """The data keys a GPT's fine-tune inherits from its vocabulary (none for pairs)."""
     if not isinstance(parent.vocab, Vocab):
         return {}
     return {"units": parent.vocab.units, "unicode_normalize": parent.vocab.normalize}
@@ -103,9 +96,7 @@ def _conflict(key: str, value: object, theirs: object, parent: Parent, kept: str
 def base_vocab(cfg: RunConfig, ckpt: dict[str, Any] | None,
                parent: Parent | None) -> Vocab | PairVocab | None:
     """The vocabulary whose ids the run's data keeps: a fresh fine-tune's parent's, a resumed
-    fine-tune's own (`ckpt`'s, whose config names its parent: the parent's characters and those
-    added); None for a run trained from scratch, whose data numbers its characters in code
-    point order."""
+    fine-tune's own (`ckpt`'s); None for a run trained from scratch."""
     if ckpt is not None:  # read with care: the restore says what is damaged
         saved = ckpt.get("config")
         train = saved.get("train") if isinstance(saved, dict) else None
@@ -122,9 +113,8 @@ def base_vocab(cfg: RunConfig, ckpt: dict[str, Any] | None,
 
 
 def grow_rows(old: torch.Tensor, units: int, new_units: int) -> torch.Tensor:
-    """The rows of `old` (`units` unit rows, then special rows) for `new_units` units: the old
-    unit rows first, as they were, then the new units' rows, each the mean of the old unit
-    rows, then the special rows."""
+    """The rows of `old` (`units` unit rows, then special rows) for `new_units` units: the
+    new units' rows, each the mean of the old unit rows, go before the special rows."""
     mean = old[:units].mean(0, keepdim=True)
     return torch.cat([old[:units], mean.expand(new_units - units, *old.shape[1:]), old[units:]])
 
@@ -151,10 +141,8 @@ def _extends(old: Vocab | PairVocab, new: Vocab | PairVocab) -> bool:
 
 
 def init_from_parent(model: torch.nn.Module, parent: Parent, vocab: Vocab | PairVocab) -> None:
-    """Load the parent's weights into `model`, a new model of the parent's architecture for
-    `vocab`, the parent's vocabulary extended by the data's new characters: every old
-    character keeps its id and its rows (embedding, and an untied head), the new ones get rows
-    equal to the mean of the old characters' rows."""
+    """Load the parent's weights into `model`, a new model of its architecture for `vocab`,
+    the parent's extended by the data's new characters (`grow_rows`)."""
     if not _extends(parent.vocab, vocab):
         raise CharlmError(f"the data's vocabulary does not keep the ids of {parent.source}'s; "
                           "give the text itself as the data, not a dataset prepared without "

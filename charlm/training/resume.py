@@ -1,7 +1,5 @@
-"""What a resume takes from the run dir besides its checkpoint, and when it has nothing to do:
-the user's edits of RUN/config.yaml (`with_edits`, which `run_dir.resume_config` applies) and
-the refusal of a resume that would stop at once (`require_steps_left`), and of one that would
-change the budget of a run that ended at its time budget (`require_same_budget`)."""
+"""What a resume takes from the run dir besides its checkpoint (the user's edits of
+RUN/config.yaml), and the resumes refused before the run is built."""
 
 from __future__ import annotations
 
@@ -20,9 +18,8 @@ from charlm.training import checkpoint
 
 def with_edits(run_dir: Path, saved: dict[str, Any], ckpt_path: Path) -> dict[str, Any]:
     """The checkpoint's config `saved` with the keys the user changed in RUN/config.yaml since
-    it was written (said on stderr): an edit there counts as --set would, so the architecture
-    stays locked, and --set wins over it. The run dir is where config.yaml is, whatever
-    train.out_dir it names."""
+    it was written (said on stderr): an edit counts as --set would, so the architecture stays
+    locked. train.out_dir is not read from it: the run dir is where it is."""
     raw = copy.deepcopy(saved)
     path = run_dir / "config.yaml"
     if not path.is_file():  # removed, or not a regular file: the checkpoint's config is the run's
@@ -46,9 +43,8 @@ def with_edits(run_dir: Path, saved: dict[str, Any], ckpt_path: Path) -> dict[st
 
 
 def require_steps_left(cfg: RunConfig, ckpt: dict[str, Any], path: Path) -> None:
-    """Refuse, before the run is built, a resume that would stop at once: the checkpoint
-    (read from `path`) is at or past max_iters, or its time budget ended it (at the step
-    `budget_steps` records), and the eval of its step is not still due."""
+    """Refuse a resume that would stop at once: the checkpoint (read from `path`) is at or past
+    max_iters, or its time budget ended it, and the eval of its step is not still due."""
     try:
         checkpoint.check_train_state(ckpt)
     except ValueError as e:
@@ -72,9 +68,8 @@ def require_same_budget(max_time: float | None, max_iters: int | None,
                         saved_time: float | None, saved_iters: int | None,
                         budget_steps: int | None) -> None:
     """A run its time budget ended (at step `budget_steps`) has decayed its learning rate to
-    the end: refuse a train.max_time other than the one that ended it (`saved_time`), or a
-    train.max_iters the user set (other than the saved config's `saved_iters`; None: none
-    set), either of which would not apply."""
+    the end: refuse a train.max_time other than `saved_time`, or a train.max_iters the user set
+    (`max_iters`, None: none) other than `saved_iters`: neither would apply."""
     if budget_steps is None or max_time is None or saved_time is None:
         return  # not ended by its budget, or the budget is dropped (max_iters rules)
     if max_time != saved_time:
@@ -91,9 +86,8 @@ def require_same_budget(max_time: float | None, max_iters: int | None,
 
 
 def require_same_average(cfg: RunConfig, ckpt: dict[str, Any], path: Path) -> None:
-    """Refuse a resume that turns `optim.ema` on or off: the checkpoint holds an average and
-    the trained weights beside it (saved as "train_model"), or the trained weights alone
-    (`ckpt`, read from `path`)."""
+    """Refuse a resume that turns `optim.ema` on or off (a checkpoint with an average holds the
+    trained weights beside it, as "train_model")."""
     had = "train_model" in ckpt
     if had == (cfg.optim.ema > 0):
         return

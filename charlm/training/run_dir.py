@@ -1,7 +1,5 @@
-"""What belongs to a run dir: its files (`RUN_FILES`), the lock a run holds on it, refusing to
-start over an existing run or among files that are no run's, clearing a run's own files for
---overwrite, removing what a killed run left half-saved, and the config of a resumed run
-(`resume_config`)."""
+"""A run dir: its files (`RUN_FILES`), the lock a run holds on it, the checks before a run starts
+there, what --overwrite clears, and the config a resume reads from it (`resume_config`)."""
 
 from __future__ import annotations
 
@@ -32,13 +30,9 @@ KEPT = ("dataset", "trial.yaml", "train.log")
 
 def resume_config(run_dir: Path, config_path: str | Path | None,
                   overrides: Sequence[Override]) -> RunConfig:
-    """The config of a resumed run: the checkpoint's, with the user's edits of RUN/config.yaml
-    (`resume.with_edits`), or CONFIG's, then the overrides.
-
-    The architecture comes from the checkpoint: an override, edit or CONFIG that changes it is
-    an error, as is one that changes `optim.name` or the budget of a run its time budget ended
-    (`require_same_budget`).
-    """
+    """The config of a resumed run: the checkpoint's with the user's edits of RUN/config.yaml
+    (`with_edits`), or CONFIG's, then the overrides. One that changes the architecture,
+    `optim.name` or the budget of a run its time budget ended is an error."""
     ckpt_path = run_dir / "last.pt"
     if ckpt_path.is_dir():  # not "no checkpoint": a fresh start would send the user back here
         raise CharlmError(f"--resume: {ckpt_path} is a directory, not a checkpoint; move it out "
@@ -88,9 +82,8 @@ def resume_config(run_dir: Path, config_path: str | Path | None,
 
 
 def holds_run(run_dir: Path) -> bool:
-    """Whether `run_dir` holds a run: a charlm checkpoint, or the complete run config a run
-    writes first (a run stopped before its first checkpoint). Other files of these names do not
-    make a run: they are not charlm's to replace."""
+    """Whether `run_dir` holds a run: a charlm checkpoint, or the complete config a run writes
+    first. Other files of these names are not charlm's to replace."""
     return any(_is_own(run_dir / name) for name in ("last.pt", "best.pt", "config.yaml"))
 
 
@@ -112,8 +105,7 @@ def _is_own(path: Path) -> bool:
 
 
 def _written_by_run(config: Path) -> bool:
-    """A config.yaml as a run writes it: a run config with every key (the resolved config); a
-    user's own config names only what it changes, so it makes no run."""
+    """A config.yaml with every key, as a run writes it (a user's names only what it changes)."""
     try:
         raw, full = read_yaml_file(config), load_config(config).to_dict()
     except (CharlmError, OSError):
@@ -124,8 +116,8 @@ def _written_by_run(config: Path) -> bool:
 
 def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
     """Refuse to start a fresh run over an existing one unless told to, or in a non-empty
-    directory that holds no run (a run among unrelated files would make their names charlm's);
-    make sure the run dir is writable. Removes nothing (see `clear_run`)."""
+    directory that holds no run (its files' names would become charlm's); make sure the run dir
+    is writable. Removes nothing (see `clear_run`)."""
     if run_dir.exists() and not run_dir.is_dir():
         raise CharlmError(f"train.out_dir {run_dir} is a file; choose a directory")
     if run_dir.is_dir() and not resume:
@@ -162,10 +154,8 @@ def _check_run_files(run_dir: Path, overwrite: bool) -> None:
 
 
 def clear_run(run_dir: Path) -> None:
-    """--overwrite: remove the previous run's files, only those charlm wrote (of tb/, its event
-    files: a user's notes there stay; of checkpoints/, its step checkpoints); the dataset cache
-    and anything else stays. config.yaml goes last, so a run stopped in between is still known
-    as a run."""
+    """--overwrite: remove the previous run's files, only those charlm wrote (see `RUN_FILES`).
+    config.yaml goes last, so a run stopped in between is still known as a run."""
     steps.clear(run_dir)
     for event in (run_dir / "tb").glob(TB_EVENTS):
         event.unlink(missing_ok=True)
@@ -187,10 +177,8 @@ def start_run(run_dir: Path, cfg: RunConfig) -> None:
 @contextlib.contextmanager
 def run_lock(run_dir: Path, enabled: bool = True) -> Iterator[None]:
     """Hold the lock on the run dir (`locked_dir`) for the whole run, so a second `charlm train`
-    into it (a fresh start or a --resume), or a `charlm prepare` into a folder inside it, is
-    refused instead of interleaving its files with this one's. An empty run dir made here (a
-    run that failed before writing anything, such as `charlm train` on a mistyped file name)
-    is removed again."""
+    or a `charlm prepare` into it is refused instead of interleaving its files with this one's.
+    An empty run dir made here (a run that failed before writing anything) is removed again."""
     if not enabled:
         yield
         return
