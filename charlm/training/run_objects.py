@@ -1,10 +1,6 @@
-"""A training run's objects: `TrainState`, the `Run` that `build_run` makes once (data, sampler,
-model and its compiled / DDP wrappers, optimizer, scaler, state), and its files (`RunFiles`),
-opened once the run has started.
-
-Fresh and resumed runs build the same objects; a resume then loads the map of stateful objects
-(`Run.stateful`) from `last.pt`, the map every checkpoint saves. The loop is
-`charlm.training.loop`'s. """
+"""A training run's objects: `TrainState`, the `Run` that `build_run` makes once, the same for a
+fresh and a resumed run (a resume then loads `Run.stateful` from `last.pt`), and its files
+(`RunFiles`), opened once the run has started."""
 
 from __future__ import annotations
 
@@ -54,14 +50,11 @@ class TrainState:
     bad: BadSteps = field(default_factory=BadSteps, repr=False, compare=False)
 
     @property
-    def skipped_steps(self) -> int:
-        """Steps whose update was skipped for a non-finite loss or grad norm (waits for the
-        device)."""
+    def skipped_steps(self) -> int:  # waits for the device, as does bad_streak
         return int(self.bad.total)
 
     @property
-    def bad_streak(self) -> int:
-        """Of those, how many in a row ended at `step` (max_bad_steps stops a run)."""
+    def bad_streak(self) -> int:  # skipped steps in a row, up to `step`
         return int(self.bad.streak)
 
     def state_dict(self) -> dict[str, Any]:
@@ -90,9 +83,8 @@ def require_model_memory(task: Task, device: torch.device) -> None:
 
 
 def require_batch_memory(task: Task, device: torch.device, dtype: torch.dtype, rows: int) -> None:
-    """Refuse a micro-batch of `rows` whose activations (kept for the backward), with the
-    model's training state, exceed the device's memory, before the first step allocates them.
-    An eval forward of the same rows keeps no activations: this covers it too."""
+    """Refuse a micro-batch of `rows` whose activations, with the model's training state,
+    exceed the device's memory (an eval forward of the same rows needs less)."""
     m = task.cfg.model
     vocab = task.vocab.target_size if m.arch == "encoder_decoder" else len(task.vocab)
     need = footprint.training_bytes(m, vocab, rows, dtype, device) + 16 * task.parameter_count()
@@ -124,8 +116,7 @@ class Run:
 
     @property
     def weights(self) -> torch.nn.Module:
-        """The model the run shows (evals, samples, a checkpoint's "model"): the average of
-        `optim.ema`, else the trained one."""
+        """The model the run shows (evals, samples, a checkpoint's "model")."""
         return self.model if self.average is None else self.average.module
 
     @property
@@ -133,8 +124,7 @@ class Run:
         return Path(self.cfg.train.out_dir)
 
     def stateful(self) -> dict[str, Stateful]:
-        """Everything a checkpoint saves and a resume loads, under its name in the file; with
-        `optim.ema` "model" is the average, and the trained weights are "train_model"."""
+        """Everything a checkpoint saves and a resume loads, under its name in the file."""
         averaged: dict[str, Stateful] = {} if self.average is None else {
             "train_model": self.model, "average": self.average}
         return {"model": self.weights, **averaged, "optimizer": OptimizerState(self.optimizer),
@@ -144,11 +134,9 @@ class Run:
 
 @dataclass
 class RunFiles:
-    """A run's config.yaml and log (metrics.jsonl, tb/), opened by the first `open`: a resume's
-    at once, a fresh run's once its first step has run. A run that cannot start (a batch too big
-    for memory, bad data, an error or Ctrl-C before that step) so writes nothing, and
-    `--overwrite` removes the previous run's files only then. Rank 0 writes; the other ranks'
-    log is disabled."""
+    """A run's config.yaml and log, opened by the first `open`: a resume's at once, a fresh
+    run's once its first step has run, so a run that cannot start writes nothing (and
+    `--overwrite` removes nothing)."""
 
     run: Run
     overwrite: bool  # a fresh run over a previous one: clear it when opening
@@ -159,8 +147,7 @@ class RunFiles:
     log: MetricsLogger | None = None
 
     def open(self) -> MetricsLogger:
-        """The run's log, its files opened at the first call (on every rank at the same step:
-        rank 0 tells the others whether its writes went through)."""
+        """The run's log, its files opened at the first call (on every rank at the same step)."""
         if self.log is not None:
             return self.log
         run, dist = self.run, self.run.dist
@@ -181,7 +168,7 @@ class RunFiles:
 
 
 def require_same_vocab(ckpt: dict[str, Any] | None, data_path: str, vocab: Any) -> None:
-    """`vocab`: the data's vocabulary as a checkpoint stores it."""
+    """`vocab`: as a checkpoint stores it."""
     if ckpt is not None and ckpt.get("vocab") != vocab:
         raise CharlmError(
             f"--resume: the vocabulary of {data_path} differs from the run's checkpoint; "
@@ -198,8 +185,11 @@ def warn_about_config(cfg: RunConfig, task: Task, dist: Dist) -> None:
         warn(f"data.val_fraction={cfg.data.val_fraction} does not apply to the "
              f"prepared dataset {cfg.data.shown}, whose split was made with --val-fraction "
              f"{prepared_with}; run `charlm prepare` again to change it")
-    if cfg.train.max_time is None:  # a budget's steps are not known
-        warn_short_warmup(cfg, dist)
+    if (cfg.train.max_time is None  # a budget's steps are not known
+            and cfg.optim.warmup_iters >= cfg.train.max_iters and dist.is_main):
+        warn(f"optim.warmup_iters={cfg.optim.warmup_iters} is not below "
+             f"train.max_iters={cfg.train.max_iters}: the learning rate never reaches "
+             f"optim.lr={cfg.optim.lr:g}; lower optim.warmup_iters to train at full rate")
 
 
 def source_hashes(meta: dict[str, Any]) -> list[Any] | None:
@@ -213,9 +203,8 @@ def source_hashes(meta: dict[str, Any]) -> list[Any] | None:
 def warn_about_split(ckpt: dict[str, Any] | None, cfg: RunConfig, task: Task,
                      before: dict[str, Any] | None, dist: Dist) -> None:
     """Warn (rank 0) when a resumed run's validation split may not be the one its best val loss
-    was measured on: a split fraction differs from the checkpoint's config, or the text from the
-    one the run's dataset cache (`before`: its meta.json before this resume) was made from. The
-    best val loss and best.pt stay: only an eval whose val loss is below it replaces them."""
+    was measured on: a split fraction differs from the checkpoint's, or the text from the one
+    the run's dataset cache was made from (`before`: its meta.json before this resume)."""
     # read with care: the checkpoint is checked only when it is restored, after this
     state, config = (ckpt.get("train_state"), ckpt.get("config")) if ckpt else (None, None)
     best = state.get("best_val") if isinstance(state, dict) else None
@@ -239,21 +228,11 @@ def warn_about_split(ckpt: dict[str, Any] | None, cfg: RunConfig, task: Task,
              "below it")
 
 
-def warn_short_warmup(cfg: RunConfig, dist: Dist) -> None:
-    """Warn when warmup lasts the whole run (train.max_iters)."""
-    if cfg.optim.warmup_iters >= cfg.train.max_iters and dist.is_main:  # a short trial run
-        warn(f"optim.warmup_iters={cfg.optim.warmup_iters} is not below "
-             f"train.max_iters={cfg.train.max_iters}: the learning rate never reaches "
-             f"optim.lr={cfg.optim.lr:g}; lower optim.warmup_iters to train at full rate")
-
-
 def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dtype,
               ckpt: dict[str, Any] | None, parent: Parent | None = None,
               size: Collection[str] | None = None) -> Run:
-    """Build a run's objects, the same for a fresh and a resumed run (`ckpt`, whose state is
-    loaded afterwards, is only checked against the data's vocabulary); a fresh fine-tune's
-    model starts from its `parent`'s weights; `size`: the keys the user set, when the GPT is
-    to be sized to the budget (`size_model`)."""
+    """Build a run's objects (`ckpt`, whose state is loaded afterwards, is only checked against
+    the data's vocabulary); `parent`, `size`: as for `loop.train`."""
     tc = cfg.train
     same_vocab = functools.partial(require_same_vocab, ckpt, cfg.data.shown)
     cache = Path(tc.out_dir) / "dataset"
