@@ -82,12 +82,11 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
     if tc.max_time is None:  # a budget dropped on resume: max_iters rules
         run.state.budget_steps = None
     # A fresh run writes nothing (and --overwrite removes nothing) until its first step has run.
-    files = RunFiles(run, overwrite, tc.max_iters if tc.max_time is None else None,
-                     run.state.step, progress, intro=profile.line(device))
+    files = RunFiles(run, clock, overwrite, run.state.step, progress, profile.line(device))
     stop = StopSignals(announce=dist.is_main, saved=ckpt is not None)
     try:
         if ckpt is not None:
-            open_files(files, clock, run.cfg)  # a resume's at once
+            files.open()  # a resume's at once
         with stop:
             final = _loop(run, files, stop, clock, Schedule(run.cfg.optim, tc),
                           saved_step=run.state.step if resume else None)
@@ -136,7 +135,7 @@ def _loop(run: Run, files: RunFiles, stop: StopSignals, clock: Clock, schedule: 
         state.tokens += run.sampler.tokens - drawn
         clock.stepped(run.sampler.tokens - drawn)
         state.bad.record(ok, state.step, cfg.train.max_bad_steps)
-        log = open_files(files, clock, cfg)  # a fresh run's, once its first step has run
+        log = files.open()  # a fresh run's, once its first step has run
         log.advance()
         signum, elapsed, step_s, final_s = dist.agree(stop.signum, clock.elapsed(),
                                                       clock.step_s, clock.final_s())
@@ -193,18 +192,6 @@ def record(run: Run, log: MetricsLogger, stop: StopSignals, clock: Clock,
     clock.pause(t_pause, t_write - t_pause if eval_now else None,
                 clock.now() - t_write if save_now else None)
     return losses
-
-
-def open_files(files: RunFiles, clock: Clock, cfg: RunConfig) -> MetricsLogger:
-    """The run's log, its files opened at the first call (not training time, for tokens/s),
-    with a time budget's deadline for the progress bar."""
-    if files.log is None:
-        t_open = clock.now()
-        log = files.open()
-        if cfg.train.max_time is not None:
-            log.set_deadline(clock.start + cfg.train.max_time - clock.before, clock.now)
-        clock.pause(t_open)
-    return files.open()
 
 
 def interrupted(run: Run, signum: int) -> Interrupted:

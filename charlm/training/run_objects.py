@@ -32,6 +32,7 @@ from charlm.training.metrics import MetricsLogger
 from charlm.training.optimizer import Optimizer, make_optimizer
 from charlm.training.parent import Parent, base_vocab, init_from_parent
 from charlm.training.run_dir import clear_run, start_run
+from charlm.training.schedule import Clock
 from charlm.training.sizing import size_model
 from charlm.training.tasks import PairsTask, Task, task_for
 
@@ -73,21 +74,17 @@ class TrainState:
         self.bad.load_state_dict(state)
 
 
-def require_model_memory(task: Task, device: torch.device) -> None:
-    """Refuse a model whose float32 weights, gradients and two AdamW moments (16 bytes a
-    parameter, before any activation) alone exceed the device's memory: it could never train."""
+def require_batch_memory(task: Task, device: torch.device, dtype: torch.dtype, rows: int) -> None:
+    """Refuse a model whose float32 weights, gradients and AdamW moments (16 bytes a parameter)
+    alone exceed the device's memory, then a micro-batch of `rows` whose activations do with
+    them (an eval forward of the same rows needs less)."""
     params = task.parameter_count()
     require_memory(16 * params, device,
                    f"the model has {params:,} parameters, whose weights, gradients and AdamW "
                    "state need {gib}", "make model.n_layer or model.n_embd smaller")
-
-
-def require_batch_memory(task: Task, device: torch.device, dtype: torch.dtype, rows: int) -> None:
-    """Refuse a micro-batch of `rows` whose activations, with the model's training state,
-    exceed the device's memory (an eval forward of the same rows needs less)."""
     m = task.cfg.model
     vocab = task.vocab.target_size if m.arch == "encoder_decoder" else len(task.vocab)
-    need = footprint.training_bytes(m, vocab, rows, dtype, device) + 16 * task.parameter_count()
+    need = footprint.training_bytes(m, vocab, rows, dtype, device) + 16 * params
     require_memory(need, device,
                    f"a batch of {rows:,} x {m.block_size} needs about {{gib}} for its "
                    "activations in training (with the model's weights, gradients and AdamW "
@@ -139,27 +136,32 @@ class RunFiles:
     `--overwrite` removes nothing)."""
 
     run: Run
+    clock: Clock
     overwrite: bool  # a fresh run over a previous one: clear it when opening
-    total_steps: int | None  # for the progress bar (None: a time budget's, not known)
     start_step: int  # the step the run starts from (0, or the resumed checkpoint's)
     progress: bool | None = None
     intro: str | None = None  # said once the log opens: what the run computes with
     log: MetricsLogger | None = None
 
     def open(self) -> MetricsLogger:
-        """The run's log, its files opened at the first call (on every rank at the same step)."""
+        """The run's log, its files opened at the first call (on every rank at the same step;
+        not training time, for tokens/s), with a time budget's deadline for the progress bar."""
         if self.log is not None:
             return self.log
-        run, dist = self.run, self.run.dist
+        run, dist, clock, tc = self.run, self.run.dist, self.clock, self.run.cfg.train
+        t_open = clock.now()
         with dist.main_first():
             if dist.is_main:
                 if self.overwrite:
                     clear_run(run.run_dir)
                 start_run(run.run_dir, run.cfg)
-            self.log = MetricsLogger(run.run_dir, self.total_steps, self.start_step,
-                                     self.progress, enabled=dist.is_main)
+            self.log = MetricsLogger(run.run_dir, tc.max_iters if tc.max_time is None else None,
+                                     self.start_step, self.progress, enabled=dist.is_main)
         if self.intro is not None:
             self.log.message(self.intro)
+        if tc.max_time is not None:
+            self.log.set_deadline(clock.start + tc.max_time - clock.before, clock.now)
+        clock.pause(t_open)
         return self.log
 
     def close(self) -> None:
@@ -239,8 +241,8 @@ def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dty
     before = dataset_meta(cache) if ckpt is not None and dist.is_main else None
     if ckpt is not None and missing_inputs(cfg.data.inputs) and (cache / "meta.json").is_file():
         raise CharlmError(f"--resume: input file not found: {missing_inputs(cfg.data.inputs)[0]} "
-                          "(data.path), but the "
-                          f"run's prepared copy is in {cache}; resume with --data {cache}")
+                          f"(data.path), but the run's prepared copy is in {cache}; resume with "
+                          f"--data {cache}")
     with dist.main_first():  # rank 0 prepares the dataset cache; the others then reuse it
         task = task_for(cfg, cache, same_vocab, base_vocab(cfg, ckpt, parent))
     if size is not None:
@@ -251,7 +253,6 @@ def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dty
     warn_about_config(cfg, task, dist)
     warn_about_split(ckpt, cfg, task, before, dist)
     sampler = task.sampler("train", tc.seed, device, rows=dist.rows(tc.batch_size))
-    require_model_memory(task, device)
     require_batch_memory(task, device, dtype, len(range(sampler.batch_size)[sampler.rows]))
     model = task.new_model().to(device)
     if parent is not None and ckpt is None:
