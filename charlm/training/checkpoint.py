@@ -206,6 +206,14 @@ def check_config(state: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+def saved_section(state: dict[str, Any], name: str) -> dict[str, Any]:
+    """Section `name` of the checkpoint's config; {} where it or the config is not a mapping
+    (read before the restore, which reports what is damaged)."""
+    cfg = state.get("config")
+    section = cfg.get(name) if isinstance(cfg, dict) else None
+    return section if isinstance(section, dict) else {}
+
+
 def check_train_state(state: dict[str, Any]) -> None:
     """Raise ValueError unless the checkpoint's train state has the numbers charlm reads."""
     ts = state.get("train_state")

@@ -16,6 +16,7 @@ from charlm.core.durations import format_duration
 from charlm.core.files import run_write_error, write_text_atomic
 from charlm.evaluation.scoring import finite_or_none
 
+TB_EVENTS = "events.out.tfevents.*"  # TensorBoard's event files in tb/
 PROGRESS_S = 30.0  # without a progress bar, a line at a log step this long after the last line
 
 # metrics.jsonl key -> TensorBoard tag, per event kind.
@@ -62,7 +63,7 @@ def wait_to_sort_last(tb_dir: Path) -> None:
     events read before it. A name starts with its creation second, then the pid as text, so a
     file of the same second may sort either way. A stamp more than a second ahead is a clock
     set back: no wait."""
-    stamps = [int(part) for p in tb_dir.glob("events.out.tfevents.*")
+    stamps = [int(part) for p in tb_dir.glob(TB_EVENTS)
               if (part := p.name.split(".")[3]).isdigit()]
     wait = max(stamps, default=0) + 1 - time.time()
     if 0 < wait <= 2:

@@ -18,6 +18,7 @@ from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
 from charlm.data.pair_vocab import PairVocab
 from charlm.data.vocab import Vocab
+from charlm.training.checkpoint import saved_section
 from charlm.training.run_dir import RUN_FILES
 from charlm.training.tasks import vocab_from_state
 
@@ -98,9 +99,7 @@ def base_vocab(cfg: RunConfig, ckpt: dict[str, Any] | None,
     """The vocabulary whose ids the run's data keeps: a fresh fine-tune's parent's, a resumed
     fine-tune's own (`ckpt`'s); None for a run trained from scratch."""
     if ckpt is not None:  # read with care: the restore says what is damaged
-        saved = ckpt.get("config")
-        train = saved.get("train") if isinstance(saved, dict) else None
-        if not isinstance(train, dict) or train.get("init_from") is None:
+        if saved_section(ckpt, "train").get("init_from") is None:
             return None  # (a resume with a CONFIG may not name the parent: the run's own does)
         try:
             return vocab_from_state(ckpt["vocab"])

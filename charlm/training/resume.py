@@ -91,9 +91,7 @@ def require_same_average(cfg: RunConfig, ckpt: dict[str, Any], path: Path) -> No
     had = "train_model" in ckpt
     if had == (cfg.optim.ema > 0):
         return
-    config = ckpt.get("config")
-    optim = config.get("optim") if isinstance(config, dict) else None
-    saved = optim.get("ema") if isinstance(optim, dict) and had else 0.0
+    saved = checkpoint.saved_section(ckpt, "optim").get("ema") if had else 0.0
     if not isinstance(saved, (int, float)) or isinstance(saved, bool):
         raise checkpoint.damaged(path, "optim.ema of its config is not a number")
     raise CharlmError(

@@ -17,12 +17,12 @@ from charlm.config.yaml_files import read_yaml_file
 from charlm.core.errors import CharlmError
 from charlm.core.files import locked_dir, make_writable_dir, remove_temps, some, strangers
 from charlm.training import checkpoint, steps
+from charlm.training.metrics import TB_EVENTS
 from charlm.training.resume import require_same_budget, with_edits
 
 # What a run writes, and all that --overwrite removes (of tb/, only TensorBoard's event files;
 # of checkpoints/, only its step-NNNNNN.pt files, see `steps`).
 RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "tb", "config.yaml", steps.STEPS_DIR)
-TB_EVENTS = "events.out.tfevents.*"
 # Made before a run's first step, and kept by --overwrite: the dataset cache of `charlm train
 # TEXT` (reused while its text is unchanged), and the config and log of a `charlm tune` trial.
 KEPT = ("dataset", "trial.yaml", "train.log")
@@ -49,8 +49,7 @@ def resume_config(run_dir: Path, config_path: str | Path | None,
     else:
         raw = apply_overrides(with_edits(run_dir, saved, ckpt_path), overrides)
         cfg = RunConfig.from_dict(raw, f"{ckpt_path} config")
-    ts, saved_train = ckpt.get("train_state"), saved.get("train")
-    saved_train = saved_train if isinstance(saved_train, dict) else {}
+    ts, saved_train = ckpt.get("train_state"), checkpoint.saved_section(ckpt, "train")
     require_same_budget(  # malformed parts are the restore's to report
         cfg.train.max_time,
         # without CONFIG, a max_iters other than the checkpoint's is the user's (--set, edit)
@@ -72,19 +71,13 @@ def resume_config(run_dir: Path, config_path: str | Path | None,
                 f"{ckpt_path}; the architecture of a run cannot change (drop the override, or "
                 "start a new run with another --out)"
             )
-    optim = saved.get("optim") if isinstance(saved.get("optim"), dict) else {}
-    name = optim.get("name", OptimConfig.name)  # a checkpoint from before optim.name: AdamW's
+    # a checkpoint from before optim.name: AdamW's
+    name = checkpoint.saved_section(ckpt, "optim").get("name", OptimConfig.name)
     if cfg.optim.name != name:  # the optimizer's state holds one optimizer's moments
         raise CharlmError(f"--resume: optim.name={cfg.optim.name!r} conflicts with the "
                           f"checkpoint's {name!r} in {ckpt_path}; a run keeps its optimizer "
                           "(drop the override, or start a new run with another --out)")
     return cfg
-
-
-def holds_run(run_dir: Path) -> bool:
-    """Whether `run_dir` holds a run: a charlm checkpoint, or the complete config a run writes
-    first. Other files of these names are not charlm's to replace."""
-    return any(_is_own(run_dir / name) for name in ("last.pt", "best.pt", "config.yaml"))
 
 
 def _is_own(path: Path) -> bool:
@@ -121,7 +114,8 @@ def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise CharlmError(f"train.out_dir {run_dir} is a file; choose a directory")
     if run_dir.is_dir() and not resume:
-        if holds_run(run_dir):
+        # a run: a checkpoint, or the complete config a run writes first (not another tool's)
+        if any(_is_own(run_dir / name) for name in ("last.pt", "best.pt", "config.yaml")):
             _check_run_files(run_dir, overwrite)
         else:
             # files of a run's names are not a run's here; its killed saves' temporaries may be

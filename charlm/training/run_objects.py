@@ -24,6 +24,7 @@ from charlm.model import footprint
 from charlm.runtime.device import require_memory
 from charlm.runtime.distributed import Dist
 from charlm.runtime.precision import compile_model, grad_scaler
+from charlm.training import checkpoint
 from charlm.training.average import WeightAverage
 from charlm.training.checkpoint import OptimizerState, RNGState, ScalerState, Stateful
 from charlm.training.evaluation import eval_batches_per_forward
@@ -213,7 +214,7 @@ def warn_about_split(ckpt: dict[str, Any] | None, cfg: RunConfig, task: Task,
     if (not dist.is_main or not isinstance(best, (int, float)) or not math.isfinite(best)
             or not isinstance(config, dict) or prepared_dir(cfg.data) is not None):
         return  # nothing to compare with yet; a prepared dataset dir has its split fixed
-    saved = config.get("data") if isinstance(config.get("data"), dict) else {}
+    saved = checkpoint.saved_section(ckpt, "data")
     keys = ("val_fraction", "test_fraction") if isinstance(task, PairsTask) else ("val_fraction",)
     reasons = [f"data.{key} {saved.get(key, getattr(DataConfig, key))} -> "
                f"{getattr(cfg.data, key)}" for key in keys
