@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
@@ -20,7 +21,6 @@ from charlm.core.files import missing, open_regular, run_write_error, write_atom
 from charlm.data.pair_vocab import PairVocab
 from charlm.data.vocab import Vocab
 from charlm.runtime.device import require_memory
-from charlm.training.optimizer import Optimizer, load_state
 from charlm.training.steps import STEP, find_step
 from charlm.training.tasks import build_model, check_stored_shapes, check_weights, vocab_from_state
 
@@ -51,32 +51,20 @@ class Stateful(Protocol):
     def load_state_dict(self, state: Any) -> None: ...
 
 
-class OptimizerState:
-    """An optimizer as a checkpoint entry, loaded keeping the run's settings (`load_state`)."""
+@dataclass
+class Entry:
+    """A checkpoint entry of two functions, for an object whose own load does not fit: an
+    optimizer (`optimizer.load_state` keeps the run's settings) or a GradScaler (`load_scaler`)."""
 
-    def __init__(self, optimizer: Optimizer):
-        self.optimizer = optimizer
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        load_state(self.optimizer, state)
+    state_dict: Callable[[], Any]
+    load_state_dict: Callable[[Any], None]
 
 
-class ScalerState:
-    """A GradScaler as a checkpoint entry. `{}` was saved without loss scaling (float32, bf16):
-    a float16 resume starts afresh, as torch refuses to load it."""
-
-    def __init__(self, scaler: torch.amp.GradScaler):
-        self.scaler = scaler
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.scaler.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state != {}:
-            self.scaler.load_state_dict(state)
+def load_scaler(scaler: torch.amp.GradScaler, state: dict[str, Any]) -> None:
+    """`{}` was saved without loss scaling (float32, bf16): a float16 resume starts afresh, as
+    torch refuses to load it."""
+    if state != {}:
+        scaler.load_state_dict(state)
 
 
 class RNGState:

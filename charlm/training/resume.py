@@ -64,18 +64,21 @@ def require_steps_left(cfg: RunConfig, ckpt: dict[str, Any], path: Path) -> None
         f"with {how}--set train.max_iters=N (N above {step})")
 
 
-def require_same_budget(max_time: float | None, max_iters: int | None,
-                        saved_time: float | None, saved_iters: int | None,
-                        budget_steps: int | None) -> None:
-    """A run its time budget ended (at step `budget_steps`) has decayed its learning rate to
-    the end: refuse a train.max_time other than `saved_time`, or a train.max_iters the user set
-    (`max_iters`, None: none) other than `saved_iters`: neither would apply."""
+def require_same_budget(cfg: RunConfig, ckpt: dict[str, Any], iters_set: bool) -> None:
+    """A run its time budget ended has decayed its learning rate to the end: refuse another
+    train.max_time, or a train.max_iters the user set (`iters_set`), neither of which would
+    apply. Malformed parts of `ckpt` are the restore's to report."""
+    saved, ts = checkpoint.saved_section(ckpt, "train"), ckpt.get("train_state")
+    max_time, saved_time = cfg.train.max_time, saved.get("max_time")
+    # an older version's planned steps, ahead of the checkpoint's step, are no end
+    budget_steps = (ts.get("budget_steps") if isinstance(ts, dict)
+                    and ts.get("budget_steps") == ts.get("step") else None)
     if budget_steps is None or max_time is None or saved_time is None:
         return  # not ended by its budget, or the budget is dropped (max_iters rules)
     if max_time != saved_time:
         key = f"train.max_time={format_duration(max_time)}"
-    elif max_iters is not None and max_iters != saved_iters:
-        key = f"train.max_iters={max_iters}"
+    elif iters_set and cfg.train.max_iters != saved.get("max_iters"):
+        key = f"train.max_iters={cfg.train.max_iters}"
     else:
         return
     raise CharlmError(

@@ -49,15 +49,9 @@ def resume_config(run_dir: Path, config_path: str | Path | None,
     else:
         raw = apply_overrides(with_edits(run_dir, saved, ckpt_path), overrides)
         cfg = RunConfig.from_dict(raw, f"{ckpt_path} config")
-    ts, saved_train = ckpt.get("train_state"), checkpoint.saved_section(ckpt, "train")
-    require_same_budget(  # malformed parts are the restore's to report
-        cfg.train.max_time,
-        # without CONFIG, a max_iters other than the checkpoint's is the user's (--set, edit)
-        cfg.train.max_iters if config_path is None else None,
-        saved_train.get("max_time"), saved_train.get("max_iters"),
-        # an older version's planned steps, ahead of the checkpoint's step, are no end
-        ts.get("budget_steps") if isinstance(ts, dict) and ts.get("budget_steps") == ts.get(
-            "step") else None)
+    # without CONFIG, a max_iters other than the checkpoint's is the user's (--set, edit)
+    require_same_budget(cfg, ckpt, iters_set=config_path is None)
+    saved_train = checkpoint.saved_section(ckpt, "train")
     if saved_train.get("init_from") is not None:  # a fine-tune's parent is its history
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **{
             key: saved_train.get(key) for key in ("init_from", "init_from_sha256")}))

@@ -4,10 +4,10 @@ fresh and a resumed run (a resume then loads `Run.stateful` from `last.pt`), and
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +26,11 @@ from charlm.runtime.distributed import Dist
 from charlm.runtime.precision import compile_model, grad_scaler
 from charlm.training import checkpoint
 from charlm.training.average import WeightAverage
-from charlm.training.checkpoint import OptimizerState, RNGState, ScalerState, Stateful
+from charlm.training.checkpoint import Entry, RNGState, Stateful, load_scaler
 from charlm.training.evaluation import eval_batches_per_forward
 from charlm.training.faults import BadSteps
 from charlm.training.metrics import MetricsLogger
-from charlm.training.optimizer import Optimizer, make_optimizer
+from charlm.training.optimizer import Optimizer, load_state, make_optimizer
 from charlm.training.parent import Parent, base_vocab, init_from_parent
 from charlm.training.run_dir import clear_run, start_run
 from charlm.training.schedule import Clock
@@ -125,9 +125,10 @@ class Run:
         """Everything a checkpoint saves and a resume loads, under its name in the file."""
         averaged: dict[str, Stateful] = {} if self.average is None else {
             "train_model": self.model, "average": self.average}
-        return {"model": self.weights, **averaged, "optimizer": OptimizerState(self.optimizer),
-                "scaler": ScalerState(self.scaler), "train_state": self.state,
-                "sampler": self.sampler, "rng": RNGState(self.device)}
+        return {"model": self.weights, **averaged,
+                "optimizer": Entry(self.optimizer.state_dict, partial(load_state, self.optimizer)),
+                "scaler": Entry(self.scaler.state_dict, partial(load_scaler, self.scaler)),
+                "train_state": self.state, "sampler": self.sampler, "rng": RNGState(self.device)}
 
 
 @dataclass
@@ -237,7 +238,7 @@ def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dty
     """Build a run's objects (`ckpt`, whose state is loaded afterwards, is only checked against
     the data's vocabulary); `parent`, `size`: as for `loop.train`."""
     tc = cfg.train
-    same_vocab = functools.partial(require_same_vocab, ckpt, cfg.data.shown)
+    same_vocab = partial(require_same_vocab, ckpt, cfg.data.shown)
     cache = Path(tc.out_dir) / "dataset"
     before = dataset_meta(cache) if ckpt is not None and dist.is_main else None
     if ckpt is not None and missing_inputs(cfg.data.inputs) and (cache / "meta.json").is_file():
