@@ -68,8 +68,7 @@ def load_scaler(scaler: torch.amp.GradScaler, state: dict[str, Any]) -> None:
 
 
 class RNGState:
-    """torch's global RNG states: the CPU's, and on CUDA every GPU's (a resume restores those
-    of the GPUs both machines have)."""
+    """torch's global RNG states: the CPU's, and on CUDA every GPU's."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -94,8 +93,7 @@ def collect(objects: Mapping[str, Stateful], **extra: Any) -> dict[str, Any]:
 
 
 def restore(state: dict[str, Any], objects: Mapping[str, Stateful], path: Path) -> None:
-    """Load each object's part of `state` (read from `path`); one that is missing or does not
-    fit is a `damaged` error."""
+    """Load each object's part of `state` (from `path`); a part missing or unfit is `damaged`."""
     try:
         check_train_state(state)
         check_weights(state["model"])
@@ -125,8 +123,7 @@ def resolve(path: str | Path, step: int | None = None) -> Path:
 
 
 def load(path: str | Path) -> dict[str, Any]:
-    """A charlm checkpoint, on the CPU (torch restores RNG states only from CPU tensors),
-    without executing any pickled code."""
+    """A charlm checkpoint, on the CPU, without executing any pickled code."""
     path = Path(path)
     with open_regular(path, "checkpoint") as f:  # a FIFO or /dev/zero: no read would end
         state = _unpickle(f, path)

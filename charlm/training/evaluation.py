@@ -40,12 +40,9 @@ def evaluate(model: torch.nn.Module, task: Task, device: torch.device, dtype: to
              dist: Dist = Dist(), batches_per_forward: int = 1,
              stop: Callable[[], bool] | None = None) -> dict[str, float]:
     """Mean loss (nats per character, or per target unit for pairs) over `eval_iters` batches
-    of each split, `batches_per_forward` of them stacked in one forward.
-
-    The batches come from a generator seeded afresh each time, so every evaluation of a run scores
-    the same windows and the training RNG is left alone. Under DDP each rank scores its rows of
-    those batches and the means are averaged over ranks.
-    """
+    of each split, `batches_per_forward` of them stacked in one forward. The batches come from
+    a generator seeded afresh each time, so every eval scores the same windows and the training
+    RNG is left alone. Under DDP each rank scores its rows and the means are averaged."""
     was_training = model.training
     model.eval()
     try:

@@ -152,8 +152,7 @@ class BadSteps:
 
     def check(self, limit: int, last_pt: Path, saved_step: int | None) -> int:
         """Wait for the device once: how many updates were skipped since the last check, or a
-        CharlmError once `limit` in a row were reached (`saved_step`: the step of the `last_pt`
-        on disk, None if none)."""
+        CharlmError once `limit` in a row were reached (`saved_step`: that of `last_pt`, if any)."""
         step = int(self.tripped_at)
         if step:
             kept, then = (("no checkpoint was written", "start over with --overwrite")

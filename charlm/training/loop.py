@@ -226,8 +226,7 @@ def train_event(run: Run, loss: torch.Tensor, norm: torch.Tensor, lr: float,
 
 
 def save(run: Run, clock: Clock, best: bool, last: bool) -> None:
-    """Write best.pt and / or last.pt, with last.pt the step's checkpoint that
-    train.keep_checkpoints keeps."""
+    """Write best.pt and / or last.pt (with the step's checkpoint train.keep_checkpoints keeps)."""
     run.state.elapsed_s = clock.elapsed()
     ckpt = checkpoint.collect(run.stateful(), config=run.cfg.to_dict(),
                               vocab=run.task.vocab_state())

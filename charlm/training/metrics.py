@@ -61,8 +61,7 @@ def wait_to_sort_last(tb_dir: Path) -> None:
     """Wait, if need be, until a new TensorBoard event file's name sorts after every one in
     tb_dir: TensorBoard reads them in name order, and a resume's `purge_step` drops only the
     events read before it. A name starts with its creation second, then the pid as text, so a
-    file of the same second may sort either way. A stamp more than a second ahead is a clock
-    set back: no wait."""
+    file of the same second may sort either way (a stamp ahead of that: a clock set back)."""
     stamps = [int(part) for p in tb_dir.glob(TB_EVENTS)
               if (part := p.name.split(".")[3]).isdigit()]
     wait = max(stamps, default=0) + 1 - time.time()
@@ -80,11 +79,9 @@ class MetricsLogger:
 
         if initial_step:  # a resume: forget what was logged after the checkpoint it starts from
             cut_back(run_dir / "metrics.jsonl", initial_step)
+            wait_to_sort_last(run_dir / "tb")
         self.jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
-        self.tb_dir = run_dir / "tb"
-        if initial_step:
-            wait_to_sort_last(self.tb_dir)
-        self.tb = SummaryWriter(str(self.tb_dir), purge_step=initial_step + 1 if initial_step
+        self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=initial_step + 1 if initial_step
                                 else None)
         # progress=None: a bar only when stderr is a terminal.
         self.bar = tqdm(total=total_steps, initial=initial_step, desc="train", unit="step",
@@ -153,9 +150,9 @@ class MetricsLogger:
             self.bar.write(text, file=sys.stdout)
             self.said = self.now()
 
-    def advance(self, n: int = 1) -> None:
+    def advance(self) -> None:
         if self.enabled:
-            self.bar.update(n)
+            self.bar.update()
 
     def close(self) -> None:
         if self.enabled:

@@ -32,9 +32,8 @@ def has_fused_kernel(params: list[torch.Tensor]) -> bool:
 
 
 class MuonWithAdamW:
-    """Muon and AdamW as the one optimizer the loop, GradScaler and checkpoints see:
-    `param_groups` are AdamW's then Muon's (the owners' own dicts), and the state dict holds
-    each one's under its name."""
+    """Muon and AdamW as the one optimizer the loop, GradScaler and checkpoints see: AdamW's
+    param groups then Muon's (the owners' own dicts), and each one's state under its name."""
 
     def __init__(self, adamw: torch.optim.Optimizer, muon: torch.optim.Optimizer):
         self.parts: dict[str, torch.optim.Optimizer] = {"adamw": adamw, "muon": muon}
@@ -168,10 +167,9 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                scaler: torch.amp.GradScaler, sampler: BatchSampler | PairBatchSampler,
                cfg: RunConfig, device: torch.device, dtype: torch.dtype, dist: Dist = Dist(),
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One optimizer update over `grad_accum` micro-batches, skipped when the loss or the
-    gradient norm is not finite. Returns (mean loss, grad norm, ok) as tensors, so a step that
-    does not log never waits for the device. Under DDP the gradients are all-reduced on the last
-    micro-batch only, and the loss is averaged over ranks."""
+    """One update over `grad_accum` micro-batches, skipped when the loss or gradient norm is not
+    finite: (mean loss, grad norm, ok) as tensors, so a step that does not log never waits for
+    the device. Under DDP the gradients are all-reduced on the last micro-batch only."""
     accum = cfg.train.grad_accum
     total = torch.zeros((), device=device)
     for i in range(accum):

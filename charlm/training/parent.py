@@ -7,7 +7,7 @@ parent; a resume of a fine-tuned run never reads the parent again (docs/design.m
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,37 +118,25 @@ def grow_rows(old: torch.Tensor, units: int, new_units: int) -> torch.Tensor:
     return torch.cat([old[:units], mean.expand(new_units - units, *old.shape[1:]), old[units:]])
 
 
-def _row_units(name: str, old: Vocab | PairVocab, new: Vocab | PairVocab) -> tuple[int, int]:
-    """(the parent's units, the run's units) along the rows of weight `name`; (0, 0): a weight
-    whose rows are no vocabulary's."""
-    if isinstance(old, Vocab) and isinstance(new, Vocab):
-        return (len(old), len(new)) if name in ("wte.weight", "head.weight") else (0, 0)
-    assert isinstance(old, PairVocab) and isinstance(new, PairVocab)
-    if name == "src_wte.weight":  # source characters, then the source pad
-        return len(old.source), len(new.source)
-    if name in ("wte.weight", "head.weight"):  # target units, then pad, bos and eos
-        return len(old.target), len(new.target)
-    return 0, 0
-
-
-def _extends(old: Vocab | PairVocab, new: Vocab | PairVocab) -> bool:
-    if isinstance(old, Vocab) and isinstance(new, Vocab):
-        return new.chars[:len(old)] == old.chars
-    return (isinstance(old, PairVocab) and isinstance(new, PairVocab)
-            and new.source[:len(old.source)] == old.source
-            and new.target[:len(old.target)] == old.target)
+def unit_rows(vocab: Vocab | PairVocab) -> dict[str, Sequence[str]]:
+    """The units along the rows of each weight that a vocabulary sizes (its specials after
+    them): a GPT's characters, or an encoder-decoder's source characters and target units."""
+    if isinstance(vocab, Vocab):
+        return {"wte.weight": vocab.chars, "head.weight": vocab.chars}
+    return {"src_wte.weight": vocab.source, "wte.weight": vocab.target,
+            "head.weight": vocab.target}
 
 
 def init_from_parent(model: torch.nn.Module, parent: Parent, vocab: Vocab | PairVocab) -> None:
-    """Load the parent's weights into `model`, a new model of its architecture for `vocab`,
-    the parent's extended by the data's new characters (`grow_rows`)."""
-    if not _extends(parent.vocab, vocab):
+    """Load the parent's weights into `model`, for `vocab`: the parent's and new characters."""
+    old, new = unit_rows(parent.vocab), unit_rows(vocab)
+    if type(vocab) is not type(parent.vocab) or any(new[k][:len(v)] != v for k, v in old.items()):
         raise CharlmError(f"the data's vocabulary does not keep the ids of {parent.source}'s; "
                           "give the text itself as the data, not a dataset prepared without "
                           "--init-from")
     weights = {}
-    for name, old in parent.state.items():
-        units, new_units = _row_units(name, parent.vocab, vocab)
-        weights[name] = grow_rows(old, units, new_units) if new_units > units else old
+    for name, tensor in parent.state.items():
+        units, new_units = len(old.get(name, ())), len(new.get(name, ()))
+        weights[name] = grow_rows(tensor, units, new_units) if new_units > units else tensor
     with torch.no_grad():
         model.load_state_dict(weights)

@@ -103,8 +103,7 @@ def _written_by_run(config: Path) -> bool:
 
 def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
     """Refuse to start a fresh run over an existing one unless told to, or in a non-empty
-    directory that holds no run (its files' names would become charlm's); make sure the run dir
-    is writable. Removes nothing (see `clear_run`)."""
+    directory that holds no run; make sure the run dir is writable. Removes nothing."""
     if run_dir.exists() and not run_dir.is_dir():
         raise CharlmError(f"train.out_dir {run_dir} is a file; choose a directory")
     if run_dir.is_dir() and not resume:
