@@ -1,8 +1,6 @@
-"""Checkpoints: atomic `save` and safe `load` (`weights_only=True`: tensors and plain containers
-only), with a format version. A run saves and resumes one map of stateful objects through
-`collect` and `restore` (torchtitan's checkpointer), so what is saved and what is restored cannot
-drift apart; each object's state sits under its name at the top level.
-"""
+"""Checkpoints: atomic `save` and safe `load` (tensors and plain containers only), with a format
+version. A run saves and resumes one map of stateful objects (`collect`, `restore`: torchtitan's
+checkpointer), so what is saved and what is restored cannot drift apart."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""Training: `train(cfg)` and its loop, the guide's five steps (set the learning rate, one
-`train_step`, then maybe log, evaluate and save, as the `Schedule` says), and what rank 0
-records at those steps: log events, the eval's line and sample, best.pt and last.pt.
-
-`step` counts completed optimizer updates, skipped ones included. Under torchrun every rank runs
-this loop on its rows of each batch, and every value that decides what it does next (the loss,
-the gradient norm, a stop signal, the run's time) is agreed on by all ranks (docs/distributed.md).
-"""
+"""Training: `train(cfg)` and its loop (set the learning rate, `train_step`, then maybe log,
+evaluate and save, as the `Schedule` says), and what rank 0 records at those steps. Under
+torchrun every rank runs this loop, and every value that decides what it does next is agreed on
+by all ranks (docs/distributed.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Fine-tuning (`train.init_from`): the `Parent` a new run starts from, the new run's config with
-the parent's architecture (`parent_config`), the vocabulary its data is numbered in
-(`base_vocab`), and its first weights (`init_from_parent`). Only the weights come from the
-parent; a resume of a fine-tuned run never reads the parent again (docs/design.md, "Fine-tuning").
-"""
+"""Fine-tuning (`train.init_from`): the `Parent` a new run starts from, the run's config with the
+parent's architecture, the vocabulary its data is numbered in and its first weights. Only the
+weights come from the parent (docs/design.md, "Fine-tuning")."""
 
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
-"""When things happen in a run: `Schedule` gives a step's learning rate and whether the step
-logs, evaluates, saves and is the last; `Clock` keeps the run's time, the one place that reads it.
-
-The rate warms up linearly, then follows `optim.schedule` along the run's progress: `wsd` holds
-the peak and decays linearly over the final `decay_frac` (Hägele et al. 2024 and Bergsma et al.
-2025 find it at least matching cosine), `cosine` along a half cosine. With `train.max_iters` the
+"""When things happen in a run: `Schedule` gives a step's learning rate (linear warmup, then
+`optim.schedule` along the run's progress: `wsd`, which Hägele et al. 2024 and Bergsma et al.
+2025 find at least matching `cosine`) and whether the step logs, evaluates, saves and is the
+last; `Clock` keeps the run's time, the one place that reads it. With `train.max_iters` the
 progress counts steps, so a run and its resume repeat bitwise; with `train.max_time` it is the
-elapsed share of the budget less a reserve for the final eval (docs/design.md, "The time budget").
-"""
+elapsed share of the budget (docs/design.md, "The time budget")."""
 
 from __future__ import annotations
 
