@@ -45,15 +45,12 @@ def aborted(saved: bool) -> bytes:
 class StopSignals:
     """While active (in the main thread only), the first SIGINT / SIGTERM only sets `signum`,
     so the loop can finish its step and save; a second one raises `Aborted` at once.
-    `announce=False` keeps the first signal quiet (the DDP ranks other than 0); `saved`: whether
-    last.pt holds a save (the loop sets it), for what an abort says.
-
-    Python runs a handler only between bytecodes, so a signal during one long native call waits
-    for it. A thread reads the wakeup fd the C handler writes: it announces the first signal at
-    once, and ends the process itself when the main thread has not taken a second one within
-    ABORT_GRACE_S. The parent-death signal (a `charlm tune` trial's SIGTERM, which may come once
-    for each thread of the dying tuner) only ever asks to stop.
-    """
+    `announce=False` keeps the first quiet (the DDP ranks other than 0); `saved`: whether last.pt
+    holds a save, for what an abort says. A thread reads the wakeup fd the C handler writes, to
+    announce the first signal at once and to end the process itself when a long native call
+    keeps the main thread from taking a second within ABORT_GRACE_S. The parent-death signal (a
+    `charlm tune` trial's SIGTERM, which may come once per thread of the dying tuner) only ever
+    asks to stop."""
 
     def __init__(self, announce: bool = True, saved: bool = False) -> None:
         self.signum: int | None = None
