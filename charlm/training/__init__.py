@@ -1,4 +1,3 @@
 """Training: `train(cfg)` and its loop, the run's objects, checkpoints, the run dir, the
-optimizer, the time budget, stop signals, metrics and the validation loss; `tasks` holds what
-differs between a GPT on text and an encoder-decoder on pairs.
-May import: core, config, data, model, runtime, generation, evaluation."""
+optimizer, the schedule, faults, metrics and the eval loss; `tasks` holds what differs between
+text and pairs. May import: core, config, data, model, runtime, generation, evaluation."""

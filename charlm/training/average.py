@@ -1,11 +1,6 @@
-"""An exponential moving average of a run's weights (`optim.ema`, Polyak averaging): torch's
-`AveragedModel` with its EMA update, taken after every optimizer step.
-
-What a run shows and hands on is the average: its evaluations (hence `best.pt`), the samples
-they log, and the "model" of every checkpoint, which `charlm sample`, `eval`, `export` and a
-fine-tune read. The weights training goes on from are saved beside it as "train_model", and the
-average's update count as "average", so a resume continues bitwise.
-"""
+"""An exponential moving average of a run's weights (`optim.ema`): torch's `AveragedModel`,
+updated after every optimizer step. The average is what a run evaluates, samples and saves as a
+checkpoint's "model"; the trained weights are saved beside it (see `Run.stateful`)."""
 
 from __future__ import annotations
 
@@ -24,7 +19,6 @@ class WeightAverage:
 
     @property
     def module(self) -> torch.nn.Module:
-        """The averaged model, shaped as the trained one."""
         return self.averaged.module
 
     def update(self, model: torch.nn.Module) -> None:

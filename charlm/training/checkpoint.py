@@ -1,18 +1,13 @@
-"""Checkpoints: atomic `save` and safe `load` (`weights_only=True`), with a format version.
-
-A checkpoint holds only tensors and plain containers: model / optimizer / scaler state dicts, the
-train state, RNG states as tensors, the resolved config as a dict and the vocab as a list.
-Training saves and resumes one map of stateful objects (each with `state_dict()` /
-`load_state_dict()`, as in torchtitan's checkpointer) through `collect` and `restore`, so what
-is saved and what is restored cannot drift apart. Each object's state sits under its name at the
-top level: "model", "optimizer", "scaler", "train_state", "sampler", "rng".
-"""
+"""Checkpoints: atomic `save` and safe `load` (tensors and plain containers only), with a format
+version. A run saves and resumes one map of stateful objects (`collect`, `restore`: torchtitan's
+checkpointer), so what is saved and what is restored cannot drift apart."""
 
 from __future__ import annotations
 
 import os
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
@@ -24,20 +19,16 @@ from charlm.core.files import missing, open_regular, run_write_error, write_atom
 from charlm.data.pair_vocab import PairVocab
 from charlm.data.vocab import Vocab
 from charlm.runtime.device import require_memory
-from charlm.training.optimizer import Optimizer, load_state
 from charlm.training.steps import STEP, find_step
 from charlm.training.tasks import build_model, check_stored_shapes, check_weights, vocab_from_state
 
 FORMAT = "charlm-checkpoint"
-
-
 VERSION = 1
 
 
 def save(state: dict[str, Any], path: Path, run_dir: Path | None = None) -> None:
-    """Write `state` to `path` atomically (`charlm.core.files.write_atomic`): `path` is always
-    either the old or the new complete file. `run_dir`: the run's, if not `path`'s folder (a
-    failed write says how the run goes on from its last.pt)."""
+    """Write `state` to `path` atomically: it is always the old or the new complete file.
+    `run_dir`: the run's, if not `path`'s folder (for what a failed write says)."""
     path = Path(path)
     try:
         write_atomic(path, lambda f: torch.save({"format": FORMAT, "version": VERSION, **state},
@@ -58,40 +49,24 @@ class Stateful(Protocol):
     def load_state_dict(self, state: Any) -> None: ...
 
 
-class OptimizerState:
-    """An optimizer as a checkpoint entry: loading keeps the settings it was made with (a
-    resumed run's config may change the betas and weight decay, see
-    `charlm.training.optimizer.load_state`)."""
+@dataclass
+class Entry:
+    """A checkpoint entry of two functions, for an object whose own load does not fit: an
+    optimizer (`optimizer.load_state` keeps the run's settings) or a GradScaler (`load_scaler`)."""
 
-    def __init__(self, optimizer: Optimizer):
-        self.optimizer = optimizer
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        load_state(self.optimizer, state)
+    state_dict: Callable[[], Any]
+    load_state_dict: Callable[[Any], None]
 
 
-class ScalerState:
-    """A GradScaler as a checkpoint entry. `{}` was saved without loss scaling (float32, bf16),
-    which a float16 resume (another GPU, or --set train.dtype=float16) starts afresh: torch
-    refuses to load it."""
-
-    def __init__(self, scaler: torch.amp.GradScaler):
-        self.scaler = scaler
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.scaler.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state != {}:
-            self.scaler.load_state_dict(state)
+def load_scaler(scaler: torch.amp.GradScaler, state: dict[str, Any]) -> None:
+    """`{}` was saved without loss scaling (float32, bf16): a float16 resume starts afresh, as
+    torch refuses to load it."""
+    if state != {}:
+        scaler.load_state_dict(state)
 
 
 class RNGState:
-    """torch's global RNG states: the CPU's, and on CUDA every GPU's. A resume restores the
-    CUDA states of the GPUs both machines have."""
+    """torch's global RNG states: the CPU's, and on CUDA every GPU's."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -111,14 +86,12 @@ class RNGState:
 
 
 def collect(objects: Mapping[str, Stateful], **extra: Any) -> dict[str, Any]:
-    """The checkpoint of `objects`: each one's state_dict under its name, then `extra` (the
-    config and vocab, which a resume reads but does not load into an object)."""
+    """Each object's state_dict under its name, then `extra` (the config and vocab)."""
     return {**{name: obj.state_dict() for name, obj in objects.items()}, **extra}
 
 
 def restore(state: dict[str, Any], objects: Mapping[str, Stateful], path: Path) -> None:
-    """Load each object's part of the checkpoint `state` (read from `path`); a part that is
-    missing or does not fit is one `damaged` error."""
+    """Load each object's part of `state` (from `path`); a part missing or unfit is `damaged`."""
     try:
         check_train_state(state)
         check_weights(state["model"])
@@ -148,8 +121,7 @@ def resolve(path: str | Path, step: int | None = None) -> Path:
 
 
 def load(path: str | Path) -> dict[str, Any]:
-    """Load a charlm checkpoint onto the CPU without executing any pickled code. (Whoever uses
-    it moves the tensors to their device: torch restores RNG states only from CPU tensors.)"""
+    """A charlm checkpoint, on the CPU, without executing any pickled code."""
     path = Path(path)
     with open_regular(path, "checkpoint") as f:  # a FIFO or /dev/zero: no read would end
         state = _unpickle(f, path)
@@ -164,16 +136,13 @@ def load(path: str | Path) -> dict[str, Any]:
 
 
 def check_records(f: BinaryIO, path: Path) -> None:
-    """Raise `damaged` unless every record of the checkpoint (a zip archive) matches the CRC-32
-    that torch.save stored for it: torch.load checks none, so a flipped bit in a tensor would
-    load without a word. Reads the file once more, in about the time torch.load takes
-    (docs/benchmarks.md). torch.save stores records uncompressed: a compressed one is refused
-    before it could inflate to far more than the file holds."""
+    """Raise `damaged` unless every record of the checkpoint (a zip) matches the CRC-32 that
+    torch.save stored: torch.load checks none, so a flipped bit would load without a word.
+    torch.save never compresses: a compressed record is refused before it could inflate."""
     with zipfile.ZipFile(f) as archive:
         packed = [i.filename for i in archive.infolist() if i.compress_type != zipfile.ZIP_STORED]
         if packed:
-            raise CharlmError(f"cannot load checkpoint {path}: not a readable charlm checkpoint "
-                              f"(record {packed[0]} is compressed, which torch.save never does)")
+            raise unreadable(path, f"record {packed[0]} is compressed, which torch.save never does")
         bad = archive.testzip()
     if bad is not None:
         raise damaged(path, f"record {bad} fails its CRC-32 check (the file changed after it was "
@@ -182,11 +151,9 @@ def check_records(f: BinaryIO, path: Path) -> None:
 
 
 def _unpickle(f: BinaryIO, path: Path) -> Any:
-    """What `torch.save` wrote to the opened regular file `f` (of `path`), tensors and plain
-    containers only."""
+    """What `torch.save` wrote to the open file `f`, tensors and plain containers only."""
     if not zipfile.is_zipfile(f):  # what torch.save writes is a zip
-        raise CharlmError(f"cannot load checkpoint {path}: not a readable charlm checkpoint "
-                          "(not a complete torch.save file)")
+        raise unreadable(path, "not a complete torch.save file")
     # read whole into memory: a file larger than it would only swap or die
     require_memory(os.fstat(f.fileno()).st_size, torch.device("cpu"),
                    f"checkpoint {path} holds {{gib}}", "load it on a machine with more memory")
@@ -201,9 +168,11 @@ def _unpickle(f: BinaryIO, path: Path) -> Any:
             why = "it is not a checkpoint, or it holds pickled code, which charlm never runs"
         else:
             why = first_line(e)
-        raise CharlmError(
-            f"cannot load checkpoint {path}: not a readable charlm checkpoint ({why})"
-        ) from None
+        raise unreadable(path, why) from None
+
+
+def unreadable(path: Path, why: str) -> CharlmError:
+    return CharlmError(f"cannot load checkpoint {path}: not a readable charlm checkpoint ({why})")
 
 
 def damaged(path: Path, e: BaseException | str) -> CharlmError:
@@ -218,6 +187,14 @@ def check_config(state: dict[str, Any]) -> dict[str, Any]:
         raise ValueError("no config" if cfg is None else "config is not a mapping with a model "
                          "section")
     return cfg
+
+
+def saved_section(state: dict[str, Any], name: str) -> dict[str, Any]:
+    """Section `name` of the checkpoint's config; {} where it or the config is not a mapping
+    (read before the restore, which reports what is damaged)."""
+    cfg = state.get("config")
+    section = cfg.get(name) if isinstance(cfg, dict) else None
+    return section if isinstance(section, dict) else {}
 
 
 def check_train_state(state: dict[str, Any]) -> None:

@@ -1,5 +1,5 @@
-"""Evaluation during training: `evaluate` (the mean loss of each split over fixed windows) and
-how many eval batches to score in one forward (`eval_batches_per_forward`)."""
+"""Evaluation during training: the mean loss of each split over the same windows at every eval
+(`evaluate`), in as few forwards as the device's memory allows."""
 
 from __future__ import annotations
 
@@ -15,11 +15,10 @@ from charlm.training.tasks import Task, TextTask
 
 
 def eval_batches_per_forward(cfg: RunConfig, task: Task, device: torch.device, rows: int) -> int:
-    """How many of the `eval_iters` batches (of `rows` rows each, this rank's) `evaluate` scores
-    in one forward. 1 on the CPU and MPS, where larger eval batches are no faster, and for pairs,
-    whose batches differ in shape. On CUDA, as many as fit in a quarter of the free memory, so an
-    eval is a few large forwards instead of `eval_iters` small, launch-bound ones (nanoGPT's
-    200)."""
+    """How many of the `eval_iters` batches (of this rank's `rows`) `evaluate` scores in one
+    forward: on CUDA as many as fit in a quarter of the free memory, so an eval is a few large
+    forwards instead of many launch-bound ones; 1 on the CPU and MPS, where larger batches are
+    no faster, and for pairs, whose batches differ in shape."""
     if device.type != "cuda" or not isinstance(task, TextTask):
         return 1
     free, _ = torch.cuda.mem_get_info(device)
@@ -27,8 +26,7 @@ def eval_batches_per_forward(cfg: RunConfig, task: Task, device: torch.device, r
 
 
 def batches_that_fit(budget: int, cfg: RunConfig, vocab_size: int, rows: int) -> int:
-    """Batches of `rows` rows whose no-grad forward (`memory.forward_bytes`) fits in `budget`
-    bytes, between 1 and `eval_iters`."""
+    """Batches of `rows` rows whose no-grad forward fits in `budget` bytes, 1 to `eval_iters`."""
     per_batch = forward_bytes(cfg.model, vocab_size, rows)
     return max(1, min(cfg.train.eval_iters, budget // per_batch))
 
@@ -42,14 +40,9 @@ def evaluate(model: torch.nn.Module, task: Task, device: torch.device, dtype: to
              dist: Dist = Dist(), batches_per_forward: int = 1,
              stop: Callable[[], bool] | None = None) -> dict[str, float]:
     """Mean loss (nats per character, or per target unit for pairs) over `eval_iters` batches
-    of each split.
-
-    The batches come from a generator seeded afresh each time, so every evaluation of a run scores
-    the same windows (comparable across evals) and the training RNG is left alone. Under DDP each
-    rank scores its rows of those batches and the means are averaged over ranks.
-    `batches_per_forward` (see `eval_batches_per_forward`) scores that many batches, stacked, in
-    one forward: the same windows and the same mean, in fewer, larger forwards.
-    """
+    of each split, `batches_per_forward` of them stacked in one forward. The batches come from
+    a generator seeded afresh each time, so every eval scores the same windows and the training
+    RNG is left alone. Under DDP each rank scores its rows and the means are averaged."""
     was_training = model.training
     model.eval()
     try:

@@ -1,11 +1,6 @@
-"""Faults a training run survives: stop signals and non-finite steps.
-
-`StopSignals` turns the first SIGINT / SIGTERM into a request the loop honours after its current
-step (it saves `last.pt` and raises `Interrupted`); a second signal aborts at once (but the
-parent-death signal, which may come several times, never aborts). `BadSteps`
-counts steps whose update was skipped for a non-finite loss or gradient norm and stops a run that
-keeps producing them.
-"""
+"""Faults a training run survives: stop signals (`StopSignals`: the first one stops the run after
+its step, with `last.pt` saved) and non-finite steps (`BadSteps`: their updates are skipped, and a
+run that keeps producing them is stopped)."""
 
 from __future__ import annotations
 
@@ -30,8 +25,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 class Aborted(KeyboardInterrupt):
-    """A second signal ended training at once, without saving (what it said is on stderr); the
-    CLI exits with `exit_code`, 128 + that signal's number, as for the first."""
+    """A second signal ended training at once, without saving (what it said is on stderr)."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
@@ -49,23 +43,14 @@ def aborted(saved: bool) -> bytes:
 
 
 class StopSignals:
-    """While active, the first SIGINT / SIGTERM only sets `signum`, so the loop can finish its step
-    and save; a second one raises `Aborted` at once. The previous handlers come back on
-    exit. Outside the main thread (where Python cannot install handlers) it does nothing.
-    `announce=False` keeps the first signal quiet (the DDP ranks other than 0). `saved`: whether
-    last.pt holds a save of the run (the loop sets it), for what an abort says.
-
-    Python runs a handler only between bytecodes of the main thread, so a signal sent during
-    one long native call (an attention backward over a huge block) waits for it to end. The C
-    handler also writes the signal's number to a wakeup fd, which a thread reads: it announces
-    the first signal at once, and when the main thread has not taken a second one within
-    ABORT_GRACE_S, it ends the process (exit 128 + signal), as a second Ctrl-C promises.
-
-    A process whose parent-death signal is SIGTERM (a `charlm tune` trial) may get it once for
-    each thread of its dying tuner (`charlm.core.parent_death`): there SIGTERM only asks to
-    stop, however often it comes, so that the run saves as the first one promised; a second
-    SIGINT still aborts (the tuner itself aborts its trials with SIGKILL).
-    """
+    """While active (in the main thread only), the first SIGINT / SIGTERM only sets `signum`,
+    so the loop can finish its step and save; a second one raises `Aborted` at once.
+    `announce=False` keeps the first quiet (the DDP ranks other than 0); `saved`: whether last.pt
+    holds a save, for what an abort says. A thread reads the wakeup fd the C handler writes, to
+    announce the first signal at once and to end the process itself when a long native call
+    keeps the main thread from taking a second within ABORT_GRACE_S. The parent-death signal (a
+    `charlm tune` trial's SIGTERM, which may come once per thread of the dying tuner) only ever
+    asks to stop."""
 
     def __init__(self, announce: bool = True, saved: bool = False) -> None:
         self.signum: int | None = None
@@ -132,12 +117,9 @@ class StopSignals:
 
 class BadSteps:
     """Counts steps with a non-finite loss or gradient norm, on the device: recording never
-    waits for it, and `check` (called only at log, eval and checkpoint steps) syncs once.
-
-    Its counters are part of the train state a checkpoint saves (`state_dict`), so a streak goes
-    on across a resume. `tripped_at` is the step at which `limit` bad steps in a row were first
-    reached (0: never).
-    """
+    waits for it, and `check` (only at log, eval and checkpoint steps) syncs once. The counters
+    are saved with the train state, so a streak goes on across a resume. `tripped_at`: the step
+    at which `limit` bad steps in a row were first reached (0: never)."""
 
     def __init__(self, device: torch.device | str = "cpu"):
         self.streak = torch.zeros((), dtype=torch.int64, device=device)
@@ -146,7 +128,7 @@ class BadSteps:
         self.reported = 0  # `total` as of the last `check`, on the host
 
     def state_dict(self) -> dict[str, int]:
-        """The counters as a checkpoint's train state holds them (waits for the device)."""
+        """Waits for the device."""
         return {"skipped_steps": int(self.total), "bad_streak": int(self.streak)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -167,8 +149,7 @@ class BadSteps:
 
     def check(self, limit: int, last_pt: Path, saved_step: int | None) -> int:
         """Wait for the device once: how many updates were skipped since the last check, or a
-        CharlmError once `limit` in a row were reached (`saved_step`: the step of the `last_pt`
-        on disk, None if none)."""
+        CharlmError once `limit` in a row were reached (`saved_step`: that of `last_pt`, if any)."""
         step = int(self.tripped_at)
         if step:
             kept, then = (("no checkpoint was written", "start over with --overwrite")

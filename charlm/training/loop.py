@@ -1,26 +1,11 @@
-"""Training: `train(cfg)` and its loop, the guide's five steps: set the learning rate, one
-`charlm.training.optimizer.train_step`, then maybe log, evaluate and save, as the run's
-`charlm.training.schedule.Schedule` says. What depends on the machine (threads, dtype, a sized
-model) is decided once before the run is built (`charlm.runtime.profile`) and recorded.
-
-`charlm.training.run_objects.build_run` builds a run's objects once into a `Run`; a resume then
-loads the map of stateful objects (`Run.stateful`) from `last.pt`, the map every checkpoint saves.
-`step` counts completed optimizer updates, skipped ones included: a step whose loss or gradient
-norm is not finite skips its update. SIGINT / SIGTERM finish the current step, save `last.pt` and
-raise `Interrupted` (see `charlm.training.faults`); an eval they cut short runs first on resume.
-
-Under torchrun the same loop runs on every rank with DistributedDataParallel (see
-`charlm.runtime.distributed.distributed`): each rank trains on its rows of the global batch that the
-identically seeded sampler draws, so a step sees the batch a single-process run would; rank 0
-alone logs, samples and writes. Every value that decides what the loop does next is the same on
-all ranks: the loss (all-reduced), the gradient norm (of all-reduced gradients), hence `ok`, and
-the stop signal and the run's time, which one small host-side all-reduce per step agrees on. At
-log, eval and checkpoint steps one more tells the other ranks that rank 0's writes went through,
-so a rank 0 that fails there (a full disk) does not leave them to die in a collective.
-"""
+"""Training: `train(cfg)` and its loop (set the learning rate, `train_step`, then maybe log,
+evaluate and save, as the `Schedule` says), and what rank 0 records at those steps. Under
+torchrun every rank runs this loop, and every value that decides what it does next is agreed on
+by all ranks (docs/distributed.md)."""
 
 from __future__ import annotations
 
+import math
 import shlex
 import signal
 import time
@@ -32,32 +17,33 @@ import torch
 
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
+from charlm.generation.decoding import NonFiniteOutput
 from charlm.runtime.device import resolve_device, seed_everything
 from charlm.runtime.distributed import Dist, distributed
 from charlm.runtime.precision import resolve_dtype
 from charlm.runtime.profile import Profile, decide
-from charlm.training import checkpoint
+from charlm.training import checkpoint, steps
 from charlm.training.evaluation import EvalStopped, evaluate
 from charlm.training.faults import Interrupted, StopSignals
 from charlm.training.metrics import MetricsLogger
 from charlm.training.optimizer import set_lr, train_step
 from charlm.training.parent import Parent
-from charlm.training.records import log_final, report_skipped, train_event, write
 from charlm.training.resume import require_same_average, require_steps_left
 from charlm.training.run_dir import check_run_dir, run_lock
 from charlm.training.run_objects import Run, RunFiles, TrainState, build_run, wrap_model
 from charlm.training.schedule import Clock, Schedule
 from charlm.training.sizing import with_keys
 
+LN2 = math.log(2)
+
 
 def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
           progress: bool | None = None, now: Callable[[], float] = time.perf_counter,
           parent: Parent | None = None, size: Collection[str] | None = None) -> TrainState:
-    """Train (or resume) the run described by `cfg` in `cfg.train.out_dir`; under torchrun,
-    this rank's part of a DDP run. `now`: the clock the run's time is read from (a test's);
-    `parent`: the model a fresh fine-tune (train.init_from) starts from; `size`: the keys the
-    user set, when a fresh run's GPT is to be sized to its train.max_time
-    (`charlm.training.sizing`; None: the config's model)."""
+    """Train (or resume) the run of `cfg` in `cfg.train.out_dir`; under torchrun, this rank's
+    part. `now`: the clock the run's time is read from (a test's); `parent`: the model a fresh
+    fine-tune starts from; `size`: the keys the user set, when a fresh run's model is to be
+    sized to its train.max_time (None: the config's model)."""
     with (distributed(resolve_device(cfg.train.device)) as (dist, device),
           run_lock(Path(cfg.train.out_dir), dist.is_main)):
         return _train(cfg, dist, device, resume, overwrite, progress, now, parent, size)
@@ -92,12 +78,11 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
     if tc.max_time is None:  # a budget dropped on resume: max_iters rules
         run.state.budget_steps = None
     # A fresh run writes nothing (and --overwrite removes nothing) until its first step has run.
-    files = RunFiles(run, overwrite, tc.max_iters if tc.max_time is None else None,
-                     run.state.step, progress, intro=profile.line(device))
+    files = RunFiles(run, clock, overwrite, run.state.step, progress, profile.line(device))
     stop = StopSignals(announce=dist.is_main, saved=ckpt is not None)
     try:
         if ckpt is not None:
-            open_files(files, clock, run.cfg)  # a resume's at once
+            files.open()  # a resume's at once
         with stop:
             final = _loop(run, files, stop, clock, Schedule(run.cfg.optim, tc),
                           saved_step=run.state.step if resume else None)
@@ -110,9 +95,8 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
 
 
 def profiled(cfg: RunConfig, device: torch.device, dist: Dist) -> tuple[RunConfig, Profile]:
-    """`cfg` with its threads and dtype as the profile resolves them here (`decide`; the ranks
-    of a DDP run take bf16 only if all do), and the profile, which the run's log says in one
-    line once it opens."""
+    """`cfg` with its threads and dtype as the profile decides them here (the ranks of a DDP
+    run take bf16 only if all do), and the profile, for the log's first line."""
     profile = decide(cfg.train.threads, cfg.train.dtype, device)
     if not dist.all_ok(profile.dtype == "bfloat16") and profile.dtype == "bfloat16":
         profile = Profile(profile.threads, "float32", profile.why_threads,
@@ -122,9 +106,8 @@ def profiled(cfg: RunConfig, device: torch.device, dist: Dist) -> tuple[RunConfi
 
 def _loop(run: Run, files: RunFiles, stop: StopSignals, clock: Clock, schedule: Schedule,
           saved_step: int | None) -> dict[str, float] | None:
-    """Train to the schedule's last step: set lr, train_step, maybe log, maybe evaluate, maybe
-    save. Returns the losses of the latest eval. `files`: opened after the first step, if not
-    before. `saved_step`: the step of the last.pt on disk, if any."""
+    """Train to the schedule's last step; the losses of the latest eval. `files`: opened after
+    the first step, if not before; `saved_step`: the step of the last.pt on disk, if any."""
     cfg, state, dist = run.cfg, run.state, run.dist
     final: dict[str, float] | None = None
     run.model.train()
@@ -148,7 +131,7 @@ def _loop(run: Run, files: RunFiles, stop: StopSignals, clock: Clock, schedule: 
         state.tokens += run.sampler.tokens - drawn
         clock.stepped(run.sampler.tokens - drawn)
         state.bad.record(ok, state.step, cfg.train.max_bad_steps)
-        log = open_files(files, clock, cfg)  # a fresh run's, once its first step has run
+        log = files.open()  # a fresh run's, once its first step has run
         log.advance()
         signum, elapsed, step_s, final_s = dist.agree(stop.signum, clock.elapsed(),
                                                       clock.step_s, clock.final_s())
@@ -177,7 +160,7 @@ def record(run: Run, log: MetricsLogger, stop: StopSignals, clock: Clock,
     """The log event, eval and checkpoints of the step just done (rank 0 writes), paused out
     of the training time. Returns the eval's losses (None: no eval). An eval a stop signal cuts
     short (one process checks between batches; ranks cannot) leaves `eval_due` set and saves
-    last.pt, for a resume to run it."""
+    last.pt, for a resume to run it; the eval's sample is cut short too."""
     state, dist = run.state, run.dist
     t_pause = clock.now()
     losses, improved = None, False
@@ -196,23 +179,15 @@ def record(run: Run, log: MetricsLogger, stop: StopSignals, clock: Clock,
     t_write = clock.now()
     with dist.main_first():
         if dist.is_main:
-            write(run, log, event, losses, lr, improved, save_now, clock, stop.requested)
+            if event is not None:
+                log.log("train", **event)
+            if losses is not None:
+                log_eval(run, log, losses, lr, improved, stop.requested)
+            if save_now or improved:
+                save(run, clock, improved, save_now)
     clock.pause(t_pause, t_write - t_pause if eval_now else None,
                 clock.now() - t_write if save_now else None)
     return losses
-
-
-def open_files(files: RunFiles, clock: Clock, cfg: RunConfig) -> MetricsLogger:
-    """The run's log, its files opened (and for --overwrite the previous run's removed) at the
-    first call, with a time budget's deadline for the progress bar; that time is not training
-    time, for tokens/s."""
-    if files.log is None:
-        t_open = clock.now()
-        log = files.open()
-        if cfg.train.max_time is not None:
-            log.set_deadline(clock.start + cfg.train.max_time - clock.before, clock.now)
-        clock.pause(t_open)
-    return files.open()
 
 
 def interrupted(run: Run, signum: int) -> Interrupted:
@@ -221,3 +196,75 @@ def interrupted(run: Run, signum: int) -> Interrupted:
         f"interrupted by {signal.Signals(signum).name} at step {run.state.step}: saved "
         f"{run.run_dir / 'last.pt'}; continue with "
         f"`charlm train --out {shlex.quote(str(run.run_dir))} --resume`", signum)
+
+
+def report_skipped(run: Run, log: MetricsLogger, saved_step: int | None) -> None:
+    """Say how many updates were skipped since the last report (waits for the device), or stop
+    the run after max_bad_steps in a row."""
+    bad = run.state.bad
+    new = bad.check(run.cfg.train.max_bad_steps, run.run_dir / "last.pt", saved_step)
+    if new:
+        log.message(f"step {run.state.step}: skipped {new} update(s) with a non-finite loss or "
+                    f"gradient norm ({bad.reported} so far)")
+
+
+def train_event(run: Run, loss: torch.Tensor, norm: torch.Tensor, lr: float,
+                clock: Clock) -> dict[str, Any]:
+    """The `train` event of a log step; restarts the tokens/s count."""
+    state, now = run.state, clock.now()
+    state.elapsed_s = clock.elapsed(now)
+    event = dict(step=state.step, elapsed_s=round(state.elapsed_s, 3), tokens=state.tokens,
+                 lr=lr, train_loss=loss.item(), grad_norm=norm.item(),
+                 skipped_steps=state.bad.reported,
+                 tokens_per_s=clock.tokens / (now - clock.t_log))
+    clock.t_log, clock.tokens = now, 0
+    return event
+
+
+def save(run: Run, clock: Clock, best: bool, last: bool) -> None:
+    """Write best.pt and / or last.pt (with the step's checkpoint train.keep_checkpoints keeps)."""
+    run.state.elapsed_s = clock.elapsed()
+    ckpt = checkpoint.collect(run.stateful(), config=run.cfg.to_dict(),
+                              vocab=run.task.vocab_state())
+    # best.pt first: a last.pt on disk never counts a best val whose best.pt a crash kept
+    # from being written (a resume from the older last.pt evaluates that step again).
+    if best:
+        checkpoint.save(ckpt, run.run_dir / "best.pt")
+    if last:
+        checkpoint.save(ckpt, run.run_dir / "last.pt")
+        keep = run.cfg.train.keep_checkpoints
+        if keep:  # after last.pt: a crash in between loses no step a resume would redo
+            path = steps.step_path(run.run_dir, run.state.step)
+            path.parent.mkdir(exist_ok=True)
+            checkpoint.save(ckpt, path, run.run_dir)
+            steps.prune(run.run_dir, keep)
+
+
+def log_eval(run: Run, log: MetricsLogger, losses: dict[str, float], lr: float,
+             improved: bool, stop: Callable[[], bool]) -> None:
+    """An eval's event, its line for the user and, if asked, a sample, cut short once stop()
+    says so (a stop signal ends the run within seconds)."""
+    state = run.state
+    try:
+        metrics, note, sample = run.task.eval_report(run.weights, stop)
+    except NonFiniteOutput:  # max_bad_steps decides whether the run stops
+        metrics, note, sample = {}, "", None
+        log.message(f"step {state.step}: no sample, the model's outputs are not finite")
+    log.log("eval", step=state.step, elapsed_s=round(state.elapsed_s, 3), tokens=state.tokens,
+            lr=lr, train_loss=losses["train"], val_loss=losses["val"],
+            val_bpc=losses["val"] / LN2, best_val_loss=state.best_val, **metrics)
+    log.message(f"step {state.step}: train {losses['train']:.4f}, val {losses['val']:.4f} "
+                f"({losses['val'] / LN2:.3f} bpc){note}, {state.elapsed_s:.1f}s{log.status()}"
+                + (" *best" if improved else ""))
+    if sample is not None:
+        log.sample(sample, state.step)
+
+
+def log_final(run: Run, log: MetricsLogger, final: dict[str, float]) -> None:
+    """The run's hyperparameters with its final metrics (TensorBoard's HParams tab)."""
+    log.hparams(run.cfg.to_dict(), {
+        "hparams/best_val_loss": run.state.best_val,
+        "hparams/final_val_loss": final["val"],
+        "hparams/final_val_bpc": final["val"] / LN2,
+        "hparams/final_train_loss": final["train"],
+    }, run.state.step)

@@ -1,7 +1,5 @@
-"""One logger for a training run that fans each event out to `metrics.jsonl`, TensorBoard and
-the tqdm progress bar: scalars at log and eval steps, a text sample at each eval, and the run's
-hyperparameters with its final metrics at the end. Only one process of a run logs: the others
-(the DDP ranks other than 0) hold a disabled logger."""
+"""The logger of a training run: each event goes to `metrics.jsonl`, TensorBoard and the progress
+bar. Only rank 0 logs: the other DDP ranks hold a disabled logger."""
 
 from __future__ import annotations
 
@@ -18,6 +16,7 @@ from charlm.core.durations import format_duration
 from charlm.core.files import run_write_error, write_text_atomic
 from charlm.evaluation.scoring import finite_or_none
 
+TB_EVENTS = "events.out.tfevents.*"  # TensorBoard's event files in tb/
 PROGRESS_S = 30.0  # without a progress bar, a line at a log step this long after the last line
 
 # metrics.jsonl key -> TensorBoard tag, per event kind.
@@ -43,9 +42,8 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def cut_back(path: Path, step: int) -> None:
-    """Drop the events of metrics.jsonl past `step`, and any line a crash left half-written:
-    after a crash the run resumes from the checkpoint of `step` and logs those steps again.
-    Rewritten through a temporary file, so the log is never left half-cut."""
+    """Drop the events of metrics.jsonl past `step` (a resume logs them again) and any line a
+    crash left half-written, rewriting the file atomically."""
     if not path.is_file():
         return
     kept = []
@@ -61,12 +59,10 @@ def cut_back(path: Path, step: int) -> None:
 
 def wait_to_sort_last(tb_dir: Path) -> None:
     """Wait, if need be, until a new TensorBoard event file's name sorts after every one in
-    tb_dir. TensorBoard reads a run's files in name order, and a resume's `purge_step` drops
-    only the events read before it. A name starts with its creation second, then the host,
-    the pid and a per-process counter, compared as text (so pid 10000 sorts before 9999): a
-    file of the same second may sort either way. So this waits for the next second when a file
-    has the current one. A stamp more than a second ahead is a clock set back: no wait."""
-    stamps = [int(part) for p in tb_dir.glob("events.out.tfevents.*")
+    tb_dir: TensorBoard reads them in name order, and a resume's `purge_step` drops only the
+    events read before it. A name starts with its creation second, then the pid as text, so a
+    file of the same second may sort either way (a stamp ahead of that: a clock set back)."""
+    stamps = [int(part) for p in tb_dir.glob(TB_EVENTS)
               if (part := p.name.split(".")[3]).isdigit()]
     wait = max(stamps, default=0) + 1 - time.time()
     if 0 < wait <= 2:
@@ -83,11 +79,9 @@ class MetricsLogger:
 
         if initial_step:  # a resume: forget what was logged after the checkpoint it starts from
             cut_back(run_dir / "metrics.jsonl", initial_step)
+            wait_to_sort_last(run_dir / "tb")
         self.jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
-        self.tb_dir = run_dir / "tb"
-        if initial_step:
-            wait_to_sort_last(self.tb_dir)
-        self.tb = SummaryWriter(str(self.tb_dir), purge_step=initial_step + 1 if initial_step
+        self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=initial_step + 1 if initial_step
                                 else None)
         # progress=None: a bar only when stderr is a terminal.
         self.bar = tqdm(total=total_steps, initial=initial_step, desc="train", unit="step",
@@ -132,22 +126,21 @@ class MetricsLogger:
         return format_duration(max(self.deadline - self.now(), 0.0))
 
     def status(self) -> str:
-        """", 12,345 tok/s, 1m30s left": the last training rate and a budget's time left, for
-        a line of the log (empty before either is known)."""
+        """", 12,345 tok/s, 1m30s left" for a line of the log (empty before either is known)."""
         parts = ([] if self.rate is None else [f"{self.rate:,.0f} tok/s"]) + (
             [] if self.deadline is None else [f"{self.left()} left"])
         return "".join(f", {part}" for part in parts)
 
     def sample(self, text: str, step: int) -> None:
-        """A generated sample, as TensorBoard text under `sample`. Indented four spaces, the
-        markdown of a code block, so its line breaks and spaces show as generated."""
+        """A generated sample as TensorBoard text, indented four spaces (markdown's code block)
+        so its line breaks and spaces show as generated."""
         if self.enabled:
             self.tb.add_text("sample", "".join(f"    {line}\n" for line in text.split("\n")),
                              step)
 
     def hparams(self, config: dict[str, Any], metrics: dict[str, float], step: int) -> None:
-        """The run's flattened config with its final metrics, for TensorBoard's HParams tab.
-        run_name "." keeps them in this run's own directory, not a timestamped sub-run."""
+        """The run's flattened config with its final metrics, for TensorBoard's HParams tab
+        (run_name ".": in this run's own directory, not a timestamped sub-run)."""
         if self.enabled:
             self.tb.add_hparams(flatten(config), metrics, run_name=".", global_step=step)
 
@@ -157,9 +150,9 @@ class MetricsLogger:
             self.bar.write(text, file=sys.stdout)
             self.said = self.now()
 
-    def advance(self, n: int = 1) -> None:
+    def advance(self) -> None:
         if self.enabled:
-            self.bar.update(n)
+            self.bar.update()
 
     def close(self) -> None:
         if self.enabled:

@@ -1,14 +1,7 @@
-"""The optimizer and its update: torch's AdamW with weight decay on matrices and embeddings only
-(`optim.name: adamw`), or torch's Muon for the blocks' weight matrices with that AdamW for the
-rest (`muon`, one `MuonWithAdamW`); `set_lr`, the schedule's rate into every param group;
-`train_step`, one update over the micro-batches; and `step_if`, the update that a non-finite
-step skips without the host waiting for the device.
-
-`make_optimizer` asks for torch's fused AdamW kernel where it runs on the parameters' device and
-dtype (CUDA, and the CPU since torch 2.4), else for its foreach implementation. The fused step
-reads the `found_inf` attribute that `torch.amp.GradScaler` sets on an optimizer; `step_if` uses
-the same attribute to skip an update on the device.
-"""
+"""The optimizer and its update: torch's AdamW (`optim.name: adamw`), or torch's Muon for the
+blocks' weight matrices with AdamW for the rest (`muon`); `train_step`, one update over the
+micro-batches, which a non-finite step skips without the host waiting for the device where the
+fused AdamW kernel runs (`step_if`)."""
 
 from __future__ import annotations
 
@@ -26,10 +19,8 @@ from charlm.runtime.precision import autocast
 
 
 def has_fused_kernel(params: list[torch.Tensor]) -> bool:
-    """Whether torch's fused AdamW runs on every (device, dtype) of `params`.
-
-    Tried out on a scratch one-element tensor of each kind: torch checks the device only at the
-    first step (and only at construction before 2.4), and has no public list of the devices."""
+    """Whether torch's fused AdamW runs on every (device, dtype) of `params`, tried on a scratch
+    tensor of each: torch checks only at the first step, and lists no devices."""
     for device, dtype in {(p.device, p.dtype) for p in params}:
         try:
             probe = torch.zeros(1, device=device, dtype=dtype, requires_grad=True)
@@ -41,10 +32,8 @@ def has_fused_kernel(params: list[torch.Tensor]) -> bool:
 
 
 class MuonWithAdamW:
-    """Muon for the blocks' weight matrices and AdamW for the other parameters, as the one
-    optimizer the loop, GradScaler and checkpoints see: `param_groups` are AdamW's then Muon's
-    (the owners' own dicts, so an lr set in one is the lr its owner steps with), and the state
-    dict holds each optimizer's under its name ("adamw", "muon")."""
+    """Muon and AdamW as the one optimizer the loop, GradScaler and checkpoints see: AdamW's
+    param groups then Muon's (the owners' own dicts), and each one's state under its name."""
 
     def __init__(self, adamw: torch.optim.Optimizer, muon: torch.optim.Optimizer):
         self.parts: dict[str, torch.optim.Optimizer] = {"adamw": adamw, "muon": muon}
@@ -70,16 +59,14 @@ Optimizer = torch.optim.Optimizer | MuonWithAdamW
 
 
 def block_matrices(model: torch.nn.Module) -> list[torch.nn.Parameter]:
-    """The weight matrices inside the transformer blocks (attention, cross-attention, MLP):
-    what Muon trains. Embeddings, the head (tied or not), norms and biases are not among them."""
+    """The weight matrices inside the transformer blocks: what Muon trains (not embeddings,
+    the head, norms or biases)."""
     return [p for module in model.modules() if isinstance(module, Block)
             for p in module.parameters() if p.dim() == 2 and p.requires_grad]
 
 
 def make_optimizer(model: torch.nn.Module, optim: OptimConfig) -> Optimizer:
-    """`optim.name: adamw`: `torch.optim.AdamW` over every parameter. `muon`: `torch.optim.Muon`
-    over `block_matrices` and that AdamW over the rest, in one `MuonWithAdamW`. Each param group
-    keeps its peak lr as "peak_lr", which `set_lr` scales by the schedule."""
+    """The run's optimizer; each param group keeps its peak lr as "peak_lr", for `set_lr`."""
     matrices = block_matrices(model)
     chosen = {id(p) for p in matrices} if optim.name == "muon" else set()
     tables = {id(p) for p in model.parameters() if p.dim() >= 2} - {id(p) for p in matrices}
@@ -97,11 +84,9 @@ def make_optimizer(model: torch.nn.Module, optim: OptimConfig) -> Optimizer:
 
 def make_adamw(params: list[torch.nn.Parameter], optim: OptimConfig,
                tables: set[int]) -> torch.optim.AdamW:
-    """`torch.optim.AdamW` with weight decay on matrices and embeddings (>= 2-D) only, in two
-    param groups (decayed first); with `optim.embedding_weight_decay`, the tables and the head
-    (`tables`: their ids) in a third, after the matrices. Fused where torch has the kernel
-    (besides speed, its step can be skipped on the device without a host sync, see `step_if`),
-    else foreach."""
+    """AdamW with weight decay on >= 2-D parameters only (decayed group first); with
+    `optim.embedding_weight_decay`, the tables and head (`tables`: their ids) in a group of
+    their own after the matrices. Fused where torch has the kernel (see `step_if`), else foreach."""
     split = optim.embedding_weight_decay is not None
     groups = [
         {"params": [p for p in params if p.dim() >= 2 and not (split and id(p) in tables)],
@@ -116,17 +101,15 @@ def make_adamw(params: list[torch.nn.Parameter], optim: OptimConfig,
 
 
 def set_lr(optimizer: Optimizer, lr: float, optim: OptimConfig) -> None:
-    """Set each param group's lr to the schedule's `lr` (which peaks at `optim.lr`) as the same
-    fraction of the group's own peak: AdamW's `optim.lr`, Muon's `optim.muon_lr`."""
+    """Set each param group's lr to the fraction of its own peak that `lr` is of `optim.lr`."""
     for group in optimizer.param_groups:
         # the ratio first: it is 1.0 for AdamW's groups, so their lr is `lr` to the bit
         group["lr"] = lr * (group["peak_lr"] / optim.lr)
 
 
 def _check_fits(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
-    """ValueError unless `state_dict` holds this optimizer's (AdamW's or Muon's) state for its
-    parameters: torch checks the group sizes but not the shapes, which would fail only at the
-    next step."""
+    """ValueError unless `state_dict` holds this optimizer's state for its parameters: torch
+    checks the group sizes but not the shapes, which would fail only at the next step."""
     saved_groups = state_dict["param_groups"]
     if len(saved_groups) != len(optimizer.param_groups) or any(
             len(s["params"]) != len(g["params"])
@@ -144,12 +127,10 @@ def _check_fits(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) ->
 
 
 def load_state(optimizer: Optimizer, state_dict: dict[str, Any]) -> None:
-    """Load a checkpoint's optimizer state (moments, step counts) into an optimizer of
-    `make_optimizer`, keeping every setting it was made with (ValueError when the state is not
-    this model's, CharlmError when it is the other `optim.name`'s). A resumed run's config may
-    change the betas, weight decays and peak lrs, and a run resumed on another device may need
-    foreach where the checkpoint says fused; torch places the step counts by the settings it is
-    given, so it is given ours (the lr is set at every step)."""
+    """Load a checkpoint's moments and step counts into an optimizer of `make_optimizer`,
+    keeping the settings it was made with: a resume may change the betas, decays and peak lrs,
+    or need foreach where the checkpoint says fused. ValueError when the state is not this
+    model's, CharlmError when it is the other `optim.name`'s."""
     saved_name = "muon" if "muon" in state_dict else "adamw"
     name = "muon" if isinstance(optimizer, MuonWithAdamW) else "adamw"
     if saved_name != name:
@@ -168,12 +149,9 @@ def load_state(optimizer: Optimizer, state_dict: dict[str, Any]) -> None:
 
 
 def step_if(optimizer: Optimizer, ok: torch.Tensor) -> None:
-    """`optimizer.step()` only if `ok` (a 0-d bool tensor on the device).
-
-    A fused AdamW is handed `found_inf`, as GradScaler hands it, and then leaves weights,
-    moments and step counts as they were, all on the device; the attribute is removed at once so
-    that it skips no later step. Any other optimizer waits for `ok`: a foreach AdamW, and Muon
-    with AdamW (torch's Muon reads no `found_inf`), one host sync a step."""
+    """`optimizer.step()` only if `ok` (a 0-d bool tensor on the device). A fused AdamW is
+    handed `found_inf`, as GradScaler hands it, and skips on the device; any other optimizer
+    (foreach, or Muon, which reads no `found_inf`) waits for `ok`, one host sync a step."""
     if not all(group.get("fused") for group in optimizer.param_groups):
         if ok.item():
             optimizer.step()
@@ -187,13 +165,11 @@ def step_if(optimizer: Optimizer, ok: torch.Tensor) -> None:
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                scaler: torch.amp.GradScaler, sampler: BatchSampler | PairBatchSampler,
-               cfg: RunConfig,
-               device: torch.device, dtype: torch.dtype, dist: Dist = Dist(),
+               cfg: RunConfig, device: torch.device, dtype: torch.dtype, dist: Dist = Dist(),
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One optimizer update over `grad_accum` micro-batches, skipped when the loss or the
-    gradient norm is not finite. Returns (mean loss, grad norm, ok) as tensors, so a step that
-    does not log never waits for the device. Under DDP the gradients are all-reduced on the last
-    micro-batch only, and the loss is averaged over ranks (the global batch's)."""
+    """One update over `grad_accum` micro-batches, skipped when the loss or gradient norm is not
+    finite: (mean loss, grad norm, ok) as tensors, so a step that does not log never waits for
+    the device. Under DDP the gradients are all-reduced on the last micro-batch only."""
     accum = cfg.train.grad_accum
     total = torch.zeros((), device=device)
     for i in range(accum):

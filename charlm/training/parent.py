@@ -1,18 +1,11 @@
-"""Fine-tuning (`train.init_from`): the `Parent` a new run starts from (its weights, vocabulary
-and config, the file they came from and that file's sha256), the new run's config with the
-parent's architecture, units and normal form (`parent_config`), the vocabulary its data is
-numbered in (`base_vocab`), and its first weights (`init_from_parent`): every old row where it
-was, the rows of characters the parent lacks the mean of the old ones.
-
-Only the weights come from the parent: the optimizer, the step and the schedule start afresh.
-Loading the parent is `charlm.api.load`'s (a run dir, a checkpoint or an export), done by the
-command; a resume of a fine-tuned run loads its own last.pt and never the parent again.
-"""
+"""Fine-tuning (`train.init_from`): the `Parent` a new run starts from, the run's config with the
+parent's architecture, the vocabulary its data is numbered in and its first weights. Only the
+weights come from the parent (docs/design.md, "Fine-tuning")."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +16,7 @@ from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
 from charlm.data.pair_vocab import PairVocab
 from charlm.data.vocab import Vocab
+from charlm.training.checkpoint import saved_section
 from charlm.training.run_dir import RUN_FILES
 from charlm.training.tasks import vocab_from_state
 
@@ -46,10 +40,9 @@ class Parent:
 def parent_config(cfg: RunConfig, given: Collection[str], parent: Parent,
                   data_given: Collection[str] = ()) -> RunConfig:
     """`cfg` with the parent's architecture, its units and normal form (`parent_text`) and the
-    parent named in train.init_from and train.init_from_sha256. `given`: the model keys the
-    user set (config file, --set), `data_given` the data keys; one that differs from the
-    parent's is an error, unless it changes no shape (`FREE_KEYS`), as is a parent that is
-    one of the files of the run dir (--overwrite would delete the weights it starts from)."""
+    parent named in train.init_from and train.init_from_sha256. `given`, `data_given`: the model
+    and data keys the user set; one that differs from the parent's is an error, but for
+    `FREE_KEYS`, as is a parent among the files of the run dir (--overwrite would delete it)."""
     _check_outside(parent.weights, Path(cfg.train.out_dir))
     theirs = dataclasses.asdict(parent.cfg.model)
     for key in sorted(given):
@@ -86,8 +79,7 @@ def _check_outside(weights: Path, run_dir: Path) -> None:
 
 
 def parent_text(parent: Parent) -> dict[str, str | None]:
-    """The data keys a GPT's fine-tune inherits, as its vocabulary records them: its units
-    (a byte model's data is bytes) and its normal form; none for an encoder-decoder."""
+    """The data keys a GPT's fine-tune inherits from its vocabulary (none for pairs)."""
     if not isinstance(parent.vocab, Vocab):
         return {}
     return {"units": parent.vocab.units, "unicode_normalize": parent.vocab.normalize}
@@ -103,13 +95,9 @@ def _conflict(key: str, value: object, theirs: object, parent: Parent, kept: str
 def base_vocab(cfg: RunConfig, ckpt: dict[str, Any] | None,
                parent: Parent | None) -> Vocab | PairVocab | None:
     """The vocabulary whose ids the run's data keeps: a fresh fine-tune's parent's, a resumed
-    fine-tune's own (`ckpt`'s, whose config names its parent: the parent's characters and those
-    added); None for a run trained from scratch, whose data numbers its characters in code
-    point order."""
+    fine-tune's own (`ckpt`'s); None for a run trained from scratch."""
     if ckpt is not None:  # read with care: the restore says what is damaged
-        saved = ckpt.get("config")
-        train = saved.get("train") if isinstance(saved, dict) else None
-        if not isinstance(train, dict) or train.get("init_from") is None:
+        if saved_section(ckpt, "train").get("init_from") is None:
             return None  # (a resume with a CONFIG may not name the parent: the run's own does)
         try:
             return vocab_from_state(ckpt["vocab"])
@@ -122,46 +110,31 @@ def base_vocab(cfg: RunConfig, ckpt: dict[str, Any] | None,
 
 
 def grow_rows(old: torch.Tensor, units: int, new_units: int) -> torch.Tensor:
-    """The rows of `old` (`units` unit rows, then special rows) for `new_units` units: the old
-    unit rows first, as they were, then the new units' rows, each the mean of the old unit
-    rows, then the special rows."""
+    """The rows of `old` (`units` unit rows, then special rows) for `new_units` units: the
+    new units' rows, each the mean of the old unit rows, go before the special rows."""
     mean = old[:units].mean(0, keepdim=True)
     return torch.cat([old[:units], mean.expand(new_units - units, *old.shape[1:]), old[units:]])
 
 
-def _row_units(name: str, old: Vocab | PairVocab, new: Vocab | PairVocab) -> tuple[int, int]:
-    """(the parent's units, the run's units) along the rows of weight `name`; (0, 0): a weight
-    whose rows are no vocabulary's."""
-    if isinstance(old, Vocab) and isinstance(new, Vocab):
-        return (len(old), len(new)) if name in ("wte.weight", "head.weight") else (0, 0)
-    assert isinstance(old, PairVocab) and isinstance(new, PairVocab)
-    if name == "src_wte.weight":  # source characters, then the source pad
-        return len(old.source), len(new.source)
-    if name in ("wte.weight", "head.weight"):  # target units, then pad, bos and eos
-        return len(old.target), len(new.target)
-    return 0, 0
-
-
-def _extends(old: Vocab | PairVocab, new: Vocab | PairVocab) -> bool:
-    if isinstance(old, Vocab) and isinstance(new, Vocab):
-        return new.chars[:len(old)] == old.chars
-    return (isinstance(old, PairVocab) and isinstance(new, PairVocab)
-            and new.source[:len(old.source)] == old.source
-            and new.target[:len(old.target)] == old.target)
+def unit_rows(vocab: Vocab | PairVocab) -> dict[str, Sequence[str]]:
+    """The units along the rows of each weight that a vocabulary sizes (its specials after
+    them): a GPT's characters, or an encoder-decoder's source characters and target units."""
+    if isinstance(vocab, Vocab):
+        return {"wte.weight": vocab.chars, "head.weight": vocab.chars}
+    return {"src_wte.weight": vocab.source, "wte.weight": vocab.target,
+            "head.weight": vocab.target}
 
 
 def init_from_parent(model: torch.nn.Module, parent: Parent, vocab: Vocab | PairVocab) -> None:
-    """Load the parent's weights into `model`, a new model of the parent's architecture for
-    `vocab`, the parent's vocabulary extended by the data's new characters: every old
-    character keeps its id and its rows (embedding, and an untied head), the new ones get rows
-    equal to the mean of the old characters' rows."""
-    if not _extends(parent.vocab, vocab):
+    """Load the parent's weights into `model`, for `vocab`: the parent's and new characters."""
+    old, new = unit_rows(parent.vocab), unit_rows(vocab)
+    if type(vocab) is not type(parent.vocab) or any(new[k][:len(v)] != v for k, v in old.items()):
         raise CharlmError(f"the data's vocabulary does not keep the ids of {parent.source}'s; "
                           "give the text itself as the data, not a dataset prepared without "
                           "--init-from")
     weights = {}
-    for name, old in parent.state.items():
-        units, new_units = _row_units(name, parent.vocab, vocab)
-        weights[name] = grow_rows(old, units, new_units) if new_units > units else old
+    for name, tensor in parent.state.items():
+        units, new_units = len(old.get(name, ())), len(new.get(name, ()))
+        weights[name] = grow_rows(tensor, units, new_units) if new_units > units else tensor
     with torch.no_grad():
         model.load_state_dict(weights)

@@ -1,7 +1,5 @@
-"""What a resume takes from the run dir besides its checkpoint, and when it has nothing to do:
-the user's edits of RUN/config.yaml (`with_edits`, which `run_dir.resume_config` applies) and
-the refusal of a resume that would stop at once (`require_steps_left`), and of one that would
-change the budget of a run that ended at its time budget (`require_same_budget`)."""
+"""What a resume takes from the run dir besides its checkpoint (the user's edits of
+RUN/config.yaml), and the resumes refused before the run is built."""
 
 from __future__ import annotations
 
@@ -20,9 +18,8 @@ from charlm.training import checkpoint
 
 def with_edits(run_dir: Path, saved: dict[str, Any], ckpt_path: Path) -> dict[str, Any]:
     """The checkpoint's config `saved` with the keys the user changed in RUN/config.yaml since
-    it was written (said on stderr): an edit there counts as --set would, so the architecture
-    stays locked, and --set wins over it. The run dir is where config.yaml is, whatever
-    train.out_dir it names."""
+    it was written (said on stderr): an edit counts as --set would, so the architecture stays
+    locked. train.out_dir is not read from it: the run dir is where it is."""
     raw = copy.deepcopy(saved)
     path = run_dir / "config.yaml"
     if not path.is_file():  # removed, or not a regular file: the checkpoint's config is the run's
@@ -46,9 +43,8 @@ def with_edits(run_dir: Path, saved: dict[str, Any], ckpt_path: Path) -> dict[st
 
 
 def require_steps_left(cfg: RunConfig, ckpt: dict[str, Any], path: Path) -> None:
-    """Refuse, before the run is built, a resume that would stop at once: the checkpoint
-    (read from `path`) is at or past max_iters, or its time budget ended it (at the step
-    `budget_steps` records), and the eval of its step is not still due."""
+    """Refuse a resume that would stop at once: the checkpoint (read from `path`) is at or past
+    max_iters, or its time budget ended it, and the eval of its step is not still due."""
     try:
         checkpoint.check_train_state(ckpt)
     except ValueError as e:
@@ -68,19 +64,21 @@ def require_steps_left(cfg: RunConfig, ckpt: dict[str, Any], path: Path) -> None
         f"with {how}--set train.max_iters=N (N above {step})")
 
 
-def require_same_budget(max_time: float | None, max_iters: int | None,
-                        saved_time: float | None, saved_iters: int | None,
-                        budget_steps: int | None) -> None:
-    """A run its time budget ended (at step `budget_steps`) has decayed its learning rate to
-    the end: refuse a train.max_time other than the one that ended it (`saved_time`), or a
-    train.max_iters the user set (other than the saved config's `saved_iters`; None: none
-    set), either of which would not apply."""
+def require_same_budget(cfg: RunConfig, ckpt: dict[str, Any], iters_set: bool) -> None:
+    """A run its time budget ended has decayed its learning rate to the end: refuse another
+    train.max_time, or a train.max_iters the user set (`iters_set`), neither of which would
+    apply. Malformed parts of `ckpt` are the restore's to report."""
+    saved, ts = checkpoint.saved_section(ckpt, "train"), ckpt.get("train_state")
+    max_time, saved_time = cfg.train.max_time, saved.get("max_time")
+    # an older version's planned steps, ahead of the checkpoint's step, are no end
+    budget_steps = (ts.get("budget_steps") if isinstance(ts, dict)
+                    and ts.get("budget_steps") == ts.get("step") else None)
     if budget_steps is None or max_time is None or saved_time is None:
         return  # not ended by its budget, or the budget is dropped (max_iters rules)
     if max_time != saved_time:
         key = f"train.max_time={format_duration(max_time)}"
-    elif max_iters is not None and max_iters != saved_iters:
-        key = f"train.max_iters={max_iters}"
+    elif iters_set and cfg.train.max_iters != saved.get("max_iters"):
+        key = f"train.max_iters={cfg.train.max_iters}"
     else:
         return
     raise CharlmError(
@@ -91,15 +89,12 @@ def require_same_budget(max_time: float | None, max_iters: int | None,
 
 
 def require_same_average(cfg: RunConfig, ckpt: dict[str, Any], path: Path) -> None:
-    """Refuse a resume that turns `optim.ema` on or off: the checkpoint holds an average and
-    the trained weights beside it (saved as "train_model"), or the trained weights alone
-    (`ckpt`, read from `path`)."""
+    """Refuse a resume that turns `optim.ema` on or off (a checkpoint with an average holds the
+    trained weights beside it, as "train_model")."""
     had = "train_model" in ckpt
     if had == (cfg.optim.ema > 0):
         return
-    config = ckpt.get("config")
-    optim = config.get("optim") if isinstance(config, dict) else None
-    saved = optim.get("ema") if isinstance(optim, dict) and had else 0.0
+    saved = checkpoint.saved_section(ckpt, "optim").get("ema") if had else 0.0
     if not isinstance(saved, (int, float)) or isinstance(saved, bool):
         raise checkpoint.damaged(path, "optim.ema of its config is not a number")
     raise CharlmError(

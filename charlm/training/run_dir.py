@@ -1,7 +1,5 @@
-"""What belongs to a run dir: its files (`RUN_FILES`), the lock a run holds on it, refusing to
-start over an existing run or among files that are no run's, clearing a run's own files for
---overwrite, removing what a killed run left half-saved, and the config of a resumed run
-(`resume_config`)."""
+"""A run dir: its files (`RUN_FILES`), the lock a run holds on it, the checks before a run starts
+there, what --overwrite clears, and the config a resume reads from it (`resume_config`)."""
 
 from __future__ import annotations
 
@@ -19,12 +17,12 @@ from charlm.config.yaml_files import read_yaml_file
 from charlm.core.errors import CharlmError
 from charlm.core.files import locked_dir, make_writable_dir, remove_temps, some, strangers
 from charlm.training import checkpoint, steps
+from charlm.training.metrics import TB_EVENTS
 from charlm.training.resume import require_same_budget, with_edits
 
 # What a run writes, and all that --overwrite removes (of tb/, only TensorBoard's event files;
 # of checkpoints/, only its step-NNNNNN.pt files, see `steps`).
 RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "tb", "config.yaml", steps.STEPS_DIR)
-TB_EVENTS = "events.out.tfevents.*"
 # Made before a run's first step, and kept by --overwrite: the dataset cache of `charlm train
 # TEXT` (reused while its text is unchanged), and the config and log of a `charlm tune` trial.
 KEPT = ("dataset", "trial.yaml", "train.log")
@@ -32,13 +30,9 @@ KEPT = ("dataset", "trial.yaml", "train.log")
 
 def resume_config(run_dir: Path, config_path: str | Path | None,
                   overrides: Sequence[Override]) -> RunConfig:
-    """The config of a resumed run: the checkpoint's, with the user's edits of RUN/config.yaml
-    (`resume.with_edits`), or CONFIG's, then the overrides.
-
-    The architecture comes from the checkpoint: an override, edit or CONFIG that changes it is
-    an error, as is one that changes `optim.name` or the budget of a run its time budget ended
-    (`require_same_budget`).
-    """
+    """The config of a resumed run: the checkpoint's with the user's edits of RUN/config.yaml
+    (`with_edits`), or CONFIG's, then the overrides. One that changes the architecture,
+    `optim.name` or the budget of a run its time budget ended is an error."""
     ckpt_path = run_dir / "last.pt"
     if ckpt_path.is_dir():  # not "no checkpoint": a fresh start would send the user back here
         raise CharlmError(f"--resume: {ckpt_path} is a directory, not a checkpoint; move it out "
@@ -55,16 +49,9 @@ def resume_config(run_dir: Path, config_path: str | Path | None,
     else:
         raw = apply_overrides(with_edits(run_dir, saved, ckpt_path), overrides)
         cfg = RunConfig.from_dict(raw, f"{ckpt_path} config")
-    ts, saved_train = ckpt.get("train_state"), saved.get("train")
-    saved_train = saved_train if isinstance(saved_train, dict) else {}
-    require_same_budget(  # malformed parts are the restore's to report
-        cfg.train.max_time,
-        # without CONFIG, a max_iters other than the checkpoint's is the user's (--set, edit)
-        cfg.train.max_iters if config_path is None else None,
-        saved_train.get("max_time"), saved_train.get("max_iters"),
-        # an older version's planned steps, ahead of the checkpoint's step, are no end
-        ts.get("budget_steps") if isinstance(ts, dict) and ts.get("budget_steps") == ts.get(
-            "step") else None)
+    # without CONFIG, a max_iters other than the checkpoint's is the user's (--set, edit)
+    require_same_budget(cfg, ckpt, iters_set=config_path is None)
+    saved_train = checkpoint.saved_section(ckpt, "train")
     if saved_train.get("init_from") is not None:  # a fine-tune's parent is its history
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **{
             key: saved_train.get(key) for key in ("init_from", "init_from_sha256")}))
@@ -78,20 +65,13 @@ def resume_config(run_dir: Path, config_path: str | Path | None,
                 f"{ckpt_path}; the architecture of a run cannot change (drop the override, or "
                 "start a new run with another --out)"
             )
-    optim = saved.get("optim") if isinstance(saved.get("optim"), dict) else {}
-    name = optim.get("name", OptimConfig.name)  # a checkpoint from before optim.name: AdamW's
+    # a checkpoint from before optim.name: AdamW's
+    name = checkpoint.saved_section(ckpt, "optim").get("name", OptimConfig.name)
     if cfg.optim.name != name:  # the optimizer's state holds one optimizer's moments
         raise CharlmError(f"--resume: optim.name={cfg.optim.name!r} conflicts with the "
                           f"checkpoint's {name!r} in {ckpt_path}; a run keeps its optimizer "
                           "(drop the override, or start a new run with another --out)")
     return cfg
-
-
-def holds_run(run_dir: Path) -> bool:
-    """Whether `run_dir` holds a run: a charlm checkpoint, or the complete run config a run
-    writes first (a run stopped before its first checkpoint). Other files of these names do not
-    make a run: they are not charlm's to replace."""
-    return any(_is_own(run_dir / name) for name in ("last.pt", "best.pt", "config.yaml"))
 
 
 def _is_own(path: Path) -> bool:
@@ -112,8 +92,7 @@ def _is_own(path: Path) -> bool:
 
 
 def _written_by_run(config: Path) -> bool:
-    """A config.yaml as a run writes it: a run config with every key (the resolved config); a
-    user's own config names only what it changes, so it makes no run."""
+    """A config.yaml with every key, as a run writes it (a user's names only what it changes)."""
     try:
         raw, full = read_yaml_file(config), load_config(config).to_dict()
     except (CharlmError, OSError):
@@ -124,12 +103,12 @@ def _written_by_run(config: Path) -> bool:
 
 def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
     """Refuse to start a fresh run over an existing one unless told to, or in a non-empty
-    directory that holds no run (a run among unrelated files would make their names charlm's);
-    make sure the run dir is writable. Removes nothing (see `clear_run`)."""
+    directory that holds no run; make sure the run dir is writable. Removes nothing."""
     if run_dir.exists() and not run_dir.is_dir():
         raise CharlmError(f"train.out_dir {run_dir} is a file; choose a directory")
     if run_dir.is_dir() and not resume:
-        if holds_run(run_dir):
+        # a run: a checkpoint, or the complete config a run writes first (not another tool's)
+        if any(_is_own(run_dir / name) for name in ("last.pt", "best.pt", "config.yaml")):
             _check_run_files(run_dir, overwrite)
         else:
             # files of a run's names are not a run's here; its killed saves' temporaries may be
@@ -162,10 +141,8 @@ def _check_run_files(run_dir: Path, overwrite: bool) -> None:
 
 
 def clear_run(run_dir: Path) -> None:
-    """--overwrite: remove the previous run's files, only those charlm wrote (of tb/, its event
-    files: a user's notes there stay; of checkpoints/, its step checkpoints); the dataset cache
-    and anything else stays. config.yaml goes last, so a run stopped in between is still known
-    as a run."""
+    """--overwrite: remove the previous run's files, only those charlm wrote (see `RUN_FILES`).
+    config.yaml goes last, so a run stopped in between is still known as a run."""
     steps.clear(run_dir)
     for event in (run_dir / "tb").glob(TB_EVENTS):
         event.unlink(missing_ok=True)
@@ -187,10 +164,8 @@ def start_run(run_dir: Path, cfg: RunConfig) -> None:
 @contextlib.contextmanager
 def run_lock(run_dir: Path, enabled: bool = True) -> Iterator[None]:
     """Hold the lock on the run dir (`locked_dir`) for the whole run, so a second `charlm train`
-    into it (a fresh start or a --resume), or a `charlm prepare` into a folder inside it, is
-    refused instead of interleaving its files with this one's. An empty run dir made here (a
-    run that failed before writing anything, such as `charlm train` on a mistyped file name)
-    is removed again."""
+    or a `charlm prepare` into it is refused instead of interleaving its files with this one's.
+    An empty run dir made here (a run that failed before writing anything) is removed again."""
     if not enabled:
         yield
         return

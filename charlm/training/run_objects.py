@@ -1,17 +1,13 @@
-"""A training run's objects: `TrainState`, the `Run` that `build_run` makes once (data, sampler,
-model and its compiled / DDP wrappers, optimizer, scaler, state), and its files (`RunFiles`),
-opened once the run has started.
-
-Fresh and resumed runs build the same objects; a resume then loads the map of stateful objects
-(`Run.stateful`) from `last.pt`, the map every checkpoint saves. The loop is
-`charlm.training.loop`'s. """
+"""A training run's objects: `TrainState`, the `Run` that `build_run` makes once, the same for a
+fresh and a resumed run (a resume then loads `Run.stateful` from `last.pt`), and its files
+(`RunFiles`), opened once the run has started."""
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +24,16 @@ from charlm.model import footprint
 from charlm.runtime.device import require_memory
 from charlm.runtime.distributed import Dist
 from charlm.runtime.precision import compile_model, grad_scaler
+from charlm.training import checkpoint
 from charlm.training.average import WeightAverage
-from charlm.training.checkpoint import OptimizerState, RNGState, ScalerState, Stateful
+from charlm.training.checkpoint import Entry, RNGState, Stateful, load_scaler
 from charlm.training.evaluation import eval_batches_per_forward
 from charlm.training.faults import BadSteps
 from charlm.training.metrics import MetricsLogger
-from charlm.training.optimizer import Optimizer, make_optimizer
+from charlm.training.optimizer import Optimizer, load_state, make_optimizer
 from charlm.training.parent import Parent, base_vocab, init_from_parent
 from charlm.training.run_dir import clear_run, start_run
+from charlm.training.schedule import Clock
 from charlm.training.sizing import size_model
 from charlm.training.tasks import PairsTask, Task, task_for
 
@@ -54,14 +52,11 @@ class TrainState:
     bad: BadSteps = field(default_factory=BadSteps, repr=False, compare=False)
 
     @property
-    def skipped_steps(self) -> int:
-        """Steps whose update was skipped for a non-finite loss or grad norm (waits for the
-        device)."""
+    def skipped_steps(self) -> int:  # waits for the device, as does bad_streak
         return int(self.bad.total)
 
     @property
-    def bad_streak(self) -> int:
-        """Of those, how many in a row ended at `step` (max_bad_steps stops a run)."""
+    def bad_streak(self) -> int:  # skipped steps in a row, up to `step`
         return int(self.bad.streak)
 
     def state_dict(self) -> dict[str, Any]:
@@ -80,22 +75,17 @@ class TrainState:
         self.bad.load_state_dict(state)
 
 
-def require_model_memory(task: Task, device: torch.device) -> None:
-    """Refuse a model whose float32 weights, gradients and two AdamW moments (16 bytes a
-    parameter, before any activation) alone exceed the device's memory: it could never train."""
+def require_batch_memory(task: Task, device: torch.device, dtype: torch.dtype, rows: int) -> None:
+    """Refuse a model whose float32 weights, gradients and AdamW moments (16 bytes a parameter)
+    alone exceed the device's memory, then a micro-batch of `rows` whose activations do with
+    them (an eval forward of the same rows needs less)."""
     params = task.parameter_count()
     require_memory(16 * params, device,
                    f"the model has {params:,} parameters, whose weights, gradients and AdamW "
                    "state need {gib}", "make model.n_layer or model.n_embd smaller")
-
-
-def require_batch_memory(task: Task, device: torch.device, dtype: torch.dtype, rows: int) -> None:
-    """Refuse a micro-batch of `rows` whose activations (kept for the backward), with the
-    model's training state, exceed the device's memory, before the first step allocates them.
-    An eval forward of the same rows keeps no activations: this covers it too."""
     m = task.cfg.model
     vocab = task.vocab.target_size if m.arch == "encoder_decoder" else len(task.vocab)
-    need = footprint.training_bytes(m, vocab, rows, dtype, device) + 16 * task.parameter_count()
+    need = footprint.training_bytes(m, vocab, rows, dtype, device) + 16 * params
     require_memory(need, device,
                    f"a batch of {rows:,} x {m.block_size} needs about {{gib}} for its "
                    "activations in training (with the model's weights, gradients and AdamW "
@@ -124,8 +114,7 @@ class Run:
 
     @property
     def weights(self) -> torch.nn.Module:
-        """The model the run shows (evals, samples, a checkpoint's "model"): the average of
-        `optim.ema`, else the trained one."""
+        """The model the run shows (evals, samples, a checkpoint's "model")."""
         return self.model if self.average is None else self.average.module
 
     @property
@@ -133,46 +122,48 @@ class Run:
         return Path(self.cfg.train.out_dir)
 
     def stateful(self) -> dict[str, Stateful]:
-        """Everything a checkpoint saves and a resume loads, under its name in the file; with
-        `optim.ema` "model" is the average, and the trained weights are "train_model"."""
+        """Everything a checkpoint saves and a resume loads, under its name in the file."""
         averaged: dict[str, Stateful] = {} if self.average is None else {
             "train_model": self.model, "average": self.average}
-        return {"model": self.weights, **averaged, "optimizer": OptimizerState(self.optimizer),
-                "scaler": ScalerState(self.scaler), "train_state": self.state,
-                "sampler": self.sampler, "rng": RNGState(self.device)}
+        return {"model": self.weights, **averaged,
+                "optimizer": Entry(self.optimizer.state_dict, partial(load_state, self.optimizer)),
+                "scaler": Entry(self.scaler.state_dict, partial(load_scaler, self.scaler)),
+                "train_state": self.state, "sampler": self.sampler, "rng": RNGState(self.device)}
 
 
 @dataclass
 class RunFiles:
-    """A run's config.yaml and log (metrics.jsonl, tb/), opened by the first `open`: a resume's
-    at once, a fresh run's once its first step has run. A run that cannot start (a batch too big
-    for memory, bad data, an error or Ctrl-C before that step) so writes nothing, and
-    `--overwrite` removes the previous run's files only then. Rank 0 writes; the other ranks'
-    log is disabled."""
+    """A run's config.yaml and log, opened by the first `open`: a resume's at once, a fresh
+    run's once its first step has run, so a run that cannot start writes nothing (and
+    `--overwrite` removes nothing)."""
 
     run: Run
+    clock: Clock
     overwrite: bool  # a fresh run over a previous one: clear it when opening
-    total_steps: int | None  # for the progress bar (None: a time budget's, not known)
     start_step: int  # the step the run starts from (0, or the resumed checkpoint's)
     progress: bool | None = None
     intro: str | None = None  # said once the log opens: what the run computes with
     log: MetricsLogger | None = None
 
     def open(self) -> MetricsLogger:
-        """The run's log, its files opened at the first call (on every rank at the same step:
-        rank 0 tells the others whether its writes went through)."""
+        """The run's log, its files opened at the first call (on every rank at the same step;
+        not training time, for tokens/s), with a time budget's deadline for the progress bar."""
         if self.log is not None:
             return self.log
-        run, dist = self.run, self.run.dist
+        run, dist, clock, tc = self.run, self.run.dist, self.clock, self.run.cfg.train
+        t_open = clock.now()
         with dist.main_first():
             if dist.is_main:
                 if self.overwrite:
                     clear_run(run.run_dir)
                 start_run(run.run_dir, run.cfg)
-            self.log = MetricsLogger(run.run_dir, self.total_steps, self.start_step,
-                                     self.progress, enabled=dist.is_main)
+            self.log = MetricsLogger(run.run_dir, tc.max_iters if tc.max_time is None else None,
+                                     self.start_step, self.progress, enabled=dist.is_main)
         if self.intro is not None:
             self.log.message(self.intro)
+        if tc.max_time is not None:
+            self.log.set_deadline(clock.start + tc.max_time - clock.before, clock.now)
+        clock.pause(t_open)
         return self.log
 
     def close(self) -> None:
@@ -181,7 +172,7 @@ class RunFiles:
 
 
 def require_same_vocab(ckpt: dict[str, Any] | None, data_path: str, vocab: Any) -> None:
-    """`vocab`: the data's vocabulary as a checkpoint stores it."""
+    """`vocab`: as a checkpoint stores it."""
     if ckpt is not None and ckpt.get("vocab") != vocab:
         raise CharlmError(
             f"--resume: the vocabulary of {data_path} differs from the run's checkpoint; "
@@ -198,8 +189,11 @@ def warn_about_config(cfg: RunConfig, task: Task, dist: Dist) -> None:
         warn(f"data.val_fraction={cfg.data.val_fraction} does not apply to the "
              f"prepared dataset {cfg.data.shown}, whose split was made with --val-fraction "
              f"{prepared_with}; run `charlm prepare` again to change it")
-    if cfg.train.max_time is None:  # a budget's steps are not known
-        warn_short_warmup(cfg, dist)
+    if (cfg.train.max_time is None  # a budget's steps are not known
+            and cfg.optim.warmup_iters >= cfg.train.max_iters and dist.is_main):
+        warn(f"optim.warmup_iters={cfg.optim.warmup_iters} is not below "
+             f"train.max_iters={cfg.train.max_iters}: the learning rate never reaches "
+             f"optim.lr={cfg.optim.lr:g}; lower optim.warmup_iters to train at full rate")
 
 
 def source_hashes(meta: dict[str, Any]) -> list[Any] | None:
@@ -213,16 +207,15 @@ def source_hashes(meta: dict[str, Any]) -> list[Any] | None:
 def warn_about_split(ckpt: dict[str, Any] | None, cfg: RunConfig, task: Task,
                      before: dict[str, Any] | None, dist: Dist) -> None:
     """Warn (rank 0) when a resumed run's validation split may not be the one its best val loss
-    was measured on: a split fraction differs from the checkpoint's config, or the text from the
-    one the run's dataset cache (`before`: its meta.json before this resume) was made from. The
-    best val loss and best.pt stay: only an eval whose val loss is below it replaces them."""
+    was measured on: a split fraction differs from the checkpoint's, or the text from the one
+    the run's dataset cache was made from (`before`: its meta.json before this resume)."""
     # read with care: the checkpoint is checked only when it is restored, after this
     state, config = (ckpt.get("train_state"), ckpt.get("config")) if ckpt else (None, None)
     best = state.get("best_val") if isinstance(state, dict) else None
     if (not dist.is_main or not isinstance(best, (int, float)) or not math.isfinite(best)
             or not isinstance(config, dict) or prepared_dir(cfg.data) is not None):
         return  # nothing to compare with yet; a prepared dataset dir has its split fixed
-    saved = config.get("data") if isinstance(config.get("data"), dict) else {}
+    saved = checkpoint.saved_section(ckpt, "data")
     keys = ("val_fraction", "test_fraction") if isinstance(task, PairsTask) else ("val_fraction",)
     reasons = [f"data.{key} {saved.get(key, getattr(DataConfig, key))} -> "
                f"{getattr(cfg.data, key)}" for key in keys
@@ -239,29 +232,19 @@ def warn_about_split(ckpt: dict[str, Any] | None, cfg: RunConfig, task: Task,
              "below it")
 
 
-def warn_short_warmup(cfg: RunConfig, dist: Dist) -> None:
-    """Warn when warmup lasts the whole run (train.max_iters)."""
-    if cfg.optim.warmup_iters >= cfg.train.max_iters and dist.is_main:  # a short trial run
-        warn(f"optim.warmup_iters={cfg.optim.warmup_iters} is not below "
-             f"train.max_iters={cfg.train.max_iters}: the learning rate never reaches "
-             f"optim.lr={cfg.optim.lr:g}; lower optim.warmup_iters to train at full rate")
-
-
 def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dtype,
               ckpt: dict[str, Any] | None, parent: Parent | None = None,
               size: Collection[str] | None = None) -> Run:
-    """Build a run's objects, the same for a fresh and a resumed run (`ckpt`, whose state is
-    loaded afterwards, is only checked against the data's vocabulary); a fresh fine-tune's
-    model starts from its `parent`'s weights; `size`: the keys the user set, when the GPT is
-    to be sized to the budget (`size_model`)."""
+    """Build a run's objects (`ckpt`, whose state is loaded afterwards, is only checked against
+    the data's vocabulary); `parent`, `size`: as for `loop.train`."""
     tc = cfg.train
-    same_vocab = functools.partial(require_same_vocab, ckpt, cfg.data.shown)
+    same_vocab = partial(require_same_vocab, ckpt, cfg.data.shown)
     cache = Path(tc.out_dir) / "dataset"
     before = dataset_meta(cache) if ckpt is not None and dist.is_main else None
     if ckpt is not None and missing_inputs(cfg.data.inputs) and (cache / "meta.json").is_file():
         raise CharlmError(f"--resume: input file not found: {missing_inputs(cfg.data.inputs)[0]} "
-                          "(data.path), but the "
-                          f"run's prepared copy is in {cache}; resume with --data {cache}")
+                          f"(data.path), but the run's prepared copy is in {cache}; resume with "
+                          f"--data {cache}")
     with dist.main_first():  # rank 0 prepares the dataset cache; the others then reuse it
         task = task_for(cfg, cache, same_vocab, base_vocab(cfg, ckpt, parent))
     if size is not None:
@@ -272,7 +255,6 @@ def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dty
     warn_about_config(cfg, task, dist)
     warn_about_split(ckpt, cfg, task, before, dist)
     sampler = task.sampler("train", tc.seed, device, rows=dist.rows(tc.batch_size))
-    require_model_memory(task, device)
     require_batch_memory(task, device, dtype, len(range(sampler.batch_size)[sampler.rows]))
     model = task.new_model().to(device)
     if parent is not None and ckpt is None:

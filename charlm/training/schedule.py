@@ -1,19 +1,9 @@
-"""When things happen in a run: `Schedule` answers, for a step and the run's elapsed time, the
-learning rate and whether the step logs, evaluates, saves and is the last; `Clock` keeps the
-run's time, the one place that reads it.
-
-The learning rate warms up linearly over `optim.warmup_iters` steps, then follows
-`optim.schedule` along the run's progress, 0 to 1: `wsd` holds the peak, then decays linearly
-to `min_lr` over the final `decay_frac` (warmup-stable-decay: Hägele et al. 2024 and Bergsma et
-al. 2025 find it at least matching cosine), `cosine` decays along a half cosine. With
-`train.max_iters` the progress counts steps, so a run and its resume are repeatable bitwise. With
-a time budget (`train.max_time`) it is the elapsed time over the time left for training, as
-karpathy/autoresearch's `progress = training_time / budget`: the budget less a reserve for one
-more step and the final evaluation with its checkpoints (`Clock.final_s`; never going back).
-The step after which that reserve no longer fits is the last, so the run ends within its budget
-whatever the machine's speed does; its steps follow the clock, so a budgeted run does not
-repeat bitwise.
-"""
+"""When things happen in a run: `Schedule` gives a step's learning rate (linear warmup, then
+`optim.schedule` along the run's progress: `wsd`, which Hägele et al. 2024 and Bergsma et al.
+2025 find at least matching `cosine`) and whether the step logs, evaluates, saves and is the
+last; `Clock` keeps the run's time, the one place that reads it. With `train.max_iters` the
+progress counts steps, so a run and its resume repeat bitwise; with `train.max_time` it is the
+elapsed share of the budget (docs/design.md, "The time budget")."""
 
 from __future__ import annotations
 
@@ -28,8 +18,8 @@ from charlm.config.schema import TrainConfig
 
 @dataclass
 class Schedule:
-    """The schedule of a run with these `optim` and `train` sections. `reached`: a time
-    budget's progress so far, which never goes back when the reserve's estimate falls."""
+    """`reached`: a time budget's progress so far, which never goes back when the reserve's
+    estimate falls."""
 
     optim: OptimConfig
     train: TrainConfig
@@ -81,10 +71,8 @@ class Schedule:
 
 @dataclass
 class Clock:
-    """The run's time, read in one place (`now`: time.perf_counter, or a test's clock): its
-    wall time in train() summed over resumes (`elapsed`), pauses for evaluations and writes
-    (`pause`, out of the step times and tokens/s), the latest step's time, what an
-    evaluation with its writes costs, and the tokens since the last log line."""
+    """The run's time, read in one place (`now`: time.perf_counter, or a test's clock), with
+    pauses for evaluations and writes kept out of the step times and tokens/s."""
 
     start: float  # now() when train() began
     before: float = 0.0  # elapsed_s of the checkpoint resumed from
@@ -108,8 +96,8 @@ class Clock:
 
     def pause(self, since: float, eval_s: float | None = None, save_s: float | None = None
               ) -> None:
-        """Count the time from `since` to now as paused; an evaluation's and its writes'
-        seconds, if any, become the cost `final_s` counts on."""
+        """Count the time from `since` to now as paused; `eval_s`, `save_s`: the costs
+        `final_s` counts on."""
         now = self.now()
         self.t_log += now - since
         self.t_step = now if self.t_step is None else self.t_step + now - since

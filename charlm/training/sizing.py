@@ -1,31 +1,8 @@
-"""Models sized to a time budget: `charlm train TEXT --time 10m` with no config picks the GPT for
-the budget, this machine's measured speed and the data's size (`size_model`), and says what it
-picked and why in one line; pairs (`--set model.arch=encoder_decoder`) get an encoder-decoder
-the same way, from `PAIR_LADDER`. The keys the user set (`--set model.n_layer=6`) win over the
-pick.
-
-The rule, fitted on this project's runs (docs/design.md, "Models sized to the budget"):
-
-1. A ladder of GPTs (`LADDER`), each about twice the parameters of the one before, with the
-   block size, batch and learning rate that suit it, in one recipe (`GPT_STYLE`, `GPT_RECIPE`):
-   rotary positions, as the CPU presets have, and the levers that won at equal wall time
-   (docs/benchmarks.md): a ReLU^2 MLP, a logit softcap, a bigram table, weight decay on the
-   blocks' matrices alone and an EMA of the weights (QK-norm cost more time than it gained).
-2. Each rung's training speed is measured here, before the run is built, from the smallest up
-   (`measure_rate`: a few steps on random tokens with the run's device, dtype and threads, timed
-   by the profile, `charlm.runtime.profile.train_rate`); the pick is recorded in config.yaml.
-3. The pick is the largest rung whose tokens in the budget (its rate over TRAIN_SHARE of the
-   budget) reach TOKENS_PER_PARAMETER times its parameters, a bigram table's aside
-   (`bigram_table`): a bigger model than that sees too few tokens to beat it in the time. The
-   smallest rung when none does.
-4. Dropout from the epochs the pick makes of the training split (`DROPOUT`): none below 10, 0.1
-   from 10, 0.2 from 32 (nanoGPT's for its baby GPT). Dropout slows a CPU step, so it comes only
-   where that many epochs overfit (docs/benchmarks.md, "The sizing rule's evidence").
-
-An encoder-decoder's ladder (`PAIR_LADDER`) has the G2P preset's architecture (sinusoidal
-positions, label smoothing 0.1, its batch of 128), each side n_layer deep, and the block the
-data's longest pair needs; its tokens are the sources' and the targets' ids, and the same rule
-picks from it (docs/design.md says what that rests on).
+"""Models sized to a time budget: `charlm train TEXT --time 10m` without a config picks the
+largest GPT of `LADDER` (for pairs, the encoder-decoder of `PAIR_LADDER`) whose tokens in the
+budget, at this machine's measured speed, reach TOKENS_PER_PARAMETER times its parameters, and
+says what it picked and why in one line. The keys the user set win over the pick. The rule and
+what it rests on: docs/design.md, "Models sized to the budget".
 """
 
 from __future__ import annotations
@@ -43,7 +20,7 @@ from charlm.runtime.precision import autocast
 from charlm.runtime.profile import train_rate
 from charlm.training.tasks import PairsTask, Task
 
-TOKENS_PER_PARAMETER = 4.0  # fitted: see the module's docstring
+TOKENS_PER_PARAMETER = 4.0  # fitted: docs/design.md
 TRAIN_SHARE = 0.85  # of the budget spent in training steps (start-up and evaluations take the rest)
 DROPOUT = ((32.0, 0.2), (10.0, 0.1))  # (epochs from which, dropout); none below the last
 
@@ -51,8 +28,7 @@ DROPOUT = ((32.0, 0.2), (10.0, 0.1))  # (epochs from which, dropout); none below
 @dataclasses.dataclass(frozen=True)
 class Rung:
     """One size of a ladder: the model's shape and the batch and learning rate it trains at.
-    An encoder-decoder's rung (`PAIR_LADDER`) has no block of its own: the data's longest pair
-    sets it, and n_layer is each side's depth."""
+    An encoder-decoder's n_layer is each side's depth."""
 
     n_layer: int
     n_embd: int
@@ -62,7 +38,7 @@ class Rung:
     lr: float
 
     def block(self, room: int | None) -> int:
-        """Its block, cut to `room`, the longest the data's splits allow (None: any); an
+        """Its block cut to `room`, the longest the data allows (None: any); an
         encoder-decoder's is `room`, the longest its pairs need."""
         if self.block_size is None:
             assert room is not None, "an encoder-decoder's block is its data's"
@@ -118,9 +94,8 @@ PAIR_LADDER = (  # the second is configs/g2p_cmudict.yaml's shape
 
 @dataclasses.dataclass
 class Pick:
-    """The rung picked, with what the rule saw: its rate (tokens/s), its tokens in the budget,
-    its parameters, the epochs of the training split, and the next rung's tokens a parameter
-    (None: the ladder's top)."""
+    """The rung picked, with what the rule saw; `next_ratio`: the next rung's tokens a
+    parameter (None: the ladder's top)."""
 
     rung: Rung
     rate: float
@@ -156,8 +131,7 @@ class Pick:
 
 
 def rung_keys(rung: Rung, room: int | None) -> dict[str, Any]:
-    """The config keys of a rung's model and batch, its block cut to `room` (and an
-    encoder-decoder's recipe: `PAIR_RECIPE`)."""
+    """The config keys of a rung's model, batch and recipe, its block cut to `room`."""
     keys = {f"model.{k}": v for k, v in rung.shape(room).items()}
     keys["train.batch_size"] = rung.batch_size
     return keys | (PAIR_RECIPE if rung.block_size is None else GPT_RECIPE)
@@ -166,10 +140,9 @@ def rung_keys(rung: Rung, room: int | None) -> dict[str, Any]:
 def pick(seconds: float, rate: Callable[[Rung], float], train_tokens: int,
          count: Callable[[Rung], int], room: int | None = None,
          ladder: tuple[Rung, ...] = LADDER) -> Pick:
-    """The rung of `ladder` for a budget of `seconds` (the rule of the module's docstring):
-    `rate(rung)` its measured tokens/s, asked from the smallest rung up until the rule stops;
-    `count(rung)` its parameters; `room`: the longest block the data's splits allow (None:
-    any), or an encoder-decoder's block."""
+    """The rung of `ladder` for a budget of `seconds`: `rate(rung)`, its measured tokens/s, is
+    asked from the smallest rung up until the rule stops (the smallest when none passes);
+    `count(rung)`: its parameters; `room`: as for `Rung.block`."""
     chosen: Pick | None = None
     for rung in ladder:
         params = count(rung)
@@ -185,17 +158,15 @@ def pick(seconds: float, rate: Callable[[Rung], float], train_tokens: int,
 
 
 def bigram_table(task: Task) -> int:
-    """The parameters of the task's bigram table (`model.bigram`), which the rule does not
-    count: a lookup of one row a token, it costs a step little compute (as nanochat's fits
-    count the matrices and the head)."""
+    """The parameters of the task's bigram table, which the rule does not count: a lookup of
+    one row a token costs a step little compute (nanochat's fits count the matrices and head)."""
     m = task.cfg.model
     return (len(task.vocab) + 1) * len(task.vocab) * m.n_embd if m.bigram else 0
 
 
 def measure_rate(task: Task, device: torch.device, dtype: torch.dtype) -> float:
-    """Training tokens a second of the task's model and batch here (`profile.train_rate`):
-    AdamW steps on random ids shaped like its batches (`random_batch`); the tokens of a step are
-    its inputs'. Draws nothing from the run's random streams."""
+    """Training tokens a second of the task's model and batch here: AdamW steps on random ids
+    shaped like its batches. Draws nothing from the run's random streams."""
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         model = task.new_model().to(device)
         batch = task.random_batch(task.cfg.train.batch_size, device)
@@ -213,9 +184,8 @@ def measure_rate(task: Task, device: torch.device, dtype: torch.dtype) -> float:
 
 def size_model(cfg: RunConfig, given: Collection[str], task: Task, dist: Dist,
                device: torch.device, dtype: torch.dtype) -> RunConfig:
-    """`cfg` with the model picked for its train.max_time (`pick`: a GPT, or an
-    encoder-decoder for pairs) over the task's data, but the keys in `given` (the user's);
-    rank 0 says each rung's speed as it is timed, then why in one line. Every rank times the
+    """`cfg` with the model `pick` chooses for its train.max_time, but the keys in `given` (the
+    user's); rank 0 says each rung's speed as it is timed, then the pick. Every rank times the
     rungs and takes the slowest rank's rate, so that all pick alike."""
     assert cfg.train.max_time is not None
     room = task.room()

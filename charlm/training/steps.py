@@ -1,7 +1,6 @@
-"""The checkpoints a run keeps by step (`train.keep_checkpoints`): `checkpoints/step-000500.pt`
-in the run dir, written atomically with each `last.pt` and pruned to the newest N; and finding
-one by its step (`charlm sample RUN --step 500`). Only files of exactly this name are a run's
-own: anything else in checkpoints/ is the user's, never pruned or removed."""
+"""The checkpoints a run keeps by step (`train.keep_checkpoints`): `checkpoints/step-000500.pt`,
+written with each `last.pt`, pruned to the newest N and found by step (`--step 500`). Only files
+of exactly this name are the run's: anything else in checkpoints/ is the user's and stays."""
 
 from __future__ import annotations
 
@@ -24,8 +23,8 @@ def step_path(run_dir: Path, step: int) -> Path:
 
 
 def saved_steps(run_dir: Path) -> list[int]:
-    """The steps whose checkpoints the run keeps, in order: the regular files named as
-    `step_path` names them (`step-0500.pt` or a directory is not one)."""
+    """The steps whose checkpoints the run keeps, in order: regular files named exactly as
+    `step_path` names them."""
     folder = Path(run_dir) / STEPS_DIR
     if not folder.is_dir():
         return []
@@ -44,8 +43,8 @@ def prune(run_dir: Path, keep: int) -> None:
 
 
 def clear(run_dir: Path) -> None:
-    """--overwrite, or a start after a killed save: remove every step checkpoint of the run and
-    what a killed save left half-written, then checkpoints/ itself if nothing else is in it."""
+    """Remove every step checkpoint of the run and what a killed save left half-written, then
+    checkpoints/ itself if nothing else is in it."""
     folder = Path(run_dir) / STEPS_DIR
     prune(run_dir, 0)
     remove_temps_of_steps(run_dir)
@@ -54,16 +53,15 @@ def clear(run_dir: Path) -> None:
 
 
 def remove_temps_of_steps(run_dir: Path) -> None:
-    """Remove the temporary files of step checkpoints that a killed save left (only the holder
-    of the run lock may: no other process writes there)."""
+    """Remove the temporary files a killed save of a step checkpoint left (only the holder of
+    the run lock may)."""
     for tmp in (Path(run_dir) / STEPS_DIR).glob(".step-*.pt.tmp-*"):  # `temp_beside`'s names
         if _TEMP.fullmatch(tmp.name) and tmp.is_file():
             tmp.unlink(missing_ok=True)
 
 
 def find_step(run_dir: Path, step: int) -> Path:
-    """The checkpoint of `step` that the run in `run_dir` keeps; else one error that lists the
-    steps it keeps."""
+    """The checkpoint of `step` that the run keeps; else an error that lists those it keeps."""
     path = step_path(run_dir, step)
     if path.is_file():
         return path

@@ -1,9 +1,6 @@
 """What differs between training a GPT on text and an encoder-decoder on pairs: the data, its
-batches, the model, what a checkpoint stores as the vocabulary, and what an eval shows besides
-the loss. `task_for` picks one by `model.arch`; training, evaluation and loading ask it.
-
-Which data a run trains on, without torch, is `charlm.data.datasets`.
-"""
+batches, the model, the vocabulary a checkpoint stores, and what an eval shows besides the loss.
+`task_for` picks one by the run's data; training, evaluation and loading ask it."""
 
 from __future__ import annotations
 
@@ -47,19 +44,19 @@ class TextTask:
         return BatchSampler(self.data.split(split), self.cfg.model.block_size,
                             self.cfg.train.batch_size, device, seed, name=split, rows=rows)
 
-    def new_model(self) -> GPT:
-        return GPT(self.cfg.model, len(self.vocab))
+    def new_model(self) -> torch.nn.Module:
+        return build_model(self.cfg, self.vocab)
 
     def parameter_count(self) -> int:
         return gpt.parameter_count(self.cfg.model, len(self.vocab))
 
     def example_batch(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-        """Zeros shaped like a training batch (what `compile_model` tries the graph on)."""
+        """Zeros shaped like a training batch, for `compile_model`."""
         shape = (rows, self.cfg.model.block_size)
         return tuple(torch.zeros(shape, dtype=torch.long, device=device) for _ in "xy")
 
     def random_batch(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-        """Random ids shaped like a training batch (what `charlm.training.sizing` times)."""
+        """Random ids shaped like a training batch, for `sizing` to time."""
         x = torch.randint(len(self.vocab), (rows, self.cfg.model.block_size), device=device)
         return x, x
 
@@ -72,9 +69,8 @@ class TextTask:
 
     def eval_report(self, model: torch.nn.Module, stop: Callable[[], bool] | None = None
                     ) -> tuple[dict[str, float], str, str | None]:
-        """What an eval logs besides the losses: metrics (none), their text for the eval's
-        line, and a sample of train.sample_chars characters (None when 0), cut short once
-        stop() says so."""
+        """What an eval logs besides the losses: metrics, their text for the eval's line, and
+        a sample (None: none), cut short once stop() says so."""
         tc = self.cfg.train
         return {}, "", (preview(model, self.vocab, tc.sample_chars, tc.seed, stop)
                         if tc.sample_chars else None)
@@ -106,8 +102,7 @@ class PairsTask:
                                 device, seed, rows=rows)
 
     def new_model(self) -> torch.nn.Module:
-        return EncoderDecoder(self.cfg.model, self.vocab.source_size, self.vocab.target_size,
-                              self.vocab.src_pad)
+        return build_model(self.cfg, self.vocab)
 
     def parameter_count(self) -> int:
         return encoder_decoder.parameter_count(self.cfg.model, self.vocab.source_size,
@@ -120,7 +115,7 @@ class PairsTask:
 
     def random_batch(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
         """Random ids shaped like a typical training batch: sources and targets (after the
-        begin id) of the training split's mean lengths (`charlm.training.sizing` times it)."""
+        begin id) of the training split's mean lengths."""
         train = self.data.train
         S, T = (max(1, round(float(np.diff(o).mean()))) if len(o) > 1 else 1
                 for o in (train.src_offsets, train.tgt_offsets))
@@ -140,9 +135,8 @@ class PairsTask:
 
     def eval_report(self, model: torch.nn.Module, stop: Callable[[], bool] | None = None
                     ) -> tuple[dict[str, float], str, str | None]:
-        """Exact match and CER (PER for space units) of the greedy outputs for the first
-        train.eval_pairs val sources (the same ones at every eval), and a few of those outputs
-        as the sample. `stop` is not asked: the metrics need every output."""
+        """Exact match and CER of the greedy outputs for the first train.eval_pairs val
+        sources, and a few of them as the sample. `stop` is not asked: the metrics need all."""
         n = self.cfg.train.eval_pairs
         if not n:
             return {}, "", None
@@ -165,16 +159,13 @@ Task = TextTask | PairsTask
 def task_for(cfg: RunConfig, cache_dir: Path,
              check: Callable[[Any], None] | None = None,
              base: Vocab | PairVocab | None = None) -> Task:
-    """The run's task over its data (`prepared_data`: a text or .tsv file is prepared into
-    `cache_dir`, reused while unchanged; `check` sees the vocabulary before a cache is rebuilt;
-    `base`: a fine-tuned model's vocabulary, whose ids the data keeps)."""
+    """The run's task over its data, prepared into `cache_dir` if need be (`prepared_data`)."""
     data = prepared_data(cfg, cache_dir, check, base)
     return PairsTask(cfg, data) if isinstance(data, PairDataset) else TextTask(cfg, data)
 
 
 def vocab_from_state(state: Any) -> Vocab | PairVocab:
-    """The vocabulary a checkpoint stores: a GPT's `Vocab.state()` (a list of characters, or
-    its units and chars) or a PairVocab's dict."""
+    """The vocabulary a checkpoint stores: a GPT's `Vocab.state()` or a PairVocab's dict."""
     if isinstance(state, dict) and "units" not in state:
         return PairVocab.from_dict(state)
     return Vocab.from_state(state)
@@ -186,15 +177,13 @@ def build_model(cfg: RunConfig, vocab: Vocab | PairVocab) -> torch.nn.Module:
         raise ValueError(f"model.arch {cfg.model.arch} does not match the stored vocabulary")
     if isinstance(vocab, PairVocab):
         return EncoderDecoder(cfg.model, vocab.source_size, vocab.target_size, vocab.src_pad)
-
     return GPT(cfg.model, len(vocab))
 
 
 def check_weights(stored: Mapping[str, Any]) -> None:
-    """Raise ValueError unless every stored weight is a floating-point tensor of finite numbers.
-    `load_state_dict` would cast an int, bool or complex tensor into a float parameter without a
-    word, and NaN or inf weights only show later, as text of one repeated character or a NaN
-    loss. Every loader checks here: checkpoints, exports and a resume."""
+    """Raise ValueError unless every stored weight is a floating-point tensor of finite numbers:
+    `load_state_dict` would cast others without a word, and NaN or inf weights show only later.
+    Every loader checks here: checkpoints, exports and a resume."""
     for name, tensor in stored.items():
         if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
             kind = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
@@ -208,11 +197,8 @@ def check_weights(stored: Mapping[str, Any]) -> None:
 def check_stored_shapes(cfg: RunConfig, vocab: Vocab | PairVocab,
                         stored: Mapping[str, torch.Tensor]) -> None:
     """Raise ValueError unless the stored tensors are weights (`check_weights`) and the config's
-    model has their shapes, checked before the model is built: the block counts against the
-    stored names first, then every shape on the meta device (no memory). A config that claims a
-    million layers or a width the weights do not have is refused before a byte is allocated for
-    it."""
-
+    model has their shapes: the block counts against the stored names, then every shape on the
+    meta device, so a config that claims a million layers allocates nothing."""
     check_weights(stored)
     m = cfg.model
     stacks = {"model.n_layer": ("blocks", m.n_layer)}
