@@ -1,5 +1,4 @@
-"""Beam search over a `Decoder`: `search_beams` keeps the best `beams` sequences by their summed
-log-probability, and `beam_search` runs it for a GPT from a prompt."""
+"""Beam search over a `Decoder` (`search_beams`, which seq2seq shares), and for a GPT's prompt."""
 
 from __future__ import annotations
 
@@ -13,25 +12,16 @@ from charlm.generation.utf8 import Utf8Mask
 from charlm.model.gpt import GPT
 
 
-def _ends_with_any(ids: list[int], stops: Sequence[list[int]]) -> bool:
-    return any(len(ids) >= len(s) and ids[-len(s):] == s for s in stops)
-
-
 @torch.inference_mode()
 def beam_search(model: GPT, prompt: torch.Tensor, max_new_tokens: int, beams: int,
                 stops: Sequence[list[int]] = (), use_cache: bool = True,
                 length_penalty: float = 1.0, compile: bool = False,
                 mask: Utf8Mask | None = None) -> list[int]:
-    """The best continuation of prompt (1, T0) under beam search.
-
-    Hypotheses are ranked by sum of log-probabilities / length**length_penalty, so beams that
-    end early at a stop sequence (`stops`, as id lists) compete fairly with longer ones.
-    beams=1 is greedy decoding. A byte model's `mask` (one row a beam) keeps every beam valid
-    UTF-8.
-    """
+    """The best continuation of prompt (1, T0); a beam ends at any of `stops` (id lists). A
+    byte model's `mask` (a row a beam) keeps every beam valid UTF-8."""
     model.eval()
     decoder = make_decoder(model, beams, use_cache, compile)
-    ends = (lambda seq: _ends_with_any(seq, stops)) if stops else None
+    ends = (lambda seq: any(seq[-len(s):] == s for s in stops)) if stops else None
     hyps = search_beams(decoder, prompt[:, -decoder.block:].expand(beams, -1), max_new_tokens,
                         beams, ends, length_penalty, mask)
     return hyps[0][1] if hyps else []
@@ -41,14 +31,11 @@ def search_beams(decoder: Decoder, start: torch.Tensor, max_steps: int, beams: i
                  ends: Callable[[list[int]], bool] | None,
                  length_penalty: float, mask: Utf8Mask | None = None
                  ) -> list[tuple[float, list[int]]]:
-    """Beam search over a decoder of `beams` rows, from start (beams, T0) (identical rows):
-    the hypotheses, best first, as (sum of log-probabilities / length**length_penalty, ids).
+    """The hypotheses from start (beams, T0) (identical rows), best first, as (sum of
+    log-probabilities / length**length_penalty, so short ones compete fairly, ids).
 
-    A hypothesis whose ids `ends` says are complete finishes there; the search stops when
-    `beams` have finished, or after max_steps ids. Only the finished ones count if any did;
-    after max_steps the live beams count too. `generate.beam_search` (stop strings) and
-    `seq2seq.beam_search_ids` (end of sequence) are this with their `ends`.
-    """
+    A hypothesis that `ends` finishes; the search stops once `beams` have, or after max_steps
+    ids. The finished ones count if any did, and after max_steps the live beams too."""
     device = start.device
     scores = torch.full((beams,), float("-inf"), device=device)
     scores[0] = 0.0  # all beams start identical: expand only the first
