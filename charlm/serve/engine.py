@@ -1,17 +1,11 @@
 """The serving engine: one thread owns the model and steps every active request together
-(continuous batching, as nano-vllm's scheduler does). A request is prefilled alone and joins the
-batch at once; it leaves when it ends, is cancelled or the engine closes, and its slot takes the
-next queued request. Each request keeps its own sampling options, recent ids and
-`torch.Generator` (a row of one `charlm.generation.sampler.Sampler`, drawn from in one batched
-step) and stop strings (`charlm.serve.request.Row`), so a seeded request gives the same
-text alone or in a crowd, and a greedy one the text of `charlm sample --temperature 0`
-(`charlm.generation.slots`). The engine decodes from its own copy of the model, laid out as
-this machine multiplies a few rows fastest (`charlm.runtime.profile`, decided once at
-construction unless given), so the caller's model is left as it was: the same tensors,
-contiguous (safetensors can still save it), in its own train or eval mode.
+(continuous batching, nano-vllm's scheduler). A request is prefilled alone, joins the batch at
+once and leaves when it ends, is cancelled or the engine closes; its slot takes the next queued
+one. Each request is a row of one `Sampler` (its own options and generator: a seed gives the
+same text alone or in a crowd) and a `Row` (its stop strings). The engine decodes from its own
+copy of the model, laid out for decoding, so the caller's is left as it was.
 
-An encoder-decoder serves one request at a time: the prompt is the source, the completion its
-greedy or sampled target (`charlm.generation.seq2seq.translate_ids`), sent in one event.
+An encoder-decoder serves one request at a time, its whole target sent in one event.
 """
 
 from __future__ import annotations
@@ -51,10 +45,8 @@ from charlm.serve.request import (
 __all__ = ["MAX_LOGPROBS", "Engine", "Event", "Params", "Request"]
 
 class Engine:
-    """Owns a copy of the model; `start` runs its decode thread, `submit` queues a request from
-    any thread, `close` ends them all. `layout`: how the copy's products are computed (None:
-    decided here, `layout_for`, timing them where the model has large float32 CPU weights).
-    See the module's docstring."""
+    """`start` runs the decode thread, `submit` queues a request from any thread, `close` ends
+    them all. `layout`: how the copy's products are computed (None: `layout_for` decides)."""
 
     def __init__(self, model: GPT | EncoderDecoder, vocab: Vocab | PairVocab, *,
                  slots: int = 16, compile: bool = False, layout: DecodeLayout | None = None):
@@ -64,7 +56,7 @@ class Engine:
             require_memory(slots * slot_bytes(model), model.wte.weight.device,
                            f"{slots:,} slots need about {{gib}} for their keys and values",
                            "give fewer --slots (the default fits them in 1 GiB)")
-        self.model = copy.deepcopy(model).eval()  # it only decodes: laid out for that
+        self.model = copy.deepcopy(model).eval()
         self.layout = layout_for(self.model) if layout is None else layout
         lay_out_for_decoding(self.model, self.layout.split_parts, self.layout.column_major)
         self.vocab = vocab
@@ -87,20 +79,19 @@ class Engine:
         self.characters = 0
 
     def build(self) -> None:
-        """Build the compiled step with `compile`."""
+        """Build the compiled step, if any."""
         if self.decoder is not None:
             with torch.inference_mode():
                 self.decoder.build()
 
     def start(self) -> None:
-        """`build`, then run the decode loop on a thread of its own. (`charlm serve` runs it on
-        the main thread instead: `run`.)"""
+        """`build`, then `run` on a thread of its own."""
         self.build()
         self.thread = threading.Thread(target=self.run, name="charlm-engine", daemon=True)
         self.thread.start()
 
     def submit(self, prompt: str, params: Params, on_event: Callable[[Event], None]) -> Request:
-        """Queue a completion of `prompt`; thread-safe. Bad input is a one-line CharlmError."""
+        """Queue a completion of `prompt`; bad input is a one-line CharlmError."""
         request = Request(self._encode(prompt, params), params, on_event, self._wake)
         with self.cond:
             if self.closing:
@@ -144,7 +135,7 @@ class Engine:
 
     def close(self, grace_s: float = 5.0) -> None:
         """Stop accepting; requests in flight or queued end with finish_reason "shutdown" at
-        the next step, and the thread exits (waited for up to grace_s)."""
+        the next step, and the loop ends (waited for up to grace_s)."""
         with self.cond:
             self.closing = True
             self.cond.notify()
@@ -167,10 +158,8 @@ class Engine:
             request.finish("shutdown")
 
     def run(self) -> None:
-        """The decode loop, on the calling thread, until `close`. On a CPU, torch's products
-        run several times slower on a thread started after the main thread has used its
-        thread pool (one-row products: 98 against 26 microseconds on a 2-core Xeon), so
-        `charlm serve` decodes on the main thread and serves HTTP from another."""
+        """The decode loop, on the calling thread, until `close`. `charlm serve` runs it on the
+        main thread: on a CPU torch's products are several times slower on a later one."""
         with self.cond:
             if self.closing:
                 return
@@ -197,10 +186,7 @@ class Engine:
                 if self.rows and not self.encdec:
                     logits.append(self._step())
             except Exception as e:  # the model failed: end what it decoded, serve the rest
-                warn(f"a decode step failed ({first_line(e)})")
-                for i in reversed(range(len(self.rows))):
-                    self._end(i, "error", first_line(e))
-                logits.clear()
+                self._fail_all(e)
             for request in admitted:
                 try:
                     if (x := self._admit(request)) is not None:
@@ -212,10 +198,13 @@ class Engine:
                 try:
                     self._choose(torch.cat(logits))
                 except Exception as e:  # sampling failed: end every row
-                    warn(f"a decode step failed ({first_line(e)})")
-                    for i in reversed(range(len(self.rows))):
-                        self._end(i, "error", first_line(e))
+                    self._fail_all(e)
         self._shut()
+
+    def _fail_all(self, e: Exception) -> None:
+        warn(f"a decode step failed ({first_line(e)})")
+        for i in reversed(range(len(self.rows))):
+            self._end(i, "error", first_line(e))
 
     def _drop_cancelled(self) -> None:
         for i in reversed(range(len(self.rows))):
@@ -223,7 +212,7 @@ class Engine:
                 self._end(i, "cancelled")
 
     def _end(self, i: int, reason: str, error: str | None = None) -> None:
-        """Row i leaves the batch; the last row takes its place, as in the decoder."""
+        """Row i leaves; the last row takes its place, as in the decoder and sampler."""
         row = self.rows[i]
         self.decoder.remove(i)
         self.sampler.remove(i)
@@ -257,8 +246,7 @@ class Engine:
         return logits
 
     def _choose(self, logits: torch.Tensor) -> None:
-        """Every row draws from its logits (one row each, in one batched step); those that
-        ended leave."""
+        """Every row draws its next id (one batched step); those that ended leave."""
         _, ids, ok, x = self.sampler.step(logits)
         for i, row in enumerate(self.rows):
             if not ok[i]:
@@ -279,7 +267,7 @@ class Engine:
                 self._end(i, reason)
 
     def _translate(self, request: Request) -> None:
-        """An encoder-decoder's completion: the target of the source, at once."""
+        """An encoder-decoder's completion, whole."""
         ids, opts = request.ids, request.opts
         src = torch.tensor([ids], device=self.device)
         generator = generator_for(request.params.seed, self.device)
