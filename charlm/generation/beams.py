@@ -14,8 +14,7 @@ from charlm.model.gpt import GPT
 
 @torch.inference_mode()
 def beam_search(model: GPT, prompt: torch.Tensor, max_new_tokens: int, beams: int,
-                stops: Sequence[list[int]] = (), use_cache: bool = True,
-                length_penalty: float = 1.0, compile: bool = False,
+                stops: Sequence[list[int]] = (), use_cache: bool = True, compile: bool = False,
                 mask: Utf8Mask | None = None) -> list[int]:
     """The best continuation of prompt (1, T0); a beam ends at any of `stops` (id lists). A
     byte model's `mask` (a row a beam) keeps every beam valid UTF-8."""
@@ -23,16 +22,15 @@ def beam_search(model: GPT, prompt: torch.Tensor, max_new_tokens: int, beams: in
     decoder = make_decoder(model, beams, use_cache, compile)
     ends = (lambda seq: any(seq[-len(s):] == s for s in stops)) if stops else None
     hyps = search_beams(decoder, prompt[:, -decoder.block:].expand(beams, -1), max_new_tokens,
-                        beams, ends, length_penalty, mask)
+                        beams, ends, mask)
     return hyps[0][1] if hyps else []
 
 
 def search_beams(decoder: Decoder, start: torch.Tensor, max_steps: int, beams: int,
-                 ends: Callable[[list[int]], bool] | None,
-                 length_penalty: float, mask: Utf8Mask | None = None
+                 ends: Callable[[list[int]], bool] | None, mask: Utf8Mask | None = None
                  ) -> list[tuple[float, list[int]]]:
-    """The hypotheses from start (beams, T0) (identical rows), best first, as (sum of
-    log-probabilities / length**length_penalty, so short ones compete fairly, ids).
+    """The hypotheses from start (beams, T0) (identical rows), best first, as (mean
+    log-probability, so short ones compete fairly, ids).
 
     A hypothesis that `ends` finishes; the search stops once `beams` have, or after max_steps
     ids. The finished ones count if any did, and after max_steps the live beams too."""
@@ -58,7 +56,7 @@ def search_beams(decoder: Decoder, start: torch.Tensor, max_steps: int, beams: i
             row, token = divmod(flat, V)
             seq = seqs[row] + [token]
             if ends is not None and ends(seq):
-                finished.append((score / len(seq) ** length_penalty, seq))
+                finished.append((score / len(seq), seq))
             elif len(keep_rows) < beams:
                 keep_rows.append(row)
                 keep_ids.append(token)
@@ -81,13 +79,12 @@ def search_beams(decoder: Decoder, start: torch.Tensor, max_steps: int, beams: i
         scores = torch.tensor(keep_scores, device=device)
         last = torch.tensor(keep_ids, device=device)
     else:  # every step ran: the live beams end at max_steps, complete hypotheses too
-        finished += _ranked(scores, seqs, length_penalty)
-    hyps = finished or _ranked(scores, seqs, length_penalty)
+        finished += _ranked(scores, seqs)
+    hyps = finished or _ranked(scores, seqs)
     return sorted(hyps, key=lambda h: h[0], reverse=True)  # stable: ties keep their order
 
 
-def _ranked(scores: torch.Tensor, seqs: list[list[int]],
-            length_penalty: float) -> list[tuple[float, list[int]]]:
-    """(length-normalised score, sequence) of each live beam."""
-    return [(s / max(len(q), 1) ** length_penalty, q)
+def _ranked(scores: torch.Tensor, seqs: list[list[int]]) -> list[tuple[float, list[int]]]:
+    """(mean log-probability, sequence) of each live beam."""
+    return [(s / max(len(q), 1), q)
             for s, q in zip(scores.tolist(), seqs, strict=True) if s != float("-inf")]

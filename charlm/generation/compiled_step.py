@@ -59,10 +59,7 @@ class CompiledStep:
 
     def seek(self, pos: int | Sequence[int]) -> None:
         """Continue at position pos, or with per_row at each row's own."""
-        if isinstance(pos, int):
-            self.static.pos.fill_(pos)
-        else:
-            self.static.pos.copy_(torch.tensor(pos, dtype=torch.long))
+        self.static.pos.copy_(torch.as_tensor(pos))
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         """Append one id per row, ids (B,), at the current position; logits (B, V)."""

@@ -52,10 +52,9 @@ class Sampler:
         self.params = None
 
     def remove(self, row: int) -> None:
-        index = list(range(len(self) - 1))
-        if row < len(index):
-            index[row] = len(index)
-        self.keep(index)
+        index = list(range(len(self)))
+        index[row] = index[-1]
+        self.keep(index[:-1])
 
     def keep(self, index: list[int]) -> None:
         """Keep the rows `index`, in that order."""

@@ -111,7 +111,7 @@ def translate_ids(model: EncoderDecoder, src: torch.Tensor, opts: SampleConfig,
 
 @torch.inference_mode()
 def beam_search_ids(model: EncoderDecoder, src: torch.Tensor, beams: int,
-                    max_len: int | None = None, n_best: int = 1, length_penalty: float = 1.0,
+                    max_len: int | None = None, n_best: int = 1,
                     use_cache: bool = True) -> list[tuple[float, list[int]]]:
     """The n_best hypotheses for one source src (1, S), as `search_beams` gives them, their ids
     without eos (the length counts it). A hypothesis ends at eos or at max_len ids (default:
@@ -127,7 +127,6 @@ def beam_search_ids(model: EncoderDecoder, src: torch.Tensor, beams: int,
     decoder = Seq2SeqDecoder(model, memory.select(first), use_cache, max(limit, 1))
     start = torch.full((beams, 1), model.bos, dtype=torch.long, device=src.device)
     eos = model.eos
-    hyps = search_beams(decoder, start, limit, beams, lambda seq: seq[-1] == eos,
-                        length_penalty)
+    hyps = search_beams(decoder, start, limit, beams, lambda seq: seq[-1] == eos)
     return [(score, seq[:-1] if seq and seq[-1] == eos else seq)
             for score, seq in hyps[:n_best]]

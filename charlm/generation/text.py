@@ -50,9 +50,8 @@ class StopMatcher:
                     out = self.pending if self.include_stop else self.pending[: -len(s)]
                     self.pending = ""
                     return out
-        hold = max(self.matched, default=0)
-        out, self.pending = self.pending[: len(self.pending) - hold], self.pending[
-            len(self.pending) - hold:]
+        cut = len(self.pending) - max(self.matched, default=0)  # what may start a stop stays
+        out, self.pending = self.pending[:cut], self.pending[cut:]
         return out
 
     def flush(self) -> str:
@@ -110,9 +109,8 @@ def encode_prompt(vocab: Vocab, prompt: str, unknown: str,
         raise CharlmError("the prompt is empty; give at least one character the model knows")
     ids = vocab.encode(prompt)
     if len(ids) > block_size:
-        unit = unit_name(vocab.units)
-        warnings.append(f"the prompt has {len(ids)} {unit}s, more than the context of "
-                        f"{block_size}; using its last {block_size}")
+        warnings.append(f"the prompt has {len(ids)} {unit_name(vocab.units)}s, more than the "
+                        f"context of {block_size}; using its last {block_size}")
         ids = vocab.encode(vocab.tail(prompt, block_size))
     return prompt, ids, warnings
 

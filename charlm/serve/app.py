@@ -20,9 +20,9 @@ from starlette.exceptions import HTTPException
 
 from charlm.core.errors import CharlmError
 from charlm.serve.backend import Backend
-from charlm.serve.engine import Params
 from charlm.serve.events import Completions, Mailbox
 from charlm.serve.metrics import CONTENT_TYPE, CountResponses, Metrics
+from charlm.serve.request import Params
 from charlm.serve.responses import DONE, ChatStyle, Choice, CompletionStyle, Style, sse, usage
 from charlm.serve.schema import (
     CHAT_STOPS,

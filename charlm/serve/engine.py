@@ -42,7 +42,6 @@ from charlm.serve.request import (
     generator_for,
 )
 
-__all__ = ["MAX_LOGPROBS", "Engine", "Event", "Params", "Request"]
 
 class Engine:
     """`start` runs the decode thread, `submit` queues a request from any thread, `close` ends
@@ -231,9 +230,8 @@ class Engine:
             self._translate(request)
         else:
             logits = self.decoder.add(request.ids)
-            p = request.params
             self.sampler.add(request.opts, torch.tensor([request.ids], device=self.device),
-                             generator_for(p.seed, self.device))
+                             generator_for(request.params.seed, self.device))
             with self.cond:
                 self.rows.append(Row(request, self.vocab))
             return logits
@@ -279,6 +277,5 @@ class Engine:
         with self.cond:
             self.characters += len(out)
         if text:  # its tokens are target units, as max_tokens counts them (phonemes, say)
-            units = len(text.split()) if self.vocab.target_units == "space" else len(text)
-            request.send(Event(text, tokens=units))
+            request.send(Event(text, tokens=len(self.vocab.units(text))))
         request.finish("stop" if matcher.done or len(out) < limit else "length")

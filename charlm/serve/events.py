@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from charlm.serve.backend import Backend
-from charlm.serve.engine import Event, Params, Request
 from charlm.serve.metrics import Metrics
+from charlm.serve.request import Event, Params, Request
 
 
 class Mailbox:

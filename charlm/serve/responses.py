@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from charlm.serve.engine import Event
+from charlm.serve.request import Event
 
 DONE = "data: [DONE]\n\n"
 

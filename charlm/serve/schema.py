@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from charlm.config.parsing import suggest
 from charlm.config.sampling import MAX_TEMPERATURE
-from charlm.serve.engine import MAX_LOGPROBS, Params
+from charlm.serve.request import MAX_LOGPROBS, Params
 
 MAX_STOPS = 4  # stop strings per request, as OpenAI allows
 MAX_STOP_CHARS = 1000  # characters of one stop string: a request's text cannot end with more
