@@ -29,11 +29,9 @@ def beam_search(model: GPT, prompt: torch.Tensor, max_new_tokens: int, beams: in
 def search_beams(decoder: Decoder, start: torch.Tensor, max_steps: int, beams: int,
                  ends: Callable[[list[int]], bool] | None, mask: Utf8Mask | None = None
                  ) -> list[tuple[float, list[int]]]:
-    """The hypotheses from start (beams, T0) (identical rows), best first, as (mean
-    log-probability, so short ones compete fairly, ids).
-
-    A hypothesis that `ends` finishes; the search stops once `beams` have, or after max_steps
-    ids. The finished ones count if any did, and after max_steps the live beams too."""
+    """(mean log-probability, ids) of the hypotheses from start (beams, T0), best first. One
+    that `ends` finishes; the search stops once `beams` have, or after max_steps ids. The
+    finished ones count if any did, and after max_steps the live beams too."""
     device = start.device
     scores = torch.full((beams,), float("-inf"), device=device)
     scores[0] = 0.0  # all beams start identical: expand only the first

@@ -24,9 +24,8 @@ def decode_one_token(model: GPT, idx: torch.Tensor, cache: KVCache) -> torch.Ten
 
 @functools.cache
 def compiled_decode_step() -> Callable[[GPT, torch.Tensor, KVCache], torch.Tensor]:
-    """`decode_one_token` compiled once per process, so every decoder shares its graphs. A graph
-    break fails the build rather than splitting the step; the C++ wrapper calls the kernels
-    without Python between them, which is most of what a small step costs."""
+    """`decode_one_token` compiled once per process, whole (a graph break fails the build); the
+    C++ wrapper calls the kernels without Python between them, most of a small step's cost."""
     return torch.compile(decode_one_token, dynamic=False, fullgraph=True,
                          options={"cpp_wrapper": True})
 

@@ -1,10 +1,8 @@
-"""Generation over token ids: the GPT's decoders (KV-cached and uncached) and `generate`, which
-streams one id per row per step. Beam search is `beams`', text is `text`'s.
+"""The GPT's decoders (KV-cached and uncached) and `generate`, one id per row per step.
 
-Past the context window, a full cache is re-prefilled once from its most recent
-`block_size // 2` ids, so memory stays bounded and each new id costs O(1) forwards amortised.
-The uncached path crops to the last `block_size` ids at every step (nanoGPT's rule): the two
-agree up to the first full window and may differ after it.
+Past the context window a full cache is re-prefilled once from its most recent `block_size // 2`
+ids: memory stays bounded, each id costs O(1) forwards amortised. The uncached path crops to
+the last `block_size` ids at every step (nanoGPT's): the two agree up to the first full window.
 """
 
 from __future__ import annotations

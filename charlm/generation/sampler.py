@@ -1,8 +1,7 @@
-"""`Sampler`: the per-row sampling state that `generate`, `sample_text`, `translate_ids` and
-the serving engine share: each row's options (as per-row tensors), recent ids, UTF-8 state and
-generator, drawn from in one batched step with one host sync (nano-vllm's sampler). A row draws
-one uniform number a step from its own generator, so a seed gives the same ids alone or in a
-crowd."""
+"""`Sampler`: the per-row sampling state `generate`, `sample_text`, `translate_ids` and the
+serving engine share (options as per-row tensors, recent ids, UTF-8 state, generator), drawn in
+one batched step with one host sync (nano-vllm's). A row draws one uniform number a step from
+its own generator, so a seed gives the same ids alone or in a crowd."""
 
 from __future__ import annotations
 
@@ -82,8 +81,7 @@ class Sampler:
 
     def warp(self, logits: torch.Tensor) -> torch.Tensor:
         """The logits (B, V) each row draws from and is scored by: the repetition penalty (CTRL),
-        the temperature, then the UTF-8 mask (after: a huge temperature's factor is 0, and 0
-        times -inf is NaN)."""
+        the temperature, then the UTF-8 mask (a huge temperature's 0 times -inf is NaN)."""
         p = self._params()
         x = logits.float()
         if any(o.repetition_penalty != 1.0 for o in self.opts):
@@ -125,8 +123,7 @@ class Sampler:
         return ids, out[0], [bool(f) for f in out[1]], x
 
     def _draw(self, x: torch.Tensor) -> torch.Tensor:
-        """One id per row (B,) from softmax(x) after top-k (ties with the k-th stay), top-p and
-        min-p."""
+        """One id per row (B,) from softmax(x) after top-k (ties stay), top-p and min-p."""
         p = self._params()
         x, order = torch.sort(x, dim=-1, descending=True, stable=True)
         k = p["top_k"].clamp(max=x.size(-1))[:, None] - 1

@@ -113,9 +113,8 @@ def translate_ids(model: EncoderDecoder, src: torch.Tensor, opts: SampleConfig,
 def beam_search_ids(model: EncoderDecoder, src: torch.Tensor, beams: int,
                     max_len: int | None = None, n_best: int = 1,
                     use_cache: bool = True) -> list[tuple[float, list[int]]]:
-    """The n_best hypotheses for one source src (1, S), as `search_beams` gives them, their ids
-    without eos (the length counts it). A hypothesis ends at eos or at max_len ids (default:
-    `output_limit`). The source is encoded once; its memory is copied to the beams."""
+    """The n_best hypotheses of `search_beams` for one source src (1, S), without eos (their
+    length counts it), ending at eos or max_len ids (default: `output_limit`)."""
     if src.size(0) != 1:
         raise ValueError(f"beam search decodes one source at a time, got {src.size(0)}")
     if not 1 <= n_best <= beams:

@@ -1,7 +1,6 @@
-"""`SlotDecoder`: the rows of one KV cache as independent sequences, each at its own position
-(continuous batching: `charlm serve`'s engine). Rows 0..n-1 are live: a sequence joins by a
-prefill of its row alone and leaves by moving the last live row into its place, so a step
-decodes a prefix of rows (a view, no copy). Each row keeps the past-window rule on its own, so
+"""`SlotDecoder`: the rows of one KV cache as sequences each at its own position (continuous
+batching). A sequence joins by a prefill of its row alone and leaves by moving the last live row
+into its place, so a step decodes rows 0..n-1 (a view). Each row keeps the past-window rule, so
 its greedy ids are `generate`'s for its prompt alone (up to a batched product's rounding)."""
 
 from __future__ import annotations

@@ -88,9 +88,8 @@ def default_prompt(vocab: Vocab) -> str:
 
 def encode_prompt(vocab: Vocab, prompt: str, unknown: str,
                   block_size: int) -> tuple[str, list[int], list[str]]:
-    """(prompt as used, the ids the model sees, warnings). The prompt is normalized as the data
-    was; unknown characters are an error, or dropped with `unknown='skip'`. Of a long prompt the
-    model sees the whole characters of its last block_size units; the prompt stays whole."""
+    """(prompt as used, the ids the model sees, warnings): normalized as the data was, unknown
+    characters an error or dropped (`unknown='skip'`), the ids the tail that fits the context."""
     warnings = []
     prompt = vocab.normalized(prompt)
     bad = vocab.unknown(prompt)
@@ -221,9 +220,8 @@ def best_beam(model: GPT, vocab: Vocab, prompt: str, ids: torch.Tensor, opts: Sa
 
 def preview(model: GPT, vocab: Vocab, chars: int, seed: int,
             stop: Callable[[], bool] | None = None) -> str:
-    """A training log's sample: `chars` characters after `default_prompt`, prompt included
-    (fewer once stop() says so, so a run can end). Its own generator leaves the training RNG
-    alone; the model's mode is restored."""
+    """A training log's sample: `chars` characters after `default_prompt`, prompt included, or
+    fewer once stop() says so; the training RNG and the model's mode are left as they were."""
     was_training = model.training
     prompt = default_prompt(vocab)
     try:

@@ -42,8 +42,7 @@ NEXT = _transitions()
 
 
 def vocab_transitions(vocab: Vocab) -> np.ndarray:
-    """NEXT over the vocabulary's ids (STATES, V), without the bytes that lead to a character the
-    vocabulary cannot finish."""
+    """NEXT over the vocabulary's ids (STATES, V), less bytes of characters it cannot finish."""
     nxt = NEXT[:, [ord(c) for c in vocab.chars]]
     for _ in range(STATES):  # prune until nothing changes: each pass settles one more byte
         live = (nxt >= 0).any(axis=1)

@@ -201,8 +201,7 @@ def generation_failed(error: str | None) -> ApiError:
 
 
 async def cancel_on_disconnect(request: Request, completions: Completions) -> None:
-    """Cancel the completions once the client goes away (the body has been read: the next
-    message is the disconnect)."""
+    """Cancel the completions once the client goes away (the next message, the body read)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
     completions.cancel()
@@ -224,8 +223,7 @@ class Cors(CORSMiddleware):
 
 
 class Guard:
-    """ASGI middleware: the API key (compared in constant time) and the cap on a body's bytes,
-    from Content-Length and again as the body arrives."""
+    """ASGI middleware: the API key (in constant time) and the cap on a body's bytes."""
 
     def __init__(self, app: Any, api_key: str | None, body_limit: int):
         self.app, self.body_limit = app, body_limit

@@ -1,7 +1,6 @@
-"""What one client may hold of the server's connections: uvicorn's h11 protocol with a read
-deadline (uvicorn waits for a request for as long as its client likes) and a cap on open
-connections within the open-files limit, and one warning line, not a traceback per try, when
-accept() still runs out of descriptors."""
+"""What one client may hold of the server's connections: a read deadline (uvicorn waits for a
+request as long as its client likes), a cap on open connections within the open-files limit, and
+one warning line, not a traceback per try, when accept() runs out of descriptors."""
 
 from __future__ import annotations
 
@@ -76,8 +75,7 @@ def protocol(request_timeout: float, max_connections: int) -> type[H11Protocol]:
 
 
 def closing_answer(status: int, message: str, code: str) -> bytes:
-    """A whole HTTP/1.1 answer that closes its connection, as bytes (the 408 is written past
-    h11, which holds a request half read)."""
+    """A whole HTTP/1.1 answer that closes its connection, as bytes to write past h11."""
     body = JSONResponse(error_body(status, message, code=code)).body
     head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
             "content-type: application/json\r\n"

@@ -1,12 +1,8 @@
-"""The serving engine: one thread owns the model and steps every active request together
-(continuous batching, nano-vllm's scheduler). A request is prefilled alone, joins the batch at
-once and leaves when it ends, is cancelled or the engine closes; its slot takes the next queued
-one. Each request is a row of one `Sampler` (its own options and generator: a seed gives the
-same text alone or in a crowd) and a `Row` (its stop strings). The engine decodes from its own
-copy of the model, laid out for decoding, so the caller's is left as it was.
-
-An encoder-decoder serves one request at a time, its whole target sent in one event.
-"""
+"""The serving engine: one thread steps every active request together (continuous batching,
+nano-vllm's scheduler). A request is prefilled alone, joins the batch at once and leaves when it
+ends, is cancelled or the engine closes. Each is a row of one `Sampler` (a seed gives the same
+text alone or in a crowd) and a `Row`. The engine decodes a copy of the model laid out for
+decoding; an encoder-decoder's serves one request at a time, its target in one event."""
 
 from __future__ import annotations
 
@@ -78,7 +74,6 @@ class Engine:
         self.characters = 0
 
     def build(self) -> None:
-        """Build the compiled step, if any."""
         if self.decoder is not None:
             with torch.inference_mode():
                 self.decoder.build()
@@ -133,8 +128,8 @@ class Engine:
                          self.characters)
 
     def close(self, grace_s: float = 5.0) -> None:
-        """Stop accepting; requests in flight or queued end with finish_reason "shutdown" at
-        the next step, and the loop ends (waited for up to grace_s)."""
+        """Stop accepting; what is in flight or queued ends with finish_reason "shutdown", and
+        the loop is waited for up to grace_s."""
         with self.cond:
             self.closing = True
             self.cond.notify()
@@ -179,11 +174,15 @@ class Engine:
                 admitted = []
                 while self.queue and len(self.rows) + len(admitted) < self.slots:
                     admitted.append(self.queue.popleft())
-            self._drop_cancelled()
+            for i in reversed(range(len(self.rows))):
+                if self.rows[i].request.cancelled:
+                    self._end(i, "cancelled")
             logits = []  # of the rows that go on, then of those admitted: one draw for all
             try:
                 if self.rows and not self.encdec:
-                    logits.append(self._step())
+                    ids = torch.tensor([row.last for row in self.rows], device=self.device)
+                    logits.append(self.decoder.step(ids))
+                    self.batch_size = len(self.rows)
             except Exception as e:  # the model failed: end what it decoded, serve the rest
                 self._fail_all(e)
             for request in admitted:
@@ -204,11 +203,6 @@ class Engine:
         warn(f"a decode step failed ({first_line(e)})")
         for i in reversed(range(len(self.rows))):
             self._end(i, "error", first_line(e))
-
-    def _drop_cancelled(self) -> None:
-        for i in reversed(range(len(self.rows))):
-            if self.rows[i].request.cancelled:
-                self._end(i, "cancelled")
 
     def _end(self, i: int, reason: str, error: str | None = None) -> None:
         """Row i leaves; the last row takes its place, as in the decoder and sampler."""
@@ -236,12 +230,6 @@ class Engine:
                 self.rows.append(Row(request, self.vocab))
             return logits
         return None
-
-    def _step(self) -> torch.Tensor:
-        ids = torch.tensor([row.last for row in self.rows], device=self.device)
-        logits = self.decoder.step(ids)
-        self.batch_size = len(self.rows)
-        return logits
 
     def _choose(self, logits: torch.Tensor) -> None:
         """Every row draws its next id (one batched step); those that ended leave."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -45,8 +46,7 @@ class Mailbox:
 
 
 class Completions:
-    """The engine requests behind one HTTP request, their events in one queue, timed for the
-    metrics."""
+    """The engine requests behind one HTTP request, their events in one queue, timed."""
 
     def __init__(self, engine: Backend, jobs: list[tuple[str, Params]], metrics: Metrics,
                  mailbox: Mailbox):
@@ -56,14 +56,12 @@ class Completions:
         self.open: set[int] = set()
         self.start = time.monotonic()
 
-        def handler(i: int):
-            def on_event(event: Event) -> None:  # on the engine's thread
-                mailbox.post(self.queue, (i, event))
-            return on_event
+        def on_event(i: int, event: Event) -> None:  # on the engine's thread
+            mailbox.post(self.queue, (i, event))
 
         try:
             for i, (prompt, params) in enumerate(jobs):
-                self.requests.append(engine.submit(prompt, params, handler(i)))
+                self.requests.append(engine.submit(prompt, params, functools.partial(on_event, i)))
                 self.open.add(i)
         except BaseException:
             self.cancel()

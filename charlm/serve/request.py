@@ -1,9 +1,6 @@
-"""One request's side of the serving engine: its options (`Params`), its events (`Event`), the
-handle the app holds (`Request`) and its stop strings and held-back text (`Row`).
-
-Logprobs are vLLM's: of the distribution drawn from (`Sampler.warp`) before top-k, top-p and
-min-p; -inf is reported as LOGPROB_FLOOR (JSON has no infinity).
-"""
+"""One request's side of the serving engine: `Params`, `Event`, the handle the app holds
+(`Request`) and its row of the batch (`Row`). Logprobs are vLLM's: of the distribution drawn
+from (`Sampler.warp`) before top-k, top-p and min-p; -inf is LOGPROB_FLOOR (JSON has no inf)."""
 
 from __future__ import annotations
 

@@ -21,9 +21,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A socket listening on host:port, or the error line that says why not. Its connections
-    inherit TCP_NODELAY: uvicorn sets none on a socket it is given, and an answer's small
-    writes waited for the client's delayed ACK."""
+    """A socket listening on host:port, or the error line why not. Its connections inherit
+    TCP_NODELAY (uvicorn sets none on a given socket; small writes waited for a delayed ACK)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         sock = socket.create_server((host, port), family=family, backlog=2048)
