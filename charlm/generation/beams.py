@@ -45,7 +45,7 @@ def search_beams(decoder: Decoder, start: torch.Tensor, max_steps: int, beams: i
         logp = torch.log_softmax(logits.float(), dim=-1)  # (N, V)
         V = logp.size(-1)
         cand_scores, cand = (scores[:, None] + logp).view(-1).topk(min(2 * beams, beams * V))
-        keep_rows, keep_ids, keep_scores = [], [], []
+        keep: list[tuple[int, int, float]] = []  # (row, id, score) of the beams that go on
         for score, flat in zip(cand_scores.tolist(), cand.tolist(), strict=True):
             if math.isnan(score):  # NaN or inf logits (topk ranks NaN first)
                 raise NonFiniteOutput
@@ -55,27 +55,23 @@ def search_beams(decoder: Decoder, start: torch.Tensor, max_steps: int, beams: i
             seq = seqs[row] + [token]
             if ends is not None and ends(seq):
                 finished.append((score / len(seq), seq))
-            elif len(keep_rows) < beams:
-                keep_rows.append(row)
-                keep_ids.append(token)
-                keep_scores.append(score)
-            if len(keep_rows) == beams:
+            elif len(keep) < beams:
+                keep.append((row, token, score))
+            if len(keep) == beams:
                 break
-        if len(finished) >= beams or not keep_rows:
+        if len(finished) >= beams or not keep:
             # the live beams are cut short here: they count only if nothing finished
             break
-        while len(keep_rows) < beams:  # pad with a dead beam
-            keep_rows.append(keep_rows[0])
-            keep_ids.append(keep_ids[0])
-            keep_scores.append(float("-inf"))
-        index = torch.tensor(keep_rows, device=device)
+        keep += [(*keep[0][:2], float("-inf"))] * (beams - len(keep))  # pad with dead beams
+        rows, ids, kept = zip(*keep, strict=True)
+        index = torch.tensor(rows, device=device)
         decoder.reorder(index)
+        last = torch.tensor(ids, device=device)
         if mask is not None:
             mask.select(index)
-            mask.advance(torch.tensor(keep_ids, device=device))
-        seqs = [seqs[r] + [i] for r, i in zip(keep_rows, keep_ids, strict=True)]
-        scores = torch.tensor(keep_scores, device=device)
-        last = torch.tensor(keep_ids, device=device)
+            mask.advance(last)
+        seqs = [seqs[r] + [i] for r, i in zip(rows, ids, strict=True)]
+        scores = torch.tensor(kept, device=device)
     else:  # every step ran: the live beams end at max_steps, complete hypotheses too
         finished += _ranked(scores, seqs)
     hyps = finished or _ranked(scores, seqs)

@@ -18,7 +18,7 @@ from charlm.model.gpt import GPT
 
 
 def decode_one_token(model: GPT, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
-    """Ids idx (B, 1) at cache.pos, a 0-d tensor advanced in place -> logits (B, V)."""
+    """The one-token step, eager or compiled: ids idx (B, 1) at cache.pos -> logits (B, V)."""
     return model(idx, cache=cache)[0][:, -1, :]
 
 

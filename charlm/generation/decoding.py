@@ -14,7 +14,7 @@ import torch
 
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError
-from charlm.generation.compiled_step import CompiledStep, compile_failed
+from charlm.generation.compiled_step import CompiledStep, compile_failed, decode_one_token
 from charlm.generation.sampler import Sampler
 from charlm.generation.utf8 import Utf8Mask
 from charlm.model.gpt import GPT
@@ -85,8 +85,7 @@ class CachedDecoder:
             except Exception as e:  # the first call builds the graph
                 compile_failed(e)
                 self.compiled = None
-        logits, _ = self.model(ids[:, None], cache=self.cache)
-        return logits[:, -1, :]
+        return decode_one_token(self.model, ids[:, None], self.cache)
 
     def reorder(self, index: torch.Tensor) -> None:
         """Make row i continue from row index[i] (beam search)."""

@@ -93,9 +93,8 @@ class Sampler:
             big = torch.finfo(x.dtype).max
             penalised = torch.where(x > 0, x / pen, x * pen).clamp(-big, big)
             x = torch.where(seen[:, :V] & (pen != 1.0), penalised, x)
-        # shifted so the largest is 0 (a tiny temperature sends the others to -inf), and a
-        # product with 1 / t, t at least the smallest normal number, as CUDA divides; every
-        # row alike, so a row's numbers never depend on the others'
+        # the largest shifted to 0 (a tiny temperature sends the others to -inf), times 1 / t
+        # (t at least the smallest normal), as CUDA divides, so no row depends on the others
         t = p["temperature"]
         scale = torch.where(t == 0, 1.0, 1.0 / t.clamp(min=torch.finfo(x.dtype).tiny))
         x = (x - x.amax(dim=-1, keepdim=True)) * scale[:, None]

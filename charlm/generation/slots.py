@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from charlm.generation.compiled_step import CompiledStep, compile_failed
+from charlm.generation.compiled_step import CompiledStep, compile_failed, decode_one_token
 from charlm.generation.decoding import kept_ids
 from charlm.model.gpt import GPT
 
@@ -94,6 +94,6 @@ class SlotDecoder:
         else:  # the live rows over the longest of their contexts
             view = self.cache.view(slice(0, n), max(self.pos) + 1)
             view.pos = at
-            logits = self.model(ids[:, None], cache=view)[0][:, -1]
+            logits = decode_one_token(self.model, ids[:, None], view)
         self.pos = [p + 1 for p in self.pos]
         return logits

@@ -121,8 +121,8 @@ def require_cache_memory(model: GPT | EncoderDecoder, setting: str, value: int,
     weight = model.wte.weight
     encdec = model.cfg.arch == "encoder_decoder"
     vocab = model.target_vocab_size if encdec else model.vocab_size
-    cache_dtype = attention_dtype(weight)  # what the caches are kept in
-    need = sampling_bytes(model.cfg, vocab, value * sources, cache_dtype.itemsize)
+    # the caches are kept in attention's dtype
+    need = sampling_bytes(model.cfg, vocab, value * sources, attention_dtype(weight).itemsize)
     head = f"{{setting}} {value:,}" if value > 1 else "one output"
     if sources > 1:
         head += f" for each of {sources:,} sources decoded together"

@@ -85,7 +85,6 @@ def create_app(engine: Backend, settings: Settings) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict:
-        # max_logprobs: what `logprobs` may be (None: leave it out); the page asks for that
         return {"object": "list", "data": [{"id": settings.model, "object": "model",
                                             "created": int(time.time()), "owned_by": "charlm",
                                             "max_logprobs": engine.max_logprobs}]}

@@ -47,7 +47,9 @@ class Stats:
 class Backend(Protocol):
     """What the app and its metrics ask of an engine: `Engine`, or a test's fake one."""
 
-    max_logprobs: int | None  # the most logprobs a request may ask for; None: none at all
+    # the most logprobs a request may ask for (0: the chosen characters' only; None: none at
+    # all), which the page asks /v1/models for
+    max_logprobs: int | None
 
     def submit(self, prompt: str, params: Params,
                on_event: Callable[[Event], None]) -> Request: ...

@@ -56,7 +56,6 @@ class Engine:
         lay_out_for_decoding(self.model, self.layout.split_parts, self.layout.column_major)
         self.vocab = vocab
         self.encdec = model.cfg.arch == "encoder_decoder"
-        # what a request's `logprobs` may be (None: none at all; 0: the chosen characters' only)
         self.max_logprobs = None if self.encdec else 0 if vocab.units == "byte" else MAX_LOGPROBS
         self.slots = 1 if self.encdec else slots  # an encoder-decoder: one request at a time
         self.device = self.model.wte.weight.device

@@ -42,7 +42,6 @@ def serve(app: FastAPI, sock: socket.socket, grace_s: float, request_timeout: fl
           max_connections: int = 512) -> None:
     """Serve `app` on `sock` until a stop signal. uvicorn runs on a thread of its own; the
     engine decodes on this one, the main thread (`Engine.run`), where the signals arrive."""
-    engine = app.state.engine
     config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False,
                             timeout_graceful_shutdown=grace_s + 2,
                             http=protocol(request_timeout, connection_cap(max_connections)))
@@ -79,7 +78,7 @@ def serve(app: FastAPI, sock: socket.socket, grace_s: float, request_timeout: fl
     before = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
     try:
         thread.start()
-        engine.run()  # until `shutdown` closes the engine
+        app.state.engine.run()  # until `shutdown` closes the engine
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
