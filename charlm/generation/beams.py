@@ -1,5 +1,4 @@
-"""Beam search over a `Decoder`: `search_beams` keeps the best `beams` sequences by their summed
-log-probability, and `beam_search` runs it for a GPT from a prompt."""
+"""Beam search over a `Decoder` (`search_beams`, which seq2seq shares), and for a GPT's prompt."""
 
 from __future__ import annotations
 
@@ -13,42 +12,26 @@ from charlm.generation.utf8 import Utf8Mask
 from charlm.model.gpt import GPT
 
 
-def _ends_with_any(ids: list[int], stops: Sequence[list[int]]) -> bool:
-    return any(len(ids) >= len(s) and ids[-len(s):] == s for s in stops)
-
-
 @torch.inference_mode()
 def beam_search(model: GPT, prompt: torch.Tensor, max_new_tokens: int, beams: int,
-                stops: Sequence[list[int]] = (), use_cache: bool = True,
-                length_penalty: float = 1.0, compile: bool = False,
+                stops: Sequence[list[int]] = (), use_cache: bool = True, compile: bool = False,
                 mask: Utf8Mask | None = None) -> list[int]:
-    """The best continuation of prompt (1, T0) under beam search.
-
-    Hypotheses are ranked by sum of log-probabilities / length**length_penalty, so beams that
-    end early at a stop sequence (`stops`, as id lists) compete fairly with longer ones.
-    beams=1 is greedy decoding. A byte model's `mask` (one row a beam) keeps every beam valid
-    UTF-8.
-    """
+    """The best continuation of prompt (1, T0); a beam ends at any of `stops` (id lists). A
+    byte model's `mask` (a row a beam) keeps every beam valid UTF-8."""
     model.eval()
     decoder = make_decoder(model, beams, use_cache, compile)
-    ends = (lambda seq: _ends_with_any(seq, stops)) if stops else None
+    ends = (lambda seq: any(seq[-len(s):] == s for s in stops)) if stops else None
     hyps = search_beams(decoder, prompt[:, -decoder.block:].expand(beams, -1), max_new_tokens,
-                        beams, ends, length_penalty, mask)
+                        beams, ends, mask)
     return hyps[0][1] if hyps else []
 
 
 def search_beams(decoder: Decoder, start: torch.Tensor, max_steps: int, beams: int,
-                 ends: Callable[[list[int]], bool] | None,
-                 length_penalty: float, mask: Utf8Mask | None = None
+                 ends: Callable[[list[int]], bool] | None, mask: Utf8Mask | None = None
                  ) -> list[tuple[float, list[int]]]:
-    """Beam search over a decoder of `beams` rows, from start (beams, T0) (identical rows):
-    the hypotheses, best first, as (sum of log-probabilities / length**length_penalty, ids).
-
-    A hypothesis whose ids `ends` says are complete finishes there; the search stops when
-    `beams` have finished, or after max_steps ids. Only the finished ones count if any did;
-    after max_steps the live beams count too. `generate.beam_search` (stop strings) and
-    `seq2seq.beam_search_ids` (end of sequence) are this with their `ends`.
-    """
+    """(mean log-probability, ids) of the hypotheses from start (beams, T0), best first. One
+    that `ends` finishes; the search stops once `beams` have, or after max_steps ids. The
+    finished ones count if any did, and after max_steps the live beams too."""
     device = start.device
     scores = torch.full((beams,), float("-inf"), device=device)
     scores[0] = 0.0  # all beams start identical: expand only the first
@@ -62,7 +45,7 @@ def search_beams(decoder: Decoder, start: torch.Tensor, max_steps: int, beams: i
         logp = torch.log_softmax(logits.float(), dim=-1)  # (N, V)
         V = logp.size(-1)
         cand_scores, cand = (scores[:, None] + logp).view(-1).topk(min(2 * beams, beams * V))
-        keep_rows, keep_ids, keep_scores = [], [], []
+        keep: list[tuple[int, int, float]] = []  # (row, id, score) of the beams that go on
         for score, flat in zip(cand_scores.tolist(), cand.tolist(), strict=True):
             if math.isnan(score):  # NaN or inf logits (topk ranks NaN first)
                 raise NonFiniteOutput
@@ -71,36 +54,31 @@ def search_beams(decoder: Decoder, start: torch.Tensor, max_steps: int, beams: i
             row, token = divmod(flat, V)
             seq = seqs[row] + [token]
             if ends is not None and ends(seq):
-                finished.append((score / len(seq) ** length_penalty, seq))
-            elif len(keep_rows) < beams:
-                keep_rows.append(row)
-                keep_ids.append(token)
-                keep_scores.append(score)
-            if len(keep_rows) == beams:
+                finished.append((score / len(seq), seq))
+            elif len(keep) < beams:
+                keep.append((row, token, score))
+            if len(keep) == beams:
                 break
-        if len(finished) >= beams or not keep_rows:
+        if len(finished) >= beams or not keep:
             # the live beams are cut short here: they count only if nothing finished
             break
-        while len(keep_rows) < beams:  # pad with a dead beam
-            keep_rows.append(keep_rows[0])
-            keep_ids.append(keep_ids[0])
-            keep_scores.append(float("-inf"))
-        index = torch.tensor(keep_rows, device=device)
+        keep += [(*keep[0][:2], float("-inf"))] * (beams - len(keep))  # pad with dead beams
+        rows, ids, kept = zip(*keep, strict=True)
+        index = torch.tensor(rows, device=device)
         decoder.reorder(index)
+        last = torch.tensor(ids, device=device)
         if mask is not None:
             mask.select(index)
-            mask.advance(torch.tensor(keep_ids, device=device))
-        seqs = [seqs[r] + [i] for r, i in zip(keep_rows, keep_ids, strict=True)]
-        scores = torch.tensor(keep_scores, device=device)
-        last = torch.tensor(keep_ids, device=device)
+            mask.advance(last)
+        seqs = [seqs[r] + [i] for r, i in zip(rows, ids, strict=True)]
+        scores = torch.tensor(kept, device=device)
     else:  # every step ran: the live beams end at max_steps, complete hypotheses too
-        finished += _ranked(scores, seqs, length_penalty)
-    hyps = finished or _ranked(scores, seqs, length_penalty)
+        finished += _ranked(scores, seqs)
+    hyps = finished or _ranked(scores, seqs)
     return sorted(hyps, key=lambda h: h[0], reverse=True)  # stable: ties keep their order
 
 
-def _ranked(scores: torch.Tensor, seqs: list[list[int]],
-            length_penalty: float) -> list[tuple[float, list[int]]]:
-    """(length-normalised score, sequence) of each live beam."""
-    return [(s / max(len(q), 1) ** length_penalty, q)
+def _ranked(scores: torch.Tensor, seqs: list[list[int]]) -> list[tuple[float, list[int]]]:
+    """(mean log-probability, sequence) of each live beam."""
+    return [(s / max(len(q), 1), q)
             for s, q in zip(scores.tolist(), seqs, strict=True) if s != float("-inf")]

@@ -1,7 +1,5 @@
-"""The compiled one-token decode step (gpt-fast's `decode_one_token`): the GPT's forward of one
-token per row over a KV cache whose position is a 0-d device tensor, under `torch.compile` with
-static shapes, so that one graph serves every position and no step waits for the host.
-"""
+"""The compiled one-token decode step (gpt-fast's `decode_one_token`): static shapes and a
+device-tensor position, so one graph serves every position and no step waits for the host."""
 
 from __future__ import annotations
 
@@ -14,37 +12,38 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from charlm.core.errors import first_line, warn
 from charlm.model.attention import KVCache
 from charlm.model.gpt import GPT
 
 
 def decode_one_token(model: GPT, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
-    """Ids idx (B, 1) at cache.pos, a 0-d tensor advanced in place -> logits (B, V)."""
+    """The one-token step, eager or compiled: ids idx (B, 1) at cache.pos -> logits (B, V)."""
     return model(idx, cache=cache)[0][:, -1, :]
 
 
 @functools.cache
 def compiled_decode_step() -> Callable[[GPT, torch.Tensor, KVCache], torch.Tensor]:
-    """`decode_one_token` compiled once per process, so that every decoder shares its graphs
-    (one per batch size and dtype); a graph break fails the build (`fullgraph`) rather than
-    splitting the step. Inductor's C++ wrapper calls the kernels without Python between them,
-    which is most of what a small step costs (docs/benchmarks.md)."""
+    """`decode_one_token` compiled once per process, whole (a graph break fails the build); the
+    C++ wrapper calls the kernels without Python between them, most of a small step's cost."""
     return torch.compile(decode_one_token, dynamic=False, fullgraph=True,
                          options={"cpp_wrapper": True})
 
 
-# What each graph built in this process was built for: the model's architecture and vocabulary,
-# the batch size, dtype and device (a graph serves every model that matches).
+def compile_failed(e: Exception) -> None:
+    """Say once that building the graph failed (no C++ compiler, an op it cannot take)."""
+    warn(f"torch.compile failed ({first_line(e)}); decoding without compile")
+
+
+# what each graph built in this process was built for (it serves every model that matches)
 BUILT: set[tuple] = set()
 REPS = 10  # timed steps of each kind when a graph is built
 
 
 class CompiledStep:
     """`compiled_decode_step` over `cache`'s keys and values, through a copy of the cache whose
-    position is a device tensor. The call that builds a graph says how long it took on stderr
-    (`charlm sample --compile`); an error there (no C++ compiler, an op the compiler cannot
-    take) propagates, for the caller to go on eagerly. It computes with `model` as given and
-    changes nothing of it (the graph is compiled from a function, not from the module)."""
+    position is a device tensor. The call that builds a graph says on stderr how long it took;
+    an error there propagates, for the caller to go on eagerly. `model` is left as it was."""
 
     def __init__(self, model: GPT, cache: KVCache, per_row: bool = False):
         self.model = model
@@ -54,16 +53,12 @@ class CompiledStep:
         self.static.pos = torch.zeros((B,) if per_row else (), dtype=torch.long,
                                       device=cache.k[0].device)
         self.step = compiled_decode_step()
-        # what a graph is built for, known here: the step itself only looks it up in BUILT
         self.key = (repr(model.cfg), model.vocab_size, B, per_row, model.wte.weight.dtype,
                     cache.k[0].device)
 
     def seek(self, pos: int | Sequence[int]) -> None:
-        """Continue at position pos (after a prefill), or with per_row at each row's own."""
-        if isinstance(pos, int):
-            self.static.pos.fill_(pos)
-        else:
-            self.static.pos.copy_(torch.tensor(pos, dtype=torch.long))
+        """Continue at position pos, or with per_row at each row's own."""
+        self.static.pos.copy_(torch.as_tensor(pos))
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         """Append one id per row, ids (B,), at the current position; logits (B, V)."""
@@ -78,10 +73,9 @@ class CompiledStep:
         return logits
 
     def against_eager(self, ids: torch.Tensor) -> str:
-        """A step of the graph against the eager step it stands for, the median of REPS each,
-        interleaved: what `--compile` buys on this machine, said once when it is built, since
-        on some CPUs it costs (docs/benchmarks.md). Both run at least halfway into the cache,
-        at positions no later step reads before writing them again; the position is put back."""
+        """The graph's step against the eager one, the median of REPS each, interleaved: what
+        `--compile` buys on this machine (on some CPUs it costs). Both run at least halfway
+        into the cache, where no later step reads before writing; the position is put back."""
         pos = self.static.pos.clone()
         at = pos.clamp(min=self.static.max_len // 2)
         view = self.static.view(slice(None), int(at.max()) + 1)  # the eager step's cache

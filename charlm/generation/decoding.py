@@ -1,14 +1,8 @@
-"""Generation over token ids: decoders (KV-cached and uncached), the `generate` iterator
-that streams one id per sample per step (drawn by `charlm.generation.sampler`), and
-`beam_search` over the one beam search core, `search_beams`, which the encoder-decoder's
-`charlm.generation.seq2seq` shares. Text (prompts, stop strings, streaming) is
-`charlm.generation.text`'s.
+"""The GPT's decoders (KV-cached and uncached) and `generate`, one id per row per step.
 
-Past the context window (cached path): when the cache is full, the most recent
-`block_size // 2` tokens are kept and re-prefilled in one forward, so each new token costs O(1)
-forward passes amortised and memory stays bounded. Up to the first full window the tokens equal
-the uncached path's, which crops the context to its last `block_size` tokens at every step
-(nanoGPT's rule); past it the two see different contexts and may differ.
+Past the context window a full cache is re-prefilled once from its most recent `block_size // 2`
+ids: memory stays bounded, each id costs O(1) forwards amortised. The uncached path crops to
+the last `block_size` ids at every step (nanoGPT's): the two agree up to the first full window.
 """
 
 from __future__ import annotations
@@ -19,16 +13,15 @@ from typing import Protocol
 import torch
 
 from charlm.config.sampling import SampleConfig
-from charlm.core.errors import CharlmError, first_line, warn
-from charlm.generation.compiled_step import CompiledStep
+from charlm.core.errors import CharlmError
+from charlm.generation.compiled_step import CompiledStep, compile_failed, decode_one_token
 from charlm.generation.sampler import Sampler
 from charlm.generation.utf8 import Utf8Mask
 from charlm.model.gpt import GPT
 
 
 class NonFiniteOutput(CharlmError):
-    """The model's logits hold NaN or inf, so there is nothing to sample from (or to score:
-    `use` says which)."""
+    """The logits hold NaN or inf: nothing to sample from (or to score: `use`)."""
 
     def __init__(self, use: str = "sample from") -> None:
         super().__init__(
@@ -38,8 +31,7 @@ class NonFiniteOutput(CharlmError):
 
 
 class Decoder(Protocol):
-    """What generation and beam search drive: the GPT's decoders here, and
-    `seq2seq.Seq2SeqDecoder` over an encoded source. Logits are (B, V) for the next position."""
+    """What generation and beam search drive (also `seq2seq.Seq2SeqDecoder`); logits (B, V)."""
 
     def prefill(self, idx: torch.Tensor) -> torch.Tensor: ...
     def step(self, ids: torch.Tensor) -> torch.Tensor: ...
@@ -47,8 +39,7 @@ class Decoder(Protocol):
 
 
 def refill_length(block: int) -> int:
-    """The past-window rule: a full cache is prefilled again from its most recent
-    refill_length(block) ids, the new one last: half the context (at least the new id)."""
+    """The past-window rule: the ids a full cache is prefilled again from, the new one last."""
     return max(block // 2, 1)
 
 
@@ -58,15 +49,9 @@ def kept_ids(window: torch.Tensor, block: int) -> torch.Tensor:
 
 
 class CachedDecoder:
-    """Feeds tokens through the model over a preallocated KV cache.
-
-    `window` mirrors the ids whose keys and values sit in the cache, so a full cache can be
-    re-prefilled from its most recent half without keeping the whole history.
-
-    With `compile`, each one-token step runs a `CompiledStep` over the same cache (one graph
-    for every position; no step waits for the host). Prefills stay eager (their length
-    varies). Where the graph cannot be built, decoding goes on eagerly after one warning.
-    """
+    """Decodes over a preallocated KV cache; `window` mirrors the ids the cache holds, to
+    re-prefill a full one from. With `compile`, one-token steps run a `CompiledStep` (prefills
+    stay eager: their length varies), or eagerly after one warning where it cannot be built."""
 
     def __init__(self, model: GPT, batch_size: int, compile: bool = False):
         self.model = model
@@ -77,7 +62,7 @@ class CachedDecoder:
         self.compiled = CompiledStep(model, self.cache) if compile else None
 
     def prefill(self, idx: torch.Tensor) -> torch.Tensor:
-        """Start over from idx (B, T), T <= block_size, in one forward; logits (B, V)."""
+        """Start over from idx (B, T), T <= block_size."""
         self.cache.reset()
         self.window[:, : idx.size(1)] = idx
         logits, _ = self.model(idx, cache=self.cache)
@@ -86,9 +71,9 @@ class CachedDecoder:
         return logits[:, -1, :]
 
     def step(self, ids: torch.Tensor) -> torch.Tensor:
-        """Append one id per row, ids (B,); logits (B, V) for the next position."""
+        """Append one id per row, ids (B,)."""
         pos = self.cache.pos
-        if pos == self.block:  # full: keep the most recent tokens, re-prefill once
+        if pos == self.block:
             tail = torch.cat([kept_ids(self.window, self.block), ids[:, None]], dim=1)
             return self.prefill(tail)
         self.window[:, pos] = ids
@@ -97,11 +82,10 @@ class CachedDecoder:
                 logits = self.compiled(ids)  # advances the compiled step's position
                 self.cache.pos += 1
                 return logits
-            except Exception as e:  # the first call builds the graph: no compiler, an op, ...
-                warn(f"torch.compile failed ({first_line(e)}); decoding without compile")
+            except Exception as e:  # the first call builds the graph
+                compile_failed(e)
                 self.compiled = None
-        logits, _ = self.model(ids[:, None], cache=self.cache)
-        return logits[:, -1, :]
+        return decode_one_token(self.model, ids[:, None], self.cache)
 
     def reorder(self, index: torch.Tensor) -> None:
         """Make row i continue from row index[i] (beam search)."""
@@ -144,12 +128,9 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int,
              opts: SampleConfig | None = None,
              generator: torch.Generator | None = None,
              mask: Utf8Mask | None = None) -> Iterator[torch.Tensor]:
-    """Yield max_new_tokens tensors of ids (B,), one per step, continuing prompt (B, T0).
-
-    A prompt longer than block_size is cropped to its last block_size tokens. One forward per
-    step for the whole batch; no forward is spent on a step that is never asked for. A byte
-    model's `mask` keeps each row's bytes valid UTF-8 (`Sampler.warp` says where it applies).
-    """
+    """Yield max_new_tokens tensors of ids (B,), one per step, continuing prompt (B, T0)
+    (cropped to its last block_size ids); no forward is spent on a step never asked for. A
+    byte model's `mask` keeps each row valid UTF-8."""
     opts = opts or SampleConfig()
     model.eval()
     decoder = make_decoder(model, prompt.size(0), opts.use_cache, opts.compile)

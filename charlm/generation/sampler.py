@@ -1,12 +1,7 @@
-"""`Sampler`: the sampling state of a batch's rows, each with its own options (temperature,
-top-k, top-p, min-p, repetition penalty as per-row tensors), recent ids, UTF-8 state and
-`torch.Generator`, drawn from in one batched step with one host sync (nano-vllm's sampler).
-`generate`, `sample_text`, an encoder-decoder's `translate_ids` and the serving engine all
-sample through it.
-
-A sampled row draws one uniform number a step from its generator and picks the id where the
-cumulative distribution passes it, so a seeded row gives the same ids alone or in a crowd.
-"""
+"""`Sampler`: the per-row sampling state `generate`, `sample_text`, `translate_ids` and the
+serving engine share (options as per-row tensors, recent ids, UTF-8 state, generator), drawn in
+one batched step with one host sync (nano-vllm's). A row draws one uniform number a step from
+its own generator, so a seed gives the same ids alone or in a crowd."""
 
 from __future__ import annotations
 
@@ -19,9 +14,8 @@ INF = float("inf")
 
 
 class Sampler:
-    """Rows 0..n-1, added by `add` and removed by `remove` (the last row moves into the gap, as
-    in `SlotDecoder`). `generator` is shared by rows added without their own. `window`: the
-    recent ids the repetition penalty looks at (the prompt counts)."""
+    """Rows 0..n-1 (`remove` moves the last row into the gap, as `SlotDecoder` does). `window`:
+    the recent ids the repetition penalty looks at; `generator`: of rows added without one."""
 
     def __init__(self, window: int, device: torch.device | str,
                  mask: Utf8Mask | None = None, generator: torch.Generator | None = None):
@@ -42,8 +36,7 @@ class Sampler:
 
     def add(self, opts: SampleConfig, prompt: torch.Tensor,
             generator: torch.Generator | None = None) -> None:
-        """Add rows continuing prompt (R, T0), each with `opts` and `generator` (None: the
-        shared one)."""
+        """Add rows continuing prompt (R, T0), each with `opts` and `generator`."""
         R = prompt.size(0)
         tail = prompt[:, -self.window:]
         recent = torch.full((R, self.window), -1, dtype=torch.long, device=self.device)
@@ -58,14 +51,12 @@ class Sampler:
         self.params = None
 
     def remove(self, row: int) -> None:
-        """Row `row` leaves; the last row takes its place."""
-        index = list(range(len(self) - 1))
-        if row < len(index):
-            index[row] = len(index)
-        self.keep(index)
+        index = list(range(len(self)))
+        index[row] = index[-1]
+        self.keep(index[:-1])
 
     def keep(self, index: list[int]) -> None:
-        """Keep the rows `index`, in that order (the rows of an encoder-decoder that go on)."""
+        """Keep the rows `index`, in that order."""
         at = torch.tensor(index, dtype=torch.long, device=self.device)
         self.recent, self.slot = self.recent[at], self.slot[at]
         if self.mask is not None:
@@ -89,9 +80,8 @@ class Sampler:
         return self.params
 
     def warp(self, logits: torch.Tensor) -> torch.Tensor:
-        """The distribution each row draws from and is scored by (B, V): the repetition
-        penalty (CTRL, Keskar et al. 2019), the temperature, then a byte model's UTF-8 mask
-        (after: a huge temperature's factor is 0, and 0 times the mask's -inf is NaN)."""
+        """The logits (B, V) each row draws from and is scored by: the repetition penalty (CTRL),
+        the temperature, then the UTF-8 mask (a huge temperature's 0 times -inf is NaN)."""
         p = self._params()
         x = logits.float()
         if any(o.repetition_penalty != 1.0 for o in self.opts):
@@ -103,9 +93,8 @@ class Sampler:
             big = torch.finfo(x.dtype).max
             penalised = torch.where(x > 0, x / pen, x * pen).clamp(-big, big)
             x = torch.where(seen[:, :V] & (pen != 1.0), penalised, x)
-        # shifted so the largest is 0 (a tiny temperature sends the others to -inf), and a
-        # product with 1 / t, t at least the smallest normal number, as CUDA divides; every
-        # row alike, so a row's numbers never depend on the others'
+        # the largest shifted to 0 (a tiny temperature sends the others to -inf), times 1 / t
+        # (t at least the smallest normal), as CUDA divides, so no row depends on the others
         t = p["temperature"]
         scale = torch.where(t == 0, 1.0, 1.0 / t.clamp(min=torch.finfo(x.dtype).tiny))
         x = (x - x.amax(dim=-1, keepdim=True)) * scale[:, None]
@@ -115,9 +104,8 @@ class Sampler:
 
     def step(self, logits: torch.Tensor
              ) -> tuple[torch.Tensor, list[int], list[bool], torch.Tensor]:
-        """Draw the next id of every row from logits (B, V): (ids (B,), the same as a list,
-        whether each row's distribution was finite, the warped logits (B, V)). Argmax for
-        temperature 0 (the first of tied ids), else after top-k, top-p and min-p."""
+        """Draw each row's next id from logits (B, V): (ids (B,), the same as a list, whether
+        each row was finite, the warped logits). Temperature 0 is argmax (the first of ties)."""
         x = self.warp(logits)
         ids = x.argmax(dim=-1)
         if any(o.temperature != 0 for o in self.opts):
@@ -134,9 +122,7 @@ class Sampler:
         return ids, out[0], [bool(f) for f in out[1]], x
 
     def _draw(self, x: torch.Tensor) -> torch.Tensor:
-        """One id per row (B,) from softmax(x), cut to its top-k (ties with the k-th stay),
-        the smallest likeliest set of mass >= top-p, and the ids at least min-p times as likely
-        as the likeliest."""
+        """One id per row (B,) from softmax(x) after top-k (ties stay), top-p and min-p."""
         p = self._params()
         x, order = torch.sort(x, dim=-1, descending=True, stable=True)
         k = p["top_k"].clamp(max=x.size(-1))[:, None] - 1

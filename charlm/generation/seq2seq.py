@@ -1,6 +1,5 @@
-"""An encoder-decoder's decoding: `Seq2SeqDecoder` steps the decoder over the
-`EncoderOutput` with a KV cache, `translate_ids` decodes greedily or by sampling,
-`beam_search_ids` keeps the n best outputs of each source."""
+"""An encoder-decoder's decoding over an encoded source: greedy or sampled (`translate_ids`),
+or the n best of a beam search (`beam_search_ids`)."""
 
 from __future__ import annotations
 
@@ -16,12 +15,8 @@ from charlm.model.encoder_decoder import EncoderDecoder, EncoderOutput, output_l
 
 
 class Seq2SeqDecoder:
-    """Feeds target ids through the decoder over a fixed `EncoderOutput` (B rows): `prefill` (B, T)
-    from bos, `step` one id per row, `reorder` rows, as `decoding.CachedDecoder` does.
-    use_cache=False recomputes the whole target prefix each step (the reference path).
-
-    pad and bos are never an output, so their logits come back as -inf.
-    """
+    """A `Decoder` of target ids over a fixed `EncoderOutput` (B rows); use_cache=False
+    recomputes the whole target prefix each step. pad and bos are never an output: -inf."""
 
     def __init__(self, model: EncoderDecoder, memory: EncoderOutput, use_cache: bool = True,
                  max_len: int | None = None):
@@ -30,7 +25,6 @@ class Seq2SeqDecoder:
         self.block = model.cfg.block_size
         B = memory.out.size(0)
         self.cache = model.new_cache(B, max_len) if use_cache else None
-        # the target prefix so far, which the uncached path feeds whole at every step
         self.context = torch.empty(B, 0, dtype=torch.long, device=memory.out.device)
         self.never = torch.tensor([model.pad, model.bos], device=memory.out.device)
 
@@ -39,21 +33,18 @@ class Seq2SeqDecoder:
         return logits[:, -1, :].index_fill(-1, self.never, float("-inf"))  # (B, V)
 
     def prefill(self, idx: torch.Tensor) -> torch.Tensor:
-        """Start over from the target prefix idx (B, T); logits (B, V) for the next id."""
         self.context = idx
         if self.cache is not None:
             self.cache.reset()
         return self._next(idx)
 
     def step(self, ids: torch.Tensor) -> torch.Tensor:
-        """Append one id per row, ids (B,); logits (B, V) for the next position."""
         if self.cache is None:
             return self.prefill(torch.cat([self.context, ids[:, None]], dim=1))
         return self._next(ids[:, None])
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Make row i continue from row index[i]; index may be shorter than the batch (rows
-        that finished are dropped)."""
+        """Make row i continue from row index[i]; a shorter index drops the other rows."""
         if self.cache is not None:
             self.cache.k = [k[index] for k in self.cache.k]
             self.cache.v = [v[index] for v in self.cache.v]
@@ -63,8 +54,7 @@ class Seq2SeqDecoder:
 
 def _limits(model: EncoderDecoder, memory: EncoderOutput, cap: int,
             max_len: int | Sequence[int] | None) -> list[int]:
-    """Each row's longest output: given, or `output_limit` of its source's length; never past
-    the target window."""
+    """Each row's longest output: given, or `output_limit` of its source; within the window."""
     block = model.cfg.block_size
     if max_len is None:
         return [output_limit(n, block, cap) for n in memory.mask.sum(dim=1).tolist()]
@@ -79,14 +69,9 @@ def _limits(model: EncoderDecoder, memory: EncoderOutput, cap: int,
 def translate_ids(model: EncoderDecoder, src: torch.Tensor, opts: SampleConfig,
                   max_len: int | Sequence[int] | None = None,
                   generator: torch.Generator | None = None) -> list[list[int]]:
-    """Decode every source row of src (B, S): greedy for temperature 0, else sampled through
-    `opts`'s logits processors. Returns each row's target ids, without bos, eos or pad.
-
-    One forward per step for the whole batch. A row ends at eos or at its limit (`max_len`,
-    default `output_limit` of its source's length capped by opts.max_new_tokens); it then
-    leaves the batch, so it costs nothing more and affects nothing. Of `opts`, the beam, stop,
-    prompt and compile options do not apply here.
-    """
+    """Each source row of src (B, S)'s target ids (without bos, eos or pad), greedy or sampled
+    as `opts` says (not its beam, stop, prompt or compile options). A row that reaches eos or
+    its limit (`max_len`, default `output_limit`) leaves the batch, costing nothing more."""
     model.eval()
     memory = model.encode(src)
     limits = _limits(model, memory, opts.max_new_tokens, max_len)
@@ -126,15 +111,10 @@ def translate_ids(model: EncoderDecoder, src: torch.Tensor, opts: SampleConfig,
 
 @torch.inference_mode()
 def beam_search_ids(model: EncoderDecoder, src: torch.Tensor, beams: int,
-                    max_len: int | None = None, n_best: int = 1, length_penalty: float = 1.0,
+                    max_len: int | None = None, n_best: int = 1,
                     use_cache: bool = True) -> list[tuple[float, list[int]]]:
-    """The n_best hypotheses for one source src (1, S) under beam search, best first, as
-    (sum of log-probabilities / length**length_penalty, ids without eos); the length counts
-    the eos. A hypothesis ends at eos, or at max_len ids (default: `output_limit`).
-
-    The source is encoded once and its memory, cross-attention keys and values included,
-    copied to the beams. beams=1 is greedy decoding.
-    """
+    """The n_best hypotheses of `search_beams` for one source src (1, S), without eos (their
+    length counts it), ending at eos or max_len ids (default: `output_limit`)."""
     if src.size(0) != 1:
         raise ValueError(f"beam search decodes one source at a time, got {src.size(0)}")
     if not 1 <= n_best <= beams:
@@ -146,7 +126,6 @@ def beam_search_ids(model: EncoderDecoder, src: torch.Tensor, beams: int,
     decoder = Seq2SeqDecoder(model, memory.select(first), use_cache, max(limit, 1))
     start = torch.full((beams, 1), model.bos, dtype=torch.long, device=src.device)
     eos = model.eos
-    hyps = search_beams(decoder, start, limit, beams, lambda seq: seq[-1] == eos,
-                        length_penalty)
+    hyps = search_beams(decoder, start, limit, beams, lambda seq: seq[-1] == eos)
     return [(score, seq[:-1] if seq and seq[-1] == eos else seq)
             for score, seq in hyps[:n_best]]

@@ -1,31 +1,22 @@
-"""`SlotDecoder`: the rows of one KV cache as independent sequences, each at its own position,
-decoded one token per row per step (continuous batching: `charlm serve`'s engine).
-
-Rows 0..n-1 are live. A sequence is added by a prefill of its row alone and leaves by moving the
-last live row into its place, so a step always decodes the prefix of rows 0..n-1 (a view: no
-copy). Each row follows `decoding.CachedDecoder`'s past-window rule on its own: when its cache is
-full, the most recent `block_size // 2` ids are re-prefilled, so each row's greedy ids equal
-`decoding.generate`'s for its prompt alone (up to the rounding of a batched product).
-"""
+"""`SlotDecoder`: the rows of one KV cache as sequences each at its own position (continuous
+batching). A sequence joins by a prefill of its row alone and leaves by moving the last live row
+into its place, so a step decodes rows 0..n-1 (a view). Each row keeps the past-window rule, so
+its greedy ids are `generate`'s for its prompt alone (up to a batched product's rounding)."""
 
 from __future__ import annotations
 
 import torch
 
-from charlm.core.errors import first_line, warn
-from charlm.generation.compiled_step import CompiledStep
+from charlm.generation.compiled_step import CompiledStep, compile_failed, decode_one_token
 from charlm.generation.decoding import kept_ids
 from charlm.model.gpt import GPT
 
 
 class SlotDecoder:
-    """`slots` rows of a KV cache whose positions (`pos`, on the host) are each row's own.
-
-    A step decodes the live rows over their longest context only; with `compile` and more
-    than half the slots live, it runs one `CompiledStep` graph over every slot instead (live or
-    not: static shapes), built by `build`. Below that the graph's idle rows would cost more
-    than eager steps of the live ones.
-    """
+    """`slots` rows of a KV cache, each at its own position (`pos`, on the host). A step decodes
+    the live rows over their longest context; with `compile` and more than half the slots live,
+    one `CompiledStep` graph over every slot instead (static shapes: below half, its idle rows
+    would cost more than eager steps of the live ones)."""
 
     def __init__(self, model: GPT, slots: int, compile: bool = False):
         self.model = model
@@ -33,7 +24,7 @@ class SlotDecoder:
         self.block = model.cfg.block_size
         self.cache = model.new_cache(slots)
         self.device = model.wte.weight.device
-        # the ids whose keys and values sit in each row, to re-prefill a full row from
+        # the ids each row's cache holds, to re-prefill a full row from
         self.window = torch.zeros(slots, self.block, dtype=torch.long, device=self.device)
         self.pos: list[int] = []  # of the live rows
         self.compiled = CompiledStep(model, self.cache, per_row=True) if compile else None
@@ -43,20 +34,18 @@ class SlotDecoder:
         return len(self.pos)
 
     def build(self) -> None:
-        """Build the compiled step's graph now (one step over empty slots). Where it cannot be
-        built, one warning and eager steps from then on."""
+        """Build the compiled step's graph now (a step over empty slots), or go on eagerly."""
         if self.compiled is None:
             return
         try:
             self.compiled.seek([0] * self.slots)
             self.compiled(torch.zeros(self.slots, dtype=torch.long, device=self.device))
-        except Exception as e:  # no C++ compiler, an op the compiler cannot take, ...
-            warn(f"torch.compile failed ({first_line(e)}); decoding without compile")
+        except Exception as e:
+            compile_failed(e)
             self.compiled = None
 
     def add(self, ids: list[int]) -> torch.Tensor:
-        """Start a sequence in row n from ids (its last block_size), prefilled alone; the
-        logits (V,) of its next id."""
+        """Start a sequence in row n from ids (its last block_size); the logits (V,) after it."""
         ids = ids[-self.block:]
         self.pos.append(0)
         try:
@@ -66,7 +55,7 @@ class SlotDecoder:
             raise
 
     def _prefill(self, row: int, ids: torch.Tensor) -> torch.Tensor:
-        """Fill `row` from ids (T,) at positions 0..T-1; the logits (V,) after the last."""
+        """Fill `row` from ids (T,) at positions 0..T-1; the logits (V,) after them."""
         T = ids.numel()
         self.window[row, :T] = ids
         view = self.cache.view(slice(row, row + 1))
@@ -76,8 +65,7 @@ class SlotDecoder:
         return logits[0, -1]
 
     def remove(self, row: int) -> None:
-        """Row `row` leaves; the last live row moves into it (the caller moves what it keeps
-        per row the same way)."""
+        """Row `row` leaves; the last live row moves into it (the caller's rows must too)."""
         last = self.n - 1
         if row != last:
             self.cache.copy_row(last, row)
@@ -86,11 +74,11 @@ class SlotDecoder:
         self.pos.pop()
 
     def step(self, ids: torch.Tensor) -> torch.Tensor:
-        """Append one id per live row, ids (n,); the logits (n, V) of their next ids."""
+        """Append one id per live row, ids (n,); logits (n, V)."""
         n = self.n
         for row in range(n):
-            if self.pos[row] == self.block:  # full: keep the most recent ids, as CachedDecoder
-                kept = kept_ids(self.window[row], self.block).clone()  # and ids[row]
+            if self.pos[row] == self.block:  # full: re-prefill, then ids[row] follows
+                kept = kept_ids(self.window[row], self.block).clone()
                 if kept.numel():
                     self._prefill(row, kept)
                 else:  # block_size 1: only the new id
@@ -106,6 +94,6 @@ class SlotDecoder:
         else:  # the live rows over the longest of their contexts
             view = self.cache.view(slice(0, n), max(self.pos) + 1)
             view.pos = at
-            logits = self.model(ids[:, None], cache=view)[0][:, -1]
+            logits = decode_one_token(self.model, ids[:, None], view)
         self.pos = [p + 1 for p in self.pos]
         return logits

@@ -1,7 +1,5 @@
-"""The text layer of generation: prompts (`default_prompt`, `encode_prompt`), stop strings
-(`StopMatcher`), and `sample_text`, which turns a prompt string into finished samples and streams
-their text through a callback. The decoding itself is `charlm.generation.decoding`'s.
-"""
+"""The text layer of generation: prompts, stop strings, and `sample_text`, which turns a prompt
+into samples and streams their text as it becomes final."""
 
 from __future__ import annotations
 
@@ -25,18 +23,13 @@ from charlm.runtime.device import require_memory
 
 
 class StopMatcher:
-    """Streams one sample's text while holding back what could be the start of a stop string.
-
-    `feed` returns the text that is safe to show; `done` turns true once the generated text ends
-    with a stop string, which is cut off unless `include_stop`. Each stop string keeps how much
-    of it the text ends with (Knuth-Morris-Pratt's automaton), so a character costs about one
-    step a stop string whatever their lengths: building every prefix of a 250,000-character stop
-    string for every character stalled a server for seconds.
-    """
+    """One sample's text, held back while it may be the start of a stop string: `feed` returns
+    what is safe to show, `done` is set once the text ends with a stop (cut off unless
+    `include_stop`). Each stop keeps how much of it the text ends with (Knuth-Morris-Pratt),
+    so a character costs about one step a stop string, however long they are."""
 
     def __init__(self, stops: Sequence[str], include_stop: bool):
-        # longest first: of stop strings that end together ("ab" and "b"), the longest is cut,
-        # whatever the order they were given in
+        # longest first: of stops that end together ("ab" and "b") the longest is cut
         self.stops = sorted(stops, key=len, reverse=True)
         self.fail = [failure(s) for s in self.stops]
         self.matched = [0] * len(self.stops)  # of each stop, the prefix the text ends with
@@ -57,9 +50,8 @@ class StopMatcher:
                     out = self.pending if self.include_stop else self.pending[: -len(s)]
                     self.pending = ""
                     return out
-        hold = max(self.matched, default=0)
-        out, self.pending = self.pending[: len(self.pending) - hold], self.pending[
-            len(self.pending) - hold:]
+        cut = len(self.pending) - max(self.matched, default=0)  # what may start a stop stays
+        out, self.pending = self.pending[:cut], self.pending[cut:]
         return out
 
     def flush(self) -> str:
@@ -68,8 +60,7 @@ class StopMatcher:
 
 
 def failure(s: str) -> list[int]:
-    """KMP's failure function of `s`: for each prefix s[:i + 1], the length of its longest
-    proper prefix that is also its suffix."""
+    """KMP's failure function: for each s[:i + 1], its longest proper prefix that ends it."""
     fail, n = [0] * len(s), 0
     for i in range(1, len(s)):
         while n and s[i] != s[n]:
@@ -89,8 +80,7 @@ class Sample:
 
 
 def default_prompt(vocab: Vocab) -> str:
-    """The prompt when none is given: a newline, or the vocabulary's first character (a byte
-    model's first that is a whole character) when the model never saw a newline."""
+    """A newline, or where the model never saw one, the vocabulary's first whole character."""
     if not vocab.unknown("\n"):
         return "\n"
     return next((c for c in vocab.chars if not vocab.unknown(c)), vocab.chars[0])
@@ -98,12 +88,8 @@ def default_prompt(vocab: Vocab) -> str:
 
 def encode_prompt(vocab: Vocab, prompt: str, unknown: str,
                   block_size: int) -> tuple[str, list[int], list[str]]:
-    """(prompt as used, the ids the model sees, warnings). Unknown characters are an error
-    listing each one and its position, or dropped with `unknown='skip'`; of a prompt longer
-    than the context the model sees its last block_size characters (a byte model's: the whole
-    characters of its last block_size bytes), and the prompt stays whole, so that what is
-    printed is what was given. The prompt is put in the vocabulary's normal form first, as its
-    data was."""
+    """(prompt as used, the ids the model sees, warnings): normalized as the data was, unknown
+    characters an error or dropped (`unknown='skip'`), the ids the tail that fits the context."""
     warnings = []
     prompt = vocab.normalized(prompt)
     bad = vocab.unknown(prompt)
@@ -122,25 +108,21 @@ def encode_prompt(vocab: Vocab, prompt: str, unknown: str,
         raise CharlmError("the prompt is empty; give at least one character the model knows")
     ids = vocab.encode(prompt)
     if len(ids) > block_size:
-        unit = unit_name(vocab.units)
-        warnings.append(f"the prompt has {len(ids)} {unit}s, more than the context of "
-                        f"{block_size}; using its last {block_size}")
+        warnings.append(f"the prompt has {len(ids)} {unit_name(vocab.units)}s, more than the "
+                        f"context of {block_size}; using its last {block_size}")
         ids = vocab.encode(vocab.tail(prompt, block_size))
     return prompt, ids, warnings
 
 
 def require_cache_memory(model: GPT | EncoderDecoder, setting: str, value: int,
                          sources: int = 1) -> None:
-    """Refuse decoding `value` samples or beams (`setting`: num_samples or beams) for each of
-    `sources` sources (an encoder-decoder's batch; a GPT continues one prompt) when their keys
-    and values over a full context (what the KV cache holds; the uncached forward computes as
-    much), an encoder-decoder's cross-attention keys and values, and one forward's activations
-    and logits exceed the device's memory."""
+    """Refuse decoding `value` samples or beams (`setting`) for each of `sources` sources (an
+    encoder-decoder's batch) when their caches and a forward exceed the device's memory."""
     weight = model.wte.weight
     encdec = model.cfg.arch == "encoder_decoder"
     vocab = model.target_vocab_size if encdec else model.vocab_size
-    cache_dtype = attention_dtype(weight)  # what the caches are kept in
-    need = sampling_bytes(model.cfg, vocab, value * sources, cache_dtype.itemsize)
+    # the caches are kept in attention's dtype
+    need = sampling_bytes(model.cfg, vocab, value * sources, attention_dtype(weight).itemsize)
     head = f"{{setting}} {value:,}" if value > 1 else "one output"
     if sources > 1:
         head += f" for each of {sources:,} sources decoded together"
@@ -155,12 +137,9 @@ def require_cache_memory(model: GPT | EncoderDecoder, setting: str, value: int,
 def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
                 on_text: Callable[[int, str], None] | None = None,
                 stop: Callable[[], bool] | None = None) -> list[Sample]:
-    """Generate opts.num_samples continuations of `prompt` (checked by `encode_prompt`), as
-    one batch, or the best beam when opts.beams is set. on_text(sample index, text) is called as
-    each piece of text becomes final (stop strings are held back until they cannot match; a
-    byte model's character once its last byte is drawn).
-    Sampling ends early, each sample as far as it got, once stop() says so (a training run's
-    stop signal): it is asked after every token."""
+    """opts.num_samples continuations of `prompt` (checked by `encode_prompt`) as one batch, or
+    the best beam with opts.beams. on_text(sample index, text) gets each piece of text once it
+    is final. Sampling ends early once stop() says so (asked after every token)."""
     if opts.beams is not None:
         if opts.num_samples != 1:  # an encoder-decoder's beams give an n-best list instead
             beams = Setting("beams")
@@ -196,8 +175,7 @@ def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
 
 
 class Draft:
-    """One sample's text as its ids arrive: decoded (a byte model's whole characters), held
-    back while a stop string may still match, its ids counted and its time taken."""
+    """One sample's text as its ids arrive: decoded, stop strings held back, ids counted, timed."""
 
     def __init__(self, vocab: Vocab, opts: SampleConfig, t0: float):
         self.matcher = StopMatcher(opts.stop, opts.include_stop)
@@ -206,11 +184,10 @@ class Draft:
 
     @property
     def done(self) -> bool:
-        """A stop string has ended it."""
         return self.matcher.done
 
     def feed(self, token: int) -> str:
-        """Take the next id; the text that became final ("" while it may be a stop's start)."""
+        """Take the next id; the text that became final."""
         self.count += 1
         piece = self.matcher.feed(self.stream.feed(token))
         if self.done:
@@ -219,7 +196,7 @@ class Draft:
         return piece
 
     def finish(self) -> str:
-        """End it: the text held back until now."""
+        """End it: the text held back."""
         rest = self.matcher.flush()
         self.text += rest
         if not self.done:
@@ -229,7 +206,7 @@ class Draft:
 
 def best_beam(model: GPT, vocab: Vocab, prompt: str, ids: torch.Tensor, opts: SampleConfig,
               emit: Callable[[int, str], None], t0: float) -> Sample:
-    """`sample_text` with opts.beams: the best beam, cut at a stop string, emitted whole."""
+    """`sample_text`'s best beam, cut at a stop string, emitted whole."""
     stops = [vocab.encode(s) for s in opts.stop if not vocab.unknown(s)]
     best = beam_search(model, ids, opts.max_new_tokens, opts.beams, stops, opts.use_cache,
                        compile=opts.compile,
@@ -243,11 +220,8 @@ def best_beam(model: GPT, vocab: Vocab, prompt: str, ids: torch.Tensor, opts: Sa
 
 def preview(model: GPT, vocab: Vocab, chars: int, seed: int,
             stop: Callable[[], bool] | None = None) -> str:
-    """A short sample for a training run's log: `chars` characters continuing a newline (or the
-    vocabulary's first character when it has none), prompt included; fewer once stop() says so
-    (a stop signal: a huge train.sample_chars must not keep the run from saving and ending). It
-    draws from its own seeded generator, so the training RNG is untouched, and it restores the
-    model's mode."""
+    """A training log's sample: `chars` characters after `default_prompt`, prompt included, or
+    fewer once stop() says so; the training RNG and the model's mode are left as they were."""
     was_training = model.training
     prompt = default_prompt(vocab)
     try:

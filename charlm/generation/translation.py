@@ -1,7 +1,4 @@
-"""The text layer of the encoder-decoder: sources in, target text out (`translate`). The
-decoding itself is `charlm.generation.seq2seq`'s, the scores against references
-`charlm.evaluation.pairs`', the data conventions `charlm.data.pairs`'.
-"""
+"""The encoder-decoder's text layer: sources in, target text out (`translate`)."""
 
 from __future__ import annotations
 
@@ -38,8 +35,7 @@ class Translation:
 
 def encode_sources(model: EncoderDecoder, vocab: PairVocab, sources: Sequence[str],
                    unknown: str = "error") -> list[list[int]]:
-    """Each source's ids; an empty source (also after --unknown skip) or one longer than the
-    model's block_size is an error naming its line."""
+    """Each source's ids; an empty or too long one is an error naming it."""
     block = model.cfg.block_size
     encoded = []
     for i, text in enumerate(sources, 1):
@@ -56,9 +52,8 @@ def encode_sources(model: EncoderDecoder, vocab: PairVocab, sources: Sequence[st
 
 def translate(model: EncoderDecoder, vocab: PairVocab, sources: Sequence[str],
               opts: SampleConfig) -> Iterator[Translation]:
-    """Yield one `Translation` per source, in order. Greedy or sampled outputs are decoded
-    `BATCH` sources at a time (opts.num_samples each); beam search decodes one source at a time
-    with its beams as a batch and returns opts.num_samples best hypotheses with their scores."""
+    """One `Translation` per source, in order: opts.num_samples outputs each, decoded `BATCH`
+    sources at a time, or with beams one source at a time, the n best with their scores."""
     model.eval()
     encoded = encode_sources(model, vocab, sources, opts.unknown)
     device = next(model.parameters()).device
@@ -79,7 +74,8 @@ def translate(model: EncoderDecoder, vocab: PairVocab, sources: Sequence[str],
                 src = torch.tensor([ids], device=device)
                 hyps = beam_search_ids(model, src, opts.beams, n_best=K,
                                        use_cache=opts.use_cache,
-                                       max_len=_cap(opts, len(ids), model))
+                                       max_len=output_limit(len(ids), model.cfg.block_size,
+                                                            opts.max_new_tokens))
                 yield Translation(sources[first + i],
                                   [(vocab.decode_target(h), s) for s, h in hyps])
             continue
@@ -89,7 +85,3 @@ def translate(model: EncoderDecoder, vocab: PairVocab, sources: Sequence[str],
         for i in range(len(chunk)):
             yield Translation(sources[first + i],
                               [(vocab.decode_target(o), None) for o in outs[i * K:(i + 1) * K]])
-
-
-def _cap(opts: SampleConfig, source_len: int, model: EncoderDecoder) -> int:
-    return output_limit(source_len, model.cfg.block_size, opts.max_new_tokens)

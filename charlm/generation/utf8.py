@@ -1,12 +1,9 @@
-"""`Utf8Mask`: a byte model draws only bytes that keep its text valid UTF-8.
+"""`Utf8Mask`: a byte model draws only bytes that keep its text valid UTF-8 (RFC 3629).
 
-UTF-8 (RFC 3629) is read by a small automaton: a state says what the next byte must be (a lead
-byte or ASCII in state 0; a continuation byte, in a narrowed range after E0, ED, F0 and F4, which
-rules out overlong forms, surrogates and code points past U+10FFFF). `NEXT[state, byte]` is the
-state after that byte, -1 where the byte cannot come next. A mask over a vocabulary is that
-table restricted to the vocabulary's bytes, with the states whose character it cannot finish
-pruned, and it is applied to a batch of logits by one gather: `allowed[state]` (B, V).
-"""
+A small automaton reads UTF-8: `NEXT[state, byte]` is the state after the byte, -1 where it
+cannot come next (state 0: a lead byte or ASCII; the narrowed continuations after E0, ED, F0
+and F4 rule out overlong forms, surrogates and code points past U+10FFFF). A mask restricts it
+to a vocabulary's bytes and is applied to a batch of logits by one gather."""
 
 from __future__ import annotations
 
@@ -45,8 +42,7 @@ NEXT = _transitions()
 
 
 def vocab_transitions(vocab: Vocab) -> np.ndarray:
-    """NEXT over the vocabulary's ids (STATES, V), without the bytes that lead to a state the
-    vocabulary cannot finish a character from (a lead byte whose continuations it lacks)."""
+    """NEXT over the vocabulary's ids (STATES, V), less bytes of characters it cannot finish."""
     nxt = NEXT[:, [ord(c) for c in vocab.chars]]
     for _ in range(STATES):  # prune until nothing changes: each pass settles one more byte
         live = (nxt >= 0).any(axis=1)
@@ -62,9 +58,8 @@ def vocab_transitions(vocab: Vocab) -> np.ndarray:
 
 
 class Utf8Mask:
-    """The UTF-8 state of each of `rows` sequences, all starting after a whole character (a
-    prompt is whole characters). `apply` masks logits (B, V) to the bytes allowed next,
-    `advance` takes the drawn ids (B,), `select` keeps rows (beam search's reorder)."""
+    """The UTF-8 state of `rows` sequences, each starting after a whole character: `apply`
+    masks logits (B, V), `advance` takes the drawn ids (B,), `select` keeps rows."""
 
     def __init__(self, vocab: Vocab, rows: int, device: torch.device | str = "cpu"):
         nxt = torch.from_numpy(vocab_transitions(vocab)).to(device)
@@ -83,5 +78,5 @@ class Utf8Mask:
 
 
 def utf8_mask(vocab: Vocab, rows: int, device: torch.device | str) -> Utf8Mask | None:
-    """The mask that a vocabulary's sampling needs: one for byte units, None for characters."""
+    """A byte vocabulary's mask; None for characters."""
     return Utf8Mask(vocab, rows, device) if vocab.units == "byte" else None

@@ -1,19 +1,13 @@
-"""The OpenAI-compatible HTTP app of `charlm serve` (FastAPI): `create_app(engine, settings)`.
-
-The app never runs torch on its event loop: the engine decodes on its own thread, and its events
-reach the loop through `charlm.serve.events` (one wake-up of the loop per decode step, one
-queue per HTTP request). A stream writes every event waiting in its queue at once, so a loop
-that falls behind the engine catches up in fewer, larger writes (each event still one
-server-sent event).
-Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
-GET /metrics and GET / (the playground page, when installed)."""
+"""The OpenAI-compatible HTTP app of `charlm serve` (FastAPI). It never runs torch on its event
+loop: the engine decodes on its own thread and its events arrive through `events`. A stream
+writes every event waiting at once, so a loop that falls behind catches up in fewer writes."""
 
 from __future__ import annotations
 
 import asyncio
 import hmac
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -26,9 +20,9 @@ from starlette.exceptions import HTTPException
 
 from charlm.core.errors import CharlmError
 from charlm.serve.backend import Backend
-from charlm.serve.engine import Params
 from charlm.serve.events import Completions, Mailbox
 from charlm.serve.metrics import CONTENT_TYPE, CountResponses, Metrics
+from charlm.serve.request import Params
 from charlm.serve.responses import DONE, ChatStyle, Choice, CompletionStyle, Style, sse, usage
 from charlm.serve.schema import (
     CHAT_STOPS,
@@ -37,7 +31,6 @@ from charlm.serve.schema import (
     CompletionRequest,
     Limits,
     Sampling,
-    error_body,
     jobs_for,
     validation_error,
 )
@@ -56,7 +49,7 @@ class Settings:
 
 
 def create_app(engine: Backend, settings: Settings) -> FastAPI:
-    """The app around `engine` (charlm.serve.engine.Engine's interface, already started)."""
+    """The app around `engine`, already started."""
     app = FastAPI(title="charlm", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine, app.state.settings = engine, settings
     app.state.metrics, app.state.in_flight, app.state.closing = Metrics(engine), 0, False
@@ -92,7 +85,6 @@ def create_app(engine: Backend, settings: Settings) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict:
-        # max_logprobs: what `logprobs` may be (None: leave it out); the page asks for that
         return {"object": "list", "data": [{"id": settings.model, "object": "model",
                                             "created": int(time.time()), "owned_by": "charlm",
                                             "max_logprobs": engine.max_logprobs}]}
@@ -124,16 +116,16 @@ def create_app(engine: Backend, settings: Settings) -> FastAPI:
 
 
 def shutdown(app: FastAPI, grace_s: float) -> None:
-    """Refuse new requests (503) and end those in flight within grace_s: their last event says
-    finish_reason "shutdown". Blocks: call it off the event loop."""
+    """Refuse new requests (503) and end those in flight within grace_s (finish_reason
+    "shutdown"). Blocks: call it off the event loop."""
     app.state.closing = True
     app.state.engine.close(grace_s)
 
 
 async def respond(request: Request, style: Style, jobs: list[tuple[str, Params]],
                   choices: list[Choice], body: Sampling, prompt_param: str) -> Response:
-    """Admit the request (429 past --max-concurrent), submit its completions, and answer with
-    them whole or as a stream; a client that goes away cancels what it asked for."""
+    """Admit the request (429 past --max-concurrent) and answer it whole or as a stream; a
+    client that goes away cancels what it asked for."""
     state = request.app.state
     if state.closing:
         raise ApiError(503, "the server is shutting down; retry on another one",
@@ -177,7 +169,8 @@ async def respond(request: Request, style: Style, jobs: list[tuple[str, Params]]
 
 
 async def stream(style: Style, completions: Completions, choices: list[Choice],
-                 prompt_characters: int, include_usage: bool, done: Any) -> AsyncIterator[str]:
+                 prompt_characters: int, include_usage: bool,
+                 done: Callable[[], None]) -> AsyncIterator[str]:
     """The server-sent events of a streamed answer, ending with `data: [DONE]`."""
     try:
         for c in choices:
@@ -201,23 +194,20 @@ async def stream(style: Style, completions: Completions, choices: list[Choice],
 
 
 def generation_failed(error: str | None) -> ApiError:
-    """A completion the engine could not finish (its log has said why): a 500, or in a stream
-    an error event, in OpenAI's error body."""
+    """A completion the engine could not finish: a 500, or in a stream an error event."""
     return ApiError(500, f"the completion failed: {error or 'see the server log'}",
                     code="generation_failed")
 
 
 async def cancel_on_disconnect(request: Request, completions: Completions) -> None:
-    """Wait for the client to go away, then cancel its completions (the engine frees their slots
-    at its next step). The body has been read: the next message is the disconnect."""
+    """Cancel the completions once the client goes away (the next message, the body read)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
     completions.cancel()
 
 
 class Cors(CORSMiddleware):
-    """Starlette's CORS middleware, its refused preflight in OpenAI's error body rather than
-    plain text (the browser hides it; curl and the server's log show it)."""
+    """Starlette's CORS middleware, a refused preflight in OpenAI's error body, not plain text."""
 
     def preflight_response(self, request_headers: Any) -> Response:
         response = super().preflight_response(request_headers)
@@ -228,12 +218,11 @@ class Cors(CORSMiddleware):
                    "the origins of its --cors-origin, with GET and POST)")
         kept = {k: v for k, v in response.headers.items()
                 if k.startswith("access-control-") or k == "vary"}
-        return JSONResponse(error_body(400, message, code="cors_refused"), 400, headers=kept)
+        return answer(ApiError(400, message, code="cors_refused", headers=kept))
 
 
 class Guard:
-    """ASGI middleware: the API key (compared in constant time) and the cap on a body's bytes,
-    checked from Content-Length and again while a body without one arrives."""
+    """ASGI middleware: the API key (in constant time) and the cap on a body's bytes."""
 
     def __init__(self, app: Any, api_key: str | None, body_limit: int):
         self.app, self.body_limit = app, body_limit
@@ -246,17 +235,16 @@ class Guard:
         headers = dict(scope["headers"])
         if self.expected is not None and scope["path"] not in OPEN_PATHS and not \
                 hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
-            refusal = JSONResponse(error_body(401, "this server needs an API key: send the "
-                                              "header 'Authorization: Bearer KEY'",
-                                              code="invalid_api_key"),
-                                   401, headers={"WWW-Authenticate": "Bearer"})
-            await refusal(scope, receive, send)
+            refusal = ApiError(401, "this server needs an API key: send the header "
+                               "'Authorization: Bearer KEY'", code="invalid_api_key",
+                               headers={"WWW-Authenticate": "Bearer"})
+            await answer(refusal)(scope, receive, send)
             return
         too_large = (f"the request body is larger than this server's {self.body_limit} bytes "
                      "(its --max-body)")
         length = headers.get(b"content-length", b"0")
         if not length.isdigit() or int(length) > self.body_limit:
-            await JSONResponse(error_body(413, too_large), 413)(scope, receive, send)
+            await answer(ApiError(413, too_large))(scope, receive, send)
             return
         received = 0
 
@@ -271,11 +259,12 @@ class Guard:
         await self.app(scope, limited, send)
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Every refusal in OpenAI's error body; never a traceback (that goes to the server's log)."""
+def answer(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body, e.status, headers=e.headers)
 
-    def answer(e: ApiError) -> JSONResponse:
-        return JSONResponse(e.body, e.status, headers=e.headers)
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every refusal in OpenAI's error body, never a traceback."""
 
     @app.exception_handler(ApiError)
     async def refused(request: Request, e: ApiError) -> JSONResponse:

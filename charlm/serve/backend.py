@@ -1,6 +1,5 @@
-"""What the serving app asks of an engine (`Backend`, with its `Stats` and the `FieldError` it
-raises) and how many slots `charlm serve` gives it by default (`slots_within` a KV budget), kept
-apart from `charlm.serve.engine` so the app, its metrics and a test's fake engine need only this."""
+"""What the serving app asks of an engine (`Backend`), and the slots `charlm serve` gives it by
+default; apart from the engine, so the app and a test's fake engine need only this."""
 
 from __future__ import annotations
 
@@ -11,6 +10,7 @@ from typing import Protocol
 from charlm.core.errors import CharlmError
 from charlm.model.attention import attention_dtype
 from charlm.model.encoder_decoder import EncoderDecoder
+from charlm.model.footprint import cache_bytes
 from charlm.model.gpt import GPT
 from charlm.serve.request import Event, Params, Request
 
@@ -18,22 +18,17 @@ KV_BUDGET = 1 << 30  # bytes of keys and values that `charlm serve`'s default sl
 
 
 def slots_within(model: GPT | EncoderDecoder, budget: int, most: int) -> int:
-    """The most slots, up to `most` (one at least), whose KV cache (every layer's keys and values
-    over the whole block, in the dtype attention computes in) fits in `budget` bytes."""
+    """The most slots, from one up to `most`, whose KV caches fit in `budget` bytes."""
     return max(1, min(most, budget // slot_bytes(model)))
 
 
 def slot_bytes(model: GPT | EncoderDecoder) -> int:
-    """The bytes of one slot's KV cache: every layer's keys and values over the whole block, in
-    the dtype attention computes in."""
-    cfg = model.cfg
-    return (2 * cfg.n_layer * cfg.block_size * cfg.n_embd
-            * attention_dtype(model.wte.weight).itemsize)
+    """One slot's KV cache, in the dtype attention computes in."""
+    return cache_bytes(model.cfg, 1, attention_dtype(model.wte.weight).itemsize)
 
 
 class FieldError(CharlmError):
-    """A request the engine refuses because of one of its fields other than the prompt (the
-    HTTP error's `param`)."""
+    """A request refused for a field other than the prompt (the HTTP error's `param`)."""
 
     def __init__(self, message: str, param: str):
         super().__init__(message)
@@ -52,7 +47,9 @@ class Stats:
 class Backend(Protocol):
     """What the app and its metrics ask of an engine: `Engine`, or a test's fake one."""
 
-    max_logprobs: int | None  # the most logprobs a request may ask for; None: none at all
+    # the most logprobs a request may ask for (0: the chosen characters' only; None: none at
+    # all), which the page asks /v1/models for
+    max_logprobs: int | None
 
     def submit(self, prompt: str, params: Params,
                on_event: Callable[[Event], None]) -> Request: ...

@@ -1,9 +1,6 @@
-"""What one client may hold of the server's connections: uvicorn's h11 protocol with a read
-deadline and a cap on open connections, the open-files limit they must fit in, and one warning
-line (not a traceback per try) when accept() still runs out of descriptors.
-
-uvicorn reads a request for as long as its client likes, so sockets that send half a header
-held every descriptor, and asyncio logged a traceback for each accept() that then failed."""
+"""What one client may hold of the server's connections: a read deadline (uvicorn waits for a
+request as long as its client likes), a cap on open connections within the open-files limit, and
+one warning line, not a traceback per try, when accept() runs out of descriptors."""
 
 from __future__ import annotations
 
@@ -31,11 +28,9 @@ WARN_INTERVAL_S = 60.0  # one warning line a minute while accept() keeps failing
 
 
 def protocol(request_timeout: float, max_connections: int) -> type[H11Protocol]:
-    """uvicorn's h11 protocol, bounded: a client must send a whole request (head and body)
-    within `request_timeout` seconds of connecting or of its previous answer, or it is answered
-    408 and closed; a connection opened while `max_connections` are open has each request
-    answered 503 (with Retry-After) and is then closed, and BUSY_WAIT_S for its request, so
-    that those past the cap free their descriptors fast."""
+    """uvicorn's h11 protocol, bounded: a request not whole within `request_timeout` seconds of
+    connecting or of the previous answer is answered 408 and closed; a connection past
+    `max_connections` is answered 503 and closed, within BUSY_WAIT_S."""
     timeout_body = closing_answer(
         408, f"the request did not arrive whole within {request_timeout:g} s (the server's "
         "--request-timeout); send it again, faster", "request_timeout")
@@ -80,8 +75,7 @@ def protocol(request_timeout: float, max_connections: int) -> type[H11Protocol]:
 
 
 def closing_answer(status: int, message: str, code: str) -> bytes:
-    """A whole HTTP/1.1 answer in OpenAI's error body that closes its connection, as bytes (the
-    408 is written past h11, which holds a request half read)."""
+    """A whole HTTP/1.1 answer that closes its connection, as bytes to write past h11."""
     body = JSONResponse(error_body(status, message, code=code)).body
     head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
             "content-type: application/json\r\n"
@@ -90,9 +84,8 @@ def closing_answer(status: int, message: str, code: str) -> bytes:
 
 
 def connection_cap(requested: int) -> int:
-    """`requested` connections, or fewer if they would not fit in this process's open-files
-    limit (ulimit -n) beside RESERVED_FILES: a connection past the cap is answered 503, while
-    one past the limit could not even be accepted."""
+    """`requested` connections, or fewer to fit the open-files limit beside RESERVED_FILES (one
+    past the cap is answered 503; one past the limit could not even be accepted)."""
     if resource is None:
         return requested
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -105,9 +98,8 @@ def connection_cap(requested: int) -> int:
 
 
 def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
-    """Make an accept() that fails for want of descriptors (or memory) one warning line a
-    minute on `loop` instead of asyncio's traceback for every try (thousands a second: it
-    retries once per pending connection per loop pass). Other errors go on as before."""
+    """Make an accept() that fails for want of descriptors one warning line a minute on `loop`,
+    not asyncio's traceback for every try (once per pending connection per loop pass)."""
     last = -math.inf
 
     def handle(loop: asyncio.AbstractEventLoop, context: dict) -> None:

@@ -1,18 +1,8 @@
-"""The serving engine: one thread owns the model and steps every active request together
-(continuous batching, as nano-vllm's scheduler does). A request is prefilled alone and joins the
-batch at once; it leaves when it ends, is cancelled or the engine closes, and its slot takes the
-next queued request. Each request keeps its own sampling options, recent ids and
-`torch.Generator` (a row of one `charlm.generation.sampler.Sampler`, drawn from in one batched
-step) and stop strings (`charlm.serve.request.Row`), so a seeded request gives the same
-text alone or in a crowd, and a greedy one the text of `charlm sample --temperature 0`
-(`charlm.generation.slots`). The engine decodes from its own copy of the model, laid out as
-this machine multiplies a few rows fastest (`charlm.runtime.profile`, decided once at
-construction unless given), so the caller's model is left as it was: the same tensors,
-contiguous (safetensors can still save it), in its own train or eval mode.
-
-An encoder-decoder serves one request at a time: the prompt is the source, the completion its
-greedy or sampled target (`charlm.generation.seq2seq.translate_ids`), sent in one event.
-"""
+"""The serving engine: one thread steps every active request together (continuous batching,
+nano-vllm's scheduler). A request is prefilled alone, joins the batch at once and leaves when it
+ends, is cancelled or the engine closes. Each is a row of one `Sampler` (a seed gives the same
+text alone or in a crowd) and a `Row`. The engine decodes a copy of the model laid out for
+decoding; an encoder-decoder's serves one request at a time, its target in one event."""
 
 from __future__ import annotations
 
@@ -48,13 +38,10 @@ from charlm.serve.request import (
     generator_for,
 )
 
-__all__ = ["MAX_LOGPROBS", "Engine", "Event", "Params", "Request"]
 
 class Engine:
-    """Owns a copy of the model; `start` runs its decode thread, `submit` queues a request from
-    any thread, `close` ends them all. `layout`: how the copy's products are computed (None:
-    decided here, `layout_for`, timing them where the model has large float32 CPU weights).
-    See the module's docstring."""
+    """`start` runs the decode thread, `submit` queues a request from any thread, `close` ends
+    them all. `layout`: how the copy's products are computed (None: `layout_for` decides)."""
 
     def __init__(self, model: GPT | EncoderDecoder, vocab: Vocab | PairVocab, *,
                  slots: int = 16, compile: bool = False, layout: DecodeLayout | None = None):
@@ -64,12 +51,11 @@ class Engine:
             require_memory(slots * slot_bytes(model), model.wte.weight.device,
                            f"{slots:,} slots need about {{gib}} for their keys and values",
                            "give fewer --slots (the default fits them in 1 GiB)")
-        self.model = copy.deepcopy(model).eval()  # it only decodes: laid out for that
+        self.model = copy.deepcopy(model).eval()
         self.layout = layout_for(self.model) if layout is None else layout
         lay_out_for_decoding(self.model, self.layout.split_parts, self.layout.column_major)
         self.vocab = vocab
         self.encdec = model.cfg.arch == "encoder_decoder"
-        # what a request's `logprobs` may be (None: none at all; 0: the chosen characters' only)
         self.max_logprobs = None if self.encdec else 0 if vocab.units == "byte" else MAX_LOGPROBS
         self.slots = 1 if self.encdec else slots  # an encoder-decoder: one request at a time
         self.device = self.model.wte.weight.device
@@ -87,20 +73,18 @@ class Engine:
         self.characters = 0
 
     def build(self) -> None:
-        """Build the compiled step with `compile`."""
         if self.decoder is not None:
             with torch.inference_mode():
                 self.decoder.build()
 
     def start(self) -> None:
-        """`build`, then run the decode loop on a thread of its own. (`charlm serve` runs it on
-        the main thread instead: `run`.)"""
+        """`build`, then `run` on a thread of its own."""
         self.build()
         self.thread = threading.Thread(target=self.run, name="charlm-engine", daemon=True)
         self.thread.start()
 
     def submit(self, prompt: str, params: Params, on_event: Callable[[Event], None]) -> Request:
-        """Queue a completion of `prompt`; thread-safe. Bad input is a one-line CharlmError."""
+        """Queue a completion of `prompt`; bad input is a one-line CharlmError."""
         request = Request(self._encode(prompt, params), params, on_event, self._wake)
         with self.cond:
             if self.closing:
@@ -143,8 +127,8 @@ class Engine:
                          self.characters)
 
     def close(self, grace_s: float = 5.0) -> None:
-        """Stop accepting; requests in flight or queued end with finish_reason "shutdown" at
-        the next step, and the thread exits (waited for up to grace_s)."""
+        """Stop accepting; what is in flight or queued ends with finish_reason "shutdown", and
+        the loop is waited for up to grace_s."""
         with self.cond:
             self.closing = True
             self.cond.notify()
@@ -167,10 +151,8 @@ class Engine:
             request.finish("shutdown")
 
     def run(self) -> None:
-        """The decode loop, on the calling thread, until `close`. On a CPU, torch's products
-        run several times slower on a thread started after the main thread has used its
-        thread pool (one-row products: 98 against 26 microseconds on a 2-core Xeon), so
-        `charlm serve` decodes on the main thread and serves HTTP from another."""
+        """The decode loop, on the calling thread, until `close`. `charlm serve` runs it on the
+        main thread: on a CPU torch's products are several times slower on a later one."""
         with self.cond:
             if self.closing:
                 return
@@ -191,16 +173,17 @@ class Engine:
                 admitted = []
                 while self.queue and len(self.rows) + len(admitted) < self.slots:
                     admitted.append(self.queue.popleft())
-            self._drop_cancelled()
+            for i in reversed(range(len(self.rows))):
+                if self.rows[i].request.cancelled:
+                    self._end(i, "cancelled")
             logits = []  # of the rows that go on, then of those admitted: one draw for all
             try:
                 if self.rows and not self.encdec:
-                    logits.append(self._step())
+                    ids = torch.tensor([row.last for row in self.rows], device=self.device)
+                    logits.append(self.decoder.step(ids))
+                    self.batch_size = len(self.rows)
             except Exception as e:  # the model failed: end what it decoded, serve the rest
-                warn(f"a decode step failed ({first_line(e)})")
-                for i in reversed(range(len(self.rows))):
-                    self._end(i, "error", first_line(e))
-                logits.clear()
+                self._fail_all(e)
             for request in admitted:
                 try:
                     if (x := self._admit(request)) is not None:
@@ -212,18 +195,16 @@ class Engine:
                 try:
                     self._choose(torch.cat(logits))
                 except Exception as e:  # sampling failed: end every row
-                    warn(f"a decode step failed ({first_line(e)})")
-                    for i in reversed(range(len(self.rows))):
-                        self._end(i, "error", first_line(e))
+                    self._fail_all(e)
         self._shut()
 
-    def _drop_cancelled(self) -> None:
+    def _fail_all(self, e: Exception) -> None:
+        warn(f"a decode step failed ({first_line(e)})")
         for i in reversed(range(len(self.rows))):
-            if self.rows[i].request.cancelled:
-                self._end(i, "cancelled")
+            self._end(i, "error", first_line(e))
 
     def _end(self, i: int, reason: str, error: str | None = None) -> None:
-        """Row i leaves the batch; the last row takes its place, as in the decoder."""
+        """Row i leaves; the last row takes its place, as in the decoder and sampler."""
         row = self.rows[i]
         self.decoder.remove(i)
         self.sampler.remove(i)
@@ -242,23 +223,15 @@ class Engine:
             self._translate(request)
         else:
             logits = self.decoder.add(request.ids)
-            p = request.params
             self.sampler.add(request.opts, torch.tensor([request.ids], device=self.device),
-                             generator_for(p.seed, self.device))
+                             generator_for(request.params.seed, self.device))
             with self.cond:
                 self.rows.append(Row(request, self.vocab))
             return logits
         return None
 
-    def _step(self) -> torch.Tensor:
-        ids = torch.tensor([row.last for row in self.rows], device=self.device)
-        logits = self.decoder.step(ids)
-        self.batch_size = len(self.rows)
-        return logits
-
     def _choose(self, logits: torch.Tensor) -> None:
-        """Every row draws from its logits (one row each, in one batched step); those that
-        ended leave."""
+        """Every row draws its next id (one batched step); those that ended leave."""
         _, ids, ok, x = self.sampler.step(logits)
         for i, row in enumerate(self.rows):
             if not ok[i]:
@@ -279,7 +252,7 @@ class Engine:
                 self._end(i, reason)
 
     def _translate(self, request: Request) -> None:
-        """An encoder-decoder's completion: the target of the source, at once."""
+        """An encoder-decoder's completion, whole."""
         ids, opts = request.ids, request.opts
         src = torch.tensor([ids], device=self.device)
         generator = generator_for(request.params.seed, self.device)
@@ -291,6 +264,5 @@ class Engine:
         with self.cond:
             self.characters += len(out)
         if text:  # its tokens are target units, as max_tokens counts them (phonemes, say)
-            units = len(text.split()) if self.vocab.target_units == "space" else len(text)
-            request.send(Event(text, tokens=units))
+            request.send(Event(text, tokens=len(self.vocab.units(text))))
         request.finish("stop" if matcher.done or len(out) < limit else "length")

@@ -1,30 +1,29 @@
-"""The engine's events on the event loop: `Mailbox`, which hands them over from the engine's
-thread with one wake-up of the loop for all that are posted before it runs, and `Completions`,
-the engine requests behind one HTTP request with their events merged into one queue."""
+"""The engine's events on the event loop: `Mailbox` hands them over from the engine's thread,
+`Completions` merges those of one HTTP request into one queue."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from charlm.serve.backend import Backend
-from charlm.serve.engine import Event, Params, Request
 from charlm.serve.metrics import Metrics
+from charlm.serve.request import Event, Params, Request
 
 
 class Mailbox:
-    """Hands events from the engine's thread to the event loop: `post` queues an item for an
-    asyncio.Queue and wakes the loop only if no wake-up is pending, so one wake-up (a write
-    to the loop's self-pipe) delivers a whole decode step's events."""
+    """`post` queues an item for an asyncio.Queue from any thread and wakes the loop only if no
+    wake-up is pending, so one wake-up delivers a whole decode step's events."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
         self.lock = threading.Lock()
         self.items: list[tuple[asyncio.Queue, Any]] = []
-        self.pending = False  # a wake-up is on its way: `deliver` will take what is posted
+        self.pending = False  # a wake-up is on its way
 
     def post(self, queue: asyncio.Queue, item: Any) -> None:  # on any thread
         with self.lock:
@@ -47,8 +46,7 @@ class Mailbox:
 
 
 class Completions:
-    """The engine requests behind one HTTP request, their events merged into one queue on the
-    event loop, timed for the metrics."""
+    """The engine requests behind one HTTP request, their events in one queue, timed."""
 
     def __init__(self, engine: Backend, jobs: list[tuple[str, Params]], metrics: Metrics,
                  mailbox: Mailbox):
@@ -58,22 +56,19 @@ class Completions:
         self.open: set[int] = set()
         self.start = time.monotonic()
 
-        def handler(i: int):
-            def on_event(event: Event) -> None:  # on the engine's thread
-                mailbox.post(self.queue, (i, event))
-            return on_event
+        def on_event(i: int, event: Event) -> None:  # on the engine's thread
+            mailbox.post(self.queue, (i, event))
 
         try:
             for i, (prompt, params) in enumerate(jobs):
-                self.requests.append(engine.submit(prompt, params, handler(i)))
+                self.requests.append(engine.submit(prompt, params, functools.partial(on_event, i)))
                 self.open.add(i)
         except BaseException:
             self.cancel()
             raise
 
     async def events(self) -> AsyncIterator[list[tuple[int, Event]]]:
-        """Every (choice index, event) that has arrived, at least one, until every choice has
-        ended."""
+        """Every (choice index, event) that has arrived, until every choice has ended."""
         last: dict[int, float] = {}
         while self.open:
             ready = [await self.queue.get()]
@@ -92,6 +87,6 @@ class Completions:
             yield ready
 
     def cancel(self) -> None:
-        """Free the slots of the choices still going (the client went away)."""
+        """Free the slots of the choices still going."""
         for i in self.open:
             self.requests[i].cancel()

@@ -1,7 +1,5 @@
-"""`GET /metrics` of `charlm serve`, in Prometheus' text format (prometheus-client): requests by
-endpoint and status, characters generated, queue depth, batch size, busy slots, and histograms
-of the time to the first character and of the latency per character. Each app has its own
-registry, so two apps in one process (the tests) count apart."""
+"""`GET /metrics` of `charlm serve`, in Prometheus' text format. Each app has its own registry,
+so two apps in one process (the tests) count apart."""
 
 from __future__ import annotations
 
@@ -60,8 +58,8 @@ class Metrics:
 
 
 class CountResponses:
-    """ASGI middleware: counts every response by endpoint (a path outside `endpoints` counts as
-    "other", so scanners cannot grow the label set) and status (500 when none was sent)."""
+    """ASGI middleware: counts every response by endpoint ("other" outside `endpoints`, so
+    scanners cannot grow the label set) and status (500 when none was sent)."""
 
     def __init__(self, app: Any, metrics: Metrics, endpoints: Iterable[str]):
         self.app, self.metrics, self.endpoints = app, metrics, frozenset(endpoints)

@@ -1,13 +1,6 @@
-"""One request's side of the serving engine (`charlm.serve.engine`): its sampling options
-(`Params`), the events it receives (`Event`), the handle the app holds (`Request`), and its
-row in the batch (`Row`): its stop strings and held-back text. Its sampling state and
-`torch.Generator` are its row of the engine's `charlm.generation.sampler.Sampler`.
-
-Logprobs are those of the distribution the character is drawn from before truncation, as vLLM
-reports them: the model's log-softmax after the repetition penalty, the temperature (none for
-greedy) and a byte model's UTF-8 mask, before top-k, top-p and min-p; -inf is reported as
--9999.0 (JSON has no infinity).
-"""
+"""One request's side of the serving engine: `Params`, `Event`, the handle the app holds
+(`Request`) and its row of the batch (`Row`). Logprobs are vLLM's: of the distribution drawn
+from (`Sampler.warp`) before top-k, top-p and min-p; -inf is LOGPROB_FLOOR (JSON has no inf)."""
 
 from __future__ import annotations
 
@@ -31,7 +24,7 @@ MAX_LOGPROBS = 5  # alternatives per character, as OpenAI's completions allow
 
 @dataclass(frozen=True)
 class Params:
-    """One completion's sampling, already validated by the app."""
+    """One completion's sampling, validated by the app."""
 
     max_tokens: int  # characters to generate at most
     temperature: float = 1.0  # 0: greedy
@@ -44,7 +37,7 @@ class Params:
     logprobs: int | None = None  # 0..MAX_LOGPROBS: the chosen character's logprob and top-N
 
     def sampling(self) -> SampleConfig:
-        """These options as `SampleConfig`, whose checks they pass (CharlmError otherwise)."""
+        """These options as a `SampleConfig` (a CharlmError where they fail its checks)."""
         return SampleConfig(max_new_tokens=self.max_tokens, temperature=self.temperature,
                             top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
                             repetition_penalty=self.repetition_penalty, stop=self.stop)
@@ -52,9 +45,8 @@ class Params:
 
 @dataclass(frozen=True)
 class Event:
-    """What a request gets, in order, from the engine's thread: one event per character, then
-    a last one with the finish reason ("stop", "length", "cancelled", "shutdown", or "error"
-    with `error` saying what went wrong)."""
+    """What a request gets from the engine's thread: one event per character, then one with the
+    finish reason ("stop", "length", "cancelled", "shutdown" or "error")."""
 
     text: str  # characters added ("" on a final event that adds none)
     logprob: float | None = None  # of the chosen character, when Params.logprobs is not None
@@ -82,8 +74,7 @@ class Request:
         self._wake()
 
     def send(self, event: Event) -> None:
-        """Hand the event to the app; a callback that fails cancels the request rather than
-        ending the engine's thread."""
+        """Hand the event to the app; a callback that fails cancels the request, not the engine."""
         try:
             self.on_event(event)
         except Exception as e:
@@ -110,15 +101,14 @@ def rounded(logprob: float) -> float:
 
 
 class Row:
-    """One request in the batch, beside its row of the engine's `Sampler`: its stop strings,
-    the characters held back while they may start a stop string, and a byte model's logprob of
-    the character begun so far."""
+    """One request in the batch, beside its `Sampler` row: the characters held back while they
+    may start a stop string, and a byte model's logprob of the character begun so far."""
 
     def __init__(self, request: Request, vocab: Vocab):
         self.request = request
         self.params = request.params
         self.chars = vocab.chars
-        self.stream = vocab.stream()  # a byte model's characters, each once its last byte came
+        self.stream = vocab.stream()
         self.logprob = 0.0
         self.matcher = StopMatcher(self.params.stop, include_stop=False)
         self.held: collections.deque[Event] = collections.deque()
@@ -127,7 +117,7 @@ class Row:
         self.error: str | None = None  # why it cannot go on
 
     def take(self, token: int, x: torch.Tensor) -> None:
-        """Take the drawn id, scored by x (1, V), and send the characters that became final."""
+        """Take the drawn id, scored by x (1, V); send the characters that became final."""
         self.last = token
         self.count += 1
         event = self.event(x, token, self.stream.feed(token))
@@ -139,10 +129,8 @@ class Row:
             self.request.send(self.held.popleft())
 
     def event(self, x: torch.Tensor, token: int, text: str) -> Event | None:
-        """The event of the character `text` that `token` finished (None when it finished
-        none: a byte model's byte inside a character), scored by `x` (1, V), the warped logits:
-        its logprob (a byte model's: the sum over its bytes) and the top-N when asked for (a
-        character model's)."""
+        """The event of the character `text` that `token` finished (None inside a byte model's
+        character), with its logprob (summed over its bytes) and top-N when asked for."""
         n = self.params.logprobs
         if n is None:
             return Event(text) if text else None
@@ -150,15 +138,14 @@ class Row:
         self.logprob += float(logprobs[token])
         if not text:
             return None
-        top = logprobs.topk(min(n, logprobs.numel())) if n else None
-        table = {} if top is None else {self.chars[i]: rounded(v) for v, i in
-                                        zip(top.values.tolist(), top.indices.tolist(),
-                                            strict=True)}
+        top = logprobs.topk(min(n, logprobs.numel()))
+        table = {self.chars[i]: rounded(v)
+                 for v, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)}
         logprob, self.logprob = self.logprob, 0.0
         return Event(text, rounded(logprob), table)
 
     def done(self) -> str | None:
-        """The finish reason once the request has ended, else None."""
+        """The finish reason once it has ended, else None."""
         if self.matcher.done:
             return "stop"
         if self.count >= self.params.max_tokens:

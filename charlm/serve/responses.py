@@ -1,6 +1,5 @@
-"""The OpenAI bodies `charlm serve` answers with: a completion or a chat completion whole or as
-stream chunks, each choice built up from the engine's events, and logprobs in the shape of each
-endpoint (the legacy lists of /v1/completions, the `content` entries of the chat endpoint)."""
+"""The OpenAI bodies `charlm serve` answers with, whole or as stream chunks, each choice built
+up from the engine's events, with each endpoint's logprobs."""
 
 from __future__ import annotations
 
@@ -10,20 +9,18 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from charlm.serve.engine import Event
+from charlm.serve.request import Event
 
 DONE = "data: [DONE]\n\n"
 
 
 def sse(body: dict[str, Any]) -> str:
-    """One server-sent event."""
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
 @dataclass
 class Choice:
-    """One completion as its events arrive: the echoed prompt, the text generated so far, the
-    events that carry a logprob, why it ended, and what went wrong if it failed."""
+    """One completion as its events arrive."""
 
     index: int
     echo: str = ""
@@ -34,7 +31,7 @@ class Choice:
     tokens: int = 0  # output tokens generated: what max_tokens counts
 
     def add(self, event: Event) -> int:
-        """Take one event; returns the offset of its text in the choice's text."""
+        """Take one event; the offset of its text in the choice's."""
         offset = len(self.echo) + len(self.text)
         self.text += event.text
         self.tokens += len(event.text) if event.tokens is None else event.tokens
@@ -73,8 +70,7 @@ class Style:
 
 
 def usage(prompt_characters: int, choices: list[Choice]) -> dict[str, int]:
-    """OpenAI's `usage`: the prompts' characters, and the output tokens generated, as
-    max_tokens counts them (a GPT's characters, an encoder-decoder's target units)."""
+    """OpenAI's `usage`: the prompts' characters and the output tokens, as max_tokens counts."""
     completion = sum(c.tokens for c in choices)
     return {"prompt_tokens": prompt_characters, "completion_tokens": completion,
             "total_tokens": prompt_characters + completion}

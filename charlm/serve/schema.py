@@ -1,6 +1,6 @@
-"""The OpenAI shapes `charlm serve` reads: the bodies of /v1/completions and
-/v1/chat/completions (pydantic models, vLLM's `top_k`, `min_p` and `repetition_penalty` at the
-top level), the server's limits, the chat role template, and OpenAI's error body."""
+"""The OpenAI shapes `charlm serve` reads (the request bodies, with vLLM's `top_k`, `min_p` and
+`repetition_penalty` at the top level), the server's limits, the chat template, and OpenAI's
+error body."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from charlm.config.parsing import suggest
 from charlm.config.sampling import MAX_TEMPERATURE
-from charlm.serve.engine import MAX_LOGPROBS, Params
+from charlm.serve.request import MAX_LOGPROBS, Params
 
 MAX_STOPS = 4  # stop strings per request, as OpenAI allows
 MAX_STOP_CHARS = 1000  # characters of one stop string: a request's text cannot end with more
@@ -30,18 +30,32 @@ class Limits:
     concurrent: int = 64  # completions in flight; a request beyond them gets 429
 
 
+# OpenAI's fields charlm has no use for, taken at their neutral values only (LangChain sends
+# them): each field's neutral value, and what a request that asks for another is told
+NO_PENALTY = ("only 0 is served (charlm has no such penalty); use repetition_penalty, or leave "
+              "it out")
+NEUTRAL = {
+    "frequency_penalty": (0, NO_PENALTY),
+    "presence_penalty": (0, NO_PENALTY),
+    "logit_bias": ({}, "only {} is served (the ids are the model's characters, not OpenAI's "
+                   "tokens); leave it out"),
+    "best_of": (1, "only 1 is served (each completion is returned); ask for n completions "
+                "instead"),
+    "suffix": ("", "only null is served (a GPT continues a prompt; it does not fill in before a "
+               "suffix); leave it out"),
+}
+
 ERROR_TYPES = {401: "authentication_error", 429: "rate_limit_error"}
 
 
 def error_body(status: int, message: str, param: str | None = None,
                code: str | None = None) -> dict[str, Any]:
-    """OpenAI's error object: {"error": {"message", "type", "param", "code"}}."""
     kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 class ApiError(Exception):
-    """A request the server refuses: its status, OpenAI's error body and extra headers."""
+    """A request the server refuses: its status, error body and extra headers."""
 
     def __init__(self, status: int, message: str, param: str | None = None,
                  code: str | None = None, headers: dict[str, str] | None = None):
@@ -70,8 +84,7 @@ def validation_error(e: ValidationError | Any) -> ApiError:
 
 
 def _nearest(loc: list[str]) -> str:
-    """What to say after an unknown field: the other endpoint's field it is (`prompt` sent to
-    /v1/chat/completions), or the nearest field's name."""
+    """What to say after an unknown field: the other endpoint's it is, or the nearest name."""
     name = loc[-1]
     if len(loc) == 1:
         for path, fields, other in ((COMPLETIONS, CHAT_FIELDS, CompletionRequest),
@@ -104,7 +117,6 @@ class Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # taken and ignored, as OpenAI's is for abuse reports
-    # OpenAI's fields charlm has no use for, taken at their neutral values (LangChain sends them)
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
@@ -116,20 +128,12 @@ class Sampling(BaseModel):
         """null for a field with a default means that default, as OpenAI reads it."""
         return cls.model_fields[info.field_name].default if value is None else value
 
-    @field_validator("frequency_penalty", "presence_penalty")
+    @field_validator(*NEUTRAL, check_fields=False)
     @classmethod
-    def _no_penalty(cls, value: float | None) -> float | None:
-        if value:
-            raise ValueError("only 0 is served (charlm has no such penalty); use "
-                             "repetition_penalty, or leave it out")
-        return value
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _no_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        if value:
-            raise ValueError("only {} is served (the ids are the model's characters, not "
-                             "OpenAI's tokens); leave it out")
+    def _neutral(cls, value: Any, info: Any) -> Any:
+        neutral, refusal = NEUTRAL[info.field_name]
+        if value is not None and value != neutral:
+            raise ValueError(refusal)
         return value
 
     @field_validator("stop")
@@ -160,24 +164,8 @@ class CompletionRequest(Sampling):
     prompt: str | list[str]
     echo: bool = False  # the choice's text starts with its prompt
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    best_of: int | None = None  # neutral only: 1
-    suffix: str | None = None  # neutral only: "" (a GPT continues; it does not fill in)
-
-    @field_validator("best_of")
-    @classmethod
-    def _one_of_one(cls, best_of: int | None) -> int | None:
-        if best_of not in (None, 1):
-            raise ValueError("only 1 is served (each completion is returned); ask for n "
-                             "completions instead")
-        return best_of
-
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, suffix: str | None) -> str | None:
-        if suffix:
-            raise ValueError("only null is served (a GPT continues a prompt; it does not fill "
-                             "in before a suffix); leave it out")
-        return suffix
+    best_of: int | None = None  # these two at their NEUTRAL values only
+    suffix: str | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -223,8 +211,8 @@ class ChatRequest(Sampling):
 def jobs_for(prompts: list[str], body: Sampling, limits: Limits, default_max_tokens: int,
              logprobs: int | None, stops: tuple[str, ...], prompt_param: str,
              ) -> list[tuple[str, Params]]:
-    """Each completion a request asks for, checked against the limits: every prompt n times,
-    with the seeds seed, seed + 1, ... (so n samples differ, and each is reproducible)."""
+    """Each completion a request asks for, within the limits: every prompt n times, with the
+    seeds seed, seed + 1, ... (n samples differ, each reproducible)."""
     for prompt in prompts:
         if len(prompt) > limits.prompt:
             raise ApiError(400, f"the prompt has {len(prompt)} characters, more than this "

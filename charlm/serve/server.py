@@ -1,7 +1,6 @@
-"""Running the app under uvicorn: the listening socket (bound by charlm, so a port in use is one
-error line and `--port 0` takes a free one), and a graceful stop on SIGTERM or SIGINT: new
-requests are refused, streams in flight end within the grace time with finish_reason
-"shutdown", and the process returns normally (exit 0). A second Ctrl-C quits at once."""
+"""Running the app under uvicorn on a socket charlm binds (a port in use is one error line), and
+a graceful stop on SIGTERM or SIGINT: new requests are refused, those in flight end within the
+grace time with finish_reason "shutdown", and the process exits 0. A second Ctrl-C quits."""
 
 from __future__ import annotations
 
@@ -22,10 +21,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A socket bound to host:port and listening, or the error line that says why not. Its
-    connections send without Nagle's delay (TCP_NODELAY, which they inherit from it): uvicorn
-    sets none on a socket it is given, and an answer's small writes then waited for the
-    client's delayed ACK."""
+    """A socket listening on host:port, or the error line why not. Its connections inherit
+    TCP_NODELAY (uvicorn sets none on a given socket; small writes waited for a delayed ACK)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         sock = socket.create_server((host, port), family=family, backlog=2048)
@@ -43,12 +40,8 @@ def listen(host: str, port: int) -> socket.socket:
 
 def serve(app: FastAPI, sock: socket.socket, grace_s: float, request_timeout: float = 10.0,
           max_connections: int = 512) -> None:
-    """Serve `app` on `sock` until a stop signal, then stop as the module docstring says.
-    uvicorn runs on a thread of its own and the engine decodes on this one, the main thread
-    (`Engine.run`: torch is several times slower on a later thread); the stop signals are
-    taken here, where Python runs its handlers. Connections are bounded as
-    `charlm.serve.connections.protocol` says."""
-    engine = app.state.engine
+    """Serve `app` on `sock` until a stop signal. uvicorn runs on a thread of its own; the
+    engine decodes on this one, the main thread (`Engine.run`), where the signals arrive."""
     config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False,
                             timeout_graceful_shutdown=grace_s + 2,
                             http=protocol(request_timeout, connection_cap(max_connections)))
@@ -85,7 +78,7 @@ def serve(app: FastAPI, sock: socket.socket, grace_s: float, request_timeout: fl
     before = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
     try:
         thread.start()
-        engine.run()  # until `shutdown` closes the engine
+        app.state.engine.run()  # until `shutdown` closes the engine
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
