@@ -1,11 +1,9 @@
 """A GPT exported by `charlm export --format onnx`, run by ONNX Runtime with numpy alone (no
 torch, no other part of charlm): `OnnxLM(path).generate(prompt, ...)`.
 
-It decodes as `charlm sample` does: the prompt in one prefill, then one token a step over a
-cache of block_size positions, which, full, is prefilled again from its most recent half; a
-byte model draws only bytes that keep its text valid UTF-8. Sampling (temperature, top-k,
-top-p) draws from numpy's generator, so a seed means the same text here from run to run, not
-the text torch's generator gives; greedy decoding (temperature 0) is `charlm sample`'s.
+It decodes as `charlm sample` does (a full cache is prefilled again from its most recent half;
+a byte model keeps its text valid UTF-8), but samples from numpy's generator: a seed repeats
+its text here, not torch's; greedy decoding is `charlm sample`'s.
 """
 
 from __future__ import annotations
@@ -52,8 +50,7 @@ class OnnxLM:
         return [self.ids[u] for u in units]
 
     def decode(self, ids: list[int]) -> str:
-        """Ids as text; a byte model's unfinished last character left out, as charlm's is (its
-        bytes are valid UTF-8 but for that tail: the mask saw to it)."""
+        """Ids as text; a byte model's unfinished last character left out, as charlm's is."""
         text = "".join(self.chars[i] for i in ids)
         return bytes(map(ord, text)).decode("utf-8", "ignore") if self.units == "byte" else text
 
@@ -111,7 +108,7 @@ class OnnxLM:
     def advance(self, windows: list[list[int]], ids: np.ndarray, last: np.ndarray,
                 kv: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
         """Append one id a row; a row whose cache is full is prefilled again from its window's
-        most recent `keep` ids (the new one last), as charlm's cached decoder does."""
+        most recent `keep` ids."""
         pos = np.array([len(w) for w in windows], np.int64)
         full = [row for row, w in enumerate(windows) if len(w) == self.block]
         logits, new_last, new_kv = self.step(ids, np.minimum(pos, self.block - 1), last, kv)
