@@ -1,9 +1,5 @@
 """Attention: SDPA in each device's dtype, the `KVCache`, rotary positions, and the self- and
-cross-attention sublayers of `charlm.model.gpt.Block`.
-
-Shapes: B batch, T time (new tokens this forward), S source or key length, L the cache's length,
-C n_embd, H n_head, D head_dim = C // H.
-"""
+cross-attention sublayers of `charlm.model.gpt.Block` (shapes: `charlm.model`'s)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,6 @@
 `charlm.model.gpt`'s `Block`s: an encoder stack (causal=False) over the source, a decoder stack
 (cross=True) over its output. `encode` runs once per source; `charlm.generation.seq2seq`
 decodes. Target ids are `PairVocab`'s: units, then pad, bos and eos (`target_specials`).
-
-Shapes: B batch, S source length, T new target tokens, C n_embd, H n_head, D head_dim.
 """
 
 from __future__ import annotations
@@ -126,8 +124,7 @@ class EncoderDecoder(nn.Module):
     def forward(self, src: torch.Tensor | None, tgt_in: torch.Tensor,
                 targets: torch.Tensor | None = None, cache: KVCache | None = None,
                 memory: EncoderOutput | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """tgt_in (B, T) (bos, then the target) over src (B, S), or its `memory` when given ->
-        logits (B, T, V) and loss, as `GPT.forward`, cache included."""
+        """`GPT.forward` of tgt_in (B, T) (bos, then the target) over src, or its `memory`."""
         if memory is None:
             memory = self.encode(src)
         T = tgt_in.size(1)

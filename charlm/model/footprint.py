@@ -3,9 +3,6 @@ allocated, so a mistyped size is refused with one line (`charlm.runtime.device.r
 rather than growing until the kernel kills the process. Rough but on the high side (a test
 measures what autograd really saves): a guard against sizes that cannot fit, not against the
 last gigabyte.
-
-Shapes: B rows, T positions (block_size), C n_embd, H n_head, F the MLP's hidden width, V the
-(target) vocabulary, L layers.
 """
 
 from __future__ import annotations
@@ -74,8 +71,7 @@ def sampling_bytes(cfg: ModelConfig, vocab_size: int, rows: int, element_size: i
 
 def scoring_bytes(cfg: ModelConfig, vocab_size: int, chars: int, windows: int,
                   rows: int) -> int:
-    """Scoring `chars` characters in `windows` windows, `rows` a forward: the text, the plan of
-    windows and one forward."""
+    """Scoring `chars` characters: the text, its plan of `windows` and one forward of `rows`."""
     seq_len = max(1, min(cfg.block_size, chars - 1))
     return (TEXT_BYTES * chars + WINDOW_BYTES * windows
             + forward_bytes(cfg, vocab_size, rows, seq_len))

@@ -1,9 +1,6 @@
 """The decoder-only GPT and its `Block`, which covers `ModelConfig`'s architecture family
 (position encoding, LayerNorm or RMSNorm, pre- or post-norm, GELU, ReLU or SwiGLU; GPT-2's by
 default) and is also the encoder-decoder's encoder and decoder block.
-
-Shapes: B batch, T new tokens, S source length, C n_embd, H n_head, D head_dim, F MLP hidden
-width, V vocab size.
 """
 
 from __future__ import annotations
@@ -57,8 +54,7 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
 
 
 class MLP(nn.Module):
-    """proj(act(fc(x))); for swiglu (Shazeer 2020) proj(silu(gate(x)) * up(x)), gate and up
-    fused in `fc` (C -> 2F)."""
+    """proj(act(fc(x))); SwiGLU's (Shazeer 2020) gate and up fused in `fc` (C -> 2F)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -105,8 +101,7 @@ class Block(nn.Module):
                 mask: torch.Tensor | None = None,
                 cross: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
                 ) -> torch.Tensor:
-        """x (B, T, C) -> (B, T, C). mask: the encoder's key mask; cross: `CrossAttention`'s
-        (k, v, mask)."""
+        """x (B, T, C) -> (B, T, C); mask: the encoder's; cross: `CrossAttention`'s k, v, mask."""
         if self.post_norm:
             x = self.ln_1(x + self.attn(x, cache, layer, rope, mask))
             if cross is not None:
@@ -134,8 +129,7 @@ def embed(wte: nn.Embedding, wpe: nn.Embedding | None, cfg: ModelConfig, idx: to
 
 def positions(cache: KVCache | None, T: int, block_size: int,
               device: torch.device) -> torch.Tensor:
-    """The positions (T,) of T new tokens, after the cache's; a tensor `pos` gives (1, 1) or
-    (B, 1)."""
+    """The positions (T,) of T new tokens after the cache's; (1, 1) or (B, 1) for a tensor."""
     if cache is not None and isinstance(cache.pos, torch.Tensor):
         return cache.pos.view(-1, 1)  # the caller keeps it below block_size (no host sync here)
     start = cache.pos if cache is not None else 0

@@ -18,8 +18,7 @@ SPLIT_MIN_WEIGHTS = 1 << 17
 
 
 class Linear(nn.Linear):
-    """`nn.Linear` whose few-row product by a large float32 CPU weight (a decode step) is split
-    over `split_parts` threads (`product`)."""
+    """`nn.Linear` whose decode-step products may be split over `split_parts` threads."""
 
     split_parts = 1
 
@@ -58,8 +57,7 @@ def split_product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
 
 
 def decoding_linears(model: nn.Module) -> list[Linear]:
-    """`model`'s `Linear`s a decode layout changes: row-major float32 CPU weights of at least
-    SPLIT_MIN_WEIGHTS values."""
+    """`model`'s `Linear`s with a large row-major float32 CPU weight: what a layout changes."""
     return [m for m in model.modules() if isinstance(m, Linear)
             and m.weight.dtype is torch.float32 and m.weight.is_cpu
             and m.weight.numel() >= SPLIT_MIN_WEIGHTS and m.weight.is_contiguous()]
