@@ -13,8 +13,7 @@ from charlm.core.errors import CharlmError, Setting, SettingError
 
 
 def resolve_device(name: str, setting: str = "train.device") -> torch.device:
-    """`auto` picks cuda > mps > cpu; a named device that is missing is an error naming
-    `setting`."""
+    """`auto` picks cuda > mps > cpu; a missing named device is an error naming `setting`."""
     unknown = device_error(name)
     if unknown:
         raise CharlmError(unknown)

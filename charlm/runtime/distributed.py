@@ -71,8 +71,7 @@ class Dist:
 
     @contextlib.contextmanager
     def main_first(self) -> Iterator[None]:
-        """Rank 0 runs the block (writing a cache) before the others, which, should it fail,
-        raise a CharlmError instead of failing in a collective with a traceback."""
+        """Rank 0 runs the block first; should it fail, the others raise a CharlmError."""
         if not self.is_main:
             if not self.all_ok(True):
                 raise CharlmError("process 0 of the torchrun world failed (its error is on "

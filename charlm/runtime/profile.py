@@ -9,10 +9,7 @@ results depend on it in the last bits.
 
 Dtype: bf16 on a GPU that has it natively (else float16 with a GradScaler); on a CPU, bf16
 where hardware multiplies it and a product measures at least BF16_GAIN times float32's speed;
-else float32.
-
-Decode layout (`DecodeLayout`): how a decoding model's large float32 CPU products run, timed
-once by the model's owner (the serve engine, `charlm.api.LM`) before its first decode step.
+else float32. A decoding model's `DecodeLayout` is timed once by its owner, before decoding.
 """
 
 from __future__ import annotations
@@ -21,6 +18,7 @@ import math
 import os
 import statistics
 import time
+import timeit
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -64,8 +62,7 @@ class Machine:
             return os.cpu_count() or 1
 
     def busy_elsewhere(self) -> float | None:
-        """Cores other processes keep busy over LOAD_S (/proc/stat less this process's own);
-        None without /proc/stat."""
+        """Cores other processes keep busy over LOAD_S; None without /proc/stat."""
         first = cpu_times()
         time.sleep(LOAD_S)
         last = cpu_times()
@@ -87,8 +84,7 @@ class Machine:
         return None
 
     def bf16_speedup(self) -> float:
-        """bf16's speed over float32's in a product of PROBE_N-square matrices (`best_time`),
-        drawing nothing from the random streams."""
+        """bf16's speed over float32's in a square product, drawing no random numbers."""
         with torch.random.fork_rng(devices=[]):
             a = torch.randn(PROBE_N, PROBE_N)
         return best_time(lambda: torch.mm(a, a)) / best_time(
@@ -96,8 +92,7 @@ class Machine:
 
 
 def cpu_times() -> tuple[float, float, float] | None:
-    """(machine busy seconds, machine seconds over all CPUs, this process's CPU seconds) from
-    /proc/stat, or None without it."""
+    """(machine busy, machine total, this process's) CPU seconds, or None without /proc/stat."""
     try:
         with open("/proc/stat", encoding="ascii") as f:
             fields = [float(x) for x in f.readline().split()[1:]]
@@ -114,12 +109,7 @@ def cpu_times() -> tuple[float, float, float] | None:
 def best_time(f: Callable[[], object]) -> float:
     """The best of PROBE_REPEATS timed calls of f, after one untimed call."""
     f()
-    times = []
-    for _ in range(PROBE_REPEATS):
-        start = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return min(timeit.repeat(f, number=1, repeat=PROBE_REPEATS))
 
 
 def pick_threads(setting: int | str, device: torch.device, machine: Machine) -> tuple[int, str]:
@@ -162,8 +152,7 @@ def pick_dtype(setting: str, device: torch.device, machine: Machine) -> tuple[st
 
 def decide(threads: int | str, dtype: str, device: torch.device,
            machine: Machine | None = None) -> Profile:
-    """The profile of these `train.threads` and `train.dtype` on `device`; sets torch's thread
-    count (the one place that does)."""
+    """The profile of these settings on `device`; sets torch's thread count (the one place)."""
     machine = machine or Machine()
     count, why_threads = pick_threads(threads, device, machine)
     name, why_dtype = pick_dtype(dtype, device, machine)
@@ -172,8 +161,7 @@ def decide(threads: int | str, dtype: str, device: torch.device,
 
 
 def train_rate(step: Callable[[], None], tokens: int, device: torch.device) -> float:
-    """Training tokens a second of `step` (an update of `tokens` tokens), over at least RATE_S
-    after one untimed step."""
+    """Training tokens a second of `step` (`tokens` a step), over at least RATE_S."""
     def synced() -> None:
         step()
         if device.type == "cuda":
@@ -189,8 +177,7 @@ def train_rate(step: Callable[[], None], tokens: int, device: torch.device) -> f
 
 @dataclass(frozen=True)
 class DecodeLayout:
-    """How `Linear`s multiply a few rows by a large float32 CPU weight: split over
-    `split_parts` threads, or column-major (`lay_out_for_decoding`)."""
+    """How decode steps multiply large float32 CPU weights (`lay_out_for_decoding`)."""
 
     split_parts: int = 1
     column_major: bool = False
