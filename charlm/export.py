@@ -247,8 +247,7 @@ def _outside(chars: list[str]) -> str:
 
 
 def export_notes(format_: str, cfg: RunConfig, vocab: Vocab | PairVocab) -> list[str]:
-    """What `charlm export` says of an export: its context, and for hf what transformers and
-    its tokenizer do differently."""
+    """What `charlm export` says of an export: its context, and hf's limits."""
     context = f"context: {cfg.model.block_size:,} characters (model.block_size"
     if format_ != "hf":
         return [f"{context})"]
