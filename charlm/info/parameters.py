@@ -23,30 +23,27 @@ POSITION_ROWS = {
 NO_FINAL_NORM = "norm (none: post-norm blocks end in a norm)"
 
 
-def _row(section: str, component: str, shape: tuple[int, ...] | torch.Size | None) -> dict:
-    """One table row; shape None: no such tensor in this variant."""
+def _row(section: str, component: str, shape: torch.Tensor | tuple[int, ...] | None) -> dict:
+    """One table row of a tensor or a shape; None: no such tensor in this variant."""
+    shape = shape.shape if isinstance(shape, torch.Tensor) else shape
     return {"section": section, "component": component,
             "shape": list(shape) if shape is not None else None,
             "params": math.prod(shape) if shape is not None else 0}
 
 
-def _shape(p: torch.Tensor | None) -> torch.Size | None:
-    return p.shape if p is not None else None
-
-
 def _norm_rows(section: str, label: str, norm: nn.Module) -> list[dict]:
-    return [_row(section, f"{label} weight", norm.weight.shape),
-            _row(section, f"{label} bias", _shape(getattr(norm, "bias", None)))]
+    return [_row(section, f"{label} weight", norm.weight),
+            _row(section, f"{label} bias", getattr(norm, "bias", None))]
 
 
 def _attention_rows(section: str, label: str, inputs: dict[str, nn.Linear], proj: nn.Linear,
                     C: int) -> list[dict]:
     """Rows of one attention: inputs maps q, k, v to the Linear each is C rows of; proj is o."""
     rows = [_row(section, f"{label} {p} weight", (C, C)) for p in inputs]
-    rows.append(_row(section, f"{label} o weight", proj.weight.shape))
+    rows.append(_row(section, f"{label} o weight", proj.weight))
     rows += [_row(section, f"{label} {p} bias", (C,) if lin.bias is not None else None)
              for p, lin in inputs.items()]
-    rows.append(_row(section, f"{label} o bias", _shape(proj.bias)))
+    rows.append(_row(section, f"{label} o bias", proj.bias))
     return rows
 
 
@@ -68,8 +65,8 @@ def _layer_rows(block: Block, cfg: ModelConfig, section: str = "layer",
     ins = ["gate", "up"] if cfg.activation == "swiglu" else ["up"]  # parts fused in mlp.fc
     rows += [_row(section, f"mlp {p} weight", (hidden, C)) for p in ins]
     rows += [_row(section, f"mlp {p} bias", (hidden,) if has_bias else None) for p in ins]
-    rows.append(_row(section, "mlp down weight", mlp.proj.weight.shape))
-    rows.append(_row(section, "mlp down bias", _shape(mlp.proj.bias)))
+    rows.append(_row(section, "mlp down weight", mlp.proj.weight))
+    rows.append(_row(section, "mlp down bias", mlp.proj.bias))
     where = "after" if cfg.norm_placement == "post" else "before"
     for norm, sub in sublayers:
         rows += _norm_rows(section, f"{cfg.norm} {where} {sub}", norm)
