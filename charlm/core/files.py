@@ -40,8 +40,7 @@ def remove_temps(path: Path, tag: str = "tmp", only_dead: bool = False) -> None:
 
 
 def discard_temps(finals: Iterable[Path]) -> None:
-    """Remove the temporaries of `finals` of a stopping prepare (an OSError must not hide the
-    error being raised)."""
+    """Remove the temporaries of `finals` without hiding the error being raised."""
     for path in finals:
         with contextlib.suppress(OSError):
             temp_beside(path).unlink(missing_ok=True)
@@ -132,8 +131,7 @@ def synced_temps(finals: Iterable[Path]) -> Iterator[list[BinaryIO]]:
 
 
 def make_writable_dir(path: Path, what: str) -> None:
-    """Make `path` if needed and check that a file can be created in it, else a CharlmError
-    naming `what` (the path the user gave)."""
+    """Make `path` if needed and check that it takes a file, else a CharlmError naming `what`."""
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f"{PROBE}{os.getpid()}-{id(path)}"  # one per process (DDP ranks)
@@ -194,8 +192,7 @@ def locked_dir(path: Path, busy: str) -> Iterator[None]:
 
 
 def locked(path: Path) -> bool:
-    """Whether another process holds `path` with `locked_dir` (a shared lock fails only beside
-    an exclusive one)."""
+    """Whether another process holds `path` with `locked_dir`."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
