@@ -19,8 +19,7 @@ from charlm.model.encoder_decoder import EncoderDecoder
 def output_accuracy(model: EncoderDecoder, vocab: PairVocab,
                     references: Sequence[tuple[str, list[str]]],
                     opts: SampleConfig | None = None) -> tuple[Accuracy, list[str]]:
-    """The accuracy of the greedy (or opts.beams) outputs against the references, and the
-    outputs."""
+    """The accuracy of the greedy (or opts.beams) outputs, and the outputs."""
     if not references:
         raise CharlmError("there are no pairs to score")
     opts = opts or SampleConfig(temperature=0, num_samples=1)

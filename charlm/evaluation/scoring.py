@@ -1,10 +1,8 @@
 """Scoring a text with a trained model: nats and bits per character and perplexity, in one
-deterministic pass of overlapping windows.
-
-Windows of `block_size` characters advance by `block_size - min_context` and score only the
-characters not scored before, so each is scored once, past the first window with at least
-`min_context` characters of context. The text streams through a chunk at a time, as `prepare`
-reads it, so memory stays bounded whatever its size.
+deterministic pass of windows of `block_size` characters that advance by `block_size -
+min_context` and score only the characters not scored before: each once, past the first window
+with at least `min_context` characters of context. The text streams through a chunk at a time,
+as `prepare` reads it, so memory stays bounded whatever its size.
 """
 
 from __future__ import annotations
@@ -61,8 +59,7 @@ class Score:
 
 @dataclass
 class Unknown:
-    """The characters outside the vocabulary met in a stream: how many, and the first few
-    (position, character) pairs for the message."""
+    """The characters outside the vocabulary met in a stream: a count and the first few."""
 
     count: int = 0
     first: list[tuple[int, str]] = field(default_factory=list)
@@ -288,6 +285,5 @@ def _score(total: float, count: int, skipped: int) -> Score:
 
 
 def finite_or_none(value: Any) -> Any:
-    """None for a float JSON cannot hold (a NaN loss, an infinite best), so output stays strict
-    JSON."""
+    """None for a float that strict JSON cannot hold (a NaN loss, an infinite best)."""
     return None if isinstance(value, float) and not math.isfinite(value) else value
