@@ -106,61 +106,50 @@ class SelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
-        """x (B, T, C) -> (B, T, C); mask (B, 1, 1, T), True = attend: the encoder's padding."""
-        y = attend(self.qkv(x), self.n_head, cache, layer, rope,
-                   self.dropout if self.training else 0.0, self.causal, mask, self.qk_norm)
+        """x (B, T, C) -> (B, T, C). With a cache (causal only) the new keys and values are
+        written at cache.pos and the queries see everything cached up to them; without one,
+        `mask` (B, 1, 1, T), True = attend (the encoder's padding), and `causal` apply."""
+        B, T, C = x.shape
+        H, causal = self.n_head, self.causal
+        dropout = self.dropout if self.training else 0.0
+        # (B, T, 3C) -> 3 x (B, H, T, D) in two view ops
+        qkv = self.qkv(x).view(B, T, 3, H, C // H).permute(2, 0, 3, 1, 4)
+        if self.qk_norm:  # q and k in one go; v as it was
+            qkv = torch.cat([unit_rms(qkv[:2]), qkv[2:]])
+        if rope is not None:  # rotate before caching: cached keys keep their absolute positions
+            (q, k), v = apply_rope(qkv[:2], *rope), qkv[2]  # q and k in one go
+        else:
+            q, k, v = qkv.unbind(0)
+        if cache is not None:
+            cache_k, cache_v = cache.k[layer], cache.v[layer]  # (B, H, L, D)
+        if cache is not None and isinstance(cache.pos, torch.Tensor):  # one token a row at pos
+            at = cache.pos.expand(B)  # (B,): shared (0-d) or each row's own position
+            # each (row, head)'s slot in the cache seen as (B * H * L, D) rows: index_copy_ on
+            # it stays in place in a compiled graph (a scatter_ there copies the whole cache)
+            L, D = cache_k.size(2), C // H
+            heads = torch.arange(B * H, device=x.device).view(B, H)
+            index = (heads * L + at[:, None]).view(-1)  # (B * H,)
+            cache_k.view(-1, D).index_copy_(0, index, k.reshape(-1, D).to(cache_k.dtype))
+            cache_v.view(-1, D).index_copy_(0, index, v.reshape(-1, D).to(cache_v.dtype))
+            S = cache.max_len  # the positions attended over: L, or fewer (`KVCache.view`)
+            keys = torch.arange(S, device=x.device)
+            mask, causal = (keys[None, :] <= at[:, None]).view(B, 1, 1, S), False
+            k, v = cache_k.narrow(2, 0, S), cache_v.narrow(2, 0, S)
+        elif cache is not None:
+            start, end = cache.pos, cache.pos + T
+            cache_k.narrow(2, start, T).copy_(k)
+            cache_v.narrow(2, start, T).copy_(v)
+            k, v = cache_k.narrow(2, 0, end), cache_v.narrow(2, 0, end)  # (B, H, end, D)
+            if T == 1:  # one new query sees every cached position
+                mask, causal = None, False
+            elif start == 0:  # prefill from empty: the ordinary causal mask
+                mask, causal = None, True
+            else:  # T queries at positions start..end-1 over keys 0..end-1
+                rows = torch.arange(start, end, device=x.device)[:, None]
+                mask, causal = torch.arange(end, device=x.device)[None, :] <= rows, False
+        y = attention(q, k, v, mask, causal, dropout)  # (B, H, T, D)
+        y = y.transpose(1, 2).reshape(B, T, C)
         return maybe_dropout(self.proj(y), self.dropout, self.training)
-
-
-def attend(qkv: torch.Tensor, n_head: int, cache: KVCache | None, layer: int,
-           rope: tuple[torch.Tensor, torch.Tensor] | None, dropout: float,
-           causal: bool = True, mask: torch.Tensor | None = None,
-           qk_norm: bool = False) -> torch.Tensor:
-    """Self-attention from the fused qkv (B, T, 3C) -> (B, T, C), before the output projection.
-    With a cache (causal only) the new keys and values are written at cache.pos and the queries
-    see everything cached up to them; without one, `mask` (True = attend) and `causal` apply."""
-    B, T, C3 = qkv.shape
-    C = C3 // 3
-    # (B, T, 3C) -> 3 x (B, H, T, D) in two view ops
-    qkv = qkv.view(B, T, 3, n_head, C // n_head).permute(2, 0, 3, 1, 4)
-    if qk_norm:  # q and k in one go; v as it was
-        qkv = torch.cat([unit_rms(qkv[:2]), qkv[2:]])
-    if rope is not None:  # rotate before caching: cached keys keep their absolute positions
-        (q, k), v = apply_rope(qkv[:2], *rope), qkv[2]  # q and k in one go
-    else:
-        q, k, v = qkv.unbind(0)
-    if cache is None:
-        y = attention(q, k, v, mask, causal, dropout)
-    elif isinstance(cache.pos, torch.Tensor):  # static shapes: one token per row at cache.pos
-        at = cache.pos.expand(B)  # (B,): shared (0-d) or each row's own position
-        # each (row, head)'s slot in the cache seen as (B * H * L, D) rows: index_copy_ on it
-        # stays in place in a compiled graph (a scatter_ there copies the whole cache)
-        cache_k, cache_v = cache.k[layer], cache.v[layer]  # (B, H, L, D)
-        L, D = cache_k.size(2), C // n_head
-        heads = torch.arange(B * n_head, device=qkv.device).view(B, n_head)
-        index = (heads * L + at[:, None]).view(-1)  # (B * H,)
-        cache_k.view(-1, D).index_copy_(0, index, k.reshape(-1, D).to(cache_k.dtype))
-        cache_v.view(-1, D).index_copy_(0, index, v.reshape(-1, D).to(cache_v.dtype))
-        S = cache.max_len  # the positions attended over: L, or fewer (`KVCache.view`)
-        keys = torch.arange(S, device=qkv.device)
-        visible = (keys[None, :] <= at[:, None]).view(B, 1, 1, S)
-        y = attention(q, cache_k.narrow(2, 0, S), cache_v.narrow(2, 0, S), visible, False,
-                      dropout)
-    else:
-        start, end = cache.pos, cache.pos + T
-        cache_k, cache_v = cache.k[layer], cache.v[layer]  # (B, H, L, D)
-        cache_k.narrow(2, start, T).copy_(k)
-        cache_v.narrow(2, start, T).copy_(v)
-        k, v = cache_k.narrow(2, 0, end), cache_v.narrow(2, 0, end)  # (B, H, end, D)
-        if T == 1:  # one new query sees every cached position
-            mask, causal = None, False
-        elif start == 0:  # prefill from empty: the ordinary causal mask
-            mask, causal = None, True
-        else:  # T queries at positions start..end-1 over keys 0..end-1
-            rows = torch.arange(start, end, device=qkv.device)[:, None]
-            mask, causal = torch.arange(end, device=qkv.device)[None, :] <= rows, False
-        y = attention(q, k, v, mask, causal, dropout)
-    return y.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
 
 
 def unit_rms(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
