@@ -66,18 +66,15 @@ class MLP(nn.Module):
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = activate(self.fc(x), self.activation)  # fc: (B, T, F), or (B, T, 2F) for swiglu
+        h = self.fc(x)  # (B, T, F), or (B, T, 2F) for swiglu
+        if self.activation == "swiglu":
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        elif self.activation == "relu2":
+            h = F.relu(h).square()
+        else:
+            h = F.relu(h) if self.activation == "relu" else F.gelu(h)
         return maybe_dropout(self.proj(h), self.dropout, self.training)
-
-
-def activate(h: torch.Tensor, kind: str) -> torch.Tensor:
-    """The MLP's nonlinearity on fc's output -> (B, T, F)."""
-    if kind == "swiglu":
-        gate, up = h.chunk(2, dim=-1)
-        return F.silu(gate) * up
-    if kind == "relu2":
-        return F.relu(h).square()
-    return F.relu(h) if kind == "relu" else F.gelu(h)
 
 
 class Block(nn.Module):
