@@ -123,7 +123,8 @@ def score_windows(model: GPT, windows: Iterable[tuple[np.ndarray, int]],
         ids = torch.from_numpy(np.stack([r for r, _ in rows])).to(device)  # (B, n + 1)
         # summed on the CPU in float64 (MPS has no float64), one copy a batch rather than a
         # wait for the device per row
-        nll = _nll(model, ids[:, :-1], ids[:, 1:]).cpu()  # (B, n)
+        logp = torch.log_softmax(model(ids[:, :-1])[0].float(), dim=-1)  # (B, n, V)
+        nll = -logp.gather(-1, ids[:, 1:, None])[..., 0].cpu()  # (B, n)
         for row, (_, offset) in enumerate(rows):
             total += nll[row, offset:].sum(dtype=torch.float64).item()
             count += nll.size(1) - offset
@@ -140,13 +141,6 @@ def score_windows(model: GPT, windows: Iterable[tuple[np.ndarray, int]],
             batch = []
     forward(batch)
     return total, count
-
-
-def _nll(model: GPT, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Per-position negative log-likelihood (B, T) in float32."""
-    logits, _ = model(x)
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -logp.gather(-1, y[..., None])[..., 0]
 
 
 def window_context(model: GPT, min_context: int | None) -> int:
