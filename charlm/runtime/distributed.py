@@ -54,10 +54,6 @@ class Dist:
         torch_dist.all_reduce(flags, op=torch_dist.ReduceOp.MAX, group=self.flags)
         return (int(flags[0]) or None, *flags[1:].tolist())
 
-    def barrier(self) -> None:
-        if self.active:
-            torch_dist.barrier()
-
     def all_ok(self, ok: bool) -> bool:
         return bool(self.least(int(ok)))
 
