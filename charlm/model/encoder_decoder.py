@@ -70,6 +70,7 @@ class EncoderDecoder(nn.Module):
         self.source_vocab_size = source_vocab_size
         self.target_vocab_size = target_vocab_size
         self.source_pad = source_pad
+        self.pad, self.bos, self.eos = target_specials(target_vocab_size)
         learned = cfg.pos_encoding == "learned"  # the only scheme with a position table
         post = cfg.norm_placement == "post"  # post-norm blocks end in a norm: no final one
         self.src_wte = Embedding(source_vocab_size, cfg.n_embd)
@@ -93,18 +94,6 @@ class EncoderDecoder(nn.Module):
         scale_residual_projections(self.encoder, 2 * cfg.encoder_layers, cfg.zero_init)
         scale_residual_projections(self.blocks, 3 * cfg.n_layer, cfg.zero_init)
         init_head(self.head, cfg)
-
-    @property
-    def pad(self) -> int:
-        return target_specials(self.target_vocab_size)[0]
-
-    @property
-    def bos(self) -> int:
-        return target_specials(self.target_vocab_size)[1]
-
-    @property
-    def eos(self) -> int:
-        return target_specials(self.target_vocab_size)[2]
 
     new_cache = GPT.new_cache  # the decoder's self-attention (the source's: `EncoderOutput`)
 
