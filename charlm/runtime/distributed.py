@@ -34,7 +34,6 @@ class Dist:
         return self.rank == 0
 
     def rows(self, batch_size: int) -> slice:
-        """This rank's rows of a global batch of `batch_size` rows."""
         per_rank = batch_size // self.world_size
         return slice(self.rank * per_rank, (self.rank + 1) * per_rank)
 
@@ -82,7 +81,6 @@ class Dist:
         self.all_ok(True)
 
     def wrap(self, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-        """DDP around `model` when distributed."""
         if not self.active:
             return model
         ids = [device.index] if device.type == "cuda" else None

@@ -1,15 +1,13 @@
 """The run's profile: every choice that depends on the machine, made once before a run's
 objects are built and written into config.yaml, so `--resume` and a copied run dir compute as
-the first run did; nothing later reads the clock or the load to choose a code path.
+the first run did. A decoding model's `DecodeLayout` is timed once by its owner, before decoding.
 
-Threads: torch's CPU threads wait for each other at the end of every kernel, so beside busy
-processes each kernel waits for the scheduler (docs/benchmarks.md, "Threads on a busy CPU");
-`auto` takes the cores the others leave free at the start, and never changes mid-run, as
-results depend on it in the last bits.
+Threads: torch's CPU threads wait for each other after every kernel, so beside busy processes
+each kernel waits for the scheduler (docs/benchmarks.md); `auto` takes the cores the others
+leave free at the start, and never changes mid-run: results depend on it in the last bits.
 
 Dtype: bf16 on a GPU that has it natively (else float16 with a GradScaler); on a CPU, bf16
-where hardware multiplies it and a product measures at least BF16_GAIN times float32's speed;
-else float32. A decoding model's `DecodeLayout` is timed once by its owner, before decoding.
+where hardware multiplies it and a product measures at least BF16_GAIN times float32's speed.
 """
 
 from __future__ import annotations
@@ -183,7 +181,6 @@ class DecodeLayout:
     column_major: bool = False
 
     def describe(self) -> str:
-        """A short phrase for a one-line report."""
         if self.column_major:
             return "decode weights column-major"
         if self.split_parts > 1:
@@ -205,9 +202,7 @@ def faster(a: Callable, b: Callable, rounds: int = 7) -> bool:
     times: tuple[list[float], list[float]] = ([], [])
     for _ in range(rounds):
         for f, ts in zip((a, b), times, strict=True):
-            start = time.perf_counter()
-            f()
-            ts.append(time.perf_counter() - start)
+            ts.append(timeit.timeit(f, number=1))
     return statistics.median(times[0]) < statistics.median(times[1])
 
 
