@@ -1,9 +1,6 @@
 """How much memory a model's batches take, estimated from the config before anything is
-allocated, so a mistyped size is refused with one line (`charlm.runtime.device.require_memory`)
-rather than growing until the kernel kills the process. Rough but on the high side (a test
-measures what autograd really saves): a guard against sizes that cannot fit, not against the
-last gigabyte.
-"""
+allocated, so a mistyped size is refused with one line rather than growing until the kernel kills
+the process: on the high side, a guard against sizes that cannot fit, not the last gigabyte."""
 
 from __future__ import annotations
 

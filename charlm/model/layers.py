@@ -1,8 +1,6 @@
-"""What the models add to torch's layers: a `Linear` whose few-row float32 CPU products may be
-split over the threads (for a BLAS that runs them on one core) and whose decode layout
-`lay_out_for_decoding` sets (the choice is `charlm.runtime.profile`'s), an `Embedding` whose
-initial draw skips the meta device, and `maybe_dropout`.
-"""
+"""What the models add to torch's layers: a `Linear` whose decode layout (`charlm.runtime.profile`
+chooses it) may split its products over the threads, for a BLAS that runs them on one core, and
+an `Embedding` whose initial draw skips the meta device."""
 
 from __future__ import annotations
 
