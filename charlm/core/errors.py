@@ -1,7 +1,5 @@
 """`CharlmError`, which the CLI turns into one `error: what, where, what to do` line and exit
-code 2 (`charlm.cli.reporting`), the helpers that put an exception or a count into a message,
-and `warn`, the one way a warning is printed.
-"""
+code 2, the helpers that put an exception or a count into a message, and `warn`."""
 
 import re
 import sys
@@ -41,7 +39,6 @@ def first_line(e: BaseException) -> str:
 
 
 def characters(n: int) -> str:
-    """'1 character', '2 characters'."""
     return f"{n:,} character{'' if n == 1 else 's'}"
 
 

@@ -1,8 +1,6 @@
-"""The parent-death signal (Linux's PR_SET_PDEATHSIG) that `charlm tune` asks for its trials,
-and how a process reads the one it was started with. The kernel sends it each time the process
-passes to a new parent (each live thread of a dying tuner, then init): one request, however
-many times it comes.
-"""
+"""The parent-death signal (Linux's PR_SET_PDEATHSIG) that `charlm tune` asks for its trials.
+The kernel sends it each time the process passes to a new parent (each live thread of a dying
+tuner, then init): one request, however many times it comes."""
 
 from __future__ import annotations
 
