@@ -1,9 +1,7 @@
 """Scoring a text with a trained model: nats and bits per character and perplexity, in one
 deterministic pass of windows of `block_size` characters that advance by `block_size -
-min_context` and score only the characters not scored before: each once, past the first window
-with at least `min_context` characters of context. The text streams through a chunk at a time,
-as `prepare` reads it, so memory stays bounded whatever its size.
-"""
+min_context` and score only the characters not scored before. The text streams through a chunk
+at a time, as `prepare` reads it, so memory stays bounded whatever its size."""
 
 from __future__ import annotations
 
@@ -185,8 +183,7 @@ def score_text(model: GPT, vocab: Vocab, text: str, min_context: int | None = No
                unknown: str = "error", progress: bool = True) -> Score:
     """`score_stream` of `text` in the normal form of the model's data, a slice at a time."""
     text = vocab.normalized(text)
-    bar = _bar(len(text), "char", progress)
-    with bar:
+    with _bar(len(text), "char", progress) as bar:
         chunks = (narrow_code_points(text[i:i + CHUNK_BYTES]) for i in range(0, len(text),
                                                                              CHUNK_BYTES))
         return score_stream(model, vocab, _shown(chunks, bar), min_context, unknown)
