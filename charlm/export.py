@@ -1,7 +1,5 @@
-"""Export a trained model: `safetensors` (charlm's own pickle-free format, which charlm loads
-too), `hf` (what `transformers.GPT2LMHeadModel` and `AutoTokenizer` load, written as plain JSON
-and safetensors) and `onnx` (`charlm.onnx_export`).
-"""
+"""Export a trained model: `safetensors` (charlm's own pickle-free format), `hf` (plain JSON and
+safetensors for `transformers.GPT2LMHeadModel` and `AutoTokenizer`) and `onnx`."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """A GPT exported by `charlm export --format onnx`, run by ONNX Runtime with numpy alone (no
-torch, no other part of charlm): `OnnxLM(path).generate(prompt, ...)`.
-
-It decodes as `charlm sample` does (a full cache is prefilled again from its most recent half;
-a byte model keeps its text valid UTF-8), but samples from numpy's generator: a seed repeats
-its text here, not torch's; greedy decoding is `charlm sample`'s.
+torch, no other part of charlm): `OnnxLM(path).generate(prompt, ...)`. It decodes as `charlm
+sample` does, but samples from numpy's generator: a seed repeats its text here, not torch's.
 """
 
 from __future__ import annotations

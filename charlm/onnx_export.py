@@ -1,9 +1,6 @@
-"""`charlm export --format onnx`: a GPT as two ONNX graphs that `charlm.onnx` runs without
-torch, and what generating needs beside them (`charlm-onnx.json`).
-
-Prefill takes one prompt (1, T) and gives the last logits and a block_size cache; decode takes
-one id a row at each row's own position, so rows at different lengths share a batch. Both are
-the model's own forward over a `KVCache`, so every variant charlm trains exports alike."""
+"""`charlm export --format onnx`: a GPT's own forward over a `KVCache` as two ONNX graphs that
+`charlm.onnx` runs without torch: prefill (one prompt) and decode (one id a row at each row's
+own position), with what generating needs beside them (`charlm-onnx.json`)."""
 
 from __future__ import annotations
 
