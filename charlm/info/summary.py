@@ -70,13 +70,15 @@ def describe(model: GPT | EncoderDecoder, cfg: RunConfig, shapes: tuple[int, int
     and the resolved config. `model` may have fewer blocks than `cfg` says."""
     m = cfg.model
     table = parameter_table(model, m.n_layer, m.encoder_layers)
-    seq2seq = isinstance(model, EncoderDecoder)
-    if seq2seq:
+    if isinstance(model, EncoderDecoder):
         vocab = (model.source_vocab_size, model.target_vocab_size)
         info: dict[str, Any] = {"arch": m.arch, "source_vocab_size": vocab[0],
                                 "target_vocab_size": vocab[1]}
+        flops, shapes_of = seq2seq_flops, seq2seq_forward_shapes
     else:
+        vocab = (model.vocab_size,)
         info = {"vocab_size": model.vocab_size}
+        flops, shapes_of = flops_per_token, forward_shapes
     if train_state is not None:
         best = train_state["best_val"]  # inf until the first evaluation: null in JSON
         info["checkpoint"] = {"step": train_state["step"],
@@ -85,14 +87,9 @@ def describe(model: GPT | EncoderDecoder, cfg: RunConfig, shapes: tuple[int, int
     if data is not None:
         info["data"] = data
     info["parameters"] = table
-    if seq2seq:
-        info["flops_per_token"] = seq2seq_flops(table, m, *vocab)
-        if shapes is not None:
-            info["shapes"] = seq2seq_forward_shapes(m, *vocab, *shapes)
-    else:
-        info["flops_per_token"] = flops_per_token(table, m, model.vocab_size)
-        if shapes is not None:
-            info["shapes"] = forward_shapes(m, model.vocab_size, *shapes)
+    info["flops_per_token"] = flops(table, m, *vocab)
+    if shapes is not None:
+        info["shapes"] = shapes_of(m, *vocab, *shapes)
     info["config"] = cfg.to_dict()
     return info
 
