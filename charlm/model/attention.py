@@ -33,11 +33,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 
 class KVCache:
     """Preallocated keys and values for every layer: a plain object, never in a `state_dict`.
-
-    `pos`, the positions written, is advanced once per `GPT.forward`. As a device tensor, 0-d or
-    (B,) (a position per row: `charlm serve`), a forward takes one token a row and attends over
-    the whole cache with each row's later positions masked: static shapes, one compiled graph.
-    """
+    `pos`, the positions written, advances once per `GPT.forward`. As a device tensor, 0-d or
+    (B,) (a position a row: `charlm serve`), a forward takes one token a row and attends over the
+    whole cache with later positions masked: static shapes, one compiled graph."""
 
     def __init__(self, n_layer: int, batch_size: int, n_head: int, max_len: int, head_dim: int,
                  device: torch.device | str, dtype: torch.dtype):

@@ -38,8 +38,7 @@ def key_mask(mask: torch.Tensor) -> torch.Tensor:
 
 class EncoderOutput:
     """The encoder's output for a batch of sources, reused by every decode step and beam: out
-    (B, S, C), mask (B, S) (True = a real position), each decoder layer's cross-attention
-    keys and values (B, H, S, D)."""
+    (B, S, C), mask (B, S), each decoder layer's cross-attention keys and values."""
 
     def __init__(self, out: torch.Tensor, mask: torch.Tensor, keys: list[torch.Tensor],
                  values: list[torch.Tensor]):
@@ -147,9 +146,8 @@ def parameter_count(cfg: ModelConfig, source_vocab_size: int, target_vocab_size:
 
 
 def output_limit(source_len: int, block_size: int, cap: int | None = None) -> int:
-    """The longest output for a source of source_len: what the target window holds after bos,
-    and 2 * source_len + 10, generous for transliteration yet early for a model that never
-    says eos."""
+    """The longest output for a source: what the target window holds after bos, and a margin
+    generous for transliteration yet early for a model that never says eos."""
     limit = min(block_size - 1, 2 * source_len + 10)
     return limit if cap is None else min(limit, cap)
 

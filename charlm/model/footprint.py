@@ -36,9 +36,8 @@ def block_bytes(cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
 
 def training_bytes(cfg: ModelConfig, vocab_size: int, rows: int, dtype: torch.dtype,
                    device: torch.device) -> int:
-    """The activations, logits and ids one training micro-batch of `rows` x block_size (sources
-    and targets for an encoder-decoder) keeps for its backward; weights, gradients and
-    optimizer state come on top (16 bytes a parameter)."""
+    """What a training micro-batch of `rows` x block_size keeps for its backward; weights,
+    gradients and optimizer state come on top (16 bytes a parameter)."""
     per_position = (cfg.n_layer * block_bytes(cfg, dtype, device,
                                               2 if cfg.arch == "encoder_decoder" else 1)
                     + LOGITS_COPIES * 4 * vocab_size + 2 * 4 * cfg.n_embd + IDS_BYTES)
@@ -50,9 +49,8 @@ def training_bytes(cfg: ModelConfig, vocab_size: int, rows: int, dtype: torch.dt
 
 def forward_bytes(cfg: ModelConfig, vocab_size: int, rows: int, seq_len: int | None = None
                   ) -> int:
-    """The float32 peak of a forward without gradients over `rows` x seq_len (default
-    block_size): one layer's temporaries (SwiGLU's 2F-wide fc, 8 residual-width tensors, an
-    H x T attention matrix) and the logits three times over."""
+    """The float32 peak of a forward without gradients over `rows` x seq_len: one layer's
+    temporaries and the logits three times over."""
     T = cfg.block_size if seq_len is None else seq_len
     per_position = 4 * cfg.ff_width + 3 * vocab_size + 8 * cfg.n_embd + cfg.n_head * T
     return 4 * rows * T * per_position

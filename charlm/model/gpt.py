@@ -148,9 +148,8 @@ def init_weights(module: nn.Module) -> None:
 
 
 def scale_residual_projections(module: nn.Module, depth: int, zero: bool = False) -> None:
-    """GPT-2's N(0, 0.02 / sqrt(depth)) for the projections into the residual stream, so its
-    variance does not grow with depth; `zero` (`model.zero_init`): each block starts as the
-    identity."""
+    """GPT-2's N(0, 0.02 / sqrt(depth)) for the projections into the residual stream, so it does
+    not grow with depth; `zero` (`model.zero_init`): each block starts as the identity."""
     for name, p in module.named_parameters():
         if name.endswith("proj.weight"):
             if zero:
@@ -227,9 +226,8 @@ class GPT(nn.Module):
 
 def logits_and_loss(model: nn.Module, x: torch.Tensor, targets: torch.Tensor | None
                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """x (B, T, C) through the final norm and head -> logits (B, T, V), and with targets the
-    float32 mean cross-entropy over targets not -1 (padding), label-smoothed in training only,
-    so val losses stay comparable across runs."""
+    """x (B, T, C) -> logits (B, T, V) and the float32 mean cross-entropy over targets not -1
+    (padding), label-smoothed in training only, so val losses stay comparable across runs."""
     logits = model.head(model.ln_f(x))  # (B, T, V)
     cap = model.cfg.logit_softcap
     if cap > 0:  # in float32: tanh saturates early in bf16

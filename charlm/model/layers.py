@@ -62,10 +62,8 @@ def decoding_linears(model: nn.Module) -> list[Linear]:
 
 
 def lay_out_for_decoding(model: nn.Module, split_parts: int, column_major: bool) -> int:
-    """Set how `model`'s `decoding_linears` multiply: split over gcd(out features, split_parts)
-    threads, or column-major (the same values, unsplit); returns the weights laid out. A
-    column-major weight is not contiguous, which safetensors cannot save: that is for a model
-    that only decodes (the serve engine's copy)."""
+    """Split `decoding_linears` over gcd(out features, split_parts) threads, or store them
+    column-major (not contiguous, so unsavable: for a model that only decodes); the count."""
     linears = decoding_linears(model)
     for m in linears:
         m.split_parts = 1 if column_major else math.gcd(m.weight.shape[0], split_parts)
