@@ -30,9 +30,8 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def weights_dtype(name: str) -> torch.dtype:
-    """The dtype a loaded model's weights are cast to for sampling and scoring (`--dtype`):
-    bfloat16 and float16 halve the bytes a decode step streams from memory, at the cost of
-    rounding (float16 the less); logits are sampled in float32 either way."""
+    """The dtype of a loaded model's weights (`--dtype`): bf16 and fp16 halve the bytes a decode
+    step streams, at the cost of rounding; logits are sampled in float32 either way."""
     if name not in DTYPES:
         raise SettingError(Setting("dtype"), f" must be one of {', '.join(DTYPES)}, got {name!r}")
     return DTYPES[name]
@@ -47,10 +46,9 @@ def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractCon
 
 def compile_model(model: torch.nn.Module, example: tuple[torch.Tensor, ...],
                   device: torch.device, dtype: torch.dtype) -> tuple[torch.nn.Module, str | None]:
-    """`torch.compile(model)`, tried at once by a forward and backward of `example` (zeros of
-    a batch's shapes), so a backend that cannot build here fails now rather than mid-run:
-    (compiled, None), or (model, a one-line reason). The probe leaves no gradients and draws
-    no random numbers."""
+    """`torch.compile(model)` tried at once on `example`, so a backend that cannot build here
+    fails now, not mid-run: (compiled, None), or (model, a one-line reason). The probe leaves
+    no gradients and draws no random numbers."""
     try:
         compiled = torch.compile(model)
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):

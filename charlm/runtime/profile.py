@@ -189,9 +189,8 @@ class DecodeLayout:
 
 
 def probe_weights() -> torch.Tensor:
-    """PROBE_COUNT square float32 weights, more than most last-level caches hold, so products
-    by them stream from memory as a decode step does (on one weight a cache holds, the answers
-    flipped from one process to the next)."""
+    """Square float32 weights, more than most last-level caches hold, so products by them
+    stream from memory as a decode step does (on a cached one, answers flipped run to run)."""
     return torch.full((PROBE_COUNT, PROBE_SIDE, PROBE_SIDE), 0.01)
 
 
@@ -208,10 +207,9 @@ def faster(a: Callable, b: Callable, rounds: int = 7) -> bool:
 
 def decode_layout(threads: int, *, column_major: bool = True,
                   faster: Callable[[Callable, Callable], bool] = faster) -> DecodeLayout:
-    """The layout that multiplies 1 and 16 rows by `probe_weights` fastest here (by `faster`):
-    split over gcd(PROBE_SIDE, threads) blocks where one-row products run faster so (some BLAS,
-    MKL on AMD EPYCs, computes one row on one core), column-major where that beats the chosen
-    row-major products (unless not column_major)."""
+    """The layout that multiplies 1 and 16 rows by `probe_weights` fastest here: split where
+    one-row products run faster so (some BLAS, MKL on AMD EPYCs, compute one row on one core),
+    column-major (if allowed) where that beats the row-major products."""
     with torch.inference_mode():
         rows, x = probe_weights(), torch.randn(1, PROBE_SIDE)
         parts = math.gcd(PROBE_SIDE, threads)
