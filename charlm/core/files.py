@@ -29,9 +29,8 @@ def temp_beside(path: Path, tag: str = "tmp") -> Path:
 
 
 def remove_temps(path: Path, tag: str = "tmp", only_dead: bool = False) -> None:
-    """Remove the temporaries (files or directories) of `temp_beside(path, tag)` that a killed
-    process left: any, for a caller that knows no other writes `path`, or with `only_dead`,
-    those of processes that no longer run."""
+    """Remove the temporaries of `temp_beside(path, tag)` a killed process left (files or
+    directories): any, or with `only_dead` those of processes that no longer run."""
     for tmp in dead_temps(path, tag) if only_dead else _temps(path, tag):
         if tmp.is_dir() and not tmp.is_symlink():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -152,10 +151,9 @@ def run_write_error(what: str, e: OSError, run_dir: Path, kept: str = "") -> Cha
 
 @contextlib.contextmanager
 def locked_dir(path: Path, busy: str) -> Iterator[None]:
-    """Hold an exclusive flock on the directory `path` (made if needed) while the block runs, so
-    a second process that would write there is refused with the CharlmError `busy`. No lock
-    file: the lock goes with the process, even on SIGKILL. Directories made here and still
-    empty at the end are removed; one that cannot be made is the caller's to report."""
+    """Hold an exclusive flock on the directory `path` (made if needed, removed if still empty)
+    while the block runs, so a second writer is refused with the CharlmError `busy`. No lock
+    file: the lock goes with the process, even on SIGKILL."""
     for _ in range(10):
         made = [d for d in (path, *path.parents) if not d.exists()]  # deepest first
         try:
