@@ -41,9 +41,8 @@ class Accuracy:
 
 def accuracy(hypotheses: Sequence[str], references: Sequence[Sequence[str]],
              units: Callable[[str], list[str]]) -> Accuracy:
-    """Compare each hypothesis with its source's references as lists of `units` (so "K  AH"
-    equals "K AH" with space units). wer is the G2P literature's, not fairseq's edit rate over
-    tokens; cer's closest reference is the shorter one on a tie."""
+    """Each hypothesis against its source's references, as lists of `units`; wer is the G2P
+    literature's, not fairseq's edit rate; cer's closest reference on a tie is the shorter."""
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} sources")
     if not hypotheses:

@@ -128,13 +128,12 @@ def score_windows(model: GPT, windows: Iterable[tuple[np.ndarray, int]],
             count += nll.size(1) - offset
 
     for window in windows:
-        if len(window[0]) <= model.cfg.block_size:  # the shorter last window
+        last = len(window[0]) <= model.cfg.block_size  # the shorter last window goes alone
+        if last:
             forward(batch)
             batch = []
-            forward([window])
-            continue
         batch.append(window)
-        if len(batch) == batch_size:
+        if last or len(batch) == batch_size:
             forward(batch)
             batch = []
     forward(batch)
@@ -143,8 +142,7 @@ def score_windows(model: GPT, windows: Iterable[tuple[np.ndarray, int]],
 
 def window_context(model: GPT, min_context: int | None) -> int:
     """The windows' `min_context` (default: half the block), below block_size so each window
-    scores a new character, once the device has the memory to score (`scoring_bytes` of a
-    forward and one chunk's ids: the same whatever the length of the text)."""
+    scores a new character, once the device has the memory (the same for any text length)."""
     block = model.cfg.block_size
     min_context = block // 2 if min_context is None else min_context
     if not 0 <= min_context < block:
@@ -191,9 +189,8 @@ def score_text(model: GPT, vocab: Vocab, text: str, min_context: int | None = No
 
 def score_file(model: GPT, vocab: Vocab, path: Path, min_context: int | None = None,
                unknown: str = "error", progress: bool = True) -> Score:
-    """Score the text file at `path` (`-`: stdin), read as `prepare` reads text. A regular file
-    is read twice, first to find what would end the pass (invalid UTF-8, an unknown character)
-    before anything is scored; stdin once."""
+    """Score the text file at `path` (`-`: stdin) as `prepare` reads it; a regular file is read
+    twice, first to find what would end the pass before anything is scored."""
     if str(path) == "-":
         return _score_binary(model, vocab, sys.stdin.buffer, "<stdin>", None, min_context,
                              unknown, progress)
