@@ -65,9 +65,8 @@ def config_model(cfg: RunConfig, vocab_size: int | None = None) -> GPT | Encoder
 def describe(model: GPT | EncoderDecoder, cfg: RunConfig, shapes: tuple[int, int] | None = None,
              train_state: dict[str, Any] | None = None,
              data: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Everything `charlm info` reports: vocab sizes, a checkpoint's progress, the parameter
-    table, FLOPs per token, forward shapes for shapes=(batch, seq_len), the prepared `data`
-    and the resolved config. `model` may have fewer blocks than `cfg` says."""
+    """Everything `charlm info` reports, forward shapes for shapes=(batch, seq_len); `model` may
+    have fewer blocks than `cfg` says."""
     m = cfg.model
     table = parameter_table(model, m.n_layer, m.encoder_layers)
     if isinstance(model, EncoderDecoder):
