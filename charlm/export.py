@@ -87,10 +87,9 @@ def resolve_out(out: Path) -> Path:
 
 
 def write_dir(out: Path, write: Callable[[Path], None], overwrite: bool) -> None:
-    """Run `write(dir)` into a fresh sibling directory, then move it to `out`, so a failed or
-    interrupted export leaves `out` as it was and no temporary. An earlier export in `out` is
-    replaced whole; one a killed export had moved aside is moved back first. A failed write is
-    one error naming `out`, and removes the folders above it that it made."""
+    """Run `write(dir)` into a fresh sibling directory, then move it to `out` (an earlier export
+    replaced whole), so a failed or interrupted export leaves `out` as it was and no temporary;
+    one a killed export had moved aside is moved back first."""
     real = resolve_out(out)
     aside = dead_temps(real, "old")
     if aside and not real.exists():  # a SIGKILL, or a power loss, between the two moves
@@ -291,9 +290,8 @@ FORMATS: dict[str, Callable[..., None]] = {"safetensors": save_safetensors, "hf"
 
 def export_model(model: torch.nn.Module, vocab: Vocab | PairVocab, cfg: RunConfig, source: Path,
                  out: Path, format_: str, overwrite: bool) -> None:
-    """`charlm export`: the model loaded from `source` written to `out` in one of `FORMATS`. An
-    `out` that holds the source, or lies inside its run dir, is refused: --overwrite would
-    delete it."""
+    """`charlm export` of the model from `source` to `out`, refused where `out` holds the source
+    or lies inside its run dir: --overwrite would delete it."""
     real, resolved = resolve_out(out), source.resolve()
     if real in (resolved, *resolved.parents):
         raise CharlmError(f"--out {out} holds the model being exported ({source}); give "
