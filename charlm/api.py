@@ -60,8 +60,7 @@ class LM:
 def load(path: str | Path, device: str = "auto", dtype: str = "float32",
          step: int | None = None) -> LM:
     """Load a run dir (its best.pt, else last.pt, or its checkpoint of `step`), a checkpoint
-    file, or a `charlm export --format safetensors` directory, its weights in `dtype`
-    (`charlm.runtime.precision.weights_dtype`)."""
+    file or a safetensors export, its weights in `dtype` (`precision.weights_dtype`)."""
     if not isinstance(path, (str, os.PathLike)):
         raise CharlmError(f"charlm.load() takes a path (str or Path), got {type(path).__name__}")
     device = coerce(device, str, "device")
