@@ -170,8 +170,7 @@ def locked_dir(path: Path, busy: str) -> Iterator[None]:
         except OSError:  # a filesystem without locks (some network mounts): go on unlocked
             break
         try:  # locked: is it still the directory at path? (a failed command removes its own)
-            now, held = os.stat(path), os.fstat(fd)
-            if (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+            if os.path.samestat(os.stat(path), os.fstat(fd)):
                 break
         except OSError:
             pass
