@@ -70,11 +70,10 @@ class KVCache:
         self.last_ids[dst] = self.last_ids[src]
 
 
-def rope_angles(pos: torch.Tensor, head_dim: int,
-                base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_angles(pos: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary tables (Su et al. 2021) for positions pos (T,): cos = [cos a, cos a] and
-    sin = [-sin a, sin a], each (T, D), a_i = p * base^(-2i/D); pos (B, T) gives (B, 1, T, D)."""
-    inv_freq = base ** -(torch.arange(0, head_dim, 2, device=pos.device).float() / head_dim)
+    sin = [-sin a, sin a], each (T, D), a_i = p * 10000^(-2i/D); pos (B, T): (B, 1, T, D)."""
+    inv_freq = 10000.0 ** -(torch.arange(0, head_dim, 2, device=pos.device).float() / head_dim)
     angles = pos.float()[..., None] * inv_freq  # (T, D/2) or (B, T, D/2)
     if pos.dim() == 2:
         angles = angles.unsqueeze(1)  # (B, 1, T, D/2)
