@@ -57,7 +57,6 @@ class Dist:
         return bool(self.least(int(ok)))
 
     def least(self, value: int) -> int:
-        """The smallest of the ranks' `value`."""
         if not self.active:
             return value
         flag = torch.tensor(value)

@@ -105,7 +105,6 @@ def cpu_times() -> tuple[float, float, float] | None:
 
 
 def best_time(f: Callable[[], object]) -> float:
-    """The best of PROBE_REPEATS timed calls of f, after one untimed call."""
     f()
     return min(timeit.repeat(f, number=1, repeat=PROBE_REPEATS))
 
