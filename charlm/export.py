@@ -48,7 +48,6 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 def _read_json(path: Path) -> Any:
-    """A JSON file of an export, a regular file of at most META_LIMIT bytes."""
     return json.loads(read_regular(path, "export file", META_LIMIT).decode("utf-8"))
 
 
