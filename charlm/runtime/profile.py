@@ -3,8 +3,9 @@ objects are built and written into config.yaml, so `--resume` and a copied run d
 the first run did. A decoding model's `DecodeLayout` is timed once by its owner, before decoding.
 
 Threads: torch's CPU threads wait for each other after every kernel, so beside busy processes
-each kernel waits for the scheduler (docs/benchmarks.md); `auto` takes the cores the others
-leave free at the start, and never changes mid-run: results depend on it in the last bits.
+each kernel waits for the scheduler (docs/benchmarks-log.md, "Threads on a busy CPU"); `auto`
+takes the cores the others leave free at the start, and never changes mid-run: results depend
+on it in the last bits.
 
 Dtype: bf16 on a GPU that has it natively (else float16 with a GradScaler); on a CPU, bf16
 where hardware multiplies it and a product measures at least BF16_GAIN times float32's speed.
