@@ -1,8 +1,5 @@
 """charlm: train character-level GPT language models on any text file, and sample from them.
-
-The Python API (`load`, `generate`, `sample`, `score`, `translate`) lives in `charlm.api`; it is
-imported on first use so that `charlm --help` does not pay for importing torch.
-"""
+The Python API lives in `charlm.api`, imported on first use so `charlm --help` skips torch."""
 
 __version__ = "0.1.0"
 __all__ = ["load", "generate", "sample", "score", "translate", "LM", "CharlmError"]

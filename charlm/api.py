@@ -49,9 +49,8 @@ class LM:
     layout: DecodeLayout | None = None  # the split `decoding_model` chose, once it has
 
     def decoding_model(self) -> GPT | torch.nn.Module:
-        """The model, to decode from: at the first call, its large float32 CPU products are
-        split over the threads where that pays on this machine (`layout_for`, timed once;
-        the weights stay row-major, so the model can still be saved or trained)."""
+        """The model, its large float32 CPU products split over the threads at the first call
+        where that pays here (`layout_for`); the weights stay row-major, savable."""
         if self.layout is None:
             self.layout = layout_for(self.model, column_major=False)
             lay_out_for_decoding(self.model, self.layout.split_parts, column_major=False)
@@ -60,10 +59,8 @@ class LM:
 
 def load(path: str | Path, device: str = "auto", dtype: str = "float32",
          step: int | None = None) -> LM:
-    """Load a run dir (its best.pt, else last.pt; with `step`, its checkpoint of that step,
-    kept by train.keep_checkpoints), a checkpoint file, or a directory written by
-    `charlm export --format safetensors`, with its weights in `dtype` (float32, as trained;
-    bfloat16 or float16 decode faster, see `device.weights_dtype`)."""
+    """Load a run dir (its best.pt, else last.pt, or its checkpoint of `step`), a checkpoint
+    file or a safetensors export, its weights in `dtype` (`precision.weights_dtype`)."""
     if not isinstance(path, (str, os.PathLike)):
         raise CharlmError(f"charlm.load() takes a path (str or Path), got {type(path).__name__}")
     device = coerce(device, str, "device")
@@ -88,7 +85,7 @@ def sample(lm: LM, prompt: str | None = None, **options: Any) -> list:
 
 
 def _sample_options(options: dict[str, Any]) -> SampleConfig:
-    """`SampleConfig` from keyword options: an unknown name is an error naming the nearest one."""
+    """`SampleConfig` from keyword options, an unknown name an error naming the nearest."""
     names = [f.name for f in dataclasses.fields(SampleConfig)]
     for name in options:
         if name not in names:
@@ -122,8 +119,7 @@ def generate(lm: LM, prompt: str | None = None, **options: Any) -> str:
 
 def score(lm: LM, text: str, stride: int | None = None, unknown: str = "error",
           progress: bool = False, **other: Any):
-    """Loss (nats/char), bits per char and perplexity of `text` (see
-    `charlm.evaluation.scoring`)."""
+    """Loss (nats/char), bits per char and perplexity of `text` (`charlm.evaluation.scoring`)."""
     for name in other:  # named as generate's options are, not a bare TypeError
         raise CharlmError(f"unknown option '{name}' for charlm.score"
                           f"{suggest(name, ['stride', 'unknown', 'progress'])}")
@@ -137,10 +133,8 @@ def score(lm: LM, text: str, stride: int | None = None, unknown: str = "error",
 
 
 def translate(lm: LM, sources: str | Sequence[str], **options: Any) -> list:
-    """Transduce each source with an encoder-decoder: a `translation.Translation` per source
-    (`.text`, the best output; `.outputs`, (text, score) for every sample or n-best
-    hypothesis). Options are `sample`'s: temperature 0 (greedy) unless given; beams with
-    num_samples give the n best."""
+    """A `translation.Translation` per source (`.text`, the best output; `.outputs`, (text,
+    score) for every sample or n-best hypothesis). Options are `sample`'s, greedy by default."""
     _check_lm(lm, "encoder_decoder")
     if isinstance(sources, str):
         sources = [sources]

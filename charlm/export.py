@@ -1,8 +1,5 @@
-"""Export a trained model: `safetensors` (charlm's own pickle-free format, which `charlm sample`
-and `charlm eval` load too) and `hf` (a directory that `transformers.GPT2LMHeadModel` and
-`AutoTokenizer` load, with a character-level tokenizer). Writing needs neither transformers nor
-tokenizers: the files are plain JSON and safetensors.
-"""
+"""Export a trained model: `safetensors` (charlm's own pickle-free format), `hf` (plain JSON and
+safetensors for `transformers.GPT2LMHeadModel` and `AutoTokenizer`) and `onnx`."""
 
 from __future__ import annotations
 
@@ -39,14 +36,8 @@ from charlm.training.checkpoint import check_config
 from charlm.training.tasks import build_model, check_stored_shapes, vocab_from_state
 
 EXPORT_FORMAT = "charlm-safetensors"
-
-
 EXPORT_VERSION = 1
-
-
 WEIGHTS = "model.safetensors"
-
-
 # Every file an export of either format writes: all that --overwrite may replace.
 EXPORT_FILES = (WEIGHTS, "config.json", "vocab.json", "tokenizer.json", "tokenizer_config.json",
                 *ONNX_FILES)
@@ -57,14 +48,11 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 def _read_json(path: Path) -> Any:
-    """A JSON file of an export: a regular file (a FIFO would block, a device fill the memory)
-    of at most META_LIMIT bytes."""
     return json.loads(read_regular(path, "export file", META_LIMIT).decode("utf-8"))
 
 
 def _write_weights(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> None:
-    """Written as the other files are (`write_atomic`: the umask's mode, fsync, one move);
-    safetensors' own save_file makes the file 0600."""
+    """By `write_atomic`, as the other files (safetensors' own save_file makes the file 0600)."""
     data = save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, meta)
     write_atomic(path, lambda f: f.write(data))
 
@@ -89,9 +77,8 @@ def save_safetensors(model: torch.nn.Module, vocab: Vocab | PairVocab, cfg: RunC
 
 
 def resolve_out(out: Path) -> Path:
-    """The directory that `--out` names, symlinks and `.` / `..` resolved: the path to move an
-    export to (`.` has no name to put a temporary directory beside, and a symlink to a directory
-    would be replaced by the export instead of holding it)."""
+    """`--out` resolved, to move an export to (`.` has no name to put a temporary beside, and a
+    symlink would be replaced by the export instead of holding it)."""
     try:
         return out.resolve()
     except (OSError, RuntimeError):  # RuntimeError: Python < 3.13's "Symlink loop"
@@ -99,13 +86,9 @@ def resolve_out(out: Path) -> Path:
 
 
 def write_dir(out: Path, write: Callable[[Path], None], overwrite: bool) -> None:
-    """Run `write(dir)` into a fresh sibling directory, then move it to `out`: a failed or
-    interrupted export leaves `out` as it was, and no temporary directory. An existing
-    non-empty `out` must be an earlier export (`check_replaceable`); it is replaced whole, so no
-    file of it lingers. What exports killed before their end left beside `out` is removed, but
-    an earlier export that one had moved aside, with nothing in its place, is moved back first.
-    A write that fails (a full disk) is one error naming `out`, and removes the folders above
-    it that it made."""
+    """Run `write(dir)` into a fresh sibling directory, then move it to `out` (an earlier export
+    replaced whole), so a failed or interrupted export leaves `out` as it was and no temporary;
+    one a killed export had moved aside is moved back first."""
     real = resolve_out(out)
     aside = dead_temps(real, "old")
     if aside and not real.exists():  # a SIGKILL, or a power loss, between the two moves
@@ -141,8 +124,8 @@ def write_dir(out: Path, write: Callable[[Path], None], overwrite: bool) -> None
 
 
 def check_replaceable(out: Path, overwrite: bool) -> None:
-    """`out` may be written: new, empty, or, with `overwrite`, an earlier export (of either
-    format) and nothing else; .git/, a thesis or another run's checkpoints are not ours."""
+    """`out` may be written: new, empty, or, with `overwrite`, an earlier export and nothing
+    else (.git/ or another run's checkpoints are not ours)."""
     if out.exists() and not out.is_dir():
         raise CharlmError(f"--out {out} is a file; give a directory")
     if not out.is_dir() or not any(out.iterdir()):
@@ -158,7 +141,7 @@ def check_replaceable(out: Path, overwrite: bool) -> None:
 
 
 def is_export_dir(path: Path) -> bool:
-    """A directory with exported weights (an `hf` export too: loading it then says what it is)."""
+    """A directory with exported weights (an `hf` export too: loading says what it is)."""
     return path.is_dir() and (path / WEIGHTS).is_file()
 
 
@@ -203,8 +186,7 @@ def hf_unsupported(cfg: RunConfig) -> list[str]:
 
 
 def save_hf(model: GPT, vocab: Vocab, cfg: RunConfig, out: Path) -> None:
-    """A GPT-2 directory: config.json, model.safetensors (GPT-2 names, Conv1D layout) and a
-    character-level tokenizer (tokenizer.json for the `tokenizers` library)."""
+    """A GPT-2 directory: config.json, model.safetensors and a character-level tokenizer."""
     bad = hf_unsupported(cfg)
     if isinstance(vocab, Vocab) and vocab.units != "char":  # its tokenizer: a token a character
         bad.append(f"{vocab.units} units (the GPT-2 tokenizer written is character-level)")
@@ -261,8 +243,7 @@ def _outside(chars: list[str]) -> str:
 
 
 def export_notes(format_: str, cfg: RunConfig, vocab: Vocab | PairVocab) -> list[str]:
-    """What `charlm export` says of an export beside where it wrote it: its context, which
-    transformers cannot go past, and what an hf tokenizer does with unknown characters."""
+    """What `charlm export` says of an export: its context, and hf's limits."""
     context = f"context: {cfg.model.block_size:,} characters (model.block_size"
     if format_ != "hf":
         return [f"{context})"]
@@ -308,9 +289,8 @@ FORMATS: dict[str, Callable[..., None]] = {"safetensors": save_safetensors, "hf"
 
 def export_model(model: torch.nn.Module, vocab: Vocab | PairVocab, cfg: RunConfig, source: Path,
                  out: Path, format_: str, overwrite: bool) -> None:
-    """`charlm export`: the model loaded from `source` (a checkpoint or an export) written to
-    the directory `out` in one of `FORMATS`, by `write_dir`. An `out` that holds the source, or
-    lies inside its run dir (its tb/ or dataset/), is refused: --overwrite would delete it."""
+    """`charlm export` of the model from `source` to `out`, refused where `out` holds the source
+    or lies inside its run dir: --overwrite would delete it."""
     real, resolved = resolve_out(out), source.resolve()
     if real in (resolved, *resolved.parents):
         raise CharlmError(f"--out {out} holds the model being exported ({source}); give "

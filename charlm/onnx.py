@@ -1,11 +1,6 @@
 """A GPT exported by `charlm export --format onnx`, run by ONNX Runtime with numpy alone (no
-torch, no other part of charlm): `OnnxLM(path).generate(prompt, ...)`.
-
-It decodes as `charlm sample` does: the prompt in one prefill, then one token a step over a
-cache of block_size positions, which, full, is prefilled again from its most recent half; a
-byte model draws only bytes that keep its text valid UTF-8. Sampling (temperature, top-k,
-top-p) draws from numpy's generator, so a seed means the same text here from run to run, not
-the text torch's generator gives; greedy decoding (temperature 0) is `charlm sample`'s.
+torch, no other part of charlm): `OnnxLM(path).generate(prompt, ...)`. It decodes as `charlm
+sample` does, but samples from numpy's generator: a seed repeats its text here, not torch's.
 """
 
 from __future__ import annotations
@@ -41,8 +36,7 @@ class OnnxLM:
             for name in (PREFILL, DECODE))
 
     def encode(self, text: str) -> list[int]:
-        """`text` as ids, in the vocabulary's normal form and units; a ValueError names a
-        character the vocabulary lacks."""
+        """`text` as ids; a ValueError names the characters the vocabulary lacks."""
         if self.normalize:
             text = unicodedata.normalize(self.normalize, text)
         units = [chr(b) for b in text.encode("utf-8")] if self.units == "byte" else text
@@ -52,8 +46,7 @@ class OnnxLM:
         return [self.ids[u] for u in units]
 
     def decode(self, ids: list[int]) -> str:
-        """Ids as text; a byte model's unfinished last character left out, as charlm's is (its
-        bytes are valid UTF-8 but for that tail: the mask saw to it)."""
+        """Ids as text; a byte model's unfinished last character left out, as charlm's is."""
         text = "".join(self.chars[i] for i in ids)
         return bytes(map(ord, text)).decode("utf-8", "ignore") if self.units == "byte" else text
 
@@ -61,14 +54,6 @@ class OnnxLM:
         """One row's ids (at most block_size) -> its next logits (V,), last id and caches."""
         logits, last, *kv = self.prefill_graph.run(None, {"ids": np.array([ids], np.int64)})
         return logits[0], last, kv
-
-    def step(self, ids: np.ndarray, pos: np.ndarray, last: np.ndarray,
-             kv: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-        """One id a row (B,) at each row's position pos (B,) -> logits (B, V), last ids, kv."""
-        feeds = {"ids": ids[:, None], "pos": pos, "last_ids": last,
-                 **dict(zip(self.inputs, kv, strict=True))}
-        logits, last, *kv = self.decode_graph.run(None, feeds)
-        return logits, last, kv
 
     def generate(self, prompt: str, max_new_tokens: int = 200, temperature: float = 0.8,
                  top_k: int | None = None, top_p: float | None = None,
@@ -110,11 +95,13 @@ class OnnxLM:
 
     def advance(self, windows: list[list[int]], ids: np.ndarray, last: np.ndarray,
                 kv: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-        """Append one id a row; a row whose cache is full is prefilled again from its window's
-        most recent `keep` ids (the new one last), as charlm's cached decoder does."""
-        pos = np.array([len(w) for w in windows], np.int64)
+        """One id a row (B,) -> logits (B, V), last ids and caches; a row whose cache is full is
+        prefilled again from its window's most recent `keep` ids."""
+        pos = np.array([min(len(w), self.block - 1) for w in windows], np.int64)
         full = [row for row, w in enumerate(windows) if len(w) == self.block]
-        logits, new_last, new_kv = self.step(ids, np.minimum(pos, self.block - 1), last, kv)
+        feeds = {"ids": ids[:, None], "pos": pos, "last_ids": last,
+                 **dict(zip(self.inputs, kv, strict=True))}
+        logits, new_last, *new_kv = self.decode_graph.run(None, feeds)
         for row, i in enumerate(ids):
             windows[row].append(int(i))
         for row in full:

@@ -1,12 +1,6 @@
-"""`charlm export --format onnx`: a GPT as two ONNX graphs that ONNX Runtime runs without torch
-(`charlm.onnx` loads them), and beside them what generating needs (`charlm-onnx.json`).
-
-The prefill graph takes one prompt (1, T) and gives the last position's logits with the keys
-and values of every layer in a cache of block_size positions; the decode graph takes one id a
-row, each row's own position and the caches, and gives the next logits and the caches with
-that position written: rows at different lengths share a batch, as `charlm serve`'s slots do.
-Both are the model's own forward over a `KVCache` (torch's dynamo exporter), so every variant
-charlm trains exports alike."""
+"""`charlm export --format onnx`: a GPT's own forward over a `KVCache` as two ONNX graphs that
+`charlm.onnx` runs without torch: prefill (one prompt) and decode (one id a row at each row's
+own position), with what generating needs beside them (`charlm-onnx.json`)."""
 
 from __future__ import annotations
 
@@ -30,8 +24,7 @@ OPSET = 18
 
 
 class _Graph(torch.nn.Module):
-    """The GPT's forward over a cache made of the graph's inputs, returning the new caches (the
-    forward writes into copies: a graph's outputs are new tensors)."""
+    """The GPT's forward over copies of the graph's input caches, returning them written."""
 
     def __init__(self, model: GPT):
         super().__init__()
@@ -62,23 +55,11 @@ class _Decode(_Graph):
         return self.run(idx, pos.clone(), last_ids, kv)
 
 
-def _names(layers: int) -> list[str]:
-    return [f"{kind}_{i}" for kind in ("key", "value") for i in range(layers)]
-
-
-def onnx_unsupported(cfg: RunConfig) -> str | None:
-    """Why this run cannot be exported to ONNX yet, or None."""
-    if cfg.model.arch != "decoder":
-        return ("an encoder-decoder is not exported to ONNX yet; export it as safetensors "
-                "(--format safetensors)")
-    return None
-
-
 def save_onnx(model: GPT, vocab: Vocab, cfg: RunConfig, out: Path) -> None:
     """Write the two graphs, checked by `onnx.checker`, and charlm-onnx.json into `out`."""
-    why = onnx_unsupported(cfg)
-    if why:
-        raise CharlmError(f"--format onnx: {why}")
+    if cfg.model.arch != "decoder":
+        raise CharlmError("--format onnx: an encoder-decoder is not exported to ONNX yet; export "
+                          "it as safetensors (--format safetensors)")
     try:
         import onnx
         import onnxscript  # noqa: F401 - torch's dynamo exporter needs it
@@ -87,7 +68,8 @@ def save_onnx(model: GPT, vocab: Vocab, cfg: RunConfig, out: Path) -> None:
                           "install 'charlm[onnx]'") from None
     model = model.float().eval()
     m = cfg.model
-    layers, names = m.n_layer, _names(m.n_layer)
+    layers = m.n_layer
+    names = [f"{kind}_{i}" for kind in ("key", "value") for i in range(layers)]
     outputs = ["logits", "new_last_ids", *[f"new_{n}" for n in names]]
     batch, length = torch.export.Dim("batch"), torch.export.Dim("length", max=m.block_size)
     caches = tuple(torch.zeros(2, m.n_head, m.block_size, m.head_dim)  # distinct: not aliased

@@ -9,14 +9,11 @@ from charlm.core.errors import CharlmError
 
 UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 LONGEST = 365 * 24 * 3600.0  # a year: a longer budget is a typo, not a plan
-
-
 PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([smh])")
 
 
 def duration_seconds(value: float | str, key: str = "train.max_time") -> float:
-    """Seconds from a number (seconds) or a text like 90, 30s, 5m, 2h, 1h30m, 1.5h; more than
-    `LONGEST` is refused (a budget of 1e20 s sized a model and scheduled steps from it)."""
+    """Seconds from a number or a text like 90, 30s, 5m, 1h30m, 1.5h; at most `LONGEST`."""
     if isinstance(value, str):
         text = value.strip().lower()
         try:

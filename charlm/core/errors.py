@@ -1,11 +1,5 @@
-"""The one exception type that means "the user gave us something we cannot use", and the
-helpers that put an exception or a count into a message, and `warn`, the one way a warning is
-printed.
-
-The CLI turns a `CharlmError` into a single `error: ...` line on stderr and exit code 2 (see
-`charlm.cli.reporting`). Its message follows the house pattern: what is wrong, where, and what
-to do about it.
-"""
+"""`CharlmError`, which the CLI turns into one `error: what, where, what to do` line and exit
+code 2, the helpers that put an exception or a count into a message, and `warn`."""
 
 import re
 import sys
@@ -26,9 +20,8 @@ class Setting(str):
 
 
 class SettingError(CharlmError):
-    """Bad values of settings, named in the message as the caller knows them: `parts` is the
-    message, its `Setting` parts the names. `str()` says the Python names; the CLI's error line
-    renames them (`charlm.cli.app`)."""
+    """Bad values of settings: the message in `parts`, its `Setting` parts the names, which the
+    CLI's error line renames (`charlm.cli.app`)."""
 
     def __init__(self, *parts: str):
         super().__init__("".join(parts))
@@ -40,31 +33,26 @@ class SettingError(CharlmError):
 
 
 def first_line(e: BaseException) -> str:
-    """`Type: first line of the message` of an exception from a library (e.g. a torch.compile
-    backend), short enough for one `warning:` line."""
+    """`Type: first line of the message` of a library's exception, for one `warning:` line."""
     lines = str(e).strip().splitlines()
     return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
 
 
 def characters(n: int) -> str:
-    """'1 character', '2 characters': a count of characters in a message."""
     return f"{n:,} character{'' if n == 1 else 's'}"
 
 
 def one_line(e: BaseException | str, limit: int = 300) -> str:
-    """The whole message of `e` on one line (torch's state_dict errors span several), cut to
-    `limit` characters."""
+    """The whole message of `e` on one line (torch's span several), cut to `limit`."""
     return " ".join(str(e).split())[:limit]
 
 
 def warn(message: str) -> None:
-    """Print one `warning: MESSAGE` line on stderr, its control characters escaped
-    (`printable`), as the `error:` line's are."""
+    """Print one `warning: MESSAGE` line on stderr, `printable` as the `error:` line is."""
     print(f"warning: {printable(message)}", file=sys.stderr)
 
 
 def printable(text: str) -> str:
-    """`text` with each control character written as an escape (`\\n`, `\\x1b`, `\\u2028`): a
-    path or character in a message can neither break its one line nor act on the terminal (an
-    escape sequence in a file name cleared the screen)."""
+    """`text` with each control character written as an escape (`\\n`, `\\x1b`), so a path in a
+    message can neither break its one line nor act on the terminal."""
     return _CONTROLS.sub(lambda m: repr(m.group())[1:-1], text)  # as Python writes it

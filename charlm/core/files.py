@@ -1,9 +1,7 @@
-"""Files written so that no failure leaves one half-written: each is written under a temporary
-name beside its target (same directory, so the same filesystem) and moved into place with
-`os.replace`, which readers see as one step: the old file or the new one, never a mix. Files
-read whole only when they are regular files of a bounded size (`open_regular`, `read_regular`):
-a FIFO would block the read forever, /dev/zero would fill the memory. And the lock a process
-holds on a directory it writes (a run dir, a dataset dir), so that two never write into one."""
+"""Files written under a temporary name beside their target and moved into place with
+`os.replace`, so readers see the old file or the new one, never a mix; files read whole only
+when regular and bounded (a FIFO would block, /dev/zero fill the memory); and the lock on a
+directory a process writes, so that two never write into one."""
 
 from __future__ import annotations
 
@@ -26,15 +24,13 @@ PROBE = ".write-test-"
 
 
 def temp_beside(path: Path, tag: str = "tmp") -> Path:
-    """`.NAME.TAG-PID` in the directory of `path`: hidden, and one per process."""
+    """`.NAME.TAG-PID` beside `path`: hidden, one per process."""
     return path.with_name(f".{path.name}.{tag}-{os.getpid()}")
 
 
 def remove_temps(path: Path, tag: str = "tmp", only_dead: bool = False) -> None:
-    """Remove the temporary files (or an export's directories) of `temp_beside(path, tag)` that
-    any process left (a SIGKILL between writing one and moving it into place). Only for a caller
-    that knows no other process is writing `path`, or with `only_dead`, those of processes that
-    no longer run (`dead_temps`)."""
+    """Remove the temporaries of `temp_beside(path, tag)` a killed process left (files or
+    directories): any, or with `only_dead` those of processes that no longer run."""
     for tmp in dead_temps(path, tag) if only_dead else _temps(path, tag):
         if tmp.is_dir() and not tmp.is_symlink():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -43,8 +39,7 @@ def remove_temps(path: Path, tag: str = "tmp", only_dead: bool = False) -> None:
 
 
 def discard_temps(finals: Iterable[Path]) -> None:
-    """Remove the temporaries of `finals` that a stopped prepare wrote (while it is stopping:
-    an OSError here must not hide the error being raised)."""
+    """Remove the temporaries of `finals` without hiding the error being raised."""
     for path in finals:
         with contextlib.suppress(OSError):
             temp_beside(path).unlink(missing_ok=True)
@@ -57,8 +52,8 @@ def remove_killed_temps(out: Path, names: Sequence[str]) -> None:
 
 
 def dead_temps(path: Path, tag: str = "tmp") -> list[Path]:
-    """The temporaries of `temp_beside(path, tag)` whose process no longer runs (and this one's,
-    before it writes: a dead process's whose PID it reuses), sorted."""
+    """The temporaries of `temp_beside(path, tag)` whose process no longer runs (and this one's:
+    a dead process's whose PID it reuses), sorted."""
     return [tmp for tmp in _temps(path, tag)
             if int(pid := tmp.name.rsplit("-", 1)[1]) == os.getpid() or not _running(int(pid))]
 
@@ -70,9 +65,8 @@ def _temps(path: Path, tag: str) -> list[Path]:
 
 
 def strangers(directory: Path, own: Collection[str]) -> list[str]:
-    """The names in `directory` that charlm did not put there, sorted: neither one of `own` nor
-    a temporary name (`temp_beside`) of one. Whatever they are (a user's notes, .git/, another
-    tool's files), charlm must neither remove them nor bury its own files among them."""
+    """The names in `directory` that are neither one of `own` nor a temporary of one, sorted:
+    files (a user's notes, .git/) charlm must neither remove nor bury its own among."""
     return sorted(p.name for p in directory.iterdir() if p.name not in own
                   and _temp_of(p.name) not in own and not p.name.startswith(PROBE))
 
@@ -99,9 +93,8 @@ def _running(pid: int) -> bool:
 
 
 def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """Replace `path` with what `write` writes to a binary file, in one step: the data reaches
-    the disk (fsync) before the move, so a crash or a power loss leaves the old file or the new
-    one. On failure `path` is as it was and no temporary file is left."""
+    """Replace `path` with what `write` writes, fsynced before the move, so a crash leaves the
+    old file or the new one; on failure `path` is as it was and no temporary is left."""
     tmp = temp_beside(path)
     try:
         with open(tmp, "wb") as f:
@@ -126,9 +119,8 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 @contextlib.contextmanager
 def synced_temps(finals: Iterable[Path]) -> Iterator[list[BinaryIO]]:
-    """The temporaries (`temp_beside`) of `finals`, opened to write in turn; when the block ends
-    without an error each reaches the disk (fsync) before it is closed. Moving them into place,
-    or removing them after an error (`discard_temps`), is the caller's."""
+    """The temporaries of `finals`, opened to write, fsynced when the block ends without an
+    error; moving them into place, or `discard_temps`, is the caller's."""
     with contextlib.ExitStack() as stack:
         files = [stack.enter_context(open(temp_beside(path), "wb")) for path in finals]
         yield files
@@ -138,8 +130,7 @@ def synced_temps(finals: Iterable[Path]) -> Iterator[list[BinaryIO]]:
 
 
 def make_writable_dir(path: Path, what: str) -> None:
-    """Make `path` (and its parents) if needed and check that a file can be created in it; else
-    one CharlmError naming `what` (the path the user gave), not a temporary file's name."""
+    """Make `path` if needed and check that it takes a file, else a CharlmError naming `what`."""
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f"{PROBE}{os.getpid()}-{id(path)}"  # one per process (DDP ranks)
@@ -150,9 +141,8 @@ def make_writable_dir(path: Path, what: str) -> None:
 
 
 def run_write_error(what: str, e: OSError, run_dir: Path, kept: str = "") -> CharlmError:
-    """The one-line error for a run file that could not be written (a full disk, a vanished or
-    read-only run dir): which file (`what`), why, and how the run goes on: with --resume from
-    its last.pt, or, before it has one, by starting again."""
+    """The error for a run file that could not be written: which, why, and how the run goes on
+    (--resume from its last.pt, or, before it has one, starting again)."""
     then = ("continue with --resume" if (run_dir / "last.pt").is_file() else
             "start the run again with --overwrite (it has no last.pt to resume from yet)")
     return CharlmError(f"cannot write {what}: {e.strerror or e}; {kept}free disk space (or fix "
@@ -161,12 +151,9 @@ def run_write_error(what: str, e: OSError, run_dir: Path, kept: str = "") -> Cha
 
 @contextlib.contextmanager
 def locked_dir(path: Path, busy: str) -> Iterator[None]:
-    """Hold an exclusive lock (flock) on the directory `path` itself (made if needed) while the
-    block runs, so that a second charlm process that would write there is refused with the
-    CharlmError `busy` instead of interleaving its files with this one's. No lock file: the
-    lock goes with the process, even on SIGKILL. A directory that cannot be made is left to
-    the caller to report. Directories made here that are still empty at the end (a command
-    that failed before writing anything) are removed again."""
+    """Hold an exclusive flock on the directory `path` (made if needed, removed if still empty)
+    while the block runs, so a second writer is refused with the CharlmError `busy`. No lock
+    file: the lock goes with the process, even on SIGKILL."""
     for _ in range(10):
         made = [d for d in (path, *path.parents) if not d.exists()]  # deepest first
         try:
@@ -183,8 +170,7 @@ def locked_dir(path: Path, busy: str) -> Iterator[None]:
         except OSError:  # a filesystem without locks (some network mounts): go on unlocked
             break
         try:  # locked: is it still the directory at path? (a failed command removes its own)
-            now, held = os.stat(path), os.fstat(fd)
-            if (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+            if os.path.samestat(os.stat(path), os.fstat(fd)):
                 break
         except OSError:
             pass
@@ -203,9 +189,7 @@ def locked_dir(path: Path, busy: str) -> Iterator[None]:
 
 
 def locked(path: Path) -> bool:
-    """Whether another process holds `path` with `locked_dir`. It tries a shared lock, which fails
-    only beside an exclusive one, and lets go of it at once. A path that is not there (yet), or
-    a filesystem without locks, holds no lock."""
+    """Whether another process holds `path` with `locked_dir`."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -222,17 +206,14 @@ def locked(path: Path) -> bool:
 
 
 def locked_parent(path: Path) -> Path | None:
-    """The nearest directory above `path` that another process holds with `locked_dir` (a run
-    dir that a `charlm train` is writing), or None."""
+    """The nearest directory above `path` another process holds with `locked_dir`, or None."""
     return next((parent for parent in path.absolute().parents if locked(parent)), None)
 
 
 def open_regular(path: Path, what: str, limit: int | None = None) -> BinaryIO:
-    """`path` opened to read, if it is a regular file (of at most `limit` bytes): anything else
-    is one CharlmError naming `what` and `path`. O_NONBLOCK keeps the open of a FIFO from
-    waiting for a writer, and the check is on the opened descriptor (fstat), so nothing can
-    swap the file between the check and the read. A missing or unreadable file is an OSError,
-    for the caller to report."""
+    """`path` opened to read if it is a regular file (of at most `limit` bytes), else a
+    CharlmError naming `what`. O_NONBLOCK keeps a FIFO's open from waiting, and fstat checks
+    the opened descriptor, so nothing can swap the file; a missing one is an OSError."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     try:
         st = os.fstat(fd)
@@ -249,8 +230,8 @@ def open_regular(path: Path, what: str, limit: int | None = None) -> BinaryIO:
 
 def missing(path: Path, what: str, absent: str | None = None) -> CharlmError:
     """The error for `what` at `path`, which cannot be opened: not found (`absent`, if given),
-    or what stands in the way when something is there (a symlink loop, a link to nothing, a
-    directory it may not search), which `Path.exists()` reports as not found too."""
+    or what stands in the way (a symlink loop, a link to nothing, a directory it may not
+    search), which `Path.exists()` reports as not found too."""
     try:
         os.stat(path)
     except OSError as e:
@@ -266,8 +247,7 @@ def missing(path: Path, what: str, absent: str | None = None) -> CharlmError:
 
 
 def read_capped(f: BinaryIO, limit: int, name: str) -> bytes:
-    """All of `f` (a pipe, say, which may never end) if it holds at most `limit` bytes, else
-    one CharlmError naming `name` and the limit."""
+    """All of `f` (a pipe may never end) if it holds at most `limit` bytes, else a CharlmError."""
     data = f.read(limit + 1)
     if len(data) > limit:
         raise too_large(name, limit)
@@ -275,8 +255,7 @@ def read_capped(f: BinaryIO, limit: int, name: str) -> bytes:
 
 
 def read_regular(path: Path, what: str, limit: int) -> bytes:
-    """The bytes of the regular file `path`, of at most `limit` bytes (see `open_regular`); the
-    limit holds for a file that grows while it is read too."""
+    """The bytes of the regular file `path`, at most `limit` even if it grows as it is read."""
     with open_regular(path, what, limit) as f:
         return read_capped(f, limit, f"{what} {path}")
 

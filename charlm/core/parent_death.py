@@ -1,11 +1,6 @@
-"""The parent-death signal (Linux's prctl PR_SET_PDEATHSIG), which `charlm tune` asks the kernel
-to send its trials when it dies, and how a process reads the one it was started with.
-
-The kernel sends it each time the process passes to a new parent on the way out of a dying one:
-to another thread of that parent that still lives, then to init; so a process started by a
-thread of a tuner with several threads may get it once for each thread that takes it on while
-the tuner dies (`kill -9`). It is one request, however many times it comes.
-"""
+"""The parent-death signal (Linux's PR_SET_PDEATHSIG) that `charlm tune` asks for its trials.
+The kernel sends it each time the process passes to a new parent (each live thread of a dying
+tuner, then init): one request, however many times it comes."""
 
 from __future__ import annotations
 

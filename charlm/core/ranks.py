@@ -21,8 +21,7 @@ def is_main_process() -> bool:
 
 
 def reports_errors() -> bool:
-    """Whether this process prints the `error:` line of bad input: outside torchrun, yes; under
-    it, local rank 0 alone, as the ranks fail alike (the same arguments and files), so each
-    machine's torchrun shows the error once."""
+    """Whether this process prints the `error:` line of bad input: outside torchrun, or on local
+    rank 0, as the ranks fail alike and each machine shows it once."""
     place = torchrun_place()
     return place is None or place[1] == 0

@@ -1,5 +1,5 @@
-"""Accuracy of an encoder-decoder's outputs against multi-reference pairs (G2P, say): the
-edit distance, and `accuracy` with exact match, word error rate and unit error rate."""
+"""Accuracy of an encoder-decoder's outputs against multi-reference pairs (G2P, say): exact
+match, word error rate and unit error rate."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ from charlm.core.errors import CharlmError
 
 
 def edit_distance(a: Sequence, b: Sequence) -> int:
-    """Levenshtein distance (insertions, deletions and substitutions each cost 1), in
-    O(len(a) * len(b)) time and O(min(len(a), len(b))) memory: one row of the table."""
+    """Levenshtein distance, keeping one row of the table."""
     if len(a) < len(b):
         a, b = b, a
     row = list(range(len(b) + 1))  # distances from a[:0] to each prefix of b
@@ -42,15 +41,8 @@ class Accuracy:
 
 def accuracy(hypotheses: Sequence[str], references: Sequence[Sequence[str]],
              units: Callable[[str], list[str]]) -> Accuracy:
-    """Compare each hypothesis with the references of its source, as lists of `units` (so
-    "K  AH" equals "K AH" with space units).
-
-    wer is the word error rate of the G2P literature: the share of words (sources) whose output
-    matches none of their references, 1 - exact_match. It is not fairseq's WER, an edit rate
-    over tokens. cer sums, over sources, the edit distance to the closest reference (ties: the
-    shorter one) and divides by the units of those references: with space units (phonemes) it
-    is the phoneme error rate (PER).
-    """
+    """Each hypothesis against its source's references, as lists of `units`; wer is the G2P
+    literature's, not fairseq's edit rate; cer's closest reference on a tie is the shorter."""
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} sources")
     if not hypotheses:

@@ -1,6 +1,4 @@
-"""An encoder-decoder scored against references: the greedy outputs' exact match and CER / PER
-(`output_accuracy`), the loss per target unit (`pair_loss`), and `score_pairs`, what
-`charlm eval` reports on a file of pairs."""
+"""An encoder-decoder scored against references: what `charlm eval` reports on pairs."""
 
 from __future__ import annotations
 
@@ -21,8 +19,7 @@ from charlm.model.encoder_decoder import EncoderDecoder
 def output_accuracy(model: EncoderDecoder, vocab: PairVocab,
                     references: Sequence[tuple[str, list[str]]],
                     opts: SampleConfig | None = None) -> tuple[Accuracy, list[str]]:
-    """The accuracy of the model's outputs (greedy, or opts.beams) against the references, and
-    the outputs."""
+    """The accuracy of the greedy (or opts.beams) outputs, and the outputs."""
     if not references:
         raise CharlmError("there are no pairs to score")
     opts = opts or SampleConfig(temperature=0, num_samples=1)
@@ -31,16 +28,15 @@ def output_accuracy(model: EncoderDecoder, vocab: PairVocab,
 
 
 def rate_name(vocab: PairVocab) -> str:
-    """What CER is called for these units: the phoneme error rate for space-separated ones."""
+    """PER (phoneme error rate) for space-separated units, else CER."""
     return "PER" if vocab.target_units == "space" else "CER"
 
 
 @torch.no_grad()
 def pair_loss(model: EncoderDecoder, vocab: PairVocab, pairs: Sequence[tuple[str, str]],
               unknown: str = "error") -> tuple[float, int, int]:
-    """Teacher-forced mean loss (nats per target unit, the end id included) over the pairs
-    whose target units are all in the vocabulary, the number of units scored, and the number
-    of pairs left out (a reference with a unit the model cannot output)."""
+    """Teacher-forced mean loss (nats per target unit, eos included) over the pairs whose units
+    the vocabulary holds, the units scored, and the pairs left out."""
     model.eval()
     device = next(model.parameters()).device
     known = [(s, t) for s, t in pairs if all(u in vocab.target_index for u in vocab.units(t))]
@@ -59,10 +55,7 @@ def pair_loss(model: EncoderDecoder, vocab: PairVocab, pairs: Sequence[tuple[str
 def score_pairs(model: EncoderDecoder, vocab: PairVocab,
                 references: Sequence[tuple[str, list[str]]],
                 opts: SampleConfig | None = None) -> dict[str, float | int | str]:
-    """Exact match, WER (1 - exact match: the share of sources whose output equals none of
-    their references), CER (edit distance / reference length in target units; with space
-    units the phoneme error rate) of the greedy (or opts.beams) outputs, and the teacher-forced
-    loss over every reference pair."""
+    """`output_accuracy`, and `pair_loss` over every reference pair."""
     acc, _ = output_accuracy(model, vocab, references, opts)
     loss, units, left_out = pair_loss(model, vocab,
                                       [(s, t) for s, refs in references for t in refs],

@@ -1,15 +1,7 @@
-"""Scoring a text with a trained model: a full deterministic pass in overlapping windows,
-giving the loss in nats per character, bits per character and perplexity.
-
-Windows of `block_size` characters advance by `block_size - min_context`, and each window scores
-only the characters not scored before, so every character after the first is scored exactly
-once, and every one past the first window sees at least `min_context` characters of context.
-
-The text streams through: read and encoded a chunk at a time as `prepare` reads it
-(`charlm.data.chunks`), its windows cut from a buffer of one chunk and one window, and characters
-outside the vocabulary counted (the first few kept for the message), so memory stays bounded
-whatever the size of the text; a dataset's split (an array of ids) streams the same way.
-"""
+"""Scoring a text with a trained model: nats and bits per character and perplexity, in one
+deterministic pass of windows of `block_size` characters that advance by `block_size -
+min_context` and score only the characters not scored before. The text streams through a chunk
+at a time, as `prepare` reads it, so memory stays bounded whatever its size."""
 
 from __future__ import annotations
 
@@ -53,12 +45,11 @@ class Score:
     skipped_unknown: int
 
     def as_dict(self) -> dict[str, float | int | None]:
-        """The fields as strict-JSON data: a non-finite number (a diverged model's NaN loss, an
-        infinite perplexity) is None."""
+        """The fields as strict JSON: a non-finite number is None."""
         return {k: finite_or_none(v) for k, v in self.__dict__.items()}
 
     def notes(self) -> list[str]:
-        """What `charlm eval` prints as `warning:` lines (`charlm.score` warns with them)."""
+        """What `charlm eval` prints as `warning:` lines."""
         if not self.skipped_unknown:
             return []
         return [f"skipped {characters(self.skipped_unknown)} outside the vocabulary"]
@@ -66,9 +57,7 @@ class Score:
 
 @dataclass
 class Unknown:
-    """The characters outside the vocabulary met in a stream: how many, and the first
-    (position, character) pairs for a message (never all of them: a text in another script
-    would fill the memory)."""
+    """The characters outside the vocabulary met in a stream: a count and the first few."""
 
     count: int = 0
     first: list[tuple[int, str]] = field(default_factory=list)
@@ -87,9 +76,8 @@ class Unknown:
 
 def known_ids(chunks: Iterable[bytes | np.ndarray], vocab: Vocab, unknown: Unknown,
               stop: bool) -> Iterator[np.ndarray]:
-    """The ids of the text whose code points come in `chunks`, less the characters outside the
-    vocabulary, which `unknown` counts; with `stop`, no ids after the first such character
-    (the rest of the text is only counted, for the error)."""
+    """The ids of `chunks`' code points, less the characters outside the vocabulary, which
+    `unknown` counts; with `stop`, none after the first such (the rest only counted)."""
     at = 0
     for cps in chunks:
         ids, bad = vocab.encode_known(cps)
@@ -102,10 +90,8 @@ def known_ids(chunks: Iterable[bytes | np.ndarray], vocab: Vocab, unknown: Unkno
 
 def stream_windows(chunks: Iterable[np.ndarray], block: int,
                    min_context: int) -> Iterator[tuple[np.ndarray, int]]:
-    """The windows over the ids that come in `chunks`, in order: (ids, offset), block + 1 ids
-    (inputs, and targets one later) a window, fewer in a shorter last one. A window scores its
-    targets from `offset` on; the earlier ones were scored by the window before. The buffer
-    holds at most one chunk and one window of ids."""
+    """The windows over `chunks`' ids: (block + 1 ids, fewer in the last; the offset its new
+    targets start at), from a buffer of at most one chunk and one window."""
     step = block - min_context
     buf = np.zeros(0, dtype=np.int64)  # the ids from the next window's start on
     first = True
@@ -123,8 +109,7 @@ def stream_windows(chunks: Iterable[np.ndarray], block: int,
 @torch.inference_mode()
 def score_windows(model: GPT, windows: Iterable[tuple[np.ndarray, int]],
                   batch_size: int = WINDOWS_PER_FORWARD) -> tuple[float, int]:
-    """(total negative log-likelihood in nats, targets scored) of `stream_windows`' windows:
-    `batch_size` full windows a forward, the shorter last one alone."""
+    """(total nats, targets scored) of `stream_windows`' windows, `batch_size` a forward."""
     model.eval()
     device = model.wte.weight.device
     total, count, batch = 0.0, 0, []
@@ -136,37 +121,39 @@ def score_windows(model: GPT, windows: Iterable[tuple[np.ndarray, int]],
         ids = torch.from_numpy(np.stack([r for r, _ in rows])).to(device)  # (B, n + 1)
         # summed on the CPU in float64 (MPS has no float64), one copy a batch rather than a
         # wait for the device per row
-        nll = _nll(model, ids[:, :-1], ids[:, 1:]).cpu()  # (B, n)
+        logp = torch.log_softmax(model(ids[:, :-1])[0].float(), dim=-1)  # (B, n, V)
+        nll = -logp.gather(-1, ids[:, 1:, None])[..., 0].cpu()  # (B, n)
         for row, (_, offset) in enumerate(rows):
             total += nll[row, offset:].sum(dtype=torch.float64).item()
             count += nll.size(1) - offset
 
     for window in windows:
-        if len(window[0]) <= model.cfg.block_size:  # the shorter last window
+        last = len(window[0]) <= model.cfg.block_size  # the shorter last window goes alone
+        if last:
             forward(batch)
             batch = []
-            forward([window])
-            continue
         batch.append(window)
-        if len(batch) == batch_size:
+        if last or len(batch) == batch_size:
             forward(batch)
             batch = []
     forward(batch)
     return total, count
 
 
-def _nll(model: GPT, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Per-position negative log-likelihood (B, T) in float32."""
-    logits, _ = model(x)
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -logp.gather(-1, y[..., None])[..., 0]
-
-
-def check_stride(block: int, min_context: int) -> None:
-    """Each window must score at least one new character: min_context below block_size."""
+def window_context(model: GPT, min_context: int | None) -> int:
+    """The windows' `min_context` (default: half the block), below block_size so each window
+    scores a new character, once the device has the memory (the same for any text length)."""
+    block = model.cfg.block_size
+    min_context = block // 2 if min_context is None else min_context
     if not 0 <= min_context < block:
         raise SettingError(Setting("stride"), f" must be in [0, {block - 1}] for block_size "
                            f"{block}, got {min_context}")
+    need = scoring_bytes(model.cfg, model.vocab_size, CHUNK_BYTES + block + 1,
+                         WINDOWS_PER_FORWARD, WINDOWS_PER_FORWARD)
+    require_memory(need, model.wte.weight.device,
+                   f"scoring needs about {{gib}} for a forward of {WINDOWS_PER_FORWARD} windows of "
+                   f"{block}", "free memory on the device, or score on another --device")
+    return min_context
 
 
 def check_unknown_policy(unknown: str) -> None:
@@ -174,31 +161,15 @@ def check_unknown_policy(unknown: str) -> None:
         raise SettingError(Setting("unknown"), f" must be 'error' or 'skip', got {unknown!r}")
 
 
-def require_score_memory(model: GPT) -> None:
-    """Refuse to score when a forward of `WINDOWS_PER_FORWARD` windows and the ids of one chunk
-    (`footprint.scoring_bytes`) exceed the device's memory: the need is the same whatever the
-    length of the text."""
-    block = model.cfg.block_size
-    need = scoring_bytes(model.cfg, model.vocab_size, CHUNK_BYTES + block + 1,
-                         WINDOWS_PER_FORWARD, WINDOWS_PER_FORWARD)
-    require_memory(need, model.wte.weight.device,
-                   f"scoring needs about {{gib}} for a forward of {WINDOWS_PER_FORWARD} windows of "
-                   f"{block}", "free memory on the device, or score on another --device")
-
-
 def score_stream(model: GPT, vocab: Vocab, chunks: Iterable[bytes | np.ndarray],
                  min_context: int | None = None, unknown: str = "error") -> Score:
-    """Score the text whose code points come in `chunks` (as `code_point_chunks` gives them);
-    characters outside the vocabulary are an error, or dropped with unknown='skip' (and
-    counted)."""
+    """Score the text whose code points come in `chunks`; characters outside the vocabulary
+    are an error, or with unknown='skip' dropped and counted."""
     check_unknown_policy(unknown)
-    block = model.cfg.block_size
-    min_context = block // 2 if min_context is None else min_context
-    check_stride(block, min_context)
-    require_score_memory(model)
+    min_context = window_context(model, min_context)
     tally = Unknown()
     ids = known_ids(chunks, vocab, tally, stop=unknown == "error")
-    total, count = score_windows(model, stream_windows(ids, block, min_context))
+    total, count = score_windows(model, stream_windows(ids, model.cfg.block_size, min_context))
     if tally.count and unknown == "error":
         raise tally.error()
     if count == 0:
@@ -208,11 +179,9 @@ def score_stream(model: GPT, vocab: Vocab, chunks: Iterable[bytes | np.ndarray],
 
 def score_text(model: GPT, vocab: Vocab, text: str, min_context: int | None = None,
                unknown: str = "error", progress: bool = True) -> Score:
-    """Score `text` (`score_stream`, a slice of it at a time), in the normal form of the
-    model's data."""
-    text = vocab.normalized(text)  # as the model's data was
-    bar = _bar(len(text), "char", progress)
-    with bar:
+    """`score_stream` of `text` in the normal form of the model's data, a slice at a time."""
+    text = vocab.normalized(text)
+    with _bar(len(text), "char", progress) as bar:
         chunks = (narrow_code_points(text[i:i + CHUNK_BYTES]) for i in range(0, len(text),
                                                                              CHUNK_BYTES))
         return score_stream(model, vocab, _shown(chunks, bar), min_context, unknown)
@@ -220,11 +189,8 @@ def score_text(model: GPT, vocab: Vocab, text: str, min_context: int | None = No
 
 def score_file(model: GPT, vocab: Vocab, path: Path, min_context: int | None = None,
                unknown: str = "error", progress: bool = True) -> Score:
-    """Score the text file at `path` (`-`: stdin), read as `prepare` reads text (strict UTF-8,
-    in the normal form of the model's data; any bytes for a byte model; a .gz, .bz2 or .xz
-    decompressed as it streams).
-    A regular file is read twice, first to find what would end the pass (invalid UTF-8, an
-    unknown character) before anything is scored; stdin once, as it is scored."""
+    """Score the text file at `path` (`-`: stdin) as `prepare` reads it; a regular file is read
+    twice, first to find what would end the pass before anything is scored."""
     if str(path) == "-":
         return _score_binary(model, vocab, sys.stdin.buffer, "<stdin>", None, min_context,
                              unknown, progress)
@@ -251,8 +217,7 @@ def score_file(model: GPT, vocab: Vocab, path: Path, min_context: int | None = N
 
 
 def _code_points(f: Any, name: str, vocab: Vocab, bar: tqdm | None = None) -> Iterator[Any]:
-    """The file's code points as `prepare` reads them: a byte model's are its bytes, any file's
-    (a binary one too), undecoded."""
+    """The file's code points as `prepare` reads them; a byte model's are its raw bytes."""
     if vocab.units == "byte":
         raw = (data for data, _ in byte_chunks(f))
         return raw if bar is None else _shown(raw, bar)
@@ -260,8 +225,7 @@ def _code_points(f: Any, name: str, vocab: Vocab, bar: tqdm | None = None) -> It
 
 
 def _reading(vocab: Vocab) -> Vocab:
-    """The vocabulary `_code_points` are read by: a byte model's as characters of its byte
-    values, its ids for the raw bytes."""
+    """The vocabulary `_code_points` are read by: a byte model's, as characters of its bytes."""
     return Vocab(vocab.chars, "char") if vocab.units == "byte" else vocab
 
 
@@ -275,13 +239,11 @@ def _score_binary(model: GPT, vocab: Vocab, f: Any, name: str, size: int | None,
 def score_ids(model: GPT, ids: np.ndarray, min_context: int | None = None,
               progress: bool = True) -> Score:
     """Score the ids of a dataset's split (a memmap), a chunk at a time."""
-    block = model.cfg.block_size
-    min_context = block // 2 if min_context is None else min_context
-    check_stride(block, min_context)
-    require_score_memory(model)
+    min_context = window_context(model, min_context)
     with _bar(len(ids), "id", progress) as bar:
         chunks = _shown((ids[i:i + CHUNK_BYTES] for i in range(0, len(ids), CHUNK_BYTES)), bar)
-        total, count = score_windows(model, stream_windows(chunks, block, min_context))
+        total, count = score_windows(model, stream_windows(chunks, model.cfg.block_size,
+                                                           min_context))
     if count == 0:
         raise CharlmError("the split needs at least two ids to be scored")
     return _score(total, count, 0)
@@ -311,6 +273,5 @@ def _score(total: float, count: int, skipped: int) -> Score:
 
 
 def finite_or_none(value: Any) -> Any:
-    """A float that JSON cannot hold (a skipped step's NaN loss, the best val loss before any
-    finite eval) becomes null, so metrics.jsonl stays strict JSON."""
+    """None for a float that strict JSON cannot hold (a NaN loss, an infinite best)."""
     return None if isinstance(value, float) and not math.isfinite(value) else value

@@ -1,5 +1,5 @@
-"""The parameter table of a GPT or an encoder-decoder (per component, each tied tensor once) and
-the FLOPs per token it implies."""
+"""The parameter table of a GPT or an encoder-decoder, read off the model's own tensors and
+checked against its own count, and the FLOPs per token it implies."""
 
 from __future__ import annotations
 
@@ -20,43 +20,36 @@ POSITION_ROWS = {
     "rope": "position encoding (rotary, applied to q and k)",
     "none": "position encoding (none)",
 }
-
-
 NO_FINAL_NORM = "norm (none: post-norm blocks end in a norm)"
 
 
-def _row(section: str, component: str, shape: tuple[int, ...] | torch.Size | None) -> dict:
-    """One table row; shape None means the tensor does not exist in this variant (0 params)."""
+def _row(section: str, component: str, shape: torch.Tensor | tuple[int, ...] | None) -> dict:
+    """One table row of a tensor or a shape; None: no such tensor in this variant."""
+    shape = shape.shape if isinstance(shape, torch.Tensor) else shape
     return {"section": section, "component": component,
             "shape": list(shape) if shape is not None else None,
             "params": math.prod(shape) if shape is not None else 0}
 
 
-def _shape(p: torch.Tensor | None) -> torch.Size | None:
-    return p.shape if p is not None else None
-
-
 def _norm_rows(section: str, label: str, norm: nn.Module) -> list[dict]:
-    return [_row(section, f"{label} weight", norm.weight.shape),
-            _row(section, f"{label} bias", _shape(getattr(norm, "bias", None)))]
+    return [_row(section, f"{label} weight", norm.weight),
+            _row(section, f"{label} bias", getattr(norm, "bias", None))]
 
 
 def _attention_rows(section: str, label: str, inputs: dict[str, nn.Linear], proj: nn.Linear,
                     C: int) -> list[dict]:
-    """Rows of one attention: inputs maps each of q, k, v to the Linear it is a C-row part of
-    (the fused qkv, or the cross-attention's q and fused kv); proj is o."""
+    """Rows of one attention: inputs maps q, k, v to the Linear each is C rows of; proj is o."""
     rows = [_row(section, f"{label} {p} weight", (C, C)) for p in inputs]
-    rows.append(_row(section, f"{label} o weight", proj.weight.shape))
+    rows.append(_row(section, f"{label} o weight", proj.weight))
     rows += [_row(section, f"{label} {p} bias", (C,) if lin.bias is not None else None)
              for p, lin in inputs.items()]
-    rows.append(_row(section, f"{label} o bias", _shape(proj.bias)))
+    rows.append(_row(section, f"{label} o bias", proj.bias))
     return rows
 
 
 def _layer_rows(block: Block, cfg: ModelConfig, section: str = "layer",
                 attention: str = "attention") -> list[dict]:
-    """Rows for one block, splitting the fused q/k/v (and swiglu gate/up) tensors into parts;
-    a decoder block's cross-attention (its k and v fused in `kv`) follows its self-attention."""
+    """Rows for one block, its fused q/k/v and swiglu gate/up split into parts."""
     attn, mlp = block.attn, block.mlp
     C = cfg.n_embd
     rows = _attention_rows(section, attention, dict.fromkeys("qkv", attn.qkv), attn.proj, C)
@@ -72,8 +65,8 @@ def _layer_rows(block: Block, cfg: ModelConfig, section: str = "layer",
     ins = ["gate", "up"] if cfg.activation == "swiglu" else ["up"]  # parts fused in mlp.fc
     rows += [_row(section, f"mlp {p} weight", (hidden, C)) for p in ins]
     rows += [_row(section, f"mlp {p} bias", (hidden,) if has_bias else None) for p in ins]
-    rows.append(_row(section, "mlp down weight", mlp.proj.weight.shape))
-    rows.append(_row(section, "mlp down bias", _shape(mlp.proj.bias)))
+    rows.append(_row(section, "mlp down weight", mlp.proj.weight))
+    rows.append(_row(section, "mlp down bias", mlp.proj.bias))
     where = "after" if cfg.norm_placement == "post" else "before"
     for norm, sub in sublayers:
         rows += _norm_rows(section, f"{cfg.norm} {where} {sub}", norm)
@@ -118,14 +111,9 @@ def _totals(rows: list[dict], all_layers: int, tied: bool, head: int,
 
 def parameter_table(model: GPT | EncoderDecoder, n_layer: int | None = None,
                     n_encoder_layer: int | None = None) -> dict[str, Any]:
-    """Parameters per component: embeddings, one layer (times n_layer), final norm, head, and
-    the totals with the head tied and untied; for an encoder-decoder, one encoder layer (times
-    n_encoder_layer) and its final norm come before the decoder's. `n_layer` and
-    `n_encoder_layer` (default: the model's) let a model built with fewer blocks stand for a
-    deeper one: a stack's blocks are all alike.
-
-    Raises RuntimeError if the rows do not add up to the model's own parameter count.
-    """
+    """Parameters per component: embeddings, one layer of each stack (times its depth, which
+    may exceed the model's, as in `param_counts`), final norms, head, and the totals with the
+    head tied and untied; a RuntimeError if they do not add up to the model's own count."""
     if isinstance(model, EncoderDecoder):
         return _encoder_decoder_table(model, n_layer, n_encoder_layer)
     V, C = model.vocab_size, model.cfg.n_embd
@@ -163,15 +151,9 @@ def _encoder_decoder_table(model: EncoderDecoder, n_layer: int | None,
 
 
 def flops_per_token(table: dict[str, Any], cfg: ModelConfig, vocab_size: int) -> dict[str, int]:
-    """FLOPs per token in the PaLM appendix-B style (Chowdhery et al. 2022).
-
-    N counts the parameters that take part in a matrix multiply: everything except the token and
-    position embedding lookups, with the head counted once whether tied or not (its matmul runs
-    either way). Norm weights and biases are in N too; they are few, and the activation, softmax
-    and rotary/sinusoid work is left out, as in the paper. The attention term counts one query
-    against the whole context of block_size keys (q.k and weights.v, 2 * n_embd FLOPs each per
-    key and layer), not the causal average.
-    """
+    """FLOPs per token in the PaLM appendix-B style (Chowdhery et al. 2022): N counts all
+    parameters but the embedding lookups (the head once, tied or not; norms, being few, too),
+    and attention one query over the whole block_size context, not the causal average."""
     L, C, T = cfg.n_layer, cfg.n_embd, cfg.block_size
     lookups = vocab_size * C + (T * C if cfg.pos_encoding == "learned" else 0)
     n = table["total_untied"] - lookups
@@ -182,18 +164,9 @@ def flops_per_token(table: dict[str, Any], cfg: ModelConfig, vocab_size: int) ->
 
 def seq2seq_flops(table: dict[str, Any], cfg: ModelConfig, source_vocab_size: int,
                   target_vocab_size: int) -> dict[str, int]:
-    """FLOPs per target token of an encoder-decoder, as `flops_per_token` counts them, for a
-    pair of a full-length source and target: S = T = block_size positions each.
-
-    N_source is what runs once per source position: the encoder (and its final norm) and every
-    decoder layer's cross-attention k, v projection of the memory. N_target is what runs once
-    per target position: the rest of the decoder and the head. Attention per layer and query is
-    4 * n_embd per key: the encoder's over S keys (per source position, one per target
-    position here), the decoder's self-attention over T and its cross-attention over S.
-    training: forward and backward of the pair, divided by its T target tokens. encode_source:
-    the forward once per source (encoder and cross-attention keys and values, all S positions).
-    decode_step: one target token at full context, with the source already encoded.
-    """
+    """`flops_per_token` of an encoder-decoder, per target token of a full-length pair
+    (S = T = block_size). N_source runs once per source position (the encoder, every decoder
+    layer's cross-attention k, v), N_target once per target position (the rest)."""
     L, Le, C = cfg.n_layer, cfg.encoder_layers, cfg.n_embd
     S = T = cfg.block_size
     learned = cfg.pos_encoding == "learned"

@@ -1,7 +1,5 @@
-"""The tensor shape after each stage of one forward pass (`charlm info --shapes`), for the GPT
-and the encoder-decoder: the real forward on the meta device (shapes only, no memory, no
-compute), module outputs recorded by forward hooks.
-"""
+"""The tensor shape after each stage of one forward pass (`charlm info --shapes`): the real
+forward on the meta device (no memory, no compute), module outputs recorded by hooks."""
 
 from __future__ import annotations
 
@@ -20,9 +18,8 @@ CROSS = "cross-attention"
 
 
 class _Recorder:
-    """The shapes of one forward pass on the meta device: module outputs recorded by forward
-    hooks on `watched` (name -> what), with `after[name]` adding the stages a module's call
-    hides (heads, attention weights) and `before[name]` those that precede it."""
+    """Hooks on the modules `watched` (name -> what); `after[name]` adds the stages a module's
+    call hides (heads, attention weights), `before[name]` those that precede it."""
 
     def __init__(self) -> None:
         self.stages: list[dict] = []
@@ -57,8 +54,7 @@ class _Recorder:
 
     def attention(self, cfg: ModelConfig, B: int, T: int, weights: str, key_mask: bool = False,
                   S: int | None = None) -> None:
-        """The stages inside one attention call of T queries: self-attention from the fused
-        q, k, v, or with S, cross-attention over the memory's S keys and values."""
+        """The stages inside one attention call of T queries; with S, cross-attention."""
         H, D = cfg.n_head, cfg.head_dim
         if S is None:
             S = T
@@ -121,12 +117,7 @@ def _check_sizes(cfg: ModelConfig, batch: int, seq_len: int) -> None:
 
 
 def forward_shapes(cfg: ModelConfig, vocab_size: int, batch: int, seq_len: int) -> list[dict]:
-    """The tensor shape after each stage of one forward pass of idx (batch, seq_len).
-
-    Runs the real forward on the meta device (shapes only: no memory, no compute), recording
-    module outputs with hooks. Block 0 is shown stage by stage; the stages inside the fused
-    attention call (heads, rotation, attention weights) are derived from its inputs.
-    """
+    """The stages of a GPT's forward of idx (batch, seq_len), block 0's one by one."""
     _check_sizes(cfg, batch, seq_len)
     with torch.device("meta"):
         model = GPT(cfg, vocab_size).eval()
@@ -144,10 +135,7 @@ def forward_shapes(cfg: ModelConfig, vocab_size: int, batch: int, seq_len: int) 
 
 def seq2seq_forward_shapes(cfg: ModelConfig, source_vocab_size: int, target_vocab_size: int,
                            batch: int, seq_len: int) -> list[dict]:
-    """`forward_shapes` of an encoder-decoder over a source and a target of seq_len each
-    (S = T): the encoder's block 0 stage by stage, the memory and every decoder layer's
-    cross-attention keys and values (once per source), then the decoder's block 0 stage by
-    stage with its cross-attention, and the logits."""
+    """`forward_shapes` of an encoder-decoder over a source and a target of seq_len each."""
     _check_sizes(cfg, batch, seq_len)
     with torch.device("meta"):
         model = EncoderDecoder(cfg, source_vocab_size, target_vocab_size,

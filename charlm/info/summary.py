@@ -1,11 +1,4 @@
-"""What `charlm info` reports about a model: a parameter table per component (in the style of a
-paper's appendix), FLOPs per token, and the tensor shapes at each stage of one forward pass
-(`charlm.info.shapes`), for the GPT and for the encoder-decoder (`charlm.model.encoder_decoder`).
-
-Every function returns plain data (dicts, lists, ints), so the CLI can print it as text or JSON.
-The parameter table is read off the model's own tensors and checked against the model's own
-count (`model.param_counts`, `EncoderDecoder.component_counts`), so it cannot drift from the code.
-"""
+"""What `charlm info` reports about a model, as plain data the CLI prints as text or JSON."""
 
 from __future__ import annotations
 
@@ -32,7 +25,6 @@ from charlm.model.gpt import GPT
 
 
 def _text_vocab_size(cfg: RunConfig) -> int:
-
     if missing := missing_inputs(cfg.data.inputs):
         raise CharlmError(f"the vocabulary size comes from data.path, and {missing[0]} does not "
                           "exist; give --vocab-size N, or --set data.path=FILE")
@@ -41,7 +33,6 @@ def _text_vocab_size(cfg: RunConfig) -> int:
 
 def _pair_vocab(cfg: RunConfig):
     """The source and target vocabularies of data.path: a .tsv of pairs or a prepared dir."""
-
     path = Path(cfg.data.inputs[0])
     if not path.exists():
         raise CharlmError(f"the source and target vocabularies come from data.path, and {path} "
@@ -55,9 +46,8 @@ def _pair_vocab(cfg: RunConfig):
 
 
 def config_model(cfg: RunConfig, vocab_size: int | None = None) -> GPT | EncoderDecoder:
-    """The model a config describes, with one block per stack on the meta device (no memory:
-    a config too big for memory is described too; `describe` scales the alike blocks up). The
-    vocabulary comes from data.path; a GPT's `vocab_size`, when given, replaces it."""
+    """The model a config describes, one block per stack on the meta device (so one too big for
+    memory is described too), its vocabulary from data.path or a GPT's `vocab_size`."""
     m = cfg.model
     if m.arch != "encoder_decoder":
         size = _text_vocab_size(cfg) if vocab_size is None else vocab_size
@@ -75,20 +65,19 @@ def config_model(cfg: RunConfig, vocab_size: int | None = None) -> GPT | Encoder
 def describe(model: GPT | EncoderDecoder, cfg: RunConfig, shapes: tuple[int, int] | None = None,
              train_state: dict[str, Any] | None = None,
              data: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Everything `charlm info` reports, as plain data: vocab size (an encoder-decoder: arch and
-    source and target vocab sizes), training progress (for a checkpoint), parameter table, FLOPs
-    per token, forward shapes for shapes=(batch, seq_len) when given, the prepared data
-    (`charlm.data.datasets.data_summary`) when given, and the resolved config.
-    `model` may have fewer blocks than `cfg` says (a one-layer stand-in, see `parameter_table`)."""
+    """Everything `charlm info` reports, forward shapes for shapes=(batch, seq_len); `model` may
+    have fewer blocks than `cfg` says."""
     m = cfg.model
     table = parameter_table(model, m.n_layer, m.encoder_layers)
-    seq2seq = isinstance(model, EncoderDecoder)
-    if seq2seq:
+    if isinstance(model, EncoderDecoder):
         vocab = (model.source_vocab_size, model.target_vocab_size)
         info: dict[str, Any] = {"arch": m.arch, "source_vocab_size": vocab[0],
                                 "target_vocab_size": vocab[1]}
+        flops, shapes_of = seq2seq_flops, seq2seq_forward_shapes
     else:
+        vocab = (model.vocab_size,)
         info = {"vocab_size": model.vocab_size}
+        flops, shapes_of = flops_per_token, forward_shapes
     if train_state is not None:
         best = train_state["best_val"]  # inf until the first evaluation: null in JSON
         info["checkpoint"] = {"step": train_state["step"],
@@ -97,14 +86,9 @@ def describe(model: GPT | EncoderDecoder, cfg: RunConfig, shapes: tuple[int, int
     if data is not None:
         info["data"] = data
     info["parameters"] = table
-    if seq2seq:
-        info["flops_per_token"] = seq2seq_flops(table, m, *vocab)
-        if shapes is not None:
-            info["shapes"] = seq2seq_forward_shapes(m, *vocab, *shapes)
-    else:
-        info["flops_per_token"] = flops_per_token(table, m, model.vocab_size)
-        if shapes is not None:
-            info["shapes"] = forward_shapes(m, model.vocab_size, *shapes)
+    info["flops_per_token"] = flops(table, m, *vocab)
+    if shapes is not None:
+        info["shapes"] = shapes_of(m, *vocab, *shapes)
     info["config"] = cfg.to_dict()
     return info
 
@@ -153,7 +137,7 @@ def _flops_lines(f: dict[str, int]) -> list[str]:
 
 
 def render_text(info: dict[str, Any]) -> str:
-    """The human-readable form of `charlm info` (see `cli.info` for the keys of `info`)."""
+    """The human-readable form of `describe`'s `info`."""
     if "vocab_size" in info:
         lines = [f"vocab size: {info['vocab_size']}"]
     else:

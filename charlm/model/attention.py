@@ -1,10 +1,5 @@
-"""Attention: SDPA in the dtype each device computes it in, the `KVCache` a decode step reads
-and writes, rotary positions, and the self- and cross-attention sublayers of `charlm.model.gpt`'s
-`Block` (the GPT's, the encoder's and the decoder's).
-
-Shapes: B batch, T time (new tokens this forward), S source or key length, L the cache's length,
-C n_embd, H n_head, D head_dim = C // H.
-"""
+"""Attention: SDPA in each device's dtype, the `KVCache`, rotary positions, and the self- and
+cross-attention sublayers of `charlm.model.gpt.Block` (shapes: `charlm.model`'s)."""
 
 from __future__ import annotations
 
@@ -19,17 +14,14 @@ from charlm.model.layers import Linear, maybe_dropout
 
 
 def attention_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype attention computes in for inputs like x: float32 on the CPU, where PyTorch's
-    bf16/fp16 flash kernel is slower than its float32 one (much slower in backward, and in a
-    decode step without AMX), else x's dtype. A KV cache is kept in it, so a decode step
-    converts only the new token's q, k and v."""
+    """float32 on the CPU, whose bf16/fp16 flash kernel is slower than its float32 one, else
+    x's dtype. A KV cache is kept in it, so a decode step converts only the new q, k and v."""
     return torch.float32 if x.is_cpu else x.dtype
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
               causal: bool, dropout: float) -> torch.Tensor:
-    """SDPA of q (B, H, T, D) over k, v (B, H, S, D) -> (B, H, T, D), in q's dtype, computed in
-    `attention_dtype`."""
+    """SDPA of q (B, H, T, D) over k, v (B, H, S, D), computed in `attention_dtype`."""
     dtype = attention_dtype(q)
     if dtype is not q.dtype:
         with torch.autocast("cpu", enabled=False):  # CPU autocast would cast back to bf16
@@ -40,16 +32,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 
 
 class KVCache:
-    """Preallocated keys and values for every layer and one write position.
-
-    A plain object (not a module or buffer), so it never lands in a `state_dict`. `pos` is the
-    number of positions already written; `GPT.forward` advances it once per call. `pos` may also
-    be an integer tensor on the device, 0-d (one position for every row) or (B,) (a position per
-    row, for requests of different lengths in one batch: `charlm serve`'s engine): then a forward
-    takes one token per row and attends over the whole cache with each row's positions after its
-    `pos` masked, so every step has the same shapes and one compiled graph serves them all
-    (`charlm sample --compile`).
-    """
+    """Preallocated keys and values for every layer: a plain object, never in a `state_dict`.
+    `pos`, the positions written, advances once per `GPT.forward`. As a device tensor, 0-d or
+    (B,) (a position a row: `charlm serve`), a forward takes one token a row and attends over the
+    whole cache with later positions masked: static shapes, one compiled graph."""
 
     def __init__(self, n_layer: int, batch_size: int, n_head: int, max_len: int, head_dim: int,
                  device: torch.device | str, dtype: torch.dtype):
@@ -65,10 +51,8 @@ class KVCache:
         self.pos = 0
 
     def view(self, rows: slice, length: int | None = None) -> KVCache:
-        """Rows `rows` as a cache of their own over the same storage, so what a forward writes
-        into it lands here. A per-row `pos` is narrowed to the rows (a view too); the caller
-        sets another where it needs one. `length` (with a tensor `pos`) makes a step attend
-        over the first `length` positions only (as far as its rows have come), not all."""
+        """Rows `rows` as a cache over the same storage (a per-row `pos` narrowed too); `length`
+        (with a tensor `pos`) makes a step attend over the first `length` positions only."""
         part = copy.copy(self)
         part.k = [k[rows] for k in self.k]  # whole rows: contiguous, as attend writes them
         part.v = [v[rows] for v in self.v]
@@ -79,20 +63,17 @@ class KVCache:
         return part
 
     def copy_row(self, src: int, dst: int) -> None:
-        """Make row dst hold row src's keys and values (a request moving to another slot)."""
+        """Row src's keys and values copied to row dst (a request moving slot)."""
         for k, v in zip(self.k, self.v, strict=True):
             k[dst] = k[src]
             v[dst] = v[src]
         self.last_ids[dst] = self.last_ids[src]
 
 
-def rope_angles(pos: torch.Tensor, head_dim: int,
-                base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rotary tables (Su et al. 2021) for positions pos (T,): cos and signed sin, each
-    (T, D), laid out for `apply_rope`: with angles a_i = p * base^(-2i/D), i < D/2,
-    cos = [cos a, cos a] and sin = [-sin a, sin a]. Positions per row, pos (B, T), give
-    tables (B, 1, T, D), which broadcast over the heads of q and k (B, H, T, D)."""
-    inv_freq = base ** -(torch.arange(0, head_dim, 2, device=pos.device).float() / head_dim)
+def rope_angles(pos: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary tables (Su et al. 2021) for positions pos (T,): cos = [cos a, cos a] and
+    sin = [-sin a, sin a], each (T, D), a_i = p * 10000^(-2i/D); pos (B, T): (B, 1, T, D)."""
+    inv_freq = 10000.0 ** -(torch.arange(0, head_dim, 2, device=pos.device).float() / head_dim)
     angles = pos.float()[..., None] * inv_freq  # (T, D/2) or (B, T, D/2)
     if pos.dim() == 2:
         angles = angles.unsqueeze(1)  # (B, 1, T, D/2)
@@ -101,13 +82,8 @@ def rope_angles(pos: torch.Tensor, head_dim: int,
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x (..., T, D) by position: feature pair (i, i + D/2) of the token at position p
-    turns by angle p * theta_i (the "rotate half" pairing of GPT-NeoX). A rotation keeps norms,
-    and the dot product of a query at m with a key at n then depends only on m - n.
-
-    [x1, x2] -> [x1 cos - x2 sin, x1 sin + x2 cos] = x * cos + [x2, x1] * sin, where rolling
-    by D/2 swaps the halves: four ops (it runs on q and k together, per layer and step).
-    """
+    """Rotate feature pairs (i, i + D/2) of x (..., T, D) by position (GPT-NeoX's "rotate
+    half"), so q.k depends only on m - n: x * cos + [x2, x1] * sin, the roll swapping halves."""
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return x * cos + x.roll(x.size(-1) // 2, dims=-1) * sin
 
@@ -127,64 +103,50 @@ class SelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
-        """x (B, T, C) -> (B, T, C). rope: `rope_angles` tables (T, D) of the tokens' positions.
-        mask (B, 1, 1, T) bool, True = a key to attend to: the encoder's source padding."""
-        y = attend(self.qkv(x), self.n_head, cache, layer, rope,
-                   self.dropout if self.training else 0.0, self.causal, mask, self.qk_norm)
+        """x (B, T, C) -> (B, T, C). With a cache (causal only) the new keys and values are
+        written at cache.pos and the queries see everything cached up to them; without one,
+        `mask` (B, 1, 1, T), True = attend (the encoder's padding), and `causal` apply."""
+        B, T, C = x.shape
+        H, causal = self.n_head, self.causal
+        dropout = self.dropout if self.training else 0.0
+        # (B, T, 3C) -> 3 x (B, H, T, D) in two view ops
+        qkv = self.qkv(x).view(B, T, 3, H, C // H).permute(2, 0, 3, 1, 4)
+        if self.qk_norm:  # q and k in one go; v as it was
+            qkv = torch.cat([unit_rms(qkv[:2]), qkv[2:]])
+        if rope is not None:  # rotate before caching: cached keys keep their absolute positions
+            (q, k), v = apply_rope(qkv[:2], *rope), qkv[2]  # q and k in one go
+        else:
+            q, k, v = qkv.unbind(0)
+        if cache is not None:
+            cache_k, cache_v = cache.k[layer], cache.v[layer]  # (B, H, L, D)
+        if cache is not None and isinstance(cache.pos, torch.Tensor):  # one token a row at pos
+            at = cache.pos.expand(B)  # (B,): shared (0-d) or each row's own position
+            # each (row, head)'s slot in the cache seen as (B * H * L, D) rows: index_copy_ on
+            # it stays in place in a compiled graph (a scatter_ there copies the whole cache)
+            L, D = cache_k.size(2), C // H
+            heads = torch.arange(B * H, device=x.device).view(B, H)
+            index = (heads * L + at[:, None]).view(-1)  # (B * H,)
+            cache_k.view(-1, D).index_copy_(0, index, k.reshape(-1, D).to(cache_k.dtype))
+            cache_v.view(-1, D).index_copy_(0, index, v.reshape(-1, D).to(cache_v.dtype))
+            S = cache.max_len  # the positions attended over: L, or fewer (`KVCache.view`)
+            keys = torch.arange(S, device=x.device)
+            mask, causal = (keys[None, :] <= at[:, None]).view(B, 1, 1, S), False
+            k, v = cache_k.narrow(2, 0, S), cache_v.narrow(2, 0, S)
+        elif cache is not None:
+            start, end = cache.pos, cache.pos + T
+            cache_k.narrow(2, start, T).copy_(k)
+            cache_v.narrow(2, start, T).copy_(v)
+            k, v = cache_k.narrow(2, 0, end), cache_v.narrow(2, 0, end)  # (B, H, end, D)
+            if T == 1:  # one new query sees every cached position
+                mask, causal = None, False
+            elif start == 0:  # prefill from empty: the ordinary causal mask
+                mask, causal = None, True
+            else:  # T queries at positions start..end-1 over keys 0..end-1
+                rows = torch.arange(start, end, device=x.device)[:, None]
+                mask, causal = torch.arange(end, device=x.device)[None, :] <= rows, False
+        y = attention(q, k, v, mask, causal, dropout)  # (B, H, T, D)
+        y = y.transpose(1, 2).reshape(B, T, C)
         return maybe_dropout(self.proj(y), self.dropout, self.training)
-
-
-def attend(qkv: torch.Tensor, n_head: int, cache: KVCache | None, layer: int,
-           rope: tuple[torch.Tensor, torch.Tensor] | None, dropout: float,
-           causal: bool = True, mask: torch.Tensor | None = None,
-           qk_norm: bool = False) -> torch.Tensor:
-    """Self-attention from the fused projections qkv (B, T, 3C) -> (B, T, C), before the
-    output projection; `qk_norm`: q and k RMS-normalised per head first. With a cache (causal
-    only), the T new keys and values are written at cache.pos and the queries attend to
-    everything cached up to them. Without one, `mask` (broadcast to (B, H, T, T), True =
-    attend) and `causal` apply."""
-    B, T, C3 = qkv.shape
-    C = C3 // 3
-    # (B, T, 3C) -> 3 x (B, H, T, D), in two view ops (this runs once per token when decoding)
-    qkv = qkv.view(B, T, 3, n_head, C // n_head).permute(2, 0, 3, 1, 4)
-    if qk_norm:  # q and k in one go; v as it was
-        qkv = torch.cat([unit_rms(qkv[:2]), qkv[2:]])
-    if rope is not None:  # rotate before caching: cached keys keep their absolute positions
-        (q, k), v = apply_rope(qkv[:2], *rope), qkv[2]  # q and k in one go
-    else:
-        q, k, v = qkv.unbind(0)
-    if cache is None:
-        y = attention(q, k, v, mask, causal, dropout)
-    elif isinstance(cache.pos, torch.Tensor):  # static shapes: one token per row at cache.pos
-        at = cache.pos.expand(B)  # (B,): shared (0-d) or each row's own position
-        # each (row, head)'s slot in the cache seen as (B * H * L, D) rows: index_copy_ on it
-        # stays in place in a compiled graph (a scatter_ there copies the whole cache)
-        cache_k, cache_v = cache.k[layer], cache.v[layer]  # (B, H, L, D)
-        L, D = cache_k.size(2), C // n_head
-        heads = torch.arange(B * n_head, device=qkv.device).view(B, n_head)
-        index = (heads * L + at[:, None]).view(-1)  # (B * H,)
-        cache_k.view(-1, D).index_copy_(0, index, k.reshape(-1, D).to(cache_k.dtype))
-        cache_v.view(-1, D).index_copy_(0, index, v.reshape(-1, D).to(cache_v.dtype))
-        S = cache.max_len  # the positions attended over: L, or fewer (`KVCache.view`)
-        keys = torch.arange(S, device=qkv.device)
-        visible = (keys[None, :] <= at[:, None]).view(B, 1, 1, S)
-        y = attention(q, cache_k.narrow(2, 0, S), cache_v.narrow(2, 0, S), visible, False,
-                      dropout)
-    else:
-        start, end = cache.pos, cache.pos + T
-        cache_k, cache_v = cache.k[layer], cache.v[layer]  # (B, H, L, D)
-        cache_k.narrow(2, start, T).copy_(k)
-        cache_v.narrow(2, start, T).copy_(v)
-        k, v = cache_k.narrow(2, 0, end), cache_v.narrow(2, 0, end)  # (B, H, end, D)
-        if T == 1:  # one new query sees every cached position
-            mask, causal = None, False
-        elif start == 0:  # prefill from empty: the ordinary causal mask
-            mask, causal = None, True
-        else:  # T queries at positions start..end-1 over keys 0..end-1
-            rows = torch.arange(start, end, device=qkv.device)[:, None]
-            mask, causal = torch.arange(end, device=qkv.device)[None, :] <= rows, False
-        y = attention(q, k, v, mask, causal, dropout)
-    return y.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
 
 
 def unit_rms(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
@@ -194,9 +156,8 @@ def unit_rms(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
 
 
 class CrossAttention(nn.Module):
-    """The decoder's attention over the encoder's output: queries from the target, keys and
-    values from the source, which `keys_values` projects once per source for every decode step.
-    No rotary positions: a target and a source position share no axis to measure along."""
+    """The decoder's attention over the encoder's output, whose keys and values `keys_values`
+    projects once per source. No rotary positions: target and source share no axis."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -216,8 +177,7 @@ class CrossAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:
-        """x (B, T, C) over k, v (B, H, S, D) from `keys_values`; mask (B, 1, 1, S), True = a
-        real source position -> (B, T, C)."""
+        """x (B, T, C) over `keys_values`' k, v; mask (B, 1, 1, S), True = a real position."""
         B, T, C = x.shape
         q = self.q(x).view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, D)
         q = unit_rms(q) if self.qk_norm else q

@@ -1,18 +1,6 @@
 """How much memory a model's batches take, estimated from the config before anything is
-allocated, so a mistyped size is refused with one line (`charlm.runtime.device.require_memory`)
-rather than growing until the kernel kills the process, or the machine.
-
-`training_bytes`: what one micro-batch's forward keeps for its backward. `forward_bytes`: the
-peak of a forward without gradients (evals, scoring, a sampling step). `sampling_bytes`: the KV
-cache of a batch of samples (an encoder-decoder's: its sources' cross-attention keys and values
-too) and one such forward. `scoring_bytes`: `charlm eval`'s pass over a text. Rough but on the
-high side: within a small factor of the tensors autograd really saves (a test in
-tests/unit/model/test_footprint.py measures them); they guard against sizes that cannot fit,
-not against the last gigabyte.
-
-Shapes: B rows, T positions (block_size), C n_embd, H n_head, F the MLP's hidden width, V the
-(target) vocabulary, L layers.
-"""
+allocated, so a mistyped size is refused with one line rather than growing until the kernel kills
+the process: on the high side, a guard against sizes that cannot fit, not the last gigabyte."""
 
 from __future__ import annotations
 
@@ -21,28 +9,15 @@ import torch
 from charlm.config.schema import ModelConfig
 
 IDS_BYTES = 32  # a position's int64 ids: the sampler's index and window, then x and y
-
-
 LOGITS_COPIES = 4  # the logits, their float32 copy, the log-softmax kept, and its gradient
-
-
 TEXT_BYTES = 12  # a scored character: its code point (up to 4 bytes) and its int64 id
-
-
 WINDOW_BYTES = 100  # a scoring window's (start, offset): a tuple of two ints in a list
-
-
-def attention_is_materialised(cfg: ModelConfig, device: torch.device) -> bool:
-    """Whether training's attention keeps (B, H, T, T) weights for its backward: SDPA's math
-    path, which the CPU takes with dropout (its flash kernel has none) and MPS always; CUDA's
-    fused kernels keep only q, k, v, the output and a log-sum-exp."""
-    return device.type == "mps" or (device.type != "cuda" and cfg.dropout > 0)
 
 
 def block_bytes(cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
                 attentions: int = 1) -> int:
     """Bytes a position keeps for the backward in one block of `attentions` attention
-    sublayers (1; a decoder block with cross-attention, 2) and an MLP."""
+    sublayers (a decoder block with cross-attention: 2) and an MLP."""
     C, e = cfg.n_embd, torch.empty((), dtype=dtype).element_size()
     attn_e = 4 if device.type == "cpu" else e  # the CPU attends in float32 (attention.attention)
     hidden = (4 if cfg.activation == "swiglu" else 2) * cfg.ff_width  # fc out, activation
@@ -52,16 +27,17 @@ def block_bytes(cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
     kept += (C + hidden) * e  # the MLP's input and hidden activations
     if cfg.dropout > 0:
         kept += sublayers * 4 * C  # a mask per sublayer
-    if attention_is_materialised(cfg, device):  # scores, mask, softmax, dropout: (H, T) each
+    # SDPA's math path keeps (B, H, T, T) weights: the CPU's with dropout (its flash kernel has
+    # none), MPS's always; scores, mask, softmax, dropout: (H, T) each a position
+    if device.type == "mps" or (device.type != "cuda" and cfg.dropout > 0):
         kept += attentions * 4 * 4 * cfg.n_head * cfg.block_size
     return kept
 
 
 def training_bytes(cfg: ModelConfig, vocab_size: int, rows: int, dtype: torch.dtype,
                    device: torch.device) -> int:
-    """The activations one training micro-batch of `rows` x block_size keeps for its backward
-    (an encoder-decoder's: sources and targets of block_size each), with its logits and ids;
-    the weights, gradients and optimizer state come on top (16 bytes a parameter)."""
+    """What a training micro-batch of `rows` x block_size keeps for its backward; weights,
+    gradients and optimizer state come on top (16 bytes a parameter)."""
     per_position = (cfg.n_layer * block_bytes(cfg, dtype, device,
                                               2 if cfg.arch == "encoder_decoder" else 1)
                     + LOGITS_COPIES * 4 * vocab_size + 2 * 4 * cfg.n_embd + IDS_BYTES)
@@ -73,35 +49,24 @@ def training_bytes(cfg: ModelConfig, vocab_size: int, rows: int, dtype: torch.dt
 
 def forward_bytes(cfg: ModelConfig, vocab_size: int, rows: int, seq_len: int | None = None
                   ) -> int:
-    """The peak of a forward without gradients over `rows` x seq_len (default block_size), in
-    float32: one layer's temporaries at a time (the MLP's hidden activations, up to 4 F a
-    position as SwiGLU's fc is 2 F wide; 8 residual-width tensors; an H x T attention matrix
-    should SDPA take its math path) and the logits three times over (the model's, a float32
-    copy, a log-softmax)."""
+    """The float32 peak of a forward without gradients over `rows` x seq_len: one layer's
+    temporaries and the logits three times over."""
     T = cfg.block_size if seq_len is None else seq_len
     per_position = 4 * cfg.ff_width + 3 * vocab_size + 8 * cfg.n_embd + cfg.n_head * T
     return 4 * rows * T * per_position
 
 
-def cache_bytes(cfg: ModelConfig, rows: int, element_size: int) -> int:
-    """A KV cache of `rows` rows over the whole context: keys and values for every layer."""
-    return 2 * cfg.n_layer * rows * cfg.block_size * cfg.n_embd * element_size
-
-
 def sampling_bytes(cfg: ModelConfig, vocab_size: int, rows: int, element_size: int) -> int:
-    """Generating `rows` samples (or beams) at once: the KV cache, and one forward over the
-    whole context (the prefill, or each step without a cache). An encoder-decoder's rows also
-    hold their source's memory: per decoder layer, cross-attention keys and values over up to
-    block_size source positions, as many bytes again as the cache."""
+    """Generating `rows` samples (or beams) at once: the KV cache (an encoder-decoder's twice,
+    for its sources' cross-attention keys and values) and one forward over the context."""
     caches = 2 if cfg.arch == "encoder_decoder" else 1
-    return caches * cache_bytes(cfg, rows, element_size) + forward_bytes(cfg, vocab_size, rows)
+    cache = 2 * cfg.n_layer * rows * cfg.block_size * cfg.n_embd * element_size
+    return caches * cache + forward_bytes(cfg, vocab_size, rows)
 
 
 def scoring_bytes(cfg: ModelConfig, vocab_size: int, chars: int, windows: int,
                   rows: int) -> int:
-    """Scoring a text of `chars` characters in `windows` windows, `rows` windows a forward:
-    the text's code points and ids, the plan of windows, and one forward of `rows` x
-    min(block_size, chars - 1)."""
+    """Scoring `chars` characters: the text, its plan of `windows` and one forward of `rows`."""
     seq_len = max(1, min(cfg.block_size, chars - 1))
     return (TEXT_BYTES * chars + WINDOW_BYTES * windows
             + forward_bytes(cfg, vocab_size, rows, seq_len))

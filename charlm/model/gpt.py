@@ -1,14 +1,6 @@
-"""The decoder-only GPT and its blocks (their attention is `charlm.model.attention`'s).
-
-One `Block` class covers the architecture family of `ModelConfig`: position encoding (learned
-table, Vaswani's fixed sinusoids, rotary on q and k, or none), LayerNorm or RMSNorm, pre- or
-post-norm residuals, and a GELU, ReLU or SwiGLU MLP. The defaults are GPT-2's. The same class
-with options is also the encoder block (bidirectional, source padding masked) and the decoder
-block with cross-attention of `charlm.model.encoder_decoder.EncoderDecoder`.
-
-Shapes: B batch, T time (new tokens this forward), S source length, C n_embd, H n_head,
-D head_dim = C // H, F MLP hidden width, V vocab size. No optimizer and no sampling policy
-live here.
+"""The decoder-only GPT and its `Block`, which covers `ModelConfig`'s architecture family
+(position encoding, LayerNorm or RMSNorm, pre- or post-norm, GELU, ReLU or SwiGLU; GPT-2's by
+default) and is also the encoder-decoder's encoder and decoder block.
 """
 
 from __future__ import annotations
@@ -33,12 +25,8 @@ from charlm.model.layers import Embedding, Linear, maybe_dropout, normal_
 
 
 def sinusoidal_table(pos: torch.Tensor, dim: int) -> torch.Tensor:
-    """Vaswani et al. (2017): PE[p, 2i] = sin(p / 10000^(2i/dim)), PE[p, 2i+1] = cos(same).
-
-    pos (T,) integer positions -> (T, dim) float32 (pos (B, T) -> (B, T, dim)). Computed per
-    forward rather than stored, so it is never in a `state_dict` and never rounded by
-    `model.to(dtype)`.
-    """
+    """Vaswani et al.'s PE[p, 2i] = sin(p / 10000^(2i/dim)), PE[p, 2i+1] = cos(same): pos
+    (T,) -> (T, dim) float32. Computed per forward, so never in a `state_dict` nor rounded."""
     even = torch.arange(0, dim, 2, device=pos.device, dtype=torch.float32)  # 2i
     angles = pos.float()[..., None] / 10000.0 ** (even / dim)  # (..., T, ceil(dim / 2))
     table = torch.empty(*pos.shape, dim, device=pos.device)
@@ -48,8 +36,7 @@ def sinusoidal_table(pos: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight (Zhang & Sennrich 2019): LayerNorm without centring, and never a bias
-    (so `bias: true` does not add one here)."""
+    """x / rms(x) * weight (Zhang & Sennrich 2019): LayerNorm without centring, never a bias."""
 
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
@@ -57,11 +44,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    return unit_rms(x, eps) * weight  # the mean of squares in float32, as LayerNorm's
+        return unit_rms(x, self.eps) * self.weight  # the mean of squares in float32
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
@@ -71,42 +54,33 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
 
 
 class MLP(nn.Module):
-    """proj(act(fc(x))) for gelu and relu; for swiglu (Shazeer 2020) proj(silu(gate(x)) * up(x)),
-    with gate and up fused into `fc` (C -> 2F) so it is one matmul."""
+    """proj(act(fc(x))); SwiGLU's (Shazeer 2020) gate and up fused in `fc` (C -> 2F)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         hidden = cfg.ff_width
         self.activation = cfg.activation
         self.fc = Linear(cfg.n_embd, 2 * hidden if cfg.activation == "swiglu" else hidden,
-                            bias=cfg.bias)
+                         bias=cfg.bias)
         self.proj = Linear(hidden, cfg.n_embd, bias=cfg.bias)
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = activate(self.fc(x), self.activation)  # fc: (B, T, F), or (B, T, 2F) for swiglu
+        h = self.fc(x)  # (B, T, F), or (B, T, 2F) for swiglu
+        if self.activation == "swiglu":
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        elif self.activation == "relu2":
+            h = F.relu(h).square()
+        else:
+            h = F.relu(h) if self.activation == "relu" else F.gelu(h)
         return maybe_dropout(self.proj(h), self.dropout, self.training)
 
 
-def activate(h: torch.Tensor, kind: str) -> torch.Tensor:
-    """The MLP's nonlinearity on fc's output: (B, T, F) -> (B, T, F); swiglu (B, T, 2F) ->
-    (B, T, F)."""
-    if kind == "swiglu":
-        gate, up = h.chunk(2, dim=-1)
-        return F.silu(gate) * up
-    if kind == "relu2":
-        return F.relu(h).square()
-    return F.relu(h) if kind == "relu" else F.gelu(h)
-
-
 class Block(nn.Module):
-    """A transformer block. Pre-norm (GPT-2): x + attn(ln_1(x)), then x + mlp(ln_2(x)).
-    Post-norm (Vaswani et al.): ln_1(x + attn(x)), then ln_2(x + mlp(x)).
-
-    causal=False makes the encoder's block (every source position sees the whole source);
-    cross=True adds the decoder's cross-attention sublayer between the two, in the same
-    residual form: x + cross_attn(ln_cross(x)), or ln_cross(x + cross_attn(x)).
-    """
+    """Pre-norm (GPT-2): x + attn(ln_1(x)), then x + mlp(ln_2(x)); post-norm (Vaswani et al.):
+    ln_1(x + attn(x)), then ln_2(x + mlp(x)). causal=False: the encoder's block; cross=True
+    adds the decoder's cross-attention between the two, in the same residual form."""
 
     def __init__(self, cfg: ModelConfig, causal: bool = True, cross: bool = False):
         super().__init__()
@@ -124,9 +98,7 @@ class Block(nn.Module):
                 mask: torch.Tensor | None = None,
                 cross: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
                 ) -> torch.Tensor:
-        """x (B, T, C) -> (B, T, C), for training, prefill and decode alike. mask: the
-        self-attention's key mask (encoder). cross: (k, v, mask) for `CrossAttention`, a
-        decoder block's view of the source."""
+        """x (B, T, C) -> (B, T, C); mask: the encoder's; cross: `CrossAttention`'s k, v, mask."""
         if self.post_norm:
             x = self.ln_1(x + self.attn(x, cache, layer, rope, mask))
             if cross is not None:
@@ -140,9 +112,8 @@ class Block(nn.Module):
 
 def embed(wte: nn.Embedding, wpe: nn.Embedding | None, cfg: ModelConfig, idx: torch.Tensor,
           pos: torch.Tensor) -> torch.Tensor:
-    """Token ids idx (B, T) at positions pos (T,), or per row (B, T), -> input vectors
-    (B, T, C), by the token table wte and cfg.pos_encoding (wpe: the learned position table,
-    else None)."""
+    """Token ids idx (B, T) at positions pos (T,) or (B, T) -> input vectors (B, T, C), by
+    cfg.pos_encoding (wpe: the learned position table, else None)."""
     tok = wte(idx)  # (B, T, C)
     scheme = cfg.pos_encoding
     if scheme == "learned":
@@ -155,14 +126,17 @@ def embed(wte: nn.Embedding, wpe: nn.Embedding | None, cfg: ModelConfig, idx: to
 
 def positions(cache: KVCache | None, T: int, block_size: int,
               device: torch.device) -> torch.Tensor:
-    """The positions (T,) of T new tokens: after those in the cache, else from 0. A cache
-    whose position is a tensor (static shapes, T = 1) gives (1, 1), or (B, 1) per row."""
+    """The positions (T,) of T new tokens after the cache's; (1, 1) or (B, 1) for a tensor."""
     if cache is not None and isinstance(cache.pos, torch.Tensor):
         return cache.pos.view(-1, 1)  # the caller keeps it below block_size (no host sync here)
     start = cache.pos if cache is not None else 0
     if start + T > block_size:
         raise ValueError(f"sequence of {start + T} positions exceeds block_size {block_size}")
     return torch.arange(start, start + T, device=device)
+
+
+def rope_tables(cfg: ModelConfig, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    return rope_angles(pos, cfg.head_dim) if cfg.pos_encoding == "rope" else None
 
 
 def init_weights(module: nn.Module) -> None:
@@ -174,9 +148,8 @@ def init_weights(module: nn.Module) -> None:
 
 
 def scale_residual_projections(module: nn.Module, depth: int, zero: bool = False) -> None:
-    """GPT-2's init of the projections that add into the residual stream, N(0, 0.02 /
-    sqrt(depth)) for depth additions, so the stream's variance does not grow with depth; zero
-    (`model.zero_init`, modded-nanogpt's): all zero, each block the identity at the start."""
+    """GPT-2's N(0, 0.02 / sqrt(depth)) for the projections into the residual stream, so it does
+    not grow with depth; `zero` (`model.zero_init`): each block starts as the identity."""
     for name, p in module.named_parameters():
         if name.endswith("proj.weight"):
             if zero:
@@ -186,8 +159,7 @@ def scale_residual_projections(module: nn.Module, depth: int, zero: bool = False
 
 
 def init_head(head: nn.Linear, cfg: ModelConfig) -> None:
-    """`model.zero_init` starts an untied head at zero (uniform predictions); a tied one is the
-    token table's."""
+    """`model.zero_init` starts an untied head at zero (uniform predictions)."""
     if cfg.zero_init and not cfg.tie_weights:
         nn.init.zeros_(head.weight)
 
@@ -220,13 +192,12 @@ class GPT(nn.Module):
         cfg = self.cfg
         p = self.wte.weight
         return KVCache(cfg.n_layer, batch_size, cfg.n_head, max_len or cfg.block_size,
-                       cfg.n_embd // cfg.n_head, p.device, attention_dtype(p))
+                       cfg.head_dim, p.device, attention_dtype(p))
 
     def embed(self, idx: torch.Tensor, pos: torch.Tensor,
               cache: KVCache | None = None) -> torch.Tensor:
-        """Token ids idx (B, T) at positions pos (T,) -> input vectors (B, T, C); with
-        `model.bigram`, plus each (previous, current) pair's vector, the previous of the first
-        new token being the cache's last (none at position 0)."""
+        """`embed`, plus with `model.bigram` each (previous, current) pair's vector, the first
+        new token's previous being the cache's last."""
         x = embed(self.wte, getattr(self, "wpe", None), self.cfg, idx, pos)
         if not self.cfg.bigram:
             return x
@@ -240,16 +211,12 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx (B, T) -> logits (B, T, V) and, with targets (B, T), the mean cross-entropy.
-
-        With a cache, the T tokens sit at positions cache.pos .. cache.pos + T - 1, attend to
-        everything cached before them, and the cache position advances by T. A cache position
-        that is a 0-d tensor means static shapes (see `KVCache`): T = 1, advanced in place.
-        """
+        """idx (B, T) -> logits (B, T, V) and, with targets (B, T), the mean cross-entropy. With
+        a cache the tokens follow the cached ones, and cache.pos advances by T."""
         T = idx.size(1)
         pos = positions(cache, T, self.cfg.block_size, idx.device)
         x = maybe_dropout(self.embed(idx, pos, cache), self.cfg.dropout, self.training)
-        rope = rope_angles(pos, self.cfg.head_dim) if self.cfg.pos_encoding == "rope" else None
+        rope = rope_tables(self.cfg, pos)
         for i, block in enumerate(self.blocks):
             x = block(x, cache, i, rope)
         if cache is not None:
@@ -259,11 +226,8 @@ class GPT(nn.Module):
 
 def logits_and_loss(model: nn.Module, x: torch.Tensor, targets: torch.Tensor | None
                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The last hidden states x (B, T, C) through the model's final norm and head -> logits
-    (B, T, V), and with targets (B, T) the mean cross-entropy in float32 over the positions
-    whose target is not -1 (an encoder-decoder's padding; a GPT's targets never are). In
-    training mode the targets are smoothed by model.label_smoothing; in eval mode never, so
-    val losses stay comparable across runs."""
+    """x (B, T, C) -> logits (B, T, V) and the float32 mean cross-entropy over targets not -1
+    (padding), label-smoothed in training only, so val losses stay comparable across runs."""
     logits = model.head(model.ln_f(x))  # (B, T, V)
     cap = model.cfg.logit_softcap
     if cap > 0:  # in float32: tanh saturates early in bf16
@@ -276,34 +240,40 @@ def logits_and_loss(model: nn.Module, x: torch.Tensor, targets: torch.Tensor | N
     return logits, loss
 
 
-def param_counts(model: nn.Module, n_layer: int | None = None) -> dict[str, int]:
-    """Parameters per component, each shared (tied) tensor counted once, plus the total.
-
-    `n_layer` (default: the model's) lets a model built with fewer blocks stand for a deeper one:
-    its blocks are all alike, so each block component scales by n_layer / len(model.blocks).
-    An encoder-decoder counts its own components (`EncoderDecoder.component_counts`).
-    """
-    if not isinstance(model, GPT):
-        return model.component_counts(n_layer)
-    groups = {"token_embedding": "wte.", "position_embedding": "wpe.", "bigram": "bigram.",
-              "attention": ".attn.", "mlp": ".mlp.", "norms": "ln_", "head": "head."}
+def count_components(model: nn.Module, groups: dict[str, tuple[str, ...]],
+                     stacks: dict[str, int | None]) -> dict[str, int]:
+    """Parameters per component of `groups` (the first with a key in ".NAME"), each tied tensor
+    once, plus the total. `stacks` maps a block list's name to the depth it stands for (None:
+    as built): its blocks are all alike, so a model built with fewer stands for a deeper one."""
     counts = dict.fromkeys(groups, 0)
-    in_blocks = dict.fromkeys(groups, 0)
+    in_stacks = {(c, stack): 0 for c in groups for stack in stacks}
     for name, p in model.named_parameters():  # yields a tied tensor once, under wte
-        component = next(c for c, key in groups.items() if key in f".{name}")
-        (in_blocks if name.startswith("blocks.") else counts)[component] += p.numel()
-    built = len(model.blocks)
-    layers = built if n_layer is None else n_layer
-    for component, n in in_blocks.items():
-        counts[component] += n // built * layers
+        component = next(c for c, keys in groups.items() if any(k in f".{name}" for k in keys))
+        stack = name.partition(".")[0]
+        if stack in stacks:
+            in_stacks[component, stack] += p.numel()
+        else:
+            counts[component] += p.numel()
+    for (component, stack), n in in_stacks.items():
+        built = len(getattr(model, stack))
+        counts[component] += n // built * (built if stacks[stack] is None else stacks[stack])
     counts["total"] = sum(counts.values())
     return counts
 
 
+def param_counts(model: nn.Module, n_layer: int | None = None) -> dict[str, int]:
+    """`count_components` of a GPT or (`EncoderDecoder.component_counts`) an encoder-decoder."""
+    if not isinstance(model, GPT):
+        return model.component_counts(n_layer)
+    groups = {"token_embedding": ("wte.",), "position_embedding": ("wpe.",),
+              "bigram": ("bigram.",), "attention": (".attn.",), "mlp": (".mlp.",),
+              "norms": ("ln_",), "head": ("head.",)}
+    return count_components(model, groups, {"blocks": n_layer})
+
+
 def parameter_count(cfg: ModelConfig, vocab_size: int) -> int:
-    """The parameter count of `GPT(cfg, vocab_size)` without building its n_layer blocks: a
-    one-layer model on the meta device (no memory) stands for them, so a mistyped
-    `model.n_layer=1000000000` is counted at once."""
+    """The parameter count of `GPT(cfg, vocab_size)`, from one block on the meta device, so a
+    mistyped `model.n_layer=1000000000` is counted at once."""
     with torch.device("meta"):
         model = GPT(dataclasses.replace(cfg, n_layer=1), vocab_size)
     return param_counts(model, cfg.n_layer)["total"]

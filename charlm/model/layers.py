@@ -1,14 +1,6 @@
-"""What the models add to torch's layers: `Linear`, whose product of a few rows by a large
-float32 weight on the CPU may be split over the threads (`split_product`, for a BLAS that runs
-such a product on one core), `lay_out_for_decoding`, which sets that split and may store such
-weights column-major for a model that only decodes (the choice is its caller's:
-`charlm.runtime.profile`, nothing here times the machine), `Embedding`, whose initial
-draw skips the meta device (`normal_`), and `maybe_dropout`, which skips dropout's call where it
-does nothing.
-
-Everything else the models build from is torch's own (`nn.LayerNorm`, plain `nn.Module`
-children).
-"""
+"""What the models add to torch's layers: a `Linear` whose decode layout (`charlm.runtime.profile`
+chooses it) may split its products over the threads, for a BLAS that runs them on one core, and
+an `Embedding` whose initial draw skips the meta device."""
 
 from __future__ import annotations
 
@@ -19,16 +11,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 SPLIT_ROWS = 64  # up to this many rows a split product can beat F.linear
-# From this many values in a weight (512 KiB of float32) the split can win; below it, the threads'
-# start and join cost more than the product.
+# below this many values in a weight, the threads' start and join cost more than the product
 SPLIT_MIN_WEIGHTS = 1 << 17
 
 
 class Linear(nn.Linear):
-    """`nn.Linear`, whose float32 product on the CPU with a few rows (a decode step, a small
-    batch of samples or beams) by a large weight, outside autograd and outside a compiled
-    graph, is split over `split_parts` threads (1, plain F.linear, unless
-    `lay_out_for_decoding` sets it)."""
+    """`nn.Linear` whose decode-step products may be split over `split_parts` threads."""
 
     split_parts = 1
 
@@ -38,8 +26,8 @@ class Linear(nn.Linear):
 
 def product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
             parts: int) -> torch.Tensor:
-    """F.linear(x, w, bias) as `Linear` computes it: split over `parts` threads for a few rows
-    by a large row-major float32 CPU weight outside autograd and outside a compiled graph."""
+    """F.linear(x, w, bias), split over `parts` threads for a few rows by a large row-major
+    float32 CPU weight, outside autograd and outside a compiled graph."""
     if (parts == 1 or torch.is_grad_enabled() or w.dtype is not torch.float32 or not w.is_cpu
             or torch.compiler.is_compiling()):
         return F.linear(x, w, bias)  # training leaves at the first tests
@@ -52,14 +40,12 @@ def product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
 
 def split_product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
                   parts: int) -> torch.Tensor:
-    """F.linear(x, w, bias) for x (..., K) of M rows, w (N, K): w's rows in `parts` equal
-    blocks, one batched product (N / parts, K) @ (K, M) per block, which BLAS runs a block per
-    thread. The sums are the same dot products, so the result matches F.linear's within
-    rounding."""
+    """F.linear(x, w, bias) for x (..., K) of M rows, w (N, K), as one batched product over
+    `parts` blocks of w's rows, which BLAS runs a block a thread: equal within rounding."""
     N, K = w.shape
     M = x.numel() // K
     blocks = w.view(parts, N // parts, K)
-    if M == 1 and x.is_contiguous():  # a decode step: the fewest ops (each costs microseconds)
+    if M == 1 and x.is_contiguous():  # a decode step: the fewest ops
         y = torch.bmm(blocks, x.as_strided((parts, K, 1), (0, 1, K)))  # (parts, N / parts, 1)
         y = y.view(*x.shape[:-1], N)
     else:
@@ -69,20 +55,15 @@ def split_product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
 
 
 def decoding_linears(model: nn.Module) -> list[Linear]:
-    """`model`'s `Linear`s whose products a decode layout changes: those with a float32 CPU
-    weight of at least SPLIT_MIN_WEIGHTS values, stored row-major."""
+    """`model`'s `Linear`s with a large row-major float32 CPU weight: what a layout changes."""
     return [m for m in model.modules() if isinstance(m, Linear)
             and m.weight.dtype is torch.float32 and m.weight.is_cpu
             and m.weight.numel() >= SPLIT_MIN_WEIGHTS and m.weight.is_contiguous()]
 
 
 def lay_out_for_decoding(model: nn.Module, split_parts: int, column_major: bool) -> int:
-    """Set how `model`'s `decoding_linears` multiply: split over gcd(out features,
-    split_parts) threads, or with column_major their weights stored column-major (the same
-    values, the transpose contiguous, multiplied by F.linear unsplit); the number of weights
-    laid out (a tied weight once). Products give the same values within rounding and training
-    is unaffected, but a column-major weight is not contiguous, which safetensors cannot save:
-    that is for a model that only decodes (the serve engine's own copy)."""
+    """Split `decoding_linears` over gcd(out features, split_parts) threads, or store them
+    column-major (not contiguous, so unsavable: for a model that only decodes); the count."""
     linears = decoding_linears(model)
     for m in linears:
         m.split_parts = 1 if column_major else math.gcd(m.weight.shape[0], split_parts)
@@ -95,13 +76,12 @@ def lay_out_for_decoding(model: nn.Module, split_parts: int, column_major: bool)
 
 
 def maybe_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """F.dropout, minus the call when it is the identity (decoding runs this per layer per
-    token)."""
+    """F.dropout, minus the call when it is the identity."""
     return F.dropout(x, p, training) if training and p > 0 else x
 
 
 class Embedding(nn.Embedding):
-    """`nn.Embedding`, whose `reset_parameters` draws by `normal_` (the same values)."""
+    """`nn.Embedding` that draws its initial weights by `normal_`."""
 
     def reset_parameters(self) -> None:
         normal_(self.weight)
@@ -111,8 +91,6 @@ class Embedding(nn.Embedding):
 
 
 def normal_(t: torch.Tensor, std: float = 1.0) -> torch.Tensor:
-    """nn.init.normal_(t, 0, std), the same draws, except on the meta device: there a tensor has
-    no values to draw, and torch's normal_ for it imports the compiler (torch._dynamo), which
-    counting a model's parameters on that device (`charlm train`, `sample`, `info`) would pay
-    at every start."""
+    """nn.init.normal_(t, 0, std), but nothing on the meta device, where torch's would import
+    the compiler (torch._dynamo) at every start that counts a model's parameters."""
     return t if t.is_meta else nn.init.normal_(t, 0.0, std)

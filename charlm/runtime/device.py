@@ -1,8 +1,5 @@
-"""Devices: resolve `auto` (or a named device) to one that is there, the memory it has and a
-check that a request fits in it before anything is allocated, and seeding every RNG. What a
-run computes in is `charlm.runtime.precision`; torchrun's process group is
-`charlm.runtime.distributed`.
-"""
+"""Devices: resolve `auto` or a name to a device that is there, refuse a request its memory
+cannot hold before anything is allocated, and seed every RNG."""
 
 from __future__ import annotations
 
@@ -16,8 +13,7 @@ from charlm.core.errors import CharlmError, Setting, SettingError
 
 
 def resolve_device(name: str, setting: str = "train.device") -> torch.device:
-    """`auto` picks cuda > mps > cpu; an explicit device that is missing is an error naming
-    `setting` (the config key, or the Python API's `device`: the CLI says `--device`)."""
+    """`auto` picks cuda > mps > cpu; a missing named device is an error naming `setting`."""
     unknown = device_error(name)
     if unknown:
         raise CharlmError(unknown)
@@ -41,8 +37,7 @@ def resolve_device(name: str, setting: str = "train.device") -> torch.device:
 
 
 def memory_bytes(device: torch.device) -> int | None:
-    """The device's total memory: the GPU's, or the machine's RAM for the CPU; None for MPS
-    (it shares the machine's memory with everything else)."""
+    """The GPU's memory, or the machine's RAM for the CPU; None for MPS (shared)."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory
     if device.type == "cpu":
@@ -52,10 +47,9 @@ def memory_bytes(device: torch.device) -> int | None:
 
 def require_memory(need: int, device: torch.device, needs: str, advice: str,
                    setting: str | None = None) -> None:
-    """Refuse work whose `need` bytes alone exceed the device's memory, before it is allocated:
-    a mistyped size could take the machine down first. The error reads `{needs}, more than the
-    N GiB of {device}; {advice}`, with the need in GiB where `needs` says `{gib}`; a
-    SettingError of `setting` where they say `{setting}`."""
+    """Refuse work whose `need` bytes exceed the device's memory: `{needs}, more than the N GiB
+    of {device}; {advice}`, the need where `needs` says `{gib}`, and a SettingError of
+    `setting` where the message says `{setting}`."""
     have = memory_bytes(device)
     if have is not None and need > have:
         needs = needs.replace("{gib}", f"{need / 2**30:,.1f} GiB")

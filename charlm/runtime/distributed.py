@@ -19,10 +19,8 @@ from charlm.core.ranks import torchrun_place
 
 @dataclass(frozen=True)
 class Dist:
-    """This process's place in a torchrun world; `Dist()` is a plain single-process run.
-
-    `flags` is a gloo group for host-side values (the stop flag): with NCCL a CPU tensor cannot
-    go through the default group, and a CUDA one would make the host wait for the device."""
+    """This process's place in a torchrun world; `Dist()` is a single-process run. `flags`: a
+    gloo group for host-side values, which NCCL's default group cannot carry without a wait."""
 
     rank: int = 0
     local_rank: int = 0
@@ -36,38 +34,29 @@ class Dist:
         return self.rank == 0
 
     def rows(self, batch_size: int) -> slice:
-        """This rank's rows of a global batch of `batch_size` rows."""
         per_rank = batch_size // self.world_size
         return slice(self.rank * per_rank, (self.rank + 1) * per_rank)
 
     def mean_(self, value: torch.Tensor) -> torch.Tensor:
-        """Average a tensor over ranks, in place (gloo has no AVG, hence SUM then divide).
-        Enqueued on the device stream under NCCL: the host does not wait."""
+        """Average a tensor over ranks in place (gloo has no AVG); the host does not wait."""
         if self.active:
             torch_dist.all_reduce(value, op=torch_dist.ReduceOp.SUM)
             value /= self.world_size
         return value
 
     def agree(self, signum: int | None, *values: float) -> tuple[Any, ...]:
-        """The stop signal any rank has received (the largest number if several) and the
-        largest of each of `values` (the run's elapsed time, its pace), so that all ranks
-        set the same learning rate and stop at the same step. One host-side all-reduce."""
+        """The largest stop signal any rank has received and the largest of each of `values`,
+        so all ranks set the same learning rate and stop at the same step."""
         if not self.active:
             return (signum, *values)
         flags = torch.tensor([float(signum or 0), *values], dtype=torch.float64)
         torch_dist.all_reduce(flags, op=torch_dist.ReduceOp.MAX, group=self.flags)
         return (int(flags[0]) or None, *flags[1:].tolist())
 
-    def barrier(self) -> None:
-        if self.active:
-            torch_dist.barrier()
-
     def all_ok(self, ok: bool) -> bool:
-        """Whether every rank says `ok`."""
         return bool(self.least(int(ok)))
 
     def least(self, value: int) -> int:
-        """The smallest of the ranks' `value`: one host-side all-reduce of one integer."""
         if not self.active:
             return value
         flag = torch.tensor(value)
@@ -76,9 +65,7 @@ class Dist:
 
     @contextlib.contextmanager
     def main_first(self) -> Iterator[None]:
-        """Rank 0 runs the block (say, writing a cache) before the other ranks do. Should rank 0
-        fail in it, it tells the others, which then raise a CharlmError without running the
-        block (rank 0 reports the cause) instead of failing in a collective with a traceback."""
+        """Rank 0 runs the block first; should it fail, the others raise a CharlmError."""
         if not self.is_main:
             if not self.all_ok(True):
                 raise CharlmError("process 0 of the torchrun world failed (its error is on "
@@ -93,7 +80,6 @@ class Dist:
         self.all_ok(True)
 
     def wrap(self, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-        """The module that training steps call: DDP around `model` when distributed."""
         if not self.active:
             return model
         ids = [device.index] if device.type == "cuda" else None
@@ -101,8 +87,7 @@ class Dist:
 
 
 def sync_grads(model: torch.nn.Module, sync: bool) -> contextlib.AbstractContextManager:
-    """Around the forward and backward of a micro-step: DDP all-reduces the gradients only when
-    `sync` (the last micro-step of an accumulation); the others accumulate locally."""
+    """Around a micro-step: DDP all-reduces the gradients only when `sync` (the last)."""
     if sync or not isinstance(model, DistributedDataParallel):
         return contextlib.nullcontext()
     return model.no_sync()
@@ -110,8 +95,8 @@ def sync_grads(model: torch.nn.Module, sync: bool) -> contextlib.AbstractContext
 
 @contextlib.contextmanager
 def distributed(device: torch.device) -> Iterator[tuple[Dist, torch.device]]:
-    """Join the torchrun process group for the duration of a run; yields (Dist, device), the
-    device being `cuda:LOCAL_RANK` on CUDA. A group the caller set up is used and left up."""
+    """Join torchrun's process group for a run, yielding (Dist, device: `cuda:LOCAL_RANK` on
+    CUDA); a group the caller set up is used and left up."""
     place = torchrun_place()
     if place is None:
         if device.type == "cuda" and device.index is not None:

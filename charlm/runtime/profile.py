@@ -1,27 +1,14 @@
-"""The run's profile: every choice that depends on the machine, made once, before a run's
-objects are built, and nowhere else. `decide` resolves `train.threads: auto` and
-`train.dtype: auto`; `train_rate` times a model's training steps for the sizing of a budgeted
-run. The resolved values are written into the run dir's config.yaml (and every checkpoint), so
-`--resume` and a copied run dir compute with what the first run did; after the profile, nothing
-reads the clock or the load to choose a code path.
+"""The run's profile: every choice that depends on the machine, made once before a run's
+objects are built and written into config.yaml, so `--resume` and a copied run dir compute as
+the first run did. A decoding model's `DecodeLayout` is timed once by its owner, before decoding.
 
-Threads. torch runs its CPU kernels on one thread per core, and the threads wait for each other
-at the end of every kernel: when other processes keep cores busy, a thread is often not running
-and every kernel waits for the scheduler (beside a busy loop on a 2-core CPU, two threads took
-several times as long a step as one; docs/benchmarks.md, "Threads on a busy CPU"). So `auto`
-computes on the cores the others leave free at the start, at least one. The count never
-changes mid-run: results depend on it in the last bits, and a resume must repeat them.
+Threads: torch's CPU threads wait for each other after every kernel, so beside busy processes
+each kernel waits for the scheduler (docs/benchmarks-log.md, "Threads on a busy CPU"); `auto`
+takes the cores the others leave free at the start, and never changes mid-run: results depend
+on it in the last bits.
 
-Dtype. bf16 on a GPU that has it natively (else float16 with a GradScaler); on a CPU, bf16 where
-a unit multiplies it in hardware and a product of two matrices measures at least BF16_GAIN times
-float32's speed (CPUs with bf16 instructions differ by several times either way:
-docs/benchmarks.md); else float32. `charlm info --machine` shows what the profile picks here
-and why.
-
-Decode layout. How a decoding model's large float32 CPU products are computed (`DecodeLayout`:
-split over the threads, weights column-major), timed once by whoever owns the model (the serve
-engine for its own copy, `charlm.api.LM` the split only) before its first decode step, and
-applied by `charlm.model.layers.lay_out_for_decoding`; the model's code only reads the choice.
+Dtype: bf16 on a GPU that has it natively (else float16 with a GradScaler); on a CPU, bf16
+where hardware multiplies it and a product measures at least BF16_GAIN times float32's speed.
 """
 
 from __future__ import annotations
@@ -30,6 +17,7 @@ import math
 import os
 import statistics
 import time
+import timeit
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -73,8 +61,7 @@ class Machine:
             return os.cpu_count() or 1
 
     def busy_elsewhere(self) -> float | None:
-        """Cores other processes keep busy, read from /proc/stat over LOAD_S (the machine's busy
-        time less this process's own); None where /proc/stat cannot be read."""
+        """Cores other processes keep busy over LOAD_S; None without /proc/stat."""
         first = cpu_times()
         time.sleep(LOAD_S)
         last = cpu_times()
@@ -86,9 +73,8 @@ class Machine:
         return max(busy - (last[2] - first[2]) / wall, 0.0)
 
     def bf16_unit(self) -> str | None:
-        """What multiplies bf16 matrices in hardware on this CPU: "AMX" (Intel Sapphire Rapids
-        and later), "AVX512_BF16" (AMD Zen 4 and later, Intel Cooper Lake), or None (emulated,
-        far slower than float32)."""
+        """What multiplies bf16 matrices in hardware here: "AMX" (Intel Sapphire Rapids on),
+        "AVX512_BF16" (AMD Zen 4 on, Intel Cooper Lake), or None (emulated)."""
         for unit, probe in (("AMX", "_is_amx_tile_supported"),
                             ("AVX512_BF16", "_is_avx512_bf16_supported")):
             supported = getattr(torch.cpu, probe, None)
@@ -97,9 +83,7 @@ class Machine:
         return None
 
     def bf16_speedup(self) -> float:
-        """How many times float32's speed this CPU multiplies bf16 matrices at: the best of
-        PROBE_REPEATS products of PROBE_N-square matrices in each dtype. Draws
-        nothing from the random streams."""
+        """bf16's speed over float32's in a square product, drawing no random numbers."""
         with torch.random.fork_rng(devices=[]):
             a = torch.randn(PROBE_N, PROBE_N)
         return best_time(lambda: torch.mm(a, a)) / best_time(
@@ -107,8 +91,7 @@ class Machine:
 
 
 def cpu_times() -> tuple[float, float, float] | None:
-    """(machine busy seconds, machine seconds over all CPUs, this process's CPU seconds) from
-    /proc/stat, or None without it."""
+    """(machine busy, machine total, this process's) CPU seconds, or None without /proc/stat."""
     try:
         with open("/proc/stat", encoding="ascii") as f:
             fields = [float(x) for x in f.readline().split()[1:]]
@@ -123,19 +106,13 @@ def cpu_times() -> tuple[float, float, float] | None:
 
 
 def best_time(f: Callable[[], object]) -> float:
-    """The best of PROBE_REPEATS timed calls of f, after one untimed call."""
     f()
-    times = []
-    for _ in range(PROBE_REPEATS):
-        start = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return min(timeit.repeat(f, number=1, repeat=PROBE_REPEATS))
 
 
 def pick_threads(setting: int | str, device: torch.device, machine: Machine) -> tuple[int, str]:
-    """`train.threads`: a number as given; OMP_NUM_THREADS (the user's, or torchrun's) as set;
-    `auto` on the CPU the cores the other processes leave free now, at least one."""
+    """`train.threads`: a number, else OMP_NUM_THREADS, else on the CPU the cores other
+    processes leave free, at least one."""
     if isinstance(setting, int):
         return setting, "train.threads"
     omp = os.environ.get("OMP_NUM_THREADS", "")
@@ -153,7 +130,7 @@ def pick_threads(setting: int | str, device: torch.device, machine: Machine) -> 
 
 
 def pick_dtype(setting: str, device: torch.device, machine: Machine) -> tuple[str, str]:
-    """`train.dtype`: a dtype as given; `auto` as the module's docstring says."""
+    """`train.dtype`: as given, or `auto` as the module's docstring says."""
     if setting != "auto":
         resolve_dtype(setting, device)  # float16 on a CPU is an error
         return setting, "train.dtype"
@@ -173,8 +150,7 @@ def pick_dtype(setting: str, device: torch.device, machine: Machine) -> tuple[st
 
 def decide(threads: int | str, dtype: str, device: torch.device,
            machine: Machine | None = None) -> Profile:
-    """The profile of a run with these `train.threads` and `train.dtype` settings on `device`;
-    sets torch's thread count to it (the one place that does)."""
+    """The profile of these settings on `device`; sets torch's thread count (the one place)."""
     machine = machine or Machine()
     count, why_threads = pick_threads(threads, device, machine)
     name, why_dtype = pick_dtype(dtype, device, machine)
@@ -183,8 +159,7 @@ def decide(threads: int | str, dtype: str, device: torch.device,
 
 
 def train_rate(step: Callable[[], None], tokens: int, device: torch.device) -> float:
-    """Training tokens a second of `step` (one optimizer update of `tokens` input tokens):
-    timed for at least RATE_S after one untimed step, the device synchronised."""
+    """Training tokens a second of `step` (`tokens` a step), over at least RATE_S."""
     def synced() -> None:
         step()
         if device.type == "cuda":
@@ -200,15 +175,12 @@ def train_rate(step: Callable[[], None], tokens: int, device: torch.device) -> f
 
 @dataclass(frozen=True)
 class DecodeLayout:
-    """How `Linear`s multiply a few rows by a large float32 CPU weight: split over
-    `split_parts` threads (1: plain F.linear) and/or with the weight stored column-major (the
-    same values, its transpose contiguous; such a weight is multiplied by F.linear, unsplit)."""
+    """How decode steps multiply large float32 CPU weights (`lay_out_for_decoding`)."""
 
     split_parts: int = 1
     column_major: bool = False
 
     def describe(self) -> str:
-        """A short phrase for a one-line report."""
         if self.column_major:
             return "decode weights column-major"
         if self.split_parts > 1:
@@ -217,35 +189,27 @@ class DecodeLayout:
 
 
 def probe_weights() -> torch.Tensor:
-    """PROBE_COUNT float32 weights of PROBE_SIDE x PROBE_SIDE, (PROBE_COUNT, side, side): more
-    bytes than most CPUs' last-level cache holds, so products by them in turn stream them from
-    memory, as a decode step streams a model's weights. (On one weight that a cache holds, the
-    answers flipped from one process to the next.)"""
+    """Square float32 weights, more than most last-level caches hold, so products by them
+    stream from memory as a decode step does (on a cached one, answers flipped run to run)."""
     return torch.full((PROBE_COUNT, PROBE_SIDE, PROBE_SIDE), 0.01)
 
 
 def faster(a: Callable, b: Callable, rounds: int = 7) -> bool:
-    """Whether a takes less time than b: the medians of `rounds` timed calls of each, called in
-    turn (a b a b ...) after one untimed call of each, so that a machine whose speed drifts
-    slows both alike."""
+    """Whether a's median time over `rounds` calls beats b's, called in turn after one untimed
+    call each, so a drifting machine slows both alike."""
     a(), b()
     times: tuple[list[float], list[float]] = ([], [])
     for _ in range(rounds):
         for f, ts in zip((a, b), times, strict=True):
-            start = time.perf_counter()
-            f()
-            ts.append(time.perf_counter() - start)
+            ts.append(timeit.timeit(f, number=1))
     return statistics.median(times[0]) < statistics.median(times[1])
 
 
 def decode_layout(threads: int, *, column_major: bool = True,
                   faster: Callable[[Callable, Callable], bool] = faster) -> DecodeLayout:
-    """The layout that multiplies 1 and 16 rows by large float32 weights fastest here, timed
-    on `probe_weights` by `faster` (injectable). Split over gcd(PROBE_SIDE, threads) blocks
-    where one-row products run faster so (some BLAS, MKL on AMD EPYCs, computes one row on one
-    core: up to twice as fast; others use every core, where the split is slower); column-major
-    where that beats the row-major products so chosen (docs/benchmarks.md has the figures).
-    Without column_major only the split is timed."""
+    """The layout that multiplies 1 and 16 rows by `probe_weights` fastest here: split where
+    one-row products run faster so (some BLAS, MKL on AMD EPYCs, compute one row on one core),
+    column-major (if allowed) where that beats the row-major products."""
     with torch.inference_mode():
         rows, x = probe_weights(), torch.randn(1, PROBE_SIDE)
         parts = math.gcd(PROBE_SIDE, threads)
@@ -262,9 +226,8 @@ def decode_layout(threads: int, *, column_major: bool = True,
 
 
 def layout_for(model: nn.Module, *, column_major: bool = True) -> DecodeLayout:
-    """`decode_layout` over torch's threads where `model` has a weight a layout changes
-    (`decoding_linears`), else DecodeLayout() without timing anything (a small model, bf16,
-    a GPU). column_major=False: the split only, for a model whose weights must stay row-major."""
+    """`decode_layout` over torch's threads where `model` has `decoding_linears`, else
+    DecodeLayout() untimed; column_major=False for a model whose weights must stay row-major."""
     if not decoding_linears(model):
         return DecodeLayout()
     return decode_layout(torch.get_num_threads(), column_major=column_major)
