@@ -13,8 +13,7 @@ import numpy as np
 import torch
 
 from charlm.core.errors import CharlmError, characters
-from charlm.data.dataset_dir import PairSplit
-from charlm.data.pair_vocab import PairVocab
+from charlm.data.pairs import PairSplit, PairVocab
 
 IGNORE_INDEX = -1  # tgt_out's padding: the loss's ignore_index
 

@@ -11,8 +11,8 @@ decoder with the same prefill / step / reorder interface as `generate`'s decoder
 `translate_ids` (greedy or sampled, batched) and `beam_search_ids` (`generate.search_beams`)
 reuse the logits processors and the one beam search.
 
-Target ids follow `charlm.data.pair_vocab.PairVocab`: units 0..N-1, then pad, bos and eos
-(`charlm.data.pair_vocab.target_specials`).
+Target ids follow `charlm.data.pairs.PairVocab`: units 0..N-1, then pad, bos and eos
+(`charlm.data.pairs.target_specials`).
 
 Shapes: B batch, S source length, T target length (new tokens this forward), C n_embd,
 H n_head, D head_dim, L decoder layers.
@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 
 from charlm.config.schema import ModelConfig
-from charlm.data.pair_vocab import target_specials
+from charlm.data.pairs import target_specials
 from charlm.model.attention import KVCache, attention_dtype, rope_angles
 from charlm.model.gpt import (
     Block,

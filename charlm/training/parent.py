@@ -21,7 +21,7 @@ import torch
 
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
-from charlm.data.pair_vocab import PairVocab
+from charlm.data.pairs import PairVocab
 from charlm.data.vocab import Vocab
 from charlm.training.run_dir import RUN_FILES
 from charlm.training.tasks import vocab_from_state
