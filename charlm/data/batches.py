@@ -59,10 +59,9 @@ class Seeded:
 
 
 class PairBatchSampler(Seeded):
-    """Batches of pairs of like length: the pairs ordered by length (source + target), equal
-    lengths in a seeded random order, a batch `batch_size` consecutive pairs of that order from
-    a random start, so its padding stays small. The window wraps around the end, so every pair
-    is drawn equally often."""
+    """Batches of pairs of like length, so padding stays small: `batch_size` consecutive pairs
+    from a random start in the pairs ordered by length (source + target), equal lengths in a
+    seeded random order, wrapping around the end so every pair is drawn equally often."""
 
     def __init__(self, split: PairSplit, vocab: PairVocab, batch_size: int,
                  device: torch.device, seed: int, rows: slice = slice(None)):

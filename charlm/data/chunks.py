@@ -1,10 +1,7 @@
 """Text files read strictly as UTF-8 in chunks of `CHUNK_BYTES`, so memory stays bounded
-whatever a file's size: as text (`decode_chunks`) or as code points in the narrowest form
-(`code_point_chunks`, for `prepare`; an ASCII chunk is its own code points, never decoded).
-`CharacterSet` gathers a text's characters chunk by chunk; `read_text` reads a whole text file
-with the same errors. And sha256: of a file (`sha256_file`), of a reader's chunks on a second
-thread (`ChunkDigest`: hashlib lets go of the GIL, so hashing runs beside the encoding), and of
-a key (`path_share`)."""
+whatever a file's size, as text or as code points (an ASCII chunk is its own code points, never
+decoded); the characters a text's chunks hold; and sha256, of a reader's chunks on a second
+thread (hashlib lets go of the GIL, so hashing runs beside the encoding)."""
 
 from __future__ import annotations
 
@@ -59,10 +56,9 @@ def not_text(name: str, why: str, at: int, head: bytes, reason: str) -> InvalidT
 
 
 def _chunks(f: BinaryIO, name: str, bar: tqdm | None) -> Iterator[tuple[bytes, bytes, str | None]]:
-    """(raw bytes, their text's bytes, the text) per chunk of `f`: the text's bytes are the raw
-    ones less a byte order mark that starts the file (it marks the encoding, it is not text);
-    the text is None when they are ASCII and no character began in an earlier chunk. A NUL
-    byte (a binary file) or an invalid byte sequence is an error naming its byte offset."""
+    """(raw bytes, their text's bytes, the text) per chunk of `f`: the text's bytes less a byte
+    order mark that starts the file, the text None when they are ASCII and no character began in
+    an earlier chunk. A NUL byte or an invalid byte sequence is an error naming its offset."""
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
     offset, head = 0, b""  # bytes read before this chunk; the file's first bytes
     while True:

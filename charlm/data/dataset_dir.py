@@ -1,8 +1,7 @@
 """A dataset dir, as `charlm prepare` writes it and every reader opens it: meta.json (its format
-and version mark it as charlm's), then train.bin and val.bin (text: ids as memmaps) or
-train.npz, val.npz and test.npz (pairs: `PairSplit`'s four arrays each, no pickles). Writing one
-safely (the dir's lock, whether an existing dir may be replaced, meta.json moved into place
-last) and loading one back, checked. Torch-free, so `charlm prepare` starts fast."""
+and version mark it as charlm's), then train.bin and val.bin (text: ids, read as memmaps) or
+train.npz, val.npz and test.npz (pairs: a `PairSplit` each, no pickles), written safely and
+loaded back checked. Torch-free, so `charlm prepare` starts fast."""
 
 from __future__ import annotations
 
@@ -33,22 +32,14 @@ from charlm.data.sources import Source
 from charlm.data.vocab import Vocab
 
 DATASET_FORMAT = "charlm-dataset"
-
 DATASET_VERSION = 1
-
 META_HEADER = {"format": DATASET_FORMAT, "version": DATASET_VERSION}  # what marks one charlm's
-
-DATASET_FILES = ("meta.json", "train.bin", "val.bin", "test.bin")  # test: a benchmark's
-
 PAIRS_KIND = "pairs"
 
 SPLITS = ("train", "val", "test")
-
+DATASET_FILES = ("meta.json", "train.bin", "val.bin", "test.bin")  # test: a benchmark's
 PAIR_FILES = ("meta.json", *(f"{split}.npz" for split in SPLITS))
-
 ARRAYS = ("src", "src_offsets", "tgt", "tgt_offsets")
-
-AGAIN = "prepare it again with `charlm prepare --pairs`"
 
 # meta.json (and an export's vocab.json) hold a vocabulary: even every Unicode character, one a
 # line, stays below this; a file far larger is not charlm's and would fill the memory
@@ -83,9 +74,8 @@ def dataset_meta(path: Path) -> dict[str, Any] | None:
 
 def replaceable(out: Path, files: Sequence[str] = DATASET_FILES) -> bool:
     """Whether `prepare` may write into the existing directory `out`: one that holds a charlm
-    dataset (another tool's meta.json is not ours to overwrite), or nothing but `files` and
-    hidden temporaries with meta.json missing, or damaged beside data files (a prepare or a
-    machine stopped between moving the data files into place and writing meta.json)."""
+    dataset, or nothing but `files` and hidden temporaries with meta.json missing, or damaged
+    beside data files (a prepare or a machine stopped before writing meta.json)."""
     if dataset_meta(out) is not None:
         return True
     if not all(p.name.startswith(".") or p.name in files for p in out.iterdir()):
@@ -100,8 +90,7 @@ def replaceable(out: Path, files: Sequence[str] = DATASET_FILES) -> bool:
 
 
 def dataset_lock(out: Path) -> contextlib.AbstractContextManager[None]:
-    """The lock a prepare holds on its dataset dir, so that two prepares into one dir never mix
-    one's meta.json with the other's data files."""
+    """The lock a prepare holds on its dataset dir, so that two never mix their files."""
     return locked_dir(out, f"dataset dir {out} is in use by another `charlm prepare` (or a "
                            "`charlm train` preparing its data); wait for it to end, or choose "
                            "another --out")
@@ -118,11 +107,9 @@ def check_out(out: Path, files: Sequence[str] = DATASET_FILES) -> None:
 
 def write_dataset(out: Path, finals: Sequence[Path], write: Callable[[list[BinaryIO]], Any],
                   meta: dict[str, Any], stale: Sequence[str] = ()) -> None:
-    """Make the dataset dir `out` if needed, `write` the temporaries of `finals` (synced to
-    disk), move them into place and write `meta`, then remove the files `stale` of the dataset
-    replaced. The old meta.json goes first: stopped between the moves, the dir holds no
-    meta.json beside a mix of old and new files, which no reader takes for a dataset. Whatever
-    stops it (an error, SIGINT, SIGTERM) removes its temporaries."""
+    """`write` the temporaries of `finals` into the dataset dir `out`, move them into place, then
+    `meta`, the old meta.json gone first (so no reader takes a mix of old and new files for a
+    dataset), and remove `stale`. Whatever stops it removes its temporaries."""
     make_writable_dir(out, f"dataset dir {out}")
     remove_killed_temps(out, DATASET_FILES + PAIR_FILES[1:])
     try:
@@ -263,5 +250,6 @@ def load_pairs(path: Path) -> PairDataset:
         splits = {split: _load_split(path, split, meta["pairs"][split], vocab)
                   for split in SPLITS}
     except (ValueError, KeyError, TypeError, OSError, EOFError, zipfile.BadZipFile) as e:
-        raise CharlmError(f"cannot read dataset {path}: {e}; {AGAIN}") from None
+        raise CharlmError(f"cannot read dataset {path}: {e}; prepare it again with `charlm "
+                          "prepare --pairs`") from None
     return PairDataset(path, meta, vocab, **splits)

@@ -1,10 +1,8 @@
 """The data a run uses (`prepared_data`): a dataset dir as is, or its text or pairs prepared into
-a cache dir, reused while the sources and the settings are unchanged, and checked against
-`model.arch`; torch-free, so `charlm tune` prepares it once for all its trials. And the standard
-character-level benchmarks, enwik8 and text8 (the first 10^8 bytes of an English Wikipedia
-dump, raw and cleaned): `prepare_benchmark` checks the file is the one the papers used and
-writes their split, 90M units to train.bin, 5M to val.bin and 5M to test.bin. The files are not
-shipped: `charlm prepare --benchmark enwik8 enwik8 --out DIR` takes the unzipped file."""
+a cache dir, reused while the sources and the settings are unchanged; torch-free, so `charlm
+tune` prepares it once for all its trials. And the character-level benchmarks enwik8 and text8
+(the first 10^8 bytes of an English Wikipedia dump, raw and cleaned; the unzipped files are not
+shipped), checked to be the files the papers used and split as they split them."""
 
 from __future__ import annotations
 
@@ -69,10 +67,9 @@ def own_order(path: Path, what: str, given: str) -> CharlmError:
 def dataset_for(data_path: str | Path | Sequence[str | Path], val_fraction: float,
                 cache_dir: Path, check: Callable[[Vocab], None] | None = None,
                 options: TextOptions = TextOptions(), base: Vocab | None = None) -> Dataset:
-    """The dataset for `data.path`: a dataset dir as is, or its text prepared into `cache_dir`,
-    reused while `same_sources`. Before a cache is rebuilt, `check` sees the text's vocabulary
-    and may raise, leaving the cache alone (other data for a resumed run). With a `base`
-    vocabulary (a fine-tuned model's) the ids are its own, the new characters after them."""
+    """The dataset of `data.path`, a cache reused while `same_sources`. Before a cache is
+    rebuilt, `check` sees the text's vocabulary and may raise, leaving the cache alone (other
+    data for a resumed run); `base` as `prepare`'s."""
     specs = as_specs(data_path)
     if len(specs) == 1 and is_dataset_dir(Path(specs[0])):
         dataset = load_dataset(specs[0])
@@ -105,9 +102,8 @@ def text_vocab(data_path: str | Path | Sequence[str | Path],
 
 def same_sources(meta: dict[str, Any], sources: Sequence[Source], val_fraction: float,
                  options: TextOptions) -> bool:
-    """Whether the dataset of `meta` was prepared from `sources` as they are now (the sorted
-    path, size and sha256 of every file, those skipped too), with these options. The sizes are
-    compared first, so a changed size costs no hashing."""
+    """Whether the dataset of `meta` was prepared from `sources` as they are now (the path,
+    size and sha256 of every file), with these options; a changed size costs no hashing."""
     try:
         listed = sorted((e["path"], e["bytes"], e["sha256"])
                         for e in [*meta["sources"], *meta["skipped"]])
@@ -180,9 +176,8 @@ def benchmark(name: str) -> Benchmark:
 
 def prepare_benchmark(name: str, path: str | Path, out: str | Path, progress: bool = True,
                       shown: str | None = None) -> dict[str, Any]:
-    """Check `path` is the benchmark `name` (its size, then its sha256, before anything is
-    written) and write its split into the dataset dir `out`; returns its meta.json. `shown`:
-    how messages name the input (`-` for a copy of stdin)."""
+    """Check `path` is the benchmark `name` (its size, then its sha256) and write its split into
+    the dataset dir `out`; returns its meta.json. `shown`: how messages name the input."""
     bench, path, out = benchmark(name), Path(path), Path(out)
     source = Source(path, shown or str(path), path.name)
     options = TextOptions(units=bench.units)
@@ -260,9 +255,8 @@ def prepared_dir(data: DataConfig) -> Path | None:
 
 
 def data_summary(cfg: RunConfig, run_dir: Path | None) -> dict[str, Any] | None:
-    """What `charlm info` says of a run's text: its split, units, files, those skipped and the
-    tokens of each split, from the meta.json of its dataset dir or of the cache in `run_dir`;
-    None when neither holds a text dataset."""
+    """What `charlm info` says of a run's text, from the meta.json of its dataset dir or of the
+    cache in `run_dir`; None when neither holds a text dataset."""
     where = [] if (prepared := prepared_dir(cfg.data)) is None else [prepared]
     meta = next((m for d in [*where, *([run_dir / "dataset"] if run_dir else [])]
                  if (m := dataset_meta(d)) is not None and m.get("kind") != PAIRS_KIND), None)

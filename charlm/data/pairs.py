@@ -1,7 +1,5 @@
-"""Paired text for the encoder-decoder (G2P, transliteration, spelling): its vocabulary
-(`PairVocab`, with `target_specials`, the one place the layout of its special ids is written),
-reading "source<TAB>target" lines, the split a pair's source hashes to, a split's ids
-(`PairSplit`) and its targets grouped by source for multi-reference accuracy. Torch-free, so
+"""Paired text for the encoder-decoder (G2P, transliteration, spelling): its vocabulary, reading
+"source<TAB>target" lines, the split a pair's source hashes to and a split's ids. Torch-free, so
 `charlm prepare --pairs` starts fast."""
 
 from __future__ import annotations
@@ -28,16 +26,15 @@ SKIP_HINT = "set data.skip_bad_pairs=true to skip such lines"
 
 def target_specials(target_size: int) -> tuple[int, int, int]:
     """The pad, bos and eos ids of a target vocabulary of `target_size` ids: its last three,
-    after the units (PairVocab, EncoderDecoder)."""
+    after the units. The one place this layout is written (PairVocab, EncoderDecoder)."""
     return target_size - 3, target_size - 2, target_size - 1
 
 
 @dataclass(frozen=True)
 class PairVocab:
     """Source characters and target units (characters, or space-separated symbols such as
-    phonemes), sorted or a parent's order then the new ones (`extended`). Ids: source characters
-    0..S-1, then src_pad = S; target units 0..N-1, then pad, bos and eos, which never collide
-    with text and are never printed."""
+    phonemes). Ids: source characters 0..S-1, then src_pad = S; target units 0..N-1, then pad,
+    bos and eos, which never collide with text and are never printed."""
 
     source: tuple[str, ...]
     target: tuple[str, ...]
@@ -62,11 +59,9 @@ class PairVocab:
 
     @classmethod
     def from_pairs(cls, pairs: Sequence[tuple[str, str]], target_units: str) -> PairVocab:
-        source = set("".join(s for s, _ in pairs))
-        targets = (t for _, t in pairs)
-        target = set("".join(targets)) if target_units == "char" else set(
-            " ".join(targets).split())
-        return cls(tuple(sorted(source)), tuple(sorted(target)), target_units)
+        units = list if target_units == "char" else str.split
+        return cls(tuple(sorted({c for s, _ in pairs for c in s})),
+                   tuple(sorted({u for _, t in pairs for u in units(t)})), target_units)
 
     def extended(self, other: PairVocab) -> PairVocab:
         """This vocabulary, then the units of `other` it lacks, sorted: every unit keeps its id."""
@@ -195,17 +190,12 @@ class PairSplit:
 
     @classmethod
     def encode(cls, pairs: Sequence[tuple[str, str]], vocab: PairVocab) -> PairSplit:
-        srcs = [vocab.encode_source(s) for s, _ in pairs]
-        tgts = [vocab.encode_target(t) for _, t in pairs]
+        def flat(seqs: list[list[int]], size: int) -> tuple[np.ndarray, np.ndarray]:
+            return (np.fromiter(itertools.chain.from_iterable(seqs), dtype=id_dtype(size)),
+                    np.cumsum([0, *map(len, seqs)], dtype=np.int64))
 
-        def flat(seqs: list[list[int]], size: int) -> np.ndarray:
-            return np.fromiter(itertools.chain.from_iterable(seqs), dtype=id_dtype(size))
-
-        def offsets(seqs: list[list[int]]) -> np.ndarray:
-            return np.concatenate([[0], np.cumsum([len(s) for s in seqs])]).astype(np.int64)
-
-        return cls(flat(srcs, vocab.source_size), offsets(srcs),
-                   flat(tgts, vocab.target_size), offsets(tgts))
+        return cls(*flat([vocab.encode_source(s) for s, _ in pairs], vocab.source_size),
+                   *flat([vocab.encode_target(t) for _, t in pairs], vocab.target_size))
 
 
 def references(split: PairSplit, vocab: PairVocab) -> list[tuple[str, list[str]]]:
@@ -265,12 +255,9 @@ def _problem(source: str, found: bool, target: str, data: DataConfig,
 
 def read_pairs(path: Path, data: DataConfig, block_size: int
                ) -> tuple[list[tuple[str, str]], int]:
-    """The (source, target) pairs of a file in order, and how many bad lines were skipped.
-
-    Strict UTF-8, CRLF line ends tolerated, whitespace-only lines ignored. Each line splits at
-    the first `data.separator`; space-unit targets are normalised to single spaces. A bad line
-    is an error naming it, or skipped with data.skip_bad_pairs.
-    """
+    """The (source, target) pairs of a file in order, and how many bad lines were skipped. Each
+    line splits at the first `data.separator`; space-unit targets are normalised to single
+    spaces; whitespace-only lines are ignored, a bad line is an error naming it."""
     path = Path(path)
     limits = pair_limits(data, block_size)
     space = data.target_units == "space"

@@ -1,8 +1,7 @@
-"""`charlm prepare`: text files into a dataset dir (meta.json, train.bin, val.bin), and pairs
-files into one (`prepare_pairs`). Text is read in two passes of chunks, so memory stays bounded
-whatever its size: pass 1 (`scan`) finds each file's sha256, its characters and the vocabulary,
-pass 2 (`encode_source`) writes the ids and hashes again, to catch a file that changed between
-the passes. The validation split is the tail of each file, or whole files (`train_counts`)."""
+"""`charlm prepare`: text files, or pairs files, into a dataset dir. Text is read in two passes
+of chunks, so memory stays bounded whatever its size: pass 1 (`scan`) finds each file's sha256,
+its characters and the vocabulary, pass 2 (`encode_source`) writes the ids and hashes again, to
+catch a file that changed between the passes."""
 
 from __future__ import annotations
 
@@ -84,8 +83,7 @@ def _read(source: Source, options: TextOptions, each: Callable[[bytes | np.ndarr
 
 def scan(sources: Sequence[Source], options: TextOptions = TextOptions(),
          bar: tqdm | None = None) -> tuple[list[SourceStats], list[Skipped], Vocab]:
-    """Pass 1: per-file stats, the inputs skipped (`options.skip_invalid`) and the vocabulary
-    of all the others together."""
+    """Pass 1: per-file stats, the inputs skipped and the vocabulary of all the others."""
     seen = CharacterSet()
     stats, skipped = [], []
     for source in sources:
@@ -157,9 +155,8 @@ def held_out(key: str, val_fraction: float) -> bool:
 
 
 def train_counts(stats: Sequence[SourceStats], val_fraction: float, split: str) -> list[int]:
-    """How many characters of each source go to the train split; the rest are validation. A
-    split that leaves either side empty is refused; one of whole files that holds out less than
-    half or more than twice the val fraction of the text is warned about."""
+    """How many characters of each source go to the train split, the rest to validation; one
+    that leaves either side empty is refused, one far from the val fraction warned about."""
     if split == "files":
         if len(stats) < 2:
             raise CharlmError("data.split files holds out whole files, but there is only one "
@@ -191,13 +188,10 @@ def prepare(
     inputs: Sequence[str | Path], out: str | Path, val_fraction: float = 0.1,
     progress: bool = True, options: TextOptions = TextOptions(), base: Vocab | None = None,
 ) -> dict[str, Any]:
-    """Encode text files (folders, globs, compressed files, `-`: `charlm.data.sources`) into a
-    dataset dir; returns its meta.json.
-
-    The validation split is the last `val_fraction` of each input, as nanoGPT's
-    (`n_train = int(n * (1 - val_fraction))`), or with options.split "files" whole files chosen
-    by a hash of their path (`held_out`). With a `base` vocabulary (a fine-tuned model's) the
-    ids are its own, the text's new characters after them, and meta.json records it as "base".
+    """Encode text files (folders, globs, compressed files, `-`) into a dataset dir; returns its
+    meta.json. The validation split is the last `val_fraction` of each input, as nanoGPT's, or
+    with options.split "files" whole files chosen by a hash of their path. With a `base`
+    vocabulary (a fine-tuned model's) the ids are its own, the text's new characters after them.
     """
     with listed(inputs, options.include, options.exclude) as sources:
         return prepare_sources(sources, out, val_fraction, progress, options, base)
@@ -216,10 +210,16 @@ def prepare_sources(sources: Sequence[Source], out: str | Path, val_fraction: fl
             stats, skipped, vocab = scan(sources, options, bar)
             vocab = vocab if base is None else base.extended(vocab.chars)
             n_train = train_counts(stats, val_fraction, options.split)
+            split = ["train" if n == s.chars else "val" if n == 0 else "tail"
+                     for s, n in zip(stats, n_train, strict=True)]
             meta = text_meta(
                 vocab, val_fraction, options.to_dict(),
                 {"train": sum(n_train), "val": sum(s.chars for s in stats) - sum(n_train)},
-                **listed_sources(stats, n_train, skipped),
+                sources=[source_entry(s.source, s.bytes, s.sha256, chars=s.chars, split=where)
+                         for s, where in zip(stats, split, strict=True)],
+                skipped=[source_entry(k.source, k.source.path.stat().st_size,
+                                      sha256_file(k.source.path), reason=k.reason)
+                         for k in skipped],
                 **({} if base is None else {"base": base.chars}))
 
             def write(files: list[BinaryIO]) -> None:
@@ -239,20 +239,6 @@ def prepare_sources(sources: Sequence[Source], out: str | Path, val_fraction: fl
     return meta
 
 
-def listed_sources(stats: Sequence[SourceStats], n_train: Sequence[int],
-                   skipped: Sequence[Skipped]) -> dict[str, list[dict[str, Any]]]:
-    """meta.json's lists of the sources read and of those skipped (with `--skip-invalid`)."""
-    def split_name(s: SourceStats, n: int) -> str:
-        return "train" if n == s.chars else "val" if n == 0 else "tail"
-
-    return {
-        "sources": [source_entry(s.source, s.bytes, s.sha256, chars=s.chars, split=split_name(s, n))
-                    for s, n in zip(stats, n_train, strict=True)],
-        "skipped": [source_entry(k.source, k.source.path.stat().st_size,
-                                 sha256_file(k.source.path), reason=k.reason) for k in skipped],
-    }
-
-
 def check_prepare(sources: Sequence[Source], out: Path, val_fraction: float) -> None:
     """`prepare`'s refusals, before it reads anything: a split fraction outside (0, 1), an
     input that is not a regular file, an --out that is not `check_out`'s."""
@@ -266,10 +252,8 @@ def check_prepare(sources: Sequence[Source], out: Path, val_fraction: float) -> 
 def prepare_pairs(inputs: Sequence[Path], out: Path, data: DataConfig, block_size: int,
                   check: Callable[[PairVocab], None] | None = None,
                   base: PairVocab | None = None) -> dict[str, Any]:
-    """Read pair files, split them by source (`split_of`) and write a dataset dir, holding its
-    lock; returns its meta.json. `check` sees the vocabulary before anything is written. With a
-    `base` (a fine-tuned model's vocabulary) the ids are its own, the new units after them, and
-    meta.json records it as "base"."""
+    """Read pair files, split them by source and write a dataset dir, holding its lock; returns
+    its meta.json. `check` sees the vocabulary before anything is written; `base` as `prepare`'s."""
     paths, out = [Path(p) for p in inputs], Path(out)
     with dataset_lock(out):
         if not paths:

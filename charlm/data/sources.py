@@ -1,9 +1,7 @@
-"""The text files a dataset is made from: what the user named (files, folders, quoted globs,
-`-` for stdin) expanded into `Source`s and read the one way `prepare` reads them. A folder is
-walked recursively, hidden names (`.git`) skipped; a glob is expanded here, so it means the same
-on every shell; a file reached twice is read once. A .gz, .bz2 or .xz file is decompressed as it
-streams, and its bytes as stored are what is hashed and counted, so a cache can compare them
-with what `os.stat` gives."""
+"""The text files a dataset is made from: what the user named (files, folders walked with hidden
+names skipped, quoted globs expanded here so they mean the same on every shell, `-` for stdin)
+as `Source`s, each read once however often it is named. A .gz, .bz2 or .xz file is decompressed
+as it streams; its bytes as stored are the ones hashed and counted, as `os.stat` counts them."""
 
 from __future__ import annotations
 
@@ -34,10 +32,8 @@ GLOB_CHARS = frozenset("*?[")
 
 def expand_glob(spec: str) -> tuple[str, list[tuple[str, bool]]]:
     """(the folder the matches are taken under, the matches sorted by path, each with whether
-    it is a folder), as `glob.glob(recursive=True)` gives them: a wildcard matches no hidden
-    name unless its pattern starts with a dot, `**` any number of folders. The tree under the
-    literal head is walked once, by `os.walk`, which never follows a link to a folder (a link
-    back up cannot make `**` loop); a matched folder is not walked further."""
+    it is a folder), as `glob.glob(recursive=True)` gives them, the tree under the literal head
+    walked once by `os.walk`, which never follows a link to a folder (so `**` cannot loop)."""
     parts = spec.split("/")
     dirs_only = len(parts) > 1 and parts[-1] == ""  # `src/*/`: folders alone, as glob
     parts = [p for i, p in enumerate(parts) if p or i == 0]  # `a//b` is `a/b`
@@ -105,8 +101,7 @@ class Source:
             raw = open(self.path, "rb")  # noqa: SIM115 - closed below
         except OSError as e:
             raise unreadable(self, e) from None
-        with raw, ChunkDigest() as digest:
-            tap = HashingReader(raw, digest, bar)
+        with raw, HashingReader(raw, bar) as tap:
             if self.codec is None:
                 yield tap, tap
             else:
@@ -121,17 +116,18 @@ class Source:
                            f"the file (`{TOOLS[self.codec]} -t {self.name}`)", "damaged")
 
 
-class HashingReader:
+class HashingReader(ChunkDigest):
     """A binary file read through: every byte hashed, counted and shown on the progress bar."""
 
-    def __init__(self, f: BinaryIO, digest: ChunkDigest, bar: tqdm | None):
-        self._f, self._digest, self._bar = f, digest, bar
+    def __init__(self, f: BinaryIO, bar: tqdm | None):
+        super().__init__()
+        self._f, self._bar = f, bar
         self.size = 0
 
     def read(self, n: int = -1) -> bytes:
         data = self._f.read(n)
         if data:
-            self._digest.update(data)
+            self.update(data)
             self.size += len(data)
             if self._bar is not None:
                 self._bar.update(len(data))
@@ -139,9 +135,6 @@ class HashingReader:
 
     def readable(self) -> bool:
         return True
-
-    def hexdigest(self) -> str:
-        return self._digest.hexdigest()
 
 
 READ_ERRORS = (EOFError, OSError, lzma.LZMAError, zlib.error)
@@ -160,8 +153,7 @@ def unreadable(source: Source, e: OSError) -> CharlmError:
 def list_sources(specs: Sequence[str | Path], include: Sequence[str] = (),
                  exclude: Sequence[str] = (), stdin: Path | None = None) -> list[Source]:
     """The files `specs` name, in their order (each folder's or glob's sorted), each once (by
-    its real path); `-` is stdin, copied to the file `stdin`. `include` and `exclude` filter
-    the files a folder or a glob brings."""
+    its real path); `-` is stdin, copied to the file `stdin`."""
     if not specs:
         raise CharlmError("no input files given")
     found: dict[str, Source] = {}
@@ -225,8 +217,8 @@ def _filtered(files: list[Source], spec: str, include: Sequence[str],
 
 
 def matches(key: str, pattern: str) -> bool:
-    """Whether the path `key` (under its folder) matches `pattern`: a pattern with a `/`
-    matches the whole path, one without matches the file's name (`*.py`, `tests/*`)."""
+    """Whether the path `key` (under its folder) matches the --include or --exclude `pattern`:
+    the whole path for a pattern with a `/`, else the file's name."""
     return fnmatch.fnmatchcase(key if "/" in pattern else key.rsplit("/", 1)[-1], pattern)
 
 

@@ -1,8 +1,7 @@
-"""The vocabularies that map text to ids: `Vocab`, of characters (`char` units) or of the bytes
-of the text's UTF-8 (`byte`). A byte vocabulary is stored as characters too, byte value b as
-the character with code point b (Latin-1), so the character machinery runs unchanged over raw
-bytes and any file in any script is representable. `TextStream` is the one way ids become text
-as they are generated. The encoder-decoder's vocabulary is `charlm.data.pairs.PairVocab`."""
+"""The text vocabulary `Vocab`, of characters (`char` units) or of the bytes of the text's UTF-8
+(`byte`), stored as characters too (byte value b as code point b), so the character machinery
+runs unchanged over raw bytes and any file in any script is representable; and `TextStream`,
+the one way ids become text as they are generated."""
 
 from __future__ import annotations
 
@@ -32,10 +31,9 @@ def utf8(c: str) -> bytes | None:
 
 
 class TextStream:
-    """Ids to text as they are generated: `feed(id)` gives the text that id completes. In byte
-    units a character's bytes are held until its last one arrives, so a partial character is
-    never shown. Bytes that are not UTF-8 raise UnicodeDecodeError: the sampler's mask
-    (`charlm.generation.utf8`) never draws them."""
+    """Ids to text as they are generated: `feed(id)` gives the text that id completes, in byte
+    units once a character's last byte arrives. Bytes that are not UTF-8 raise
+    UnicodeDecodeError: the sampler's mask (`charlm.generation.utf8`) never draws them."""
 
     def __init__(self, chars: Sequence[str], units: str):
         self.chars = chars
@@ -95,10 +93,9 @@ def list_unknown(bad: Sequence[tuple[int, str]], at: str = "at", limit: int = UN
 
 
 class Vocab:
-    """Maps characters (in byte units: the bytes of a text's UTF-8) to ids 0..V-1 in the order
-    of `chars`, and back: a text's own in code point order, a fine-tune's in its parent's order
-    then the new characters (`extended`). One with a Unicode normal form puts every text it is
-    given in it first (`normalized`), as its data was."""
+    """Maps characters (or bytes) to ids 0..V-1 in the order of `chars`, and back: a text's own
+    in code point order, a fine-tune's in its parent's order then the new characters. One with
+    a Unicode normal form puts every text it is given in it first, as its data was."""
 
     def __init__(self, chars: Sequence[str], units: str = "char", normalize: str | None = None):
         chars = list(chars)
@@ -203,9 +200,8 @@ class Vocab:
 
     def encode_code_points(self, cps: bytes | np.ndarray) -> bytes | np.ndarray:
         """Ids of the characters with code points `cps`; unknown characters are an error. Code
-        points given as bytes (ASCII or Latin-1 text) come back as bytes of ids when every id
-        fits in a byte, mapped by `bytes.translate` (faster than a numpy gather), else as an
-        array of `self.dtype`."""
+        points given as bytes come back as bytes of ids when every id fits in a byte, mapped by
+        `bytes.translate` (faster than a numpy gather), else as an array of `self.dtype`."""
         if isinstance(cps, bytes):
             if self._byte_table is not None:
                 ids = cps.translate(self._byte_table)
