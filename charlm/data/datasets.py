@@ -133,15 +133,12 @@ def pairs_for(data: DataConfig, block_size: int, cache_dir: Path,
     check_source_file(path)
     meta = dataset_meta(cache_dir)
     if meta is not None and meta.get("kind") == PAIRS_KIND:
-        try:
-            settings = pair_settings(data, block_size)
+        with contextlib.suppress(KeyError, TypeError, CharlmError):  # a damaged cache is rebuilt
             if ([s["sha256"] for s in meta["sources"]] == [sha256_file(path)]
                     and same_base(meta, None if base is None else base.to_dict())
-                    and all(meta.get(key) == value for key, value in settings.items())):
+                    and all(meta.get(k) == v for k, v in pair_settings(data, block_size).items())):
                 remove_killed_temps(cache_dir, PAIR_FILES)  # no prepare will, while reused
                 return load_pairs(cache_dir)
-        except (KeyError, TypeError, CharlmError):
-            pass  # a damaged cache is rebuilt
     prepare_pairs([path], cache_dir, data, block_size, check, base)
     return load_pairs(cache_dir)
 

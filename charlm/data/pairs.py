@@ -81,29 +81,13 @@ class PairVocab:
     def target_index(self) -> dict[str, int]:
         return {u: i for i, u in enumerate(self.target)}
 
-    @property
-    def source_size(self) -> int:
-        return len(self.source) + 1
-
-    @property
-    def target_size(self) -> int:
-        return len(self.target) + 3
-
-    @property
-    def src_pad(self) -> int:
-        return len(self.source)
-
-    @property
-    def pad(self) -> int:
-        return target_specials(self.target_size)[0]
-
-    @property
-    def bos(self) -> int:
-        return target_specials(self.target_size)[1]
-
-    @property
-    def eos(self) -> int:
-        return target_specials(self.target_size)[2]
+    # the id layout of the class docstring
+    source_size = property(lambda self: len(self.source) + 1)
+    src_pad = property(lambda self: len(self.source))
+    target_size = property(lambda self: len(self.target) + 3)
+    pad = property(lambda self: target_specials(self.target_size)[0])
+    bos = property(lambda self: target_specials(self.target_size)[1])
+    eos = property(lambda self: target_specials(self.target_size)[2])
 
     def encode_source(self, text: str, unknown: str = "error",
                       where: str = "the source") -> list[int]:
