@@ -155,8 +155,9 @@ def held_out(key: str, val_fraction: float) -> bool:
 
 
 def train_counts(stats: Sequence[SourceStats], val_fraction: float, split: str) -> list[int]:
-    """How many characters of each source go to the train split, the rest to validation; one
-    that leaves either side empty is refused, one far from the val fraction warned about."""
+    """How many characters of each source go to the train split, the rest to validation. A split
+    that leaves either side empty is refused; one of whole files that holds out less than half
+    or more than twice the val fraction of the text is warned about."""
     if split == "files":
         if len(stats) < 2:
             raise CharlmError("data.split files holds out whole files, but there is only one "
@@ -191,8 +192,7 @@ def prepare(
     """Encode text files (folders, globs, compressed files, `-`) into a dataset dir; returns its
     meta.json. The validation split is the last `val_fraction` of each input, as nanoGPT's, or
     with options.split "files" whole files chosen by a hash of their path. With a `base`
-    vocabulary (a fine-tuned model's) the ids are its own, the text's new characters after them.
-    """
+    vocabulary (a fine-tuned model's) the ids are its own, the text's new characters after them."""
     with listed(inputs, options.include, options.exclude) as sources:
         return prepare_sources(sources, out, val_fraction, progress, options, base)
 

@@ -193,10 +193,9 @@ class Vocab:
 
     def encode_array(self, text: str) -> np.ndarray:
         """Ids of `text` as an array of `self.dtype`; unknown characters are an error."""
-        if self.units == "byte":
-            ids = self.encode_code_points(text.encode("utf-8"))
-            return np.frombuffer(ids, dtype=self.dtype) if isinstance(ids, bytes) else ids
-        return self.encode_code_points(code_points(text))
+        ids = self.encode_code_points(text.encode("utf-8") if self.units == "byte" else
+                                      code_points(text))
+        return np.frombuffer(ids, dtype=self.dtype) if isinstance(ids, bytes) else ids
 
     def encode_code_points(self, cps: bytes | np.ndarray) -> bytes | np.ndarray:
         """Ids of the characters with code points `cps`; unknown characters are an error. Code
