@@ -73,7 +73,8 @@ class PairBatchSampler(Seeded):
         # by total length, then source length (of two pairs of one total, the one with the
         # like source has the like target too), then a random order fixed by the seed alone
         ties = torch.randperm(len(split), generator=torch.Generator().manual_seed(seed)).numpy()
-        self.order = ties[np.lexsort((np.diff(split.src_offsets)[ties], split.lengths()[ties]))]
+        src_len = np.diff(split.src_offsets)
+        self.order = ties[np.lexsort((src_len[ties], (src_len + np.diff(split.tgt_offsets))[ties]))]
         self.generator = torch.Generator().manual_seed(seed)
         self.tokens = 0  # target units drawn, end ids included (whole batches), for the log
 

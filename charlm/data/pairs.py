@@ -168,10 +168,6 @@ class PairSplit:
         return (self.src[self.src_offsets[i]:self.src_offsets[i + 1]],
                 self.tgt[self.tgt_offsets[i]:self.tgt_offsets[i + 1]])
 
-    def lengths(self) -> np.ndarray:
-        """Source plus target length of each pair."""
-        return np.diff(self.src_offsets) + np.diff(self.tgt_offsets)
-
     @classmethod
     def encode(cls, pairs: Sequence[tuple[str, str]], vocab: PairVocab) -> PairSplit:
         def flat(seqs: list[list[int]], size: int) -> tuple[np.ndarray, np.ndarray]:
