@@ -24,7 +24,7 @@ from charlm.config.sampling import SampleConfig
 from charlm.config.schema import RunConfig
 from charlm.config.values import coerce
 from charlm.core.errors import CharlmError
-from charlm.data.pair_vocab import PairVocab
+from charlm.data.pairs import PairVocab
 from charlm.data.vocab import Vocab
 from charlm.evaluation.scoring import score_text
 from charlm.generation import translation

@@ -28,7 +28,7 @@ from charlm.core.files import (
     write_text_atomic,
 )
 from charlm.data.dataset_dir import META_LIMIT
-from charlm.data.pair_vocab import PairVocab
+from charlm.data.pairs import PairVocab
 from charlm.data.vocab import Vocab
 from charlm.model.gpt import GPT
 from charlm.onnx_export import META, ONNX_FILES, save_onnx

@@ -29,7 +29,7 @@ import torch
 from charlm.config.loading import load_config
 from charlm.config.sampling import SampleConfig
 from charlm.config.schema import MODEL_VARIANTS, ModelConfig, RunConfig
-from charlm.data.pair_vocab import PairVocab
+from charlm.data.pairs import PairVocab
 from charlm.data.vocab import Vocab
 from charlm.export import save_safetensors
 from charlm.generation.decoding import generate
@@ -241,7 +241,7 @@ def sampler_for(opts: SampleConfig, rows: int = 1, recent: list[int] = (), mask=
 
 
 # The encoder-decoder's ids: a source vocabulary of VS ids whose last is its padding, a target
-# vocabulary of VT ids ending in pad, bos and eos (`charlm.data.pair_vocab.target_specials`).
+# vocabulary of VT ids ending in pad, bos and eos (`charlm.data.pairs.target_specials`).
 VS, SRC_PAD = 8, 7
 VT, PAD, BOS, EOS = 12, 9, 10, 11
 

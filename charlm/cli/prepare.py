@@ -81,7 +81,7 @@ def prepare(
         raise CharlmError(f"--{text[0][0][5:].replace('_', '-')} is for text; pairs take "
                           "--set data.KEY=VALUE")
     if pairs:
-        from charlm.data.pairs import prepare_pairs
+        from charlm.data.prepare import prepare_pairs
 
         cfg = load_config(None, [("data.format", "pairs"), ("data.val_fraction", val_fraction),
                                  *(set_ or [])])

@@ -32,7 +32,7 @@ from charlm.core.errors import CharlmError, warn
 from charlm.core.files import missing, read_capped
 
 if TYPE_CHECKING:
-    from charlm.data.pair_vocab import PairVocab
+    from charlm.data.pairs import PairVocab
     from charlm.data.vocab import Vocab
     from charlm.model.encoder_decoder import EncoderDecoder
     from charlm.model.gpt import GPT

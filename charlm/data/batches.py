@@ -1,8 +1,8 @@
-"""The batch samplers training draws from, each with its own seeded `torch.Generator`:
-`BatchSampler`, random windows of a text split (one vectorised gather from the memmap), and for
-the encoder-decoder `collate`, which pads and shifts (source, target) ids into tensors, and the
-length-bucketed `PairBatchSampler` over a split of pairs; `require_window`, the check that a
-text split holds one window."""
+"""The batch samplers training draws from, each with its own seeded `torch.Generator` (the one
+module of data/ that imports torch): `BatchSampler`, random windows of a text split, and for the
+encoder-decoder the length-bucketed `PairBatchSampler` and `collate`, which pads and shifts
+(source, target) ids into tensors. `rows` keeps a slice of each batch: every DDP rank, seeded
+alike, draws the same global batch and keeps its own shard."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ import numpy as np
 import torch
 
 from charlm.core.errors import CharlmError, characters
-from charlm.data.dataset_dir import PairSplit
-from charlm.data.pair_vocab import PairVocab
+from charlm.data.pairs import PairSplit, PairVocab
 
 IGNORE_INDEX = -1  # tgt_out's padding: the loss's ignore_index
 
@@ -41,16 +40,28 @@ def collate(examples: Sequence[tuple[Sequence[int], Sequence[int]]], vocab: Pair
     return torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out)
 
 
-class PairBatchSampler:
-    """Batches of pairs of like length, drawn with its own seeded generator.
+class Seeded:
+    """A sampler's seeded generator, whose state is what a checkpoint keeps of it."""
 
-    The pairs are ordered by length (source + target), equal lengths in a seeded random order
-    (not alphabetical); a batch is `batch_size` consecutive pairs of that order from a random
-    start, so its padding stays small. The window wraps around the end: every pair is drawn
-    equally often (without it the shortest and longest batch_size - 1 pairs would be drawn
-    less). `rows` keeps a slice of each batch: every DDP rank, seeded alike, draws the same
-    global batch and keeps its own shard.
-    """
+    generator: torch.Generator
+    device: torch.device
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.generator.set_state(state["generator"])
+
+    def to_device(self, t: torch.Tensor) -> torch.Tensor:
+        if self.device.type == "cuda":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t.to(self.device)
+
+
+class PairBatchSampler(Seeded):
+    """Batches of pairs of like length, so padding stays small: `batch_size` consecutive pairs
+    from a random start in the pairs ordered by length (source + target), equal lengths in a
+    seeded random order, wrapping around the end so every pair is drawn equally often."""
 
     def __init__(self, split: PairSplit, vocab: PairVocab, batch_size: int,
                  device: torch.device, seed: int, rows: slice = slice(None)):
@@ -62,7 +73,8 @@ class PairBatchSampler:
         # by total length, then source length (of two pairs of one total, the one with the
         # like source has the like target too), then a random order fixed by the seed alone
         ties = torch.randperm(len(split), generator=torch.Generator().manual_seed(seed)).numpy()
-        self.order = ties[np.lexsort((np.diff(split.src_offsets)[ties], split.lengths()[ties]))]
+        src_len = np.diff(split.src_offsets)
+        self.order = ties[np.lexsort((src_len[ties], (src_len + np.diff(split.tgt_offsets))[ties]))]
         self.generator = torch.Generator().manual_seed(seed)
         self.tokens = 0  # target units drawn, end ids included (whole batches), for the log
 
@@ -74,24 +86,12 @@ class PairBatchSampler:
         self.tokens += int(np.diff(self.split.tgt_offsets)[drawn].sum()) + len(drawn)
         picked = drawn[self.rows]
         tensors = collate([self.split.example(i) for i in picked], self.vocab)
-        if self.device.type == "cuda":
-            return tuple(t.pin_memory().to(self.device, non_blocking=True) for t in tensors)
-        return tuple(t.to(self.device) for t in tensors)
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"generator": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.generator.set_state(state["generator"])
+        return tuple(map(self.to_device, tensors))
 
 
-class BatchSampler:
-    """Random (x, y) windows of one split, drawn with its own seeded generator.
-
-    All rows of a batch are gathered with one vectorised index into the memmap. `rows` keeps a
-    slice of each batch: the generator still draws all `batch_size` starts, so every DDP rank,
-    seeded alike, sees the same global batch and keeps its own shard of it.
-    """
+class BatchSampler(Seeded):
+    """Random (x, y) windows of one split, all rows of a batch gathered by one vectorised index
+    into the memmap."""
 
     def __init__(self, data: np.ndarray, block_size: int, batch_size: int,
                  device: torch.device, seed: int, name: str = "train",
@@ -113,20 +113,10 @@ class BatchSampler:
                                generator=self.generator)[self.rows]
         self.tokens += self.batch_size * self.block_size
         index = (starts[:, None] + self._arange).numpy()  # (B, T+1)
-        windows = torch.from_numpy(self.data[index].astype(np.int64))
-        if self.device.type == "cuda":
-            windows = windows.pin_memory().to(self.device, non_blocking=True)
-        else:
-            windows = windows.to(self.device)
+        windows = self.to_device(torch.from_numpy(self.data[index].astype(np.int64)))
         # contiguous: the strides of a slice of windows are not those of the (B, T) batch that
         # train.compile builds its graph for, and would make it compile a second graph
         return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"generator": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.generator.set_state(state["generator"])
 
 
 def require_window(data: np.ndarray, block_size: int, split: str,
@@ -135,7 +125,7 @@ def require_window(data: np.ndarray, block_size: int, split: str,
     dataset dir `charlm prepare` made if `prepared`)."""
     if len(data) < block_size + 1:
         of = f" of {source}" if source is not None else ""
-        # A prepared dataset dir has its split fixed: data.val_fraction does not apply to it.
+        # a prepared dataset dir has its split fixed: data.val_fraction does not apply to it
         more_val = (" or prepare it again with a larger --val-fraction" if prepared else
                     " or raise data.val_fraction")
         raise CharlmError(

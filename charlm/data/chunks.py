@@ -1,17 +1,12 @@
-"""Text files read strictly as UTF-8 in chunks of `CHUNK_BYTES`, so memory stays bounded whatever
-a file's size: each chunk as text (`decode_chunks`), or as code points in the narrowest form
-(`code_point_chunks`, for `prepare`). A chunk of ASCII bytes is its own code points: it is not
-decoded at all, and `Vocab.encode_code_points` maps it to ids with one `bytes.translate`.
-`CharacterSet` gathers the characters met over a text's chunks, which make its vocabulary, and
-`read_text` reads a whole text file (a prompt, an eval text, pairs) with the same errors.
-
-sha256 of files read in chunks: `sha256_file` for a file alone, and `ChunkDigest`, which hashes
-the chunks a reader works on, on a second thread (hashlib lets go of the GIL while it hashes a
-large buffer, so hashing runs beside the encoding: docs/benchmarks.md)."""
+"""Text files read strictly as UTF-8 in chunks of `CHUNK_BYTES`, so memory stays bounded
+whatever a file's size, as text or as code points (an ASCII chunk is its own code points, never
+decoded); the characters a text's chunks hold; and sha256, of a reader's chunks on a second
+thread (hashlib lets go of the GIL, so hashing runs beside the encoding)."""
 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import hashlib
 import io
 import re
@@ -20,7 +15,6 @@ import unicodedata
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from types import TracebackType
 from typing import BinaryIO
 
 import numpy as np
@@ -30,8 +24,7 @@ from charlm.core.errors import CharlmError
 from charlm.core.files import missing, open_regular, read_capped
 from charlm.data.vocab import MAX_CODE_POINT, Vocab, code_points, gather
 
-# 1 MB: a chunk, its text (up to 4 bytes a character) and its code points stay a few MB, in the
-# cache, and as fast to encode as larger chunks
+# a chunk, its text (up to 4 bytes a character) and its code points stay a few MB, in the cache
 CHUNK_BYTES = 1 << 20
 
 # the first bytes of files that are compressed, not text: a hint in the error for them
@@ -39,13 +32,9 @@ MAGIC = {b"\x1f\x8b": ("gzip", ".gz"), b"BZh": ("bzip2", ".bz2"),
          b"\xfd7zXZ\x00": ("xz", ".xz"), b"PK\x03\x04": ("zip", None)}
 
 
-# what `prepare` adds to an `InvalidText`'s message
-SKIP_HINT = "or pass --skip-invalid (data.skip_invalid) to skip such files"
-
-
 class InvalidText(CharlmError):
-    """An input that is not a UTF-8 text file charlm can read (binary, invalid UTF-8, empty,
-    damaged, unreadable): `--skip-invalid` skips it, counted by `reason`."""
+    """An input that is not UTF-8 text charlm can read: `--skip-invalid` skips it, counted by
+    `reason`."""
 
     def __init__(self, message: str, reason: str):
         super().__init__(message)
@@ -53,8 +42,8 @@ class InvalidText(CharlmError):
 
 
 def not_text(name: str, why: str, at: int, head: bytes, reason: str) -> InvalidText:
-    """The error for a file that is not UTF-8 text: `why`, at byte offset `at`, with a hint when
-    its first bytes (`head`) say it is compressed."""
+    """The error for a file that is not UTF-8 text, with a hint when its first bytes (`head`)
+    say it is compressed."""
     hint = "charlm reads text files as UTF-8, convert it first"
     for magic, (kind, suffix) in MAGIC.items():
         if head.startswith(magic):
@@ -67,10 +56,9 @@ def not_text(name: str, why: str, at: int, head: bytes, reason: str) -> InvalidT
 
 
 def _chunks(f: BinaryIO, name: str, bar: tqdm | None) -> Iterator[tuple[bytes, bytes, str | None]]:
-    """Yield (raw bytes, their text's bytes, the text) per chunk of `f`: the text's bytes are
-    the raw bytes less a byte order mark that starts the file. The text is None when those bytes
-    are ASCII and no character began in an earlier chunk: then they are the text, undecoded.
-    A NUL byte (a binary file) or an invalid byte sequence is an error (`not_text`)."""
+    """(raw bytes, their text's bytes, the text) per chunk of `f`: the text's bytes less a byte
+    order mark that starts the file, the text None when they are ASCII and no character began in
+    an earlier chunk. A NUL byte or an invalid byte sequence is an error naming its offset."""
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
     offset, head = 0, b""  # bytes read before this chunk; the file's first bytes
     while True:
@@ -101,21 +89,15 @@ def _chunks(f: BinaryIO, name: str, bar: tqdm | None) -> Iterator[tuple[bytes, b
 
 def decode_chunks(f: BinaryIO, name: str, bar: tqdm | None = None
                   ) -> Iterator[tuple[bytes, str]]:
-    """Yield (raw bytes, decoded text) per chunk of `f`, decoding strictly as UTF-8. A byte order
-    mark at the start marks the encoding and is not text: it is dropped.
-
-    An invalid byte sequence is an error naming `name` and the byte offset where it starts.
-    """
+    """(raw bytes, their text) per chunk of `f`."""
     for raw, data, text in _chunks(f, name, bar):
         yield raw, data.decode("ascii") if text is None else text
 
 
 def code_point_chunks(f: BinaryIO, name: str, bar: tqdm | None = None,
                       normalize: str | None = None) -> Iterator[tuple[bytes, bytes | np.ndarray]]:
-    """Yield (raw bytes, the code points of their text) per chunk of `f`, decoded as
-    `decode_chunks` does, and put in the Unicode normal form `normalize` (NFC, NFKC, NFD, NFKD)
-    if given. The code points come as bytes when all are below 256 (a chunk of ASCII as it was
-    read, Latin-1 text encoded back), else as a uint32 array, one per character."""
+    """(raw bytes, the code points of their text) per chunk of `f`, in the Unicode normal form
+    `normalize` if given, as `narrow_code_points` gives them (an ASCII chunk as it was read)."""
     carry = ""  # the text from the chunk's last ASCII character on, normalized with the next
     for raw, data, text in _chunks(f, name, bar):
         if normalize is None:
@@ -131,16 +113,15 @@ _ASCII_TAIL = re.compile(r"[\x00-\x7f][^\x00-\x7f]*\Z")
 
 
 def _last_ascii(text: str) -> int:
-    """Where the last ASCII character of `text` starts (0 if none). A normal form never joins
-    characters across it (no composition takes an ASCII character second, and it is a starter),
-    so the text before it normalizes alone as it would in the whole."""
+    """Where the last ASCII character of `text` starts (0 if none): a starter that no
+    composition takes second, so the text before it normalizes alone as in the whole."""
     match = _ASCII_TAIL.search(text)
     return match.start() if match else 0
 
 
 def narrow_code_points(text: str) -> bytes | np.ndarray:
-    """The code points of `text`: as bytes when all are below 256 (Python holds such a text one
-    byte a character, so encoding it as Latin-1 is a copy), else as `code_points` gives them."""
+    """The code points of `text`: as bytes when all are below 256 (encoding such a text as
+    Latin-1 is a copy), else a uint32 array."""
     try:
         return text.encode("latin-1")
     except UnicodeEncodeError:  # raised at the first character above U+00FF
@@ -148,8 +129,7 @@ def narrow_code_points(text: str) -> bytes | np.ndarray:
 
 
 def byte_chunks(f: BinaryIO) -> Iterator[tuple[bytes, bytes]]:
-    """`code_point_chunks` in byte units (`charlm.data.vocab`): (raw bytes, the same bytes) per
-    chunk, each byte its own code point. Nothing is decoded, so any file is valid."""
+    """`code_point_chunks` in byte units: each byte its own code point, any file valid."""
     while raw := f.read(CHUNK_BYTES):
         yield raw, raw
 
@@ -162,11 +142,9 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-class ChunkDigest:
-    """The sha256 of the chunks given to `update`, in their order, hashed on a worker thread.
-    `update` first waits for the chunk before, so no more than one chunk waits to be hashed
-    (memory stays bounded whatever the reader's speed). A context manager: leaving it stops
-    the thread."""
+class ChunkDigest(contextlib.AbstractContextManager):
+    """The sha256 of the chunks given to `update`, hashed in order on a worker thread; no more
+    than one chunk waits to be hashed. Leaving the `with` stops the thread."""
 
     def __init__(self) -> None:
         self._digest = hashlib.sha256()
@@ -174,7 +152,7 @@ class ChunkDigest:
         self._pending: Future | None = None
 
     def update(self, chunk: bytes) -> None:
-        """Hash `chunk` (immutable bytes: the worker reads it later) after the ones before."""
+        # immutable bytes: the worker reads it later
         self._wait()
         self._pending = self._pool.submit(self._digest.update, chunk)
 
@@ -187,18 +165,13 @@ class ChunkDigest:
             pending, self._pending = self._pending, None
             pending.result()
 
-    def __enter__(self) -> ChunkDigest:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._pool.shutdown(wait=True)
 
 
 class CharacterSet:
-    """The characters met so far, added as code points in chunks (bytes or arrays, as
-    `Vocab.encode_code_points` takes them), each chunk by one vectorised pass that changes
-    nothing once every character of the chunk has been met before (most chunks of a text)."""
+    """The characters met so far, added a chunk of code points at a time by one vectorised
+    pass that changes nothing once every character of the chunk has been met before."""
 
     def __init__(self) -> None:
         self._seen = np.zeros(MAX_CODE_POINT, dtype=np.uint8)
@@ -230,8 +203,7 @@ class CharacterSet:
         self._since = []
 
     def vocab(self, units: str = "char") -> Vocab:
-        """The vocabulary of the characters (byte units: byte values) met, in code point
-        order."""
+        """The vocabulary of the characters (byte units: byte values) met."""
         return Vocab.from_code_points(np.flatnonzero(self._seen), units)
 
 
@@ -243,8 +215,8 @@ def check_input_file(path: Path) -> None:
 
 
 def read_text(path: Path, what: str = "text file", limit: int | None = None) -> str:
-    """A whole text file, read strictly as UTF-8 (with the same errors as `prepare`): a
-    regular file (named `what` in errors), of at most `limit` bytes if given; `-` is stdin."""
+    """A whole text file (`-`: stdin), a regular one of at most `limit` bytes if given, named
+    `what` in errors."""
     if str(path) == "-":
         stdin = sys.stdin.buffer
         source = stdin if limit is None else io.BytesIO(read_capped(stdin, limit, "stdin"))
@@ -255,3 +227,10 @@ def read_text(path: Path, what: str = "text file", limit: int | None = None) -> 
         # with a limit, a file that grows while it is read stops at it too
         source = f if limit is None else io.BytesIO(read_capped(f, limit, f"{what} {path}"))
         return "".join(text for _, text in decode_chunks(source, str(path)))
+
+
+def path_share(key: str) -> float:
+    """Where `key` falls in [0, 1), by its sha256: a file's path (data.split files) or a pair's
+    source stays on its side of a split whatever else comes and goes."""
+    digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64

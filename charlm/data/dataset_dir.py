@@ -1,56 +1,45 @@
-"""A dataset dir, as `charlm prepare` writes it and every reader opens it: what marks one as
-charlm's (meta.json's format and version), reading meta.json, writing a dataset safely (the
-dir's lock, whether an existing dir may be replaced, the data files moved into place before
-meta.json), and loading one back, checked: `load_dataset` (text: train.bin, val.bin as memmaps)
-and `load_pairs` (pairs: train.npz, val.npz, test.npz). `path_share`: the hash that keeps a
-file (data.split files) or a pair's source on its side of a split.
-
-A pairs dataset dir holds meta.json (kind "pairs") and train.npz, val.npz and test.npz, each
-with the flat ids of all its sources (`src`) and targets (`tgt`) and their int64 offsets: pair
-i's source is src[src_offsets[i]:src_offsets[i + 1]]. Four arrays whatever the number of pairs,
-and no pickles. It imports no torch, so `charlm prepare` starts fast."""
+"""A dataset dir, as `charlm prepare` writes it and every reader opens it: meta.json (its format
+and version mark it as charlm's), then train.bin and val.bin (text: ids, read as memmaps) or
+train.npz, val.npz and test.npz (pairs: a `PairSplit` each, no pickles), written safely and
+loaded back checked. Torch-free, so `charlm prepare` starts fast."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import zipfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from charlm.core.errors import CharlmError
 from charlm.core.files import (
+    discard_temps,
     locked_dir,
     make_writable_dir,
     read_regular,
     remove_killed_temps,
+    synced_temps,
     temp_beside,
     write_text_atomic,
 )
-from charlm.data.pair_vocab import PairVocab
+from charlm.data.pairs import PairSplit, PairVocab
+from charlm.data.sources import Source
 from charlm.data.vocab import Vocab
 
 DATASET_FORMAT = "charlm-dataset"
-
 DATASET_VERSION = 1
-
-DATASET_FILES = ("meta.json", "train.bin", "val.bin", "test.bin")  # test: a benchmark's
-
+META_HEADER = {"format": DATASET_FORMAT, "version": DATASET_VERSION}  # what marks one charlm's
 PAIRS_KIND = "pairs"
 
 SPLITS = ("train", "val", "test")
-
+DATASET_FILES = ("meta.json", "train.bin", "val.bin", "test.bin")  # test: a benchmark's
 PAIR_FILES = ("meta.json", *(f"{split}.npz" for split in SPLITS))
-
 ARRAYS = ("src", "src_offsets", "tgt", "tgt_offsets")
-
-AGAIN = "prepare it again with `charlm prepare --pairs`"
 
 # meta.json (and an export's vocab.json) hold a vocabulary: even every Unicode character, one a
 # line, stays below this; a file far larger is not charlm's and would fill the memory
@@ -64,17 +53,18 @@ def read_meta(path: Path) -> Any:
                       .decode("utf-8"))
 
 
-def check_meta_header(meta: Any) -> None:
-    """Raise ValueError unless a dataset's meta.json is charlm's, of the version read here."""
+def checked_meta(path: Path) -> dict[str, Any]:
+    """`read_meta`, and a ValueError unless it is a charlm dataset's, of the version read here."""
+    meta = read_meta(path)
     if not isinstance(meta, dict) or meta.get("format") != DATASET_FORMAT:
         raise ValueError("not a charlm dataset")
     if meta.get("version") != DATASET_VERSION:
         raise ValueError(f"dataset format version {meta.get('version')}")
+    return meta
 
 
 def dataset_meta(path: Path) -> dict[str, Any] | None:
-    """The meta.json of the directory `path` if it is a charlm dataset's, else None (missing,
-    unreadable, or another tool's)."""
+    """The meta.json of the directory `path` if it is a charlm dataset's, else None."""
     try:
         meta = read_meta(path)
     except (ValueError, OSError):
@@ -82,58 +72,71 @@ def dataset_meta(path: Path) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) and meta.get("format") == DATASET_FORMAT else None
 
 
-def replaceable(out: Path) -> bool:
+def replaceable(out: Path, files: Sequence[str] = DATASET_FILES) -> bool:
     """Whether `prepare` may write into the existing directory `out`: one that holds a charlm
-    dataset (its meta.json says so: a meta.json of another tool is not ours to overwrite), or
-    nothing but dataset files and the hidden .NAME.tmp-PID files of a killed prepare, with a
-    meta.json missing or damaged (a prepare or a machine stopped between moving the .bin files
-    into place and writing meta.json, say in a run's own dataset cache)."""
+    dataset, or nothing but `files` and hidden temporaries with meta.json missing, or damaged
+    beside data files (a prepare or a machine stopped before writing meta.json)."""
     if dataset_meta(out) is not None:
         return True
-    if not all(p.name.startswith(".") or p.name in DATASET_FILES for p in out.iterdir()):
+    if not all(p.name.startswith(".") or p.name in files for p in out.iterdir()):
         return False
-    try:  # only dataset files: replaceable unless meta.json is another tool's
+    try:
         read_meta(out)
     except FileNotFoundError:
         return True
-    except (ValueError, OSError):  # damaged (cut short by a crash) beside our .bin files
-        return any((out / name).exists() for name in ("train.bin", "val.bin"))
+    except (ValueError, OSError):  # damaged (cut short by a crash)
+        return any((out / name).exists() for name in files[1:])
     return False
 
 
 def dataset_lock(out: Path) -> contextlib.AbstractContextManager[None]:
-    """The lock a prepare holds on its dataset dir (`locked_dir`), so that two prepares into
-    one dir never mix one's meta.json with the other's data files."""
+    """The lock a prepare holds on its dataset dir, so that two never mix their files."""
     return locked_dir(out, f"dataset dir {out} is in use by another `charlm prepare` (or a "
                            "`charlm train` preparing its data); wait for it to end, or choose "
                            "another --out")
 
 
-def make_dataset_dir(out: Path, names: Sequence[str]) -> None:
-    """Make the dataset dir `out` if needed and check that it can be written, then remove the
-    temporaries of its files `names` that a killed process left there."""
-    make_writable_dir(out, f"dataset dir {out}")
-    remove_killed_temps(out, names)
-
-
-def install(out: Path, finals: Iterable[Path], meta: dict[str, Any]) -> None:
-    """Move the written temporaries (`temp_beside`) of a dataset's `finals` into place, then
-    write its meta.json. The old meta.json goes first: stopped between the moves, the dir holds
-    no meta.json beside a mix of old and new files, which no reader takes for a dataset."""
-    (out / "meta.json").unlink(missing_ok=True)
-    for path in finals:
-        os.replace(temp_beside(path), path)
-    write_text_atomic(out / "meta.json", json.dumps(meta, ensure_ascii=False, indent=1))
-
-
-def check_out(out: Path, writable: Callable[[Path], bool] = replaceable) -> None:
-    """An --out that may be written: new, or a directory that is `writable` (empty, or a
-    dataset's); a file or a directory of something else is refused."""
+def check_out(out: Path, files: Sequence[str] = DATASET_FILES) -> None:
+    """An --out that may be written: new, or a directory `replaceable` by a dataset of `files`."""
     if out.exists() and not out.is_dir():
         raise CharlmError(f"--out must be a directory, but {out} is a file")
-    if out.is_dir() and not writable(out):
+    if out.is_dir() and not (replaceable(out) or replaceable(out, files)):
         raise CharlmError(f"--out {out} is not empty and holds no charlm dataset; give a new or "
                           "empty directory, or a dataset dir to replace")
+
+
+def write_dataset(out: Path, finals: Sequence[Path], write: Callable[[list[BinaryIO]], Any],
+                  meta: dict[str, Any], stale: Sequence[str] = ()) -> None:
+    """`write` the temporaries of `finals` into the dataset dir `out`, move them into place, then
+    `meta`, the old meta.json gone first (so no reader takes a mix of old and new files for a
+    dataset), and remove `stale`. Whatever stops it removes its temporaries."""
+    make_writable_dir(out, f"dataset dir {out}")
+    remove_killed_temps(out, DATASET_FILES + PAIR_FILES[1:])
+    try:
+        with synced_temps(finals) as files:
+            write(files)
+        (out / "meta.json").unlink(missing_ok=True)
+        for path in finals:
+            os.replace(temp_beside(path), path)
+        write_text_atomic(out / "meta.json", json.dumps(meta, ensure_ascii=False, indent=1))
+    except BaseException:
+        discard_temps(finals)
+        raise
+    for name in stale:
+        (out / name).unlink(missing_ok=True)
+
+
+def text_meta(vocab: Vocab, val_fraction: float, settings: dict[str, Any],
+              tokens: dict[str, int], **more: Any) -> dict[str, Any]:
+    """A text dataset's meta.json, `tokens` ids in each split, in the order prepare writes."""
+    return {**META_HEADER, "vocab": vocab.chars, "vocab_size": len(vocab),
+            "dtype": vocab.dtype.name, "val_fraction": val_fraction, **settings,
+            **{f"{split}_tokens": n for split, n in tokens.items()}, **more}
+
+
+def source_entry(source: Source, size: int, sha256: str, **more: Any) -> dict[str, Any]:
+    """A source as meta.json lists it: the key of a cache (`same_sources`), then `more`."""
+    return {"path": source.name, "bytes": size, "sha256": sha256, **more}
 
 
 def is_dataset_dir(path: Path) -> bool:
@@ -143,7 +146,7 @@ def is_dataset_dir(path: Path) -> bool:
 
 @dataclass
 class Dataset:
-    """A prepared dataset: its vocabulary and its splits as read-only memmaps (a test split
+    """A prepared text dataset: its vocabulary and its splits as read-only memmaps (a test split
     only where meta.json gives "test_tokens": a benchmark's)."""
 
     path: Path
@@ -160,15 +163,12 @@ class Dataset:
 def load_dataset(path: str | Path) -> Dataset:
     path = Path(path)
     if not (path / "meta.json").is_file():
-        raise CharlmError(
-            f"{path} is not a prepared dataset (no meta.json); "
-            "give a text file or run `charlm prepare` first"
-        )
+        raise CharlmError(f"{path} is not a prepared dataset (no meta.json); give a text file "
+                          "or run `charlm prepare` first")
     try:
-        meta = read_meta(path)
-        check_meta_header(meta)
+        meta = checked_meta(path)
         vocab = Vocab(meta["vocab"], meta.get("units", "char"), meta.get("unicode_normalize"))
-        # The declared sizes must be the vocabulary's: a hand-edited one is not silently ignored.
+        # the declared sizes must be the vocabulary's: a hand-edited one is not silently ignored
         if meta["vocab_size"] != len(vocab):
             raise ValueError(f"meta.json gives vocab_size {meta['vocab_size']!r}, but its vocab "
                              f"holds {len(vocab)} characters")
@@ -176,15 +176,13 @@ def load_dataset(path: str | Path) -> Dataset:
             raise ValueError(f"meta.json gives dtype {meta['dtype']!r}, but a {len(vocab)}-symbol "
                              f"vocabulary has {vocab.dtype.name} ids")
         splits = {}
-        for split in ("train", "val", "test")[:3 if "test_tokens" in meta else 2]:
+        for split in SPLITS[:3 if "test_tokens" in meta else 2]:
             n = meta[f"{split}_tokens"]
             bin_path = path / f"{split}.bin"
             if bin_path.stat().st_size != n * vocab.dtype.itemsize:
                 raise ValueError(f"{split}.bin does not match meta.json")
-            splits[split] = (
-                np.memmap(bin_path, dtype=vocab.dtype, mode="r") if n else
-                np.zeros(0, dtype=vocab.dtype)
-            )
+            splits[split] = (np.memmap(bin_path, dtype=vocab.dtype, mode="r") if n else
+                             np.zeros(0, dtype=vocab.dtype))
             if n and int(splits[split].max()) >= len(vocab):  # one vectorised pass
                 raise ValueError(f"{split}.bin holds ids outside the {len(vocab)}-symbol "
                                  "vocabulary of meta.json")
@@ -193,28 +191,6 @@ def load_dataset(path: str | Path) -> Dataset:
             f"cannot read dataset {path}: {e}; prepare it again with `charlm prepare`"
         ) from None
     return Dataset(path, meta, vocab, splits["train"], splits["val"], splits.get("test"))
-
-
-@dataclass
-class PairSplit:
-    """The pairs of one split: flat ids and offsets (see the module docstring)."""
-
-    src: np.ndarray
-    src_offsets: np.ndarray
-    tgt: np.ndarray
-    tgt_offsets: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.src_offsets) - 1
-
-    def example(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """Source and target ids of pair `i`."""
-        return (self.src[self.src_offsets[i]:self.src_offsets[i + 1]],
-                self.tgt[self.tgt_offsets[i]:self.tgt_offsets[i + 1]])
-
-    def lengths(self) -> np.ndarray:
-        """Source plus target length of each pair."""
-        return np.diff(self.src_offsets) + np.diff(self.tgt_offsets)
 
 
 @dataclass
@@ -261,8 +237,7 @@ def load_pairs(path: Path) -> PairDataset:
         raise CharlmError(f"{path} is not a prepared dataset (no meta.json); give a .tsv file "
                           "of pairs or run `charlm prepare --pairs` first")
     try:
-        meta = read_meta(path)
-        check_meta_header(meta)
+        meta = checked_meta(path)
         if meta.get("kind", "text") == "text":  # not caught below: the dataset is fine
             raise CharlmError(f"{path} holds a text dataset, not pairs; give a .tsv file of "
                               "pairs or a dataset dir made by `charlm prepare --pairs`")
@@ -275,12 +250,6 @@ def load_pairs(path: Path) -> PairDataset:
         splits = {split: _load_split(path, split, meta["pairs"][split], vocab)
                   for split in SPLITS}
     except (ValueError, KeyError, TypeError, OSError, EOFError, zipfile.BadZipFile) as e:
-        raise CharlmError(f"cannot read dataset {path}: {e}; {AGAIN}") from None
+        raise CharlmError(f"cannot read dataset {path}: {e}; prepare it again with `charlm "
+                          "prepare --pairs`") from None
     return PairDataset(path, meta, vocab, **splits)
-
-
-def path_share(key: str) -> float:
-    """Where `key` falls in [0, 1), by its sha256: a file's path under its folder stays on its
-    side of data.split files whatever other files come and go (a pair's source likewise)."""
-    digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64

@@ -1,17 +1,8 @@
-"""The dataset a run uses (opening a dataset dir is `charlm.data.dataset_dir`'s): `dataset_for`
-prepares a text file into a cache dir, reused while the source's sha256 and the val fraction
-match. `prepared_data`: which data a run trains
-on, its text or pairs prepared into a cache dir where they are not a dataset dir already, and
-checked against `model.arch` (torch-free: `charlm tune`'s process prepares it for all trials).
-
-The standard character-level benchmarks, enwik8 and text8 (Matt Mahoney's first 10^8 bytes of
-an English Wikipedia dump, raw and cleaned): `prepare_benchmark` checks the file is the one
-the papers used and writes the standard split, the first 90M units to train.bin, the next 5M
-to val.bin and the last 5M to test.bin (meta.json "test_tokens"), in byte units for enwik8 and
-character units for text8 (which is ASCII: its characters are its bytes).
-
-The files are not shipped: `charlm prepare --benchmark enwik8 enwik8 --out DIR` takes the
-unzipped file of http://mattmahoney.net/dc/enwik8.zip (text8.zip likewise)."""
+"""The data a run uses (`prepared_data`): a dataset dir as is, or its text or pairs prepared into
+a cache dir, reused while the sources and the settings are unchanged; torch-free, so `charlm
+tune` prepares it once for all its trials. And the character-level benchmarks enwik8 and text8
+(the first 10^8 bytes of an English Wikipedia dump, raw and cleaned; the unzipped files are not
+shipped), checked to be the files the papers used and split as they split them."""
 
 from __future__ import annotations
 
@@ -26,62 +17,69 @@ from tqdm import tqdm
 from charlm.config.data import DataConfig, TextOptions, text_options
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
-from charlm.core.files import discard_temps, remove_killed_temps, synced_temps
+from charlm.core.files import remove_killed_temps
 from charlm.data.chunks import sha256_file
 from charlm.data.dataset_dir import (
     DATASET_FILES,
-    DATASET_FORMAT,
-    DATASET_VERSION,
+    PAIR_FILES,
+    PAIRS_KIND,
     SPLITS,
     Dataset,
     PairDataset,
     dataset_lock,
     dataset_meta,
-    install,
     is_dataset_dir,
     load_dataset,
-    make_dataset_dir,
+    load_pairs,
     read_meta,
+    source_entry,
+    text_meta,
+    write_dataset,
 )
-from charlm.data.pair_vocab import PairVocab
-from charlm.data.pairs import pairs_for
+from charlm.data.pairs import PairVocab, pair_settings
 from charlm.data.prepare import (
     check_prepare,
     count_reasons,
     encode_source,
+    prepare_pairs,
     prepare_sources,
     scan,
-    source_entry,
 )
-from charlm.data.sources import Source, as_specs, listed
+from charlm.data.sources import Source, as_specs, check_source_file, listed
 from charlm.data.vocab import Vocab
+
+
+def same_base(meta: dict[str, Any], base: Any) -> bool:
+    """Whether the cache of `meta` was made with the base vocabulary of state `base` (None:
+    none), or is numbered as the base itself (a resume's)."""
+    return meta.get("base") is None if base is None else base in (meta.get("base"),
+                                                                  meta.get("vocab"))
+
+
+def own_order(path: Path, what: str, given: str) -> CharlmError:
+    """The error for a dataset dir given to a fine-tune whose vocabulary numbers it otherwise."""
+    return CharlmError(
+        f"dataset {path} numbers its {what} in its own order, but a fine-tuned model keeps its "
+        f"parent's ids; give the {given} it was prepared from as the data, which charlm train "
+        "then prepares with the parent's vocabulary")
 
 
 def dataset_for(data_path: str | Path | Sequence[str | Path], val_fraction: float,
                 cache_dir: Path, check: Callable[[Vocab], None] | None = None,
                 options: TextOptions = TextOptions(), base: Vocab | None = None) -> Dataset:
-    """The dataset for `data.path`: a prepared directory as is, or text (files, folders, globs:
-    `charlm.data.sources`) prepared into `cache_dir`, reused while the files, their sizes and
-    sha256 and the options are unchanged (`same_sources`). Before a cache is rebuilt, `check`
-    sees the text's vocabulary and may raise: a text it rejects (say, other data for a resumed
-    run) leaves the existing cache alone. With a `base` vocabulary (a fine-tuned model's,
-    `Vocab.extended`) the ids are its own, the new characters after them; a prepared directory
-    must already number them so."""
+    """The dataset of `data.path`, a cache reused while `same_sources`. Before a cache is
+    rebuilt, `check` sees the text's vocabulary and may raise, leaving the cache alone (other
+    data for a resumed run); `base` as `prepare`'s."""
     specs = as_specs(data_path)
     if len(specs) == 1 and is_dataset_dir(Path(specs[0])):
         dataset = load_dataset(specs[0])
         if base is not None and dataset.vocab != base.extended(dataset.vocab.chars):
-            raise CharlmError(
-                f"dataset {specs[0]} numbers its characters in its own order, but a fine-tuned "
-                "model keeps its parent's ids; give the text file it was prepared from as the "
-                "data, which charlm train then prepares with the parent's vocabulary")
+            raise own_order(Path(specs[0]), "characters", "text file")
         return dataset
     with listed(specs, options.include, options.exclude) as sources:
         meta = dataset_meta(cache_dir)
-        # made with this base (or none), or numbered as the base itself: a resume's
-        same_base = meta is not None and (meta.get("base") is None if base is None else
-                                          base.chars in (meta.get("base"), meta.get("vocab")))
-        if same_base and same_sources(meta, sources, val_fraction, options):
+        if (meta is not None and same_base(meta, None if base is None else base.chars)
+                and same_sources(meta, sources, val_fraction, options)):
             remove_killed_temps(cache_dir, DATASET_FILES)  # no prepare will, while reused
             with contextlib.suppress(CharlmError):  # a damaged cache (a cut train.bin) is rebuilt
                 return load_dataset(cache_dir)
@@ -104,9 +102,8 @@ def text_vocab(data_path: str | Path | Sequence[str | Path],
 
 def same_sources(meta: dict[str, Any], sources: Sequence[Source], val_fraction: float,
                  options: TextOptions) -> bool:
-    """Whether the dataset of `meta` was prepared from `sources` as they are now, with these
-    options: the sorted (path, size, sha256) of every file, those skipped too. The sizes are
-    compared first, so a changed size costs no hashing."""
+    """Whether the dataset of `meta` was prepared from `sources` as they are now (the path,
+    size and sha256 of every file), with these options; a changed size costs no hashing."""
     try:
         listed = sorted((e["path"], e["bytes"], e["sha256"])
                         for e in [*meta["sources"], *meta["skipped"]])
@@ -122,6 +119,30 @@ def same_sources(meta: dict[str, Any], sources: Sequence[Source], val_fraction: 
         return False  # a damaged or older cache is rebuilt
 
 
+def pairs_for(data: DataConfig, block_size: int, cache_dir: Path,
+              check: Callable[[PairVocab], None] | None = None,
+              base: PairVocab | None = None) -> PairDataset:
+    """`dataset_for` of a pairs file: reused while its sha256, every setting of `pair_settings`
+    and the `base` are unchanged."""
+    path = Path(data.path)
+    if path.is_dir():
+        dataset = load_pairs(path)
+        if base is not None and dataset.vocab != base.extended(dataset.vocab):
+            raise own_order(path, "units", "pairs file")
+        return dataset
+    check_source_file(path)
+    meta = dataset_meta(cache_dir)
+    if meta is not None and meta.get("kind") == PAIRS_KIND:
+        with contextlib.suppress(KeyError, TypeError, CharlmError):  # a damaged cache is rebuilt
+            if ([s["sha256"] for s in meta["sources"]] == [sha256_file(path)]
+                    and same_base(meta, None if base is None else base.to_dict())
+                    and all(meta.get(k) == v for k, v in pair_settings(data, block_size).items())):
+                remove_killed_temps(cache_dir, PAIR_FILES)  # no prepare will, while reused
+                return load_pairs(cache_dir)
+    prepare_pairs([path], cache_dir, data, block_size, check, base)
+    return load_pairs(cache_dir)
+
+
 @dataclass(frozen=True)
 class Benchmark:
     size: int  # bytes of the file
@@ -131,10 +152,9 @@ class Benchmark:
     url: str  # where the zip is
 
 
-# Neither digest is published by the corpus's author (his page gives the sizes): both are the
-# sha256 of the unzipped files as several independent projects pin them, each beside the zip's
-# own digest (enwik8.zip 547994d9..., text8.zip a6640522..., the zips' digests that
-# Hugging Face's datasets also pin). Tests point this table at a small generated file.
+# The corpus's author publishes the sizes, not the digests: both are the sha256 of the unzipped
+# files as several independent projects pin them, each beside the zip's own digest (enwik8.zip
+# 547994d9..., text8.zip a6640522..., as Hugging Face's datasets pin them).
 BENCHMARKS: dict[str, Benchmark] = {
     "enwik8": Benchmark(
         100_000_000, "2b49720ec4d78c3c9fabaee6e4179a5e997302b3a70029f30f2d582218c024a8",
@@ -151,53 +171,38 @@ def benchmark(name: str) -> Benchmark:
     return BENCHMARKS[name]
 
 
-def wrong_file(name: str, bench: Benchmark, path: str, found: str) -> CharlmError:
-    return CharlmError(
-        f"{path} is not {name}: expected {bench.size:,} bytes with sha256 {bench.sha256}, "
-        f"found {found}; give the file unzipped from {bench.url}")
-
-
 def prepare_benchmark(name: str, path: str | Path, out: str | Path, progress: bool = True,
                       shown: str | None = None) -> dict[str, Any]:
-    """Check `path` is the benchmark `name` (its size, then its sha256, before anything is
-    written) and write its standard split into the dataset dir `out`; the meta.json written.
-    `shown`: how messages name the input (`-` for a copy of stdin)."""
+    """Check `path` is the benchmark `name` (its size, then its sha256) and write its split into
+    the dataset dir `out`; returns its meta.json. `shown`: how messages name the input."""
     bench, path, out = benchmark(name), Path(path), Path(out)
     source = Source(path, shown or str(path), path.name)
     options = TextOptions(units=bench.units)
+
+    def wrong_file(found: str) -> CharlmError:
+        return CharlmError(f"{source.name} is not {name}: expected {bench.size:,} bytes with "
+                           f"sha256 {bench.sha256}, found {found}; give the file unzipped from "
+                           f"{bench.url}")
+
     with dataset_lock(out):
         check_prepare([source], out, 0.5)  # the input and --out (the split is the benchmark's)
         size = path.stat().st_size
         if size != bench.size:
-            raise wrong_file(name, bench, source.name, f"{size:,} bytes")
-        bar = tqdm(total=2 * size, unit="B", unit_scale=True, desc=f"prepare {name}",
-                   disable=None if progress else True)
-        final = {split: out / f"{split}.bin" for split in SPLITS}
-        try:
+            raise wrong_file(f"{size:,} bytes")
+        with tqdm(total=2 * size, unit="B", unit_scale=True, desc=f"prepare {name}",
+                  disable=None if progress else True) as bar:
             [stats], _, vocab = scan([source], options, bar)
             if stats.sha256 != bench.sha256:
-                raise wrong_file(name, bench, source.name, f"sha256 {stats.sha256}")
+                raise wrong_file(f"sha256 {stats.sha256}")
             if stats.chars != sum(bench.split):
-                raise wrong_file(name, bench, source.name, f"{stats.chars:,} {bench.units}s")
-            make_dataset_dir(out, DATASET_FILES)
-            with synced_temps(final.values()) as files:
-                ends = [sum(bench.split[:i + 1]) for i in range(len(SPLITS) - 1)]
-                encode_source(stats, vocab, ends, files, options, bar)
-            meta = {
-                "format": DATASET_FORMAT, "version": DATASET_VERSION,
-                "vocab": vocab.chars, "vocab_size": len(vocab), "units": vocab.units,
-                "dtype": vocab.dtype.name,
-                "val_fraction": bench.split[1] / sum(bench.split),
-                "split": f"benchmark {name}",
-                **{f"{split}_tokens": n for split, n in zip(SPLITS, bench.split, strict=True)},
-                "sources": [source_entry(source, stats.bytes, stats.sha256, chars=stats.chars)],
-            }
-            install(out, final.values(), meta)
-        except BaseException:
-            discard_temps(final.values())
-            raise
-        finally:
-            bar.close()
+                raise wrong_file(f"{stats.chars:,} {bench.units}s")
+            entry = source_entry(source, stats.bytes, stats.sha256, chars=stats.chars)
+            meta = text_meta(vocab, bench.split[1] / sum(bench.split),
+                             {"units": vocab.units, "split": f"benchmark {name}"},
+                             dict(zip(SPLITS, bench.split, strict=True)), sources=[entry])
+            ends = [sum(bench.split[:i + 1]) for i in range(len(SPLITS) - 1)]
+            write_dataset(out, [out / f"{split}.bin" for split in SPLITS], lambda files:
+                          encode_source(stats, vocab, ends, files, options, bar), meta)
     return meta
 
 
@@ -224,13 +229,12 @@ def check_data_kind(cfg: RunConfig, pairs: bool) -> None:
 def prepared_data(cfg: RunConfig, cache_dir: Path,
                   check: Callable[[Any], None] | None = None,
                   base: Vocab | PairVocab | None = None) -> Dataset | PairDataset:
-    """The run's data (a text or .tsv file is prepared into `cache_dir`, reused while
-    unchanged). `check` sees the data's vocabulary state before a cache is rebuilt. `base`: a
-    fine-tuned model's vocabulary, whose ids the data keeps (new characters after them)."""
+    """The run's data. `check` sees the data's vocabulary state before a cache is rebuilt;
+    `base`: a fine-tuned model's vocabulary, whose ids the data keeps."""
     pairs = cfg.data.pairs
     if (path := prepared_dir(cfg.data)) is not None:
         with contextlib.suppress(OSError, ValueError, AttributeError):  # the loader says why
-            pairs = read_meta(path).get("kind") == "pairs"
+            pairs = read_meta(path).get("kind") == PAIRS_KIND
     check_data_kind(cfg, pairs)
     if pairs:
         vocab_check = None if check is None else (lambda v: check(v.to_dict()))
@@ -248,16 +252,14 @@ def prepared_dir(data: DataConfig) -> Path | None:
 
 
 def data_summary(cfg: RunConfig, run_dir: Path | None) -> dict[str, Any] | None:
-    """What `charlm info` says of a run's prepared text: its split, units, files, those skipped
-    and the tokens of each split, from the meta.json of its dataset dir or of the cache in
-    `run_dir`; None when neither holds a text dataset."""
+    """What `charlm info` says of a run's text, from the meta.json of its dataset dir or of the
+    cache in `run_dir`; None when neither holds a text dataset."""
     where = [] if (prepared := prepared_dir(cfg.data)) is None else [prepared]
     meta = next((m for d in [*where, *([run_dir / "dataset"] if run_dir else [])]
-                 if (m := dataset_meta(d)) is not None and m.get("kind") != "pairs"), None)
+                 if (m := dataset_meta(d)) is not None and m.get("kind") != PAIRS_KIND), None)
     if meta is None:
         return None
     return {"split": meta.get("split", "tail"), "units": meta.get("units", "char"),
             "files": len(meta.get("sources", [])),
             "skipped": count_reasons(meta.get("skipped", [])) or None,
-            **{f"{s}_tokens": meta[f"{s}_tokens"] for s in ("train", "val", "test")
-               if f"{s}_tokens" in meta}}
+            **{f"{s}_tokens": meta[f"{s}_tokens"] for s in SPLITS if f"{s}_tokens" in meta}}

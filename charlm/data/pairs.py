@@ -1,54 +1,208 @@
-"""Paired text for the encoder-decoder (G2P, transliteration, spelling): reading
-"source<TAB>target" lines, the hashed train/val/test split, `prepare_pairs` into a dataset dir
-(its layout and `load_pairs` are `charlm.data.dataset_dir`'s), `pairs_for` (a .tsv prepared
-into a cache dir), and `references`, a split's targets grouped by source for multi-reference
-accuracy (`charlm.evaluation.accuracy`). The vocabulary is `charlm.data.pair_vocab`'s. It
-imports no torch, so `charlm prepare --pairs` starts fast; the batches are
-`charlm.data.batches`'."""
+"""Paired text for the encoder-decoder (G2P, transliteration, spelling): its vocabulary, reading
+"source<TAB>target" lines, the split a pair's source hashes to and a split's ids. Torch-free, so
+`charlm prepare --pairs` starts fast."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from charlm.config.data import DataConfig
-from charlm.core.errors import CharlmError, characters
-from charlm.core.files import discard_temps, remove_killed_temps, synced_temps
-from charlm.data.chunks import read_text, sha256_file
-from charlm.data.dataset_dir import (
-    DATASET_FILES,
-    DATASET_FORMAT,
-    DATASET_VERSION,
-    PAIR_FILES,
-    PAIRS_KIND,
-    SPLITS,
-    PairDataset,
-    PairSplit,
-    check_out,
-    dataset_lock,
-    dataset_meta,
-    install,
-    load_pairs,
-    make_dataset_dir,
-    path_share,
-    read_meta,
-    replaceable,
-)
-from charlm.data.pair_vocab import PairVocab
-from charlm.data.sources import check_source_file
-from charlm.data.vocab import id_dtype
+from charlm.core.errors import CharlmError, Setting, SettingError, characters
+from charlm.data.chunks import path_share, read_text
+from charlm.data.vocab import id_dtype, list_unknown
+
+if TYPE_CHECKING:  # for annotations only: this module must not load torch
+    import torch
 
 SKIP_HINT = "set data.skip_bad_pairs=true to skip such lines"
 
 
+def target_specials(target_size: int) -> tuple[int, int, int]:
+    """The pad, bos and eos ids of a target vocabulary of `target_size` ids: its last three,
+    after the units. The one place this layout is written (PairVocab, EncoderDecoder)."""
+    return target_size - 3, target_size - 2, target_size - 1
+
+
+@dataclass(frozen=True)
+class PairVocab:
+    """Source characters and target units (characters, or space-separated symbols such as
+    phonemes). Ids: source characters 0..S-1, then src_pad = S; target units 0..N-1, then pad,
+    bos and eos, which never collide with text and are never printed."""
+
+    source: tuple[str, ...]
+    target: tuple[str, ...]
+    target_units: str = "char"  # "char": one unit per character; "space": space-separated
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "source", tuple(self.source))  # hashable whatever was given
+        object.__setattr__(self, "target", tuple(self.target))
+        if self.target_units not in ("char", "space"):
+            raise ValueError(f"target_units must be 'char' or 'space', got {self.target_units!r}")
+        if not self.source or any(not isinstance(c, str) or len(c) != 1 for c in self.source):
+            raise ValueError("the source vocabulary must be a non-empty list of characters")
+        # a space unit is one symbol without whitespace: "K AH" must not be a single unit
+        unit = (lambda u: len(u) == 1) if self.target_units == "char" else (
+            lambda u: u.split() == [u])
+        if not self.target or any(not isinstance(u, str) or not unit(u) for u in self.target):
+            raise ValueError(f"the target vocabulary must be a non-empty list of "
+                             f"{'characters' if self.target_units == 'char' else 'symbols'}")
+        for name, units in (("source", self.source), ("target", self.target)):
+            if len(set(units)) != len(units):
+                raise ValueError(f"the {name} vocabulary must be free of duplicates")
+
+    @classmethod
+    def from_pairs(cls, pairs: Sequence[tuple[str, str]], target_units: str) -> PairVocab:
+        units = list if target_units == "char" else str.split
+        return cls(tuple(sorted({c for s, _ in pairs for c in s})),
+                   tuple(sorted({u for _, t in pairs for u in units(t)})), target_units)
+
+    def extended(self, other: PairVocab) -> PairVocab:
+        """This vocabulary, then the units of `other` it lacks, sorted: every unit keeps its id."""
+        if other.target_units != self.target_units:
+            raise CharlmError(f"the data's targets are {other.target_units} units, but the "
+                              f"model's are {self.target_units} units; set data.target_units: "
+                              f"{self.target_units}")
+        return PairVocab(self.source + tuple(sorted(set(other.source) - set(self.source))),
+                         self.target + tuple(sorted(set(other.target) - set(self.target))),
+                         self.target_units)
+
+    @cached_property
+    def _source_index(self) -> dict[str, int]:
+        return {c: i for i, c in enumerate(self.source)}
+
+    @cached_property
+    def target_index(self) -> dict[str, int]:
+        return {u: i for i, u in enumerate(self.target)}
+
+    # the id layout of the class docstring
+    source_size = property(lambda self: len(self.source) + 1)
+    src_pad = property(lambda self: len(self.source))
+    target_size = property(lambda self: len(self.target) + 3)
+    pad = property(lambda self: target_specials(self.target_size)[0])
+    bos = property(lambda self: target_specials(self.target_size)[1])
+    eos = property(lambda self: target_specials(self.target_size)[2])
+
+    def encode_source(self, text: str, unknown: str = "error",
+                      where: str = "the source") -> list[int]:
+        """Ids of `text`; characters outside the vocabulary are an error, or dropped with
+        unknown='skip'."""
+        if unknown not in ("error", "skip"):
+            raise SettingError(Setting("unknown"), f" must be 'error' or 'skip', got {unknown!r}")
+        index = self._source_index
+        bad = [(i, c) for i, c in enumerate(text) if c not in index]
+        if bad and unknown == "error":
+            raise CharlmError(f"{where} has characters outside the model's source vocabulary: "
+                              f"{list_unknown(bad, 'at position')}; remove them or pass "
+                              "--unknown skip")
+        return [index[c] for c in text if c in index]
+
+    def units(self, text: str) -> list[str]:
+        return list(text) if self.target_units == "char" else text.split()
+
+    def encode_target(self, text: str) -> list[int]:
+        units, index = self.units(text), self.target_index
+        bad = [(i, u) for i, u in enumerate(units) if u not in index]
+        if bad:
+            raise CharlmError(f"the target {text!r} has units outside the target vocabulary: "
+                              f"{list_unknown(bad, 'at unit')}; use only the units of the "
+                              "training pairs")
+        return [index[u] for u in units]
+
+    def decode_source(self, ids: Sequence[int] | np.ndarray | torch.Tensor) -> str:
+        """The source text of `ids`, without padding."""
+        return "".join(self.source[i] for i in _int_list(ids) if i != self.src_pad)
+
+    def decode_target(self, ids: Sequence[int] | np.ndarray | torch.Tensor) -> str:
+        """The target text of `ids` up to the first eos; pad and bos are not text."""
+        units = []
+        for i in _int_list(ids):
+            if i == self.eos:
+                break
+            if i in (self.pad, self.bos):
+                continue
+            if not 0 <= i < len(self.target):
+                raise ValueError(f"target id {i} is outside the {self.target_size}-id vocabulary")
+            units.append(self.target[i])
+        return ("" if self.target_units == "char" else " ").join(units)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": list(self.source), "target": list(self.target),
+                "target_units": self.target_units}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> PairVocab:
+        """The vocabulary of `to_dict`'s output; anything else is a ValueError."""
+        if not isinstance(d, dict) or set(d) != {"source", "target", "target_units"}:
+            raise ValueError("a pair vocabulary must be a mapping of source, target and "
+                             "target_units")
+        if not isinstance(d["source"], list) or not isinstance(d["target"], list):
+            raise ValueError("a pair vocabulary's source and target must be lists")
+        return cls(tuple(d["source"]), tuple(d["target"]), d["target_units"])
+
+
+def _int_list(ids: Sequence[int] | np.ndarray | torch.Tensor) -> list[int]:
+    return ids.tolist() if hasattr(ids, "tolist") else [int(i) for i in ids]
+
+
+@dataclass
+class PairSplit:
+    """The pairs of one split as four flat arrays (a .npz of a pairs dataset dir): pair i's
+    source is src[src_offsets[i]:src_offsets[i + 1]], its target likewise."""
+
+    src: np.ndarray
+    src_offsets: np.ndarray
+    tgt: np.ndarray
+    tgt_offsets: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.src_offsets) - 1
+
+    def example(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        return (self.src[self.src_offsets[i]:self.src_offsets[i + 1]],
+                self.tgt[self.tgt_offsets[i]:self.tgt_offsets[i + 1]])
+
+    @classmethod
+    def encode(cls, pairs: Sequence[tuple[str, str]], vocab: PairVocab) -> PairSplit:
+        def flat(seqs: list[list[int]], size: int) -> tuple[np.ndarray, np.ndarray]:
+            return (np.fromiter(itertools.chain.from_iterable(seqs), dtype=id_dtype(size)),
+                    np.cumsum([0, *map(len, seqs)], dtype=np.int64))
+
+        return cls(*flat([vocab.encode_source(s) for s, _ in pairs], vocab.source_size),
+                   *flat([vocab.encode_target(t) for _, t in pairs], vocab.target_size))
+
+
+def references(split: PairSplit, vocab: PairVocab) -> list[tuple[str, list[str]]]:
+    """Each distinct source of `split` in first-seen order, with all its distinct targets."""
+    grouped: dict[str, list[str]] = {}
+    for i in range(len(split)):
+        src, tgt = split.example(i)
+        refs = grouped.setdefault(vocab.decode_source(src), [])
+        target = vocab.decode_target(tgt)
+        if target not in refs:
+            refs.append(target)
+    return list(grouped.items())
+
+
 def pair_limits(data: DataConfig, block_size: int) -> tuple[int, int]:
-    """The longest source (characters) and target (units) as resolved: a target needs one
-    position more than its units in the decoder (its begin id)."""
+    """The longest source (characters) and target (units): a target needs one position more
+    than its units in the decoder (its begin id)."""
     return data.max_source_len or block_size, data.max_target_len or block_size - 1
+
+
+def pair_settings(data: DataConfig, block_size: int) -> dict[str, Any]:
+    """What `prepare_pairs` reads from the config: a cache made with other values is stale."""
+    max_source, max_target = pair_limits(data, block_size)
+    return {"target_units": data.target_units, "separator": data.separator,
+            "val_fraction": data.val_fraction, "test_fraction": data.test_fraction,
+            "max_source_len": max_source, "max_target_len": max_target,
+            "skip_bad_pairs": data.skip_bad_pairs}
 
 
 def _pair_form(separator: str) -> str:
@@ -81,12 +235,9 @@ def _problem(source: str, found: bool, target: str, data: DataConfig,
 
 def read_pairs(path: Path, data: DataConfig, block_size: int
                ) -> tuple[list[tuple[str, str]], int]:
-    """The (source, target) pairs of a file in order, and how many bad lines were skipped.
-
-    Strict UTF-8 (a byte order mark dropped), CRLF line ends tolerated, whitespace-only lines
-    ignored. Each line splits at the first `data.separator`; space-unit targets are normalised
-    to single spaces. A bad line is an error naming it, or skipped with data.skip_bad_pairs.
-    """
+    """The (source, target) pairs of a file in order, and how many bad lines were skipped. Each
+    line splits at the first `data.separator`; space-unit targets are normalised to single
+    spaces; whitespace-only lines are ignored, a bad line is an error naming it."""
     path = Path(path)
     limits = pair_limits(data, block_size)
     space = data.target_units == "space"
@@ -115,162 +266,6 @@ def read_pairs(path: Path, data: DataConfig, block_size: int
 
 def split_of(source: str, val_fraction: float, test_fraction: float) -> str:
     """"train", "val" or "test" by a hash of `source`: every reference of one source lands in
-    the same split, and the split is the same on every run and machine."""
+    the same split, the same on every run and machine."""
     u = path_share(source)  # strict UTF-8 text: its encoding is the surrogateescape one
     return "test" if u < test_fraction else "val" if u < test_fraction + val_fraction else "train"
-
-
-def pair_settings(data: DataConfig, block_size: int) -> dict[str, Any]:
-    """What `prepare_pairs` reads from the config: a cache made with other values is stale."""
-    max_source, max_target = pair_limits(data, block_size)
-    return {"target_units": data.target_units, "separator": data.separator,
-            "val_fraction": data.val_fraction, "test_fraction": data.test_fraction,
-            "max_source_len": max_source, "max_target_len": max_target,
-            "skip_bad_pairs": data.skip_bad_pairs}
-
-
-def _encode(pairs: Sequence[tuple[str, str]], vocab: PairVocab) -> dict[str, np.ndarray]:
-    srcs = [vocab.encode_source(s) for s, _ in pairs]
-    tgts = [vocab.encode_target(t) for _, t in pairs]
-
-    def flat(seqs: list[list[int]], size: int) -> np.ndarray:
-        return np.fromiter(itertools.chain.from_iterable(seqs), dtype=id_dtype(size))
-
-    def offsets(seqs: list[list[int]]) -> np.ndarray:
-        return np.concatenate([[0], np.cumsum([len(s) for s in seqs])]).astype(np.int64)
-
-    return {"src": flat(srcs, vocab.source_size), "src_offsets": offsets(srcs),
-            "tgt": flat(tgts, vocab.target_size), "tgt_offsets": offsets(tgts)}
-
-
-def _killed_prepare(out: Path) -> bool:
-    """Whether `out` holds only what a prepare of pairs stopped before meta.json leaves: .npz
-    files (and hidden temporaries) beside no meta.json, or a damaged one."""
-    names = {p.name for p in out.iterdir() if not p.name.startswith(".")}
-    if not names <= set(PAIR_FILES) or names == {"meta.json"}:
-        return False
-    try:
-        read_meta(out)
-    except (ValueError, OSError):  # missing, or cut short by a crash
-        return True
-    return False  # readable, yet not a charlm dataset's: another tool's meta.json
-
-
-def _write(out: Path, arrays: dict[str, dict[str, np.ndarray]], meta: dict[str, Any]) -> None:
-    """Every .npz under a temporary name first, then moved into place, meta.json last; whatever
-    stops it (an error, SIGINT, SIGTERM) removes its temporaries."""
-    make_dataset_dir(out, PAIR_FILES)
-    finals = {split: out / f"{split}.npz" for split in SPLITS}
-    try:
-        with synced_temps(finals.values()) as files:
-            for split, f in zip(finals, files, strict=True):
-                np.savez(f, **arrays[split])
-        install(out, finals.values(), meta)
-    except BaseException:
-        discard_temps(finals.values())
-        raise
-    for name in DATASET_FILES:  # the .bin files of a text dataset this one replaced
-        if name != "meta.json":
-            (out / name).unlink(missing_ok=True)
-
-
-def prepare_pairs(inputs: Sequence[Path], out: Path, data: DataConfig, block_size: int,
-                  check: Callable[[PairVocab], None] | None = None,
-                  base: PairVocab | None = None) -> dict[str, Any]:
-    """Read pair files, split them by source (`split_of`) and write a dataset dir; returns the
-    metadata written to meta.json. `check` sees the vocabulary before anything is written, and
-    bad input leaves an existing `out` as it was. It holds the dataset dir's lock throughout.
-    With a `base` (a fine-tuned model's vocabulary) the ids are its own, the new units after
-    them (`PairVocab.extended`), and meta.json records it as "base"."""
-    with dataset_lock(Path(out)):
-        return _prepare_pairs([Path(p) for p in inputs], Path(out), data, block_size, check,
-                              base)
-
-
-def _prepare_pairs(paths: list[Path], out: Path, data: DataConfig, block_size: int,
-                   check: Callable[[PairVocab], None] | None,
-                   base: PairVocab | None = None) -> dict[str, Any]:
-    if not paths:
-        raise CharlmError("no input files given")
-    for p in paths:
-        check_source_file(p)
-    check_out(out, lambda o: replaceable(o) or _killed_prepare(o))
-    # hashed before reading: a file changed meanwhile makes a cache that is rebuilt, not reused
-    hashes = [sha256_file(p) for p in paths]
-    read = [read_pairs(p, data, block_size) for p in paths]
-    pairs = [pair for got, _ in read for pair in got]
-    vocab = PairVocab.from_pairs(pairs, data.target_units)  # all splits: eval meets no unknown
-    vocab = vocab if base is None else base.extended(vocab)
-    splits: dict[str, list[tuple[str, str]]] = {split: [] for split in SPLITS}
-    for pair in pairs:
-        splits[split_of(pair[0], data.val_fraction, data.test_fraction)].append(pair)
-    names = ", ".join(str(p) for p in paths)
-    if not splits["train"]:
-        raise CharlmError(f"no source of {names} falls in the train split; lower "
-                          f"data.val_fraction ({data.val_fraction}) or data.test_fraction "
-                          f"({data.test_fraction})")
-    if not splits["val"]:
-        raise CharlmError(f"no source of {names} falls in the val split; raise "
-                          f"data.val_fraction ({data.val_fraction}) or give more pairs")
-    if check is not None:
-        check(vocab)
-    meta = {
-        "format": DATASET_FORMAT, "version": DATASET_VERSION, "kind": PAIRS_KIND,
-        "vocab": vocab.to_dict(), **pair_settings(data, block_size),
-        "skipped": sum(n for _, n in read),
-        "sources": [{"path": str(p), "sha256": h, "pairs": len(got), "skipped": n}
-                    for p, h, (got, n) in zip(paths, hashes, read, strict=True)],
-        "pairs": {split: len(got) for split, got in splits.items()},
-        **({} if base is None else {"base": base.to_dict()}),
-    }
-    _write(out, {split: _encode(got, vocab) for split, got in splits.items()}, meta)
-    return meta
-
-
-def pairs_for(data: DataConfig, block_size: int, cache_dir: Path,
-              check: Callable[[PairVocab], None] | None = None,
-              base: PairVocab | None = None) -> PairDataset:
-    """The pairs of `data.path`: a prepared directory as is, or a pairs file prepared into
-    `cache_dir` (reused while the file's sha256, every preparing setting and the `base` are
-    unchanged). Before a cache is rebuilt, `check` sees the new vocabulary and may raise: pairs
-    it rejects (say, other data for a resumed run) leave the existing cache alone. With a `base`
-    (a fine-tuned model's vocabulary) its ids come first (`PairVocab.extended`); a prepared
-    directory must already number them so."""
-    path = Path(data.path)
-    if path.is_dir():
-        dataset = load_pairs(path)
-        if base is not None and dataset.vocab != base.extended(dataset.vocab):
-            raise CharlmError(
-                f"dataset {path} numbers its units in its own order, but a fine-tuned model "
-                "keeps its parent's ids; give the pairs file it was prepared from as the data, "
-                "which charlm train then prepares with the parent's vocabulary")
-        return dataset
-    check_source_file(path)
-    meta = dataset_meta(cache_dir)
-    if meta is not None and meta.get("kind") == PAIRS_KIND:
-        try:
-            settings = pair_settings(data, block_size)
-            # made with this base (or none), or numbered as the base itself: a resume's
-            same_base = (meta.get("base") is None if base is None else
-                         base.to_dict() in (meta.get("base"), meta["vocab"]))
-            if ([s["sha256"] for s in meta["sources"]] == [sha256_file(path)] and same_base
-                    and all(meta.get(key) == value for key, value in settings.items())):
-                remove_killed_temps(cache_dir, PAIR_FILES)  # no prepare will, while reused
-                return load_pairs(cache_dir)
-        except (KeyError, TypeError, CharlmError):
-            pass  # a damaged cache is rebuilt
-    prepare_pairs([path], cache_dir, data, block_size, check, base)
-    return load_pairs(cache_dir)
-
-
-def references(split: PairSplit, vocab: PairVocab) -> list[tuple[str, list[str]]]:
-    """Each distinct source of `split` in first-seen order, with all its distinct targets: the
-    references of multi-reference accuracy."""
-    grouped: dict[str, list[str]] = {}
-    for i in range(len(split)):
-        src, tgt = split.example(i)
-        refs = grouped.setdefault(vocab.decode_source(src), [])
-        target = vocab.decode_target(tgt)
-        if target not in refs:
-            refs.append(target)
-    return list(grouped.items())

@@ -1,12 +1,7 @@
-"""Text datasets: `prepare` (text files -> meta.json + train.bin + val.bin) and its checks;
-what a dataset dir holds, writing it safely and loading it back are `charlm.data.dataset_dir`'s.
-
-The corpus is read in two passes of fixed-size chunks (`charlm.data.chunks`): pass 1 (`scan`):
-sha256, character count and the set of characters; pass 2 (`encode_source`): the ids, and
-sha256 again, to catch a file that changed between the passes. Memory stays bounded whatever
-the size, and every step is a bytes or numpy operation over a whole chunk. Also where the
-validation split falls (`train_counts`): the tail of each file, or whole files. It imports no
-torch, so `charlm prepare` starts fast."""
+"""`charlm prepare`: text files, or pairs files, into a dataset dir. Text is read in two passes
+of chunks, so memory stays bounded whatever its size: pass 1 (`scan`) finds each file's sha256,
+its characters and the vocabulary, pass 2 (`encode_source`) writes the ids and hashes again, to
+catch a file that changed between the passes."""
 
 from __future__ import annotations
 
@@ -20,29 +15,37 @@ from typing import Any, BinaryIO
 import numpy as np
 from tqdm import tqdm
 
-from charlm.config.data import TextOptions
+from charlm.config.data import DataConfig, TextOptions
 from charlm.core.errors import CharlmError, characters, warn
-from charlm.core.files import discard_temps, some, synced_temps
+from charlm.core.files import some
 from charlm.data.chunks import (
-    SKIP_HINT,
     CharacterSet,
     InvalidText,
     byte_chunks,
     code_point_chunks,
+    path_share,
     sha256_file,
 )
 from charlm.data.dataset_dir import (
     DATASET_FILES,
-    DATASET_FORMAT,
-    DATASET_VERSION,
+    META_HEADER,
+    PAIR_FILES,
+    PAIRS_KIND,
+    SPLITS,
     check_out,
     dataset_lock,
-    install,
-    make_dataset_dir,
-    path_share,
+    source_entry,
+    text_meta,
+    write_dataset,
 )
+from charlm.data.pairs import PairSplit, PairVocab, pair_settings, read_pairs, split_of
 from charlm.data.sources import READ_ERRORS, Source, check_source_file, listed, unreadable
 from charlm.data.vocab import Vocab
+
+# what `prepare` adds to an `InvalidText`'s message
+SKIP_HINT = "or pass --skip-invalid (data.skip_invalid) to skip such files"
+
+PROGRESS_MIN_BYTES = 4 << 20
 
 
 @dataclass
@@ -61,8 +64,7 @@ class Skipped:
 
 def _read(source: Source, options: TextOptions, each: Callable[[bytes | np.ndarray], None],
           bar: tqdm | None) -> SourceStats:
-    """Read `source` once, giving `each` the code points (in byte units, the bytes) of every
-    chunk; its stats."""
+    """Read `source` once, giving `each` the code points (byte units: the bytes) of every chunk."""
     chars = 0
     with source.open(bar) as (f, tap):
         chunks = (byte_chunks(f) if options.units == "byte" else
@@ -81,8 +83,7 @@ def _read(source: Source, options: TextOptions, each: Callable[[bytes | np.ndarr
 
 def scan(sources: Sequence[Source], options: TextOptions = TextOptions(),
          bar: tqdm | None = None) -> tuple[list[SourceStats], list[Skipped], Vocab]:
-    """Pass 1 over every input: per-file stats, the inputs skipped (`options.skip_invalid`) and
-    the vocabulary of all the others together."""
+    """Pass 1: per-file stats, the inputs skipped and the vocabulary of all the others."""
     seen = CharacterSet()
     stats, skipped = [], []
     for source in sources:
@@ -111,17 +112,15 @@ def scan(sources: Sequence[Source], options: TextOptions = TextOptions(),
 
 
 def count_reasons(skipped: Sequence[Skipped | dict[str, Any]]) -> str:
-    """`3 empty, 1 not UTF-8`: how many inputs were skipped, by reason (of `scan`'s `Skipped`,
-    or meta.json's "skipped" entries)."""
+    """`3 empty, 1 not UTF-8`: the inputs skipped (`Skipped`, or meta.json's entries) by reason."""
     counts = Counter(s["reason"] if isinstance(s, dict) else s.reason for s in skipped)
     return ", ".join(f"{n:,} {reason}" for reason, n in sorted(counts.items()))
 
 
 def encode_source(s: SourceStats, vocab: Vocab, ends: Sequence[int], files: Sequence[BinaryIO],
                   options: TextOptions, bar: tqdm | None) -> None:
-    """Pass 2 over one input: its ids to `files` in turn, the first `ends[0]` to the first, up
-    to `ends[1]` to the second, and so on, the rest to the last. What it reads must be what
-    pass 1 read (`s`: the same characters and sha256), else the file changed."""
+    """Pass 2 over one input: its first `ends[0]` ids to the first of `files`, up to `ends[1]`
+    to the second, and so on, the rest to the last; what it reads must be what pass 1 read."""
     done = 0
 
     def write(cps: bytes | np.ndarray) -> None:
@@ -150,25 +149,15 @@ def changed_while_read(path: str) -> CharlmError:
                        "again once nothing writes to the file")
 
 
-def source_entry(source: Source, size: int, sha256: str, **more: Any) -> dict[str, Any]:
-    """A source as meta.json lists it: the key of the cache (`same_sources`) and `more`."""
-    return {"path": source.name, "bytes": size, "sha256": sha256, **more}
-
-
-def split_name(s: SourceStats, n_train: int) -> str:
-    return "train" if n_train == s.chars else "val" if n_train == 0 else "tail"
-
-
 def held_out(key: str, val_fraction: float) -> bool:
     """Whether data.split files holds out the file at `key`."""
     return path_share(key) < val_fraction
 
 
 def train_counts(stats: Sequence[SourceStats], val_fraction: float, split: str) -> list[int]:
-    """How many characters of each source go to the train split; the rest are validation. A
-    split that leaves either side empty is refused (nothing to train on, or to measure); one
-    of whole files that holds out less than half or more than twice the val fraction of the
-    text is warned about (two files hold out 25 % or 75 % of it)."""
+    """How many characters of each source go to the train split, the rest to validation. A split
+    that leaves either side empty is refused; one of whole files that holds out less than half
+    or more than twice the val fraction of the text is warned about."""
     if split == "files":
         if len(stats) < 2:
             raise CharlmError("data.split files holds out whole files, but there is only one "
@@ -196,24 +185,14 @@ def train_counts(stats: Sequence[SourceStats], val_fraction: float, split: str) 
     return counts
 
 
-PROGRESS_MIN_BYTES = 4 << 20
-
-
 def prepare(
     inputs: Sequence[str | Path], out: str | Path, val_fraction: float = 0.1,
     progress: bool = True, options: TextOptions = TextOptions(), base: Vocab | None = None,
 ) -> dict[str, Any]:
-    """Encode text files (and folders, globs, compressed files, `-`: `charlm.data.sources`) into
-    a dataset directory; returns the metadata written to meta.json.
-
-    The validation split is the last `val_fraction` of each input, so the split of one file is
-    the same as nanoGPT's (`n_train = int(n * (1 - val_fraction))`), or with options.split
-    "files" whole files chosen by a hash of their path (`held_out`). It holds the dataset dir's
-    lock throughout, and whatever stops it (an error, SIGINT, SIGTERM) removes its temporaries.
-    With a `base` vocabulary (a fine-tuned model's) the ids are its own, the text's new
-    characters after them, and meta.json records it as "base". In byte units (options.units)
-    the ids are the files' bytes (`charlm.data.vocab`).
-    """
+    """Encode text files (folders, globs, compressed files, `-`) into a dataset dir; returns its
+    meta.json. The validation split is the last `val_fraction` of each input, as nanoGPT's, or
+    with options.split "files" whole files chosen by a hash of their path. With a `base`
+    vocabulary (a fine-tuned model's) the ids are its own, the text's new characters after them."""
     with listed(inputs, options.include, options.exclude) as sources:
         return prepare_sources(sources, out, val_fraction, progress, options, base)
 
@@ -221,63 +200,48 @@ def prepare(
 def prepare_sources(sources: Sequence[Source], out: str | Path, val_fraction: float = 0.1,
                     progress: bool = True, options: TextOptions = TextOptions(),
                     base: Vocab | None = None) -> dict[str, Any]:
-    """`prepare` of the files `sources` (`charlm.data.sources.list_sources`)."""
+    """`prepare` of the files `sources`, holding the dataset dir's lock throughout."""
     out = Path(out)
     with dataset_lock(out):
         check_prepare(sources, out, val_fraction)
         total = sum(s.path.stat().st_size for s in sources)
-        bar = tqdm(total=2 * total, unit="B", unit_scale=True, desc="prepare",
-                   disable=True if not progress or total < PROGRESS_MIN_BYTES else None)
-        final = {split: out / f"{split}.bin" for split in ("train", "val")}
-        try:
+        with tqdm(total=2 * total, unit="B", unit_scale=True, desc="prepare",
+                  disable=True if not progress or total < PROGRESS_MIN_BYTES else None) as bar:
             stats, skipped, vocab = scan(sources, options, bar)
             vocab = vocab if base is None else base.extended(vocab.chars)
             n_train = train_counts(stats, val_fraction, options.split)
-            make_dataset_dir(out, DATASET_FILES)
-            sizes = write_splits(stats, n_train, vocab, final, options, bar)
-            meta = {
-                "format": DATASET_FORMAT,
-                "version": DATASET_VERSION,
-                "vocab": vocab.chars,
-                "vocab_size": len(vocab),
-                "dtype": vocab.dtype.name,
-                "val_fraction": val_fraction,
-                **options.to_dict(),
-                "train_tokens": sizes["train"],
-                "val_tokens": sizes["val"],
-                **listed_sources(stats, n_train, skipped),
-                **({} if base is None else {"base": base.chars}),
-            }
-            install(out, final.values(), meta)
-            (out / "test.bin").unlink(missing_ok=True)  # of a benchmark this one replaced
-        except BaseException as e:
-            discard_temps(final.values())
-            if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise CharlmError(f"cannot write dataset {out}: {e.strerror} (it needs about "
-                                  f"{total / 2**20:,.0f} MiB or more); nothing was kept of the "
-                                  "new dataset and what was there is as it was, free disk space "
-                                  "or give another --out") from None
-            raise
-        finally:
-            bar.close()
+            split = ["train" if n == s.chars else "val" if n == 0 else "tail"
+                     for s, n in zip(stats, n_train, strict=True)]
+            meta = text_meta(
+                vocab, val_fraction, options.to_dict(),
+                {"train": sum(n_train), "val": sum(s.chars for s in stats) - sum(n_train)},
+                sources=[source_entry(s.source, s.bytes, s.sha256, chars=s.chars, split=where)
+                         for s, where in zip(stats, split, strict=True)],
+                skipped=[source_entry(k.source, k.source.path.stat().st_size,
+                                      sha256_file(k.source.path), reason=k.reason)
+                         for k in skipped],
+                **({} if base is None else {"base": base.chars}))
+
+            def write(files: list[BinaryIO]) -> None:
+                for s, n in zip(stats, n_train, strict=True):
+                    encode_source(s, vocab, [n], files, options, bar)
+
+            try:
+                write_dataset(out, [out / "train.bin", out / "val.bin"], write, meta,
+                              stale=["test.bin"])  # of a benchmark this one replaced
+            except OSError as e:
+                if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise CharlmError(f"cannot write dataset {out}: {e.strerror} (it needs about "
+                                      f"{total / 2**20:,.0f} MiB or more); nothing was kept of "
+                                      "the new dataset and what was there is as it was, free "
+                                      "disk space or give another --out") from None
+                raise
     return meta
-
-
-def listed_sources(stats: Sequence[SourceStats], n_train: Sequence[int],
-                   skipped: Sequence[Skipped]) -> dict[str, list[dict[str, Any]]]:
-    """meta.json's lists of the sources read and of those skipped (with `--skip-invalid`)."""
-    return {
-        "sources": [source_entry(s.source, s.bytes, s.sha256, chars=s.chars, split=split_name(s, n))
-                    for s, n in zip(stats, n_train, strict=True)],
-        "skipped": [source_entry(k.source, k.source.path.stat().st_size,
-                                 sha256_file(k.source.path), reason=k.reason) for k in skipped],
-    }
 
 
 def check_prepare(sources: Sequence[Source], out: Path, val_fraction: float) -> None:
     """`prepare`'s refusals, before it reads anything: a split fraction outside (0, 1), an
-    input that is not a regular file, an --out that is a file or a non-empty directory that
-    holds no dataset."""
+    input that is not a regular file, an --out that is not `check_out`'s."""
     if not 0 < val_fraction < 1:
         raise CharlmError(f"--val-fraction must be in (0, 1), got {val_fraction}")
     for s in sources:
@@ -285,12 +249,51 @@ def check_prepare(sources: Sequence[Source], out: Path, val_fraction: float) -> 
     check_out(out)
 
 
-def write_splits(stats: Sequence[SourceStats], n_train: Sequence[int], vocab: Vocab,
-                 final: dict[str, Path], options: TextOptions, bar: tqdm) -> dict[str, int]:
-    """Encode each source's first n_train characters into the temp file beside final["train"]
-    and the rest beside final["val"], synced to disk; the tokens written to each."""
-    sizes = {"train": sum(n_train), "val": sum(s.chars for s in stats) - sum(n_train)}
-    with synced_temps([final["train"], final["val"]]) as files:
-        for s, n in zip(stats, n_train, strict=True):
-            encode_source(s, vocab, [n], files, options, bar)
-    return sizes
+def prepare_pairs(inputs: Sequence[Path], out: Path, data: DataConfig, block_size: int,
+                  check: Callable[[PairVocab], None] | None = None,
+                  base: PairVocab | None = None) -> dict[str, Any]:
+    """Read pair files, split them by source and write a dataset dir, holding its lock; returns
+    its meta.json. `check` sees the vocabulary before anything is written; `base` as `prepare`'s."""
+    paths, out = [Path(p) for p in inputs], Path(out)
+    with dataset_lock(out):
+        if not paths:
+            raise CharlmError("no input files given")
+        for p in paths:
+            check_source_file(p)
+        check_out(out, PAIR_FILES)
+        # hashed before reading: a file changed meanwhile makes a cache that is rebuilt
+        hashes = [sha256_file(p) for p in paths]
+        read = [read_pairs(p, data, block_size) for p in paths]
+        pairs = [pair for got, _ in read for pair in got]
+        vocab = PairVocab.from_pairs(pairs, data.target_units)  # all splits: eval meets no unknown
+        vocab = vocab if base is None else base.extended(vocab)
+        splits: dict[str, list[tuple[str, str]]] = {split: [] for split in SPLITS}
+        for pair in pairs:
+            splits[split_of(pair[0], data.val_fraction, data.test_fraction)].append(pair)
+        names = ", ".join(str(p) for p in paths)
+        if not splits["train"]:
+            raise CharlmError(f"no source of {names} falls in the train split; lower "
+                              f"data.val_fraction ({data.val_fraction}) or data.test_fraction "
+                              f"({data.test_fraction})")
+        if not splits["val"]:
+            raise CharlmError(f"no source of {names} falls in the val split; raise "
+                              f"data.val_fraction ({data.val_fraction}) or give more pairs")
+        if check is not None:
+            check(vocab)
+        meta = {
+            **META_HEADER, "kind": PAIRS_KIND, "vocab": vocab.to_dict(),
+            **pair_settings(data, block_size),
+            "skipped": sum(n for _, n in read),
+            "sources": [{"path": str(p), "sha256": h, "pairs": len(got), "skipped": n}
+                        for p, h, (got, n) in zip(paths, hashes, read, strict=True)],
+            "pairs": {split: len(got) for split, got in splits.items()},
+            **({} if base is None else {"base": base.to_dict()}),
+        }
+
+        def write(files: list[BinaryIO]) -> None:
+            for f, split in zip(files, SPLITS, strict=True):
+                np.savez(f, **vars(PairSplit.encode(splits[split], vocab)))
+
+        write_dataset(out, [out / f"{split}.npz" for split in SPLITS], write, meta,
+                      stale=DATASET_FILES[1:])  # the .bin files of a text dataset replaced
+    return meta

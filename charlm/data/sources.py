@@ -1,19 +1,7 @@
-"""The text files a dataset is made from: what the user named (files, folders, quoted globs,
-`-` for stdin) expanded into `Source`s, each checked to be a regular file (`check_source_file`)
-and read the one way `prepare` reads it.
-
-A folder is walked recursively, hidden names (`.git` among them) skipped, its files sorted by
-their path under it. A glob is expanded here (`expand_glob`), so it means the same on every
-shell: the tree under its literal head is walked once with `os.walk`, which never follows a
-symlink to a folder (a link back up cannot make `**` loop); a wildcard matches no hidden name
-unless its pattern starts with a dot, and `**` matches any number of folders, as
-`glob.glob(recursive=True)` does. A file reached twice is read once. `--include` / `--exclude`
-filter the files a folder or a glob brings. A .gz, .bz2 or .xz file is decompressed as it
-streams; stdin is copied to a temporary file first, as `prepare` reads its inputs twice.
-
-A `Source` is read through a `HashingReader` that hashes, counts and shows on the progress bar
-the bytes as they are on disk (the compressed ones for a .gz), so a cache can compare sizes
-and sha256 with what `os.stat` and one read of the file give."""
+"""The text files a dataset is made from: what the user named (files, folders walked with hidden
+names skipped, quoted globs expanded here so they mean the same on every shell, `-` for stdin)
+as `Source`s, each read once however often it is named. A .gz, .bz2 or .xz file is decompressed
+as it streams; its bytes as stored are the ones hashed and counted, as `os.stat` counts them."""
 
 from __future__ import annotations
 
@@ -44,7 +32,8 @@ GLOB_CHARS = frozenset("*?[")
 
 def expand_glob(spec: str) -> tuple[str, list[tuple[str, bool]]]:
     """(the folder the matches are taken under, the matches sorted by path, each with whether
-    it is a folder). A matched folder is not walked further: its files are all the caller's."""
+    it is a folder), as `glob.glob(recursive=True)` gives them, the tree under the literal head
+    walked once by `os.walk`, which never follows a link to a folder (so `**` cannot loop)."""
     parts = spec.split("/")
     dirs_only = len(parts) > 1 and parts[-1] == ""  # `src/*/`: folders alone, as glob
     parts = [p for i, p in enumerate(parts) if p or i == 0]  # `a//b` is `a/b`
@@ -61,23 +50,18 @@ def expand_glob(spec: str) -> tuple[str, list[tuple[str, bool]]]:
             if os.path.islink(os.path.join(top, d)):
                 continue  # as the folder walk: a linked folder is not read
             if _match(pattern, [*rel, d], partial=False):
-                found.append((_shown(prefix, [*rel, d]), True))
+                found.append(("/".join([*prefix, *rel, d]), True))
             elif _match(pattern, [*rel, d], partial=True):
                 kept.append(d)
         dirs[:] = kept
-        found += [(_shown(prefix, [*rel, n]), False) for n in names
+        found += [("/".join([*prefix, *rel, n]), False) for n in names
                   if not dirs_only and _match(pattern, [*rel, n], partial=False)]
     return root, sorted(found)
 
 
-def _shown(prefix: list[str], rel: list[str]) -> str:
-    """The path as glob.glob gives it: the spec's literal head, then the path under it."""
-    return "/".join([*prefix, *rel])
-
-
 def _match(pattern: list[str], segments: list[str], partial: bool) -> bool:
-    """Whether the path `segments` matches `pattern` (segment by segment); `partial`: whether
-    a path below the folder `segments` may."""
+    """Whether the path `segments` matches `pattern`; `partial`: whether a path below the
+    folder `segments` may."""
     if not segments:
         return partial or all(p == "**" for p in pattern)
     if not pattern:
@@ -86,13 +70,9 @@ def _match(pattern: list[str], segments: list[str], partial: bool) -> bool:
     if first == "**":
         return (_match(rest, segments, partial)
                 or (not segments[0].startswith(".") and _match(pattern, segments[1:], partial)))
-    return _segment(first, segments[0]) and _match(rest, segments[1:], partial)
-
-
-def _segment(pattern: str, name: str) -> bool:
-    if name.startswith(".") and not pattern.startswith("."):
+    if segments[0].startswith(".") and not first.startswith("."):
         return False  # a hidden name is matched only by a pattern that starts with a dot
-    return fnmatch.fnmatchcase(name, pattern)
+    return fnmatch.fnmatchcase(segments[0], first) and _match(rest, segments[1:], partial)
 
 
 # each codec's reader of a binary file object
@@ -104,7 +84,7 @@ TOOLS = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz"}  # each codec's command, t
 @dataclass(frozen=True)
 class Source:
     """One input file: `path` on disk, `name` as messages and meta.json show it, and `key`,
-    its path under the folder or glob that brought it (what `data.split: files` hashes)."""
+    its path under the folder or glob that brought it (what data.split files hashes)."""
 
     path: Path
     name: str
@@ -116,13 +96,12 @@ class Source:
 
     @contextlib.contextmanager
     def open(self, bar: tqdm | None = None) -> Iterator[tuple[BinaryIO, HashingReader]]:
-        """The file's text bytes (decompressed) and the `HashingReader` on its bytes as stored."""
+        """Its text bytes (decompressed) and the `HashingReader` of its bytes as stored."""
         try:
             raw = open(self.path, "rb")  # noqa: SIM115 - closed below
         except OSError as e:
             raise unreadable(self, e) from None
-        with raw, ChunkDigest() as digest:
-            tap = HashingReader(raw, digest, bar)
+        with raw, HashingReader(raw, bar) as tap:
             if self.codec is None:
                 yield tap, tap
             else:
@@ -130,24 +109,25 @@ class Source:
                     yield stream, tap
 
     def damaged(self, e: BaseException) -> InvalidText:
-        """The error for a compressed file whose data stops making sense (or is cut short)."""
+        """The error for a compressed file whose data stops making sense or is cut short."""
         why = ("it ends before its end-of-stream marker (cut short?)" if isinstance(e, EOFError)
                else str(e) or type(e).__name__)
         return InvalidText(f"cannot decompress {self.name} as {self.codec} data: {why}; check "
                            f"the file (`{TOOLS[self.codec]} -t {self.name}`)", "damaged")
 
 
-class HashingReader:
-    """A binary file read through: every byte hashed (`ChunkDigest`), counted and shown."""
+class HashingReader(ChunkDigest):
+    """A binary file read through: every byte hashed, counted and shown on the progress bar."""
 
-    def __init__(self, f: BinaryIO, digest: ChunkDigest, bar: tqdm | None):
-        self._f, self._digest, self._bar = f, digest, bar
+    def __init__(self, f: BinaryIO, bar: tqdm | None):
+        super().__init__()
+        self._f, self._bar = f, bar
         self.size = 0
 
     def read(self, n: int = -1) -> bytes:
         data = self._f.read(n)
         if data:
-            self._digest.update(data)
+            self.update(data)
             self.size += len(data)
             if self._bar is not None:
                 self._bar.update(len(data))
@@ -155,9 +135,6 @@ class HashingReader:
 
     def readable(self) -> bool:
         return True
-
-    def hexdigest(self) -> str:
-        return self._digest.hexdigest()
 
 
 READ_ERRORS = (EOFError, OSError, lzma.LZMAError, zlib.error)
@@ -176,7 +153,7 @@ def unreadable(source: Source, e: OSError) -> CharlmError:
 def list_sources(specs: Sequence[str | Path], include: Sequence[str] = (),
                  exclude: Sequence[str] = (), stdin: Path | None = None) -> list[Source]:
     """The files `specs` name, in their order (each folder's or glob's sorted), each once (by
-    its real path); `-` is stdin, copied to the file `stdin` (`stdin_copy`)."""
+    its real path); `-` is stdin, copied to the file `stdin`."""
     if not specs:
         raise CharlmError("no input files given")
     found: dict[str, Source] = {}
@@ -198,7 +175,7 @@ def _expand(spec: str, include: Sequence[str], exclude: Sequence[str]) -> list[S
             raise CharlmError(f"no file matches {spec}; check the pattern (charlm expands it: "
                               "quote it, and use ** for any depth)")
         files = [s for m, is_dir in matches for s in
-                 (_walk(Path(m), m) if is_dir else
+                 (_walk(Path(m)) if is_dir else
                   [Source(Path(m), m, os.path.relpath(m, root))])]
         return _filtered(files, spec, include, exclude)
     path = Path(spec)
@@ -208,12 +185,11 @@ def _expand(spec: str, include: Sequence[str], exclude: Sequence[str]) -> list[S
     except OSError as e:
         raise unreadable(Source(path, spec, spec), e) from None
     if is_dir:
-        return _filtered(_walk(path, spec), spec, include, exclude)
+        return _filtered(_walk(path), spec, include, exclude)
     return [Source(path, spec, path.name)]
 
 
-def _walk(folder: Path, spec: str) -> list[Source]:
-    """The files under `folder`, recursively, hidden names skipped, sorted by their path."""
+def _walk(folder: Path) -> list[Source]:
     files = []
     for top, dirs, names in os.walk(folder, onerror=_walk_error):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
@@ -241,8 +217,8 @@ def _filtered(files: list[Source], spec: str, include: Sequence[str],
 
 
 def matches(key: str, pattern: str) -> bool:
-    """Whether the path `key` (under its folder) matches `pattern`: a pattern with a `/`
-    matches the whole path, one without matches the file's name (`*.py`, `tests/*`)."""
+    """Whether the path `key` (under its folder) matches the --include or --exclude `pattern`:
+    the whole path for a pattern with a `/`, else the file's name."""
     return fnmatch.fnmatchcase(key if "/" in pattern else key.rsplit("/", 1)[-1], pattern)
 
 
@@ -260,17 +236,10 @@ def as_specs(data_path: str | Path | Sequence[str | Path]) -> list[str | Path]:
 @contextlib.contextmanager
 def listed(specs: Sequence[str | Path], include: Sequence[str] = (),
            exclude: Sequence[str] = ()) -> Iterator[list[Source]]:
-    """`list_sources` of `specs`, with stdin copied while the block runs (`stdin_copy`)."""
-    with stdin_copy(specs) as stdin:
-        yield list_sources(specs, include, exclude, stdin)
-
-
-@contextlib.contextmanager
-def stdin_copy(specs: Sequence[str | Path]) -> Iterator[Path | None]:
-    """A temporary copy of stdin when `specs` hold `-` (else None), removed on leaving:
+    """`list_sources` of `specs`, `-` read from a temporary copy of stdin while the block runs:
     prepare reads its inputs twice, and a pipe gives its bytes once."""
     if "-" not in map(str, specs):
-        yield None
+        yield list_sources(specs, include, exclude)
         return
     with tempfile.NamedTemporaryFile(prefix="charlm-stdin-", suffix=".txt") as tmp:
         try:
@@ -279,13 +248,12 @@ def stdin_copy(specs: Sequence[str | Path]) -> Iterator[Path | None]:
         except OSError as e:
             raise CharlmError(f"cannot copy stdin to {tmp.name}: {e.strerror}; save the text "
                               "to a file and give its path") from None
-        yield Path(tmp.name)
+        yield list_sources(specs, include, exclude, Path(tmp.name))
 
 
 def check_source_file(path: Path, name: str | None = None) -> None:
-    """An input of `prepare` (named `name` in errors), which reads it twice (pass 1, pass 2): a
-    regular file. A pipe (`<(cmd)`) gives its bytes once, so pass 2 would write no ids, and a
-    named pipe blocks."""
+    """An input of `prepare` (named `name` in errors) must be a regular file: prepare reads it
+    twice, a pipe (`<(cmd)`) gives its bytes once and a named pipe blocks."""
     name = str(path) if name is None else name
     try:
         regular = stat.S_ISREG(path.stat().st_mode)

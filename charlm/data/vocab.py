@@ -1,21 +1,13 @@
-"""What one id is, and the vocabularies that map text to ids.
-
-Units: characters (`char`) or the bytes of the text's UTF-8 (`byte`). A byte vocabulary is
-stored as characters too: byte value b is the character with code point b (Latin-1), so the
-character machinery runs unchanged over raw bytes and any file in any script is representable.
-`TextStream` is the one way ids become text as they are generated, a character at a time.
-
-`Vocab`: a list of distinct characters (in code point order, or a parent model's order followed
-by a fine-tune's new characters), stored as JSON (the characters of a text met chunk by chunk
-make one: `charlm.data.chunks.CharacterSet`); one with a Unicode normal form puts every text it
-is given in it first (`normalized`), as its data was. The encoder-decoder's vocabulary is
-`charlm.data.pair_vocab`'s."""
+"""The text vocabulary `Vocab`, of characters (`char` units) or of the bytes of the text's UTF-8
+(`byte`), stored as characters too (byte value b as code point b), so the character machinery
+runs unchanged over raw bytes and any file in any script is representable; and `TextStream`,
+the one way ids become text as they are generated."""
 
 from __future__ import annotations
 
 import codecs
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -31,31 +23,16 @@ def unit_name(units: str) -> str:
 
 
 def utf8(c: str) -> bytes | None:
-    """The UTF-8 bytes of the character `c`, None for a lone surrogate (no UTF-8 text has one)."""
+    """The UTF-8 bytes of the character `c`, None for a lone surrogate."""
     try:
         return c.encode("utf-8")
     except UnicodeEncodeError:
         return None
 
 
-def unknown_in_bytes(text: str, known: Callable[[bytes], bool]) -> list[tuple[int, str]]:
-    """(position, character) of each character of `text` whose UTF-8 bytes are not all `known`
-    (a byte vocabulary's check), by its distinct characters, so a long text costs one pass."""
-    bad = {c for c in set(text) if (b := utf8(c)) is None or not known(b)}
-    return [(i, c) for i, c in enumerate(text) if c in bad] if bad else []
-
-
-def byte_tail(text: str, n: int) -> str:
-    """The longest tail of `text` whose UTF-8 is at most `n` bytes: the cut may fall inside a
-    character, whose remaining continuation bytes are dropped."""
-    return text.encode("utf-8")[-n:].decode("utf-8", "ignore") if n > 0 else ""
-
-
 class TextStream:
-    """Ids to text as they are generated: `feed(id)` gives the text that id completes. In
-    character units that is the id's character; in byte units the bytes of a character are
-    held until its last one arrives, so a partial character is never shown (a sequence cut
-    short leaves its last, unfinished character unsaid). Bytes that are not UTF-8 raise
+    """Ids to text as they are generated: `feed(id)` gives the text that id completes, in byte
+    units once a character's last byte arrives. Bytes that are not UTF-8 raise
     UnicodeDecodeError: the sampler's mask (`charlm.generation.utf8`) never draws them."""
 
     def __init__(self, chars: Sequence[str], units: str):
@@ -89,8 +66,8 @@ def id_dtype(vocab_size: int) -> np.dtype:
 
 def gather(table: np.ndarray, cps: np.ndarray) -> np.ndarray:
     """`table[cps]`, in slices: np.take makes an intp copy of its indices, which for a slice of
-    64K code points stays in the cache (twice as fast as one take of a whole chunk, and eight
-    bytes a code point less memory)."""
+    64K code points stays in the cache (faster than one take of a whole chunk, and eight bytes
+    a code point less memory)."""
     out = np.empty(len(cps), dtype=table.dtype)
     for i in range(0, len(cps), GATHER_SLICE):
         np.take(table, cps[i:i + GATHER_SLICE], out=out[i:i + GATHER_SLICE])
@@ -98,7 +75,7 @@ def gather(table: np.ndarray, cps: np.ndarray) -> np.ndarray:
 
 
 def code_points(text: str) -> np.ndarray:
-    """The code points of `text` as a uint32 array, without a Python loop over characters."""
+    """The code points of `text` as a uint32 array."""
     return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
 
 
@@ -107,18 +84,18 @@ UNKNOWN_LISTED = 10  # characters a message lists
 
 def list_unknown(bad: Sequence[tuple[int, str]], at: str = "at", limit: int = UNKNOWN_LISTED,
                  total: int | None = None) -> str:
-    """The first `limit` of `Vocab.unknown`'s (position, character) pairs as text for a message,
-    then how many more (of `total`, when `bad` holds only the first): a long text in another
-    script must not make an endless error line."""
+    """The first `limit` of (position, character) pairs `bad` for a message, then how many more
+    (of `total`, when `bad` holds only the first): a long text in another script must not make
+    an endless error line."""
     total = len(bad) if total is None else total
     listed = ", ".join(f"{c!r} {at} {i}" for i, c in bad[:limit])
     return listed + (f" and {total - limit} more" if total > limit else "")
 
 
 class Vocab:
-    """Maps characters (in byte units: the bytes of a text's UTF-8) to ids 0..V-1 in the order
-    of `chars`, and back. A text's own vocabulary is in code point order; a fine-tune's keeps
-    its parent's order and adds the new characters after it (`extended`)."""
+    """Maps characters (or bytes) to ids 0..V-1 in the order of `chars`, and back: a text's own
+    in code point order, a fine-tune's in its parent's order then the new characters. One with
+    a Unicode normal form puts every text it is given in it first, as its data was."""
 
     def __init__(self, chars: Sequence[str], units: str = "char", normalize: str | None = None):
         chars = list(chars)
@@ -164,9 +141,8 @@ class Vocab:
         return cls("".join(map(chr, np.sort(cps))), units)
 
     def state(self) -> list[str] | dict[str, Any]:
-        """The vocabulary as a checkpoint or an export stores it: a character vocabulary as
-        its list (as before byte units existed), else {"units", "chars"} and "normalize" when
-        its texts have a normal form."""
+        """The vocabulary as a checkpoint or an export stores it: a plain character vocabulary
+        as its list, else {"units", "chars"} and "normalize" when its texts have a normal form."""
         if self.units == "char" and self.normalize is None:
             return self.chars
         return {"units": self.units, "chars": self.chars,
@@ -182,29 +158,34 @@ class Vocab:
         return cls(state)
 
     def normalized(self, text: str) -> str:
-        """`text` in the vocabulary's normal form (a prompt, an eval text), as its data was."""
+        """`text` (a prompt, an eval text) in the vocabulary's normal form."""
         return text if self.normalize is None else unicodedata.normalize(self.normalize, text)
 
     def stream(self) -> TextStream:
-        """A `TextStream` of this vocabulary: ids to text, a finished character at a time."""
         return TextStream(self.chars, self.units)
 
     def extended(self, chars: Sequence[str]) -> Vocab:
         """This vocabulary, then the characters of `chars` it lacks in code point order: every
-        character keeps its id (a fine-tune's vocabulary, the parent's first)."""
+        character keeps its id."""
         return Vocab(self.chars + sorted(set(chars) - set(self.chars)), self.units,
                      self.normalize)
 
     def unknown(self, text: str) -> list[tuple[int, str]]:
         """(position, character) of each character of `text` outside the vocabulary (in byte
-        units: a character with a byte of its UTF-8 outside it)."""
-        if self.units == "byte":
-            return unknown_in_bytes(text, lambda b: self._table[list(b)].max() < len(self))
-        return self._unknown(code_points(text))
+        units: with a byte of its UTF-8 outside it)."""
+        if self.units == "char":
+            return self._unknown(code_points(text))
+        # by the distinct characters, so a long text costs one pass
+        bad = {c for c in set(text) if (b := utf8(c)) is None
+               or self._table[list(b)].max() == len(self)}
+        return [(i, c) for i, c in enumerate(text) if c in bad] if bad else []
 
     def tail(self, text: str, n: int) -> str:
-        """The longest tail of `text` that encodes to at most `n` ids."""
-        return byte_tail(text, n) if self.units == "byte" else text[max(len(text) - n, 0):]
+        """The longest tail of `text` that encodes to at most `n` ids (in byte units a cut
+        inside a character drops its remaining bytes)."""
+        if self.units == "char":
+            return text[max(len(text) - n, 0):]
+        return text.encode("utf-8")[-n:].decode("utf-8", "ignore") if n > 0 else ""
 
     def _unknown(self, cps: np.ndarray) -> list[tuple[int, str]]:
         ids = gather(self._table, cps)
@@ -212,18 +193,14 @@ class Vocab:
 
     def encode_array(self, text: str) -> np.ndarray:
         """Ids of `text` as an array of `self.dtype`; unknown characters are an error."""
-        if self.units == "byte":
-            ids = self.encode_code_points(text.encode("utf-8"))
-            return np.frombuffer(ids, dtype=self.dtype) if isinstance(ids, bytes) else ids
-        return self.encode_code_points(code_points(text))
+        ids = self.encode_code_points(text.encode("utf-8") if self.units == "byte" else
+                                      code_points(text))
+        return np.frombuffer(ids, dtype=self.dtype) if isinstance(ids, bytes) else ids
 
     def encode_code_points(self, cps: bytes | np.ndarray) -> bytes | np.ndarray:
-        """Ids of the characters with code points `cps`; unknown characters are an error.
-
-        Code points given as bytes (each below 256: ASCII or Latin-1 text) come back as bytes
-        of ids when every id fits in a byte, mapped by `bytes.translate`, many times faster than
-        a numpy gather; anything else comes back as an array of `self.dtype`.
-        """
+        """Ids of the characters with code points `cps`; unknown characters are an error. Code
+        points given as bytes come back as bytes of ids when every id fits in a byte, mapped by
+        `bytes.translate` (faster than a numpy gather), else as an array of `self.dtype`."""
         if isinstance(cps, bytes):
             if self._byte_table is not None:
                 ids = cps.translate(self._byte_table)
@@ -237,9 +214,8 @@ class Vocab:
         return ids.astype(self.dtype, copy=False)
 
     def encode_known(self, cps: bytes | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The ids of a text given by its code points `cps` (as `code_point_chunks` gives
-        them), less its characters outside the vocabulary, and their positions in `cps`. In
-        byte units the ids are the UTF-8 bytes of the characters all of whose bytes it holds."""
+        """The ids of the text of code points `cps` less its characters outside the vocabulary,
+        and their positions in `cps` (in byte units: those with a byte of their UTF-8 outside)."""
         if isinstance(cps, bytes):
             cps = np.frombuffer(cps, dtype=np.uint8)
         if self.units == "char":
@@ -261,8 +237,7 @@ class Vocab:
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         """The text of `ids`; in byte units their bytes decoded strictly as UTF-8."""
-        # Through code points, not a numpy string array: that would drop U+0000 (NUL), which
-        # numpy takes for padding.
+        # through code points, not a numpy string array, which takes U+0000 for padding
         cps = self._code_points[np.asarray(ids, dtype=np.int64)]
         if self.units == "byte":
             return cps.astype(np.uint8).tobytes().decode("utf-8")

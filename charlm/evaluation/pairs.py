@@ -10,7 +10,7 @@ import torch
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError
 from charlm.data.batches import collate
-from charlm.data.pair_vocab import PairVocab
+from charlm.data.pairs import PairVocab
 from charlm.evaluation.accuracy import Accuracy, accuracy
 from charlm.generation.translation import BATCH, translate
 from charlm.model.encoder_decoder import EncoderDecoder

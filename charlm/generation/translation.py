@@ -10,7 +10,7 @@ import torch
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError, Setting, SettingError
 from charlm.data.batches import collate
-from charlm.data.pair_vocab import PairVocab
+from charlm.data.pairs import PairVocab
 from charlm.generation.seq2seq import beam_search_ids, translate_ids
 from charlm.generation.text import require_cache_memory
 from charlm.model.encoder_decoder import EncoderDecoder, output_limit

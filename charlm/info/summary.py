@@ -15,8 +15,7 @@ from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
 from charlm.data.dataset_dir import load_pairs
 from charlm.data.datasets import check_data_kind, text_vocab
-from charlm.data.pair_vocab import PairVocab
-from charlm.data.pairs import read_pairs
+from charlm.data.pairs import PairVocab, read_pairs
 from charlm.data.sources import missing_inputs
 from charlm.info.parameters import flops_per_token, parameter_table, seq2seq_flops
 from charlm.info.shapes import forward_shapes, seq2seq_forward_shapes

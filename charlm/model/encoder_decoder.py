@@ -1,7 +1,8 @@
 """The encoder-decoder Transformer (Vaswani et al. 2017) over paired text, built of
 `charlm.model.gpt`'s `Block`s: an encoder stack (causal=False) over the source, a decoder stack
 (cross=True) over its output. `encode` runs once per source; `charlm.generation.seq2seq`
-decodes. Target ids are `PairVocab`'s: units, then pad, bos and eos (`target_specials`).
+decodes. Target ids are `PairVocab`'s: units, then pad, bos and eos
+(`charlm.data.pairs.target_specials`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from charlm.config.schema import ModelConfig
-from charlm.data.pair_vocab import target_specials
+from charlm.data.pairs import target_specials
 from charlm.model.attention import KVCache
 from charlm.model.gpt import (
     GPT,

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from charlm.core.errors import CharlmError, first_line, warn
-from charlm.data.pair_vocab import PairVocab
+from charlm.data.pairs import PairVocab
 from charlm.data.vocab import Vocab, list_unknown
 from charlm.generation.decoding import NonFiniteOutput
 from charlm.generation.sampler import Sampler

@@ -16,7 +16,7 @@ import torch
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError, SettingError, first_line, one_line
 from charlm.core.files import missing, open_regular, run_write_error, write_atomic
-from charlm.data.pair_vocab import PairVocab
+from charlm.data.pairs import PairVocab
 from charlm.data.vocab import Vocab
 from charlm.runtime.device import require_memory
 from charlm.training.steps import STEP, find_step

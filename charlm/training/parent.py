@@ -14,7 +14,7 @@ import torch
 
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
-from charlm.data.pair_vocab import PairVocab
+from charlm.data.pairs import PairVocab
 from charlm.data.vocab import Vocab
 from charlm.training.checkpoint import saved_section
 from charlm.training.run_dir import RUN_FILES

@@ -17,8 +17,7 @@ from charlm.core.errors import CharlmError
 from charlm.data.batches import BatchSampler, PairBatchSampler, require_window
 from charlm.data.dataset_dir import Dataset, PairDataset
 from charlm.data.datasets import prepared_data, prepared_dir
-from charlm.data.pair_vocab import PairVocab
-from charlm.data.pairs import references
+from charlm.data.pairs import PairVocab, references
 from charlm.data.vocab import Vocab
 from charlm.evaluation.pairs import output_accuracy, rate_name
 from charlm.generation.text import preview

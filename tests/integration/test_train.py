@@ -18,7 +18,7 @@ from charlm.config.schema import RunConfig
 from charlm.data.batches import BatchSampler
 from charlm.data.chunks import sha256_file
 from charlm.data.datasets import dataset_for
-from charlm.data.pair_vocab import PairVocab
+from charlm.data.pairs import PairVocab
 from charlm.data.prepare import prepare
 from charlm.export import save_safetensors
 from charlm.generation.decoding import generate

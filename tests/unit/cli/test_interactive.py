@@ -137,7 +137,7 @@ def test_interactive_refuses_an_encoder_decoder(fails, tmp_path):
     """It continues prompts; an encoder-decoder transduces sources (`--source`)."""
     from charlm.config.data import DataConfig
     from charlm.config.schema import RunConfig
-    from charlm.data.pair_vocab import PairVocab
+    from charlm.data.pairs import PairVocab
     from charlm.export import save_safetensors
     from charlm.training.tasks import build_model
     from tests.helpers import seq2seq_config

@@ -9,8 +9,7 @@ import torch
 
 from charlm.core.errors import CharlmError
 from charlm.data.batches import IGNORE_INDEX, BatchSampler, PairBatchSampler, collate
-from charlm.data.dataset_dir import PairSplit
-from charlm.data.pair_vocab import PairVocab
+from charlm.data.pairs import PairSplit, PairVocab
 
 CPU = torch.device("cpu")
 

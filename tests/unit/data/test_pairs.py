@@ -8,10 +8,10 @@ import pytest
 
 from charlm.config.data import DataConfig
 from charlm.core.errors import CharlmError
-from charlm.data.dataset_dir import PairSplit, load_pairs
-from charlm.data.pair_vocab import PairVocab
-from charlm.data.pairs import pairs_for, prepare_pairs, read_pairs, references, split_of
-from charlm.data.prepare import prepare
+from charlm.data.dataset_dir import load_pairs
+from charlm.data.datasets import pairs_for
+from charlm.data.pairs import PairSplit, PairVocab, read_pairs, references, split_of
+from charlm.data.prepare import prepare, prepare_pairs
 from tests.helpers import write
 
 SKIP = "or set data.skip_bad_pairs=true to skip such lines"

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError
-from charlm.data.pair_vocab import PairVocab
+from charlm.data.pairs import PairVocab
 from charlm.data.vocab import Vocab
 from charlm.generation import compiled_step
 from charlm.generation.decoding import CachedDecoder

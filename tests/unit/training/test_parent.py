@@ -8,7 +8,7 @@ import torch
 
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
-from charlm.data.pair_vocab import PairVocab
+from charlm.data.pairs import PairVocab
 from charlm.data.vocab import Vocab
 from charlm.model.encoder_decoder import EncoderDecoder
 from charlm.model.gpt import GPT
