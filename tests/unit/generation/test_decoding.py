@@ -140,9 +140,10 @@ def test_beam_search_that_stops_early_returns_a_finished_hypothesis(model):
 
 
 def drawn(logits: torch.Tensor, draws: int = 1, **options) -> set[int]:
-    """The ids `draws` steps of a Sampler with SampleConfig(**options) draw from logits (1, V)."""
-    s = sampler_for(SampleConfig(**options))
-    return {s.step(logits)[1][0] for _ in range(draws)}
+    """The ids that `draws` rows of a Sampler with SampleConfig(**options) draw, in one step,
+    from logits (1, V)."""
+    s = sampler_for(SampleConfig(**options), rows=draws)
+    return set(s.step(logits.expand(draws, -1))[1])
 
 
 def test_temperature_zero_is_argmax():
