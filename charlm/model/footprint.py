@@ -60,8 +60,12 @@ def sampling_bytes(cfg: ModelConfig, vocab_size: int, rows: int, element_size: i
     """Generating `rows` samples (or beams) at once: the KV cache (an encoder-decoder's twice,
     for its sources' cross-attention keys and values) and one forward over the context."""
     caches = 2 if cfg.arch == "encoder_decoder" else 1
-    cache = 2 * cfg.n_layer * rows * cfg.block_size * cfg.n_embd * element_size
-    return caches * cache + forward_bytes(cfg, vocab_size, rows)
+    return caches * cache_bytes(cfg, rows, element_size) + forward_bytes(cfg, vocab_size, rows)
+
+
+def cache_bytes(cfg: ModelConfig, rows: int, element_size: int) -> int:
+    """A KV cache of `rows` rows over the whole context: keys and values for every layer."""
+    return 2 * cfg.n_layer * rows * cfg.block_size * cfg.n_embd * element_size
 
 
 def scoring_bytes(cfg: ModelConfig, vocab_size: int, chars: int, windows: int,
