@@ -173,7 +173,7 @@ def train_config(
         resolve_device(device, "device")  # a missing device is an error naming --device
     overrides += [(key, value) for _, key, value in options]
     if resume:
-        from charlm.training.run_dir import resume_config  # imports torch: only for a resume
+        from charlm.training.resume import resume_config  # imports torch: only for a resume
 
         # Without a CONFIG the overrides apply to the checkpoint's config, not to the defaults
         # (`--set optim.min_lr=...` may be legal only with the run's optim.lr): here only the run

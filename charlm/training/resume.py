@@ -1,19 +1,71 @@
-"""What a resume takes from the run dir besides its checkpoint (the user's edits of
-RUN/config.yaml), and the resumes refused before the run is built."""
+"""What a resume takes from the run dir: its config (`resume_config`: the checkpoint's, with the
+user's edits of RUN/config.yaml), and the resumes refused before the run is built."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from charlm.config.loading import load_config
-from charlm.config.schema import RunConfig
+from charlm.config.loading import Override, apply_overrides, load_config
+from charlm.config.schema import OptimConfig, RunConfig
 from charlm.core.durations import format_duration
 from charlm.core.errors import CharlmError
 from charlm.core.ranks import is_main_process
 from charlm.training import checkpoint
+
+ARCHITECTURE = "the architecture of a run cannot change"
+
+
+def resume_config(run_dir: Path, config_path: str | Path | None,
+                  overrides: Sequence[Override]) -> RunConfig:
+    """The config of a resumed run: the checkpoint's with the user's edits of RUN/config.yaml
+    (`with_edits`), or CONFIG's, then the overrides. One that changes the architecture,
+    `optim.name` or the budget of a run its time budget ended is an error."""
+    ckpt_path = run_dir / "last.pt"
+    if ckpt_path.is_dir():  # not "no checkpoint": a fresh start would send the user back here
+        raise CharlmError(f"--resume: {ckpt_path} is a directory, not a checkpoint; move it out "
+                          "of the way, then start over with --overwrite")
+    if not ckpt_path.exists():  # anything else that is there, `checkpoint.load` explains
+        raise CharlmError(f"--resume: no checkpoint {ckpt_path}; start the run without --resume")
+    ckpt = checkpoint.load(ckpt_path)
+    try:
+        saved = checkpoint.check_config(ckpt)
+    except ValueError as e:
+        raise checkpoint.damaged(ckpt_path, e) from None
+    if config_path is not None:
+        cfg = load_config(config_path, overrides)
+    else:
+        raw = apply_overrides(with_edits(run_dir, saved, ckpt_path), overrides)
+        cfg = RunConfig.from_dict(raw, f"{ckpt_path} config")
+    # without CONFIG, a max_iters other than the checkpoint's is the user's (--set, edit)
+    require_same_budget(cfg, ckpt, iters_set=config_path is None)
+    saved_train = checkpoint.saved_section(ckpt, "train")
+    if saved_train.get("init_from") is not None:  # a fine-tune's parent is its history
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **{
+            key: saved_train.get(key) for key in ("init_from", "init_from_sha256")}))
+    # Resolved, so a key missing from an older checkpoint's config counts as its default.
+    saved_model = RunConfig.from_dict({"model": saved["model"]}, f"{ckpt_path} config").model
+    for key, value in dataclasses.asdict(saved_model).items():
+        if getattr(cfg.model, key) != value:
+            raise _conflict(f"model.{key}={getattr(cfg.model, key)!r}", value, ckpt_path,
+                            ARCHITECTURE)
+    # a checkpoint from before optim.name: AdamW's
+    name = checkpoint.saved_section(ckpt, "optim").get("name", OptimConfig.name)
+    if cfg.optim.name != name:  # the optimizer's state holds one optimizer's moments
+        raise _conflict(f"optim.name={cfg.optim.name!r}", name, ckpt_path,
+                        "a run keeps its optimizer")
+    return cfg
+
+
+def _conflict(setting: str, saved: object, ckpt_path: Path, why: str,
+              how: str = "drop the override") -> CharlmError:
+    """A resume's change (`setting`, "key=value" as given) of what a run keeps."""
+    return CharlmError(f"--resume: {setting} conflicts with the checkpoint's {saved!r} in "
+                       f"{ckpt_path}; {why} ({how}, or start a new run with another --out)")
 
 
 def with_edits(run_dir: Path, saved: dict[str, Any], ckpt_path: Path) -> dict[str, Any]:
@@ -31,10 +83,8 @@ def with_edits(run_dir: Path, saved: dict[str, Any], ckpt_path: Path) -> dict[st
                if value != ours[section][key] and f"{section}.{key}" != "train.out_dir"]
     for section, key, value in changes:
         if section == "model":
-            raise CharlmError(
-                f"--resume: model.{key}={value!r} in {path} conflicts with the checkpoint's "
-                f"{ours['model'][key]!r} in {ckpt_path}; the architecture of a run cannot "
-                "change (undo that edit, or start a new run with another --out)")
+            raise _conflict(f"model.{key}={value!r} in {path}", ours["model"][key], ckpt_path,
+                            ARCHITECTURE, "undo that edit")
         raw.setdefault(section, {})[key] = value
     if changes and is_main_process():  # under torchrun, rank 0 speaks for the run
         shown = ", ".join(f"{s}.{k} {ours[s][k]!r} -> {v!r}" for s, k, v in changes)

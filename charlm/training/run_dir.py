@@ -1,24 +1,22 @@
 """A run dir: its files (`RUN_FILES`), the lock a run holds on it, the checks before a run starts
-there, what --overwrite clears, and the config a resume reads from it (`resume_config`)."""
+there and what --overwrite clears."""
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-from charlm.config.loading import Override, apply_overrides, load_config, save_config
-from charlm.config.schema import OptimConfig, RunConfig
+from charlm.config.loading import load_config, save_config
+from charlm.config.schema import RunConfig
 from charlm.config.yaml_files import read_yaml_file
 from charlm.core.errors import CharlmError
 from charlm.core.files import locked_dir, make_writable_dir, remove_temps, some, strangers
 from charlm.training import checkpoint, steps
 from charlm.training.metrics import TB_EVENTS
-from charlm.training.resume import require_same_budget, with_edits
 
 # What a run writes, and all that --overwrite removes (of tb/, only TensorBoard's event files;
 # of checkpoints/, only its step-NNNNNN.pt files, see `steps`).
@@ -26,52 +24,6 @@ RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "tb", "config.yaml", steps.S
 # Made before a run's first step, and kept by --overwrite: the dataset cache of `charlm train
 # TEXT` (reused while its text is unchanged), and the config and log of a `charlm tune` trial.
 KEPT = ("dataset", "trial.yaml", "train.log")
-
-
-def resume_config(run_dir: Path, config_path: str | Path | None,
-                  overrides: Sequence[Override]) -> RunConfig:
-    """The config of a resumed run: the checkpoint's with the user's edits of RUN/config.yaml
-    (`with_edits`), or CONFIG's, then the overrides. One that changes the architecture,
-    `optim.name` or the budget of a run its time budget ended is an error."""
-    ckpt_path = run_dir / "last.pt"
-    if ckpt_path.is_dir():  # not "no checkpoint": a fresh start would send the user back here
-        raise CharlmError(f"--resume: {ckpt_path} is a directory, not a checkpoint; move it out "
-                          "of the way, then start over with --overwrite")
-    if not ckpt_path.exists():  # anything else that is there, `checkpoint.load` explains
-        raise CharlmError(f"--resume: no checkpoint {ckpt_path}; start the run without --resume")
-    ckpt = checkpoint.load(ckpt_path)
-    try:
-        saved = checkpoint.check_config(ckpt)
-    except ValueError as e:
-        raise checkpoint.damaged(ckpt_path, e) from None
-    if config_path is not None:
-        cfg = load_config(config_path, overrides)
-    else:
-        raw = apply_overrides(with_edits(run_dir, saved, ckpt_path), overrides)
-        cfg = RunConfig.from_dict(raw, f"{ckpt_path} config")
-    # without CONFIG, a max_iters other than the checkpoint's is the user's (--set, edit)
-    require_same_budget(cfg, ckpt, iters_set=config_path is None)
-    saved_train = checkpoint.saved_section(ckpt, "train")
-    if saved_train.get("init_from") is not None:  # a fine-tune's parent is its history
-        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **{
-            key: saved_train.get(key) for key in ("init_from", "init_from_sha256")}))
-    # Resolved, so a key missing from an older checkpoint's config counts as its default.
-    saved_model = RunConfig.from_dict({"model": saved["model"]}, f"{ckpt_path} config").model
-    for key, value in dataclasses.asdict(saved_model).items():
-        new = getattr(cfg.model, key)
-        if new != value:
-            raise CharlmError(
-                f"--resume: model.{key}={new!r} conflicts with the checkpoint's {value!r} in "
-                f"{ckpt_path}; the architecture of a run cannot change (drop the override, or "
-                "start a new run with another --out)"
-            )
-    # a checkpoint from before optim.name: AdamW's
-    name = checkpoint.saved_section(ckpt, "optim").get("name", OptimConfig.name)
-    if cfg.optim.name != name:  # the optimizer's state holds one optimizer's moments
-        raise CharlmError(f"--resume: optim.name={cfg.optim.name!r} conflicts with the "
-                          f"checkpoint's {name!r} in {ckpt_path}; a run keeps its optimizer "
-                          "(drop the override, or start a new run with another --out)")
-    return cfg
 
 
 def _is_own(path: Path) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from charlm.config.schema import ModelConfig, RunConfig
+from charlm.config.schema import RunConfig
 from charlm.core.durations import format_duration
 from charlm.runtime.distributed import Dist
 from charlm.runtime.precision import autocast
@@ -50,9 +50,6 @@ class Rung:
         keys: dict[str, Any] = {"n_layer": self.n_layer, "n_embd": self.n_embd,
                                 "n_head": self.n_head, "block_size": self.block(room)}
         return keys | (PAIR_STYLE if self.block_size is None else GPT_STYLE)
-
-    def model(self, room: int | None = None) -> ModelConfig:
-        return ModelConfig(**self.shape(room))
 
     def __str__(self) -> str:
         if self.block_size is None:

@@ -14,7 +14,7 @@ from charlm.training import loop as train_module
 from charlm.training.checkpoint import load
 from charlm.training.faults import Interrupted
 from charlm.training.loop import train
-from charlm.training.run_dir import resume_config
+from charlm.training.resume import resume_config
 from tests.helpers import files_under, signal_after_steps, with_
 
 

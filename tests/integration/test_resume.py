@@ -15,7 +15,7 @@ from charlm.runtime.profile import Machine
 from charlm.training import checkpoint
 from charlm.training import run_objects as run_module
 from charlm.training.loop import train
-from charlm.training.run_dir import resume_config
+from charlm.training.resume import resume_config
 from tests.helpers import assert_same_weights, files_under, with_
 
 

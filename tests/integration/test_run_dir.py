@@ -9,7 +9,7 @@ import pytest
 from charlm.config.loading import save_config
 from charlm.core.errors import CharlmError
 from charlm.training.loop import train
-from charlm.training.run_dir import resume_config
+from charlm.training.resume import resume_config
 from tests.helpers import with_
 
 

@@ -427,7 +427,7 @@ def test_train_config_resume_finds_the_run_dir_before_applying_overrides(text_fi
                                                                         monkeypatch):
     """Without a CONFIG the overrides apply to the checkpoint's config: only the run dir is
     resolved here (an optim.min_lr above the defaults' lr must not fail before the resume)."""
-    import charlm.training.run_dir
+    import charlm.training.resume
 
     calls = []
 
@@ -435,7 +435,7 @@ def test_train_config_resume_finds_the_run_dir_before_applying_overrides(text_fi
         calls.append((run_dir, config, overrides))
         return RunConfig()
 
-    monkeypatch.setattr(charlm.training.run_dir, "resume_config", resume_config)
+    monkeypatch.setattr(charlm.training.resume, "resume_config", resume_config)
     assert train_config(None, ["optim.min_lr=0.5", "train.out_dir=r"], resume=True) == (
         RunConfig(), None)
     assert calls == [(Path("r"), None, ["optim.min_lr=0.5", "train.out_dir=r"])]

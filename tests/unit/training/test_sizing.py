@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from charlm.cli.train import sized_keys, train_config
+from charlm.config.schema import ModelConfig
 from charlm.model.gpt import parameter_count
 from charlm.training import sizing
 from charlm.training.sizing import (
@@ -27,7 +28,7 @@ SHAKESPEARE_TRAIN = 1_003_854  # tiny-shakespeare's training split, in character
 
 def params(rung: Rung) -> int:
     """What the rule counts: the model's parameters but its bigram table's."""
-    m = rung.model()
+    m = ModelConfig(**rung.shape())
     return parameter_count(m, VOCAB) - (VOCAB + 1) * VOCAB * m.n_embd
 
 
@@ -143,7 +144,7 @@ def test_pairs_are_sized_on_the_encoder_decoder_ladder_with_the_block_they_need(
     asked = []
 
     def count(rung: Rung) -> int:  # any count: the rule reads it
-        return parameter_count(rung.model(34), VOCAB)
+        return parameter_count(ModelConfig(**rung.shape(34)), VOCAB)
 
     def rate(rung: Rung) -> float:
         asked.append(rung)
