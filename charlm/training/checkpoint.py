@@ -19,8 +19,7 @@ from charlm.core.files import missing, open_regular, run_write_error, write_atom
 from charlm.data.pairs import PairVocab
 from charlm.data.vocab import Vocab
 from charlm.runtime.device import require_memory
-from charlm.training.steps import STEP, find_step
-from charlm.training.tasks import build_model, check_stored_shapes, check_weights, vocab_from_state
+from charlm.training import steps, tasks
 
 FORMAT = "charlm-checkpoint"
 VERSION = 1
@@ -94,7 +93,7 @@ def restore(state: dict[str, Any], objects: Mapping[str, Stateful], path: Path) 
     """Load each object's part of `state` (from `path`); a part missing or unfit is `damaged`."""
     try:
         check_train_state(state)
-        check_weights(state["model"])
+        tasks.check_weights(state["model"])
         for name, obj in objects.items():
             obj.load_state_dict(state[name])
     except (KeyError, RuntimeError, ValueError, TypeError, AttributeError) as e:
@@ -109,9 +108,9 @@ def resolve(path: str | Path, step: int | None = None) -> Path:
         raise missing(path, "checkpoint", f"no such run dir or checkpoint: {path}")
     if step is not None:
         if not path.is_dir():
-            raise SettingError(STEP, f" {step} picks a checkpoint of a run dir, and {path} is a "
-                               "file; give the run dir, or drop ", STEP)
-        return find_step(path, step)
+            raise SettingError(steps.STEP, f" {step} picks a checkpoint of a run dir, and {path} "
+                               "is a file; give the run dir, or drop ", steps.STEP)
+        return steps.find_step(path, step)
     if path.is_dir():
         for name in ("best.pt", "last.pt"):
             if (path / name).is_file():
@@ -220,8 +219,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
     state = load(ckpt_path)  # onto the CPU, where the model is built; then moved as a whole
     try:
         cfg = RunConfig.from_dict(check_config(state), f"{ckpt_path} config")
-        vocab = vocab_from_state(state["vocab"])
-        check_stored_shapes(cfg, vocab, state["model"])
+        vocab = tasks.vocab_from_state(state["vocab"])
+        tasks.check_stored_shapes(cfg, vocab, state["model"])
         weights = sum(t.numel() * t.element_size() for t in state["model"].values())
     except (KeyError, RuntimeError, ValueError, TypeError, AttributeError, CharlmError) as e:
         raise damaged(ckpt_path, e) from None
@@ -229,7 +228,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
     require_memory(weights, device, f"the model in {ckpt_path} needs {{gib}} for its weights",
                    "load it on a device with more memory (--device)")
     try:
-        model = build_model(cfg, vocab)
+        model = tasks.build_model(cfg, vocab)
         model.load_state_dict(state["model"])
         check_train_state(state)
     except (KeyError, RuntimeError, ValueError, TypeError, CharlmError) as e:

@@ -5,6 +5,7 @@ run that keeps producing them is stopped)."""
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import threading
 from pathlib import Path
@@ -19,8 +20,10 @@ from charlm.core.parent_death import parent_death_signal
 class Interrupted(KeyboardInterrupt):
     """Training stopped on a signal after saving `last.pt`; the CLI exits with `exit_code`."""
 
-    def __init__(self, message: str, signum: int):
-        super().__init__(message)
+    def __init__(self, run_dir: Path, step: int, signum: int):
+        super().__init__(f"interrupted by {signal.Signals(signum).name} at step {step}: saved "
+                         f"{run_dir / 'last.pt'}; continue with "
+                         f"`charlm train --out {shlex.quote(str(run_dir))} --resume`")
         self.exit_code = 128 + signum  # the shell convention: 130 for SIGINT, 143 for SIGTERM
 
 

@@ -6,8 +6,6 @@ by all ranks (docs/distributed.md)."""
 from __future__ import annotations
 
 import math
-import shlex
-import signal
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -116,7 +114,7 @@ def _loop(run: Run, files: RunFiles, stop: StopSignals, clock: Clock, schedule: 
         final = record(run, files.open(), stop, clock, None,
                        schedule.lr(state.step - 1, clock.elapsed()), True, True)
         if (signum := dist.agree(stop.signum)[0]) is not None:
-            raise interrupted(run, signum)  # last.pt saved, the eval due if cut short again
+            raise Interrupted(run.run_dir, state.step, signum)  # saved; eval_due if cut short again
     elapsed, step_s, final_s = clock.elapsed(), clock.step_s, clock.final_s()
     while not (state.step >= cfg.train.max_iters if cfg.train.max_time is None
                else state.budget_steps is not None):
@@ -150,7 +148,7 @@ def _loop(run: Run, files: RunFiles, stop: StopSignals, clock: Clock, schedule: 
         saved_step = state.step if save_now else saved_step
         stop.saved = saved_step is not None
         if signum is not None and (not last or state.eval_due):  # last.pt saved
-            raise interrupted(run, signum)
+            raise Interrupted(run.run_dir, state.step, signum)
     return final
 
 
@@ -188,14 +186,6 @@ def record(run: Run, log: MetricsLogger, stop: StopSignals, clock: Clock,
     clock.pause(t_pause, t_write - t_pause if eval_now else None,
                 clock.now() - t_write if save_now else None)
     return losses
-
-
-def interrupted(run: Run, signum: int) -> Interrupted:
-    """The stop after a signal, once last.pt is saved (under torchrun main_first waited)."""
-    return Interrupted(
-        f"interrupted by {signal.Signals(signum).name} at step {run.state.step}: saved "
-        f"{run.run_dir / 'last.pt'}; continue with "
-        f"`charlm train --out {shlex.quote(str(run.run_dir))} --resume`", signum)
 
 
 def report_skipped(run: Run, log: MetricsLogger, saved_step: int | None) -> None:

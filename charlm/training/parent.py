@@ -69,11 +69,7 @@ def parent_config(cfg: RunConfig, given: Collection[str], parent: Parent,
 
 def _check_outside(weights: Path, run_dir: Path) -> None:
     """Refuse a parent whose weights are one of the files a new run in `run_dir` replaces."""
-    try:
-        inside = weights.resolve().relative_to(run_dir.resolve()).parts
-    except ValueError:
-        return
-    if inside and inside[0] in RUN_FILES:
+    if any(weights.resolve().is_relative_to(run_dir.resolve() / name) for name in RUN_FILES):
         raise CharlmError(f"--init-from {weights} is in the run dir {run_dir}, whose run the new "
                           "one replaces (its checkpoints with it); choose another --out")
 

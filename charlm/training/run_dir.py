@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -113,14 +112,11 @@ def start_run(run_dir: Path, cfg: RunConfig) -> None:
     save_config(cfg, run_dir / "config.yaml")
 
 
-@contextlib.contextmanager
-def run_lock(run_dir: Path, enabled: bool = True) -> Iterator[None]:
+def run_lock(run_dir: Path, enabled: bool = True) -> contextlib.AbstractContextManager[None]:
     """Hold the lock on the run dir (`locked_dir`) for the whole run, so a second `charlm train`
     or a `charlm prepare` into it is refused instead of interleaving its files with this one's.
     An empty run dir made here (a run that failed before writing anything) is removed again."""
     if not enabled:
-        yield
-        return
-    with locked_dir(run_dir, f"{run_dir} is in use by another `charlm train`; wait for it to "
-                             "end, or choose another --out"):
-        yield
+        return contextlib.nullcontext()
+    return locked_dir(run_dir, f"{run_dir} is in use by another `charlm train`; wait for it to "
+                               "end, or choose another --out")

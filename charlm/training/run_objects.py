@@ -24,9 +24,8 @@ from charlm.model import footprint
 from charlm.runtime.device import require_memory
 from charlm.runtime.distributed import Dist
 from charlm.runtime.precision import compile_model, grad_scaler
-from charlm.training import checkpoint
 from charlm.training.average import WeightAverage
-from charlm.training.checkpoint import Entry, RNGState, Stateful, load_scaler
+from charlm.training.checkpoint import Entry, RNGState, Stateful, load_scaler, saved_section
 from charlm.training.evaluation import eval_batches_per_forward
 from charlm.training.faults import BadSteps
 from charlm.training.metrics import MetricsLogger
@@ -35,7 +34,7 @@ from charlm.training.parent import Parent, base_vocab, init_from_parent
 from charlm.training.run_dir import clear_run, start_run
 from charlm.training.schedule import Clock
 from charlm.training.sizing import size_model
-from charlm.training.tasks import PairsTask, Task, task_for
+from charlm.training.tasks import PairsTask, Task, build_model, task_for
 
 
 @dataclass
@@ -50,14 +49,6 @@ class TrainState:
     eval_due: bool = False  # a stop signal cut the eval of `step` short: a resume runs it first
     # the skipped-step counters, kept on the device so that counting never waits for it
     bad: BadSteps = field(default_factory=BadSteps, repr=False, compare=False)
-
-    @property
-    def skipped_steps(self) -> int:  # waits for the device, as does bad_streak
-        return int(self.bad.total)
-
-    @property
-    def bad_streak(self) -> int:  # skipped steps in a row, up to `step`
-        return int(self.bad.streak)
 
     def state_dict(self) -> dict[str, Any]:
         # saved only when set, so that the layout of other checkpoints stays version 1's
@@ -215,7 +206,7 @@ def warn_about_split(ckpt: dict[str, Any] | None, cfg: RunConfig, task: Task,
     if (not dist.is_main or not isinstance(best, (int, float)) or not math.isfinite(best)
             or not isinstance(config, dict) or prepared_dir(cfg.data) is not None):
         return  # nothing to compare with yet; a prepared dataset dir has its split fixed
-    saved = checkpoint.saved_section(ckpt, "data")
+    saved = saved_section(ckpt, "data")
     keys = ("val_fraction", "test_fraction") if isinstance(task, PairsTask) else ("val_fraction",)
     reasons = [f"data.{key} {saved.get(key, getattr(DataConfig, key))} -> "
                f"{getattr(cfg.data, key)}" for key in keys
@@ -256,7 +247,7 @@ def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dty
     warn_about_split(ckpt, cfg, task, before, dist)
     sampler = task.sampler("train", tc.seed, device, rows=dist.rows(tc.batch_size))
     require_batch_memory(task, device, dtype, len(range(sampler.batch_size)[sampler.rows]))
-    model = task.new_model().to(device)
+    model = build_model(cfg, task.vocab).to(device)
     if parent is not None and ckpt is None:
         init_from_parent(model, parent, task.vocab)
     average = WeightAverage(model, cfg.optim.ema) if cfg.optim.ema > 0 else None

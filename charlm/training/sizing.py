@@ -18,7 +18,7 @@ from charlm.core.durations import format_duration
 from charlm.runtime.distributed import Dist
 from charlm.runtime.precision import autocast
 from charlm.runtime.profile import train_rate
-from charlm.training.tasks import PairsTask, Task
+from charlm.training.tasks import PairsTask, Task, build_model
 
 TOKENS_PER_PARAMETER = 4.0  # fitted: docs/design.md
 TRAIN_SHARE = 0.85  # of the budget spent in training steps (start-up and evaluations take the rest)
@@ -165,7 +165,7 @@ def measure_rate(task: Task, device: torch.device, dtype: torch.dtype) -> float:
     """Training tokens a second of the task's model and batch here: AdamW steps on random ids
     shaped like its batches. Draws nothing from the run's random streams."""
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        model = task.new_model().to(device)
+        model = build_model(task.cfg, task.vocab).to(device)
         batch = task.random_batch(task.cfg.train.batch_size, device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 

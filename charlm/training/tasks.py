@@ -43,9 +43,6 @@ class TextTask:
         return BatchSampler(self.data.split(split), self.cfg.model.block_size,
                             self.cfg.train.batch_size, device, seed, name=split, rows=rows)
 
-    def new_model(self) -> torch.nn.Module:
-        return build_model(self.cfg, self.vocab)
-
     def parameter_count(self) -> int:
         return gpt.parameter_count(self.cfg.model, len(self.vocab))
 
@@ -99,9 +96,6 @@ class PairsTask:
                 rows: slice = slice(None)) -> PairBatchSampler:
         return PairBatchSampler(self.data.split(split), self.vocab, self.cfg.train.batch_size,
                                 device, seed, rows=rows)
-
-    def new_model(self) -> torch.nn.Module:
-        return build_model(self.cfg, self.vocab)
 
     def parameter_count(self) -> int:
         return encoder_decoder.parameter_count(self.cfg.model, self.vocab.source_size,

@@ -195,7 +195,7 @@ def test_non_finite_loss_skips_the_update_and_is_counted(tiny_cfg, monkeypatch, 
     nan_loss_at_steps(monkeypatch, {3, 4})
     weights = weights_after_each_step(monkeypatch)
     state = train(cfg)
-    assert state.skipped_steps == 2
+    assert state.bad.state_dict()["skipped_steps"] == 2
     for step in (3, 4):  # weights after steps 3 and 4 are those after step 2
         assert all(torch.equal(a, b) for a, b in zip(weights[1], weights[step - 1], strict=True))
     assert not all(torch.equal(a, b) for a, b in zip(weights[1], weights[4], strict=True))
@@ -285,7 +285,7 @@ def test_an_eval_of_a_diverged_model_logs_no_sample_and_the_run_goes_on(tiny_cfg
     cfg = with_(tiny_cfg, optim={"lr": 1e9, "min_lr": 0.0, "warmup_iters": 0},
                 train={"max_iters": 3, "eval_interval": 3, "eval_iters": 1, "max_bad_steps": 10})
     state = train(cfg)
-    assert (state.step, state.skipped_steps) == (3, 2)
+    assert (state.step, state.bad.state_dict()["skipped_steps"]) == (3, 2)
     assert "step 3: no sample, the model's outputs are not finite" in capsys.readouterr().out
     assert checkpoint.load(Path(cfg.train.out_dir, "last.pt"))["train_state"]["step"] == 3
 

@@ -187,7 +187,7 @@ def test_a_checkpoint_in_the_version_1_layout_resumes_exactly(counters, tiny_cfg
     }
     torch.save(old, run / "last.pt")
     state = train(resume_config(run, None, ["train.max_iters=30"]), resume=True)
-    assert (state.step, state.skipped_steps, state.bad_streak) == (30, 0, 0)
+    assert (state.step, state.bad.state_dict()) == (30, {"skipped_steps": 0, "bad_streak": 0})
     assert_same_weights(tmp_path / "straight" / "last.pt", run / "last.pt")
     a, b = (checkpoint.load(p / "last.pt") for p in (tmp_path / "straight", run))
     assert a["train_state"] == {**b["train_state"], "elapsed_s": a["train_state"]["elapsed_s"]}
