@@ -85,7 +85,6 @@ class RNGState:
 
 
 def collect(objects: Mapping[str, Stateful], **extra: Any) -> dict[str, Any]:
-    """Each object's state_dict under its name, then `extra` (the config and vocab)."""
     return {**{name: obj.state_dict() for name, obj in objects.items()}, **extra}
 
 

@@ -88,7 +88,6 @@ class StopSignals:
             self._wakeup = None
 
     def requested(self) -> bool:
-        """Whether a stop signal has come."""
         return self.signum is not None
 
     def _watch(self, read: int) -> None:

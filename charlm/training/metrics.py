@@ -121,7 +121,6 @@ class MetricsLogger:
                              f"{self.status()}")
 
     def left(self) -> str:
-        """The time left to a budget's deadline."""
         assert self.deadline is not None
         return format_duration(max(self.deadline - self.now(), 0.0))
 

@@ -16,9 +16,8 @@ from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
 from charlm.data.pairs import PairVocab
 from charlm.data.vocab import Vocab
-from charlm.training.checkpoint import saved_section
+from charlm.training import checkpoint, tasks
 from charlm.training.run_dir import RUN_FILES
-from charlm.training.tasks import vocab_from_state
 
 # Model keys a fine-tune may change: they change no weight's shape.
 FREE_KEYS = frozenset({"dropout", "label_smoothing"})
@@ -93,10 +92,10 @@ def base_vocab(cfg: RunConfig, ckpt: dict[str, Any] | None,
     """The vocabulary whose ids the run's data keeps: a fresh fine-tune's parent's, a resumed
     fine-tune's own (`ckpt`'s); None for a run trained from scratch."""
     if ckpt is not None:  # read with care: the restore says what is damaged
-        if saved_section(ckpt, "train").get("init_from") is None:
+        if checkpoint.saved_section(ckpt, "train").get("init_from") is None:
             return None  # (a resume with a CONFIG may not name the parent: the run's own does)
         try:
-            return vocab_from_state(ckpt["vocab"])
+            return tasks.vocab_from_state(ckpt["vocab"])
         except (KeyError, TypeError, ValueError, CharlmError):
             return None
     if cfg.train.init_from is not None and parent is None:

@@ -114,8 +114,7 @@ def start_run(run_dir: Path, cfg: RunConfig) -> None:
 
 def run_lock(run_dir: Path, enabled: bool = True) -> contextlib.AbstractContextManager[None]:
     """Hold the lock on the run dir (`locked_dir`) for the whole run, so a second `charlm train`
-    or a `charlm prepare` into it is refused instead of interleaving its files with this one's.
-    An empty run dir made here (a run that failed before writing anything) is removed again."""
+    or a `charlm prepare` into it is refused instead of interleaving its files with this one's."""
     if not enabled:
         return contextlib.nullcontext()
     return locked_dir(run_dir, f"{run_dir} is in use by another `charlm train`; wait for it to "

@@ -24,16 +24,14 @@ from charlm.model import footprint
 from charlm.runtime.device import require_memory
 from charlm.runtime.distributed import Dist
 from charlm.runtime.precision import compile_model, grad_scaler
+from charlm.training import faults, schedule, sizing
 from charlm.training.average import WeightAverage
 from charlm.training.checkpoint import Entry, RNGState, Stateful, load_scaler, saved_section
 from charlm.training.evaluation import eval_batches_per_forward
-from charlm.training.faults import BadSteps
 from charlm.training.metrics import MetricsLogger
 from charlm.training.optimizer import Optimizer, load_state, make_optimizer
 from charlm.training.parent import Parent, base_vocab, init_from_parent
 from charlm.training.run_dir import clear_run, start_run
-from charlm.training.schedule import Clock
-from charlm.training.sizing import size_model
 from charlm.training.tasks import PairsTask, Task, build_model, task_for
 
 
@@ -48,7 +46,7 @@ class TrainState:
     budget_steps: int | None = None  # the step a time budget ended the run at (None: not yet)
     eval_due: bool = False  # a stop signal cut the eval of `step` short: a resume runs it first
     # the skipped-step counters, kept on the device so that counting never waits for it
-    bad: BadSteps = field(default_factory=BadSteps, repr=False, compare=False)
+    bad: faults.BadSteps = field(default_factory=faults.BadSteps, repr=False, compare=False)
 
     def state_dict(self) -> dict[str, Any]:
         # saved only when set, so that the layout of other checkpoints stays version 1's
@@ -129,11 +127,11 @@ class RunFiles:
     `--overwrite` removes nothing)."""
 
     run: Run
-    clock: Clock
+    clock: schedule.Clock
     overwrite: bool  # a fresh run over a previous one: clear it when opening
     start_step: int  # the step the run starts from (0, or the resumed checkpoint's)
-    progress: bool | None = None
-    intro: str | None = None  # said once the log opens: what the run computes with
+    progress: bool | None
+    intro: str  # said once the log opens: what the run computes with
     log: MetricsLogger | None = None
 
     def open(self) -> MetricsLogger:
@@ -150,8 +148,7 @@ class RunFiles:
                 start_run(run.run_dir, run.cfg)
             self.log = MetricsLogger(run.run_dir, tc.max_iters if tc.max_time is None else None,
                                      self.start_step, self.progress, enabled=dist.is_main)
-        if self.intro is not None:
-            self.log.message(self.intro)
+        self.log.message(self.intro)
         if tc.max_time is not None:
             self.log.set_deadline(clock.start + tc.max_time - clock.before, clock.now)
         clock.pause(t_open)
@@ -239,7 +236,7 @@ def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dty
     with dist.main_first():  # rank 0 prepares the dataset cache; the others then reuse it
         task = task_for(cfg, cache, same_vocab, base_vocab(cfg, ckpt, parent))
     if size is not None:
-        cfg = size_model(cfg, size, task, dist, device, dtype)
+        cfg = sizing.size_model(cfg, size, task, dist, device, dtype)
         tc = cfg.train
         task = type(task)(cfg, task.data)
     same_vocab(task.vocab_state())  # also for a prepared dataset dir, or a reused cache
@@ -253,7 +250,7 @@ def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dty
     average = WeightAverage(model, cfg.optim.ema) if cfg.optim.ema > 0 else None
     return Run(cfg, dist, device, dtype, task, sampler, model,
                optimizer=make_optimizer(model, cfg.optim), scaler=grad_scaler(device, dtype),
-               state=TrainState(bad=BadSteps(device)), step_model=model, eval_model=model,
+               state=TrainState(bad=faults.BadSteps(device)), step_model=model, eval_model=model,
                average=average)
 
 

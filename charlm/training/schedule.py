@@ -88,7 +88,6 @@ class Clock:
         return self.before + (self.now() if now is None else now) - self.start
 
     def stepped(self, tokens: int) -> None:
-        """A training step of `tokens` tokens just ended."""
         now = self.now()
         if self.t_step is not None:
             self.step_s = now - self.t_step

@@ -53,8 +53,7 @@ def clear(run_dir: Path) -> None:
 
 
 def remove_temps_of_steps(run_dir: Path) -> None:
-    """Remove the temporary files a killed save of a step checkpoint left (only the holder of
-    the run lock may)."""
+    """Remove what killed saves of step checkpoints left (only the run lock's holder may)."""
     for tmp in (Path(run_dir) / STEPS_DIR).glob(".step-*.pt.tmp-*"):  # `temp_beside`'s names
         if _TEMP.fullmatch(tmp.name) and tmp.is_file():
             tmp.unlink(missing_ok=True)
