@@ -1,7 +1,7 @@
 """The optimizer and its update: torch's AdamW (`optim.name: adamw`), or torch's Muon for the
 blocks' weight matrices with AdamW for the rest (`muon`); `train_step`, one update over the
 micro-batches, which a non-finite step skips without the host waiting for the device where the
-fused AdamW kernel runs (`step_if`)."""
+fused AdamW kernel runs (`step_if`); and the weight average updated after each (`WeightAverage`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 import torch
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from charlm.config.schema import OptimConfig, RunConfig
 from charlm.core.errors import CharlmError
@@ -191,3 +192,26 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return total, norm, ok
+
+
+class WeightAverage:
+    """The EMA of `model`'s parameters with `decay` (`optim.ema`; its first update copies them):
+    what a run evaluates, samples and saves as a checkpoint's "model", the trained weights saved
+    beside it (see `Run.stateful`)."""
+
+    def __init__(self, model: torch.nn.Module, decay: float):
+        self.averaged = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay))
+        self.averaged.module.requires_grad_(False)
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.averaged.module
+
+    def update(self, model: torch.nn.Module) -> None:
+        self.averaged.update_parameters(model)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"updates": self.averaged.n_averaged}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.averaged.n_averaged.copy_(state["updates"])

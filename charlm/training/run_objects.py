@@ -25,11 +25,10 @@ from charlm.runtime.device import require_memory
 from charlm.runtime.distributed import Dist
 from charlm.runtime.precision import compile_model, grad_scaler
 from charlm.training import faults, schedule, sizing
-from charlm.training.average import WeightAverage
 from charlm.training.checkpoint import Entry, RNGState, Stateful, load_scaler, saved_section
 from charlm.training.evaluation import eval_batches_per_forward
 from charlm.training.metrics import MetricsLogger
-from charlm.training.optimizer import Optimizer, load_state, make_optimizer
+from charlm.training.optimizer import Optimizer, WeightAverage, load_state, make_optimizer
 from charlm.training.parent import Parent, base_vocab, init_from_parent
 from charlm.training.run_dir import clear_run, start_run
 from charlm.training.tasks import PairsTask, Task, build_model, task_for

@@ -45,10 +45,9 @@ from charlm.model.gpt import GPT
 from charlm.runtime.device import resolve_device, seed_everything
 from charlm.runtime.precision import compile_model, grad_scaler, resolve_dtype
 from charlm.runtime.profile import Machine, pick_dtype
-from charlm.training.average import WeightAverage
 from charlm.training.evaluation import evaluate
 from charlm.training.loop import train_step
-from charlm.training.optimizer import make_optimizer, set_lr
+from charlm.training.optimizer import WeightAverage, make_optimizer, set_lr
 from charlm.training.schedule import Schedule
 from charlm.training.tasks import TextTask
 

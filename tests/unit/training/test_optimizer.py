@@ -1,5 +1,6 @@
 """charlm.training.optimizer: torch's AdamW, bitwise as the old fused AdamW, and Muon with
-AdamW; `set_lr`, `step_if` and the state it loads."""
+AdamW; `set_lr`, `step_if` and the state it loads; the weight average of `optim.ema`: torch's
+EMA of the parameters, a tie kept tied."""
 
 import copy
 import io
@@ -13,8 +14,15 @@ from charlm.config.schema import ModelConfig, OptimConfig
 from charlm.core.errors import CharlmError
 from charlm.model.encoder_decoder import EncoderDecoder
 from charlm.model.gpt import GPT
-from charlm.training.optimizer import has_fused_kernel, load_state, make_optimizer, set_lr, step_if
-from tests.helpers import ROOT
+from charlm.training.optimizer import (
+    WeightAverage,
+    has_fused_kernel,
+    load_state,
+    make_optimizer,
+    set_lr,
+    step_if,
+)
+from tests.helpers import ROOT, tiny_model_config
 
 
 class ReferenceFusedAdamW:
@@ -512,3 +520,20 @@ def test_a_muon_state_of_other_shapes_is_a_value_error():
     with pytest.raises(ValueError, match=rf"parameter {first} has shape \(3, 3\), not "
                                          rf"\({shape[0]}, {shape[1]}\)"):
         load_state(make_optimizer(muon_model(), MUON), state)
+
+
+def test_the_average_is_the_exponential_moving_one_of_the_updates():
+    model = GPT(tiny_model_config(), 11)
+    average = WeightAverage(model, 0.75)
+    snapshots = []
+    for _ in range(3):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        snapshots.append(model.wte.weight.detach().clone())
+        average.update(model)
+    first, second, third = snapshots  # the first update copies
+    expected = 0.75 * (0.75 * first + 0.25 * second) + 0.25 * third
+    torch.testing.assert_close(average.module.wte.weight, expected)
+    assert average.module.head.weight is average.module.wte.weight
+    assert int(average.state_dict()["updates"]) == 3
