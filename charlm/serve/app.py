@@ -19,7 +19,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from starlette.exceptions import HTTPException
 
 from charlm.core.errors import CharlmError
-from charlm.serve.backend import Backend
+from charlm.serve.engine import Engine
 from charlm.serve.events import Completions, Mailbox
 from charlm.serve.metrics import CONTENT_TYPE, CountResponses, Metrics
 from charlm.serve.request import Params
@@ -48,7 +48,7 @@ class Settings:
     cors_origins: tuple[str, ...] = ()  # browsers' origins allowed to call the API
 
 
-def create_app(engine: Backend, settings: Settings) -> FastAPI:
+def create_app(engine: Engine, settings: Settings) -> FastAPI:
     """The app around `engine`, already started."""
     app = FastAPI(title="charlm", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine, app.state.settings = engine, settings

@@ -4,13 +4,12 @@ so two apps in one process (the tests) count apart."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-if TYPE_CHECKING:
-    from charlm.serve.backend import Backend
+from charlm.serve.engine import Engine
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 FIRST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -20,7 +19,7 @@ PER_CHARACTER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0
 class EngineCollector:
     """What the engine reports (`Engine.stats()`), read once per scrape."""
 
-    def __init__(self, engine: Backend):
+    def __init__(self, engine: Engine):
         self.engine = engine
 
     def collect(self) -> Iterator[Metric]:
@@ -39,7 +38,7 @@ class EngineCollector:
 class Metrics:
     """The server's metrics: the app's own counters and histograms beside the engine's."""
 
-    def __init__(self, engine: Backend):
+    def __init__(self, engine: Engine):
         self.registry = CollectorRegistry()
         self.requests = Counter("charlm_requests", "HTTP requests answered.",
                                 ["endpoint", "status"], registry=self.registry)
