@@ -13,8 +13,7 @@ from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError, Setting, SettingError
 from charlm.data.batches import collate
 from charlm.data.pairs import PairVocab
-from charlm.generation.beams import search_beams
-from charlm.generation.decoding import NonFiniteOutput
+from charlm.generation.decoding import NonFiniteOutput, search_beams
 from charlm.generation.sampler import Sampler
 from charlm.generation.text import require_cache_memory
 from charlm.model.encoder_decoder import EncoderDecoder, EncoderOutput, output_limit
