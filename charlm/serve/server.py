@@ -1,8 +1,7 @@
-"""Running the app under uvicorn on a socket charlm binds (a port in use is one error line), with
-bounds on what one client may hold of its connections (uvicorn waits for a request as long as its
-client likes), and a graceful stop on SIGTERM or SIGINT: new requests are refused, those in flight
-end within the grace time with finish_reason "shutdown", and the process exits 0. A second Ctrl-C
-quits."""
+"""Running the app under uvicorn: the socket charlm binds (a port in use is one error line),
+bounds on what one client may hold of its connections (uvicorn waits for a request as long as
+its client likes), and a graceful stop on SIGTERM or SIGINT (`app.shutdown`) that exits 0; a
+second Ctrl-C quits."""
 
 from __future__ import annotations
 
