@@ -27,7 +27,7 @@ from charlm.core.errors import CharlmError
 from charlm.data.pairs import PairVocab
 from charlm.data.vocab import Vocab
 from charlm.evaluation.scoring import score_text
-from charlm.generation import translation
+from charlm.generation import seq2seq
 from charlm.generation.text import default_prompt, encode_prompt, sample_text
 from charlm.model.gpt import GPT
 from charlm.model.layers import lay_out_for_decoding
@@ -133,7 +133,7 @@ def score(lm: LM, text: str, stride: int | None = None, unknown: str = "error",
 
 
 def translate(lm: LM, sources: str | Sequence[str], **options: Any) -> list:
-    """A `translation.Translation` per source (`.text`, the best output; `.outputs`, (text,
+    """A `seq2seq.Translation` per source (`.text`, the best output; `.outputs`, (text,
     score) for every sample or n-best hypothesis). Options are `sample`'s, greedy by default."""
     _check_lm(lm, "encoder_decoder")
     if isinstance(sources, str):
@@ -141,7 +141,7 @@ def translate(lm: LM, sources: str | Sequence[str], **options: Any) -> list:
     for source in sources:
         _check_text(source, "source")
     opts = _sample_options({"temperature": 0, **options})
-    return list(translation.translate(lm.decoding_model(), lm.vocab, list(sources), opts))
+    return list(seq2seq.translate(lm.decoding_model(), lm.vocab, list(sources), opts))
 
 
 def _check_lm(lm: Any, arch: str) -> None:

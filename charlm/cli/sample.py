@@ -257,7 +257,7 @@ def print_translations(model: EncoderDecoder, vocab: PairVocab, sources: Sequenc
                        opts: SampleConfig, json_out: bool) -> None:
     """A line per output of each source (--num-samples or n-best), or a JSON object per source,
     each printed as soon as it is decoded."""
-    from charlm.generation.translation import translate
+    from charlm.generation.seq2seq import translate
 
     out = sys.stdout
     for t in translate(model, vocab, sources, opts):

@@ -78,8 +78,7 @@ def serve(
         raise CharlmError(f"charlm serve needs the serve extra ({e.name} is missing): "
                           "pip install -e '.[serve]'") from None
     from charlm.api import load
-    from charlm.serve.backend import KV_BUDGET, slots_within
-    from charlm.serve.engine import Engine
+    from charlm.serve.engine import KV_BUDGET, Engine, slots_within
 
     lm = load(target, device, dtype)  # before the port: a bad run binds nothing
     name = model_name or (target if target.is_dir() else target.parent).resolve().name

@@ -12,7 +12,7 @@ from charlm.core.errors import CharlmError
 from charlm.data.batches import collate
 from charlm.data.pairs import PairVocab
 from charlm.evaluation.accuracy import Accuracy, accuracy
-from charlm.generation.translation import BATCH, translate
+from charlm.generation.seq2seq import BATCH, translate
 from charlm.model.encoder_decoder import EncoderDecoder
 
 

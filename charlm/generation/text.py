@@ -12,8 +12,7 @@ import torch
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError, Setting, SettingError, characters
 from charlm.data.vocab import Vocab, list_unknown, unit_name
-from charlm.generation.beams import beam_search
-from charlm.generation.decoding import generate
+from charlm.generation.decoding import beam_search, generate
 from charlm.generation.utf8 import utf8_mask
 from charlm.model.attention import attention_dtype
 from charlm.model.encoder_decoder import EncoderDecoder

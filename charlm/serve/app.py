@@ -19,21 +19,13 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from starlette.exceptions import HTTPException
 
 from charlm.core.errors import CharlmError
-from charlm.serve.backend import Backend
+from charlm.serve import schema
+from charlm.serve.engine import Engine
 from charlm.serve.events import Completions, Mailbox
 from charlm.serve.metrics import CONTENT_TYPE, CountResponses, Metrics
 from charlm.serve.request import Params
 from charlm.serve.responses import DONE, ChatStyle, Choice, CompletionStyle, Style, sse, usage
-from charlm.serve.schema import (
-    CHAT_STOPS,
-    ApiError,
-    ChatRequest,
-    CompletionRequest,
-    Limits,
-    Sampling,
-    jobs_for,
-    validation_error,
-)
+from charlm.serve.schema import ApiError
 
 ENDPOINTS = ("/", "/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions")
 OPEN_PATHS = ("/health", "/")  # no key: a load balancer's probe; the page, which holds no data
@@ -43,12 +35,12 @@ COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat's is th
 @dataclass(frozen=True)
 class Settings:
     model: str  # the name /v1/models lists and every answer carries
-    limits: Limits = Limits()
+    limits: schema.Limits = schema.Limits()
     api_key: str | None = None  # when set, every path but OPEN_PATHS needs `Bearer KEY`
     cors_origins: tuple[str, ...] = ()  # browsers' origins allowed to call the API
 
 
-def create_app(engine: Backend, settings: Settings) -> FastAPI:
+def create_app(engine: Engine, settings: Settings) -> FastAPI:
     """The app around `engine`, already started."""
     app = FastAPI(title="charlm", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine, app.state.settings = engine, settings
@@ -90,24 +82,24 @@ def create_app(engine: Backend, settings: Settings) -> FastAPI:
                                             "max_logprobs": engine.max_logprobs}]}
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request) -> Response:
+    async def completions(body: schema.CompletionRequest, request: Request) -> Response:
         prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-        jobs = jobs_for(prompts, body, settings.limits, COMPLETION_MAX_TOKENS, body.logprobs,
-                        (), "prompt")
+        jobs = schema.jobs_for(prompts, body, settings.limits, COMPLETION_MAX_TOKENS,
+                               body.logprobs, (), "prompt")
         choices = [Choice(i, echo=prompt if body.echo else "")
                    for i, (prompt, _) in enumerate(jobs)]
         style = CompletionStyle(settings.model, body.logprobs is not None)
         return await respond(request, style, jobs, choices, body, "prompt")
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatRequest, request: Request) -> Response:
+    async def chat(body: schema.ChatRequest, request: Request) -> Response:
         if body.top_logprobs is not None and not body.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
         default_max_tokens = (settings.limits.max_tokens if body.max_completion_tokens is None
                               else body.max_completion_tokens)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        jobs = jobs_for([body.prompt()], body, settings.limits, default_max_tokens, logprobs,
-                        CHAT_STOPS, "messages")
+        jobs = schema.jobs_for([body.prompt()], body, settings.limits, default_max_tokens,
+                               logprobs, schema.CHAT_STOPS, "messages")
         choices = [Choice(i) for i in range(len(jobs))]
         return await respond(request, ChatStyle(settings.model, body.logprobs), jobs, choices,
                              body, "messages")
@@ -123,7 +115,7 @@ def shutdown(app: FastAPI, grace_s: float) -> None:
 
 
 async def respond(request: Request, style: Style, jobs: list[tuple[str, Params]],
-                  choices: list[Choice], body: Sampling, prompt_param: str) -> Response:
+                  choices: list[Choice], body: schema.Sampling, prompt_param: str) -> Response:
     """Admit the request (429 past --max-concurrent) and answer it whole or as a stream; a
     client that goes away cancels what it asked for."""
     state = request.app.state
@@ -272,7 +264,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
-        return answer(validation_error(e))
+        return answer(schema.validation_error(e))
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException) -> JSONResponse:

@@ -2,7 +2,8 @@
 nano-vllm's scheduler). A request is prefilled alone, joins the batch at once and leaves when it
 ends, is cancelled or the engine closes. Each is a row of one `Sampler` (a seed gives the same
 text alone or in a crowd) and a `Row`. The engine decodes a copy of the model laid out for
-decoding; an encoder-decoder's serves one request at a time, its target in one event."""
+decoding; an encoder-decoder's serves one request at a time, its target in one event. Its slots
+by default: as many as fit KV_BUDGET (`slots_within`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import collections
 import copy
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -22,22 +24,43 @@ from charlm.generation.seq2seq import translate_ids
 from charlm.generation.slots import SlotDecoder
 from charlm.generation.text import StopMatcher
 from charlm.generation.utf8 import utf8_mask
+from charlm.model.attention import attention_dtype
 from charlm.model.encoder_decoder import EncoderDecoder, output_limit
+from charlm.model.footprint import cache_bytes
 from charlm.model.gpt import GPT
 from charlm.model.layers import lay_out_for_decoding
 from charlm.runtime.device import require_memory
 from charlm.runtime.profile import DecodeLayout, layout_for
-from charlm.serve.backend import FieldError, Stats, slot_bytes
-from charlm.serve.request import (
-    MAX_LOGPROBS,
-    REPETITION_WINDOW,
-    Event,
-    Params,
-    Request,
-    Row,
-    generator_for,
-)
+from charlm.serve.request import MAX_LOGPROBS, REPETITION_WINDOW, Event, Params, Request, Row
 
+KV_BUDGET = 1 << 30  # bytes of keys and values that `charlm serve`'s default slots fit in
+
+
+def slots_within(model: GPT | EncoderDecoder, budget: int, most: int) -> int:
+    """The most slots, from one up to `most`, whose KV caches fit in `budget` bytes."""
+    return max(1, min(most, budget // slot_bytes(model)))
+
+
+def slot_bytes(model: GPT | EncoderDecoder) -> int:
+    """One slot's KV cache, in the dtype attention computes in."""
+    return cache_bytes(model.cfg, 1, attention_dtype(model.wte.weight).itemsize)
+
+
+class FieldError(CharlmError):
+    """A request refused for a field other than the prompt (the HTTP error's `param`)."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class Stats:
+    slots: int
+    busy: int
+    queued: int
+    batch_size: int  # rows in the last decode step
+    characters: int  # generated in all
 
 class Engine:
     """`start` runs the decode thread, `submit` queues a request from any thread, `close` ends
@@ -56,6 +79,8 @@ class Engine:
         lay_out_for_decoding(self.model, self.layout.split_parts, self.layout.column_major)
         self.vocab = vocab
         self.encdec = model.cfg.arch == "encoder_decoder"
+        # the most logprobs a request may ask for (0: the chosen characters' only; None: none
+        # at all), which the page asks /v1/models for
         self.max_logprobs = None if self.encdec else 0 if vocab.units == "byte" else MAX_LOGPROBS
         self.slots = 1 if self.encdec else slots  # an encoder-decoder: one request at a time
         self.device = self.model.wte.weight.device
@@ -224,7 +249,7 @@ class Engine:
         else:
             logits = self.decoder.add(request.ids)
             self.sampler.add(request.opts, torch.tensor([request.ids], device=self.device),
-                             generator_for(request.params.seed, self.device))
+                             request.generator(self.device))
             with self.cond:
                 self.rows.append(Row(request, self.vocab))
             return logits
@@ -255,8 +280,7 @@ class Engine:
         """An encoder-decoder's completion, whole."""
         ids, opts = request.ids, request.opts
         src = torch.tensor([ids], device=self.device)
-        generator = generator_for(request.params.seed, self.device)
-        [out] = translate_ids(self.model, src, opts, generator=generator)
+        [out] = translate_ids(self.model, src, opts, generator=request.generator(self.device))
         limit = output_limit(len(ids), self.model.cfg.block_size, opts.max_new_tokens)
         matcher = StopMatcher(opts.stop, include_stop=False)
         text = "".join(matcher.feed(c) for c in self.vocab.decode_target(out)

@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from charlm.serve.backend import Backend
+from charlm.serve.engine import Engine
 from charlm.serve.metrics import Metrics
 from charlm.serve.request import Event, Params, Request
 
@@ -48,7 +48,7 @@ class Mailbox:
 class Completions:
     """The engine requests behind one HTTP request, their events in one queue, timed."""
 
-    def __init__(self, engine: Backend, jobs: list[tuple[str, Params]], metrics: Metrics,
+    def __init__(self, engine: Engine, jobs: list[tuple[str, Params]], metrics: Metrics,
                  mailbox: Mailbox):
         self.metrics = metrics
         self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()

@@ -4,24 +4,36 @@ so two apps in one process (the tests) count apart."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-if TYPE_CHECKING:
-    from charlm.serve.backend import Backend
+from charlm.serve.engine import Engine
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 FIRST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 PER_CHARACTER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
 
 
-class EngineCollector:
-    """What the engine reports (`Engine.stats()`), read once per scrape."""
+class Metrics:
+    """The server's metrics: the app's own counters and histograms, and the registry's collector
+    of what the engine reports (`Engine.stats()`), read once per scrape."""
 
-    def __init__(self, engine: Backend):
+    def __init__(self, engine: Engine):
         self.engine = engine
+        self.registry = CollectorRegistry()
+        self.requests = Counter("charlm_requests", "HTTP requests answered.",
+                                ["endpoint", "status"], registry=self.registry)
+        self.first_character = Histogram(
+            "charlm_time_to_first_character_seconds",
+            "From a completion's admission to its first generated character.",
+            buckets=FIRST_BUCKETS, registry=self.registry)
+        self.per_character = Histogram(
+            "charlm_character_latency_seconds",
+            "Between a completion's later characters (an event's time over its characters).",
+            buckets=PER_CHARACTER_BUCKETS, registry=self.registry)
+        self.registry.register(self)
 
     def collect(self) -> Iterator[Metric]:
         s = self.engine.stats()
@@ -34,24 +46,6 @@ class EngineCollector:
             ("charlm_slots_busy", s.busy, "Slots held by a request."),
         ]:
             yield GaugeMetricFamily(name, help, value=value)
-
-
-class Metrics:
-    """The server's metrics: the app's own counters and histograms beside the engine's."""
-
-    def __init__(self, engine: Backend):
-        self.registry = CollectorRegistry()
-        self.requests = Counter("charlm_requests", "HTTP requests answered.",
-                                ["endpoint", "status"], registry=self.registry)
-        self.first_character = Histogram(
-            "charlm_time_to_first_character_seconds",
-            "From a completion's admission to its first generated character.",
-            buckets=FIRST_BUCKETS, registry=self.registry)
-        self.per_character = Histogram(
-            "charlm_character_latency_seconds",
-            "Between a completion's later characters (an event's time over its characters).",
-            buckets=PER_CHARACTER_BUCKETS, registry=self.registry)
-        self.registry.register(EngineCollector(engine))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -86,14 +86,13 @@ class Request:
             self.finished = True
             self.send(Event("", finish_reason=reason, error=error))
 
-
-def generator_for(seed: int | None, device: torch.device) -> torch.Generator:
-    generator = torch.Generator(device=device)
-    if seed is None:
-        generator.seed()  # a fresh nondeterministic seed
-    else:
-        generator.manual_seed(seed)
-    return generator
+    def generator(self, device: torch.device) -> torch.Generator:
+        generator = torch.Generator(device=device)
+        if self.params.seed is None:
+            generator.seed()  # a fresh nondeterministic seed
+        else:
+            generator.manual_seed(self.params.seed)
+        return generator
 
 
 def rounded(logprob: float) -> float:

@@ -3,6 +3,7 @@ up from the engine's events, with each endpoint's logprobs."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import uuid
@@ -83,12 +84,9 @@ class CompletionStyle(Style):
     def scores(self, events: list[Event], offset: int) -> dict | None:
         if not self.logprobs:
             return None
-        offsets = []
-        for e in events:
-            offsets.append(offset)
-            offset += len(e.text)
+        offsets = list(itertools.accumulate((len(e.text) for e in events), initial=offset))
         return {"tokens": [e.text for e in events], "token_logprobs": [e.logprob for e in events],
-                "top_logprobs": [e.top for e in events], "text_offset": offsets}
+                "top_logprobs": [e.top for e in events], "text_offset": offsets[:-1]}
 
     def opening(self, c: Choice) -> dict | None:
         if not c.echo:

@@ -150,10 +150,6 @@ class Sampling(BaseModel):
         return stops
 
     @property
-    def top_k_or_none(self) -> int | None:
-        return self.top_k if self.top_k is not None and self.top_k > 0 else None
-
-    @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
@@ -227,7 +223,8 @@ def jobs_for(prompts: list[str], body: Sampling, limits: Limits, default_max_tok
     # past torch's largest seed the count goes on from its smallest
     seeds = [None if body.seed is None else body.seed + j - (2**64 if body.seed + j >= 2**64 else 0)
              for j in range(body.n)]
-    params = [Params(max_tokens=max_tokens, temperature=body.temperature, top_k=body.top_k_or_none,
+    top_k = body.top_k if body.top_k is not None and body.top_k > 0 else None
+    params = [Params(max_tokens=max_tokens, temperature=body.temperature, top_k=top_k,
                      top_p=body.top_p, min_p=body.min_p,
                      repetition_penalty=body.repetition_penalty,
                      stop=tuple(body.stop) + stops, seed=seed, logprobs=logprobs)

@@ -57,8 +57,7 @@ from charlm.data.vocab import Vocab
 from charlm.export import save_hf, save_safetensors
 from charlm.model.gpt import GPT
 from charlm.runtime.profile import layout_for
-from charlm.serve.backend import KV_BUDGET, slots_within
-from charlm.serve.engine import Engine, Event, Params
+from charlm.serve.engine import KV_BUDGET, Engine, Event, Params, slots_within
 
 VOCAB = Vocab([chr(c) for c in range(32, 97)])  # 65 characters, as tiny-shakespeare has
 PROMPTS = ["ROMEO:", "JULIET: O ", "FIRST CITIZEN: BEFORE WE PROCEED", "A"]  # in VOCAB

@@ -9,8 +9,7 @@ import torch
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError
 from charlm.generation import compiled_step
-from charlm.generation.beams import beam_search
-from charlm.generation.decoding import generate
+from charlm.generation.decoding import beam_search, generate
 from charlm.model.gpt import GPT
 from tests.helpers import (
     GREEDY,

@@ -19,8 +19,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from charlm.core.errors import CharlmError  # noqa: E402
 from charlm.serve import app as app_module  # noqa: E402
 from charlm.serve.app import Settings, create_app, shutdown  # noqa: E402
-from charlm.serve.backend import FieldError, Stats  # noqa: E402
-from charlm.serve.engine import Engine, Event, Params  # noqa: E402
+from charlm.serve.engine import Engine, Event, FieldError, Params, Stats  # noqa: E402
 from charlm.serve.schema import Limits  # noqa: E402
 from tests.helpers import random_served  # noqa: E402
 

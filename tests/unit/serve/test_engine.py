@@ -19,8 +19,7 @@ from charlm.generation.seq2seq import translate_ids
 from charlm.generation.text import sample_text
 from charlm.model import layers
 from charlm.runtime.profile import DecodeLayout
-from charlm.serve.backend import Stats, slots_within
-from charlm.serve.engine import Engine, Event, Params
+from charlm.serve.engine import Engine, Event, Params, Stats, slots_within
 from charlm.serve.responses import Choice, usage
 from tests.helpers import RANDOM_GPT_VOCAB, decode_ids, fixed_memory, random_gpt, random_seq2seq
 
