@@ -85,8 +85,7 @@ class Tuner:
         database's named lock, for workers on other machines."""
         with open(self.study_cfg.out / ".tune.lock", "w") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
-            engine = getattr(self.storage, "engine", None)
-            with contextlib.nullcontext() if engine is None else database_lock(engine):
+            with database_lock(getattr(self.storage, "engine", None)):
                 yield
 
     def counted(self) -> int:

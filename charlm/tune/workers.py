@@ -32,8 +32,8 @@ DATABASE_LOCKS = {
 @contextlib.contextmanager
 def database_lock(engine: Any) -> Iterator[None]:
     """Hold the database's named lock (DATABASE_LOCKS) on a connection of its own, so that one
-    tuner at a time, on any machine, does what it guards; a dialect without one: nothing."""
-    sql = DATABASE_LOCKS.get(engine.dialect.name)
+    tuner at a time, on any machine, does what it guards; no engine or no such lock: nothing."""
+    sql = None if engine is None else DATABASE_LOCKS.get(engine.dialect.name)
     if sql is None:
         yield
         return
