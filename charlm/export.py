@@ -15,18 +15,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
 from charlm.config.schema import ModelConfig, RunConfig
+from charlm.core import files
 from charlm.core.errors import CharlmError, one_line
-from charlm.core.files import (
-    dead_temps,
-    make_writable_dir,
-    read_regular,
-    remove_temps,
-    some,
-    strangers,
-    temp_beside,
-    write_atomic,
-    write_text_atomic,
-)
 from charlm.data.dataset_dir import META_LIMIT
 from charlm.data.pairs import PairVocab
 from charlm.data.vocab import Vocab
@@ -44,17 +34,17 @@ EXPORT_FILES = (WEIGHTS, "config.json", "vocab.json", "tokenizer.json", "tokeniz
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    write_text_atomic(path, json.dumps(obj, ensure_ascii=False, indent=1))
+    files.write_text_atomic(path, json.dumps(obj, ensure_ascii=False, indent=1))
 
 
 def _read_json(path: Path) -> Any:
-    return json.loads(read_regular(path, "export file", META_LIMIT).decode("utf-8"))
+    return json.loads(files.read_regular(path, "export file", META_LIMIT).decode("utf-8"))
 
 
 def _write_weights(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> None:
     """By `write_atomic`, as the other files (safetensors' own save_file makes the file 0600)."""
     data = save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, meta)
-    write_atomic(path, lambda f: f.write(data))
+    files.write_atomic(path, lambda f: f.write(data))
 
 
 def _own_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -90,15 +80,15 @@ def write_dir(out: Path, write: Callable[[Path], None], overwrite: bool) -> None
     replaced whole), so a failed or interrupted export leaves `out` as it was and no temporary;
     one a killed export had moved aside is moved back first."""
     real = resolve_out(out)
-    aside = dead_temps(real, "old")
+    aside = files.dead_temps(real, "old")
     if aside and not real.exists():  # a SIGKILL, or a power loss, between the two moves
         os.replace(aside[-1], real)
     check_replaceable(out, overwrite)
     made = [d for d in (real.parent, *real.parent.parents) if not d.exists()]  # deepest first
-    make_writable_dir(real.parent, f"--out {out}")
-    tmp, old = temp_beside(real), temp_beside(real, "old")
+    files.make_writable_dir(real.parent, f"--out {out}")
+    tmp, old = files.temp_beside(real), files.temp_beside(real, "old")
     for tag in ("tmp", "old"):  # a SIGKILL, or a power loss, before their `finally`
-        remove_temps(real, tag, only_dead=True)
+        files.remove_temps(real, tag, only_dead=True)
     kept = f"{out} is as it was" if real.exists() else "nothing of it is left"
     done = False
     try:
@@ -130,9 +120,9 @@ def check_replaceable(out: Path, overwrite: bool) -> None:
         raise CharlmError(f"--out {out} is a file; give a directory")
     if not out.is_dir() or not any(out.iterdir()):
         return
-    others = strangers(out, EXPORT_FILES) + [n for n in EXPORT_FILES if (out / n).is_dir()]
+    others = files.strangers(out, EXPORT_FILES) + [n for n in EXPORT_FILES if (out / n).is_dir()]
     if others or not (is_export_dir(out) or (out / META).is_file()):
-        shown = some(others or strangers(out, ()))
+        shown = files.some(others or files.strangers(out, ()))
         raise CharlmError(f"--out {out} holds files that are not an earlier export ({shown}); "
                           "give a new or empty directory, or an earlier export to replace")
     if not overwrite:

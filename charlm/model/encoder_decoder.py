@@ -14,20 +14,8 @@ import torch.nn as nn
 
 from charlm.config.schema import ModelConfig
 from charlm.data.pairs import target_specials
+from charlm.model import gpt
 from charlm.model.attention import KVCache
-from charlm.model.gpt import (
-    GPT,
-    Block,
-    count_components,
-    embed,
-    init_head,
-    init_weights,
-    logits_and_loss,
-    make_norm,
-    positions,
-    rope_tables,
-    scale_residual_projections,
-)
 from charlm.model.layers import Embedding, Linear, maybe_dropout
 
 
@@ -76,34 +64,34 @@ class EncoderDecoder(nn.Module):
         self.src_wte = Embedding(source_vocab_size, cfg.n_embd)
         if learned:
             self.src_wpe = Embedding(cfg.block_size, cfg.n_embd)
-        self.encoder = nn.ModuleList(Block(cfg, causal=False)
+        self.encoder = nn.ModuleList(gpt.Block(cfg, causal=False)
                                      for _ in range(cfg.encoder_layers))
-        self.ln_enc = nn.Identity() if post else make_norm(cfg)
+        self.ln_enc = nn.Identity() if post else gpt.make_norm(cfg)
         self.wte = Embedding(target_vocab_size, cfg.n_embd)
         if learned:
             self.wpe = Embedding(cfg.block_size, cfg.n_embd)
-        self.blocks = nn.ModuleList(Block(cfg, causal=True, cross=True)
+        self.blocks = nn.ModuleList(gpt.Block(cfg, causal=True, cross=True)
                                     for _ in range(cfg.n_layer))
-        self.ln_f = nn.Identity() if post else make_norm(cfg)
+        self.ln_f = nn.Identity() if post else gpt.make_norm(cfg)
         self.head = Linear(cfg.n_embd, target_vocab_size, bias=False)
         if cfg.tie_weights:
             self.head.weight = self.wte.weight
-        self.apply(init_weights)
+        self.apply(gpt.init_weights)
         # GPT-2's residual scaling, per stack: an encoder block adds two sublayers into the
         # stream, a decoder block three (self-attention, cross-attention, MLP).
-        scale_residual_projections(self.encoder, 2 * cfg.encoder_layers, cfg.zero_init)
-        scale_residual_projections(self.blocks, 3 * cfg.n_layer, cfg.zero_init)
-        init_head(self.head, cfg)
+        gpt.scale_residual_projections(self.encoder, 2 * cfg.encoder_layers, cfg.zero_init)
+        gpt.scale_residual_projections(self.blocks, 3 * cfg.n_layer, cfg.zero_init)
+        gpt.init_head(self.head, cfg)
 
-    new_cache = GPT.new_cache  # the decoder's self-attention (the source's: `EncoderOutput`)
+    new_cache = gpt.GPT.new_cache  # the decoder's self-attention (the source's: `EncoderOutput`)
 
     def encode(self, src: torch.Tensor) -> EncoderOutput:
         """src (B, S), padded with source_pad at the end -> its `EncoderOutput`."""
         mask = src != self.source_pad  # (B, S)
-        pos = positions(None, src.size(1), self.cfg.block_size, src.device)
-        x = embed(self.src_wte, getattr(self, "src_wpe", None), self.cfg, src, pos)
+        pos = gpt.positions(None, src.size(1), self.cfg.block_size, src.device)
+        x = gpt.embed(self.src_wte, getattr(self, "src_wpe", None), self.cfg, src, pos)
         x = maybe_dropout(x, self.cfg.dropout, self.training)  # (B, S, C)
-        rope, keys = rope_tables(self.cfg, pos), key_mask(mask)
+        rope, keys = gpt.rope_tables(self.cfg, pos), key_mask(mask)
         for i, block in enumerate(self.encoder):
             x = block(x, None, i, rope, keys)  # bidirectional: padding is all it masks
         out = self.ln_enc(x)
@@ -117,15 +105,15 @@ class EncoderDecoder(nn.Module):
         if memory is None:
             memory = self.encode(src)
         T = tgt_in.size(1)
-        pos = positions(cache, T, self.cfg.block_size, tgt_in.device)
-        x = embed(self.wte, getattr(self, "wpe", None), self.cfg, tgt_in, pos)
+        pos = gpt.positions(cache, T, self.cfg.block_size, tgt_in.device)
+        x = gpt.embed(self.wte, getattr(self, "wpe", None), self.cfg, tgt_in, pos)
         x = maybe_dropout(x, self.cfg.dropout, self.training)  # (B, T, C)
-        rope = rope_tables(self.cfg, pos)
+        rope = gpt.rope_tables(self.cfg, pos)
         for i, block in enumerate(self.blocks):  # causal: padding after a target is never seen
             x = block(x, cache, i, rope, None, memory.cross(i))
         if cache is not None:
             cache.pos += T
-        return logits_and_loss(self, x, targets)
+        return gpt.logits_and_loss(self, x, targets)
 
     def component_counts(self, n_layer: int | None = None,
                          n_encoder_layer: int | None = None) -> dict[str, int]:
@@ -134,8 +122,8 @@ class EncoderDecoder(nn.Module):
                   "encoder": ("encoder.", "ln_enc."), "decoder_self_attention": (".attn.",),
                   "cross_attention": (".cross_attn.",), "decoder_mlp": (".mlp.",),
                   "decoder_norms": (".ln_", "ln_f."), "head": ("head.",)}
-        return count_components(self, groups, {"encoder": n_encoder_layer or None,
-                                               "blocks": n_layer or None})
+        return gpt.count_components(self, groups, {"encoder": n_encoder_layer or None,
+                                                   "blocks": n_layer or None})
 
 
 def parameter_count(cfg: ModelConfig, source_vocab_size: int, target_vocab_size: int) -> int:

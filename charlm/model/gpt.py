@@ -13,14 +13,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from charlm.config.schema import ModelConfig
-from charlm.model.attention import (
-    CrossAttention,
-    KVCache,
-    SelfAttention,
-    attention_dtype,
-    rope_angles,
-    unit_rms,
-)
+from charlm.model import attention
+from charlm.model.attention import KVCache
 from charlm.model.layers import Embedding, Linear, maybe_dropout, normal_
 
 
@@ -44,7 +38,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return unit_rms(x, self.eps) * self.weight  # the mean of squares in float32
+        return attention.unit_rms(x, self.eps) * self.weight  # the mean of squares in float32
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
@@ -86,10 +80,10 @@ class Block(nn.Module):
         super().__init__()
         self.post_norm = cfg.norm_placement == "post"
         self.ln_1 = make_norm(cfg)
-        self.attn = SelfAttention(cfg, causal)
+        self.attn = attention.SelfAttention(cfg, causal)
         if cross:  # registered here so a decoder block's state_dict reads in the order it runs
             self.ln_cross = make_norm(cfg)
-            self.cross_attn = CrossAttention(cfg)
+            self.cross_attn = attention.CrossAttention(cfg)
         self.ln_2 = make_norm(cfg)
         self.mlp = MLP(cfg)
 
@@ -136,7 +130,7 @@ def positions(cache: KVCache | None, T: int, block_size: int,
 
 
 def rope_tables(cfg: ModelConfig, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    return rope_angles(pos, cfg.head_dim) if cfg.pos_encoding == "rope" else None
+    return attention.rope_angles(pos, cfg.head_dim) if cfg.pos_encoding == "rope" else None
 
 
 def init_weights(module: nn.Module) -> None:
@@ -192,7 +186,7 @@ class GPT(nn.Module):
         cfg = self.cfg
         p = self.wte.weight
         return KVCache(cfg.n_layer, batch_size, cfg.n_head, max_len or cfg.block_size,
-                       cfg.head_dim, p.device, attention_dtype(p))
+                       cfg.head_dim, p.device, attention.attention_dtype(p))
 
     def embed(self, idx: torch.Tensor, pos: torch.Tensor,
               cache: KVCache | None = None) -> torch.Tensor:

@@ -9,8 +9,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from optuna.trial import TrialState
-
 from charlm.config.loading import save_config
 from charlm.core.durations import format_duration
 from charlm.tune.trial import Outcome
@@ -80,12 +78,6 @@ def table(study: Any) -> str:
                      + "  " + r[5] for r in rows)
 
 
-def best_trial(study: Any) -> Any | None:
-    if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        return None
-    return study.best_trial
-
-
 def write_best(study_cfg: Any, trial: Any) -> Path:
     """OUT/best.yaml: the best trial's config on the user's data, run dir OUT/best."""
     base = study_cfg.trial_base(study_cfg.out / "best")
@@ -127,7 +119,10 @@ def summarize(tuner: Any, signum: int | None) -> int:
     text = table(study)
     (out / "trials.txt").write_text(text + "\n", encoding="utf-8")
     print(text)
-    best = best_trial(study)
+    try:
+        best = study.best_trial
+    except ValueError:  # no trial completed
+        best = None
     plots = write_plots(study, out)
     if best is not None:
         path = write_best(study_cfg, best)

@@ -26,16 +26,8 @@ from charlm.core.errors import CharlmError, first_line
 from charlm.tune.report import trial_line
 from charlm.tune.space import OBJECTIVES
 from charlm.tune.study import StudyConfig, make_pruner, make_sampler, make_storage
-from charlm.tune.trial import Outcome, Stop, ended, run_trial
-from charlm.tune.workers import (
-    alive,
-    cuda_slots,
-    database_lock,
-    in_use,
-    repeated,
-    saved,
-    stop_signals,
-)
+from charlm.tune.trial import Outcome, Stop, ended, run_trial, stop_signals
+from charlm.tune.workers import alive, cuda_slots, database_lock, in_use, repeated, saved
 
 BY_TOKENS = ("model.block_size", "train.batch_size", "train.grad_accum")  # change tokens a step
 
@@ -85,8 +77,7 @@ class Tuner:
         database's named lock, for workers on other machines."""
         with open(self.study_cfg.out / ".tune.lock", "w") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
-            engine = getattr(self.storage, "engine", None)
-            with contextlib.nullcontext() if engine is None else database_lock(engine):
+            with database_lock(getattr(self.storage, "engine", None)):
                 yield
 
     def counted(self) -> int:

@@ -8,6 +8,7 @@ tuner dies (`charlm.core.parent_death`), so a `kill -9` of the tuner leaves no t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,7 +16,7 @@ import statistics
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,28 @@ class Stop:
     requested: threading.Event
     aborted: threading.Event
     signum: int | None = None
+
+
+@contextlib.contextmanager
+def stop_signals(stop: Stop) -> Iterator[None]:
+    """`stop` made by SIGINT and SIGTERM while the block runs (each request said on stderr)."""
+
+    def handle(signum: int, frame: object) -> None:
+        if stop.requested.is_set():
+            stop.aborted.set()
+            os.write(2, b"aborting the running trials without saving\n")
+            return
+        stop.signum = signum
+        stop.requested.set()
+        os.write(2, f"\n{signal.Signals(signum).name}: each running trial saves last.pt and stops "
+                    "(press Ctrl-C again to abort them)\n".encode())
+
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @dataclass

@@ -1,13 +1,11 @@
 """What the tuner's workers need around their trials: a database's named lock, repeated configs
-for seeds, which GPU each worker gets, whether a tuner is alive and a trial's run dir in use, and
-the stop signals."""
+for seeds, which GPU each worker gets, whether a tuner is alive and a trial's run dir in use."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
 import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +14,6 @@ from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
 from charlm.core.files import locked
 from charlm.tune.space import lookup
-from charlm.tune.trial import Stop
 
 # A database's named lock, held by one session at a time: (take it, waiting; give it back).
 # MySQL's GET_LOCK waits a year: MariaDB takes no lock (NULL) for its "forever", -1.
@@ -32,8 +29,8 @@ DATABASE_LOCKS = {
 @contextlib.contextmanager
 def database_lock(engine: Any) -> Iterator[None]:
     """Hold the database's named lock (DATABASE_LOCKS) on a connection of its own, so that one
-    tuner at a time, on any machine, does what it guards; a dialect without one: nothing."""
-    sql = DATABASE_LOCKS.get(engine.dialect.name)
+    tuner at a time, on any machine, does what it guards; no engine or no such lock: nothing."""
+    sql = None if engine is None else DATABASE_LOCKS.get(engine.dialect.name)
     if sql is None:
         yield
         return
@@ -96,26 +93,3 @@ def in_use(run_dir: Path) -> bool:
     """Whether a `charlm train` holds the lock on a trial's run dir, or on one of its seeds' (the
     flock of `charlm.training.run_dir.run_lock`, which goes with its process)."""
     return any(locked(path) for path in (run_dir, *run_dir.glob("seed-*")))
-
-
-@contextlib.contextmanager
-def stop_signals(stop: Stop) -> Iterator[None]:
-    """The first SIGINT / SIGTERM asks every running trial to save and stop; a second aborts
-    them."""
-
-    def handle(signum: int, frame: object) -> None:
-        if stop.requested.is_set():
-            stop.aborted.set()
-            os.write(2, b"aborting the running trials without saving\n")
-            return
-        stop.signum = signum
-        stop.requested.set()
-        os.write(2, f"\n{signal.Signals(signum).name}: each running trial saves last.pt and stops "
-                    "(press Ctrl-C again to abort them)\n".encode())
-
-    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

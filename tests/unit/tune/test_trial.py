@@ -1,16 +1,17 @@
-"""charlm.tune.trial: the Follower of a trial's metrics.jsonl, and the parent-death SIGTERM
-of its `charlm train`."""
+"""charlm.tune.trial: the Follower of a trial's metrics.jsonl, the parent-death SIGTERM of its
+`charlm train`, and the stop signals of a study."""
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from charlm.tune.trial import Follower
+from charlm.tune.trial import Follower, Stop, stop_signals
 from tests.helpers import write
 
 
@@ -49,3 +50,27 @@ def test_a_trials_parent_death_sigterm_is_one_request_however_often_it_comes(
     assert capfd.readouterr().err == (
         "\nSIGTERM: finishing this step and saving last.pt (press Ctrl-C again to abort without "
         "saving)\naborted: last.pt holds the last completed save\n")
+
+
+def test_a_first_signal_asks_the_trials_to_stop_and_a_second_aborts_them(capfd) -> None:
+    stop = Stop(threading.Event(), threading.Event())
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with stop_signals(stop):
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested.is_set() and not stop.aborted.is_set()
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.aborted.is_set()
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+    assert capfd.readouterr().err == (
+        "\nSIGTERM: each running trial saves last.pt and stops (press Ctrl-C again to abort "
+        "them)\naborting the running trials without saving\n")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_the_stop_records_the_first_signal(signum: int, capfd) -> None:
+    stop = Stop(threading.Event(), threading.Event())
+    with stop_signals(stop):
+        os.kill(os.getpid(), signum)
+        os.kill(os.getpid(), signal.SIGINT if signum == signal.SIGTERM else signal.SIGTERM)
+    assert stop.signum == signum
+    capfd.readouterr()

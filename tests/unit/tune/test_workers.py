@@ -1,9 +1,6 @@
-"""charlm.tune.workers: a trial's seeded runs, whether it saved, one GPU per worker, and the stop
-signals of a study."""
+"""charlm.tune.workers: a trial's seeded runs, whether it saved, one GPU per worker, and whether
+its run dir is in use."""
 
-import os
-import signal
-import threading
 from pathlib import Path
 
 import pytest
@@ -11,8 +8,7 @@ import torch
 
 from charlm.config.loading import load_config
 from charlm.core.errors import CharlmError
-from charlm.tune.trial import Stop
-from charlm.tune.workers import cuda_slots, repeated, saved, stop_signals
+from charlm.tune.workers import cuda_slots, repeated, saved
 from tests.helpers import TINY
 
 
@@ -53,20 +49,6 @@ def test_each_worker_gets_a_gpu_of_its_own(monkeypatch: pytest.MonkeyPatch) -> N
                             "--workers 2 or fewer")
 
 
-def test_a_first_signal_asks_the_trials_to_stop_and_a_second_aborts_them(capfd) -> None:
-    stop = Stop(threading.Event(), threading.Event())
-    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    with stop_signals(stop):
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert stop.requested.is_set() and not stop.aborted.is_set()
-        os.kill(os.getpid(), signal.SIGINT)
-        assert stop.aborted.is_set()
-    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
-    assert capfd.readouterr().err == (
-        "\nSIGTERM: each running trial saves last.pt and stops (press Ctrl-C again to abort "
-        "them)\naborting the running trials without saving\n")
-
-
 def test_a_run_dir_is_in_use_while_a_run_holds_its_lock_or_a_seeds(tmp_path: Path) -> None:
     from charlm.training.run_dir import run_lock
     from charlm.tune.workers import in_use
@@ -79,13 +61,3 @@ def test_a_run_dir_is_in_use_while_a_run_holds_its_lock_or_a_seeds(tmp_path: Pat
         with run_lock(run):
             assert in_use(trial)
         assert not in_use(trial)
-
-
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_the_stop_records_the_first_signal(signum: int, capfd) -> None:
-    stop = Stop(threading.Event(), threading.Event())
-    with stop_signals(stop):
-        os.kill(os.getpid(), signum)
-        os.kill(os.getpid(), signal.SIGINT if signum == signal.SIGTERM else signal.SIGTERM)
-    assert stop.signum == signum
-    capfd.readouterr()
