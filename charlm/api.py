@@ -19,10 +19,9 @@ from typing import Any
 import torch
 
 from charlm import export
-from charlm.config.parsing import suggest
 from charlm.config.sampling import SampleConfig
 from charlm.config.schema import RunConfig
-from charlm.config.values import coerce
+from charlm.config.values import coerce, suggest
 from charlm.core.errors import CharlmError
 from charlm.data.pairs import PairVocab
 from charlm.data.vocab import Vocab

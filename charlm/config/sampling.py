@@ -7,8 +7,7 @@ import dataclasses
 import typing
 from dataclasses import dataclass
 
-from charlm.config.keys import setting
-from charlm.config.values import coerce
+from charlm.config.values import coerce, setting
 from charlm.core.errors import Setting, SettingError
 
 # Past this every character of a trained model is about as likely as any other: a larger
