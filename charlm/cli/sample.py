@@ -87,7 +87,8 @@ def sample(
     from charlm.api import load
     from charlm.generation.text import default_prompt
 
-    opts = options.sample_options(locals())
+    given = locals()
+    opts = SampleConfig.from_options({name: given[name] for name in options.SAMPLE_FIELDS})
     if interactive:
         sample_interactively(target, device, dtype, step, opts, stream, {
             "--prompt": prompt is not None, "--prompt-file": prompt_file is not None,
