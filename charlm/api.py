@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import warnings
 from collections.abc import Sequence
@@ -19,10 +18,9 @@ from typing import Any
 import torch
 
 from charlm import export
-from charlm.config.parsing import suggest
 from charlm.config.sampling import SampleConfig
 from charlm.config.schema import RunConfig
-from charlm.config.values import coerce
+from charlm.config.values import coerce, suggest
 from charlm.core.errors import CharlmError
 from charlm.data.pairs import PairVocab
 from charlm.data.vocab import Vocab
@@ -81,21 +79,7 @@ def sample(lm: LM, prompt: str | None = None, **options: Any) -> list:
     """Generate samples (`generation.text.Sample`: text, prompt, tokens, seconds, stopped);
     options are those of `SampleConfig` (temperature, top_k, top_p, min_p, repetition_penalty,
     beams, stop, num_samples, max_new_tokens, seed, ...)."""
-    return _sample(lm, prompt, _sample_options(options))
-
-
-def _sample_options(options: dict[str, Any]) -> SampleConfig:
-    """`SampleConfig` from keyword options, an unknown name an error naming the nearest."""
-    names = [f.name for f in dataclasses.fields(SampleConfig)]
-    for name in options:
-        if name not in names:
-            raise CharlmError(f"unknown option '{name}' for charlm.sample / charlm.generate"
-                              f"{suggest(name, names)}")
-    if isinstance(options.get("stop"), str):  # one stop string, not one per character
-        options["stop"] = [options["stop"]]
-    elif "stop" in options and options["stop"] is None:  # None is off, as for the other options
-        options["stop"] = ()
-    return SampleConfig(**options)
+    return _sample(lm, prompt, SampleConfig.from_options(options))
 
 
 def _sample(lm: LM, prompt: str | None, opts: SampleConfig) -> list:
@@ -111,7 +95,7 @@ def _sample(lm: LM, prompt: str | None, opts: SampleConfig) -> list:
 
 def generate(lm: LM, prompt: str | None = None, **options: Any) -> str:
     """The generated continuation of `prompt` (without the prompt) as one string."""
-    opts = _sample_options(options)
+    opts = SampleConfig.from_options(options)
     if opts.num_samples != 1:
         raise CharlmError("generate() returns one string; use charlm.sample() for num_samples > 1")
     return _sample(lm, prompt, opts)[0].text
@@ -140,7 +124,7 @@ def translate(lm: LM, sources: str | Sequence[str], **options: Any) -> list:
         sources = [sources]
     for source in sources:
         _check_text(source, "source")
-    opts = _sample_options({"temperature": 0, **options})
+    opts = SampleConfig.from_options({"temperature": 0, **options})
     return list(seq2seq.translate(lm.decoding_model(), lm.vocab, list(sources), opts))
 
 

@@ -12,15 +12,7 @@ import typer
 import typer.core
 import typer.main
 
-from charlm.cli.reporting import (
-    STOP_SIGNALS,
-    Interrupt,
-    out_of_memory,
-    out_of_memory_line,
-    raise_interrupt,
-    report,
-    tolerant_stdout,
-)
+from charlm.cli import reporting
 from charlm.core.errors import CharlmError, SettingError
 
 COMMANDS = ("prepare", "train", "sample", "info", "eval", "export", "tune", "serve")
@@ -71,37 +63,37 @@ def error_message(e: CharlmError | OSError) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Run the app: bad input ends with one `error:` line and exit code 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    tolerant_stdout()
+    reporting.tolerant_stdout()
     # Typer turns KeyboardInterrupt into a silent exit 130, and SIGTERM's default ends the
     # process where it stands (leaving its temporary files): both raise Interrupt instead. A
     # signal set to be ignored (a shell's background job) or handled by the caller stays so.
     defaults = (signal.default_int_handler, signal.SIG_DFL)
-    replaced = {sig: handler for sig in STOP_SIGNALS
+    replaced = {sig: handler for sig in reporting.STOP_SIGNALS
                 if (handler := signal.getsignal(sig)) in defaults}
     for sig in replaced:
-        signal.signal(sig, raise_interrupt)
+        signal.signal(sig, reporting.raise_interrupt)
     try:
         code = app(args=argv, prog_name="charlm", standalone_mode=False)
     except typer.TyperException as e:  # a usage error (an unknown option); `charlm` alone: help
         where = e.ctx.command_path if getattr(e, "ctx", None) else "charlm"
         if argv:
-            report(f"error: {e.format_message()} (see `{where} -h`)")
+            reporting.report(f"error: {e.format_message()} (see `{where} -h`)")
         else:
             e.show()
         sys.exit(e.exit_code)
     except (CharlmError, OSError) as e:
         if "--debug" in argv:
             raise
-        report(f"error: {error_message(e)}")
+        reporting.report(f"error: {error_message(e)}")
         sys.exit(2)
     except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError (CUDA) is a RuntimeError
-        if "--debug" in argv or not out_of_memory(e):
+        if "--debug" in argv or not reporting.out_of_memory(e):
             raise
         # every process prints it: under torchrun one GPU may run out alone
         command = next((a for a in argv if not a.startswith("-")), "train")
-        print(out_of_memory_line(e, command), file=sys.stderr)
+        print(reporting.out_of_memory_line(e, command), file=sys.stderr)
         sys.exit(2)
-    except Interrupt as e:
+    except reporting.Interrupt as e:
         print(e.line(), file=sys.stderr)
         sys.exit(e.exit_code)
     finally:

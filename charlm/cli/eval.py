@@ -115,12 +115,9 @@ def eval_pairs_file(lm: Any, path: Path, unknown: str, json_out: bool,
                     beams: int | None) -> None:
     """`charlm eval` of an encoder-decoder on a file of pairs, every reference of a source
     counted."""
-    from charlm.data.chunks import check_input_file
     from charlm.data.pairs import read_pairs
     from charlm.evaluation.pairs import rate_name, score_pairs
 
-    if str(path) != "-":
-        check_input_file(path)
     cfg = lm.config
     pairs, _ = read_pairs(path, cfg.data, cfg.model.block_size)
     grouped: dict[str, list[str]] = {}

@@ -48,12 +48,11 @@ def info(
     of a trained model, or of the one `charlm train` would build from the same argument. Its
     vocabulary comes from data.path, read without writing anything (an encoder-decoder's two
     from its pairs)."""
+    from charlm.api import load
     from charlm.cli.train import train_config
     from charlm.config.yaml_files import dump_yaml
     from charlm.data.datasets import data_summary
-    from charlm.export import is_export_dir, load_safetensors
     from charlm.info.summary import config_model, describe, render_text
-    from charlm.training.checkpoint import load_model
 
     if machine:
         if target is not None or set_ or shapes:
@@ -75,11 +74,9 @@ def info(
         if set_ or vocab_size is not None:
             given = "--set" if set_ else "--vocab-size"
             raise CharlmError(f"{given} applies to a config file, not to a checkpoint")
-        if is_export_dir(target):  # an export has no training progress to show
-            model, _, cfg = load_safetensors(target)
-        else:
-            model, _, cfg, state = load_model(target)
-            train_state = state["train_state"]
+        lm = load(target, "cpu")
+        model, cfg = lm.model, lm.config
+        train_state = lm.train_state or None  # an export has no training progress to show
     size = (cfg.train.batch_size if batch is None else batch,
             cfg.model.block_size if seq_len is None else seq_len) if shapes else None
     run_dir = Path(cfg.train.out_dir) if trained else None  # its dataset cache, if still there

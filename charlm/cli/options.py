@@ -70,12 +70,3 @@ def flag(setting: str) -> str:
     given = SAMPLE_FIELDS[setting].metadata["flag"] if setting in SAMPLE_FIELDS else None
     return given if given and not given.startswith("--no-") else "--" + setting.replace("_", "-")
 
-
-def sample_options(values: dict[str, object]) -> SampleConfig:
-    """The SampleConfig of a command's arguments by name; a repeatable option not given (None)
-    is its field's default."""
-    def given(name: str) -> object:
-        default = getattr(SAMPLE_DEFAULTS, name)
-        return default if values[name] is None and isinstance(default, tuple) else values[name]
-
-    return SampleConfig(**{name: given(name) for name in SAMPLE_FIELDS})

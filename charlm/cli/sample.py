@@ -13,19 +13,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from charlm.cli.options import (
-    SAMPLE_DEFAULTS as D,
-)
-from charlm.cli.options import (
-    DeviceOpt,
-    DtypeOpt,
-    StepOpt,
-    TargetArg,
-    command_app,
-    is_default,
-    sample_option,
-    sample_options,
-)
+from charlm.cli import options
+from charlm.cli.options import SAMPLE_DEFAULTS as D
+from charlm.cli.options import DeviceOpt, DtypeOpt, StepOpt, TargetArg, sample_option
 from charlm.cli.reporting import writes_unicode
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError, warn
@@ -37,7 +27,7 @@ if TYPE_CHECKING:
     from charlm.model.encoder_decoder import EncoderDecoder
     from charlm.model.gpt import GPT
 
-app = command_app()
+app = options.command_app()
 
 # The most text a prompt (or the sources) may hold, far beyond any context: an endless pipe
 # (`yes | charlm sample RUN --prompt -`) would fill the memory
@@ -97,7 +87,8 @@ def sample(
     from charlm.api import load
     from charlm.generation.text import default_prompt
 
-    opts = sample_options(locals())
+    given = locals()
+    opts = SampleConfig.from_options({name: given[name] for name in options.SAMPLE_FIELDS})
     if interactive:
         sample_interactively(target, device, dtype, step, opts, stream, {
             "--prompt": prompt is not None, "--prompt-file": prompt_file is not None,
@@ -106,7 +97,9 @@ def sample(
             "--json": json_out})
         return
     sources_given = source is not None or source_file is not None
-    text = None if sources_given else read_prompt(prompt, prompt_file)
+    text = None if sources_given else read_input(
+        "prompt", "prompt", prompt, prompt_file,
+        "; pipe the prompt in, or give --prompt TEXT or --prompt-file")
     lm = load(target, device, dtype, step)
     if lm.config.model.arch == "encoder_decoder" or sources_given:
         if prompt is not None or prompt_file is not None:
@@ -114,9 +107,8 @@ def sample(
                               "--source-file")
         sources = read_sources(source, source_file, lm.config.model.arch)
         if opts.compile:
-            warn("--compile compiles a GPT's decode step; an encoder-decoder decodes "
-                 "eagerly")
-        if is_default(ctx, "temperature"):  # a transduction's likeliest output, unless asked
+            warn("--compile compiles a GPT's decode step; an encoder-decoder decodes eagerly")
+        if options.is_default(ctx, "temperature"):  # a transduction's likeliest output unless asked
             opts = dataclasses.replace(opts, temperature=0.0)
         print_translations(lm.decoding_model(), lm.vocab, sources, opts, json_out)
         return
@@ -192,18 +184,20 @@ def print_samples(model: GPT, vocab: Vocab, text: str, opts: SampleConfig, strea
     out.flush()
 
 
-def read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
-    """The prompt text, or None for the model's default."""
-    if prompt is not None and prompt_file is not None:
-        raise CharlmError("give the prompt either with --prompt or with --prompt-file, not both")
-    if prompt_file is not None:
-        return read_file(prompt_file, "prompt file")
-    if prompt == "-":
-        if sys.stdin is None:  # started with stdin closed (`<&-`)
-            raise CharlmError("--prompt - reads the prompt from stdin, which is closed; pipe the "
-                              "prompt in, or give --prompt TEXT or --prompt-file")
-        return read_stdin("the prompt on stdin")
-    return prompt
+def read_input(option: str, what: str, text: str | None, file: Path | None,
+               advice: str = "") -> str | None:
+    """The text of --OPTION TEXT, --OPTION - (stdin) or --OPTION-file FILE, or None for none;
+    `what` names it in errors."""
+    if text is not None and file is not None:
+        raise CharlmError(f"give the {what} either with --{option} or with --{option}-file, not "
+                          "both")
+    if file is not None:
+        return read_file(file, f"{option} file")
+    if text != "-":
+        return text
+    if sys.stdin is None:  # started with stdin closed (`<&-`)
+        raise CharlmError(f"--{option} - reads the {what} from stdin, which is closed{advice}")
+    return read_stdin(f"the {what} on stdin")
 
 
 def read_file(path: Path, name: str) -> str:
@@ -232,19 +226,12 @@ def read_sources(source: str | None, source_file: Path | None, arch: str) -> lis
     if arch != "encoder_decoder":
         raise CharlmError("--source and --source-file are for an encoder-decoder; this model is "
                           "a GPT: give --prompt or --prompt-file")
-    if source is not None and source_file is not None:
-        raise CharlmError("give the sources either with --source or with --source-file, not both")
-    if source is None and source_file is None:
+    text = read_input("source", "sources", source, source_file)
+    if text is None:
         raise CharlmError("an encoder-decoder transduces sources: give --source TEXT, --source - "
                           "(one per line on stdin) or --source-file FILE")
-    if source is not None and source != "-":
+    if source not in (None, "-"):
         return [source]
-    if source_file is not None:
-        text = read_file(source_file, "source file")
-    else:
-        if sys.stdin is None:
-            raise CharlmError("--source - reads the sources from stdin, which is closed")
-        text = read_stdin("the sources on stdin")
     lines = [line.removesuffix("\r") for line in text.split("\n")]
     if lines and lines[-1] == "":
         lines.pop()

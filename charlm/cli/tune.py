@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from charlm.cli.options import command_app
+from charlm.cli.options import command_app, is_default
 from charlm.core.errors import CharlmError
 
 app = command_app()
@@ -98,8 +98,7 @@ def _saved_study(ctx: typer.Context, out: Path) -> Any:
     from charlm.tune.study import RESUMABLE, StudyConfig
 
     given = [p.opts[0] for p in ctx.command.params if p.name not in (
-        "out", "trials", "timeout", "workers", "resume")
-        and getattr(ctx.get_parameter_source(p.name), "name", "DEFAULT") != "DEFAULT"]
+        "out", "trials", "timeout", "workers", "resume") and not is_default(ctx, p.name)]
     if given:
         raise CharlmError(f"--resume continues the study as it was made; {given[0]} cannot "
                           f"change it (only {', '.join(RESUMABLE)} can)")

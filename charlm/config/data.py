@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from charlm.config.keys import require, setting
+from charlm.config.values import require, setting
 
 
 @dataclass

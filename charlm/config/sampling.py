@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass
+from typing import Any
 
-from charlm.config.keys import setting
-from charlm.config.values import coerce
-from charlm.core.errors import Setting, SettingError
+from charlm.config.values import coerce, setting, suggest
+from charlm.core.errors import CharlmError, Setting, SettingError
 
 # Past this every character of a trained model is about as likely as any other: a larger
 # temperature is a slip (1e46 made the float32 factor 0), never a setting.
@@ -42,6 +42,21 @@ class SampleConfig:
     compile: bool = setting(False, "torch.compile the one-token decode step (static shapes; "
                             "pays for long generations; once built it prints a step against an "
                             "eager one, and says where it is slower).", flag="--compile")
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> SampleConfig:
+        """From options by name (the Python API's keywords, the CLI's arguments): an unknown
+        name an error naming the nearest; `stop` one string, or None for none."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        for name in options:
+            if name not in names:
+                raise CharlmError(f"unknown option '{name}' for charlm.sample / charlm.generate"
+                                  f"{suggest(name, names)}")
+        if isinstance(options.get("stop"), str):  # one stop string, not one per character
+            options = {**options, "stop": [options["stop"]]}
+        elif "stop" in options and options["stop"] is None:  # None is off, as for the others
+            options = {**options, "stop": ()}
+        return cls(**options)
 
     def __post_init__(self) -> None:
         def need(ok: bool, setting: str, problem: str) -> None:

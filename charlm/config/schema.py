@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from charlm.config.data import DataConfig
-from charlm.config.keys import require, setting
 from charlm.config.optim import OptimConfig
-from charlm.config.parsing import as_mapping, build_section, suggest
+from charlm.config.values import as_mapping, build_section, require, setting, suggest
 from charlm.core.durations import duration_seconds
 from charlm.core.errors import CharlmError
 

@@ -99,13 +99,8 @@ def load_text(text: str) -> Any:
         raise yaml.YAMLError(f"values nested more than {MAX_DEPTH} levels deep") from None
 
 
-def parse_yaml(text: str) -> Any:
-    """YAML text as data, each plain scalar typed as YAML 1.2 reads it."""
-    return untext(load_text(text))
-
-
 def dump_yaml(data: Any) -> str:
-    """YAML text that `parse_yaml` reads back as `data` (keys in their order)."""
+    """YAML text that `load_text` and `untext` read back as `data` (keys in their order)."""
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False)
 
 

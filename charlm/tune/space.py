@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from charlm.config.loading import apply_overrides
-from charlm.config.parsing import as_mapping, suggest
 from charlm.config.schema import RunConfig
-from charlm.config.values import shown
+from charlm.config.values import as_mapping, shown, suggest
 from charlm.config.yaml_files import load_text, read_yaml_file, untext
 from charlm.core.durations import duration_seconds
 from charlm.core.errors import CharlmError
