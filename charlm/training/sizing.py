@@ -22,7 +22,7 @@ from charlm.training.tasks import PairsTask, Task, build_model
 
 TOKENS_PER_PARAMETER = 4.0  # fitted: docs/design.md
 TRAIN_SHARE = 0.85  # of the budget spent in training steps (start-up and evaluations take the rest)
-DROPOUT = ((32.0, 0.2), (10.0, 0.1))  # (epochs from which, dropout); none below the last
+DROPOUT = ((32.0, 0.2), (16.0, 0.1))  # (epochs from which, dropout); none below the last
 
 
 @dataclasses.dataclass(frozen=True)
