@@ -1,9 +1,9 @@
-"""charlm.evaluation.accuracy: edit distance, exact match and error rates over references."""
+"""charlm.evaluation.pairs: edit distance, exact match and error rates over references."""
 
 import pytest
 
 from charlm.core.errors import CharlmError
-from charlm.evaluation.accuracy import Accuracy, accuracy, edit_distance
+from charlm.evaluation.pairs import Accuracy, accuracy, edit_distance
 
 
 def chars(text):
