@@ -38,12 +38,6 @@ def remove_temps(path: Path, tag: str = "tmp", only_dead: bool = False) -> None:
             tmp.unlink(missing_ok=True)
 
 
-def remove_killed_temps(out: Path, names: Sequence[str]) -> None:
-    """Remove the .NAME.tmp-PID files of `names` in `out` that a killed process left."""
-    for name in names:
-        remove_temps(out / name, only_dead=True)
-
-
 def dead_temps(path: Path, tag: str = "tmp") -> list[Path]:
     """The temporaries of `temp_beside(path, tag)` whose process no longer runs (and this one's:
     a dead process's whose PID it reuses), sorted."""
@@ -188,10 +182,8 @@ def locked(path: Path) -> bool:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        pass
+    except OSError as e:  # another error: a filesystem without locks
+        return isinstance(e, BlockingIOError)
     finally:
         os.close(fd)
     return False

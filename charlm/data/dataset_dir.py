@@ -101,7 +101,8 @@ def write_dataset(out: Path, finals: Sequence[Path], write: Callable[[list[Binar
     meta.json gone before they move (so no reader takes old and new files for one dataset), then
     `meta`, and remove `stale`."""
     files.make_writable_dir(out, f"dataset dir {out}")
-    files.remove_killed_temps(out, DATASET_FILES + PAIR_FILES[1:])
+    for name in DATASET_FILES + PAIR_FILES[1:]:  # the temporaries a killed process left
+        files.remove_temps(out / name, only_dead=True)
     meta_path = out / "meta.json"
     files.write_files_atomic(finals, write, before_move=lambda: meta_path.unlink(missing_ok=True))
     files.write_text_atomic(meta_path, json.dumps(meta, ensure_ascii=False, indent=1))

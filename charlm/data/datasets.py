@@ -17,7 +17,7 @@ from tqdm import tqdm
 from charlm.config.data import DataConfig, TextOptions, text_options
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
-from charlm.core.files import remove_killed_temps
+from charlm.core.files import remove_temps
 from charlm.data import prepare
 from charlm.data.chunks import sha256_file
 from charlm.data.dataset_dir import (
@@ -73,7 +73,8 @@ def dataset_for(data_path: str | Path | Sequence[str | Path], val_fraction: floa
         meta = dataset_meta(cache_dir)
         if (meta is not None and same_base(meta, None if base is None else base.chars)
                 and same_sources(meta, sources, val_fraction, options)):
-            remove_killed_temps(cache_dir, DATASET_FILES)  # no prepare will, while reused
+            for name in DATASET_FILES:  # a killed prepare's temporaries: no prepare runs now
+                remove_temps(cache_dir / name, only_dead=True)
             with contextlib.suppress(CharlmError):  # a damaged cache (a cut train.bin) is rebuilt
                 return load_dataset(cache_dir)
         if check is not None:
@@ -130,7 +131,8 @@ def pairs_for(data: DataConfig, block_size: int, cache_dir: Path,
             if ([s["sha256"] for s in meta["sources"]] == [sha256_file(path)]
                     and same_base(meta, None if base is None else base.to_dict())
                     and all(meta.get(k) == v for k, v in pair_settings(data, block_size).items())):
-                remove_killed_temps(cache_dir, PAIR_FILES)  # no prepare will, while reused
+                for name in PAIR_FILES:  # a killed prepare's temporaries: no prepare runs now
+                    remove_temps(cache_dir / name, only_dead=True)
                 return load_pairs(cache_dir)
     prepare.prepare_pairs([path], cache_dir, data, block_size, check, base)
     return load_pairs(cache_dir)
