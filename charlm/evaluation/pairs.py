@@ -6,8 +6,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -31,7 +29,7 @@ def edit_distance(a: Sequence, b: Sequence) -> int:
     return row[-1]
 
 
-@dataclass
+@dataclasses.dataclass
 class Accuracy:
     """How a model's outputs compare with the references of `sources` distinct sources."""
 
@@ -41,9 +39,6 @@ class Accuracy:
     cer: float  # edit distance / reference units: the phoneme error rate with space units
     ref_units: int  # units of the closest reference of each source, summed
     errors: int  # edit distance to the closest reference of each source, summed
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def accuracy(hypotheses: Sequence[str], references: Sequence[Sequence[str]],
@@ -115,7 +110,7 @@ def score_pairs(model: EncoderDecoder, vocab: PairVocab,
     loss, units, left_out = pair_loss(model, vocab,
                                       [(s, t) for s, refs in references for t in refs],
                                       opts.unknown if opts else "error")
-    return {**acc.as_dict(), "units": vocab.target_units,
+    return {**dataclasses.asdict(acc), "units": vocab.target_units,
             "loss": loss if units else None,
             "bits_per_unit": loss / math.log(2) if units else None, "units_scored": units,
             "references_not_scored": left_out}
