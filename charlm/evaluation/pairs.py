@@ -11,7 +11,7 @@ import torch
 
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError
-from charlm.data.batches import collate
+from charlm.data.batches import IGNORE_INDEX, collate
 from charlm.data.pairs import PairVocab
 from charlm.generation.translation import BATCH, translate
 from charlm.model.encoder_decoder import EncoderDecoder
@@ -96,7 +96,7 @@ def pair_loss(model: EncoderDecoder, vocab: PairVocab, pairs: Sequence[tuple[str
                  for s, t in known[first:first + BATCH]]
         src, tgt_in, tgt_out = (x.to(device) for x in collate(chunk, vocab))
         _, loss = model(src, tgt_in, tgt_out)
-        n = int((tgt_out != -1).sum())
+        n = int((tgt_out != IGNORE_INDEX).sum())
         total += float(loss) * n
         units += n
     return (total / units if units else math.nan), units, len(pairs) - len(known)
