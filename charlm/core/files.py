@@ -13,7 +13,7 @@ import os
 import re
 import shutil
 import stat
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -36,19 +36,6 @@ def remove_temps(path: Path, tag: str = "tmp", only_dead: bool = False) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
         elif tmp.is_file():
             tmp.unlink(missing_ok=True)
-
-
-def discard_temps(finals: Iterable[Path]) -> None:
-    """Remove the temporaries of `finals` without hiding the error being raised."""
-    for path in finals:
-        with contextlib.suppress(OSError):
-            temp_beside(path).unlink(missing_ok=True)
-
-
-def remove_killed_temps(out: Path, names: Sequence[str]) -> None:
-    """Remove the .NAME.tmp-PID files of `names` in `out` that a killed process left."""
-    for name in names:
-        remove_temps(out / name, only_dead=True)
 
 
 def dead_temps(path: Path, tag: str = "tmp") -> list[Path]:
@@ -93,18 +80,29 @@ def _running(pid: int) -> bool:
 
 
 def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """Replace `path` with what `write` writes, fsynced before the move, so a crash leaves the
-    old file or the new one; on failure `path` is as it was and no temporary is left."""
-    tmp = temp_beside(path)
+    """`write_files_atomic` of the one file `path`."""
+    write_files_atomic([path], lambda temps: write(temps[0]))
+
+
+def write_files_atomic(finals: Sequence[Path], write: Callable[[list[BinaryIO]], object],
+                       before_move: Callable[[], object] = lambda: None) -> None:
+    """Replace each of `finals` with what `write` writes into its temporary, all fsynced before
+    `before_move` and the moves, so a crash leaves the old file or the new one; on failure no
+    temporary is left (and a file not yet moved is as it was)."""
     try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        with contextlib.ExitStack() as stack:
+            temps = [stack.enter_context(open(temp_beside(path), "wb")) for path in finals]
+            write(temps)
+            for f in temps:
+                f.flush()
+                os.fsync(f.fileno())
+        before_move()
+        for path in finals:
+            os.replace(temp_beside(path), path)
     except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+        for path in finals:  # without hiding the error being raised
+            with contextlib.suppress(OSError):
+                temp_beside(path).unlink(missing_ok=True)
         raise
 
 
@@ -115,18 +113,6 @@ def write_text_atomic(path: Path, text: str) -> None:
         write_atomic(path, lambda f: f.write(data))
     except OSError as e:
         raise OSError(e.errno, e.strerror, str(path)) from None
-
-
-@contextlib.contextmanager
-def synced_temps(finals: Iterable[Path]) -> Iterator[list[BinaryIO]]:
-    """The temporaries of `finals`, opened to write, fsynced when the block ends without an
-    error; moving them into place, or `discard_temps`, is the caller's."""
-    with contextlib.ExitStack() as stack:
-        files = [stack.enter_context(open(temp_beside(path), "wb")) for path in finals]
-        yield files
-        for f in files:
-            f.flush()
-            os.fsync(f.fileno())
 
 
 def make_writable_dir(path: Path, what: str) -> None:
@@ -196,10 +182,8 @@ def locked(path: Path) -> bool:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        pass
+    except OSError as e:  # another error: a filesystem without locks
+        return isinstance(e, BlockingIOError)
     finally:
         os.close(fd)
     return False
@@ -263,4 +247,3 @@ def read_regular(path: Path, what: str, limit: int) -> bytes:
 def too_large(name: str, limit: int) -> CharlmError:
     return CharlmError(f"cannot read {name}: it holds more than {limit / 2**20:g} MiB, charlm's "
                        "limit for it; give a smaller one")
-

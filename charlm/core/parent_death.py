@@ -4,24 +4,19 @@ tuner, then init): one request, however many times it comes."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import sys
 from collections.abc import Callable
 
 PR_SET_PDEATHSIG, PR_GET_PDEATHSIG = 1, 2  # from <linux/prctl.h>
 
-
-def libc_prctl() -> Callable[..., int] | None:
-    """libc's prctl, looked up once here: a forked child calls it without loading anything."""
-    if not sys.platform.startswith("linux"):
-        return None  # macOS has no parent-death signal: a killed tuner's trials train on
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-PRCTL = libc_prctl()
+# libc's prctl, looked up once here: a forked child calls it without loading anything. macOS has
+# no parent-death signal: a killed tuner's trials train on.
+PRCTL: Callable[..., int] | None = None
+if sys.platform.startswith("linux"):
+    with contextlib.suppress(OSError, AttributeError):
+        PRCTL = ctypes.CDLL(None, use_errno=True).prctl
 
 
 def parent_death_signal() -> int:

@@ -95,9 +95,17 @@ def decode_chunks(f: BinaryIO, name: str, bar: tqdm | None = None
 
 
 def code_point_chunks(f: BinaryIO, name: str, bar: tqdm | None = None,
-                      normalize: str | None = None) -> Iterator[tuple[bytes, bytes | np.ndarray]]:
+                      normalize: str | None = None, units: str = "char"
+                      ) -> Iterator[tuple[bytes, bytes | np.ndarray]]:
     """(raw bytes, the code points of their text) per chunk of `f`, in the Unicode normal form
-    `normalize` if given, as `narrow_code_points` gives them (an ASCII chunk as it was read)."""
+    `normalize` if given, as `narrow_code_points` gives them (an ASCII chunk as it was read);
+    in byte units each byte is its own code point and any file is valid."""
+    if units == "byte":
+        while raw := f.read(CHUNK_BYTES):
+            if bar is not None:
+                bar.update(len(raw))
+            yield raw, raw
+        return
     carry = ""  # the text from the chunk's last ASCII character on, normalized with the next
     for raw, data, text in _chunks(f, name, bar):
         if normalize is None:
@@ -126,12 +134,6 @@ def narrow_code_points(text: str) -> bytes | np.ndarray:
         return text.encode("latin-1")
     except UnicodeEncodeError:  # raised at the first character above U+00FF
         return code_points(text)
-
-
-def byte_chunks(f: BinaryIO) -> Iterator[tuple[bytes, bytes]]:
-    """`code_point_chunks` in byte units: each byte its own code point, any file valid."""
-    while raw := f.read(CHUNK_BYTES):
-        yield raw, raw
 
 
 def sha256_file(path: Path) -> str:
@@ -204,7 +206,7 @@ class CharacterSet:
 
     def vocab(self, units: str = "char") -> Vocab:
         """The vocabulary of the characters (byte units: byte values) met."""
-        return Vocab.from_code_points(np.flatnonzero(self._seen), units)
+        return Vocab("".join(map(chr, np.flatnonzero(self._seen))), units)  # in code point order
 
 
 def check_input_file(path: Path) -> None:

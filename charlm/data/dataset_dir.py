@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,17 +15,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from charlm.core import files
 from charlm.core.errors import CharlmError
-from charlm.core.files import (
-    discard_temps,
-    locked_dir,
-    make_writable_dir,
-    read_regular,
-    remove_killed_temps,
-    synced_temps,
-    temp_beside,
-    write_text_atomic,
-)
 from charlm.data.pairs import PairSplit, PairVocab
 from charlm.data.sources import Source
 from charlm.data.vocab import Vocab
@@ -49,7 +39,7 @@ META_LIMIT = 16 << 20
 def read_meta(path: Path) -> Any:
     """The parsed meta.json of the directory `path`, whatever JSON it holds. Raises OSError
     (FileNotFoundError when there is none) or ValueError (not JSON, not UTF-8)."""
-    return json.loads(read_regular(path / "meta.json", "dataset metadata", META_LIMIT)
+    return json.loads(files.read_regular(path / "meta.json", "dataset metadata", META_LIMIT)
                       .decode("utf-8"))
 
 
@@ -72,56 +62,50 @@ def dataset_meta(path: Path) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) and meta.get("format") == DATASET_FORMAT else None
 
 
-def replaceable(out: Path, files: Sequence[str] = DATASET_FILES) -> bool:
+def replaceable(out: Path, names: Sequence[str] = DATASET_FILES) -> bool:
     """Whether `prepare` may write into the existing directory `out`: one that holds a charlm
-    dataset, or nothing but `files` and hidden temporaries with meta.json missing, or damaged
+    dataset, or nothing but `names` and hidden temporaries with meta.json missing, or damaged
     beside data files (a prepare or a machine stopped before writing meta.json)."""
     if dataset_meta(out) is not None:
         return True
-    if not all(p.name.startswith(".") or p.name in files for p in out.iterdir()):
+    if not all(p.name.startswith(".") or p.name in names for p in out.iterdir()):
         return False
     try:
         read_meta(out)
     except FileNotFoundError:
         return True
     except (ValueError, OSError):  # damaged (cut short by a crash)
-        return any((out / name).exists() for name in files[1:])
+        return any((out / name).exists() for name in names[1:])
     return False
 
 
 def dataset_lock(out: Path) -> contextlib.AbstractContextManager[None]:
     """The lock a prepare holds on its dataset dir, so that two never mix their files."""
-    return locked_dir(out, f"dataset dir {out} is in use by another `charlm prepare` (or a "
-                           "`charlm train` preparing its data); wait for it to end, or choose "
-                           "another --out")
+    return files.locked_dir(out, f"dataset dir {out} is in use by another `charlm prepare` (or "
+                            "a `charlm train` preparing its data); wait for it to end, or "
+                            "choose another --out")
 
 
-def check_out(out: Path, files: Sequence[str] = DATASET_FILES) -> None:
-    """An --out that may be written: new, or a directory `replaceable` by a dataset of `files`."""
+def check_out(out: Path, names: Sequence[str] = DATASET_FILES) -> None:
+    """An --out that may be written: new, or a directory `replaceable` by a dataset of `names`."""
     if out.exists() and not out.is_dir():
         raise CharlmError(f"--out must be a directory, but {out} is a file")
-    if out.is_dir() and not (replaceable(out) or replaceable(out, files)):
+    if out.is_dir() and not (replaceable(out) or replaceable(out, names)):
         raise CharlmError(f"--out {out} is not empty and holds no charlm dataset; give a new or "
                           "empty directory, or a dataset dir to replace")
 
 
 def write_dataset(out: Path, finals: Sequence[Path], write: Callable[[list[BinaryIO]], Any],
                   meta: dict[str, Any], stale: Sequence[str] = ()) -> None:
-    """`write` the temporaries of `finals` into the dataset dir `out`, move them into place, then
-    `meta`, the old meta.json gone first (so no reader takes a mix of old and new files for a
-    dataset), and remove `stale`. Whatever stops it removes its temporaries."""
-    make_writable_dir(out, f"dataset dir {out}")
-    remove_killed_temps(out, DATASET_FILES + PAIR_FILES[1:])
-    try:
-        with synced_temps(finals) as files:
-            write(files)
-        (out / "meta.json").unlink(missing_ok=True)
-        for path in finals:
-            os.replace(temp_beside(path), path)
-        write_text_atomic(out / "meta.json", json.dumps(meta, ensure_ascii=False, indent=1))
-    except BaseException:
-        discard_temps(finals)
-        raise
+    """`write` the files `finals` of the dataset dir `out` (`write_files_atomic`), the old
+    meta.json gone before they move (so no reader takes old and new files for one dataset), then
+    `meta`, and remove `stale`."""
+    files.make_writable_dir(out, f"dataset dir {out}")
+    for name in DATASET_FILES + PAIR_FILES[1:]:  # the temporaries a killed process left
+        files.remove_temps(out / name, only_dead=True)
+    meta_path = out / "meta.json"
+    files.write_files_atomic(finals, write, before_move=lambda: meta_path.unlink(missing_ok=True))
+    files.write_text_atomic(meta_path, json.dumps(meta, ensure_ascii=False, indent=1))
     for name in stale:
         (out / name).unlink(missing_ok=True)
 

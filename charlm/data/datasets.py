@@ -17,7 +17,8 @@ from tqdm import tqdm
 from charlm.config.data import DataConfig, TextOptions, text_options
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
-from charlm.core.files import remove_killed_temps
+from charlm.core.files import remove_temps
+from charlm.data import prepare
 from charlm.data.chunks import sha256_file
 from charlm.data.dataset_dir import (
     DATASET_FILES,
@@ -37,14 +38,6 @@ from charlm.data.dataset_dir import (
     write_dataset,
 )
 from charlm.data.pairs import PairVocab, pair_settings
-from charlm.data.prepare import (
-    check_prepare,
-    count_reasons,
-    encode_source,
-    prepare_pairs,
-    prepare_sources,
-    scan,
-)
 from charlm.data.sources import Source, as_specs, check_source_file, listed
 from charlm.data.vocab import Vocab
 
@@ -80,13 +73,14 @@ def dataset_for(data_path: str | Path | Sequence[str | Path], val_fraction: floa
         meta = dataset_meta(cache_dir)
         if (meta is not None and same_base(meta, None if base is None else base.chars)
                 and same_sources(meta, sources, val_fraction, options)):
-            remove_killed_temps(cache_dir, DATASET_FILES)  # no prepare will, while reused
+            for name in DATASET_FILES:  # a killed prepare's temporaries: no prepare runs now
+                remove_temps(cache_dir / name, only_dead=True)
             with contextlib.suppress(CharlmError):  # a damaged cache (a cut train.bin) is rebuilt
                 return load_dataset(cache_dir)
         if check is not None:
-            vocab = scan(sources, options)[2]
+            vocab = prepare.scan(sources, options)[2]
             check(vocab if base is None else base.extended(vocab.chars))
-        prepare_sources(sources, cache_dir, val_fraction, options=options, base=base)
+        prepare.prepare_sources(sources, cache_dir, val_fraction, options=options, base=base)
     return load_dataset(cache_dir)
 
 
@@ -97,7 +91,7 @@ def text_vocab(data_path: str | Path | Sequence[str | Path],
     if len(specs) == 1 and is_dataset_dir(Path(specs[0])):
         return load_dataset(specs[0]).vocab
     with listed(specs, options.include, options.exclude) as sources:
-        return scan(sources, options)[2]
+        return prepare.scan(sources, options)[2]
 
 
 def same_sources(meta: dict[str, Any], sources: Sequence[Source], val_fraction: float,
@@ -137,9 +131,10 @@ def pairs_for(data: DataConfig, block_size: int, cache_dir: Path,
             if ([s["sha256"] for s in meta["sources"]] == [sha256_file(path)]
                     and same_base(meta, None if base is None else base.to_dict())
                     and all(meta.get(k) == v for k, v in pair_settings(data, block_size).items())):
-                remove_killed_temps(cache_dir, PAIR_FILES)  # no prepare will, while reused
+                for name in PAIR_FILES:  # a killed prepare's temporaries: no prepare runs now
+                    remove_temps(cache_dir / name, only_dead=True)
                 return load_pairs(cache_dir)
-    prepare_pairs([path], cache_dir, data, block_size, check, base)
+    prepare.prepare_pairs([path], cache_dir, data, block_size, check, base)
     return load_pairs(cache_dir)
 
 
@@ -185,13 +180,13 @@ def prepare_benchmark(name: str, path: str | Path, out: str | Path, progress: bo
                            f"{bench.url}")
 
     with dataset_lock(out):
-        check_prepare([source], out, 0.5)  # the input and --out (the split is the benchmark's)
+        prepare.check_prepare([source], out, 0.5)  # the input and --out (the split is its own)
         size = path.stat().st_size
         if size != bench.size:
             raise wrong_file(f"{size:,} bytes")
         with tqdm(total=2 * size, unit="B", unit_scale=True, desc=f"prepare {name}",
                   disable=None if progress else True) as bar:
-            [stats], _, vocab = scan([source], options, bar)
+            [stats], _, vocab = prepare.scan([source], options, bar)
             if stats.sha256 != bench.sha256:
                 raise wrong_file(f"sha256 {stats.sha256}")
             if stats.chars != sum(bench.split):
@@ -202,7 +197,7 @@ def prepare_benchmark(name: str, path: str | Path, out: str | Path, progress: bo
                              dict(zip(SPLITS, bench.split, strict=True)), sources=[entry])
             ends = [sum(bench.split[:i + 1]) for i in range(len(SPLITS) - 1)]
             write_dataset(out, [out / f"{split}.bin" for split in SPLITS], lambda files:
-                          encode_source(stats, vocab, ends, files, options, bar), meta)
+                          prepare.encode_source(stats, vocab, ends, files, options, bar), meta)
     return meta
 
 
@@ -261,5 +256,5 @@ def data_summary(cfg: RunConfig, run_dir: Path | None) -> dict[str, Any] | None:
         return None
     return {"split": meta.get("split", "tail"), "units": meta.get("units", "char"),
             "files": len(meta.get("sources", [])),
-            "skipped": count_reasons(meta.get("skipped", [])) or None,
+            "skipped": prepare.count_reasons(meta.get("skipped", [])) or None,
             **{f"{s}_tokens": meta[f"{s}_tokens"] for s in SPLITS if f"{s}_tokens" in meta}}

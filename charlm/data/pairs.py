@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from charlm.config.data import DataConfig
-from charlm.core.errors import CharlmError, Setting, SettingError, characters
+from charlm.core.errors import CharlmError, characters
 from charlm.data.chunks import path_share, read_text
-from charlm.data.vocab import id_dtype, list_unknown
+from charlm.data.vocab import check_unknown_policy, id_dtype, list_unknown
 
 if TYPE_CHECKING:  # for annotations only: this module must not load torch
     import torch
@@ -93,8 +93,7 @@ class PairVocab:
                       where: str = "the source") -> list[int]:
         """Ids of `text`; characters outside the vocabulary are an error, or dropped with
         unknown='skip'."""
-        if unknown not in ("error", "skip"):
-            raise SettingError(Setting("unknown"), f" must be 'error' or 'skip', got {unknown!r}")
+        check_unknown_policy(unknown)
         index = self._source_index
         bad = [(i, c) for i, c in enumerate(text) if c not in index]
         if bad and unknown == "error":

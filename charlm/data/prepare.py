@@ -18,14 +18,7 @@ from tqdm import tqdm
 from charlm.config.data import DataConfig, TextOptions
 from charlm.core.errors import CharlmError, characters, warn
 from charlm.core.files import some
-from charlm.data.chunks import (
-    CharacterSet,
-    InvalidText,
-    byte_chunks,
-    code_point_chunks,
-    path_share,
-    sha256_file,
-)
+from charlm.data.chunks import CharacterSet, InvalidText, code_point_chunks, path_share, sha256_file
 from charlm.data.dataset_dir import (
     DATASET_FILES,
     META_HEADER,
@@ -67,8 +60,7 @@ def _read(source: Source, options: TextOptions, each: Callable[[bytes | np.ndarr
     """Read `source` once, giving `each` the code points (byte units: the bytes) of every chunk."""
     chars = 0
     with source.open(bar) as (f, tap):
-        chunks = (byte_chunks(f) if options.units == "byte" else
-                  code_point_chunks(f, source.name, normalize=options.normalize))
+        chunks = code_point_chunks(f, source.name, None, options.normalize, options.units)
         while True:
             try:  # only the reading: an OSError of `each` (a full disk) is not the input's
                 _, cps = next(chunks)
@@ -149,11 +141,6 @@ def changed_while_read(path: str) -> CharlmError:
                        "again once nothing writes to the file")
 
 
-def held_out(key: str, val_fraction: float) -> bool:
-    """Whether data.split files holds out the file at `key`."""
-    return path_share(key) < val_fraction
-
-
 def train_counts(stats: Sequence[SourceStats], val_fraction: float, split: str) -> list[int]:
     """How many characters of each source go to the train split, the rest to validation. A split
     that leaves either side empty is refused; one of whole files that holds out less than half
@@ -162,7 +149,7 @@ def train_counts(stats: Sequence[SourceStats], val_fraction: float, split: str) 
         if len(stats) < 2:
             raise CharlmError("data.split files holds out whole files, but there is only one "
                               "input file; give several, or use data.split tail")
-        val = [held_out(s.source.key, val_fraction) for s in stats]
+        val = [path_share(s.source.key) < val_fraction for s in stats]
         if all(val) or not any(val):  # few files: the one with the smallest hash goes over
             first = min(range(len(stats)), key=lambda i: path_share(stats[i].source.key))
             val = [i == first for i in range(len(stats))]

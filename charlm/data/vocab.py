@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from charlm.core.errors import CharlmError
+from charlm.core.errors import CharlmError, Setting, SettingError
 
 UNITS = ("char", "byte")
 
@@ -20,14 +20,6 @@ UNITS = ("char", "byte")
 def unit_name(units: str) -> str:
     """What one id is, in messages: "character" or "byte"."""
     return "character" if units == "char" else "byte"
-
-
-def utf8(c: str) -> bytes | None:
-    """The UTF-8 bytes of the character `c`, None for a lone surrogate."""
-    try:
-        return c.encode("utf-8")
-    except UnicodeEncodeError:
-        return None
 
 
 class TextStream:
@@ -92,6 +84,12 @@ def list_unknown(bad: Sequence[tuple[int, str]], at: str = "at", limit: int = UN
     return listed + (f" and {total - limit} more" if total > limit else "")
 
 
+def check_unknown_policy(unknown: str) -> None:
+    """What to do with characters outside a vocabulary: `--unknown` error or skip."""
+    if unknown not in ("error", "skip"):
+        raise SettingError(Setting("unknown"), f" must be 'error' or 'skip', got {unknown!r}")
+
+
 class Vocab:
     """Maps characters (or bytes) to ids 0..V-1 in the order of `chars`, and back: a text's own
     in code point order, a fine-tune's in its parent's order then the new characters. One with
@@ -136,10 +134,6 @@ class Vocab:
         return (isinstance(other, Vocab) and self.chars == other.chars
                 and self.units == other.units and self.normalize == other.normalize)
 
-    @classmethod
-    def from_code_points(cls, cps: np.ndarray, units: str = "char") -> Vocab:
-        return cls("".join(map(chr, np.sort(cps))), units)
-
     def state(self) -> list[str] | dict[str, Any]:
         """The vocabulary as a checkpoint or an export stores it: a plain character vocabulary
         as its list, else {"units", "chars"} and "normalize" when its texts have a normal form."""
@@ -176,8 +170,7 @@ class Vocab:
         if self.units == "char":
             return self._unknown(code_points(text))
         # by the distinct characters, so a long text costs one pass
-        bad = {c for c in set(text) if (b := utf8(c)) is None
-               or self._table[list(b)].max() == len(self)}
+        bad = {c for c in set(text) if self._outside(c)}
         return [(i, c) for i, c in enumerate(text) if c in bad] if bad else []
 
     def tail(self, text: str, n: int) -> str:
@@ -186,6 +179,14 @@ class Vocab:
         if self.units == "char":
             return text[max(len(text) - n, 0):]
         return text.encode("utf-8")[-n:].decode("utf-8", "ignore") if n > 0 else ""
+
+    def _outside(self, c: str) -> bool:
+        """Whether a byte of the UTF-8 of the character `c` is outside this byte vocabulary (a
+        lone surrogate, which has no UTF-8, is)."""
+        try:
+            return self._table[list(c.encode("utf-8"))].max() == len(self)
+        except UnicodeEncodeError:
+            return True
 
     def _unknown(self, cps: np.ndarray) -> list[tuple[int, str]]:
         ids = gather(self._table, cps)
@@ -224,8 +225,7 @@ class Vocab:
             return np.delete(ids, bad).astype(self.dtype, copy=False), bad
         # by the distinct characters, so a chunk costs one pass whatever its script
         distinct = np.flatnonzero(np.bincount(cps)).tolist()
-        out = [c for c in distinct if (b := utf8(chr(c))) is None
-               or self._table[list(b)].max() == len(self)]
+        out = [c for c in distinct if self._outside(chr(c))]
         bad = np.flatnonzero(np.isin(cps, out)) if out else np.zeros(0, dtype=np.intp)
         kept = np.delete(cps, bad).astype(np.uint32)  # no surrogate is kept: UTF-8 has none
         text = kept.tobytes().decode("utf-32-le").encode("utf-8")
@@ -242,5 +242,3 @@ class Vocab:
         if self.units == "byte":
             return cps.astype(np.uint8).tobytes().decode("utf-8")
         return cps.tobytes().decode("utf-32-le", "surrogatepass")
-
-

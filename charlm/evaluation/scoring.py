@@ -19,15 +19,9 @@ from tqdm import tqdm
 
 from charlm.core.errors import CharlmError, Setting, SettingError, characters
 from charlm.core.files import open_regular
-from charlm.data.chunks import (
-    CHUNK_BYTES,
-    byte_chunks,
-    check_input_file,
-    code_point_chunks,
-    narrow_code_points,
-)
+from charlm.data.chunks import CHUNK_BYTES, check_input_file, code_point_chunks, narrow_code_points
 from charlm.data.sources import CODECS, READ_ERRORS, Source
-from charlm.data.vocab import UNKNOWN_LISTED, Vocab, list_unknown
+from charlm.data.vocab import UNKNOWN_LISTED, Vocab, check_unknown_policy, list_unknown
 from charlm.generation.decoding import NonFiniteOutput
 from charlm.model.footprint import scoring_bytes
 from charlm.model.gpt import GPT
@@ -156,11 +150,6 @@ def window_context(model: GPT, min_context: int | None) -> int:
     return min_context
 
 
-def check_unknown_policy(unknown: str) -> None:
-    if unknown not in ("error", "skip"):  # `charlm eval --unknown` and charlm.score
-        raise SettingError(Setting("unknown"), f" must be 'error' or 'skip', got {unknown!r}")
-
-
 def score_stream(model: GPT, vocab: Vocab, chunks: Iterable[bytes | np.ndarray],
                  min_context: int | None = None, unknown: str = "error") -> Score:
     """Score the text whose code points come in `chunks`; characters outside the vocabulary
@@ -218,10 +207,7 @@ def score_file(model: GPT, vocab: Vocab, path: Path, min_context: int | None = N
 
 def _code_points(f: Any, name: str, vocab: Vocab, bar: tqdm | None = None) -> Iterator[Any]:
     """The file's code points as `prepare` reads them; a byte model's are its raw bytes."""
-    if vocab.units == "byte":
-        raw = (data for data, _ in byte_chunks(f))
-        return raw if bar is None else _shown(raw, bar)
-    return (cps for _, cps in code_point_chunks(f, name, bar, vocab.normalize))
+    return (cps for _, cps in code_point_chunks(f, name, bar, vocab.normalize, vocab.units))
 
 
 def _reading(vocab: Vocab) -> Vocab:

@@ -36,7 +36,7 @@ import charlm
 from charlm.config.loading import load_config
 from charlm.config.sampling import SampleConfig
 from charlm.data.pairs import split_of
-from charlm.evaluation.accuracy import accuracy
+from charlm.evaluation.pairs import accuracy
 from charlm.generation.decoding import generate
 
 ROOT = Path(__file__).resolve().parents[2]

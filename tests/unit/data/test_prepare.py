@@ -25,7 +25,7 @@ from charlm.core.errors import CharlmError
 from charlm.data import chunks
 from charlm.data import prepare as data_module
 from charlm.data.dataset_dir import load_dataset
-from charlm.data.prepare import held_out, prepare
+from charlm.data.prepare import prepare
 from tests.helpers import SHAKESPEARE
 
 
@@ -472,7 +472,7 @@ def test_split_files_holds_out_whole_files_chosen_by_their_path(tmp_path):
         (root / name).write_text(text)
     meta = prepare([root], tmp_path / "ds", 0.25, progress=False,
                    options=TextOptions(split="files"))
-    val = [name for name in texts if held_out(name, 0.25)]
+    val = [name for name in texts if chunks.path_share(name) < 0.25]
     assert 0 < len(val) < len(texts)
     assert {s["path"].rsplit("/", 1)[1]: s["split"] for s in meta["sources"]} == {
         name: "val" if name in val else "train" for name in texts}

@@ -50,8 +50,10 @@ def test_encode_array_uses_the_smallest_id_dtype():
     assert vocab.encode("abba") == [0, 1, 1, 0]
 
 
-def test_vocab_from_code_points_sorts_and_equals_by_characters():
-    vocab = Vocab.from_code_points(np.array([ord("c"), ord("a"), ord("b")]))
+def test_the_vocab_of_a_character_set_sorts_and_equals_by_characters():
+    seen = CharacterSet()
+    seen.add(np.array([ord("c"), ord("a"), ord("b")], dtype=np.uint32))
+    vocab = seen.vocab()
     assert vocab.chars == ["a", "b", "c"] and len(vocab) == 3
     assert vocab == Vocab(list("abc")) and vocab != Vocab(list("ab")) and vocab != "abc"
 

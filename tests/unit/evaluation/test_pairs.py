@@ -1,9 +1,11 @@
-"""charlm.evaluation.accuracy: edit distance, exact match and error rates over references."""
+"""charlm.evaluation.pairs: edit distance, exact match and error rates over references."""
+
+import dataclasses
 
 import pytest
 
 from charlm.core.errors import CharlmError
-from charlm.evaluation.accuracy import Accuracy, accuracy, edit_distance
+from charlm.evaluation.pairs import Accuracy, accuracy, edit_distance
 
 
 def chars(text):
@@ -34,8 +36,8 @@ def test_multiple_references_with_space_units():
     assert result == Accuracy(sources=4, exact_match=0.25, wer=0.75, cer=6 / 13, ref_units=13,
                               errors=6)
     # errors: 0 + 1 + 1 + 4; ref_units: 3 (the matched reference) + 3 + 3 + 4
-    assert result.as_dict() == {"sources": 4, "exact_match": 0.25, "wer": 0.75, "cer": 6 / 13,
-                                "ref_units": 13, "errors": 6}
+    assert dataclasses.asdict(result) == {"sources": 4, "exact_match": 0.25, "wer": 0.75,
+                                          "cer": 6 / 13, "ref_units": 13, "errors": 6}
 
 
 def test_char_units():
