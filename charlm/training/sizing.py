@@ -210,9 +210,11 @@ def size_model(cfg: RunConfig, given: Collection[str], task: Task, dist: Dist,
                   lambda rung: trial(rung).parameter_count() - bigram_table(trial(rung)),
                   room, ladder)
     chosen.aside = bigram_table(trial(chosen.rung))
-    if dist.is_main:
-        print(chosen.line(cfg.train.max_time), flush=True)
     lr = cfg.optim.lr if "optim.lr" in given else chosen.rung.lr
+    if dist.is_main:  # the keys the user set that the pick would have: the run trains theirs
+        theirs = sorted(set(chosen.keys((), lr)) & set(given))
+        print(chosen.line(cfg.train.max_time) +
+              (f"; the keys you set win: {', '.join(theirs)}" if theirs else ""), flush=True)
     return with_keys(cfg, chosen.keys(given, lr))
 
 

@@ -24,6 +24,7 @@ def test_train_with_a_budget_runs_the_picked_model_and_says_so(cli, tmp_path, co
     # 36,000 chars, 70 epochs; the rule leaves the bigram table of (V + 1) x V x 128 out
     assert "model sized to 3.0s: 2 x 128 (layers x width), block 64, 0.40M parameters and a " \
         "0.44M bigram table, dropout 0.2: at 1,000,000 tok/s measured here" in r.out
+    assert "(a config or --set overrides); the keys you set win: model.n_head\n" in r.out
     # each rung as it is timed (a 24h budget timed the ladder for minutes in silence)
     assert [line for line in r.out.splitlines() if line.startswith("sizing ")] == [
         f"sizing the model to 3.0s: timing {rung} ... {speed}" for rung, speed in
