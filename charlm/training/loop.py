@@ -75,6 +75,7 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
     clock.before, clock.eval_steps = run.state.elapsed_s, float(tc.eval_iters)
     if tc.max_time is None:  # a budget dropped on resume: max_iters rules
         run.state.budget_steps = None
+    # A fresh run writes nothing (and --overwrite removes nothing) until its first step has run.
     files = RunFiles(run, clock, overwrite, run.state.step, progress, profile.line(device))
     stop = StopSignals(announce=dist.is_main, saved=ckpt is not None)
     try:
