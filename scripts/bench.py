@@ -18,21 +18,27 @@ checkouts: each round runs the subcommand once per tree, in turn.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
-from benchlib import busy, decode, frontier, optimizers, prepare, presets, serve, train
 from benchlib.harness import Bench, report
 from benchlib.trees import check_trees, tree_figures
 from common import positive, run_script, summary
 
-BENCHES: list[Bench] = [decode.BENCH, train.BENCH, presets.BENCH, prepare.BENCH, serve.BENCH,
-                        optimizers.BENCH, busy.BENCH, frontier.BENCH]
+NAMES = ["decode", "train", "presets", "prepare", "serve", "optimizers", "busy", "frontier"]
 
 
-def parser() -> argparse.ArgumentParser:
+def benches(argv: list[str]) -> list[Bench]:
+    """The subcommand that `argv` names, or all of them (for --help). Importing only the one that
+    runs lets `--tree` run an older charlm whose other subcommands import names it lacks."""
+    chosen = [name for name in argv[:1] if name in NAMES] or NAMES
+    return [importlib.import_module(f"benchlib.{name}").BENCH for name in chosen]
+
+
+def parser(chosen: list[Bench]) -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(description=summary(__doc__), allow_abbrev=False)
     subs = top.add_subparsers(dest="bench", required=True, metavar="SUBCOMMAND")
-    for bench in BENCHES:
+    for bench in chosen:
         short = summary(bench.doc).removeprefix(f"`bench.py {bench.name}`: ")
         sub = subs.add_parser(bench.name, help=short[:1].upper() + short[1:],
                               description=bench.doc,
@@ -49,8 +55,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    args = parser().parse_args(argv)
-    bench = next(b for b in BENCHES if b.name == args.bench)
+    chosen = benches(argv)
+    args = parser(chosen).parse_args(argv)
+    bench = next(b for b in chosen if b.name == args.bench)
     figures = bench.figures(args)  # bad input is said here, before anything is printed
     check_trees(args.tree)
     if args.tree:
