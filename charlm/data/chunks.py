@@ -137,11 +137,8 @@ def narrow_code_points(text: str) -> bytes | np.ndarray:
 
 
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 class ChunkDigest(contextlib.AbstractContextManager):
@@ -177,21 +174,17 @@ class CharacterSet:
 
     def __init__(self) -> None:
         self._seen = np.zeros(MAX_CODE_POINT, dtype=np.uint8)
-        self._seen_bytes = b""  # the code points below 256 met so far, one a byte
         self._since: list[np.ndarray] = []  # the code points first met since `begin`
 
     def add(self, cps: bytes | np.ndarray) -> None:
-        if isinstance(cps, bytes):
-            new = cps.translate(None, self._seen_bytes)  # what is left was not met before
-            if new:
-                self._met(np.frombuffer(new, dtype=np.uint8))
-        elif len(cps) and gather(self._seen, cps).min() == 0:
-            self._met(cps[gather(self._seen, cps) == 0])
-
-    def _met(self, new: np.ndarray) -> None:
-        self._since.append(np.unique(new))
-        self._seen[new] = 1
-        self._seen_bytes = np.flatnonzero(self._seen[:256]).astype(np.uint8).tobytes()
+        if isinstance(cps, bytes):  # translate deletes the code points below 256 met before
+            seen = np.flatnonzero(self._seen[:256]).astype(np.uint8).tobytes()
+            new = np.frombuffer(cps.translate(None, seen), dtype=np.uint8)
+        else:
+            new = cps[gather(self._seen, cps) == 0]
+        if len(new):
+            self._since.append(np.unique(new))
+            self._seen[new] = 1
 
     def begin(self) -> None:
         """Start a text whose characters `undo` can take back (a file found bad midway)."""
@@ -201,7 +194,6 @@ class CharacterSet:
         """Forget the characters first met since `begin`."""
         for new in self._since:
             self._seen[new] = 0
-        self._seen_bytes = np.flatnonzero(self._seen[:256]).astype(np.uint8).tobytes()
         self._since = []
 
     def vocab(self, units: str = "char") -> Vocab:

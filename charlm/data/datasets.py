@@ -77,10 +77,8 @@ def dataset_for(data_path: str | Path | Sequence[str | Path], val_fraction: floa
                 remove_temps(cache_dir / name, only_dead=True)
             with contextlib.suppress(CharlmError):  # a damaged cache (a cut train.bin) is rebuilt
                 return load_dataset(cache_dir)
-        if check is not None:
-            vocab = prepare.scan(sources, options)[2]
-            check(vocab if base is None else base.extended(vocab.chars))
-        prepare.prepare_sources(sources, cache_dir, val_fraction, options=options, base=base)
+        prepare.prepare_sources(sources, cache_dir, val_fraction, options=options, base=base,
+                                check=check)
     return load_dataset(cache_dir)
 
 

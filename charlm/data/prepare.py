@@ -186,8 +186,10 @@ def prepare(
 
 def prepare_sources(sources: Sequence[Source], out: str | Path, val_fraction: float = 0.1,
                     progress: bool = True, options: TextOptions = TextOptions(),
-                    base: Vocab | None = None) -> dict[str, Any]:
-    """`prepare` of the files `sources`, holding the dataset dir's lock throughout."""
+                    base: Vocab | None = None,
+                    check: Callable[[Vocab], None] | None = None) -> dict[str, Any]:
+    """`prepare` of the files `sources`, holding the dataset dir's lock throughout; `check` sees
+    the vocabulary before anything is written, as `prepare_pairs`'s."""
     out = Path(out)
     with dataset_lock(out):
         check_prepare(sources, out, val_fraction)
@@ -196,6 +198,8 @@ def prepare_sources(sources: Sequence[Source], out: str | Path, val_fraction: fl
                   disable=True if not progress or total < PROGRESS_MIN_BYTES else None) as bar:
             stats, skipped, vocab = scan(sources, options, bar)
             vocab = vocab if base is None else base.extended(vocab.chars)
+            if check is not None:
+                check(vocab)
             n_train = train_counts(stats, val_fraction, options.split)
             split = ["train" if n == s.chars else "val" if n == 0 else "tail"
                      for s, n in zip(stats, n_train, strict=True)]
