@@ -38,7 +38,7 @@ from charlm.data.dataset_dir import (
     write_dataset,
 )
 from charlm.data.pairs import PairVocab, pair_settings
-from charlm.data.sources import Source, as_specs, check_source_file, listed
+from charlm.data.sources import Source, check_source_file, listed
 from charlm.data.vocab import Vocab
 
 
@@ -58,12 +58,12 @@ def own_order(path: Path, what: str, given: str) -> CharlmError:
 
 
 def dataset_for(data_path: str | Path | Sequence[str | Path], val_fraction: float,
-                cache_dir: Path, check: Callable[[Vocab], None] | None = None,
+                cache_dir: Path, check: Callable[[Any], None] | None = None,
                 options: TextOptions = TextOptions(), base: Vocab | None = None) -> Dataset:
     """The dataset of `data.path`, a cache reused while `same_sources`. Before a cache is
-    rebuilt, `check` sees the text's vocabulary and may raise, leaving the cache alone (other
-    data for a resumed run); `base` as `prepare`'s."""
-    specs = as_specs(data_path)
+    rebuilt, `check` sees the state of the text's vocabulary and may raise, leaving the cache
+    alone (other data for a resumed run); `base` as `prepare_sources`'s."""
+    specs = [data_path] if isinstance(data_path, (str, Path)) else list(data_path)
     if len(specs) == 1 and is_dataset_dir(Path(specs[0])):
         dataset = load_dataset(specs[0])
         if base is not None and dataset.vocab != base.extended(dataset.vocab.chars):
@@ -82,10 +82,8 @@ def dataset_for(data_path: str | Path | Sequence[str | Path], val_fraction: floa
     return load_dataset(cache_dir)
 
 
-def text_vocab(data_path: str | Path | Sequence[str | Path],
-               options: TextOptions = TextOptions()) -> Vocab:
-    """The vocabulary `dataset_for` would give `data_path`, without writing anything."""
-    specs = as_specs(data_path)
+def text_vocab(specs: Sequence[str | Path], options: TextOptions = TextOptions()) -> Vocab:
+    """The vocabulary `dataset_for` would give `specs`, without writing anything."""
     if len(specs) == 1 and is_dataset_dir(Path(specs[0])):
         return load_dataset(specs[0]).vocab
     with listed(specs, options.include, options.exclude) as sources:
@@ -112,7 +110,7 @@ def same_sources(meta: dict[str, Any], sources: Sequence[Source], val_fraction: 
 
 
 def pairs_for(data: DataConfig, block_size: int, cache_dir: Path,
-              check: Callable[[PairVocab], None] | None = None,
+              check: Callable[[Any], None] | None = None,
               base: PairVocab | None = None) -> PairDataset:
     """`dataset_for` of a pairs file: reused while its sha256, every setting of `pair_settings`
     and the `base` are unchanged."""
@@ -230,11 +228,9 @@ def prepared_data(cfg: RunConfig, cache_dir: Path,
             pairs = read_meta(path).get("kind") == PAIRS_KIND
     check_data_kind(cfg, pairs)
     if pairs:
-        vocab_check = None if check is None else (lambda v: check(v.to_dict()))
-        return pairs_for(cfg.data, cfg.model.block_size, cache_dir, vocab_check,
+        return pairs_for(cfg.data, cfg.model.block_size, cache_dir, check,
                          base if isinstance(base, PairVocab) else None)
-    text_check = None if check is None else (lambda v: check(v.state()))
-    return dataset_for(cfg.data.inputs, cfg.data.val_fraction, cache_dir, text_check,
+    return dataset_for(cfg.data.inputs, cfg.data.val_fraction, cache_dir, check,
                        text_options(cfg.data), base if isinstance(base, Vocab) else None)
 
 

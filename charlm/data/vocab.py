@@ -14,6 +14,7 @@ import numpy as np
 
 from charlm.core.errors import CharlmError, Setting, SettingError
 
+
 def unit_name(units: str) -> str:
     """What one id is, in messages: "character" or "byte"."""
     return "character" if units == "char" else "byte"

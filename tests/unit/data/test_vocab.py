@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from charlm.core.errors import CharlmError
-from charlm.data.chunks import CharacterSet
 from charlm.data import vocab as vocab_module
+from charlm.data.chunks import CharacterSet
 from charlm.data.pairs import PairVocab
 from charlm.data.vocab import Vocab, id_dtype, list_unknown
 
