@@ -146,7 +146,8 @@ class CharacterSet:
             seen = np.flatnonzero(self._seen[:256]).astype(np.uint8).tobytes()
             new = np.frombuffer(cps.translate(None, seen), dtype=np.uint8)
         else:
-            new = cps[gather(self._seen, cps) == 0]
+            met = gather(self._seen, cps)
+            new = cps[:0] if met.all() else cps[met == 0]  # the common case makes no mask
         if len(new):
             self._since.append(np.unique(new))
             self._seen[new] = 1

@@ -238,7 +238,6 @@ def read_pairs(path: Path, data: DataConfig, block_size: int
     """The (source, target) pairs of a file in order, and how many bad lines were skipped. Each
     line splits at the first `data.separator`; space-unit targets are normalised to single
     spaces; whitespace-only lines are ignored, a bad line is an error naming it."""
-    path = Path(path)
     limits = pair_limits(data, block_size)
     pairs, skipped = [], 0
     for number, line in enumerate(read_text(path).split("\n"), 1):
