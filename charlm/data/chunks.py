@@ -32,8 +32,7 @@ MAGIC = {b"\x1f\x8b": ("gzip", ".gz"), b"BZh": ("bzip2", ".bz2"),
 
 
 class InvalidText(CharlmError):
-    """An input that is not UTF-8 text charlm can read: `--skip-invalid` skips it, counted by
-    `reason`."""
+    """An input that is not UTF-8 text charlm can read: `--skip-invalid` skips it by `reason`."""
 
     def __init__(self, message: str, reason: str):
         super().__init__(message)
@@ -41,8 +40,7 @@ class InvalidText(CharlmError):
 
 
 def not_text(name: str, why: str, at: int, head: bytes, reason: str) -> InvalidText:
-    """The error for a file that is not UTF-8 text, with a hint when its first bytes (`head`)
-    say it is compressed."""
+    """The error for a file not UTF-8 text, with a hint when its `head` says it is compressed."""
     hint = ("a binary file? charlm reads UTF-8 text files" if reason == "binary" else
             "charlm reads text files as UTF-8, convert it first")
     for magic, (kind, suffix) in MAGIC.items():

@@ -240,8 +240,8 @@ def _filtered(files: list[Source], spec: str, include: Sequence[str],
 
 
 def matches(key: str, pattern: str) -> bool:
-    """Whether the path `key` (under its folder) matches the --include or --exclude `pattern`:
-    the whole path for a pattern with a `/`, else the file's name."""
+    """Whether `key` matches an --include or --exclude `pattern`: as a path for a pattern with a
+    `/`, else by the file's name."""
     return fnmatch.fnmatchcase(key if "/" in pattern else key.rsplit("/", 1)[-1], pattern)
 
 

@@ -65,9 +65,8 @@ UNKNOWN_LISTED = 10  # characters a message lists
 
 
 def list_unknown(bad: Sequence[tuple[int, str]], at: str = "at", total: int | None = None) -> str:
-    """The first of (position, character) pairs `bad` for a message, then how many more (of
-    `total`, when `bad` holds only the first): a long text in another script must not make an
-    endless error line."""
+    """The first (position, character) pairs of `bad` for a message, then how many more (of
+    `total`, when `bad` holds only the first): a text in another script makes no endless line."""
     total = len(bad) if total is None else total
     listed = ", ".join(f"{c!r} {at} {i}" for i, c in bad[:UNKNOWN_LISTED])
     return listed + (f" and {total - UNKNOWN_LISTED} more" if total > UNKNOWN_LISTED else "")
