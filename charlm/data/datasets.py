@@ -58,11 +58,11 @@ def own_order(path: Path, what: str, given: str) -> CharlmError:
 
 
 def dataset_for(data_path: str | Path | Sequence[str | Path], val_fraction: float,
-                cache_dir: Path, check: Callable[[Any], None] | None = None,
+                cache_dir: Path, check: Callable[[Vocab], None] | None = None,
                 options: TextOptions = TextOptions(), base: Vocab | None = None) -> Dataset:
     """The dataset of `data.path`, a cache reused while `same_sources`. Before a cache is
-    rebuilt, `check` sees the state of the text's vocabulary and may raise, leaving the cache
-    alone (other data for a resumed run); `base` as `prepare_sources`'s."""
+    rebuilt, `check` sees the text's vocabulary and may raise, leaving the cache alone (other
+    data for a resumed run); `base` as `prepare_sources`'s."""
     specs = [data_path] if isinstance(data_path, (str, Path)) else list(data_path)
     if len(specs) == 1 and is_dataset_dir(Path(specs[0])):
         dataset = load_dataset(specs[0])
@@ -110,7 +110,7 @@ def same_sources(meta: dict[str, Any], sources: Sequence[Source], val_fraction: 
 
 
 def pairs_for(data: DataConfig, block_size: int, cache_dir: Path,
-              check: Callable[[Any], None] | None = None,
+              check: Callable[[PairVocab], None] | None = None,
               base: PairVocab | None = None) -> PairDataset:
     """`dataset_for` of a pairs file: reused while its sha256, every setting of `pair_settings`
     and the `base` are unchanged."""
@@ -228,9 +228,11 @@ def prepared_data(cfg: RunConfig, cache_dir: Path,
             pairs = read_meta(path).get("kind") == PAIRS_KIND
     check_data_kind(cfg, pairs)
     if pairs:
-        return pairs_for(cfg.data, cfg.model.block_size, cache_dir, check,
+        vocab_check = None if check is None else (lambda v: check(v.to_dict()))
+        return pairs_for(cfg.data, cfg.model.block_size, cache_dir, vocab_check,
                          base if isinstance(base, PairVocab) else None)
-    return dataset_for(cfg.data.inputs, cfg.data.val_fraction, cache_dir, check,
+    text_check = None if check is None else (lambda v: check(v.state()))
+    return dataset_for(cfg.data.inputs, cfg.data.val_fraction, cache_dir, text_check,
                        text_options(cfg.data), base if isinstance(base, Vocab) else None)
 
 

@@ -184,10 +184,10 @@ def prepare(inputs: Sequence[str | Path], out: str | Path, val_fraction: float =
 def prepare_sources(sources: Sequence[Source], out: str | Path, val_fraction: float = 0.1,
                     progress: bool = True, options: TextOptions = TextOptions(),
                     base: Vocab | None = None,
-                    check: Callable[[Any], None] | None = None) -> dict[str, Any]:
+                    check: Callable[[Vocab], None] | None = None) -> dict[str, Any]:
     """`prepare` of the files `sources`, holding the dataset dir's lock throughout. With a
     `base` vocabulary (a fine-tuned model's) the ids are its own, the text's new characters
-    after them; `check` sees the vocabulary's state before anything is written."""
+    after them; `check` sees the vocabulary before anything is written."""
     out = Path(out)
     with dataset_lock(out):
         check_prepare(sources, out, val_fraction)
@@ -197,7 +197,7 @@ def prepare_sources(sources: Sequence[Source], out: str | Path, val_fraction: fl
             stats, skipped, vocab = scan(sources, options, bar)
             vocab = vocab if base is None else base.extended(vocab.chars)
             if check is not None:
-                check(vocab.state())
+                check(vocab)
             n_train = train_counts(stats, val_fraction, options.split)
             split = ["train" if n == s.chars else "val" if n == 0 else "tail"
                      for s, n in zip(stats, n_train, strict=True)]
@@ -238,7 +238,7 @@ def check_prepare(sources: Sequence[Source], out: Path, val_fraction: float) -> 
 
 
 def prepare_pairs(inputs: Sequence[Path], out: Path, data: DataConfig, block_size: int,
-                  check: Callable[[Any], None] | None = None,
+                  check: Callable[[PairVocab], None] | None = None,
                   base: PairVocab | None = None) -> dict[str, Any]:
     """Read pair files, split them by source and write a dataset dir, holding its lock; returns
     its meta.json. `check` and `base` as `prepare_sources`'s."""
@@ -267,7 +267,7 @@ def prepare_pairs(inputs: Sequence[Path], out: Path, data: DataConfig, block_siz
             raise CharlmError(f"no source of {names} falls in the val split; raise "
                               f"data.val_fraction ({data.val_fraction}) or give more pairs")
         if check is not None:
-            check(vocab.to_dict())
+            check(vocab)
         meta = {
             **META_HEADER, "kind": PAIRS_KIND, "vocab": vocab.to_dict(),
             **pair_settings(data, block_size),
