@@ -121,8 +121,8 @@ class BatchSampler(Seeded):
 
 def require_window(data: np.ndarray, block_size: int, split: str,
                    source: str | Path | None = None, prepared: bool = False) -> None:
-    """A split must hold at least one window of block_size + 1 characters (of `source`, a
-    dataset dir `charlm prepare` made if `prepared`)."""
+    """A split must hold one window of block_size + 1 ids (of `source`, a dataset dir if
+    `prepared`)."""
     if len(data) < block_size + 1:
         of = f" of {source}" if source is not None else ""
         # a prepared dataset dir has its split fixed: data.val_fraction does not apply to it

@@ -1,19 +1,16 @@
 """Text files read strictly as UTF-8 in chunks of `CHUNK_BYTES`, so memory stays bounded
 whatever a file's size, as text or as code points (an ASCII chunk is its own code points, never
-decoded); the characters a text's chunks hold; and sha256, of a reader's chunks on a second
-thread (hashlib lets go of the GIL, so hashing runs beside the encoding)."""
+decoded); the characters a text's chunks hold; and the hashes prepare keys files by."""
 
 from __future__ import annotations
 
 import codecs
-import contextlib
 import hashlib
 import io
 import re
 import sys
 import unicodedata
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
 
@@ -27,14 +24,15 @@ from charlm.data.vocab import MAX_CODE_POINT, Vocab, code_points, gather
 # a chunk, its text (up to 4 bytes a character) and its code points stay a few MB, in the cache
 CHUNK_BYTES = 1 << 20
 
+_ASCII_TAIL = re.compile(r"[\x00-\x7f][^\x00-\x7f]*\Z")  # from the last ASCII character on
+
 # the first bytes of files that are compressed, not text: a hint in the error for them
 MAGIC = {b"\x1f\x8b": ("gzip", ".gz"), b"BZh": ("bzip2", ".bz2"),
          b"\xfd7zXZ\x00": ("xz", ".xz"), b"PK\x03\x04": ("zip", None)}
 
 
 class InvalidText(CharlmError):
-    """An input that is not UTF-8 text charlm can read: `--skip-invalid` skips it, counted by
-    `reason`."""
+    """An input that is not UTF-8 text charlm can read: `--skip-invalid` skips it by `reason`."""
 
     def __init__(self, message: str, reason: str):
         super().__init__(message)
@@ -42,15 +40,13 @@ class InvalidText(CharlmError):
 
 
 def not_text(name: str, why: str, at: int, head: bytes, reason: str) -> InvalidText:
-    """The error for a file that is not UTF-8 text, with a hint when its first bytes (`head`)
-    say it is compressed."""
-    hint = "charlm reads text files as UTF-8, convert it first"
+    """The error for a file not UTF-8 text, with a hint when its `head` says it is compressed."""
+    hint = ("a binary file? charlm reads UTF-8 text files" if reason == "binary" else
+            "charlm reads text files as UTF-8, convert it first")
     for magic, (kind, suffix) in MAGIC.items():
         if head.startswith(magic):
             hint = (f"it looks {kind}-compressed: name it *{suffix} and charlm decompresses it"
                     if suffix else f"it looks like a {kind} archive: extract it first")
-    if reason == "binary" and hint.startswith("charlm"):
-        hint = "a binary file? charlm reads UTF-8 text files"
     return InvalidText(f"{name} is not valid UTF-8 text ({why} at byte offset {at}); {hint}",
                        reason)
 
@@ -112,19 +108,13 @@ def code_point_chunks(f: BinaryIO, name: str, bar: tqdm | None = None,
             yield raw, data if text is None else narrow_code_points(text)
             continue
         text = carry + (data.decode("ascii") if text is None else text)
-        cut = len(text) if not raw or len(text) > 4 * CHUNK_BYTES else _last_ascii(text)
+        # cut at the last ASCII character, a starter that no composition takes second, so the
+        # text before it normalizes alone as in the whole (all of it at the end of the file)
+        whole = not raw or len(text) > 4 * CHUNK_BYTES
+        last = None if whole else _ASCII_TAIL.search(text)
+        cut = len(text) if whole else last.start() if last else 0
         carry = text[cut:]
         yield raw, narrow_code_points(unicodedata.normalize(normalize, text[:cut]))
-
-
-_ASCII_TAIL = re.compile(r"[\x00-\x7f][^\x00-\x7f]*\Z")
-
-
-def _last_ascii(text: str) -> int:
-    """Where the last ASCII character of `text` starts (0 if none): a starter that no
-    composition takes second, so the text before it normalizes alone as in the whole."""
-    match = _ASCII_TAIL.search(text)
-    return match.start() if match else 0
 
 
 def narrow_code_points(text: str) -> bytes | np.ndarray:
@@ -137,38 +127,8 @@ def narrow_code_points(text: str) -> bytes | np.ndarray:
 
 
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-class ChunkDigest(contextlib.AbstractContextManager):
-    """The sha256 of the chunks given to `update`, hashed in order on a worker thread; no more
-    than one chunk waits to be hashed. Leaving the `with` stops the thread."""
-
-    def __init__(self) -> None:
-        self._digest = hashlib.sha256()
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="charlm-sha256")
-        self._pending: Future | None = None
-
-    def update(self, chunk: bytes) -> None:
-        # immutable bytes: the worker reads it later
-        self._wait()
-        self._pending = self._pool.submit(self._digest.update, chunk)
-
-    def hexdigest(self) -> str:
-        self._wait()
-        return self._digest.hexdigest()
-
-    def _wait(self) -> None:
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            pending.result()
-
-    def __exit__(self, *exc: object) -> None:
-        self._pool.shutdown(wait=True)
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 class CharacterSet:
@@ -177,21 +137,18 @@ class CharacterSet:
 
     def __init__(self) -> None:
         self._seen = np.zeros(MAX_CODE_POINT, dtype=np.uint8)
-        self._seen_bytes = b""  # the code points below 256 met so far, one a byte
         self._since: list[np.ndarray] = []  # the code points first met since `begin`
 
     def add(self, cps: bytes | np.ndarray) -> None:
-        if isinstance(cps, bytes):
-            new = cps.translate(None, self._seen_bytes)  # what is left was not met before
-            if new:
-                self._met(np.frombuffer(new, dtype=np.uint8))
-        elif len(cps) and gather(self._seen, cps).min() == 0:
-            self._met(cps[gather(self._seen, cps) == 0])
-
-    def _met(self, new: np.ndarray) -> None:
-        self._since.append(np.unique(new))
-        self._seen[new] = 1
-        self._seen_bytes = np.flatnonzero(self._seen[:256]).astype(np.uint8).tobytes()
+        if isinstance(cps, bytes):  # translate deletes the code points below 256 met before
+            seen = np.flatnonzero(self._seen[:256]).astype(np.uint8).tobytes()
+            new = np.frombuffer(cps.translate(None, seen), dtype=np.uint8)
+        else:
+            met = gather(self._seen, cps)
+            new = cps[:0] if met.all() else cps[met == 0]  # the common case makes no mask
+        if len(new):
+            self._since.append(np.unique(new))
+            self._seen[new] = 1
 
     def begin(self) -> None:
         """Start a text whose characters `undo` can take back (a file found bad midway)."""
@@ -201,7 +158,6 @@ class CharacterSet:
         """Forget the characters first met since `begin`."""
         for new in self._since:
             self._seen[new] = 0
-        self._seen_bytes = np.flatnonzero(self._seen[:256]).astype(np.uint8).tobytes()
         self._since = []
 
     def vocab(self, units: str = "char") -> Vocab:

@@ -38,7 +38,7 @@ from charlm.data.dataset_dir import (
     write_dataset,
 )
 from charlm.data.pairs import PairVocab, pair_settings
-from charlm.data.sources import Source, as_specs, check_source_file, listed
+from charlm.data.sources import Source, check_source_file, listed
 from charlm.data.vocab import Vocab
 
 
@@ -62,8 +62,8 @@ def dataset_for(data_path: str | Path | Sequence[str | Path], val_fraction: floa
                 options: TextOptions = TextOptions(), base: Vocab | None = None) -> Dataset:
     """The dataset of `data.path`, a cache reused while `same_sources`. Before a cache is
     rebuilt, `check` sees the text's vocabulary and may raise, leaving the cache alone (other
-    data for a resumed run); `base` as `prepare`'s."""
-    specs = as_specs(data_path)
+    data for a resumed run); `base` as `prepare_sources`'s."""
+    specs = [data_path] if isinstance(data_path, (str, Path)) else list(data_path)
     if len(specs) == 1 and is_dataset_dir(Path(specs[0])):
         dataset = load_dataset(specs[0])
         if base is not None and dataset.vocab != base.extended(dataset.vocab.chars):
@@ -77,17 +77,13 @@ def dataset_for(data_path: str | Path | Sequence[str | Path], val_fraction: floa
                 remove_temps(cache_dir / name, only_dead=True)
             with contextlib.suppress(CharlmError):  # a damaged cache (a cut train.bin) is rebuilt
                 return load_dataset(cache_dir)
-        if check is not None:
-            vocab = prepare.scan(sources, options)[2]
-            check(vocab if base is None else base.extended(vocab.chars))
-        prepare.prepare_sources(sources, cache_dir, val_fraction, options=options, base=base)
+        prepare.prepare_sources(sources, cache_dir, val_fraction, options=options, base=base,
+                                check=check)
     return load_dataset(cache_dir)
 
 
-def text_vocab(data_path: str | Path | Sequence[str | Path],
-               options: TextOptions = TextOptions()) -> Vocab:
-    """The vocabulary `dataset_for` would give `data_path`, without writing anything."""
-    specs = as_specs(data_path)
+def text_vocab(specs: Sequence[str | Path], options: TextOptions = TextOptions()) -> Vocab:
+    """The vocabulary `dataset_for` would give `specs`, without writing anything."""
     if len(specs) == 1 and is_dataset_dir(Path(specs[0])):
         return load_dataset(specs[0]).vocab
     with listed(specs, options.include, options.exclude) as sources:

@@ -209,9 +209,10 @@ def _pair_form(separator: str) -> str:
 
 
 def _problem(source: str, found: bool, target: str, data: DataConfig,
-             limits: tuple[int, int], target_len: int) -> str | None:
+             limits: tuple[int, int]) -> str | None:
     """Why a line's pair is bad, or None for a good one."""
     sep = data.separator
+    target_len = target.count(" ") + 1 if data.target_units == "space" else len(target)
     one_per_line = f'give one "{_pair_form(sep)}" pair per line, or {SKIP_HINT}'
     if not found:
         name = "tab" if sep == "\t" else repr(sep)
@@ -237,19 +238,16 @@ def read_pairs(path: Path, data: DataConfig, block_size: int
     """The (source, target) pairs of a file in order, and how many bad lines were skipped. Each
     line splits at the first `data.separator`; space-unit targets are normalised to single
     spaces; whitespace-only lines are ignored, a bad line is an error naming it."""
-    path = Path(path)
     limits = pair_limits(data, block_size)
-    space = data.target_units == "space"
     pairs, skipped = [], 0
     for number, line in enumerate(read_text(path).split("\n"), 1):
         line = line.removesuffix("\r")
         if not line.strip():
             continue
         source, found, target = line.partition(data.separator)
-        if space:
+        if data.target_units == "space":
             target = " ".join(target.split())
-        target_len = target.count(" ") + 1 if space else len(target)
-        problem = _problem(source, bool(found), target, data, limits, target_len)
+        problem = _problem(source, bool(found), target, data, limits)
         if problem is None:
             pairs.append((source, target))
         elif data.skip_bad_pairs:

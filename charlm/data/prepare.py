@@ -172,22 +172,22 @@ def train_counts(stats: Sequence[SourceStats], val_fraction: float, split: str) 
     return counts
 
 
-def prepare(
-    inputs: Sequence[str | Path], out: str | Path, val_fraction: float = 0.1,
-    progress: bool = True, options: TextOptions = TextOptions(), base: Vocab | None = None,
-) -> dict[str, Any]:
+def prepare(inputs: Sequence[str | Path], out: str | Path, val_fraction: float = 0.1,
+            progress: bool = True, options: TextOptions = TextOptions()) -> dict[str, Any]:
     """Encode text files (folders, globs, compressed files, `-`) into a dataset dir; returns its
     meta.json. The validation split is the last `val_fraction` of each input, as nanoGPT's, or
-    with options.split "files" whole files chosen by a hash of their path. With a `base`
-    vocabulary (a fine-tuned model's) the ids are its own, the text's new characters after them."""
+    with options.split "files" whole files chosen by a hash of their path."""
     with listed(inputs, options.include, options.exclude) as sources:
-        return prepare_sources(sources, out, val_fraction, progress, options, base)
+        return prepare_sources(sources, out, val_fraction, progress, options)
 
 
 def prepare_sources(sources: Sequence[Source], out: str | Path, val_fraction: float = 0.1,
                     progress: bool = True, options: TextOptions = TextOptions(),
-                    base: Vocab | None = None) -> dict[str, Any]:
-    """`prepare` of the files `sources`, holding the dataset dir's lock throughout."""
+                    base: Vocab | None = None,
+                    check: Callable[[Vocab], None] | None = None) -> dict[str, Any]:
+    """`prepare` of the files `sources`, holding the dataset dir's lock throughout. With a
+    `base` vocabulary (a fine-tuned model's) the ids are its own, the text's new characters
+    after them; `check` sees the vocabulary before anything is written."""
     out = Path(out)
     with dataset_lock(out):
         check_prepare(sources, out, val_fraction)
@@ -196,6 +196,8 @@ def prepare_sources(sources: Sequence[Source], out: str | Path, val_fraction: fl
                   disable=True if not progress or total < PROGRESS_MIN_BYTES else None) as bar:
             stats, skipped, vocab = scan(sources, options, bar)
             vocab = vocab if base is None else base.extended(vocab.chars)
+            if check is not None:
+                check(vocab)
             n_train = train_counts(stats, val_fraction, options.split)
             split = ["train" if n == s.chars else "val" if n == 0 else "tail"
                      for s, n in zip(stats, n_train, strict=True)]
@@ -227,8 +229,7 @@ def prepare_sources(sources: Sequence[Source], out: str | Path, val_fraction: fl
 
 
 def check_prepare(sources: Sequence[Source], out: Path, val_fraction: float) -> None:
-    """`prepare`'s refusals, before it reads anything: a split fraction outside (0, 1), an
-    input that is not a regular file, an --out that is not `check_out`'s."""
+    """`prepare`'s refusals, before it reads anything."""
     if not 0 < val_fraction < 1:
         raise CharlmError(f"--val-fraction must be in (0, 1), got {val_fraction}")
     for s in sources:
@@ -240,7 +241,7 @@ def prepare_pairs(inputs: Sequence[Path], out: Path, data: DataConfig, block_siz
                   check: Callable[[PairVocab], None] | None = None,
                   base: PairVocab | None = None) -> dict[str, Any]:
     """Read pair files, split them by source and write a dataset dir, holding its lock; returns
-    its meta.json. `check` sees the vocabulary before anything is written; `base` as `prepare`'s."""
+    its meta.json. `check` and `base` as `prepare_sources`'s."""
     paths, out = [Path(p) for p in inputs], Path(out)
     with dataset_lock(out):
         if not paths:

@@ -10,6 +10,7 @@ import contextlib
 import errno
 import fnmatch
 import gzip
+import hashlib
 import lzma
 import os
 import shutil
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import zlib
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -25,7 +27,7 @@ from typing import Any, BinaryIO
 from tqdm import tqdm
 
 from charlm.core.errors import CharlmError
-from charlm.data.chunks import ChunkDigest, InvalidText
+from charlm.data.chunks import InvalidText
 
 GLOB_CHARS = frozenset("*?[")
 
@@ -116,13 +118,17 @@ class Source:
                            f"the file (`{TOOLS[self.codec]} -t {self.name}`)", "damaged")
 
 
-class HashingReader(ChunkDigest):
-    """A binary file read through: every byte hashed, counted and shown on the progress bar."""
+class HashingReader(contextlib.AbstractContextManager):
+    """A binary file read through: every byte counted, shown on the progress bar and given to
+    sha256 in order on a worker thread (hashlib lets go of the GIL, so hashing runs beside the
+    encoding), no more than one chunk waiting. Leaving the `with` stops the thread."""
 
     def __init__(self, f: BinaryIO, bar: tqdm | None):
-        super().__init__()
         self._f, self._bar = f, bar
         self.size = 0
+        self._digest = hashlib.sha256()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="charlm-sha256")
+        self._pending: Future | None = None
 
     def read(self, n: int = -1) -> bytes:
         data = self._f.read(n)
@@ -135,6 +141,23 @@ class HashingReader(ChunkDigest):
 
     def readable(self) -> bool:
         return True
+
+    def update(self, chunk: bytes) -> None:
+        # immutable bytes: the worker reads it later
+        self._wait()
+        self._pending = self._pool.submit(self._digest.update, chunk)
+
+    def hexdigest(self) -> str:
+        self._wait()
+        return self._digest.hexdigest()
+
+    def _wait(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def __exit__(self, *exc: object) -> None:
+        self._pool.shutdown(wait=True)
 
 
 READ_ERRORS = (EOFError, OSError, lzma.LZMAError, zlib.error)
@@ -217,8 +240,8 @@ def _filtered(files: list[Source], spec: str, include: Sequence[str],
 
 
 def matches(key: str, pattern: str) -> bool:
-    """Whether the path `key` (under its folder) matches the --include or --exclude `pattern`:
-    the whole path for a pattern with a `/`, else the file's name."""
+    """Whether `key` matches an --include or --exclude `pattern`: as a path for a pattern with a
+    `/`, else by the file's name."""
     return fnmatch.fnmatchcase(key if "/" in pattern else key.rsplit("/", 1)[-1], pattern)
 
 
@@ -226,11 +249,6 @@ def missing_inputs(specs: Sequence[str]) -> list[str]:
     """The inputs of `specs` that name no file or folder (a glob and `-` name none up front)."""
     return [s for s in specs if s != "-" and not GLOB_CHARS & set(s)
             and not os.path.lexists(os.path.expanduser(s))]
-
-
-def as_specs(data_path: str | Path | Sequence[str | Path]) -> list[str | Path]:
-    """data.path (one input, or several) as a list of inputs."""
-    return [data_path] if isinstance(data_path, (str, Path)) else list(data_path)
 
 
 @contextlib.contextmanager

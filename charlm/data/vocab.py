@@ -14,8 +14,6 @@ import numpy as np
 
 from charlm.core.errors import CharlmError, Setting, SettingError
 
-UNITS = ("char", "byte")
-
 
 def unit_name(units: str) -> str:
     """What one id is, in messages: "character" or "byte"."""
@@ -36,14 +34,8 @@ class TextStream:
         c = self.chars[token]
         return c if self.decoder is None else self.decoder.decode(c.encode("latin-1"))
 
-    def pending(self) -> bool:
-        """Whether bytes of an unfinished character are held."""
-        return self.decoder is not None and bool(self.decoder.getstate()[0])
-
 
 MAX_CODE_POINT = 0x110000
-
-NORMAL_FORMS = (None, "NFC", "NFKC", "NFD", "NFKD")
 
 GATHER_SLICE = 1 << 16
 
@@ -57,9 +49,8 @@ def id_dtype(vocab_size: int) -> np.dtype:
 
 
 def gather(table: np.ndarray, cps: np.ndarray) -> np.ndarray:
-    """`table[cps]`, in slices: np.take makes an intp copy of its indices, which for a slice of
-    64K code points stays in the cache (faster than one take of a whole chunk, and eight bytes
-    a code point less memory)."""
+    """`table[cps]`, in slices: np.take makes an intp copy of its indices, which for a slice
+    stays in the cache (and costs less memory than one of a whole chunk)."""
     out = np.empty(len(cps), dtype=table.dtype)
     for i in range(0, len(cps), GATHER_SLICE):
         np.take(table, cps[i:i + GATHER_SLICE], out=out[i:i + GATHER_SLICE])
@@ -67,21 +58,18 @@ def gather(table: np.ndarray, cps: np.ndarray) -> np.ndarray:
 
 
 def code_points(text: str) -> np.ndarray:
-    """The code points of `text` as a uint32 array."""
     return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
 
 
 UNKNOWN_LISTED = 10  # characters a message lists
 
 
-def list_unknown(bad: Sequence[tuple[int, str]], at: str = "at", limit: int = UNKNOWN_LISTED,
-                 total: int | None = None) -> str:
-    """The first `limit` of (position, character) pairs `bad` for a message, then how many more
-    (of `total`, when `bad` holds only the first): a long text in another script must not make
-    an endless error line."""
+def list_unknown(bad: Sequence[tuple[int, str]], at: str = "at", total: int | None = None) -> str:
+    """The first (position, character) pairs of `bad` for a message, then how many more (of
+    `total`, when `bad` holds only the first): a text in another script makes no endless line."""
     total = len(bad) if total is None else total
-    listed = ", ".join(f"{c!r} {at} {i}" for i, c in bad[:limit])
-    return listed + (f" and {total - limit} more" if total > limit else "")
+    listed = ", ".join(f"{c!r} {at} {i}" for i, c in bad[:UNKNOWN_LISTED])
+    return listed + (f" and {total - UNKNOWN_LISTED} more" if total > UNKNOWN_LISTED else "")
 
 
 def check_unknown_policy(unknown: str) -> None:
@@ -97,10 +85,10 @@ class Vocab:
 
     def __init__(self, chars: Sequence[str], units: str = "char", normalize: str | None = None):
         chars = list(chars)
-        if normalize not in NORMAL_FORMS:
+        if normalize not in (None, "NFC", "NFKC", "NFD", "NFKD"):
             raise CharlmError(f"a vocabulary's normal form must be one of NFC, NFKC, NFD, NFKD, "
                               f"got {normalize!r}")
-        if units not in UNITS:
+        if units not in ("char", "byte"):
             raise CharlmError(f"a vocabulary's units must be 'char' or 'byte', got {units!r}")
         if units == "byte" and any(not isinstance(c, str) or c > "\xff" for c in chars):
             raise CharlmError("a byte vocabulary must hold characters U+0000..U+00FF, one a "
@@ -165,13 +153,8 @@ class Vocab:
                      self.normalize)
 
     def unknown(self, text: str) -> list[tuple[int, str]]:
-        """(position, character) of each character of `text` outside the vocabulary (in byte
-        units: with a byte of its UTF-8 outside it)."""
-        if self.units == "char":
-            return self._unknown(code_points(text))
-        # by the distinct characters, so a long text costs one pass
-        bad = {c for c in set(text) if self._outside(c)}
-        return [(i, c) for i, c in enumerate(text) if c in bad] if bad else []
+        """(position, character) of each character of `text` that `encode_known` drops."""
+        return [(int(i), text[i]) for i in self.encode_known(code_points(text))[1]]
 
     def tail(self, text: str, n: int) -> str:
         """The longest tail of `text` that encodes to at most `n` ids (in byte units a cut
@@ -187,10 +170,6 @@ class Vocab:
             return self._table[list(c.encode("utf-8"))].max() == len(self)
         except UnicodeEncodeError:
             return True
-
-    def _unknown(self, cps: np.ndarray) -> list[tuple[int, str]]:
-        ids = gather(self._table, cps)
-        return [(int(i), chr(int(cps[i]))) for i in np.flatnonzero(ids == len(self))]
 
     def encode_array(self, text: str) -> np.ndarray:
         """Ids of `text` as an array of `self.dtype`; unknown characters are an error."""
@@ -210,8 +189,8 @@ class Vocab:
             cps = np.frombuffer(cps, dtype=np.uint8)
         ids = gather(self._table, cps)
         if len(ids) and ids.max() == len(self):  # the mark: the one value above every id
-            raise CharlmError(f"characters outside the vocabulary: "
-                              f"{list_unknown(self._unknown(cps))}")
+            bad = [(int(i), chr(int(cps[i]))) for i in np.flatnonzero(ids == len(self))]
+            raise CharlmError(f"characters outside the vocabulary: {list_unknown(bad)}")
         return ids.astype(self.dtype, copy=False)
 
     def encode_known(self, cps: bytes | np.ndarray) -> tuple[np.ndarray, np.ndarray]:

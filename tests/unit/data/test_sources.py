@@ -2,17 +2,25 @@
 cannot use.
 
 charlm.data.sources: a quoted glob matches what `glob.glob(recursive=True)` matches in a tree
-without links, and never follows a symlink to a folder."""
+without links, and never follows a symlink to a folder.
+
+The sha256 of a source's chunks hashed on a second thread (`HashingReader`): the same digest as
+hashlib's, in order, with no more than one chunk waiting, and a worker that stops with the
+`with`."""
 
 
 
 import glob
+import hashlib
+import io
 import os
+import threading
 
 import pytest
 
 from charlm.core.errors import CharlmError
-from charlm.data.sources import expand_glob, list_sources
+from charlm.data import sources
+from charlm.data.sources import HashingReader, expand_glob, list_sources
 
 
 def tree(root, files):
@@ -116,3 +124,60 @@ def test_double_star_does_not_follow_a_link_to_a_folder(tmp_path):
     os.symlink(".", tmp_path / "sub" / "self")
     assert expand_glob(f"{tmp_path}/**/*.txt") == (
         str(tmp_path), [(f"{tmp_path}/sub/a.txt", False)])
+
+
+def test_chunks_hash_in_their_order_to_hashlibs_digest():
+    chunks = [bytes([i]) * (1000 + 37 * i) for i in range(50)] + [b"", b"tail"]
+    with HashingReader(io.BytesIO(), None) as digest:
+        for chunk in chunks:
+            digest.update(chunk)
+        assert digest.hexdigest() == hashlib.sha256(b"".join(chunks)).hexdigest()
+    with HashingReader(io.BytesIO(), None) as empty:
+        assert empty.hexdigest() == hashlib.sha256().hexdigest()
+
+
+def test_a_slow_hash_holds_no_more_than_one_chunk(monkeypatch):
+    """A reader faster than the hash waits at its next `update`, so the chunks held for the
+    worker never pile up (a 200 MB file would otherwise sit in memory)."""
+    started, release, waiting = threading.Event(), threading.Event(), []
+    real_sha256 = hashlib.sha256
+
+    class Slow:
+        def __init__(self):
+            self.real = real_sha256()
+
+        def update(self, chunk):
+            started.set()
+            release.wait(5)
+            self.real.update(chunk)
+
+        def hexdigest(self):
+            return self.real.hexdigest()
+
+    monkeypatch.setattr(sources.hashlib, "sha256", Slow)
+    with HashingReader(io.BytesIO(), None) as digest:
+        digest.update(b"first")
+        assert started.wait(5)
+        blocked = threading.Thread(target=lambda: (digest.update(b"second"), waiting.append(1)))
+        blocked.start()
+        blocked.join(0.2)
+        assert blocked.is_alive() and not waiting  # "second" waits for "first"
+        release.set()
+        blocked.join(5)
+        assert waiting == [1]
+        assert digest.hexdigest() == real_sha256(b"firstsecond").hexdigest()
+
+
+def test_the_worker_stops_with_the_block_and_its_error_reaches_the_reader(monkeypatch):
+    with HashingReader(io.BytesIO(), None) as digest:
+        digest.update(b"x")
+    assert not [t for t in threading.enumerate() if t.name.startswith("charlm-sha256")]
+
+    class Broken:
+        def update(self, chunk):
+            raise OSError("hash failed")
+
+    monkeypatch.setattr(sources.hashlib, "sha256", Broken)
+    with HashingReader(io.BytesIO(), None) as digest, pytest.raises(OSError, match="hash failed"):
+        digest.update(b"x")
+        digest.hexdigest()

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from charlm.core.errors import CharlmError
+from charlm.data import vocab as vocab_module
 from charlm.data.chunks import CharacterSet
 from charlm.data.pairs import PairVocab
 from charlm.data.vocab import Vocab, id_dtype, list_unknown
@@ -72,11 +73,12 @@ def test_a_bad_vocabulary_is_refused(chars, message):
     assert str(e.value) == message
 
 
-def test_unknown_characters_are_listed_up_to_the_limit():
+def test_unknown_characters_are_listed_up_to_the_limit(monkeypatch):
     vocab = Vocab(list("a"))
     bad = vocab.unknown("a" + "x" * 12)
     assert bad[:2] == [(1, "x"), (2, "x")] and len(bad) == 12
-    assert list_unknown(bad, limit=2) == "'x' at 1, 'x' at 2 and 10 more"
+    monkeypatch.setattr(vocab_module, "UNKNOWN_LISTED", 2)
+    assert list_unknown(bad) == "'x' at 1, 'x' at 2 and 10 more"
     assert list_unknown(bad[:2], "at position") == "'x' at position 1, 'x' at position 2"
 
 
