@@ -106,9 +106,13 @@ def protocol(request_timeout: float, max_connections: int) -> type[H11Protocol]:
     """uvicorn's h11 protocol, bounded: a request not whole within `request_timeout` seconds of
     connecting or of the previous answer is answered 408 and closed; a connection past
     `max_connections` is answered 503 and closed, within BUSY_WAIT_S."""
-    timeout_body = closing_answer(
+    # a whole HTTP/1.1 answer that closes its connection, as bytes to write past h11
+    timeout_body = JSONResponse(error_body(
         408, f"the request did not arrive whole within {request_timeout:g} s (the server's "
-        "--request-timeout); send it again, faster", "request_timeout")
+        "--request-timeout); send it again, faster", code="request_timeout")).body
+    timeout_answer = (f"HTTP/1.1 408 {HTTPStatus(408).phrase}\r\ncontent-type: application/json\r\n"
+                      f"content-length: {len(timeout_body)}\r\nconnection: close\r\n\r\n"
+                      ).encode() + timeout_body
     busy = JSONResponse(error_body(503, f"the server has {max_connections} connections open, "
                                    "its --max-connections; retry in a second",
                                    code="too_many_connections"),
@@ -143,19 +147,10 @@ def protocol(request_timeout: float, max_connections: int) -> type[H11Protocol]:
                 return
             started = self.conn.their_state is h11.SEND_BODY or self.conn.trailing_data[0]
             if started and self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):  # unanswered
-                self.transport.write(timeout_body)
+                self.transport.write(timeout_answer)
             self.transport.close()
 
     return Bounded
-
-
-def closing_answer(status: int, message: str, code: str) -> bytes:
-    """A whole HTTP/1.1 answer that closes its connection, as bytes to write past h11."""
-    body = JSONResponse(error_body(status, message, code=code)).body
-    head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
-            "content-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n")
-    return head.encode() + body
 
 
 def connection_cap(requested: int) -> int:
