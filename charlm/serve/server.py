@@ -12,7 +12,6 @@ import signal
 import socket
 import threading
 import time
-from http import HTTPStatus
 
 import h11
 import uvicorn
@@ -110,7 +109,7 @@ def protocol(request_timeout: float, max_connections: int) -> type[H11Protocol]:
     timeout_body = JSONResponse(error_body(
         408, f"the request did not arrive whole within {request_timeout:g} s (the server's "
         "--request-timeout); send it again, faster", code="request_timeout")).body
-    timeout_answer = (f"HTTP/1.1 408 {HTTPStatus(408).phrase}\r\ncontent-type: application/json\r\n"
+    timeout_answer = ("HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
                       f"content-length: {len(timeout_body)}\r\nconnection: close\r\n\r\n"
                       ).encode() + timeout_body
     busy = JSONResponse(error_body(503, f"the server has {max_connections} connections open, "
