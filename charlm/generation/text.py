@@ -209,11 +209,10 @@ def best_beam(model: GPT, vocab: Vocab, prompt: str, ids: torch.Tensor, opts: Sa
     best = beam_search(model, ids, opts.max_new_tokens, opts.beams, stops, opts.use_cache,
                        compile=opts.compile,
                        mask=utf8_mask(vocab, opts.beams, ids.device))
-    matcher = StopMatcher(opts.stop, opts.include_stop)
-    stream = vocab.stream()  # a byte model's beam may end inside a character: not shown
-    text = matcher.feed("".join(map(stream.feed, best))) + matcher.flush()
+    draft = Draft(vocab, opts, t0)  # a byte model's beam may end inside a character: not shown
+    text = "".join(draft.feed(token) for token in best if not draft.done) + draft.finish()
     emit(0, text)
-    return Sample(prompt, text, len(best), time.perf_counter() - t0, matcher.done)
+    return Sample(prompt, text, len(best), time.perf_counter() - t0, draft.done)
 
 
 def preview(model: GPT, vocab: Vocab, chars: int, seed: int,
