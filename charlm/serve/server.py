@@ -16,12 +16,11 @@ import time
 import h11
 import uvicorn
 from fastapi import FastAPI
-from starlette.responses import JSONResponse
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from charlm.core.errors import CharlmError, warn
-from charlm.serve.app import shutdown
-from charlm.serve.schema import error_body
+from charlm.serve.app import answer, shutdown
+from charlm.serve.schema import ApiError
 
 try:
     import resource  # POSIX
@@ -106,16 +105,15 @@ def protocol(request_timeout: float, max_connections: int) -> type[H11Protocol]:
     connecting or of the previous answer is answered 408 and closed; a connection past
     `max_connections` is answered 503 and closed, within BUSY_WAIT_S."""
     # a whole HTTP/1.1 answer that closes its connection, as bytes to write past h11
-    timeout_body = JSONResponse(error_body(
+    timeout_body = answer(ApiError(
         408, f"the request did not arrive whole within {request_timeout:g} s (the server's "
         "--request-timeout); send it again, faster", code="request_timeout")).body
     timeout_answer = ("HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
                       f"content-length: {len(timeout_body)}\r\nconnection: close\r\n\r\n"
                       ).encode() + timeout_body
-    busy = JSONResponse(error_body(503, f"the server has {max_connections} connections open, "
-                                   "its --max-connections; retry in a second",
-                                   code="too_many_connections"),
-                        503, headers={"Retry-After": "1", "Connection": "close"})
+    busy = answer(ApiError(503, f"the server has {max_connections} connections open, its "
+                           "--max-connections; retry in a second", code="too_many_connections",
+                           headers={"Retry-After": "1", "Connection": "close"}))
 
     class Bounded(H11Protocol):
         def connection_made(self, transport: asyncio.Transport) -> None:
