@@ -118,13 +118,6 @@ class UncachedDecoder:
         self.context = self.context[index]
 
 
-def make_decoder(model: GPT, batch_size: int, use_cache: bool,
-                 compile: bool = False) -> CachedDecoder | UncachedDecoder:
-    if use_cache:
-        return CachedDecoder(model, batch_size, compile)
-    return UncachedDecoder(model, batch_size)
-
-
 @torch.inference_mode()
 def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int,
              opts: SampleConfig | None = None,
@@ -135,7 +128,8 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int,
     byte model's `mask` keeps each row valid UTF-8."""
     opts = opts or SampleConfig()
     model.eval()
-    decoder = make_decoder(model, prompt.size(0), opts.use_cache, opts.compile)
+    B = prompt.size(0)
+    decoder = CachedDecoder(model, B, opts.compile) if opts.use_cache else UncachedDecoder(model, B)
     sampler = Sampler(min(opts.repetition_window, prompt.size(1) + max_new_tokens),
                       prompt.device, mask, generator)
     sampler.add(opts, prompt)  # the prompt counts as recent too
@@ -155,7 +149,7 @@ def beam_search(model: GPT, prompt: torch.Tensor, max_new_tokens: int, beams: in
     """The best continuation of prompt (1, T0); a beam ends at any of `stops` (id lists). A
     byte model's `mask` (a row a beam) keeps every beam valid UTF-8."""
     model.eval()
-    decoder = make_decoder(model, beams, use_cache, compile)
+    decoder = CachedDecoder(model, beams, compile) if use_cache else UncachedDecoder(model, beams)
     ends = (lambda seq: any(seq[-len(s):] == s for s in stops)) if stops else None
     hyps = search_beams(decoder, prompt[:, -decoder.block:].expand(beams, -1), max_new_tokens,
                         beams, ends, mask)

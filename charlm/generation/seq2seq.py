@@ -178,14 +178,12 @@ def translate(model: EncoderDecoder, vocab: PairVocab, sources: Sequence[str],
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(opts.seed)
     K = opts.num_samples
-    if opts.beams is not None:
-        if opts.beams < K:
-            raise SettingError(Setting("num_samples"), f" {K} asks for the {K} best of ",
-                               Setting("beams"), f" {opts.beams}; give at most {opts.beams}, "
-                               "or more beams")
-        require_cache_memory(model, "beams", opts.beams)
-    else:
-        require_cache_memory(model, "num_samples", K, min(BATCH, len(encoded)))
+    if opts.beams is not None and opts.beams < K:
+        raise SettingError(Setting("num_samples"), f" {K} asks for the {K} best of ",
+                           Setting("beams"), f" {opts.beams}; give at most {opts.beams}, "
+                           "or more beams")
+    # beams decode one source at a time
+    require_cache_memory(model, opts, 1 if opts.beams is not None else min(BATCH, len(encoded)))
     for first in range(0, len(sources), BATCH):
         chunk = encoded[first:first + BATCH]
         if opts.beams is not None:

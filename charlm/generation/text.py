@@ -113,10 +113,12 @@ def encode_prompt(vocab: Vocab, prompt: str, unknown: str,
     return prompt, ids, warnings
 
 
-def require_cache_memory(model: GPT | EncoderDecoder, setting: str, value: int,
+def require_cache_memory(model: GPT | EncoderDecoder, opts: SampleConfig,
                          sources: int = 1) -> None:
-    """Refuse decoding `value` samples or beams (`setting`) for each of `sources` sources (an
+    """Refuse decoding opts' beams or samples for each of `sources` sources (an
     encoder-decoder's batch) when their caches and a forward exceed the device's memory."""
+    setting = "num_samples" if opts.beams is None else "beams"
+    value = getattr(opts, setting)
     weight = model.wte.weight
     encdec = model.cfg.arch == "encoder_decoder"
     vocab = model.target_vocab_size if encdec else model.vocab_size
@@ -139,14 +141,11 @@ def sample_text(model: GPT, vocab: Vocab, prompt: str, opts: SampleConfig,
     """opts.num_samples continuations of `prompt` (checked by `encode_prompt`) as one batch, or
     the best beam with opts.beams. on_text(sample index, text) gets each piece of text once it
     is final. Sampling ends early once stop() says so (asked after every token)."""
-    if opts.beams is not None:
-        if opts.num_samples != 1:  # an encoder-decoder's beams give an n-best list instead
-            beams = Setting("beams")
-            raise SettingError(beams, " returns the single best sequence; use ",
-                               Setting("num_samples"), " 1 with ", beams)
-        require_cache_memory(model, "beams", opts.beams)
-    else:
-        require_cache_memory(model, "num_samples", opts.num_samples)
+    if opts.beams is not None and opts.num_samples != 1:  # an encoder-decoder's give an n-best
+        beams = Setting("beams")
+        raise SettingError(beams, " returns the single best sequence; use ",
+                           Setting("num_samples"), " 1 with ", beams)
+    require_cache_memory(model, opts)
     device = model.wte.weight.device
     # the model sees the tail that fits its context (whole characters); the prompt stays whole
     ids = torch.tensor([vocab.encode(vocab.tail(prompt, model.cfg.block_size))], device=device)
@@ -210,11 +209,10 @@ def best_beam(model: GPT, vocab: Vocab, prompt: str, ids: torch.Tensor, opts: Sa
     best = beam_search(model, ids, opts.max_new_tokens, opts.beams, stops, opts.use_cache,
                        compile=opts.compile,
                        mask=utf8_mask(vocab, opts.beams, ids.device))
-    matcher = StopMatcher(opts.stop, opts.include_stop)
-    stream = vocab.stream()  # a byte model's beam may end inside a character: not shown
-    text = matcher.feed("".join(map(stream.feed, best))) + matcher.flush()
+    draft = Draft(vocab, opts, t0)  # a byte model's beam may end inside a character: not shown
+    text = "".join(draft.feed(token) for token in best if not draft.done) + draft.finish()
     emit(0, text)
-    return Sample(prompt, text, len(best), time.perf_counter() - t0, matcher.done)
+    return Sample(prompt, text, len(best), time.perf_counter() - t0, draft.done)
 
 
 def preview(model: GPT, vocab: Vocab, chars: int, seed: int,

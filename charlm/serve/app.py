@@ -1,5 +1,5 @@
 """The OpenAI-compatible HTTP app of `charlm serve` (FastAPI). It never runs torch on its event
-loop: the engine decodes on its own thread and its events arrive through `events`. A stream
+loop: the engine decodes on its own thread and its events arrive through a `Mailbox`. A stream
 writes every event waiting at once, so a loop that falls behind catches up in fewer writes."""
 
 from __future__ import annotations
@@ -19,12 +19,10 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from starlette.exceptions import HTTPException
 
 from charlm.core.errors import CharlmError
-from charlm.serve import schema
+from charlm.serve import responses, schema
 from charlm.serve.engine import Engine
-from charlm.serve.events import Completions, Mailbox
 from charlm.serve.metrics import CONTENT_TYPE, CountResponses, Metrics
 from charlm.serve.request import Params
-from charlm.serve.responses import DONE, ChatStyle, Choice, CompletionStyle, Style, sse, usage
 from charlm.serve.schema import ApiError
 
 ENDPOINTS = ("/", "/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions")
@@ -86,10 +84,8 @@ def create_app(engine: Engine, settings: Settings) -> FastAPI:
         prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
         jobs = schema.jobs_for(prompts, body, settings.limits, COMPLETION_MAX_TOKENS,
                                body.logprobs, (), "prompt")
-        choices = [Choice(i, echo=prompt if body.echo else "")
-                   for i, (prompt, _) in enumerate(jobs)]
-        style = CompletionStyle(settings.model, body.logprobs is not None)
-        return await respond(request, style, jobs, choices, body, "prompt")
+        style = responses.CompletionStyle(settings.model, body.logprobs is not None)
+        return await respond(request, style, jobs, body, "prompt", echo=body.echo)
 
     @app.post("/v1/chat/completions")
     async def chat(body: schema.ChatRequest, request: Request) -> Response:
@@ -100,9 +96,8 @@ def create_app(engine: Engine, settings: Settings) -> FastAPI:
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         jobs = schema.jobs_for([body.prompt()], body, settings.limits, default_max_tokens,
                                logprobs, schema.CHAT_STOPS, "messages")
-        choices = [Choice(i) for i in range(len(jobs))]
-        return await respond(request, ChatStyle(settings.model, body.logprobs), jobs, choices,
-                             body, "messages")
+        style = responses.ChatStyle(settings.model, body.logprobs)
+        return await respond(request, style, jobs, body, "messages")
 
     return app
 
@@ -114,8 +109,8 @@ def shutdown(app: FastAPI, grace_s: float) -> None:
     app.state.engine.close(grace_s)
 
 
-async def respond(request: Request, style: Style, jobs: list[tuple[str, Params]],
-                  choices: list[Choice], body: schema.Sampling, prompt_param: str) -> Response:
+async def respond(request: Request, style: responses.Style, jobs: list[tuple[str, Params]],
+                  body: schema.Sampling, prompt_param: str, echo: bool = False) -> Response:
     """Admit the request (429 past --max-concurrent) and answer it whole or as a stream; a
     client that goes away cancels what it asked for."""
     state = request.app.state
@@ -129,9 +124,9 @@ async def respond(request: Request, style: Style, jobs: list[tuple[str, Params]]
                        headers={"Retry-After": "1"})
     loop = asyncio.get_running_loop()
     if state.mailbox is None or state.mailbox.loop is not loop:  # tests run an app on several
-        state.mailbox = Mailbox(loop)
+        state.mailbox = responses.Mailbox(loop)
     try:
-        completions = Completions(state.engine, jobs, state.metrics, state.mailbox)
+        completions = responses.Completions(state.engine, jobs, state.metrics, state.mailbox, echo)
     except CharlmError as e:  # the prompt's fault, unless it names another field
         raise ApiError(400, str(e), getattr(e, "param", prompt_param)) from None
     state.in_flight += len(jobs)
@@ -145,42 +140,42 @@ async def respond(request: Request, style: Style, jobs: list[tuple[str, Params]]
     prompt_characters = sum(len(prompt) for prompt, _ in jobs[::body.n])  # n jobs per prompt
     if body.stream:
         return StreamingResponse(
-            stream(style, completions, choices, prompt_characters, body.include_usage, done),
+            stream(style, completions, prompt_characters, body.include_usage, done),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
-        async for ready in completions.events():
-            for i, event in ready:
-                choices[i].add(event)
+        async for _ in completions.events():  # each event added to its choice
+            pass
     finally:
         done()
+    choices = completions.choices
     if (failed := next((c for c in choices if c.finish_reason == "error"), None)) is not None:
         raise generation_failed(failed.error)
     return JSONResponse(style.body([style.whole(c) for c in choices],
-                                   usage(prompt_characters, choices)))
+                                   responses.usage(prompt_characters, choices)))
 
 
-async def stream(style: Style, completions: Completions, choices: list[Choice],
+async def stream(style: responses.Style, completions: responses.Completions,
                  prompt_characters: int, include_usage: bool,
                  done: Callable[[], None]) -> AsyncIterator[str]:
     """The server-sent events of a streamed answer, ending with `data: [DONE]`."""
+    sse = responses.sse
     try:
-        for c in choices:
+        for c in completions.choices:
             if (opening := style.opening(c)) is not None:
                 yield sse(style.body([opening], chunk=True))
         async for ready in completions.events():  # one write for the events that have arrived
-            if chunks := "".join(sse(style.body([style.delta(choices[i], event,
-                                                             choices[i].add(event))],
-                                                chunk=True))
-                                 for i, event in ready if event.finish_reason != "error"):
+            if chunks := "".join(sse(style.body([style.delta(c, event, offset)], chunk=True))
+                                 for c, event, offset in ready if event.finish_reason != "error"):
                 yield chunks
-            if failed := [e for _, e in ready if e.finish_reason == "error"]:
+            if failed := [e for _, e, _ in ready if e.finish_reason == "error"]:
                 yield sse(generation_failed(failed[0].error).body)  # the headers said 200
                 break
         else:
             if include_usage:
-                yield sse(style.body([], usage(prompt_characters, choices), chunk=True))
-        yield DONE
+                usage = responses.usage(prompt_characters, completions.choices)
+                yield sse(style.body([], usage, chunk=True))
+        yield responses.DONE
     finally:
         done()
 
@@ -191,7 +186,7 @@ def generation_failed(error: str | None) -> ApiError:
                     code="generation_failed")
 
 
-async def cancel_on_disconnect(request: Request, completions: Completions) -> None:
+async def cancel_on_disconnect(request: Request, completions: responses.Completions) -> None:
     """Cancel the completions once the client goes away (the next message, the body read)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass

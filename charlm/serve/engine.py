@@ -1,9 +1,7 @@
 """The serving engine: one thread steps every active request together (continuous batching,
-nano-vllm's scheduler). A request is prefilled alone, joins the batch at once and leaves when it
-ends, is cancelled or the engine closes. Each is a row of one `Sampler` (a seed gives the same
-text alone or in a crowd) and a `Row`. The engine decodes a copy of the model laid out for
-decoding; an encoder-decoder's serves one request at a time, its target in one event. Its slots
-by default: as many as fit KV_BUDGET (`slots_within`)."""
+nano-vllm's scheduler). A request is prefilled alone, joins the batch at once as a row of one
+`Sampler` and a `Row`, and leaves when it ends, is cancelled or the engine closes. It decodes a
+copy of the model laid out for decoding; an encoder-decoder's serves one request at a time."""
 
 from __future__ import annotations
 
@@ -277,7 +275,7 @@ class Engine:
                 self._end(i, reason)
 
     def _translate(self, request: Request) -> None:
-        """An encoder-decoder's completion, whole."""
+        """An encoder-decoder's completion, whole: its text in one event."""
         ids, opts = request.ids, request.opts
         src = torch.tensor([ids], device=self.device)
         [out] = translate_ids(self.model, src, opts, generator=request.generator(self.device))

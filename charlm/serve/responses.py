@@ -1,18 +1,105 @@
-"""The OpenAI bodies `charlm serve` answers with, whole or as stream chunks, each choice built
-up from the engine's events, with each endpoint's logprobs."""
+"""The engine's events on their way to an HTTP answer: `Mailbox` hands them to the event loop,
+`Completions` merges one HTTP request's into one queue, and the OpenAI bodies built from them,
+whole or as stream chunks, with each endpoint's logprobs."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import itertools
 import json
+import threading
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from charlm.serve.request import Event
+from charlm.serve.engine import Engine
+from charlm.serve.request import Event, Params, Request
+
+if TYPE_CHECKING:  # for annotations only: the engine's tests run without prometheus_client
+    from charlm.serve.metrics import Metrics
 
 DONE = "data: [DONE]\n\n"
+
+
+class Mailbox:
+    """`post` queues an item for an asyncio.Queue from any thread and wakes the loop only if no
+    wake-up is pending, so one wake-up delivers a whole decode step's events."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.items: list[tuple[asyncio.Queue, Any]] = []
+        self.pending = False  # a wake-up is on its way
+
+    def post(self, queue: asyncio.Queue, item: Any) -> None:  # on any thread
+        with self.lock:
+            self.items.append((queue, item))
+            if self.pending:
+                return
+            self.pending = True
+        try:
+            self.loop.call_soon_threadsafe(self.deliver)
+        except RuntimeError:  # the loop has closed: nobody waits any more
+            with self.lock:
+                self.items.clear()
+                self.pending = False
+
+    def deliver(self) -> None:  # on the loop
+        with self.lock:
+            items, self.items, self.pending = self.items, [], False
+        for queue, item in items:
+            queue.put_nowait(item)
+
+
+class Completions:
+    """The engine requests behind one HTTP request, their events in one queue, timed, and the
+    choices they build (a completion's starts with its prompt under `echo`)."""
+
+    def __init__(self, engine: Engine, jobs: list[tuple[str, Params]], metrics: Metrics,
+                 mailbox: Mailbox, echo: bool = False):
+        self.metrics = metrics
+        self.choices = [Choice(i, prompt if echo else "") for i, (prompt, _) in enumerate(jobs)]
+        self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+        self.requests: list[Request] = []
+        self.start = time.monotonic()
+
+        def on_event(i: int, event: Event) -> None:  # on the engine's thread
+            mailbox.post(self.queue, (i, event))
+
+        try:
+            for i, (prompt, params) in enumerate(jobs):
+                self.requests.append(engine.submit(prompt, params, functools.partial(on_event, i)))
+        except BaseException:
+            self.cancel()
+            raise
+
+    async def events(self) -> AsyncIterator[list[tuple[Choice, Event, int]]]:
+        """Every (choice, event, the offset of its text in the choice's) that has arrived, the
+        event added to its choice, until every choice has ended."""
+        last: dict[int, float] = {}
+        while any(c.finish_reason is None for c in self.choices):
+            ready = [await self.queue.get()]
+            while not self.queue.empty():
+                ready.append(self.queue.get_nowait())
+            now = time.monotonic()
+            for i, event in ready:
+                if event.text:
+                    if i in last:
+                        self.metrics.per_character.observe((now - last[i]) / len(event.text))
+                    else:
+                        self.metrics.first_character.observe(now - self.start)
+                    last[i] = now
+            yield [(self.choices[i], event, self.choices[i].add(event)) for i, event in ready]
+
+    def cancel(self) -> None:
+        """Free the slots of the choices still going."""
+        for request, c in zip(self.requests, self.choices, strict=False):  # those submitted
+            if c.finish_reason is None:
+                request.cancel()
+
 
 
 def sse(body: dict[str, Any]) -> str:
@@ -44,9 +131,10 @@ class Choice:
 
 
 class Style:
-    """What differs between /v1/completions and /v1/chat/completions."""
+    """What differs between /v1/completions and /v1/chat/completions: each subclass's names,
+    and its `opening` chunk of a stream's choice, `whole` choice and stream `delta`."""
 
-    object = chunk_object = id_prefix = ""
+    object = chunk_object = id_prefix = ""  # each subclass's
 
     def __init__(self, model: str, logprobs: bool):
         self.model, self.logprobs = model, logprobs
@@ -58,16 +146,6 @@ class Style:
         if usage is not None:
             body["usage"] = usage
         return body
-
-    def opening(self, c: Choice) -> dict | None:
-        """A stream's first chunk of a choice, before its events; None for none."""
-        return None
-
-    def whole(self, c: Choice) -> dict:
-        raise NotImplementedError
-
-    def delta(self, c: Choice, event: Event, offset: int) -> dict:
-        raise NotImplementedError
 
 
 def usage(prompt_characters: int, choices: list[Choice]) -> dict[str, int]:
@@ -89,6 +167,7 @@ class CompletionStyle(Style):
                 "top_logprobs": [e.top for e in events], "text_offset": offsets[:-1]}
 
     def opening(self, c: Choice) -> dict | None:
+        """A stream's first chunk of a choice, before its events; None for none."""
         if not c.echo:
             return None
         return {"index": c.index, "text": c.echo, "logprobs": None, "finish_reason": None}

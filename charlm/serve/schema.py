@@ -48,20 +48,15 @@ NEUTRAL = {
 ERROR_TYPES = {401: "authentication_error", 429: "rate_limit_error"}
 
 
-def error_body(status: int, message: str, param: str | None = None,
-               code: str | None = None) -> dict[str, Any]:
-    kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
 class ApiError(Exception):
-    """A request the server refuses: its status, error body and extra headers."""
+    """A request the server refuses: its status, OpenAI's error body and extra headers."""
 
     def __init__(self, status: int, message: str, param: str | None = None,
                  code: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
-        self.status, self.body, self.headers = status, error_body(status, message, param,
-                                                                  code), headers
+        kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+        self.status, self.headers = status, headers
+        self.body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def validation_error(e: ValidationError | Any) -> ApiError:

@@ -12,17 +12,15 @@ import signal
 import socket
 import threading
 import time
-from http import HTTPStatus
 
 import h11
 import uvicorn
 from fastapi import FastAPI
-from starlette.responses import JSONResponse
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from charlm.core.errors import CharlmError, warn
-from charlm.serve.app import shutdown
-from charlm.serve.schema import error_body
+from charlm.serve.app import answer, shutdown
+from charlm.serve.schema import ApiError
 
 try:
     import resource  # POSIX
@@ -106,13 +104,16 @@ def protocol(request_timeout: float, max_connections: int) -> type[H11Protocol]:
     """uvicorn's h11 protocol, bounded: a request not whole within `request_timeout` seconds of
     connecting or of the previous answer is answered 408 and closed; a connection past
     `max_connections` is answered 503 and closed, within BUSY_WAIT_S."""
-    timeout_body = closing_answer(
+    # a whole HTTP/1.1 answer that closes its connection, as bytes to write past h11
+    timeout_body = answer(ApiError(
         408, f"the request did not arrive whole within {request_timeout:g} s (the server's "
-        "--request-timeout); send it again, faster", "request_timeout")
-    busy = JSONResponse(error_body(503, f"the server has {max_connections} connections open, "
-                                   "its --max-connections; retry in a second",
-                                   code="too_many_connections"),
-                        503, headers={"Retry-After": "1", "Connection": "close"})
+        "--request-timeout); send it again, faster", code="request_timeout")).body
+    timeout_answer = ("HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                      f"content-length: {len(timeout_body)}\r\nconnection: close\r\n\r\n"
+                      ).encode() + timeout_body
+    busy = answer(ApiError(503, f"the server has {max_connections} connections open, its "
+                           "--max-connections; retry in a second", code="too_many_connections",
+                           headers={"Retry-After": "1", "Connection": "close"}))
 
     class Bounded(H11Protocol):
         def connection_made(self, transport: asyncio.Transport) -> None:
@@ -143,19 +144,10 @@ def protocol(request_timeout: float, max_connections: int) -> type[H11Protocol]:
                 return
             started = self.conn.their_state is h11.SEND_BODY or self.conn.trailing_data[0]
             if started and self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):  # unanswered
-                self.transport.write(timeout_body)
+                self.transport.write(timeout_answer)
             self.transport.close()
 
     return Bounded
-
-
-def closing_answer(status: int, message: str, code: str) -> bytes:
-    """A whole HTTP/1.1 answer that closes its connection, as bytes to write past h11."""
-    body = JSONResponse(error_body(status, message, code=code)).body
-    head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
-            "content-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n")
-    return head.encode() + body
 
 
 def connection_cap(requested: int) -> int:

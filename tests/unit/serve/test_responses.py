@@ -1,4 +1,4 @@
-"""charlm.serve.events: the engine's events handed to the event loop (`Mailbox`)."""
+"""charlm.serve.responses: the engine's events handed to the event loop (`Mailbox`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("fastapi")  # the serve extra
 
-from charlm.serve.events import Mailbox  # noqa: E402
+from charlm.serve.responses import Mailbox  # noqa: E402
 
 
 def test_the_mailbox_wakes_the_loop_once_for_what_is_posted_before_it_runs():
