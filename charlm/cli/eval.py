@@ -9,13 +9,11 @@ from typing import Annotated, Any
 
 import typer
 
-from charlm.cli.options import DeviceOpt, DtypeOpt, StepOpt, TargetArg, command_app
+from charlm.cli.options import DeviceOpt, DtypeOpt, StepOpt, TargetArg
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError, characters, warn
 
-app = command_app()
 
-@app.command("eval")
 def eval_(
     target: TargetArg,
     text_file: Annotated[

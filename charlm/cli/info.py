@@ -10,12 +10,10 @@ from typing import Annotated
 
 import typer
 
-from charlm.cli.options import SetOpt, command_app
+from charlm.cli.options import SetOpt
 from charlm.core.errors import CharlmError
 
-app = command_app()
 
-@app.command()
 def info(
     target: Annotated[
         Path | None, typer.Argument(

@@ -7,15 +7,13 @@ from typing import Annotated
 
 import typer
 
-from charlm.cli.options import SetOpt, command_app
+from charlm.cli.options import SetOpt
 from charlm.config.data import DataConfig, text_options
 from charlm.config.loading import load_config
 from charlm.core.errors import CharlmError
 from charlm.core.files import locked_parent
 
-app = command_app()
 
-@app.command()
 def prepare(
     inputs: Annotated[list[str], typer.Argument(
         metavar="INPUT...", help="UTF-8 text: files, folders (every file under them, hidden ones "

@@ -3,6 +3,7 @@ outputs for its sources; the prompt and the sources read from options, files or 
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import io
 import json
@@ -16,7 +17,6 @@ import typer
 from charlm.cli import options
 from charlm.cli.options import SAMPLE_DEFAULTS as D
 from charlm.cli.options import DeviceOpt, DtypeOpt, StepOpt, TargetArg, sample_option
-from charlm.cli.reporting import writes_unicode
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError, warn
 from charlm.core.files import missing, read_capped
@@ -27,13 +27,11 @@ if TYPE_CHECKING:
     from charlm.model.encoder_decoder import EncoderDecoder
     from charlm.model.gpt import GPT
 
-app = options.command_app()
-
 # The most text a prompt (or the sources) may hold, far beyond any context: an endless pipe
 # (`yes | charlm sample RUN --prompt -`) would fill the memory
 INPUT_LIMIT = 4 << 20
 
-@app.command()
+
 def sample(
     ctx: typer.Context,
     target: TargetArg,
@@ -159,6 +157,8 @@ def print_samples(model: GPT, vocab: Vocab, text: str, opts: SampleConfig, strea
     out = sys.stdout
     separator = "\n" + "-" * 40 + "\n"
     live = stream and not json_out and opts.beams is None
+    # a UTF encoding writes every character; another gets them as JSON's escapes
+    ascii_only = not codecs.lookup(getattr(out, "encoding", None) or "utf-8").name.startswith("utf")
 
     def show(i: int, piece: str) -> None:
         if live and i == 0:
@@ -173,7 +173,7 @@ def print_samples(model: GPT, vocab: Vocab, text: str, opts: SampleConfig, strea
         if json_out:
             out.write(json.dumps({"text": s.text, "prompt": s.prompt, "tokens": s.tokens,
                                   "seconds": round(s.seconds, 4), "stopped": s.stopped},
-                                 ensure_ascii=not writes_unicode(out)) + "\n")
+                                 ensure_ascii=ascii_only) + "\n")
             continue
         if i > 0:
             out.write(separator)

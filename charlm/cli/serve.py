@@ -9,10 +9,8 @@ from typing import Annotated
 
 import typer
 
-from charlm.cli.options import DeviceOpt, DtypeOpt, TargetArg, command_app
+from charlm.cli.options import DeviceOpt, DtypeOpt, TargetArg
 from charlm.core.errors import CharlmError, warn
-
-app = command_app()
 
 SERVE_MODULES = ("fastapi", "starlette", "pydantic", "uvicorn", "prometheus_client")
 
@@ -21,7 +19,6 @@ def opt(metavar: str, help: str, **kw: object) -> typer.models.OptionInfo:
     return typer.Option(metavar=metavar, help=help, **kw)
 
 
-@app.command()
 def serve(
     target: TargetArg,
     host: Annotated[str, opt("HOST", "Address to listen on; 0.0.0.0 for every network (then "

@@ -8,15 +8,12 @@ from typing import Annotated, Any
 
 import typer
 
-from charlm.cli.options import command_app, is_default
+from charlm.cli.options import is_default
 from charlm.core.errors import CharlmError
-
-app = command_app()
 
 Opt = typer.Option
 
 
-@app.command()
 def tune(
     ctx: typer.Context,
     config: Annotated[
