@@ -106,32 +106,26 @@ def raise_interrupt(signum: int, frame: object) -> None:
     raise Interrupt(signum)
 
 
-def out_of_memory(e: BaseException) -> bool:
-    """An allocation that failed: CUDA's OutOfMemoryError, the CPU allocator's, a MemoryError."""
-    return (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
-            or "can't allocate memory" in str(e))
-
-
-def out_of_memory_line(e: BaseException, command: str) -> str:
-    """The `error:` line for a failed allocation: its size and what `command` can make smaller."""
+def out_of_memory_line(e: BaseException, command: str) -> str | None:
+    """The `error:` line for a failed allocation (CUDA's OutOfMemoryError, the CPU allocator's,
+    a MemoryError): its size and what `command` can make smaller; None for another error."""
+    if not (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
+            or "can't allocate memory" in str(e)):
+        return None
     tried = re.search(r"[Tt]ried to allocate (\d[\d.]* ?\w*)", str(e))
     return (f"error: out of memory{f' (tried to allocate {tried[1]})' if tried else ''}: "
             f"{OUT_OF_MEMORY_ADVICE.get(command, OUT_OF_MEMORY_ADVICE['train'])}")
 
 
-def tolerant_stdout() -> None:
-    """A closed stdout (`>&-`) goes to /dev/null, and one that cannot encode every character (a
-    Latin-1 terminal) writes the others as escapes, as stderr does, not a traceback."""
+def main(argv: list[str] | None = None) -> None:
+    """Run the app: bad input ends with one `error:` line and exit code 2."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # A closed stdout (`>&-`) goes to /dev/null, and one that cannot encode every character (a
+    # Latin-1 terminal) writes the others as escapes, as stderr does, not a traceback.
     if sys.stdout is None:
         sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (the process's)
     if isinstance(sys.stdout, io.TextIOWrapper) and sys.stdout.errors == "strict":
         sys.stdout.reconfigure(errors="backslashreplace")
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Run the app: bad input ends with one `error:` line and exit code 2."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    tolerant_stdout()
     # Typer turns KeyboardInterrupt into a silent exit 130, and SIGTERM's default ends the
     # process where it stands (leaving its temporary files): both raise Interrupt instead. A
     # signal set to be ignored (a shell's background job) or handled by the caller stays so.
@@ -155,11 +149,11 @@ def main(argv: list[str] | None = None) -> None:
         report(f"error: {error_message(e)}")
         sys.exit(2)
     except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError (CUDA) is a RuntimeError
-        if "--debug" in argv or not out_of_memory(e):
-            raise
-        # every process prints it: under torchrun one GPU may run out alone
         command = next((a for a in argv if not a.startswith("-")), "train")
-        print(out_of_memory_line(e, command), file=sys.stderr)
+        line = None if "--debug" in argv else out_of_memory_line(e, command)
+        if line is None:
+            raise
+        print(line, file=sys.stderr)  # every process's: under torchrun one GPU may run out alone
         sys.exit(2)
     except Interrupt as e:
         print(e.line(), file=sys.stderr)

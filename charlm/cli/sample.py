@@ -186,38 +186,26 @@ def print_samples(model: GPT, vocab: Vocab, text: str, opts: SampleConfig, strea
 
 def read_input(option: str, what: str, text: str | None, file: Path | None,
                advice: str = "") -> str | None:
-    """The text of --OPTION TEXT, --OPTION - (stdin) or --OPTION-file FILE, or None for none;
-    `what` names it in errors."""
+    """The text of --OPTION TEXT, --OPTION - (stdin) or --OPTION-file FILE (read as `charlm
+    prepare` reads one: CRLF kept, no byte order mark), or None for none; `what` names it in
+    errors. Stdin holds at most INPUT_LIMIT bytes, as a file does: a pipe may never end."""
+    from charlm.data.chunks import decode_chunks, read_text
+
     if text is not None and file is not None:
         raise CharlmError(f"give the {what} either with --{option} or with --{option}-file, not "
                           "both")
     if file is not None:
-        return read_file(file, f"{option} file")
+        if file.is_dir():
+            raise CharlmError(f"{option} file {file} is a directory; give a text file")
+        if not file.exists():
+            raise missing(file, f"{option} file")
+        return read_text(file, f"{option} file", INPUT_LIMIT)
     if text != "-":
         return text
     if sys.stdin is None:  # started with stdin closed (`<&-`)
         raise CharlmError(f"--{option} - reads the {what} from stdin, which is closed{advice}")
-    return read_stdin(f"the {what} on stdin")
-
-
-def read_file(path: Path, name: str) -> str:
-    """A text file as `charlm prepare` reads one (CRLF kept, no byte order mark)."""
-    from charlm.data.chunks import read_text
-
-    if path.is_dir():
-        raise CharlmError(f"{name} {path} is a directory; give a text file")
-    if not path.exists():
-        raise missing(path, name)
-    return read_text(path, name, INPUT_LIMIT)
-
-
-def read_stdin(name: str) -> str:
-    """The text on stdin, read as a file is, of at most INPUT_LIMIT bytes: a pipe may never
-    end."""
-    from charlm.data.chunks import decode_chunks
-
-    data = read_capped(sys.stdin.buffer, INPUT_LIMIT, name)
-    return "".join(text for _, text in decode_chunks(io.BytesIO(data), name))
+    data = read_capped(sys.stdin.buffer, INPUT_LIMIT, f"the {what} on stdin")
+    return "".join(piece for _, piece in decode_chunks(io.BytesIO(data), f"the {what} on stdin"))
 
 
 def read_sources(source: str | None, source_file: Path | None, arch: str) -> list[str]:

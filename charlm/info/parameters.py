@@ -20,7 +20,6 @@ POSITION_ROWS = {
     "rope": "position encoding (rotary, applied to q and k)",
     "none": "position encoding (none)",
 }
-NO_FINAL_NORM = "norm (none: post-norm blocks end in a norm)"
 
 
 def _row(section: str, component: str, shape: torch.Tensor | tuple[int, ...] | None) -> dict:
@@ -85,7 +84,7 @@ def _embedding_rows(wte: nn.Embedding, wpe: nn.Embedding | None, cfg: ModelConfi
 
 def _final_norm_rows(norm: nn.Module, cfg: ModelConfig, section: str, prefix: str) -> list[dict]:
     if isinstance(norm, nn.Identity):
-        return [_row(section, f"{prefix} {NO_FINAL_NORM}", None)]
+        return [_row(section, f"{prefix} norm (none: post-norm blocks end in a norm)", None)]
     return _norm_rows(section, f"{prefix} {cfg.norm}", norm)
 
 
