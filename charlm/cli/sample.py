@@ -155,7 +155,6 @@ def print_samples(model: GPT, vocab: Vocab, text: str, opts: SampleConfig, strea
     from charlm.generation.text import sample_text
 
     out = sys.stdout
-    separator = "\n" + "-" * 40 + "\n"
     live = stream and not json_out and opts.beams is None
     # a UTF encoding writes every character; another gets them as JSON's escapes
     ascii_only = not codecs.lookup(getattr(out, "encoding", None) or "utf-8").name.startswith("utf")
@@ -176,7 +175,7 @@ def print_samples(model: GPT, vocab: Vocab, text: str, opts: SampleConfig, strea
                                  ensure_ascii=ascii_only) + "\n")
             continue
         if i > 0:
-            out.write(separator)
+            out.write("\n" + "-" * 40 + "\n")
         if not (live and i == 0):
             out.write(s.prompt + s.text)
     if not json_out:

@@ -119,8 +119,7 @@ def parameter_table(model: GPT | EncoderDecoder, n_layer: int | None = None,
     cfg = model.cfg if n_layer is None else dataclasses.replace(model.cfg, n_layer=n_layer)
     rows = _embedding_rows(model.wte, getattr(model, "wpe", None), cfg)
     if cfg.bigram:
-        shape = model.bigram.weight.shape
-        rows.append(_row("embedding", "bigram table (previous, current)", shape))
+        rows.append(_row("embedding", "bigram table (previous, current)", model.bigram.weight))
     rows += _layer_rows(model.blocks[0], cfg)
     rows += _final_norm_rows(model.ln_f, cfg, "output", "final")
     rows.append(_head_row(model.head, cfg.tie_weights, "token embedding"))
