@@ -179,9 +179,8 @@ def save_hf(model: GPT, vocab: Vocab, cfg: RunConfig, out: Path) -> None:
             "this model cannot be exported as GPT-2 (--format hf): " + ", ".join(bad)
             + "; use --format safetensors"
         )
-    weights = gpt2_weights(model.state_dict(), m)
     out.mkdir(parents=True, exist_ok=True)
-    _write_weights(out / WEIGHTS, weights, {"format": "pt"})
+    _write_weights(out / WEIGHTS, gpt2_weights(model.state_dict(), m), {"format": "pt"})
     _write_json(out / "config.json", {
         "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
         "vocab_size": len(vocab), "n_positions": m.block_size, "n_ctx": m.block_size,
