@@ -164,20 +164,14 @@ def load_safetensors(path: Path, device: str | torch.device = "cpu",
     return model.to(device).eval(), vocab, cfg
 
 
-def hf_unsupported(cfg: RunConfig) -> list[str]:
-    """The options of `cfg` that GPT-2 cannot express (empty when it can)."""
-    m = cfg.model
-    if m.arch != "decoder":
-        return [f"model.arch={m.arch!r} (GPT-2 is a decoder only)"]
-    wanted = {"pos_encoding": "learned", "norm": "layernorm", "norm_placement": "pre",
-              "activation": "gelu", "qk_norm": False, "logit_softcap": 0.0, "bigram": False}
-    return [f"model.{k}={getattr(m, k)!r} (GPT-2 has {v!r})" for k, v in wanted.items()
-            if getattr(m, k, v) != v]
-
-
 def save_hf(model: GPT, vocab: Vocab, cfg: RunConfig, out: Path) -> None:
     """A GPT-2 directory: config.json, model.safetensors and a character-level tokenizer."""
-    bad = hf_unsupported(cfg)
+    m = cfg.model
+    wanted = {"pos_encoding": "learned", "norm": "layernorm", "norm_placement": "pre",
+              "activation": "gelu", "qk_norm": False, "logit_softcap": 0.0, "bigram": False}
+    bad = ([f"model.arch={m.arch!r} (GPT-2 is a decoder only)"] if m.arch != "decoder" else
+           [f"model.{k}={getattr(m, k)!r} (GPT-2 has {v!r})" for k, v in wanted.items()
+            if getattr(m, k, v) != v])
     if isinstance(vocab, Vocab) and vocab.units != "char":  # its tokenizer: a token a character
         bad.append(f"{vocab.units} units (the GPT-2 tokenizer written is character-level)")
     if bad:
@@ -185,10 +179,8 @@ def save_hf(model: GPT, vocab: Vocab, cfg: RunConfig, out: Path) -> None:
             "this model cannot be exported as GPT-2 (--format hf): " + ", ".join(bad)
             + "; use --format safetensors"
         )
-    m = cfg.model
-    weights = gpt2_weights(model.state_dict(), m)
     out.mkdir(parents=True, exist_ok=True)
-    _write_weights(out / WEIGHTS, weights, {"format": "pt"})
+    _write_weights(out / WEIGHTS, gpt2_weights(model.state_dict(), m), {"format": "pt"})
     _write_json(out / "config.json", {
         "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
         "vocab_size": len(vocab), "n_positions": m.block_size, "n_ctx": m.block_size,

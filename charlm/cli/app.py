@@ -1,9 +1,14 @@
 """The `charlm` command line: the root app, which imports a command's module only when the
-command runs (or `--help` lists it), and `main`, which ends bad input with one `error:` line."""
+command runs (or `--help` lists it), and `main`, which ends bad input with one `error:` line:
+out-of-memory advice, SIGINT and SIGTERM outside training, a stdout that never raises on a
+character it cannot encode."""
 
 from __future__ import annotations
 
 import importlib
+import io
+import os
+import re
 import signal
 import sys
 from typing import Annotated
@@ -12,14 +17,24 @@ import typer
 import typer.core
 import typer.main
 
-from charlm.cli import reporting
-from charlm.core.errors import CharlmError, SettingError
+from charlm.core.errors import CharlmError, SettingError, printable
+from charlm.core.ranks import reports_errors
 
 COMMANDS = ("prepare", "train", "sample", "info", "eval", "export", "tune", "serve")
 
+OUT_OF_MEMORY_ADVICE = {  # what each command can make smaller
+    "train": "make the model (model.n_layer, model.n_embd), train.batch_size or model.block_size "
+             "smaller",
+    "sample": "use a smaller --num-samples or --beams, or free memory on the device",
+    "eval": "score a shorter text (split the file), free memory on the device, or score on "
+            "another --device",
+}
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
 
 class LazyGroup(typer.core.TyperGroup):
-    """The commands, each loaded from `charlm.cli.<name>` when it is asked for."""
+    """The commands, each the function of its name in `charlm.cli.<name>` (`eval_` for eval),
+    loaded when it is asked for."""
 
     def list_commands(self, ctx: typer.Context) -> list[str]:
         return list(COMMANDS)
@@ -27,7 +42,10 @@ class LazyGroup(typer.core.TyperGroup):
     def get_command(self, ctx: typer.Context, name: str):
         if name not in COMMANDS:
             return None
-        return typer.main.get_command(importlib.import_module(f"charlm.cli.{name}").app)
+        module = importlib.import_module(f"charlm.cli.{name}")
+        one = typer.Typer(add_completion=False, rich_markup_mode=None)
+        one.command(name)(getattr(module, name, None) or getattr(module, f"{name}_"))
+        return typer.main.get_command(one)
 
 
 app = typer.Typer(
@@ -60,40 +78,84 @@ def error_message(e: CharlmError | OSError) -> str:
     return f"{e.strerror or e}: {e.filename}" if e.filename else f"{e.strerror or e}"
 
 
+def report(line: str) -> None:
+    """Print an error line on stderr, its control characters escaped, once per machine under
+    torchrun (`reports_errors`), not once per process."""
+    if reports_errors():
+        print(printable(line), file=sys.stderr)
+
+
+class Interrupt(BaseException):
+    """SIGINT or SIGTERM outside training (which stops on its own): raised where the command
+    is, it unwinds it as an error would, each `finally` removing what it half-wrote; the
+    process then exits 128 + the signal's number, as a shell counts it."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        super().__init__(signum)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+    def line(self) -> str:
+        """What stderr shows: after a Ctrl-C on a line of its own (the terminal echoed ^C)."""
+        if self.signum == signal.SIGINT:
+            return "\ninterrupted"
+        return f"interrupted by {signal.Signals(self.signum).name}"
+
+
+def raise_interrupt(signum: int, frame: object) -> None:
+    raise Interrupt(signum)
+
+
+def out_of_memory_line(e: BaseException, command: str) -> str | None:
+    """The `error:` line for a failed allocation (CUDA's OutOfMemoryError, the CPU allocator's,
+    a MemoryError): its size and what `command` can make smaller; None for another error."""
+    if not (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
+            or "can't allocate memory" in str(e)):
+        return None
+    tried = re.search(r"[Tt]ried to allocate (\d[\d.]* ?\w*)", str(e))
+    return (f"error: out of memory{f' (tried to allocate {tried[1]})' if tried else ''}: "
+            f"{OUT_OF_MEMORY_ADVICE.get(command, OUT_OF_MEMORY_ADVICE['train'])}")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the app: bad input ends with one `error:` line and exit code 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    reporting.tolerant_stdout()
+    # A closed stdout (`>&-`) goes to /dev/null, and one that cannot encode every character (a
+    # Latin-1 terminal) writes the others as escapes, as stderr does, not a traceback.
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (the process's)
+    if isinstance(sys.stdout, io.TextIOWrapper) and sys.stdout.errors == "strict":
+        sys.stdout.reconfigure(errors="backslashreplace")
     # Typer turns KeyboardInterrupt into a silent exit 130, and SIGTERM's default ends the
     # process where it stands (leaving its temporary files): both raise Interrupt instead. A
     # signal set to be ignored (a shell's background job) or handled by the caller stays so.
     defaults = (signal.default_int_handler, signal.SIG_DFL)
-    replaced = {sig: handler for sig in reporting.STOP_SIGNALS
+    replaced = {sig: handler for sig in STOP_SIGNALS
                 if (handler := signal.getsignal(sig)) in defaults}
     for sig in replaced:
-        signal.signal(sig, reporting.raise_interrupt)
+        signal.signal(sig, raise_interrupt)
     try:
         code = app(args=argv, prog_name="charlm", standalone_mode=False)
     except typer.TyperException as e:  # a usage error (an unknown option); `charlm` alone: help
         where = e.ctx.command_path if getattr(e, "ctx", None) else "charlm"
         if argv:
-            reporting.report(f"error: {e.format_message()} (see `{where} -h`)")
+            report(f"error: {e.format_message()} (see `{where} -h`)")
         else:
             e.show()
         sys.exit(e.exit_code)
     except (CharlmError, OSError) as e:
         if "--debug" in argv:
             raise
-        reporting.report(f"error: {error_message(e)}")
+        report(f"error: {error_message(e)}")
         sys.exit(2)
     except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError (CUDA) is a RuntimeError
-        if "--debug" in argv or not reporting.out_of_memory(e):
-            raise
-        # every process prints it: under torchrun one GPU may run out alone
         command = next((a for a in argv if not a.startswith("-")), "train")
-        print(reporting.out_of_memory_line(e, command), file=sys.stderr)
+        line = None if "--debug" in argv else out_of_memory_line(e, command)
+        if line is None:
+            raise
+        print(line, file=sys.stderr)  # every process's: under torchrun one GPU may run out alone
         sys.exit(2)
-    except reporting.Interrupt as e:
+    except Interrupt as e:
         print(e.line(), file=sys.stderr)
         sys.exit(e.exit_code)
     finally:

@@ -9,13 +9,11 @@ from typing import Annotated, Any
 
 import typer
 
-from charlm.cli.options import DeviceOpt, DtypeOpt, StepOpt, TargetArg, command_app
+from charlm.cli.options import DeviceOpt, DtypeOpt, StepOpt, TargetArg
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError, characters, warn
 
-app = command_app()
 
-@app.command("eval")
 def eval_(
     target: TargetArg,
     text_file: Annotated[
@@ -118,8 +116,7 @@ def eval_pairs_file(lm: Any, path: Path, unknown: str, json_out: bool,
     from charlm.data.pairs import read_pairs
     from charlm.evaluation.pairs import rate_name, score_pairs
 
-    cfg = lm.config
-    pairs, _ = read_pairs(path, cfg.data, cfg.model.block_size)
+    pairs, _ = read_pairs(path, lm.config.data, lm.config.model.block_size)
     grouped: dict[str, list[str]] = {}
     for s, t in pairs:
         grouped.setdefault(s, []).append(t)

@@ -7,12 +7,10 @@ from typing import Annotated
 
 import typer
 
-from charlm.cli.options import StepOpt, TargetArg, command_app
+from charlm.cli.options import StepOpt, TargetArg
 from charlm.core.errors import CharlmError
 
-app = command_app()
 
-@app.command()
 def export(
     target: TargetArg,
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write.")],

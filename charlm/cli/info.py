@@ -3,6 +3,7 @@ the model `charlm train` would build from the same argument (a config, text, or 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import zipfile
 from pathlib import Path
@@ -10,12 +11,10 @@ from typing import Annotated
 
 import typer
 
-from charlm.cli.options import SetOpt, command_app
+from charlm.cli.options import SetOpt
 from charlm.core.errors import CharlmError
 
-app = command_app()
 
-@app.command()
 def info(
     target: Annotated[
         Path | None, typer.Argument(
@@ -53,14 +52,21 @@ def info(
     from charlm.config.yaml_files import dump_yaml
     from charlm.data.datasets import data_summary
     from charlm.info.summary import config_model, describe, render_text
+    from charlm.runtime.device import resolve_device
+    from charlm.runtime.profile import decide
 
     if machine:
         if target is not None or set_ or shapes:
             raise CharlmError("--machine describes this machine, not a run or config; give it "
                               "alone (or with --json)")
-        print_profile(json_)
+        device = resolve_device("auto")
+        profile = decide("auto", "auto", device)  # what `charlm train` would decide here
+        if json_:
+            print(json.dumps({"device": str(device), **dataclasses.asdict(profile)}, indent=2))
+        else:
+            print(profile.line(device).replace("recorded in config.yaml", "a run records these "
+                                               "in its config.yaml"))
         return
-    train_state = None
     if vocab_size is not None and vocab_size < 1:
         raise CharlmError(f"--vocab-size must be >= 1, got {vocab_size}")
     if not shapes and (batch is not None or seq_len is not None):
@@ -69,7 +75,7 @@ def info(
     trained = is_model(target)
     if not trained:
         cfg, _ = train_config(target, list(set_ or []))
-        model = config_model(cfg, vocab_size)  # one block per stack, on the meta device
+        model, train_state = config_model(cfg, vocab_size), None  # one block a stack, on meta
     else:
         if set_ or vocab_size is not None:
             given = "--set" if set_ else "--vocab-size"
@@ -87,22 +93,6 @@ def info(
     print(render_text(report))
     print("\nconfig:")
     print("  " + dump_yaml(report["config"]).replace("\n", "\n  ").rstrip())
-
-
-def print_profile(as_json: bool) -> None:
-    """What `charlm train` would decide here before its first step."""
-    from charlm.runtime.device import resolve_device
-    from charlm.runtime.profile import decide
-
-    device = resolve_device("auto")
-    profile = decide("auto", "auto", device)
-    if as_json:
-        print(json.dumps({"device": str(device), "threads": profile.threads,
-                          "dtype": profile.dtype, "why_threads": profile.why_threads,
-                          "why_dtype": profile.why_dtype}, indent=2))
-    else:
-        print(profile.line(device).replace("recorded in config.yaml", "a run records these "
-                                           "in its config.yaml"))
 
 
 def is_model(target: Path | None) -> bool:

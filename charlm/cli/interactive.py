@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from charlm.cli.options import SAMPLE_FIELDS
 from charlm.config.sampling import SampleConfig
 from charlm.config.yaml_files import PlainScalar
 from charlm.core.errors import CharlmError
@@ -56,12 +57,11 @@ def shown(value: object) -> str:
 
 def help_text(opts: SampleConfig) -> str:
     """What /help prints."""
-    helps = {f.name: f.metadata["help"] for f in dataclasses.fields(SampleConfig)}
     width = max(map(len, SETTABLE)) + 8
     lines = ["Type a prompt and Enter: the model continues it. A line that starts with / is a "
              "command (start a prompt with // to begin it with /):"]
-    lines += [f"  /{name + ' VALUE':<{width}} {helps[name]} Now {shown(getattr(opts, name))}."
-              for name in SETTABLE]
+    lines += [f"  /{name + ' VALUE':<{width}} {SAMPLE_FIELDS[name].metadata['help']} "
+              f"Now {shown(getattr(opts, name))}." for name in SETTABLE]
     lines += [f"  /{'NAME':<{width}} show an option's value (null is off, for top_k, top_p "
               "and min_p)",
               f"  /{'reset':<{width}} the options as the command line gave them",

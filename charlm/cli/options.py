@@ -11,13 +11,6 @@ import typer
 
 from charlm.config.sampling import SampleConfig
 
-
-def command_app() -> typer.Typer:
-    """The Typer app of one command."""
-    return typer.Typer(add_completion=False, pretty_exceptions_enable=False,
-                       rich_markup_mode=None)
-
-
 SetOpt = Annotated[
     list[str] | None,
     typer.Option("--set", "-s", metavar="SECTION.KEY=VALUE",

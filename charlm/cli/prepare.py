@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from charlm.cli.options import SetOpt, command_app
+from charlm.cli.options import SetOpt
 from charlm.config.data import DataConfig, text_options
 from charlm.config.loading import load_config
 from charlm.core.errors import CharlmError
 from charlm.core.files import locked_parent
 
-app = command_app()
 
-@app.command()
 def prepare(
     inputs: Annotated[list[str], typer.Argument(
         metavar="INPUT...", help="UTF-8 text: files, folders (every file under them, hidden ones "
@@ -108,7 +109,7 @@ def prepare(
 def prepare_benchmark_file(name: str, inputs: list[str], out: Path, val_fraction: float,
                            other: bool) -> None:
     """`charlm prepare --benchmark NAME FILE`: the benchmark fixes the split and the units."""
-    from charlm.data.datasets import prepare_benchmark
+    from charlm.data.datasets import benchmark, prepare_benchmark
 
     if len(inputs) != 1:
         raise CharlmError(f"--benchmark {name} takes one file, the benchmark's, got "
@@ -116,32 +117,23 @@ def prepare_benchmark_file(name: str, inputs: list[str], out: Path, val_fraction
     if other or val_fraction != DataConfig.val_fraction:
         raise CharlmError("--benchmark fixes the split and the units; leave out --val-fraction, "
                           "--units, --pairs, --set and the other text options")
-    if inputs[0] == "-":
-        meta = benchmark_from_stdin(name, out)
-    else:
+    if inputs[0] != "-":
         meta = prepare_benchmark(name, inputs[0], out)
+    else:
+        # stdin copied to a temporary file (it is read twice), at most one byte past the
+        # benchmark's size, so a larger input is still refused
+        left = benchmark(name).size + 1
+        fd, copy = tempfile.mkstemp(prefix=f"charlm-{name}-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                while left > 0 and (chunk := sys.stdin.buffer.read(min(left, 1 << 20))):
+                    f.write(chunk)
+                    left -= len(chunk)
+            meta = prepare_benchmark(name, copy, out, shown="-")
+        finally:
+            os.unlink(copy)
     unit = "bytes" if meta.get("units") == "byte" else "characters"
     print(f"wrote {out}: {meta['vocab_size']} symbols ({meta['dtype']}), "
           f"{meta['train_tokens']:,} train / {meta['val_tokens']:,} val / "
           f"{meta['test_tokens']:,} test {unit}")
 
-
-def benchmark_from_stdin(name: str, out: Path) -> dict:
-    """`charlm prepare --benchmark NAME -`: stdin copied to a temporary file (it is read twice),
-    at most one byte past the benchmark's size, so a larger input is still refused."""
-    import os
-    import sys
-    import tempfile
-
-    from charlm.data.datasets import benchmark, prepare_benchmark
-
-    left = benchmark(name).size + 1
-    fd, copy = tempfile.mkstemp(prefix=f"charlm-{name}-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            while left > 0 and (chunk := sys.stdin.buffer.read(min(left, 1 << 20))):
-                f.write(chunk)
-                left -= len(chunk)
-        return prepare_benchmark(name, copy, out, shown="-")
-    finally:
-        os.unlink(copy)

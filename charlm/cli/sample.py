@@ -3,6 +3,7 @@ outputs for its sources; the prompt and the sources read from options, files or 
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import io
 import json
@@ -16,7 +17,6 @@ import typer
 from charlm.cli import options
 from charlm.cli.options import SAMPLE_DEFAULTS as D
 from charlm.cli.options import DeviceOpt, DtypeOpt, StepOpt, TargetArg, sample_option
-from charlm.cli.reporting import writes_unicode
 from charlm.config.sampling import SampleConfig
 from charlm.core.errors import CharlmError, warn
 from charlm.core.files import missing, read_capped
@@ -27,13 +27,11 @@ if TYPE_CHECKING:
     from charlm.model.encoder_decoder import EncoderDecoder
     from charlm.model.gpt import GPT
 
-app = options.command_app()
-
 # The most text a prompt (or the sources) may hold, far beyond any context: an endless pipe
 # (`yes | charlm sample RUN --prompt -`) would fill the memory
 INPUT_LIMIT = 4 << 20
 
-@app.command()
+
 def sample(
     ctx: typer.Context,
     target: TargetArg,
@@ -157,8 +155,9 @@ def print_samples(model: GPT, vocab: Vocab, text: str, opts: SampleConfig, strea
     from charlm.generation.text import sample_text
 
     out = sys.stdout
-    separator = "\n" + "-" * 40 + "\n"
     live = stream and not json_out and opts.beams is None
+    # a UTF encoding writes every character; another gets them as JSON's escapes
+    ascii_only = not codecs.lookup(getattr(out, "encoding", None) or "utf-8").name.startswith("utf")
 
     def show(i: int, piece: str) -> None:
         if live and i == 0:
@@ -173,10 +172,10 @@ def print_samples(model: GPT, vocab: Vocab, text: str, opts: SampleConfig, strea
         if json_out:
             out.write(json.dumps({"text": s.text, "prompt": s.prompt, "tokens": s.tokens,
                                   "seconds": round(s.seconds, 4), "stopped": s.stopped},
-                                 ensure_ascii=not writes_unicode(out)) + "\n")
+                                 ensure_ascii=ascii_only) + "\n")
             continue
         if i > 0:
-            out.write(separator)
+            out.write("\n" + "-" * 40 + "\n")
         if not (live and i == 0):
             out.write(s.prompt + s.text)
     if not json_out:
@@ -186,38 +185,26 @@ def print_samples(model: GPT, vocab: Vocab, text: str, opts: SampleConfig, strea
 
 def read_input(option: str, what: str, text: str | None, file: Path | None,
                advice: str = "") -> str | None:
-    """The text of --OPTION TEXT, --OPTION - (stdin) or --OPTION-file FILE, or None for none;
-    `what` names it in errors."""
+    """The text of --OPTION TEXT, --OPTION - (stdin) or --OPTION-file FILE (read as `charlm
+    prepare` reads one: CRLF kept, no byte order mark), or None for none; `what` names it in
+    errors. Stdin holds at most INPUT_LIMIT bytes, as a file does: a pipe may never end."""
+    from charlm.data.chunks import decode_chunks, read_text
+
     if text is not None and file is not None:
         raise CharlmError(f"give the {what} either with --{option} or with --{option}-file, not "
                           "both")
     if file is not None:
-        return read_file(file, f"{option} file")
+        if file.is_dir():
+            raise CharlmError(f"{option} file {file} is a directory; give a text file")
+        if not file.exists():
+            raise missing(file, f"{option} file")
+        return read_text(file, f"{option} file", INPUT_LIMIT)
     if text != "-":
         return text
     if sys.stdin is None:  # started with stdin closed (`<&-`)
         raise CharlmError(f"--{option} - reads the {what} from stdin, which is closed{advice}")
-    return read_stdin(f"the {what} on stdin")
-
-
-def read_file(path: Path, name: str) -> str:
-    """A text file as `charlm prepare` reads one (CRLF kept, no byte order mark)."""
-    from charlm.data.chunks import read_text
-
-    if path.is_dir():
-        raise CharlmError(f"{name} {path} is a directory; give a text file")
-    if not path.exists():
-        raise missing(path, name)
-    return read_text(path, name, INPUT_LIMIT)
-
-
-def read_stdin(name: str) -> str:
-    """The text on stdin, read as a file is, of at most INPUT_LIMIT bytes: a pipe may never
-    end."""
-    from charlm.data.chunks import decode_chunks
-
-    data = read_capped(sys.stdin.buffer, INPUT_LIMIT, name)
-    return "".join(text for _, text in decode_chunks(io.BytesIO(data), name))
+    data = read_capped(sys.stdin.buffer, INPUT_LIMIT, f"the {what} on stdin")
+    return "".join(piece for _, piece in decode_chunks(io.BytesIO(data), f"the {what} on stdin"))
 
 
 def read_sources(source: str | None, source_file: Path | None, arch: str) -> list[str]:

@@ -9,10 +9,8 @@ from typing import Annotated
 
 import typer
 
-from charlm.cli.options import DeviceOpt, DtypeOpt, TargetArg, command_app
+from charlm.cli.options import DeviceOpt, DtypeOpt, TargetArg
 from charlm.core.errors import CharlmError, warn
-
-app = command_app()
 
 SERVE_MODULES = ("fastapi", "starlette", "pydantic", "uvicorn", "prometheus_client")
 
@@ -21,7 +19,6 @@ def opt(metavar: str, help: str, **kw: object) -> typer.models.OptionInfo:
     return typer.Option(metavar=metavar, help=help, **kw)
 
 
-@app.command()
 def serve(
     target: TargetArg,
     host: Annotated[str, opt("HOST", "Address to listen on; 0.0.0.0 for every network (then "
@@ -90,7 +87,11 @@ def serve(
     settings = Settings(name, Limits(max_prompt, max_tokens, max_n, max_body, max_concurrent),
                         api_key, tuple(cors_origin or ()))
     bound_host, bound_port = sock.getsockname()[:2]
-    if api_key is None and not is_loopback(host):
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if api_key is None and not loopback:
         warn(f"listening on {host} without --api-key: whoever reaches this port can "
              "use the model")
     url = f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}"
@@ -111,10 +112,3 @@ def check_exposure(host: str, api_key: str | None) -> None:
     if api_key is None and os.environ.get("CHARLM_API_KEY") == "":
         raise CharlmError("CHARLM_API_KEY is set but empty, so the server would need no key; "
                           "give a key in it, or unset it")
-
-
-def is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from charlm.cli.options import DEVICES, SetOpt, command_app
+from charlm.cli.options import DEVICES, SetOpt
 from charlm.config.loading import Override, dotted_key, is_config_file, load_config
 from charlm.config.schema import RunConfig
 from charlm.config.yaml_files import read_yaml_file
@@ -21,9 +21,7 @@ from charlm.core.ranks import is_main_process
 if TYPE_CHECKING:
     from charlm.training.parent import Parent
 
-app = command_app()
 
-@app.command()
 def train(
     config: Annotated[
         list[str] | None,

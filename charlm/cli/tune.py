@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from charlm.cli.options import command_app, is_default
+from charlm.cli.options import is_default
 from charlm.core.errors import CharlmError
-
-app = command_app()
 
 Opt = typer.Option
 
 
-@app.command()
 def tune(
     ctx: typer.Context,
     config: Annotated[
@@ -71,63 +68,40 @@ def tune(
         import optuna  # noqa: F401 - an optional extra
     except ImportError:
         raise CharlmError("charlm tune needs Optuna: pip install 'charlm[tune]'") from None
+    from charlm.cli.train import train_config
     from charlm.tune.report import summarize
     from charlm.tune.runner import Tuner
-    from charlm.tune.space import check_setting
+    from charlm.tune.space import check_setting, read_search
+    from charlm.tune.study import RESUMABLE, StudyConfig, new_study
 
     if workers < 1:
         raise CharlmError(f"--workers must be >= 1, got {workers}")
-    settings = {"objective": objective, "sampler": sampler, "pruner": pruner,
-                "pruner_warmup": pruner_warmup, "seed": seed, "repeats": repeats,
-                "trials": trials, "timeout": timeout}
-    if resume:
-        study_cfg = _saved_study(ctx, out)
-    else:
-        study_cfg = _new_study(config, search, settings, set_, data, out, storage, study)
-    limit = study_cfg.search.setting("timeout") if timeout is None else check_setting(
+    if resume:  # the study in --out as it was made: only RESUMABLE options change it
+        given = [p.opts[0] for p in ctx.command.params if p.name not in (
+            "out", "trials", "timeout", "workers", "resume") and not is_default(ctx, p.name)]
+        if given:
+            raise CharlmError(f"--resume continues the study as it was made; {given[0]} cannot "
+                              f"change it (only {', '.join(RESUMABLE)} can)")
+        study_cfg = StudyConfig.load(out)
+    else:  # options win over the search file's settings; the base config as `charlm train` reads it
+        if not search:
+            raise CharlmError("give the search space with --search FILE or --search KEY=SPEC")
+        found = read_search(search)
+        settings = {"objective": objective, "sampler": sampler, "pruner": pruner,
+                    "pruner_warmup": pruner_warmup, "seed": seed, "repeats": repeats,
+                    "trials": trials, "timeout": timeout}
+        found.settings.update({k: check_setting(k, v, "the options")
+                               for k, v in settings.items() if v is not None})
+        cfg, _ = train_config(config, set_ or [], data=data, out=str(out / "base"))
+        study_cfg = new_study(cfg, found, out, storage, study)
+    space = study_cfg.search
+    limit = space.setting("timeout") if timeout is None else check_setting(
         "timeout", timeout, "--timeout")
-    tuner = Tuner(study_cfg, workers, check_setting("trials", _budget(study_cfg, trials),
-                                                    "--trials"), limit)
+    if trials is None:  # the search's; a grid without either: every combination
+        grid = space.setting("sampler") == "grid" and "trials" not in space.settings
+        trials = (math.prod(len(p.grid()) for p in space.sampled()) if grid
+                  else space.setting("trials"))
+    tuner = Tuner(study_cfg, workers, check_setting("trials", trials, "--trials"), limit)
     code = summarize(tuner, tuner.run())
     if code:
         raise typer.Exit(code)
-
-
-def _saved_study(ctx: typer.Context, out: Path) -> Any:
-    """--resume: the study in --out as it was made; only RESUMABLE options change."""
-    from charlm.tune.study import RESUMABLE, StudyConfig
-
-    given = [p.opts[0] for p in ctx.command.params if p.name not in (
-        "out", "trials", "timeout", "workers", "resume") and not is_default(ctx, p.name)]
-    if given:
-        raise CharlmError(f"--resume continues the study as it was made; {given[0]} cannot "
-                          f"change it (only {', '.join(RESUMABLE)} can)")
-    return StudyConfig.load(out)
-
-
-def _new_study(config: Path | None, search: list[str] | None, settings: dict[str, Any],
-              set_: list[str] | None, data: str | None, out: Path, storage: str | None,
-              study: str | None) -> Any:
-    """A new study: its search (options win over the search file's settings), the base config
-    as `charlm train` reads it, the data prepared once."""
-    from charlm.cli.train import train_config
-    from charlm.tune.space import check_setting, read_search
-    from charlm.tune.study import new_study
-
-    if not search:
-        raise CharlmError("give the search space with --search FILE or --search KEY=SPEC")
-    found = read_search(search)
-    found.settings.update({k: check_setting(k, v, "the options")
-                           for k, v in settings.items() if v is not None})
-    cfg, _ = train_config(config, set_ or [], data=data, out=str(out / "base"))
-    return new_study(cfg, found, out, storage, study)
-
-
-def _budget(study_cfg: Any, trials: int | None) -> int:
-    """--trials, else the search's; a grid without either: every combination."""
-    search = study_cfg.search
-    if trials is not None:
-        return trials
-    if search.setting("sampler") == "grid" and "trials" not in search.settings:
-        return math.prod(len(p.grid()) for p in search.sampled())
-    return search.setting("trials")

@@ -20,7 +20,6 @@ POSITION_ROWS = {
     "rope": "position encoding (rotary, applied to q and k)",
     "none": "position encoding (none)",
 }
-NO_FINAL_NORM = "norm (none: post-norm blocks end in a norm)"
 
 
 def _row(section: str, component: str, shape: torch.Tensor | tuple[int, ...] | None) -> dict:
@@ -85,7 +84,7 @@ def _embedding_rows(wte: nn.Embedding, wpe: nn.Embedding | None, cfg: ModelConfi
 
 def _final_norm_rows(norm: nn.Module, cfg: ModelConfig, section: str, prefix: str) -> list[dict]:
     if isinstance(norm, nn.Identity):
-        return [_row(section, f"{prefix} {NO_FINAL_NORM}", None)]
+        return [_row(section, f"{prefix} norm (none: post-norm blocks end in a norm)", None)]
     return _norm_rows(section, f"{prefix} {cfg.norm}", norm)
 
 
@@ -120,8 +119,7 @@ def parameter_table(model: GPT | EncoderDecoder, n_layer: int | None = None,
     cfg = model.cfg if n_layer is None else dataclasses.replace(model.cfg, n_layer=n_layer)
     rows = _embedding_rows(model.wte, getattr(model, "wpe", None), cfg)
     if cfg.bigram:
-        shape = model.bigram.weight.shape
-        rows.append(_row("embedding", "bigram table (previous, current)", shape))
+        rows.append(_row("embedding", "bigram table (previous, current)", model.bigram.weight))
     rows += _layer_rows(model.blocks[0], cfg)
     rows += _final_norm_rows(model.ln_f, cfg, "output", "final")
     rows.append(_head_row(model.head, cfg.tie_weights, "token embedding"))

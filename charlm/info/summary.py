@@ -23,39 +23,33 @@ from charlm.model.encoder_decoder import EncoderDecoder
 from charlm.model.gpt import GPT
 
 
-def _text_vocab_size(cfg: RunConfig) -> int:
-    if missing := missing_inputs(cfg.data.inputs):
-        raise CharlmError(f"the vocabulary size comes from data.path, and {missing[0]} does not "
-                          "exist; give --vocab-size N, or --set data.path=FILE")
-    return len(text_vocab(cfg.data.inputs, text_options(cfg.data)))
-
-
-def _pair_vocab(cfg: RunConfig):
-    """The source and target vocabularies of data.path: a .tsv of pairs or a prepared dir."""
+def config_model(cfg: RunConfig, vocab_size: int | None = None) -> GPT | EncoderDecoder:
+    """The model a config describes, one block per stack on the meta device (so one too big for
+    memory is described too), its vocabulary from data.path (an encoder-decoder's two: a .tsv
+    of pairs or a prepared dir) or a GPT's `vocab_size`."""
+    m = cfg.model
+    if m.arch != "encoder_decoder":
+        if vocab_size is None:
+            if missing := missing_inputs(cfg.data.inputs):
+                raise CharlmError(f"the vocabulary size comes from data.path, and {missing[0]} "
+                                  "does not exist; give --vocab-size N, or --set data.path=FILE")
+            vocab_size = len(text_vocab(cfg.data.inputs, text_options(cfg.data)))
+        with torch.device("meta"):
+            return GPT(dataclasses.replace(m, n_layer=1), vocab_size)
+    if vocab_size is not None:
+        raise CharlmError("--vocab-size gives one vocabulary, and model.arch=encoder_decoder "
+                          "has two (source and target); drop it: both come from data.path")
     path = Path(cfg.data.inputs[0])
     if not path.exists():
         raise CharlmError(f"the source and target vocabularies come from data.path, and {path} "
                           "does not exist; --set data.path=FILE (a .tsv of pairs, or a dataset "
                           "made by `charlm prepare --pairs`)")
     if path.is_dir():
-        return load_pairs(path).vocab
-    check_data_kind(cfg, cfg.data.pairs)
-    pairs, _ = read_pairs(path, cfg.data, cfg.model.block_size)
-    return PairVocab.from_pairs(pairs, cfg.data.target_units)
-
-
-def config_model(cfg: RunConfig, vocab_size: int | None = None) -> GPT | EncoderDecoder:
-    """The model a config describes, one block per stack on the meta device (so one too big for
-    memory is described too), its vocabulary from data.path or a GPT's `vocab_size`."""
-    m = cfg.model
-    if m.arch != "encoder_decoder":
-        size = _text_vocab_size(cfg) if vocab_size is None else vocab_size
-        with torch.device("meta"):
-            return GPT(dataclasses.replace(m, n_layer=1), size)
-    if vocab_size is not None:
-        raise CharlmError("--vocab-size gives one vocabulary, and model.arch=encoder_decoder "
-                          "has two (source and target); drop it: both come from data.path")
-    vocab = _pair_vocab(cfg)
+        vocab = load_pairs(path).vocab
+    else:
+        check_data_kind(cfg, cfg.data.pairs)
+        pairs, _ = read_pairs(path, cfg.data, m.block_size)
+        vocab = PairVocab.from_pairs(pairs, cfg.data.target_units)
     with torch.device("meta"):
         return EncoderDecoder(dataclasses.replace(m, n_layer=1, n_encoder_layer=1),
                               vocab.source_size, vocab.target_size, vocab.src_pad)

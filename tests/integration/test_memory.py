@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from charlm.cli.reporting import Interrupt
+from charlm.cli.app import Interrupt
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError
 from charlm.training import checkpoint

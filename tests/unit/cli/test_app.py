@@ -1,5 +1,5 @@
 """`charlm` itself (charlm.cli.app): every command's help, usage errors, and a failure of any
-command as one `error:` line."""
+command as one `error:` line, printed once per machine under torchrun."""
 
 import contextlib
 import errno
@@ -12,7 +12,7 @@ import torch
 from charlm.cli import app as cli
 from charlm.core import files
 from charlm.core.files import write_text_atomic
-from tests.helpers import COMMANDS
+from tests.helpers import COMMANDS, ROOT
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -144,3 +144,14 @@ def test_a_path_with_a_newline_and_an_escape_sequence_stays_on_the_error_line(cl
     assert result.err.startswith("error: ") and result.err.count("\n") == 1
     assert "bad\\nname\\x1b[2J.txt" in result.err and "\x1b" not in result.err
 
+
+@pytest.mark.parametrize("rank, local_rank, prints", [(1, 1, False), (8, 0, True)])
+def test_bad_input_is_printed_by_the_first_process_of_each_machine(rank, local_rank, prints,
+                                                                   cli, monkeypatch):
+    """The processes of a torchrun world fail alike: one error line per machine, not one per
+    process (rank 8 with local rank 0: the first process of a second machine)."""
+    for key, value in {"RANK": rank, "LOCAL_RANK": local_rank, "WORLD_SIZE": 16}.items():
+        monkeypatch.setenv(key, str(value))
+    result = cli("train", ROOT / "configs" / "tiny.yaml", "--set", "train.max_iters=0")
+    message = "error: invalid config value train.max_iters: must be >= 1\n"
+    assert (result.code, result.out, result.err) == (2, "", message if prints else "")
