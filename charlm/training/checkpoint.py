@@ -1,6 +1,6 @@
 """Checkpoints: atomic `save` and safe `load` (tensors and plain containers only), with a format
-version. A run saves and resumes one map of stateful objects (`collect`, `restore`: torchtitan's
-checkpointer), so what is saved and what is restored cannot drift apart."""
+version. A run saves and `restore`s one map of stateful objects (torchtitan's checkpointer), so
+what is saved and what is restored cannot drift apart."""
 
 from __future__ import annotations
 
@@ -64,11 +64,11 @@ def load_scaler(scaler: torch.amp.GradScaler, state: dict[str, Any]) -> None:
         scaler.load_state_dict(state)
 
 
+@dataclass
 class RNGState:
     """torch's global RNG states: the CPU's, and on CUDA every GPU's."""
 
-    def __init__(self, device: torch.device):
-        self.device = device
+    device: torch.device
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         rng = {"torch": torch.get_rng_state()}
@@ -80,12 +80,7 @@ class RNGState:
         # from CPU tensors: a CUDA one is "RNG state must be a torch.ByteTensor"
         torch.set_rng_state(state["torch"])
         if self.device.type == "cuda" and "cuda" in state:
-            for index, rng in enumerate(state["cuda"][:torch.cuda.device_count()]):
-                torch.cuda.set_rng_state(rng, index)
-
-
-def collect(objects: Mapping[str, Stateful], **extra: Any) -> dict[str, Any]:
-    return {**{name: obj.state_dict() for name, obj in objects.items()}, **extra}
+            torch.cuda.set_rng_state_all(state["cuda"][:torch.cuda.device_count()])
 
 
 def restore(state: dict[str, Any], objects: Mapping[str, Stateful], path: Path) -> None:
@@ -122,7 +117,23 @@ def load(path: str | Path) -> dict[str, Any]:
     """A charlm checkpoint, on the CPU, without executing any pickled code."""
     path = Path(path)
     with open_regular(path, "checkpoint") as f:  # a FIFO or /dev/zero: no read would end
-        state = _unpickle(f, path)
+        if not zipfile.is_zipfile(f):  # what torch.save writes is a zip
+            raise unreadable(path, "not a complete torch.save file")
+        # read whole into memory: a file larger than it would only swap or die
+        require_memory(os.fstat(f.fileno()).st_size, torch.device("cpu"),
+                       f"checkpoint {path} holds {{gib}}", "load it on a machine with more memory")
+        check_records(f, path)
+        f.seek(0)
+        try:
+            state = torch.load(f, map_location="cpu", weights_only=True)
+        except OSError:
+            raise  # an unreadable file: the CLI names it
+        except Exception as e:  # arbitrary bytes can make the unpickler raise anything
+            if "Weights only load failed" in str(e):  # torch's long advice is not for our users
+                why = "it is not a checkpoint, or it holds pickled code, which charlm never runs"
+            else:
+                why = first_line(e)
+            raise unreadable(path, why) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CharlmError(f"{path} is not a charlm checkpoint (it may come from another tool)")
     if state.get("version") != VERSION:
@@ -146,27 +157,6 @@ def check_records(f: BinaryIO, path: Path) -> None:
         raise damaged(path, f"record {bad} fails its CRC-32 check (the file changed after it was "
                             "saved); restore it from a backup, or use the run's other "
                             "checkpoint (best.pt or last.pt)")
-
-
-def _unpickle(f: BinaryIO, path: Path) -> Any:
-    """What `torch.save` wrote to the open file `f`, tensors and plain containers only."""
-    if not zipfile.is_zipfile(f):  # what torch.save writes is a zip
-        raise unreadable(path, "not a complete torch.save file")
-    # read whole into memory: a file larger than it would only swap or die
-    require_memory(os.fstat(f.fileno()).st_size, torch.device("cpu"),
-                   f"checkpoint {path} holds {{gib}}", "load it on a machine with more memory")
-    check_records(f, path)
-    f.seek(0)
-    try:
-        return torch.load(f, map_location="cpu", weights_only=True)
-    except OSError:
-        raise  # an unreadable file: the CLI names it
-    except Exception as e:  # arbitrary bytes can make the unpickler raise anything
-        if "Weights only load failed" in str(e):  # torch's long advice is not for our users
-            why = "it is not a checkpoint, or it holds pickled code, which charlm never runs"
-        else:
-            why = first_line(e)
-        raise unreadable(path, why) from None
 
 
 def unreadable(path: Path, why: str) -> CharlmError:

@@ -84,9 +84,14 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
         with stop:
             final = _loop(run, files, stop, clock, Schedule(run.cfg.optim, tc),
                           saved_step=run.state.step if resume else None)
-        if final is not None:
+        if final is not None:  # the hyperparameters with the final metrics: TensorBoard's HParams
             with dist.main_first():
-                log_final(run, files.open(), final)
+                files.open().hparams(run.cfg.to_dict(), {
+                    "hparams/best_val_loss": run.state.best_val,
+                    "hparams/final_val_loss": final["val"],
+                    "hparams/final_val_bpc": final["val"] / LN2,
+                    "hparams/final_train_loss": final["train"],
+                }, run.state.step)
     finally:
         files.close()
     return run.state
@@ -139,7 +144,10 @@ def _loop(run: Run, files: RunFiles, stop: StopSignals, clock: Clock, schedule: 
             continue  # the only steps that wait for the device are those below
         if last and cfg.train.max_time is not None:
             state.budget_steps = state.step  # saved with it: a resume has nothing left to do
-        report_skipped(run, log, saved_step)
+        # waits for the device; stops the run after max_bad_steps in a row
+        if new := state.bad.check(cfg.train.max_bad_steps, run.run_dir / "last.pt", saved_step):
+            log.message(f"step {state.step}: skipped {new} update(s) with a non-finite loss or "
+                        f"gradient norm ({state.bad.reported} so far)")
         event = train_event(run, loss, norm, lr, clock) if log_now else None
         losses = record(run, log, stop, clock, event, lr, eval_now, save_now)
         final = final if losses is None else losses
@@ -188,16 +196,6 @@ def record(run: Run, log: MetricsLogger, stop: StopSignals, clock: Clock,
     return losses
 
 
-def report_skipped(run: Run, log: MetricsLogger, saved_step: int | None) -> None:
-    """Say how many updates were skipped since the last report (waits for the device), or stop
-    the run after max_bad_steps in a row."""
-    bad = run.state.bad
-    new = bad.check(run.cfg.train.max_bad_steps, run.run_dir / "last.pt", saved_step)
-    if new:
-        log.message(f"step {run.state.step}: skipped {new} update(s) with a non-finite loss or "
-                    f"gradient norm ({bad.reported} so far)")
-
-
 def train_event(run: Run, loss: torch.Tensor, norm: torch.Tensor, lr: float,
                 clock: Clock) -> dict[str, Any]:
     """The `train` event of a log step; restarts the tokens/s count."""
@@ -214,8 +212,8 @@ def train_event(run: Run, loss: torch.Tensor, norm: torch.Tensor, lr: float,
 def save(run: Run, clock: Clock, best: bool, last: bool) -> None:
     """Write best.pt and / or last.pt (with the step's checkpoint train.keep_checkpoints keeps)."""
     run.state.elapsed_s = clock.elapsed()
-    ckpt = checkpoint.collect(run.stateful(), config=run.cfg.to_dict(),
-                              vocab=run.task.vocab_state())
+    ckpt = {**{name: obj.state_dict() for name, obj in run.stateful().items()},
+            "config": run.cfg.to_dict(), "vocab": run.task.vocab_state()}
     # best.pt first: a last.pt on disk never counts a best val whose best.pt a crash kept
     # from being written (a resume from the older last.pt evaluates that step again).
     if best:
@@ -249,12 +247,3 @@ def log_eval(run: Run, log: MetricsLogger, losses: dict[str, float], lr: float,
     if sample is not None:
         log.sample(sample, state.step)
 
-
-def log_final(run: Run, log: MetricsLogger, final: dict[str, float]) -> None:
-    """The run's hyperparameters with its final metrics (TensorBoard's HParams tab)."""
-    log.hparams(run.cfg.to_dict(), {
-        "hparams/best_val_loss": run.state.best_val,
-        "hparams/final_val_loss": final["val"],
-        "hparams/final_val_bpc": final["val"] / LN2,
-        "hparams/final_train_loss": final["train"],
-    }, run.state.step)

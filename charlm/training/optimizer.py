@@ -59,16 +59,11 @@ class MuonWithAdamW:
 Optimizer = torch.optim.Optimizer | MuonWithAdamW
 
 
-def block_matrices(model: torch.nn.Module) -> list[torch.nn.Parameter]:
-    """The weight matrices inside the transformer blocks: what Muon trains (not embeddings,
-    the head, norms or biases)."""
-    return [p for module in model.modules() if isinstance(module, Block)
-            for p in module.parameters() if p.dim() == 2 and p.requires_grad]
-
-
 def make_optimizer(model: torch.nn.Module, optim: OptimConfig) -> Optimizer:
     """The run's optimizer; each param group keeps its peak lr as "peak_lr", for `set_lr`."""
-    matrices = block_matrices(model)
+    # the weight matrices inside the blocks: what Muon trains (not embeddings, head, norms, biases)
+    matrices = [p for module in model.modules() if isinstance(module, Block)
+                for p in module.parameters() if p.dim() == 2 and p.requires_grad]
     chosen = {id(p) for p in matrices} if optim.name == "muon" else set()
     tables = {id(p) for p in model.parameters() if p.dim() >= 2} - {id(p) for p in matrices}
     adamw = make_adamw([p for p in model.parameters() if p.requires_grad and id(p) not in chosen],

@@ -25,24 +25,20 @@ class Schedule:
     train: TrainConfig
     reached: float = 0.0
 
-    def progress(self, step: int, elapsed: float = 0.0, reserve: float = 0.0) -> float:
-        """How far along the decay step `step` is, in [0, 1]: by steps from the end of warmup
-        to `lr_decay_iters` (null: max_iters), or for a time budget by `elapsed` seconds over
-        the budget less `reserve` (one step and `Clock.final_s`)."""
-        o, t = self.optim, self.train
-        if t.max_time is not None and o.lr_decay_iters is None:
-            share = elapsed / max(t.max_time - reserve, 1e-9)
-            self.reached = max(self.reached, min(share, 1.0))
-            return self.reached
-        end = o.lr_decay_iters or t.max_iters
-        return min(max(step - o.warmup_iters, 0) / max(end - o.warmup_iters, 1), 1.0)
-
     def lr(self, step: int, elapsed: float = 0.0, reserve: float = 0.0) -> float:
-        """The learning rate of step `step` (0-based), which peaks at `optim.lr`."""
-        o = self.optim
+        """The learning rate of step `step` (0-based), which peaks at `optim.lr`. The decay runs
+        by steps from the end of warmup to `lr_decay_iters` (null: max_iters), or for a time
+        budget by `elapsed` seconds over the budget less `reserve` (one step and
+        `Clock.final_s`)."""
+        o, t = self.optim, self.train
         if step < o.warmup_iters:
             return o.lr * (step + 1) / (o.warmup_iters + 1)
-        p = self.progress(step, elapsed, reserve)
+        if t.max_time is not None and o.lr_decay_iters is None:
+            share = elapsed / max(t.max_time - reserve, 1e-9)
+            self.reached = p = max(self.reached, min(share, 1.0))
+        else:
+            end = o.lr_decay_iters or t.max_iters
+            p = min(max(step - o.warmup_iters, 0) / max(end - o.warmup_iters, 1), 1.0)
         if o.schedule == "cosine":
             share = 0.5 * (1.0 + math.cos(math.pi * p))
         else:

@@ -8,6 +8,7 @@ what it rests on: docs/design.md, "Models sized to the budget".
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -186,11 +187,11 @@ def size_model(cfg: RunConfig, given: Collection[str], task: Task, dist: Dist,
     rungs and takes the slowest rank's rate, so that all pick alike."""
     assert cfg.train.max_time is not None
     room = task.room()
-    trials: dict[Rung, Task] = {}
 
+    @functools.cache
     def trial(rung: Rung) -> Task:  # the task with the rung's model, as the user has it
         keys = {k: v for k, v in rung_keys(rung, room).items() if k not in given}
-        return trials.setdefault(rung, type(task)(with_keys(cfg, keys), task.data))
+        return type(task)(with_keys(cfg, keys), task.data)
 
     def rate(rung: Rung) -> float:  # said as it goes: the larger rungs take a while to time
         if dist.is_main:

@@ -12,8 +12,7 @@ from charlm.core.errors import Setting, SettingError
 
 STEPS_DIR = "checkpoints"
 STEP = Setting("step")  # `charlm.load`'s, the CLI's --step
-_NAME = re.compile(r"step-([0-9]{6,})\.pt")
-_TEMP = re.compile(r"\.step-[0-9]{6,}\.pt\.tmp-[0-9]+")
+_NAME = r"step-([0-9]{6}|[1-9][0-9]{6,})\.pt"  # as `step_path` pads it: no other zeros in front
 
 
 def step_path(run_dir: Path, step: int) -> Path:
@@ -28,12 +27,8 @@ def saved_steps(run_dir: Path) -> list[int]:
     folder = Path(run_dir) / STEPS_DIR
     if not folder.is_dir():
         return []
-    steps = []
-    for path in folder.iterdir():
-        match = _NAME.fullmatch(path.name)
-        if match and path.name == step_path(run_dir, int(match[1])).name and path.is_file():
-            steps.append(int(match[1]))
-    return sorted(steps)
+    return sorted(int(match[1]) for path in folder.iterdir()
+                  if (match := re.fullmatch(_NAME, path.name)) and path.is_file())
 
 
 def prune(run_dir: Path, keep: int) -> None:
@@ -55,7 +50,7 @@ def clear(run_dir: Path) -> None:
 def remove_temps_of_steps(run_dir: Path) -> None:
     """Remove what killed saves of step checkpoints left (only the run lock's holder may)."""
     for tmp in (Path(run_dir) / STEPS_DIR).glob(".step-*.pt.tmp-*"):  # `temp_beside`'s names
-        if _TEMP.fullmatch(tmp.name) and tmp.is_file():
+        if re.fullmatch(rf"\.{_NAME}\.tmp-[0-9]+", tmp.name) and tmp.is_file():
             tmp.unlink(missing_ok=True)
 
 
