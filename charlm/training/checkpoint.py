@@ -137,10 +137,8 @@ def load(path: str | Path) -> dict[str, Any]:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CharlmError(f"{path} is not a charlm checkpoint (it may come from another tool)")
     if state.get("version") != VERSION:
-        raise CharlmError(
-            f"{path} has checkpoint format version {state.get('version')}, this charlm reads "
-            f"version {VERSION}"
-        )
+        raise CharlmError(f"{path} has checkpoint format version {state.get('version')}, this "
+                          f"charlm reads version {VERSION}")
     return state
 
 
@@ -192,11 +190,10 @@ def check_train_state(state: dict[str, Any]) -> None:
     def count(value: object) -> bool:  # a step or token count: an int >= 0 (a float breaks range)
         return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
-    # skipped_steps and bad_streak are later additions: 0 in older checkpoints
+    later = ("skipped_steps", "bad_streak", "budget_steps")  # later additions, or saved when set
     if (not isinstance(ts, dict) or not isinstance(ts.get("best_val"), (int, float))
             or not all(count(ts.get(k)) for k in ("step", "tokens"))
-            or not all(count(ts.get(k, 0)) for k in ("skipped_steps", "bad_streak"))
-            or not count(ts.get("budget_steps", 0))):
+            or not all(count(ts.get(k, 0)) for k in later)):
         raise ValueError("train_state is missing or malformed")
 
 

@@ -48,12 +48,11 @@ def aborted(saved: bool) -> bytes:
 class StopSignals:
     """While active (in the main thread only), the first SIGINT / SIGTERM only sets `signum`,
     so the loop can finish its step and save; a second one raises `Aborted` at once.
-    `announce=False` keeps the first quiet (the DDP ranks other than 0); `saved`: whether last.pt
-    holds a save, for what an abort says. A thread reads the wakeup fd the C handler writes, to
-    announce the first signal at once and to end the process itself when a long native call
-    keeps the main thread from taking a second within ABORT_GRACE_S. The parent-death signal (a
-    `charlm tune` trial's SIGTERM, which may come once per thread of the dying tuner) only ever
-    asks to stop."""
+    `announce=False` keeps the first quiet (the DDP ranks but 0); `saved`: whether last.pt holds
+    a save. A thread reads the wakeup fd the C handler writes, to announce the first signal at
+    once and to end the process when a long native call keeps the main thread from taking a
+    second within ABORT_GRACE_S. The parent-death signal (a `charlm tune` trial's SIGTERM, which
+    may come once per thread of the dying tuner) only ever asks to stop."""
 
     def __init__(self, announce: bool = True, saved: bool = False) -> None:
         self.signum: int | None = None
@@ -161,8 +160,7 @@ class BadSteps:
             raise CharlmError(
                 f"training stopped: {limit} steps in a row, up to step {step}, had a "
                 f"non-finite loss or gradient norm (their updates were skipped); {kept}; lower "
-                f"optim.lr, raise optim.warmup_iters or check the data, then {then}"
-            )
+                f"optim.lr, raise optim.warmup_iters or check the data, then {then}")
         total = int(self.total)
         new, self.reported = total - self.reported, total
         return new

@@ -55,8 +55,7 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
     if cfg.train.batch_size % dist.world_size:
         raise CharlmError(
             f"train.batch_size {cfg.train.batch_size} does not split over {dist.world_size} "
-            "processes; make it a multiple of the number of processes (nproc_per_node x nnodes)"
-        )
+            "processes; make it a multiple of the number of processes (nproc_per_node x nnodes)")
     check_run_dir(run_dir, resume, overwrite)
     cfg, profile = profiled(cfg, device, dist)
     seed_everything(cfg.train.seed)

@@ -31,8 +31,13 @@ def _is_own(path: Path) -> bool:
         return path.is_dir()
     if not path.is_file():
         return False
-    if path.name == "config.yaml":
-        return _written_by_run(path)
+    if path.name == "config.yaml":  # with every key, as a run writes it (a user's has fewer)
+        try:
+            raw, full = read_yaml_file(path), load_config(path).to_dict()
+        except (CharlmError, OSError):
+            return False
+        return isinstance(raw, dict) and raw.keys() == full.keys() and all(
+            isinstance(raw[s], dict) and raw[s].keys() == full[s].keys() for s in full)
     if path.name == "metrics.jsonl":
         return True
     try:  # a checkpoint, read without its tensors (mmap): a large one costs what a small one does
@@ -40,16 +45,6 @@ def _is_own(path: Path) -> bool:
     except Exception:  # not a torch zip, or pickled code: whatever it is, it is not ours
         return False
     return isinstance(state, dict) and state.get("format") == checkpoint.FORMAT
-
-
-def _written_by_run(config: Path) -> bool:
-    """A config.yaml with every key, as a run writes it (a user's names only what it changes)."""
-    try:
-        raw, full = read_yaml_file(config), load_config(config).to_dict()
-    except (CharlmError, OSError):
-        return False
-    return isinstance(raw, dict) and raw.keys() == full.keys() and all(
-        isinstance(raw[s], dict) and raw[s].keys() == full[s].keys() for s in full)
 
 
 def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
@@ -82,8 +77,7 @@ def _check_run_files(run_dir: Path, overwrite: bool) -> None:
         how = "continue it with --resume, " if (run_dir / "last.pt").is_file() else ""
         raise CharlmError(
             f"{run_dir} already holds a run ({', '.join(existing)}); {how}start over with "
-            "--overwrite, or choose another --out"
-        )
+            "--overwrite, or choose another --out")
     odd = [n for n in existing if not _is_own(run_dir / n)]
     if odd:
         raise CharlmError(f"{run_dir / odd[0]} is not what charlm writes there, and --overwrite "

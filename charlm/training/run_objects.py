@@ -162,8 +162,7 @@ def require_same_vocab(ckpt: dict[str, Any] | None, data_path: str, vocab: Any) 
     if ckpt is not None and ckpt.get("vocab") != vocab:
         raise CharlmError(
             f"--resume: the vocabulary of {data_path} differs from the run's checkpoint; "
-            "resume with the data the run was started on"
-        )
+            "resume with the data the run was started on")
 
 
 def warn_about_config(cfg: RunConfig, task: Task, dist: Dist) -> None:

@@ -1,9 +1,7 @@
 """When things happen in a run: `Schedule` gives a step's learning rate (linear warmup, then
-`optim.schedule` along the run's progress: `wsd`, which Hägele et al. 2024 and Bergsma et al.
-2025 find at least matching `cosine`) and whether the step logs, evaluates, saves and is the
-last; `Clock` keeps the run's time, the one place that reads it. With `train.max_iters` the
-progress counts steps, so a run and its resume repeat bitwise; with `train.max_time` it is the
-elapsed share of the budget (docs/design.md, "The time budget")."""
+`optim.schedule`: `wsd`, which Hägele et al. 2024 and Bergsma et al. 2025 find at least matching
+`cosine`) and whether the step logs, evaluates, saves and is the last; `Clock` keeps the run's
+time, the one place that reads it (docs/design.md, "The time budget")."""
 
 from __future__ import annotations
 
@@ -27,9 +25,9 @@ class Schedule:
 
     def lr(self, step: int, elapsed: float = 0.0, reserve: float = 0.0) -> float:
         """The learning rate of step `step` (0-based), which peaks at `optim.lr`. The decay runs
-        by steps from the end of warmup to `lr_decay_iters` (null: max_iters), or for a time
-        budget by `elapsed` seconds over the budget less `reserve` (one step and
-        `Clock.final_s`)."""
+        by steps from the end of warmup to `lr_decay_iters` (null: max_iters), so a run and its
+        resume repeat bitwise, or for a time budget by `elapsed` seconds over the budget less
+        `reserve` (one step and `Clock.final_s`)."""
         o, t = self.optim, self.train
         if step < o.warmup_iters:
             return o.lr * (step + 1) / (o.warmup_iters + 1)

@@ -1,9 +1,7 @@
 """Models sized to a time budget: `charlm train TEXT --time 10m` without a config picks the
 largest GPT of `LADDER` (for pairs, the encoder-decoder of `PAIR_LADDER`) whose tokens in the
-budget, at this machine's measured speed, reach TOKENS_PER_PARAMETER times its parameters, and
-says what it picked and why in one line. The keys the user set win over the pick. The rule and
-what it rests on: docs/design.md, "Models sized to the budget".
-"""
+budget, at this machine's measured speed, reach TOKENS_PER_PARAMETER times its parameters; the
+keys the user set win over the pick (docs/design.md, "Models sized to the budget")."""
 
 from __future__ import annotations
 

@@ -38,8 +38,7 @@ class TextTask:
     def vocab_state(self) -> Any:
         return self.vocab.state()
 
-    def sampler(self, split: str, seed: int, device: torch.device,
-                rows: slice = slice(None)) -> BatchSampler:
+    def sampler(self, split: str, seed: int, device: torch.device, rows: slice) -> BatchSampler:
         return BatchSampler(self.data.split(split), self.cfg.model.block_size,
                             self.cfg.train.batch_size, device, seed, name=split, rows=rows)
 
@@ -86,14 +85,13 @@ class PairsTask:
             raise CharlmError(
                 f"{cfg.data.shown} holds sources of up to {self.longest[0]} characters and "
                 f"targets of up to {self.longest[1]} units, but model.block_size {block} fits "
-                f"sources of {block} and targets of {block - 1}; raise model.block_size"
-            )
+                f"sources of {block} and targets of {block - 1}; raise model.block_size")
 
     def vocab_state(self) -> Any:
         return self.vocab.to_dict()
 
-    def sampler(self, split: str, seed: int, device: torch.device,
-                rows: slice = slice(None)) -> PairBatchSampler:
+    def sampler(self, split: str, seed: int, device: torch.device, rows: slice
+                ) -> PairBatchSampler:
         return PairBatchSampler(self.data.split(split), self.vocab, self.cfg.train.batch_size,
                                 device, seed, rows=rows)
 
