@@ -1,10 +1,14 @@
 """Checkpoints: atomic `save` and safe `load` (tensors and plain containers only), with a format
 version. A run saves and `restore`s one map of stateful objects (torchtitan's checkpointer), so
-what is saved and what is restored cannot drift apart."""
+what is saved and what is restored cannot drift apart. The checkpoints a run keeps by step
+(`train.keep_checkpoints`), `checkpoints/step-000500.pt`, are written with each `last.pt`, pruned
+to the newest N and found by step (`--step 500`); only files of exactly that name are the run's,
+anything else in checkpoints/ is the user's and stays."""
 
 from __future__ import annotations
 
 import os
+import re
 import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -14,15 +18,18 @@ from typing import Any, BinaryIO, Protocol
 import torch
 
 from charlm.config.schema import RunConfig
-from charlm.core.errors import CharlmError, SettingError, first_line, one_line
+from charlm.core.errors import CharlmError, Setting, SettingError, first_line, one_line
 from charlm.core.files import missing, open_regular, run_write_error, write_atomic
 from charlm.data.pairs import PairVocab
 from charlm.data.vocab import Vocab
 from charlm.runtime.device import require_memory
-from charlm.training import steps, tasks
+from charlm.training import tasks
 
 FORMAT = "charlm-checkpoint"
 VERSION = 1
+STEPS_DIR = "checkpoints"
+STEP = Setting("step")  # `charlm.load`'s, the CLI's --step
+_STEP_NAME = r"step-([0-9]{6}|[1-9][0-9]{6,})\.pt"  # as `step_path` pads it: no more zeros
 
 
 def save(state: dict[str, Any], path: Path, run_dir: Path | None = None) -> None:
@@ -102,15 +109,60 @@ def resolve(path: str | Path, step: int | None = None) -> Path:
         raise missing(path, "checkpoint", f"no such run dir or checkpoint: {path}")
     if step is not None:
         if not path.is_dir():
-            raise SettingError(steps.STEP, f" {step} picks a checkpoint of a run dir, and {path} "
-                               "is a file; give the run dir, or drop ", steps.STEP)
-        return steps.find_step(path, step)
+            raise SettingError(STEP, f" {step} picks a checkpoint of a run dir, and {path} "
+                               "is a file; give the run dir, or drop ", STEP)
+        return find_step(path, step)
     if path.is_dir():
         for name in ("best.pt", "last.pt"):
             if (path / name).is_file():
                 return path / name
         raise CharlmError(f"no checkpoint (best.pt or last.pt) in {path}; train a model first")
     return path
+
+
+def step_path(run_dir: Path, step: int) -> Path:
+    """Where the run in `run_dir` keeps its checkpoint of `step` (zero-padded to 6 digits, so
+    the names sort by step up to a million)."""
+    return Path(run_dir) / STEPS_DIR / f"step-{step:06d}.pt"
+
+
+def saved_steps(run_dir: Path) -> list[int]:
+    """The steps whose checkpoints the run keeps, in order: regular files named exactly as
+    `step_path` names them."""
+    folder = Path(run_dir) / STEPS_DIR
+    if not folder.is_dir():
+        return []
+    return sorted(int(match[1]) for path in folder.iterdir()
+                  if (match := re.fullmatch(_STEP_NAME, path.name)) and path.is_file())
+
+
+def prune_steps(run_dir: Path, keep: int) -> None:
+    """Remove the run's own step checkpoints but the newest `keep`."""
+    for step in saved_steps(run_dir)[:-keep] if keep > 0 else saved_steps(run_dir):
+        step_path(run_dir, step).unlink(missing_ok=True)
+
+
+def remove_temps_of_steps(run_dir: Path) -> None:
+    """Remove what killed saves of step checkpoints left (only the run lock's holder may)."""
+    for tmp in (Path(run_dir) / STEPS_DIR).glob(".step-*.pt.tmp-*"):  # `temp_beside`'s names
+        if re.fullmatch(rf"\.{_STEP_NAME}\.tmp-[0-9]+", tmp.name) and tmp.is_file():
+            tmp.unlink(missing_ok=True)
+
+
+def find_step(run_dir: Path, step: int) -> Path:
+    """The checkpoint of `step` that the run keeps; else an error that lists those it keeps."""
+    path = step_path(run_dir, step)
+    if path.is_file():
+        return path
+    steps = saved_steps(run_dir)
+    if not steps:
+        raise SettingError(STEP, f" {step}: {run_dir} keeps no checkpoints by step (it was "
+                           "trained with train.keep_checkpoints=0); use its best.pt or last.pt "
+                           "(drop ", STEP, "), or train with train.keep_checkpoints=N")
+    kept = ", ".join(map(str, steps[:20])) + (f", ... ({len(steps)} in all)"
+                                              if len(steps) > 20 else "")
+    raise SettingError(STEP, f" {step}: {run_dir} keeps no checkpoint of step {step}; its "
+                       f"{STEPS_DIR}/ holds steps {kept}")
 
 
 def load(path: str | Path) -> dict[str, Any]:

@@ -15,10 +15,9 @@ from charlm.training.tasks import Task, TextTask
 
 
 def eval_batches_per_forward(cfg: RunConfig, task: Task, device: torch.device, rows: int) -> int:
-    """How many of the `eval_iters` batches (of this rank's `rows`) `evaluate` scores in one
-    forward: on CUDA as many as fit in a quarter of the free memory, so an eval is a few large
-    forwards instead of many launch-bound ones; 1 on the CPU and MPS, where larger batches are
-    no faster, and for pairs, whose batches differ in shape."""
+    """How many eval batches (of this rank's `rows`) `evaluate` stacks in one forward: on CUDA as
+    many as fit in a quarter of the free memory, as launch-bound forwards are slow; 1 on the CPU
+    and MPS, where larger batches are no faster, and for pairs, whose batches differ in shape."""
     if device.type != "cuda" or not isinstance(task, TextTask):
         return 1
     free, _ = torch.cuda.mem_get_info(device)

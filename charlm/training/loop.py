@@ -20,7 +20,7 @@ from charlm.runtime.device import resolve_device, seed_everything
 from charlm.runtime.distributed import Dist, distributed
 from charlm.runtime.precision import resolve_dtype
 from charlm.runtime.profile import Profile, decide
-from charlm.training import checkpoint, steps
+from charlm.training import checkpoint
 from charlm.training.evaluation import EvalStopped, evaluate
 from charlm.training.faults import Interrupted, StopSignals
 from charlm.training.metrics import MetricsLogger
@@ -221,10 +221,10 @@ def save(run: Run, clock: Clock, best: bool, last: bool) -> None:
         checkpoint.save(ckpt, run.run_dir / "last.pt")
         keep = run.cfg.train.keep_checkpoints
         if keep:  # after last.pt: a crash in between loses no step a resume would redo
-            path = steps.step_path(run.run_dir, run.state.step)
+            path = checkpoint.step_path(run.run_dir, run.state.step)
             path.parent.mkdir(exist_ok=True)
             checkpoint.save(ckpt, path, run.run_dir)
-            steps.prune(run.run_dir, keep)
+            checkpoint.prune_steps(run.run_dir, keep)
 
 
 def log_eval(run: Run, log: MetricsLogger, losses: dict[str, float], lr: float,

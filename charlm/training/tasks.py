@@ -22,8 +22,6 @@ from charlm.data.vocab import Vocab
 from charlm.evaluation.pairs import output_accuracy, rate_name
 from charlm.generation.text import preview
 from charlm.model import encoder_decoder, gpt
-from charlm.model.encoder_decoder import EncoderDecoder
-from charlm.model.gpt import GPT
 
 
 class TextTask:
@@ -167,8 +165,9 @@ def build_model(cfg: RunConfig, vocab: Vocab | PairVocab) -> torch.nn.Module:
     if isinstance(vocab, PairVocab) != (cfg.model.arch == "encoder_decoder"):
         raise ValueError(f"model.arch {cfg.model.arch} does not match the stored vocabulary")
     if isinstance(vocab, PairVocab):
-        return EncoderDecoder(cfg.model, vocab.source_size, vocab.target_size, vocab.src_pad)
-    return GPT(cfg.model, len(vocab))
+        return encoder_decoder.EncoderDecoder(cfg.model, vocab.source_size, vocab.target_size,
+                                              vocab.src_pad)
+    return gpt.GPT(cfg.model, len(vocab))
 
 
 def check_weights(stored: Mapping[str, Any]) -> None:
