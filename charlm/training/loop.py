@@ -57,7 +57,12 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
             f"train.batch_size {cfg.train.batch_size} does not split over {dist.world_size} "
             "processes; make it a multiple of the number of processes (nproc_per_node x nnodes)")
     check_run_dir(run_dir, resume, overwrite)
-    cfg, profile = profiled(cfg, device, dist)
+    # threads and dtype as the profile decides them here: the ranks of a DDP run take bf16 if all do
+    profile = decide(cfg.train.threads, cfg.train.dtype, device)
+    if not dist.all_ok(profile.dtype == "bfloat16") and profile.dtype == "bfloat16":
+        profile = Profile(profile.threads, "float32", profile.why_threads,
+                          "another rank measured bf16 slower")
+    cfg = with_keys(cfg, {"train.threads": profile.threads, "train.dtype": profile.dtype})
     seed_everything(cfg.train.seed)
     # Every rank loads the same last.pt, onto the CPU: torch sets RNG states only from CPU
     # tensors, and the model's and the optimizer's load_state_dict move theirs to the device.
@@ -94,16 +99,6 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
     finally:
         files.close()
     return run.state
-
-
-def profiled(cfg: RunConfig, device: torch.device, dist: Dist) -> tuple[RunConfig, Profile]:
-    """`cfg` with its threads and dtype as the profile decides them here (the ranks of a DDP
-    run take bf16 only if all do), and the profile, for the log's first line."""
-    profile = decide(cfg.train.threads, cfg.train.dtype, device)
-    if not dist.all_ok(profile.dtype == "bfloat16") and profile.dtype == "bfloat16":
-        profile = Profile(profile.threads, "float32", profile.why_threads,
-                          "another rank measured bf16 slower")
-    return with_keys(cfg, {"train.threads": profile.threads, "train.dtype": profile.dtype}), profile
 
 
 def _loop(run: Run, files: RunFiles, stop: StopSignals, clock: Clock, schedule: Schedule,

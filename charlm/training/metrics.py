@@ -126,9 +126,8 @@ class MetricsLogger:
 
     def status(self) -> str:
         """", 12,345 tok/s, 1m30s left" for a line of the log (empty before either is known)."""
-        parts = ([] if self.rate is None else [f"{self.rate:,.0f} tok/s"]) + (
-            [] if self.deadline is None else [f"{self.left()} left"])
-        return "".join(f", {part}" for part in parts)
+        rate = "" if self.rate is None else f", {self.rate:,.0f} tok/s"
+        return rate + ("" if self.deadline is None else f", {self.left()} left")
 
     def sample(self, text: str, step: int) -> None:
         """A generated sample as TensorBoard text, indented four spaces (markdown's code block)

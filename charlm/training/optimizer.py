@@ -190,11 +190,7 @@ class WeightAverage:
 
     def __init__(self, model: torch.nn.Module, decay: float):
         self.averaged = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay))
-        self.averaged.module.requires_grad_(False)
-
-    @property
-    def module(self) -> torch.nn.Module:
-        return self.averaged.module
+        self.module: torch.nn.Module = self.averaged.module.requires_grad_(False)
 
     def update(self, model: torch.nn.Module) -> None:
         self.averaged.update_parameters(model)

@@ -16,12 +16,9 @@ from charlm.config.schema import TrainConfig
 
 @dataclass
 class Schedule:
-    """`reached`: a time budget's progress so far, which never goes back when the reserve's
-    estimate falls."""
-
     optim: OptimConfig
     train: TrainConfig
-    reached: float = 0.0
+    reached: float = 0.0  # a time budget's progress so far: it never goes back as the reserve falls
 
     def lr(self, step: int, elapsed: float = 0.0, reserve: float = 0.0) -> float:
         """The learning rate of step `step` (0-based), which peaks at `optim.lr`. The decay runs

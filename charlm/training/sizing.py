@@ -26,10 +26,9 @@ DROPOUT = ((32.0, 0.2), (16.0, 0.1))  # (epochs from which, dropout); none below
 
 @dataclasses.dataclass(frozen=True)
 class Rung:
-    """One size of a ladder: the model's shape and the batch and learning rate it trains at.
-    An encoder-decoder's n_layer is each side's depth."""
+    """One size of a ladder: the model's shape and the batch and learning rate it trains at."""
 
-    n_layer: int
+    n_layer: int  # an encoder-decoder's: each side's depth
     n_embd: int
     n_head: int
     block_size: int | None  # None: an encoder-decoder's, as long as the data's longest pair
@@ -90,8 +89,7 @@ PAIR_LADDER = (  # the second is configs/g2p_cmudict.yaml's shape
 
 @dataclasses.dataclass
 class Pick:
-    """The rung picked, with what the rule saw; `next_ratio`: the next rung's tokens a
-    parameter (None: the ladder's top)."""
+    """The rung picked, with what the rule saw."""
 
     rung: Rung
     rate: float
@@ -99,7 +97,7 @@ class Pick:
     params: int
     epochs: float
     block_size: int
-    next_ratio: float | None
+    next_ratio: float | None  # the next rung's tokens a parameter (None: the ladder's top)
     aside: int = 0  # the parameters of a bigram table, which the rule does not count
 
     @property
