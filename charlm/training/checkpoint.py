@@ -1,9 +1,8 @@
 """Checkpoints: atomic `save` and safe `load` (tensors and plain containers only), with a format
 version. A run saves and `restore`s one map of stateful objects (torchtitan's checkpointer), so
 what is saved and what is restored cannot drift apart. The checkpoints a run keeps by step
-(`train.keep_checkpoints`), `checkpoints/step-000500.pt`, are written with each `last.pt`, pruned
-to the newest N and found by step (`--step 500`); only files of exactly that name are the run's,
-anything else in checkpoints/ is the user's and stays."""
+(`train.keep_checkpoints`, `--step`) are the files of exactly `step_path`'s names in
+checkpoints/, written with each `last.pt`: anything else there is the user's and stays."""
 
 from __future__ import annotations
 
