@@ -56,8 +56,7 @@ class Stateful(Protocol):
 
 @dataclass
 class Entry:
-    """A checkpoint entry of two functions, for an object whose own load does not fit: an
-    optimizer (`optimizer.load_state` keeps the run's settings) or a GradScaler (`load_scaler`)."""
+    """A checkpoint entry of two functions, for an object whose own load does not fit."""
 
     state_dict: Callable[[], Any]
     load_state_dict: Callable[[Any], None]

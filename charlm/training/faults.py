@@ -117,10 +117,9 @@ class StopSignals:
 
 
 class BadSteps:
-    """Counts steps with a non-finite loss or gradient norm, on the device: recording never
-    waits for it, and `check` (only at log, eval and checkpoint steps) syncs once. The counters
-    are saved with the train state, so a streak goes on across a resume. `tripped_at`: the step
-    at which `limit` bad steps in a row were first reached (0: never)."""
+    """Counts steps with a non-finite loss or gradient norm on the device, so recording never
+    waits for it; saved with the train state, so a streak goes on across a resume. `tripped_at`:
+    the step at which `limit` bad steps in a row were first reached (0: never)."""
 
     def __init__(self, device: torch.device | str = "cpu"):
         self.streak = torch.zeros((), dtype=torch.int64, device=device)

@@ -184,9 +184,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 class WeightAverage:
-    """The EMA of `model`'s parameters with `decay` (`optim.ema`; its first update copies them):
-    what a run evaluates, samples and saves as a checkpoint's "model", the trained weights saved
-    beside it (see `Run.stateful`)."""
+    """The EMA of `model`'s parameters with `decay` (`optim.ema`; its first update copies them),
+    which a run evaluates, samples and saves (see `Run.stateful`)."""
 
     def __init__(self, model: torch.nn.Module, decay: float):
         self.averaged = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay))

@@ -44,7 +44,6 @@ class TrainState:
     elapsed_s: float = 0.0  # wall time spent in train(), summed over resumes
     budget_steps: int | None = None  # the step a time budget ended the run at (None: not yet)
     eval_due: bool = False  # a stop signal cut the eval of `step` short: a resume runs it first
-    # the skipped-step counters, kept on the device so that counting never waits for it
     bad: faults.BadSteps = field(default_factory=faults.BadSteps, repr=False, compare=False)
 
     def state_dict(self) -> dict[str, Any]:
@@ -121,8 +120,7 @@ class Run:
 @dataclass
 class RunFiles:
     """A run's config.yaml and log, opened by the first `open`: a resume's at once, a fresh
-    run's once its first step has run, so a run that cannot start writes nothing (and
-    `--overwrite` removes nothing)."""
+    run's once its first step has run (see `loop._train`)."""
 
     run: Run
     clock: schedule.Clock

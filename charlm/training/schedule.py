@@ -62,8 +62,7 @@ class Schedule:
 
 @dataclass
 class Clock:
-    """The run's time, read in one place (`now`: time.perf_counter, or a test's clock), with
-    pauses for evaluations and writes kept out of the step times and tokens/s."""
+    """The run's time, with pauses for evals and writes kept out of the step times and tokens/s."""
 
     start: float  # now() when train() began
     before: float = 0.0  # elapsed_s of the checkpoint resumed from
