@@ -39,12 +39,6 @@ STOPS = (signal.SIGINT, signal.SIGTERM)
 ABORT_GRACE_S = 2.0  # how long a second signal may wait for the main thread to take it
 
 
-def aborted(saved: bool) -> bytes:
-    """What a second signal says as it ends the run (`saved`: whether last.pt holds a save)."""
-    return (b"aborted: last.pt holds the last completed save\n" if saved else
-            b"aborted: no checkpoint yet\n")
-
-
 class StopSignals:
     """While active (in the main thread only), the first SIGINT / SIGTERM only sets `signum`,
     so the loop can finish its step and save; a second one raises `Aborted` at once.
@@ -101,16 +95,20 @@ class StopSignals:
                 aborts = [sig for sig in stops[0 if seen else 1:] if sig not in self._only_stops]
                 seen = seen or bool(stops)
                 if aborts and not self._aborting.wait(ABORT_GRACE_S):
-                    os.write(2, aborted(self.saved))
+                    self._say_aborted()
                     os._exit(128 + aborts[-1])
         finally:
             os.close(read)
+
+    def _say_aborted(self) -> None:  # what a second signal says as it ends the run
+        os.write(2, b"aborted: last.pt holds the last completed save\n" if self.saved else
+                 b"aborted: no checkpoint yet\n")
 
     def _handle(self, signum: int, frame: object) -> None:
         # os.write, not print: a handler may run in the middle of another write to stderr.
         if self.signum is not None and signum not in self._only_stops:
             self._aborting.set()
-            os.write(2, aborted(self.saved))
+            self._say_aborted()
             raise Aborted(signum)
         if self.signum is None:
             self.signum = signum

@@ -120,7 +120,8 @@ def _check_fits(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) ->
 def load_state(optimizer: Optimizer, state_dict: dict[str, Any]) -> None:
     """Load a checkpoint's moments and step counts into an optimizer of `make_optimizer`, keeping
     its settings: a resume may change the betas, decays and peak lrs, or need foreach where the
-    checkpoint says fused. ValueError when the state is not this model's."""
+    checkpoint says fused. ValueError when the state is not this model's, CharlmError when it is
+    the other `optim.name`'s."""
     saved_name = "muon" if "muon" in state_dict else "adamw"
     name = "muon" if isinstance(optimizer, MuonWithAdamW) else "adamw"
     if saved_name != name:

@@ -98,8 +98,7 @@ class PairsTask:
                                                self.vocab.target_size)
 
     def example_batch(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-        T = self.cfg.model.block_size
-        src = torch.zeros((rows, T), dtype=torch.long, device=device)
+        src = torch.zeros((rows, self.cfg.model.block_size), dtype=torch.long, device=device)
         return src, src.clone(), src.clone()
 
     def random_batch(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
