@@ -1,10 +1,13 @@
 """Checkpoints: atomic `save` and safe `load` (tensors and plain containers only), with a format
-version. A run saves and resumes one map of stateful objects (`collect`, `restore`: torchtitan's
-checkpointer), so what is saved and what is restored cannot drift apart."""
+version. A run saves and `restore`s one map of stateful objects (torchtitan's checkpointer), so
+what is saved and what is restored cannot drift apart. The checkpoints a run keeps by step
+(`train.keep_checkpoints`, `--step`) are the files of exactly `step_path`'s names in
+checkpoints/, written with each `last.pt`: anything else there is the user's and stays."""
 
 from __future__ import annotations
 
 import os
+import re
 import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -14,15 +17,18 @@ from typing import Any, BinaryIO, Protocol
 import torch
 
 from charlm.config.schema import RunConfig
-from charlm.core.errors import CharlmError, SettingError, first_line, one_line
+from charlm.core.errors import CharlmError, Setting, SettingError, first_line, one_line
 from charlm.core.files import missing, open_regular, run_write_error, write_atomic
 from charlm.data.pairs import PairVocab
 from charlm.data.vocab import Vocab
 from charlm.runtime.device import require_memory
-from charlm.training import steps, tasks
+from charlm.training import tasks
 
 FORMAT = "charlm-checkpoint"
 VERSION = 1
+STEPS_DIR = "checkpoints"
+STEP = Setting("step")  # `charlm.load`'s, the CLI's --step
+_STEP_NAME = r"step-([0-9]{6}|[1-9][0-9]{6,})\.pt"  # as `step_path` pads it: no more zeros
 
 
 def save(state: dict[str, Any], path: Path, run_dir: Path | None = None) -> None:
@@ -50,8 +56,7 @@ class Stateful(Protocol):
 
 @dataclass
 class Entry:
-    """A checkpoint entry of two functions, for an object whose own load does not fit: an
-    optimizer (`optimizer.load_state` keeps the run's settings) or a GradScaler (`load_scaler`)."""
+    """A checkpoint entry of two functions, for an object whose own load does not fit."""
 
     state_dict: Callable[[], Any]
     load_state_dict: Callable[[Any], None]
@@ -64,11 +69,11 @@ def load_scaler(scaler: torch.amp.GradScaler, state: dict[str, Any]) -> None:
         scaler.load_state_dict(state)
 
 
+@dataclass
 class RNGState:
     """torch's global RNG states: the CPU's, and on CUDA every GPU's."""
 
-    def __init__(self, device: torch.device):
-        self.device = device
+    device: torch.device
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         rng = {"torch": torch.get_rng_state()}
@@ -80,12 +85,7 @@ class RNGState:
         # from CPU tensors: a CUDA one is "RNG state must be a torch.ByteTensor"
         torch.set_rng_state(state["torch"])
         if self.device.type == "cuda" and "cuda" in state:
-            for index, rng in enumerate(state["cuda"][:torch.cuda.device_count()]):
-                torch.cuda.set_rng_state(rng, index)
-
-
-def collect(objects: Mapping[str, Stateful], **extra: Any) -> dict[str, Any]:
-    return {**{name: obj.state_dict() for name, obj in objects.items()}, **extra}
+            torch.cuda.set_rng_state_all(state["cuda"][:torch.cuda.device_count()])
 
 
 def restore(state: dict[str, Any], objects: Mapping[str, Stateful], path: Path) -> None:
@@ -107,9 +107,9 @@ def resolve(path: str | Path, step: int | None = None) -> Path:
         raise missing(path, "checkpoint", f"no such run dir or checkpoint: {path}")
     if step is not None:
         if not path.is_dir():
-            raise SettingError(steps.STEP, f" {step} picks a checkpoint of a run dir, and {path} "
-                               "is a file; give the run dir, or drop ", steps.STEP)
-        return steps.find_step(path, step)
+            raise SettingError(STEP, f" {step} picks a checkpoint of a run dir, and {path} "
+                               "is a file; give the run dir, or drop ", STEP)
+        return find_step(path, step)
     if path.is_dir():
         for name in ("best.pt", "last.pt"):
             if (path / name).is_file():
@@ -118,18 +118,77 @@ def resolve(path: str | Path, step: int | None = None) -> Path:
     return path
 
 
+def step_path(run_dir: Path, step: int) -> Path:
+    """Where the run in `run_dir` keeps its checkpoint of `step` (zero-padded to 6 digits, so
+    the names sort by step up to a million)."""
+    return Path(run_dir) / STEPS_DIR / f"step-{step:06d}.pt"
+
+
+def saved_steps(run_dir: Path) -> list[int]:
+    """The steps whose checkpoints the run keeps, in order: regular files named exactly as
+    `step_path` names them."""
+    folder = Path(run_dir) / STEPS_DIR
+    if not folder.is_dir():
+        return []
+    return sorted(int(match[1]) for path in folder.iterdir()
+                  if (match := re.fullmatch(_STEP_NAME, path.name)) and path.is_file())
+
+
+def prune_steps(run_dir: Path, keep: int) -> None:
+    """Remove the run's own step checkpoints but the newest `keep`."""
+    for step in saved_steps(run_dir)[:-keep] if keep > 0 else saved_steps(run_dir):
+        step_path(run_dir, step).unlink(missing_ok=True)
+
+
+def remove_temps_of_steps(run_dir: Path) -> None:
+    """Remove what killed saves of step checkpoints left (only the run lock's holder may)."""
+    for tmp in (Path(run_dir) / STEPS_DIR).glob(".step-*.pt.tmp-*"):  # `temp_beside`'s names
+        if re.fullmatch(rf"\.{_STEP_NAME}\.tmp-[0-9]+", tmp.name) and tmp.is_file():
+            tmp.unlink(missing_ok=True)
+
+
+def find_step(run_dir: Path, step: int) -> Path:
+    """The checkpoint of `step` that the run keeps; else an error that lists those it keeps."""
+    path = step_path(run_dir, step)
+    if path.is_file():
+        return path
+    steps = saved_steps(run_dir)
+    if not steps:
+        raise SettingError(STEP, f" {step}: {run_dir} keeps no checkpoints by step (it was "
+                           "trained with train.keep_checkpoints=0); use its best.pt or last.pt "
+                           "(drop ", STEP, "), or train with train.keep_checkpoints=N")
+    kept = ", ".join(map(str, steps[:20])) + (f", ... ({len(steps)} in all)"
+                                              if len(steps) > 20 else "")
+    raise SettingError(STEP, f" {step}: {run_dir} keeps no checkpoint of step {step}; its "
+                       f"{STEPS_DIR}/ holds steps {kept}")
+
+
 def load(path: str | Path) -> dict[str, Any]:
     """A charlm checkpoint, on the CPU, without executing any pickled code."""
     path = Path(path)
     with open_regular(path, "checkpoint") as f:  # a FIFO or /dev/zero: no read would end
-        state = _unpickle(f, path)
+        if not zipfile.is_zipfile(f):  # what torch.save writes is a zip
+            raise unreadable(path, "not a complete torch.save file")
+        # read whole into memory: a file larger than it would only swap or die
+        require_memory(os.fstat(f.fileno()).st_size, torch.device("cpu"),
+                       f"checkpoint {path} holds {{gib}}", "load it on a machine with more memory")
+        check_records(f, path)
+        f.seek(0)
+        try:
+            state = torch.load(f, map_location="cpu", weights_only=True)
+        except OSError:
+            raise  # an unreadable file: the CLI names it
+        except Exception as e:  # arbitrary bytes can make the unpickler raise anything
+            if "Weights only load failed" in str(e):  # torch's long advice is not for our users
+                why = "it is not a checkpoint, or it holds pickled code, which charlm never runs"
+            else:
+                why = first_line(e)
+            raise unreadable(path, why) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CharlmError(f"{path} is not a charlm checkpoint (it may come from another tool)")
     if state.get("version") != VERSION:
-        raise CharlmError(
-            f"{path} has checkpoint format version {state.get('version')}, this charlm reads "
-            f"version {VERSION}"
-        )
+        raise CharlmError(f"{path} has checkpoint format version {state.get('version')}, this "
+                          f"charlm reads version {VERSION}")
     return state
 
 
@@ -146,27 +205,6 @@ def check_records(f: BinaryIO, path: Path) -> None:
         raise damaged(path, f"record {bad} fails its CRC-32 check (the file changed after it was "
                             "saved); restore it from a backup, or use the run's other "
                             "checkpoint (best.pt or last.pt)")
-
-
-def _unpickle(f: BinaryIO, path: Path) -> Any:
-    """What `torch.save` wrote to the open file `f`, tensors and plain containers only."""
-    if not zipfile.is_zipfile(f):  # what torch.save writes is a zip
-        raise unreadable(path, "not a complete torch.save file")
-    # read whole into memory: a file larger than it would only swap or die
-    require_memory(os.fstat(f.fileno()).st_size, torch.device("cpu"),
-                   f"checkpoint {path} holds {{gib}}", "load it on a machine with more memory")
-    check_records(f, path)
-    f.seek(0)
-    try:
-        return torch.load(f, map_location="cpu", weights_only=True)
-    except OSError:
-        raise  # an unreadable file: the CLI names it
-    except Exception as e:  # arbitrary bytes can make the unpickler raise anything
-        if "Weights only load failed" in str(e):  # torch's long advice is not for our users
-            why = "it is not a checkpoint, or it holds pickled code, which charlm never runs"
-        else:
-            why = first_line(e)
-        raise unreadable(path, why) from None
 
 
 def unreadable(path: Path, why: str) -> CharlmError:
@@ -202,11 +240,10 @@ def check_train_state(state: dict[str, Any]) -> None:
     def count(value: object) -> bool:  # a step or token count: an int >= 0 (a float breaks range)
         return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
-    # skipped_steps and bad_streak are later additions: 0 in older checkpoints
+    later = ("skipped_steps", "bad_streak", "budget_steps")  # later additions, or saved when set
     if (not isinstance(ts, dict) or not isinstance(ts.get("best_val"), (int, float))
             or not all(count(ts.get(k)) for k in ("step", "tokens"))
-            or not all(count(ts.get(k, 0)) for k in ("skipped_steps", "bad_streak"))
-            or not count(ts.get("budget_steps", 0))):
+            or not all(count(ts.get(k, 0)) for k in later)):
         raise ValueError("train_state is missing or malformed")
 
 

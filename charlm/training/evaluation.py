@@ -15,10 +15,9 @@ from charlm.training.tasks import Task, TextTask
 
 
 def eval_batches_per_forward(cfg: RunConfig, task: Task, device: torch.device, rows: int) -> int:
-    """How many of the `eval_iters` batches (of this rank's `rows`) `evaluate` scores in one
-    forward: on CUDA as many as fit in a quarter of the free memory, so an eval is a few large
-    forwards instead of many launch-bound ones; 1 on the CPU and MPS, where larger batches are
-    no faster, and for pairs, whose batches differ in shape."""
+    """How many eval batches (of this rank's `rows`) `evaluate` stacks in one forward: on CUDA as
+    many as fit in a quarter of the free memory, as launch-bound forwards are slow; 1 on the CPU
+    and MPS, where larger batches are no faster, and for pairs, whose batches differ in shape."""
     if device.type != "cuda" or not isinstance(task, TextTask):
         return 1
     free, _ = torch.cuda.mem_get_info(device)
@@ -48,19 +47,18 @@ def evaluate(model: torch.nn.Module, task: Task, device: torch.device, dtype: to
     try:
         losses = {}
         tc = task.cfg.train
-        iters = tc.eval_iters
         for split in ("train", "val"):
             sampler = task.sampler(split, tc.seed + 1, device, rows=dist.rows(tc.batch_size))
             total = torch.zeros((), device=device)
-            for first in range(0, iters, batches_per_forward):
+            for first in range(0, tc.eval_iters, batches_per_forward):
                 if stop is not None and stop():
                     raise EvalStopped
-                n = min(batches_per_forward, iters - first)
+                n = min(batches_per_forward, tc.eval_iters - first)
                 batches = zip(*(sampler.batch() for _ in range(n)), strict=True)
                 with autocast(device, dtype):  # the mean of n equal batches
                     _, loss = model(*(torch.cat(parts) for parts in batches))
                 total += loss * n
-            losses[split] = dist.mean_(total / iters).item()
+            losses[split] = dist.mean_(total / tc.eval_iters).item()
         return losses
     finally:
         model.train(was_training)

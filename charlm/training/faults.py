@@ -39,21 +39,14 @@ STOPS = (signal.SIGINT, signal.SIGTERM)
 ABORT_GRACE_S = 2.0  # how long a second signal may wait for the main thread to take it
 
 
-def aborted(saved: bool) -> bytes:
-    """What a second signal says as it ends the run (`saved`: whether last.pt holds a save)."""
-    return (b"aborted: last.pt holds the last completed save\n" if saved else
-            b"aborted: no checkpoint yet\n")
-
-
 class StopSignals:
     """While active (in the main thread only), the first SIGINT / SIGTERM only sets `signum`,
     so the loop can finish its step and save; a second one raises `Aborted` at once.
-    `announce=False` keeps the first quiet (the DDP ranks other than 0); `saved`: whether last.pt
-    holds a save, for what an abort says. A thread reads the wakeup fd the C handler writes, to
-    announce the first signal at once and to end the process itself when a long native call
-    keeps the main thread from taking a second within ABORT_GRACE_S. The parent-death signal (a
-    `charlm tune` trial's SIGTERM, which may come once per thread of the dying tuner) only ever
-    asks to stop."""
+    `announce=False` keeps the first quiet (the DDP ranks but 0); `saved`: whether last.pt holds
+    a save. A thread reads the wakeup fd the C handler writes, to announce the first signal at
+    once and to end the process when a long native call keeps the main thread from taking a
+    second within ABORT_GRACE_S. The parent-death signal (a `charlm tune` trial's SIGTERM, which
+    may come once per thread of the dying tuner) only ever asks to stop."""
 
     def __init__(self, announce: bool = True, saved: bool = False) -> None:
         self.signum: int | None = None
@@ -102,26 +95,29 @@ class StopSignals:
                 aborts = [sig for sig in stops[0 if seen else 1:] if sig not in self._only_stops]
                 seen = seen or bool(stops)
                 if aborts and not self._aborting.wait(ABORT_GRACE_S):
-                    os.write(2, aborted(self.saved))
+                    self._say_aborted()
                     os._exit(128 + aborts[-1])
         finally:
             os.close(read)
+
+    def _say_aborted(self) -> None:  # what a second signal says as it ends the run
+        os.write(2, b"aborted: last.pt holds the last completed save\n" if self.saved else
+                 b"aborted: no checkpoint yet\n")
 
     def _handle(self, signum: int, frame: object) -> None:
         # os.write, not print: a handler may run in the middle of another write to stderr.
         if self.signum is not None and signum not in self._only_stops:
             self._aborting.set()
-            os.write(2, aborted(self.saved))
+            self._say_aborted()
             raise Aborted(signum)
         if self.signum is None:
             self.signum = signum
 
 
 class BadSteps:
-    """Counts steps with a non-finite loss or gradient norm, on the device: recording never
-    waits for it, and `check` (only at log, eval and checkpoint steps) syncs once. The counters
-    are saved with the train state, so a streak goes on across a resume. `tripped_at`: the step
-    at which `limit` bad steps in a row were first reached (0: never)."""
+    """Counts steps with a non-finite loss or gradient norm on the device, so recording never
+    waits for it; saved with the train state, so a streak goes on across a resume. `tripped_at`:
+    the step at which `limit` bad steps in a row were first reached (0: never)."""
 
     def __init__(self, device: torch.device | str = "cpu"):
         self.streak = torch.zeros((), dtype=torch.int64, device=device)
@@ -161,8 +157,7 @@ class BadSteps:
             raise CharlmError(
                 f"training stopped: {limit} steps in a row, up to step {step}, had a "
                 f"non-finite loss or gradient norm (their updates were skipped); {kept}; lower "
-                f"optim.lr, raise optim.warmup_iters or check the data, then {then}"
-            )
+                f"optim.lr, raise optim.warmup_iters or check the data, then {then}")
         total = int(self.total)
         new, self.reported = total - self.reported, total
         return new

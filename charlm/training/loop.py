@@ -20,7 +20,7 @@ from charlm.runtime.device import resolve_device, seed_everything
 from charlm.runtime.distributed import Dist, distributed
 from charlm.runtime.precision import resolve_dtype
 from charlm.runtime.profile import Profile, decide
-from charlm.training import checkpoint, steps
+from charlm.training import checkpoint
 from charlm.training.evaluation import EvalStopped, evaluate
 from charlm.training.faults import Interrupted, StopSignals
 from charlm.training.metrics import MetricsLogger
@@ -55,10 +55,14 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
     if cfg.train.batch_size % dist.world_size:
         raise CharlmError(
             f"train.batch_size {cfg.train.batch_size} does not split over {dist.world_size} "
-            "processes; make it a multiple of the number of processes (nproc_per_node x nnodes)"
-        )
+            "processes; make it a multiple of the number of processes (nproc_per_node x nnodes)")
     check_run_dir(run_dir, resume, overwrite)
-    cfg, profile = profiled(cfg, device, dist)
+    # threads and dtype as the profile decides them here: the ranks of a DDP run take bf16 if all do
+    profile = decide(cfg.train.threads, cfg.train.dtype, device)
+    if not dist.all_ok(profile.dtype == "bfloat16") and profile.dtype == "bfloat16":
+        profile = Profile(profile.threads, "float32", profile.why_threads,
+                          "another rank measured bf16 slower")
+    cfg = with_keys(cfg, {"train.threads": profile.threads, "train.dtype": profile.dtype})
     seed_everything(cfg.train.seed)
     # Every rank loads the same last.pt, onto the CPU: torch sets RNG states only from CPU
     # tensors, and the model's and the optimizer's load_state_dict move theirs to the device.
@@ -84,22 +88,17 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
         with stop:
             final = _loop(run, files, stop, clock, Schedule(run.cfg.optim, tc),
                           saved_step=run.state.step if resume else None)
-        if final is not None:
+        if final is not None:  # the hyperparameters with the final metrics: TensorBoard's HParams
             with dist.main_first():
-                log_final(run, files.open(), final)
+                files.open().hparams(run.cfg.to_dict(), {
+                    "hparams/best_val_loss": run.state.best_val,
+                    "hparams/final_val_loss": final["val"],
+                    "hparams/final_val_bpc": final["val"] / LN2,
+                    "hparams/final_train_loss": final["train"],
+                }, run.state.step)
     finally:
         files.close()
     return run.state
-
-
-def profiled(cfg: RunConfig, device: torch.device, dist: Dist) -> tuple[RunConfig, Profile]:
-    """`cfg` with its threads and dtype as the profile decides them here (the ranks of a DDP
-    run take bf16 only if all do), and the profile, for the log's first line."""
-    profile = decide(cfg.train.threads, cfg.train.dtype, device)
-    if not dist.all_ok(profile.dtype == "bfloat16") and profile.dtype == "bfloat16":
-        profile = Profile(profile.threads, "float32", profile.why_threads,
-                          "another rank measured bf16 slower")
-    return with_keys(cfg, {"train.threads": profile.threads, "train.dtype": profile.dtype}), profile
 
 
 def _loop(run: Run, files: RunFiles, stop: StopSignals, clock: Clock, schedule: Schedule,
@@ -139,7 +138,10 @@ def _loop(run: Run, files: RunFiles, stop: StopSignals, clock: Clock, schedule: 
             continue  # the only steps that wait for the device are those below
         if last and cfg.train.max_time is not None:
             state.budget_steps = state.step  # saved with it: a resume has nothing left to do
-        report_skipped(run, log, saved_step)
+        # waits for the device; stops the run after max_bad_steps in a row
+        if new := state.bad.check(cfg.train.max_bad_steps, run.run_dir / "last.pt", saved_step):
+            log.message(f"step {state.step}: skipped {new} update(s) with a non-finite loss or "
+                        f"gradient norm ({state.bad.reported} so far)")
         event = train_event(run, loss, norm, lr, clock) if log_now else None
         losses = record(run, log, stop, clock, event, lr, eval_now, save_now)
         final = final if losses is None else losses
@@ -188,16 +190,6 @@ def record(run: Run, log: MetricsLogger, stop: StopSignals, clock: Clock,
     return losses
 
 
-def report_skipped(run: Run, log: MetricsLogger, saved_step: int | None) -> None:
-    """Say how many updates were skipped since the last report (waits for the device), or stop
-    the run after max_bad_steps in a row."""
-    bad = run.state.bad
-    new = bad.check(run.cfg.train.max_bad_steps, run.run_dir / "last.pt", saved_step)
-    if new:
-        log.message(f"step {run.state.step}: skipped {new} update(s) with a non-finite loss or "
-                    f"gradient norm ({bad.reported} so far)")
-
-
 def train_event(run: Run, loss: torch.Tensor, norm: torch.Tensor, lr: float,
                 clock: Clock) -> dict[str, Any]:
     """The `train` event of a log step; restarts the tokens/s count."""
@@ -214,8 +206,8 @@ def train_event(run: Run, loss: torch.Tensor, norm: torch.Tensor, lr: float,
 def save(run: Run, clock: Clock, best: bool, last: bool) -> None:
     """Write best.pt and / or last.pt (with the step's checkpoint train.keep_checkpoints keeps)."""
     run.state.elapsed_s = clock.elapsed()
-    ckpt = checkpoint.collect(run.stateful(), config=run.cfg.to_dict(),
-                              vocab=run.task.vocab_state())
+    ckpt = {**{name: obj.state_dict() for name, obj in run.stateful().items()},
+            "config": run.cfg.to_dict(), "vocab": run.task.vocab_state()}
     # best.pt first: a last.pt on disk never counts a best val whose best.pt a crash kept
     # from being written (a resume from the older last.pt evaluates that step again).
     if best:
@@ -224,10 +216,10 @@ def save(run: Run, clock: Clock, best: bool, last: bool) -> None:
         checkpoint.save(ckpt, run.run_dir / "last.pt")
         keep = run.cfg.train.keep_checkpoints
         if keep:  # after last.pt: a crash in between loses no step a resume would redo
-            path = steps.step_path(run.run_dir, run.state.step)
+            path = checkpoint.step_path(run.run_dir, run.state.step)
             path.parent.mkdir(exist_ok=True)
             checkpoint.save(ckpt, path, run.run_dir)
-            steps.prune(run.run_dir, keep)
+            checkpoint.prune_steps(run.run_dir, keep)
 
 
 def log_eval(run: Run, log: MetricsLogger, losses: dict[str, float], lr: float,
@@ -249,12 +241,3 @@ def log_eval(run: Run, log: MetricsLogger, losses: dict[str, float], lr: float,
     if sample is not None:
         log.sample(sample, state.step)
 
-
-def log_final(run: Run, log: MetricsLogger, final: dict[str, float]) -> None:
-    """The run's hyperparameters with its final metrics (TensorBoard's HParams tab)."""
-    log.hparams(run.cfg.to_dict(), {
-        "hparams/best_val_loss": run.state.best_val,
-        "hparams/final_val_loss": final["val"],
-        "hparams/final_val_bpc": final["val"] / LN2,
-        "hparams/final_train_loss": final["train"],
-    }, run.state.step)

@@ -86,13 +86,12 @@ class MetricsLogger:
         # progress=None: a bar only when stderr is a terminal.
         self.bar = tqdm(total=total_steps, initial=initial_step, desc="train", unit="step",
                         dynamic_ncols=True, disable=None if progress is None else not progress)
-        self.deadline: float | None = None  # a time budget's end, on the clock of `now`
+        self.deadline: float | None = None  # a budget's end on `now`'s clock: for the bar and lines
         self.now = time.perf_counter
         self.rate: float | None = None  # tokens/s of the last train event
         self.said = self.now()  # when the last progress line was printed (no bar: `log`)
 
     def set_deadline(self, deadline: float, now=time.perf_counter) -> None:
-        """A time budget's end on the clock `now` reads, for the progress bar and lines."""
         if self.enabled:
             self.deadline, self.now = deadline, now
             self.bar.refresh()
@@ -126,9 +125,8 @@ class MetricsLogger:
 
     def status(self) -> str:
         """", 12,345 tok/s, 1m30s left" for a line of the log (empty before either is known)."""
-        parts = ([] if self.rate is None else [f"{self.rate:,.0f} tok/s"]) + (
-            [] if self.deadline is None else [f"{self.left()} left"])
-        return "".join(f", {part}" for part in parts)
+        rate = "" if self.rate is None else f", {self.rate:,.0f} tok/s"
+        return rate + ("" if self.deadline is None else f", {self.left()} left")
 
     def sample(self, text: str, step: int) -> None:
         """A generated sample as TensorBoard text, indented four spaces (markdown's code block)

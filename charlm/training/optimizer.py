@@ -59,35 +59,17 @@ class MuonWithAdamW:
 Optimizer = torch.optim.Optimizer | MuonWithAdamW
 
 
-def block_matrices(model: torch.nn.Module) -> list[torch.nn.Parameter]:
-    """The weight matrices inside the transformer blocks: what Muon trains (not embeddings,
-    the head, norms or biases)."""
-    return [p for module in model.modules() if isinstance(module, Block)
-            for p in module.parameters() if p.dim() == 2 and p.requires_grad]
-
-
 def make_optimizer(model: torch.nn.Module, optim: OptimConfig) -> Optimizer:
-    """The run's optimizer; each param group keeps its peak lr as "peak_lr", for `set_lr`."""
-    matrices = block_matrices(model)
+    """The run's optimizer; each param group keeps its peak lr as "peak_lr", for `set_lr`. AdamW
+    decays >= 2-D parameters only (decayed group first); with `optim.embedding_weight_decay`,
+    the tables and head in a group of their own after the matrices. It is fused where torch has
+    the kernel (see `step_if`), else foreach."""
+    # the weight matrices inside the blocks: what Muon trains (not embeddings, head, norms, biases)
+    matrices = [p for module in model.modules() if isinstance(module, Block)
+                for p in module.parameters() if p.dim() == 2 and p.requires_grad]
     chosen = {id(p) for p in matrices} if optim.name == "muon" else set()
+    params = [p for p in model.parameters() if p.requires_grad and id(p) not in chosen]
     tables = {id(p) for p in model.parameters() if p.dim() >= 2} - {id(p) for p in matrices}
-    adamw = make_adamw([p for p in model.parameters() if p.requires_grad and id(p) not in chosen],
-                       optim, tables)
-    if optim.name == "adamw":
-        return adamw
-    # torch's default lr adjustment ("original", Keller Jordan's): the update of an A x B
-    # matrix is scaled by sqrt(max(1, A / B)), as nanochat's and modded-nanogpt's Muon do
-    muon = torch.optim.Muon([{"params": matrices, "peak_lr": optim.muon_lr}], lr=optim.muon_lr,
-                            momentum=optim.muon_momentum, weight_decay=optim.muon_weight_decay,
-                            ns_steps=optim.muon_ns_steps)
-    return MuonWithAdamW(adamw, muon)
-
-
-def make_adamw(params: list[torch.nn.Parameter], optim: OptimConfig,
-               tables: set[int]) -> torch.optim.AdamW:
-    """AdamW with weight decay on >= 2-D parameters only (decayed group first); with
-    `optim.embedding_weight_decay`, the tables and head (`tables`: their ids) in a group of
-    their own after the matrices. Fused where torch has the kernel (see `step_if`), else foreach."""
     split = optim.embedding_weight_decay is not None
     groups = [
         {"params": [p for p in params if p.dim() >= 2 and not (split and id(p) in tables)],
@@ -97,8 +79,16 @@ def make_adamw(params: list[torch.nn.Parameter], optim: OptimConfig,
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     kernel: dict[str, bool] = {"fused": True} if has_fused_kernel(params) else {"foreach": True}
-    return torch.optim.AdamW([{**group, "peak_lr": optim.lr} for group in groups], lr=optim.lr,
-                             betas=(optim.beta1, optim.beta2), **kernel)
+    adamw = torch.optim.AdamW([{**group, "peak_lr": optim.lr} for group in groups], lr=optim.lr,
+                              betas=(optim.beta1, optim.beta2), **kernel)
+    if optim.name == "adamw":
+        return adamw
+    # torch's default lr adjustment ("original", Keller Jordan's): the update of an A x B
+    # matrix is scaled by sqrt(max(1, A / B)), as nanochat's and modded-nanogpt's Muon do
+    muon = torch.optim.Muon([{"params": matrices, "peak_lr": optim.muon_lr}], lr=optim.muon_lr,
+                            momentum=optim.muon_momentum, weight_decay=optim.muon_weight_decay,
+                            ns_steps=optim.muon_ns_steps)
+    return MuonWithAdamW(adamw, muon)
 
 
 def set_lr(optimizer: Optimizer, lr: float, optim: OptimConfig) -> None:
@@ -128,10 +118,10 @@ def _check_fits(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) ->
 
 
 def load_state(optimizer: Optimizer, state_dict: dict[str, Any]) -> None:
-    """Load a checkpoint's moments and step counts into an optimizer of `make_optimizer`,
-    keeping the settings it was made with: a resume may change the betas, decays and peak lrs,
-    or need foreach where the checkpoint says fused. ValueError when the state is not this
-    model's, CharlmError when it is the other `optim.name`'s."""
+    """Load a checkpoint's moments and step counts into an optimizer of `make_optimizer`, keeping
+    its settings: a resume may change the betas, decays and peak lrs, or need foreach where the
+    checkpoint says fused. ValueError when the state is not this model's, CharlmError when it is
+    the other `optim.name`'s."""
     saved_name = "muon" if "muon" in state_dict else "adamw"
     name = "muon" if isinstance(optimizer, MuonWithAdamW) else "adamw"
     if saved_name != name:
@@ -195,17 +185,12 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 class WeightAverage:
-    """The EMA of `model`'s parameters with `decay` (`optim.ema`; its first update copies them):
-    what a run evaluates, samples and saves as a checkpoint's "model", the trained weights saved
-    beside it (see `Run.stateful`)."""
+    """The EMA of `model`'s parameters with `decay` (`optim.ema`; its first update copies them),
+    which a run evaluates, samples and saves (see `Run.stateful`)."""
 
     def __init__(self, model: torch.nn.Module, decay: float):
         self.averaged = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay))
-        self.averaged.module.requires_grad_(False)
-
-    @property
-    def module(self) -> torch.nn.Module:
-        return self.averaged.module
+        self.module: torch.nn.Module = self.averaged.module.requires_grad_(False)
 
     def update(self, model: torch.nn.Module) -> None:
         self.averaged.update_parameters(model)

@@ -38,17 +38,21 @@ class Parent:
 
 def parent_config(cfg: RunConfig, given: Collection[str], parent: Parent,
                   data_given: Collection[str] = ()) -> RunConfig:
-    """`cfg` with the parent's architecture, its units and normal form (`parent_text`) and the
-    parent named in train.init_from and train.init_from_sha256. `given`, `data_given`: the model
-    and data keys the user set; one that differs from the parent's is an error, but for
+    """`cfg` with the parent's architecture, a GPT's units and normal form (its vocabulary's) and
+    the parent named in train.init_from and train.init_from_sha256. `given`, `data_given`: the
+    model and data keys the user set; one that differs from the parent's is an error, but for
     `FREE_KEYS`, as is a parent among the files of the run dir (--overwrite would delete it)."""
-    _check_outside(parent.weights, Path(cfg.train.out_dir))
+    run_dir = Path(cfg.train.out_dir)
+    if any(parent.weights.resolve().is_relative_to(run_dir.resolve() / name) for name in RUN_FILES):
+        raise CharlmError(f"--init-from {parent.weights} is in the run dir {run_dir}, whose run "
+                          "the new one replaces (its checkpoints with it); choose another --out")
     theirs = dataclasses.asdict(parent.cfg.model)
     for key in sorted(given):
         value = getattr(cfg.model, key, None)
         if key in theirs and key not in FREE_KEYS and value != theirs[key]:
             raise _conflict(f"model.{key}", value, theirs[key], parent, "architecture")
-    text = parent_text(parent)
+    text = ({"units": parent.vocab.units, "unicode_normalize": parent.vocab.normalize}
+            if isinstance(parent.vocab, Vocab) else {})
     for key in sorted(set(data_given) & text.keys()):
         if getattr(cfg.data, key) != text[key]:
             raise _conflict(f"data.{key}", getattr(cfg.data, key), text[key], parent,
@@ -64,20 +68,6 @@ def parent_config(cfg: RunConfig, given: Collection[str], parent: Parent,
     raw["data"].update(text)
     raw["train"].update(init_from=parent.source, init_from_sha256=parent.sha256)
     return RunConfig.from_dict(raw, f"the config fine-tuning {parent.source}")
-
-
-def _check_outside(weights: Path, run_dir: Path) -> None:
-    """Refuse a parent whose weights are one of the files a new run in `run_dir` replaces."""
-    if any(weights.resolve().is_relative_to(run_dir.resolve() / name) for name in RUN_FILES):
-        raise CharlmError(f"--init-from {weights} is in the run dir {run_dir}, whose run the new "
-                          "one replaces (its checkpoints with it); choose another --out")
-
-
-def parent_text(parent: Parent) -> dict[str, str | None]:
-    """The data keys a GPT's fine-tune inherits from its vocabulary (none for pairs)."""
-    if not isinstance(parent.vocab, Vocab):
-        return {}
-    return {"units": parent.vocab.units, "unicode_normalize": parent.vocab.normalize}
 
 
 def _conflict(key: str, value: object, theirs: object, parent: Parent, kept: str) -> CharlmError:
@@ -104,13 +94,6 @@ def base_vocab(cfg: RunConfig, ckpt: dict[str, Any] | None,
     return None if parent is None else parent.vocab
 
 
-def grow_rows(old: torch.Tensor, units: int, new_units: int) -> torch.Tensor:
-    """The rows of `old` (`units` unit rows, then special rows) for `new_units` units: the
-    new units' rows, each the mean of the old unit rows, go before the special rows."""
-    mean = old[:units].mean(0, keepdim=True)
-    return torch.cat([old[:units], mean.expand(new_units - units, *old.shape[1:]), old[units:]])
-
-
 def unit_rows(vocab: Vocab | PairVocab) -> dict[str, Sequence[str]]:
     """The units along the rows of each weight that a vocabulary sizes (its specials after
     them): a GPT's characters, or an encoder-decoder's source characters and target units."""
@@ -121,7 +104,8 @@ def unit_rows(vocab: Vocab | PairVocab) -> dict[str, Sequence[str]]:
 
 
 def init_from_parent(model: torch.nn.Module, parent: Parent, vocab: Vocab | PairVocab) -> None:
-    """Load the parent's weights into `model`, for `vocab`: the parent's and new characters."""
+    """Load the parent's weights into `model`, for `vocab`: the parent's and new characters, each
+    new unit's row the mean of the parent's unit rows, before the special rows."""
     old, new = unit_rows(parent.vocab), unit_rows(vocab)
     if type(vocab) is not type(parent.vocab) or any(new[k][:len(v)] != v for k, v in old.items()):
         raise CharlmError(f"the data's vocabulary does not keep the ids of {parent.source}'s; "
@@ -130,6 +114,9 @@ def init_from_parent(model: torch.nn.Module, parent: Parent, vocab: Vocab | Pair
     weights = {}
     for name, tensor in parent.state.items():
         units, new_units = len(old.get(name, ())), len(new.get(name, ()))
-        weights[name] = grow_rows(tensor, units, new_units) if new_units > units else tensor
+        if new_units > units:
+            mean = tensor[:units].mean(0, keepdim=True).expand(new_units - units, *tensor.shape[1:])
+            tensor = torch.cat([tensor[:units], mean, tensor[units:]])
+        weights[name] = tensor
     with torch.no_grad():
         model.load_state_dict(weights)

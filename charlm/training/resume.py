@@ -1,5 +1,4 @@
-"""What a resume takes from the run dir: its config (`resume_config`: the checkpoint's, with the
-user's edits of RUN/config.yaml), and the resumes refused before the run is built."""
+"""What a resume takes from the run dir (`resume_config`), and the resumes refused up front."""
 
 from __future__ import annotations
 

@@ -14,12 +14,12 @@ from charlm.config.schema import RunConfig
 from charlm.config.yaml_files import read_yaml_file
 from charlm.core.errors import CharlmError
 from charlm.core.files import locked_dir, make_writable_dir, remove_temps, some, strangers
-from charlm.training import checkpoint, steps
+from charlm.training import checkpoint
 from charlm.training.metrics import TB_EVENTS
 
 # What a run writes, and all that --overwrite removes (of tb/, only TensorBoard's event files;
-# of checkpoints/, only its step-NNNNNN.pt files, see `steps`).
-RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "tb", "config.yaml", steps.STEPS_DIR)
+# of checkpoints/, only its step-NNNNNN.pt files, see `checkpoint.step_path`).
+RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "tb", "config.yaml", checkpoint.STEPS_DIR)
 # Made before a run's first step, and kept by --overwrite: the dataset cache of `charlm train
 # TEXT` (reused while its text is unchanged), and the config and log of a `charlm tune` trial.
 KEPT = ("dataset", "trial.yaml", "train.log")
@@ -27,12 +27,17 @@ KEPT = ("dataset", "trial.yaml", "train.log")
 
 def _is_own(path: Path) -> bool:
     """Whether what is at `path`, one of `RUN_FILES`, is what charlm writes there."""
-    if path.name in ("tb", steps.STEPS_DIR):
+    if path.name in ("tb", checkpoint.STEPS_DIR):
         return path.is_dir()
     if not path.is_file():
         return False
-    if path.name == "config.yaml":
-        return _written_by_run(path)
+    if path.name == "config.yaml":  # with every key, as a run writes it (a user's has fewer)
+        try:
+            raw, full = read_yaml_file(path), load_config(path).to_dict()
+        except (CharlmError, OSError):
+            return False
+        return isinstance(raw, dict) and raw.keys() == full.keys() and all(
+            isinstance(raw[s], dict) and raw[s].keys() == full[s].keys() for s in full)
     if path.name == "metrics.jsonl":
         return True
     try:  # a checkpoint, read without its tensors (mmap): a large one costs what a small one does
@@ -40,16 +45,6 @@ def _is_own(path: Path) -> bool:
     except Exception:  # not a torch zip, or pickled code: whatever it is, it is not ours
         return False
     return isinstance(state, dict) and state.get("format") == checkpoint.FORMAT
-
-
-def _written_by_run(config: Path) -> bool:
-    """A config.yaml with every key, as a run writes it (a user's names only what it changes)."""
-    try:
-        raw, full = read_yaml_file(config), load_config(config).to_dict()
-    except (CharlmError, OSError):
-        return False
-    return isinstance(raw, dict) and raw.keys() == full.keys() and all(
-        isinstance(raw[s], dict) and raw[s].keys() == full[s].keys() for s in full)
 
 
 def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
@@ -82,8 +77,7 @@ def _check_run_files(run_dir: Path, overwrite: bool) -> None:
         how = "continue it with --resume, " if (run_dir / "last.pt").is_file() else ""
         raise CharlmError(
             f"{run_dir} already holds a run ({', '.join(existing)}); {how}start over with "
-            "--overwrite, or choose another --out"
-        )
+            "--overwrite, or choose another --out")
     odd = [n for n in existing if not _is_own(run_dir / n)]
     if odd:
         raise CharlmError(f"{run_dir / odd[0]} is not what charlm writes there, and --overwrite "
@@ -94,11 +88,13 @@ def _check_run_files(run_dir: Path, overwrite: bool) -> None:
 def clear_run(run_dir: Path) -> None:
     """--overwrite: remove the previous run's files, only those charlm wrote (see `RUN_FILES`).
     config.yaml goes last, so a run stopped in between is still known as a run."""
-    steps.clear(run_dir)
+    checkpoint.prune_steps(run_dir, 0)
+    checkpoint.remove_temps_of_steps(run_dir)
     for event in (run_dir / "tb").glob(TB_EVENTS):
         event.unlink(missing_ok=True)
-    with contextlib.suppress(OSError):
-        (run_dir / "tb").rmdir()  # only when empty
+    for folder in ("tb", checkpoint.STEPS_DIR):
+        with contextlib.suppress(OSError):  # only when empty: the user's files stay
+            (run_dir / folder).rmdir()
     for name in ("last.pt", "best.pt", "metrics.jsonl", "config.yaml"):
         (run_dir / name).unlink(missing_ok=True)
 
@@ -108,7 +104,7 @@ def start_run(run_dir: Path, cfg: RunConfig) -> None:
     half-done saves (only the holder of the run lock may: no other process writes there)."""
     for name in RUN_FILES:
         remove_temps(run_dir / name)
-    steps.remove_temps_of_steps(run_dir)
+    checkpoint.remove_temps_of_steps(run_dir)
     save_config(cfg, run_dir / "config.yaml")
 
 

@@ -44,7 +44,6 @@ class TrainState:
     elapsed_s: float = 0.0  # wall time spent in train(), summed over resumes
     budget_steps: int | None = None  # the step a time budget ended the run at (None: not yet)
     eval_due: bool = False  # a stop signal cut the eval of `step` short: a resume runs it first
-    # the skipped-step counters, kept on the device so that counting never waits for it
     bad: faults.BadSteps = field(default_factory=faults.BadSteps, repr=False, compare=False)
 
     def state_dict(self) -> dict[str, Any]:
@@ -55,9 +54,8 @@ class TrainState:
                 "elapsed_s": self.elapsed_s, **budget, **due, **self.bad.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        fresh = TrainState()  # a field added later takes its default
         for name in ("step", "best_val", "tokens", "elapsed_s", "eval_due", "budget_steps"):
-            setattr(self, name, state.get(name, getattr(fresh, name)))
+            setattr(self, name, state.get(name, getattr(TrainState, name)))  # older: default
         if self.budget_steps != self.step:  # an older version's planned steps, still ahead
             self.budget_steps = None
         self.bad.load_state_dict(state)
@@ -122,8 +120,7 @@ class Run:
 @dataclass
 class RunFiles:
     """A run's config.yaml and log, opened by the first `open`: a resume's at once, a fresh
-    run's once its first step has run, so a run that cannot start writes nothing (and
-    `--overwrite` removes nothing)."""
+    run's once its first step has run (see `loop._train`)."""
 
     run: Run
     clock: schedule.Clock
@@ -163,8 +160,7 @@ def require_same_vocab(ckpt: dict[str, Any] | None, data_path: str, vocab: Any) 
     if ckpt is not None and ckpt.get("vocab") != vocab:
         raise CharlmError(
             f"--resume: the vocabulary of {data_path} differs from the run's checkpoint; "
-            "resume with the data the run was started on"
-        )
+            "resume with the data the run was started on")
 
 
 def warn_about_config(cfg: RunConfig, task: Task, dist: Dist) -> None:
@@ -224,9 +220,8 @@ def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dty
               size: Collection[str] | None = None) -> Run:
     """Build a run's objects (`ckpt`, whose state is loaded afterwards, is only checked against
     the data's vocabulary); `parent`, `size`: as for `loop.train`."""
-    tc = cfg.train
     same_vocab = partial(require_same_vocab, ckpt, cfg.data.shown)
-    cache = Path(tc.out_dir) / "dataset"
+    cache = Path(cfg.train.out_dir) / "dataset"
     before = dataset_meta(cache) if ckpt is not None and dist.is_main else None
     if ckpt is not None and missing_inputs(cfg.data.inputs) and (cache / "meta.json").is_file():
         raise CharlmError(f"--resume: input file not found: {missing_inputs(cfg.data.inputs)[0]} "
@@ -236,12 +231,11 @@ def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dty
         task = task_for(cfg, cache, same_vocab, base_vocab(cfg, ckpt, parent))
     if size is not None:
         cfg = sizing.size_model(cfg, size, task, dist, device, dtype)
-        tc = cfg.train
         task = type(task)(cfg, task.data)
     same_vocab(task.vocab_state())  # also for a prepared dataset dir, or a reused cache
     warn_about_config(cfg, task, dist)
     warn_about_split(ckpt, cfg, task, before, dist)
-    sampler = task.sampler("train", tc.seed, device, rows=dist.rows(tc.batch_size))
+    sampler = task.sampler("train", cfg.train.seed, device, rows=dist.rows(cfg.train.batch_size))
     require_batch_memory(task, device, dtype, len(range(sampler.batch_size)[sampler.rows]))
     model = build_model(cfg, task.vocab).to(device)
     if parent is not None and ckpt is None:

@@ -1,9 +1,7 @@
 """When things happen in a run: `Schedule` gives a step's learning rate (linear warmup, then
-`optim.schedule` along the run's progress: `wsd`, which Hägele et al. 2024 and Bergsma et al.
-2025 find at least matching `cosine`) and whether the step logs, evaluates, saves and is the
-last; `Clock` keeps the run's time, the one place that reads it. With `train.max_iters` the
-progress counts steps, so a run and its resume repeat bitwise; with `train.max_time` it is the
-elapsed share of the budget (docs/design.md, "The time budget")."""
+`optim.schedule`: `wsd`, which Hägele et al. 2024 and Bergsma et al. 2025 find at least matching
+`cosine`) and whether the step logs, evaluates, saves and is the last; `Clock` keeps the run's
+time, the one place that reads it (docs/design.md, "The time budget")."""
 
 from __future__ import annotations
 
@@ -18,31 +16,24 @@ from charlm.config.schema import TrainConfig
 
 @dataclass
 class Schedule:
-    """`reached`: a time budget's progress so far, which never goes back when the reserve's
-    estimate falls."""
-
     optim: OptimConfig
     train: TrainConfig
-    reached: float = 0.0
-
-    def progress(self, step: int, elapsed: float = 0.0, reserve: float = 0.0) -> float:
-        """How far along the decay step `step` is, in [0, 1]: by steps from the end of warmup
-        to `lr_decay_iters` (null: max_iters), or for a time budget by `elapsed` seconds over
-        the budget less `reserve` (one step and `Clock.final_s`)."""
-        o, t = self.optim, self.train
-        if t.max_time is not None and o.lr_decay_iters is None:
-            share = elapsed / max(t.max_time - reserve, 1e-9)
-            self.reached = max(self.reached, min(share, 1.0))
-            return self.reached
-        end = o.lr_decay_iters or t.max_iters
-        return min(max(step - o.warmup_iters, 0) / max(end - o.warmup_iters, 1), 1.0)
+    reached: float = 0.0  # a time budget's progress so far: it never goes back as the reserve falls
 
     def lr(self, step: int, elapsed: float = 0.0, reserve: float = 0.0) -> float:
-        """The learning rate of step `step` (0-based), which peaks at `optim.lr`."""
-        o = self.optim
+        """The learning rate of step `step` (0-based), which peaks at `optim.lr`. The decay runs
+        by steps from the end of warmup to `lr_decay_iters` (null: max_iters), so a run and its
+        resume repeat bitwise, or for a time budget by `elapsed` seconds over the budget less
+        `reserve` (one step and `Clock.final_s`)."""
+        o, t = self.optim, self.train
         if step < o.warmup_iters:
             return o.lr * (step + 1) / (o.warmup_iters + 1)
-        p = self.progress(step, elapsed, reserve)
+        if t.max_time is not None and o.lr_decay_iters is None:
+            share = elapsed / max(t.max_time - reserve, 1e-9)
+            self.reached = p = max(self.reached, min(share, 1.0))
+        else:
+            end = o.lr_decay_iters or t.max_iters
+            p = min(max(step - o.warmup_iters, 0) / max(end - o.warmup_iters, 1), 1.0)
         if o.schedule == "cosine":
             share = 0.5 * (1.0 + math.cos(math.pi * p))
         else:
@@ -71,8 +62,7 @@ class Schedule:
 
 @dataclass
 class Clock:
-    """The run's time, read in one place (`now`: time.perf_counter, or a test's clock), with
-    pauses for evaluations and writes kept out of the step times and tokens/s."""
+    """The run's time, with pauses for evals and writes kept out of the step times and tokens/s."""
 
     start: float  # now() when train() began
     before: float = 0.0  # elapsed_s of the checkpoint resumed from

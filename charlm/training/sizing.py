@@ -1,13 +1,12 @@
 """Models sized to a time budget: `charlm train TEXT --time 10m` without a config picks the
 largest GPT of `LADDER` (for pairs, the encoder-decoder of `PAIR_LADDER`) whose tokens in the
-budget, at this machine's measured speed, reach TOKENS_PER_PARAMETER times its parameters, and
-says what it picked and why in one line. The keys the user set win over the pick. The rule and
-what it rests on: docs/design.md, "Models sized to the budget".
-"""
+budget, at this machine's measured speed, reach TOKENS_PER_PARAMETER times its parameters; the
+keys the user set win over the pick (docs/design.md, "Models sized to the budget")."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -27,10 +26,9 @@ DROPOUT = ((32.0, 0.2), (16.0, 0.1))  # (epochs from which, dropout); none below
 
 @dataclasses.dataclass(frozen=True)
 class Rung:
-    """One size of a ladder: the model's shape and the batch and learning rate it trains at.
-    An encoder-decoder's n_layer is each side's depth."""
+    """One size of a ladder: the model's shape and the batch and learning rate it trains at."""
 
-    n_layer: int
+    n_layer: int  # an encoder-decoder's: each side's depth
     n_embd: int
     n_head: int
     block_size: int | None  # None: an encoder-decoder's, as long as the data's longest pair
@@ -91,8 +89,7 @@ PAIR_LADDER = (  # the second is configs/g2p_cmudict.yaml's shape
 
 @dataclasses.dataclass
 class Pick:
-    """The rung picked, with what the rule saw; `next_ratio`: the next rung's tokens a
-    parameter (None: the ladder's top)."""
+    """The rung picked, with what the rule saw."""
 
     rung: Rung
     rate: float
@@ -100,7 +97,7 @@ class Pick:
     params: int
     epochs: float
     block_size: int
-    next_ratio: float | None
+    next_ratio: float | None  # the next rung's tokens a parameter (None: the ladder's top)
     aside: int = 0  # the parameters of a bigram table, which the rule does not count
 
     @property
@@ -186,11 +183,11 @@ def size_model(cfg: RunConfig, given: Collection[str], task: Task, dist: Dist,
     rungs and takes the slowest rank's rate, so that all pick alike."""
     assert cfg.train.max_time is not None
     room = task.room()
-    trials: dict[Rung, Task] = {}
 
+    @functools.cache
     def trial(rung: Rung) -> Task:  # the task with the rung's model, as the user has it
         keys = {k: v for k, v in rung_keys(rung, room).items() if k not in given}
-        return trials.setdefault(rung, type(task)(with_keys(cfg, keys), task.data))
+        return type(task)(with_keys(cfg, keys), task.data)
 
     def rate(rung: Rung) -> float:  # said as it goes: the larger rungs take a while to time
         if dist.is_main:

@@ -22,8 +22,6 @@ from charlm.data.vocab import Vocab
 from charlm.evaluation.pairs import output_accuracy, rate_name
 from charlm.generation.text import preview
 from charlm.model import encoder_decoder, gpt
-from charlm.model.encoder_decoder import EncoderDecoder
-from charlm.model.gpt import GPT
 
 
 class TextTask:
@@ -38,8 +36,7 @@ class TextTask:
     def vocab_state(self) -> Any:
         return self.vocab.state()
 
-    def sampler(self, split: str, seed: int, device: torch.device,
-                rows: slice = slice(None)) -> BatchSampler:
+    def sampler(self, split: str, seed: int, device: torch.device, rows: slice) -> BatchSampler:
         return BatchSampler(self.data.split(split), self.cfg.model.block_size,
                             self.cfg.train.batch_size, device, seed, name=split, rows=rows)
 
@@ -86,14 +83,13 @@ class PairsTask:
             raise CharlmError(
                 f"{cfg.data.shown} holds sources of up to {self.longest[0]} characters and "
                 f"targets of up to {self.longest[1]} units, but model.block_size {block} fits "
-                f"sources of {block} and targets of {block - 1}; raise model.block_size"
-            )
+                f"sources of {block} and targets of {block - 1}; raise model.block_size")
 
     def vocab_state(self) -> Any:
         return self.vocab.to_dict()
 
-    def sampler(self, split: str, seed: int, device: torch.device,
-                rows: slice = slice(None)) -> PairBatchSampler:
+    def sampler(self, split: str, seed: int, device: torch.device, rows: slice
+                ) -> PairBatchSampler:
         return PairBatchSampler(self.data.split(split), self.vocab, self.cfg.train.batch_size,
                                 device, seed, rows=rows)
 
@@ -102,8 +98,7 @@ class PairsTask:
                                                self.vocab.target_size)
 
     def example_batch(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-        T = self.cfg.model.block_size
-        src = torch.zeros((rows, T), dtype=torch.long, device=device)
+        src = torch.zeros((rows, self.cfg.model.block_size), dtype=torch.long, device=device)
         return src, src.clone(), src.clone()
 
     def random_batch(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -169,8 +164,9 @@ def build_model(cfg: RunConfig, vocab: Vocab | PairVocab) -> torch.nn.Module:
     if isinstance(vocab, PairVocab) != (cfg.model.arch == "encoder_decoder"):
         raise ValueError(f"model.arch {cfg.model.arch} does not match the stored vocabulary")
     if isinstance(vocab, PairVocab):
-        return EncoderDecoder(cfg.model, vocab.source_size, vocab.target_size, vocab.src_pad)
-    return GPT(cfg.model, len(vocab))
+        return encoder_decoder.EncoderDecoder(cfg.model, vocab.source_size, vocab.target_size,
+                                              vocab.src_pad)
+    return gpt.GPT(cfg.model, len(vocab))
 
 
 def check_weights(stored: Mapping[str, Any]) -> None:
