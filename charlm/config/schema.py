@@ -14,9 +14,10 @@ from typing import Any, Literal
 
 from charlm.config.data import DataConfig
 from charlm.config.optim import OptimConfig
-from charlm.config.values import as_mapping, build_section, require, setting, suggest
+from charlm.config.values import coerce, require, setting
+from charlm.config.yaml_files import as_mapping
 from charlm.core.durations import duration_seconds
-from charlm.core.errors import CharlmError
+from charlm.core.errors import CharlmError, suggest
 
 
 def device_error(name: str) -> str | None:
@@ -243,6 +244,24 @@ class RunConfig:
                 raise CharlmError(f"unknown section '{name}' in {where}{suggest(name, hints)}")
             kwargs[name] = build_section(hints[name], name, value, where)
         return cls(**kwargs)
+
+
+def build_section(section_cls: type, section: str, raw: Any, where: str) -> Any:
+    """One section's dataclass from its keys, each value read by its field's type."""
+    raw = as_mapping(raw, f"section '{section}' in {where} must be a mapping of keys")
+    hints = typing.get_type_hints(section_cls)
+    kwargs = {}
+    for key, value in raw.items():
+        if key not in hints:
+            raise CharlmError(
+                f"unknown key '{section}.{key}' in {where}{suggest(key, hints)}"
+            )
+        value = coerce(value, hints[key], f"{section}.{key}", where)
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
+            # torch sizes and steps are 64-bit
+            raise CharlmError(f"invalid value for {section}.{key} in {where}: {value} is too large")
+        kwargs[key] = value
+    return section_cls(**kwargs)
 
 
 def default_run_dir(data_path: str | tuple[str, ...]) -> str:
