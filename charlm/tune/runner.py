@@ -23,11 +23,12 @@ from tqdm import tqdm
 from charlm.config.loading import save_config
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError, first_line
+from charlm.core.files import alive
 from charlm.tune.report import trial_line
 from charlm.tune.space import OBJECTIVES
 from charlm.tune.study import StudyConfig, make_pruner, make_sampler, make_storage
 from charlm.tune.trial import Outcome, Stop, ended, run_trial, stop_signals
-from charlm.tune.workers import alive, cuda_slots, database_lock, in_use, repeated, saved
+from charlm.tune.workers import cuda_slots, database_lock, in_use, repeated, saved
 
 BY_TOKENS = ("model.block_size", "train.batch_size", "train.grad_accum")  # change tokens a step
 

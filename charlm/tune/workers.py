@@ -1,5 +1,5 @@
 """What the tuner's workers need around their trials: a database's named lock, repeated configs
-for seeds, which GPU each worker gets, whether a tuner is alive and a trial's run dir in use."""
+for seeds, which GPU each worker gets, and whether a trial's run dir is in use."""
 
 from __future__ import annotations
 
@@ -77,16 +77,6 @@ def cuda_slots(base: dict[str, Any], workers: int) -> list[str]:
         raise CharlmError(f"--workers {workers} runs one trial per GPU, and this machine has "
                           f"{len(gpus)}; give --workers {len(gpus)} or fewer")
     return gpus[:workers]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError, ValueError):
-        return True
-    return True
 
 
 def in_use(run_dir: Path) -> bool:
