@@ -81,12 +81,9 @@ class ModelConfig:
         require(self.arch == "encoder_decoder" or self.n_encoder_layer is None,
                "model.n_encoder_layer", "applies to model.arch=encoder_decoder only; remove it "
                "or set model.arch=encoder_decoder")
-        require(
-            self.n_embd % self.n_head == 0,
-            "model.n_embd",
-            f"{self.n_embd} is not divisible by model.n_head={self.n_head}; "
-            "choose n_embd as a multiple of n_head",
-        )
+        require(self.n_embd % self.n_head == 0, "model.n_embd",
+                f"{self.n_embd} is not divisible by model.n_head={self.n_head}; "
+                "choose n_embd as a multiple of n_head")
         require(self.n_ff is None or self.n_ff >= 1, "model.n_ff", "must be >= 1 or null")
         require(0.0 <= self.dropout < 1.0, "model.dropout", f"{self.dropout} is outside [0, 1)")
         require(0.0 <= self.label_smoothing < 1.0, "model.label_smoothing",
@@ -95,12 +92,9 @@ class ModelConfig:
                f"{self.logit_softcap} must be >= 0 (0: no cap)")
         require(not (self.bigram and self.arch == "encoder_decoder"), "model.bigram",
                "applies to model.arch=decoder only")
-        require(
-            self.pos_encoding != "rope" or self.head_dim % 2 == 0,
-            "model.pos_encoding",
-            f"rope rotates pairs of features and needs an even head size, but n_embd / n_head = "
-            f"{self.head_dim}; choose n_embd as a multiple of 2 * n_head",
-        )
+        require(self.pos_encoding != "rope" or self.head_dim % 2 == 0, "model.pos_encoding",
+                f"rope rotates pairs of features and needs an even head size, but n_embd / "
+                f"n_head = {self.head_dim}; choose n_embd as a multiple of 2 * n_head")
 
     @property
     def encoder_layers(self) -> int:
