@@ -33,13 +33,12 @@ def sinusoidal_table(pos: torch.Tensor, dim: int) -> torch.Tensor:
 class RMSNorm(nn.Module):
     """x / rms(x) * weight (Zhang & Sennrich 2019): LayerNorm without centring, never a bias."""
 
-    def __init__(self, dim: int, eps: float = 1e-5):
+    def __init__(self, dim: int):
         super().__init__()
-        self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return attention.unit_rms(x, self.eps) * self.weight  # the mean of squares in float32
+        return attention.unit_rms(x) * self.weight  # the mean of squares in float32
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
