@@ -107,8 +107,7 @@ class ModelConfig:
 
     @property
     def ff_width(self) -> int:
-        """n_ff, else 4 * n_embd, or for swiglu 2/3 of that rounded up to a multiple of 8
-        (LLaMA's rule: its three projections about as large as the others' two)."""
+        """n_ff, else its default as its help says (for swiglu, LLaMA's rule)."""
         if self.n_ff is not None:
             return self.n_ff
         if self.activation == "swiglu":
@@ -247,9 +246,7 @@ def build_section(section_cls: type, section: str, raw: Any, where: str) -> Any:
     kwargs = {}
     for key, value in raw.items():
         if key not in hints:
-            raise CharlmError(
-                f"unknown key '{section}.{key}' in {where}{suggest(key, hints)}"
-            )
+            raise CharlmError(f"unknown key '{section}.{key}' in {where}{suggest(key, hints)}")
         value = coerce(value, hints[key], f"{section}.{key}", where)
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
             # torch sizes and steps are 64-bit
