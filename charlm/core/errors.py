@@ -1,6 +1,5 @@
 """`CharlmError`, which the CLI turns into one `error: what, where, what to do` line and exit
-code 2, the helpers that put an exception, a count, a value or a near name into a message, and
-`warn`."""
+code 2, helpers that put an exception, a count, a value or a near name in a message, `warn`."""
 
 import difflib
 import re
