@@ -26,32 +26,6 @@ from charlm.tune.space import Search, add, check_space, lookup
 STUDY_FILE, JOURNAL = "tune.yaml", "study.journal"
 RESUMABLE = ("--trials", "--timeout", "--workers")  # what --resume may change
 
-# A database's named lock, held by one session at a time: (take it, waiting; give it back).
-# MySQL's GET_LOCK waits a year: MariaDB takes no lock (NULL) for its "forever", -1.
-MYSQL_LOCK = ("SELECT GET_LOCK('charlm_tune', 31536000)", "SELECT RELEASE_LOCK('charlm_tune')")
-DATABASE_LOCKS = {
-    "postgresql": ("SELECT pg_advisory_lock(4242)", "SELECT pg_advisory_unlock(4242)"),
-    "mysql": MYSQL_LOCK, "mariadb": MYSQL_LOCK,
-}
-
-
-@contextlib.contextmanager
-def database_lock(engine: Any) -> Iterator[None]:
-    """Hold the database's named lock (DATABASE_LOCKS) on a connection of its own, so that one
-    tuner at a time, on any machine, does what it guards; no engine or no such lock: nothing."""
-    sql = None if engine is None else DATABASE_LOCKS.get(engine.dialect.name)
-    if sql is None:
-        yield
-        return
-    from sqlalchemy import text
-
-    with engine.connect() as conn:
-        conn.execute(text(sql[0]))
-        try:
-            yield
-        finally:
-            conn.execute(text(sql[1]))
-
 
 @dataclass
 class StudyConfig:
@@ -129,6 +103,33 @@ def prepare_data(cfg: RunConfig, search: Search, out: Path) -> str:
     print(f"preparing {cfg.data.shown} once for every trial ...", file=sys.stderr)
     prepared_data(cfg, out / "dataset")
     return str((out / "dataset").resolve())
+
+
+# A database's named lock, held by one session at a time: (take it, waiting; give it back).
+# MySQL's GET_LOCK waits a year: MariaDB takes no lock (NULL) for its "forever", -1.
+MYSQL_LOCK = ("SELECT GET_LOCK('charlm_tune', 31536000)", "SELECT RELEASE_LOCK('charlm_tune')")
+DATABASE_LOCKS = {
+    "postgresql": ("SELECT pg_advisory_lock(4242)", "SELECT pg_advisory_unlock(4242)"),
+    "mysql": MYSQL_LOCK, "mariadb": MYSQL_LOCK,
+}
+
+
+@contextlib.contextmanager
+def database_lock(engine: Any) -> Iterator[None]:
+    """Hold the database's named lock (DATABASE_LOCKS) on a connection of its own, so that one
+    tuner at a time, on any machine, does what it guards; no engine or no such lock: nothing."""
+    sql = None if engine is None else DATABASE_LOCKS.get(engine.dialect.name)
+    if sql is None:
+        yield
+        return
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        conn.execute(text(sql[0]))
+        try:
+            yield
+        finally:
+            conn.execute(text(sql[1]))
 
 
 def make_storage(study_cfg: StudyConfig) -> Any:
