@@ -20,8 +20,8 @@ import torch
 from charlm import export
 from charlm.config.sampling import SampleConfig
 from charlm.config.schema import RunConfig
-from charlm.config.values import coerce, suggest
-from charlm.core.errors import CharlmError
+from charlm.config.values import coerce
+from charlm.core.errors import CharlmError, suggest
 from charlm.data.pairs import PairVocab
 from charlm.data.vocab import Vocab
 from charlm.evaluation.scoring import score_text

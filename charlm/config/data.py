@@ -61,11 +61,8 @@ class DataConfig:
         if isinstance(self.path, tuple) and len(self.path) == 1:
             self.path = self.path[0]  # one input is a string, as it was before lists
         require(bool(self.path) and all(self.inputs), "data.path", "must not be empty")
-        require(
-            0 < self.val_fraction < 1,
-            "data.val_fraction",
-            f"{self.val_fraction} is outside (0, 1)",
-        )
+        require(0 < self.val_fraction < 1, "data.val_fraction",
+                f"{self.val_fraction} is outside (0, 1)")
         require(0 <= self.test_fraction < 1 and self.val_fraction + self.test_fraction < 1,
                "data.test_fraction", f"{self.test_fraction} must be in [0, 1) and leave "
                f"training pairs beside data.val_fraction={self.val_fraction}")

@@ -9,8 +9,7 @@ from typing import Any
 import yaml
 
 from charlm.config.schema import RunConfig
-from charlm.config.values import as_mapping
-from charlm.config.yaml_files import dump_yaml, load_text, read_yaml_file
+from charlm.config.yaml_files import as_mapping, dump_yaml, load_text, read_yaml_file
 from charlm.core.errors import CharlmError
 from charlm.core.files import write_text_atomic
 

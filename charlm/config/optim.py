@@ -64,9 +64,8 @@ class OptimConfig:
                "(0, 1]")
         require(  # the decay runs from the end of the warmup to lr_decay_iters
             self.lr_decay_iters is None or self.lr_decay_iters > max(self.warmup_iters, 0),
-            "optim.lr_decay_iters",
-            f"must be more than optim.warmup_iters ({self.warmup_iters}), or null",
-        )
+            "optim.lr_decay_iters", f"must be more than optim.warmup_iters ({self.warmup_iters}), "
+            "or null")
         require(self.muon_lr > 0, "optim.muon_lr", f"{self.muon_lr} must be > 0")
         require(0 <= self.muon_momentum < 1, "optim.muon_momentum",
                f"{self.muon_momentum} is outside [0, 1)")

@@ -41,11 +41,8 @@ def type_name(hint: Any) -> str:
 
 def yaml_value(value: Any) -> str:
     """A default as YAML writes it: null, true, 0.004, and a string with a tab quoted."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str) and not value.isprintable():
+    if value is None or isinstance(value, bool) or (isinstance(value, str)
+                                                   and not value.isprintable()):
         return json.dumps(value)
     return str(value)
 

@@ -8,8 +8,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from charlm.config.values import coerce, setting, suggest
-from charlm.core.errors import CharlmError, Setting, SettingError
+from charlm.config.values import coerce, setting
+from charlm.core.errors import CharlmError, Setting, SettingError, suggest
 
 # Past this every character of a trained model is about as likely as any other: a larger
 # temperature is a slip (1e46 made the float32 factor 0), never a setting.

@@ -14,9 +14,10 @@ from typing import Any, Literal
 
 from charlm.config.data import DataConfig
 from charlm.config.optim import OptimConfig
-from charlm.config.values import as_mapping, build_section, require, setting, suggest
+from charlm.config.values import coerce, require, setting
+from charlm.config.yaml_files import as_mapping
 from charlm.core.durations import duration_seconds
-from charlm.core.errors import CharlmError
+from charlm.core.errors import CharlmError, suggest
 
 
 def device_error(name: str) -> str | None:
@@ -80,12 +81,9 @@ class ModelConfig:
         require(self.arch == "encoder_decoder" or self.n_encoder_layer is None,
                "model.n_encoder_layer", "applies to model.arch=encoder_decoder only; remove it "
                "or set model.arch=encoder_decoder")
-        require(
-            self.n_embd % self.n_head == 0,
-            "model.n_embd",
-            f"{self.n_embd} is not divisible by model.n_head={self.n_head}; "
-            "choose n_embd as a multiple of n_head",
-        )
+        require(self.n_embd % self.n_head == 0, "model.n_embd",
+                f"{self.n_embd} is not divisible by model.n_head={self.n_head}; "
+                "choose n_embd as a multiple of n_head")
         require(self.n_ff is None or self.n_ff >= 1, "model.n_ff", "must be >= 1 or null")
         require(0.0 <= self.dropout < 1.0, "model.dropout", f"{self.dropout} is outside [0, 1)")
         require(0.0 <= self.label_smoothing < 1.0, "model.label_smoothing",
@@ -94,12 +92,9 @@ class ModelConfig:
                f"{self.logit_softcap} must be >= 0 (0: no cap)")
         require(not (self.bigram and self.arch == "encoder_decoder"), "model.bigram",
                "applies to model.arch=decoder only")
-        require(
-            self.pos_encoding != "rope" or self.head_dim % 2 == 0,
-            "model.pos_encoding",
-            f"rope rotates pairs of features and needs an even head size, but n_embd / n_head = "
-            f"{self.head_dim}; choose n_embd as a multiple of 2 * n_head",
-        )
+        require(self.pos_encoding != "rope" or self.head_dim % 2 == 0, "model.pos_encoding",
+                f"rope rotates pairs of features and needs an even head size, but n_embd / "
+                f"n_head = {self.head_dim}; choose n_embd as a multiple of 2 * n_head")
 
     @property
     def encoder_layers(self) -> int:
@@ -112,8 +107,7 @@ class ModelConfig:
 
     @property
     def ff_width(self) -> int:
-        """n_ff, else 4 * n_embd, or for swiglu 2/3 of that rounded up to a multiple of 8
-        (LLaMA's rule: its three projections about as large as the others' two)."""
+        """n_ff, else its default as its help says (for swiglu, LLaMA's rule)."""
         if self.n_ff is not None:
             return self.n_ff
         if self.activation == "swiglu":
@@ -243,6 +237,22 @@ class RunConfig:
                 raise CharlmError(f"unknown section '{name}' in {where}{suggest(name, hints)}")
             kwargs[name] = build_section(hints[name], name, value, where)
         return cls(**kwargs)
+
+
+def build_section(section_cls: type, section: str, raw: Any, where: str) -> Any:
+    """One section's dataclass from its keys, each value read by its field's type."""
+    raw = as_mapping(raw, f"section '{section}' in {where} must be a mapping of keys")
+    hints = typing.get_type_hints(section_cls)
+    kwargs = {}
+    for key, value in raw.items():
+        if key not in hints:
+            raise CharlmError(f"unknown key '{section}.{key}' in {where}{suggest(key, hints)}")
+        value = coerce(value, hints[key], f"{section}.{key}", where)
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
+            # torch sizes and steps are 64-bit
+            raise CharlmError(f"invalid value for {section}.{key} in {where}: {value} is too large")
+        kwargs[key] = value
+    return section_cls(**kwargs)
 
 
 def default_run_dir(data_path: str | tuple[str, ...]) -> str:

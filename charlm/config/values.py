@@ -1,10 +1,8 @@
 """A config key: declared with its default and help (`setting`), its value read from plain data
-by its field's type (`coerce`; a section's keys by `build_section`, an unknown one refused with
-the nearest valid name), and checked (`require`), each error naming the key and where it was."""
+by its field's type (`coerce`), and checked (`require`), each error naming the key and where."""
 
 from __future__ import annotations
 
-import difflib
 import math
 import types
 import typing
@@ -12,7 +10,7 @@ from dataclasses import field
 from typing import Any, Literal
 
 from charlm.config.yaml_files import PlainScalar, plain_value, too_large, untext
-from charlm.core.errors import CharlmError, Setting, SettingError
+from charlm.core.errors import CharlmError, Setting, SettingError, shown
 
 
 def setting(default: Any, help: str, flag: str | None = None) -> Any:
@@ -91,48 +89,3 @@ def coerce(value: Any, tp: Any, key: str, where: str = "") -> Any:
             return got
     raise SettingError("invalid value for ", Setting(key),
                        f"{at}: {shown(untext(value))}, expected {_type_name(tp)}")
-
-
-def shown(value: Any, limit: int = 80) -> str:
-    """repr(value), cut to about `limit` characters: an error line stays one line."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
-
-
-def suggest(name: str, valid: typing.Iterable[str]) -> str:
-    """The end of an unknown name's message: the nearest valid name, else all of them."""
-    valid = list(valid)
-    close = difflib.get_close_matches(str(name), valid, n=1, cutoff=0.5)
-    if close:
-        return f", did you mean '{close[0]}'?"
-    return f"; valid names are: {', '.join(valid)}"
-
-
-def as_mapping(raw: Any, must: str) -> dict[str, Any]:
-    """`raw` as a dict (empty for nothing, as an empty YAML file is), else the error
-    `must, got TYPE`."""
-    if isinstance(raw, PlainScalar):
-        raw = plain_value(raw)
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise CharlmError(f"{must}, got {type(raw).__name__}")
-    return raw
-
-
-def build_section(section_cls: type, section: str, raw: Any, where: str) -> Any:
-    """One section's dataclass from its keys, each value read by its field's type."""
-    raw = as_mapping(raw, f"section '{section}' in {where} must be a mapping of keys")
-    hints = typing.get_type_hints(section_cls)
-    kwargs = {}
-    for key, value in raw.items():
-        if key not in hints:
-            raise CharlmError(
-                f"unknown key '{section}.{key}' in {where}{suggest(key, hints)}"
-            )
-        value = coerce(value, hints[key], f"{section}.{key}", where)
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
-            # torch sizes and steps are 64-bit
-            raise CharlmError(f"invalid value for {section}.{key} in {where}: {value} is too large")
-        kwargs[key] = value
-    return section_cls(**kwargs)

@@ -163,6 +163,18 @@ def untext(value: Any) -> Any:
     return value
 
 
+def as_mapping(raw: Any, must: str) -> dict[str, Any]:
+    """`raw` as a dict (empty for nothing, as an empty YAML file is), else the error
+    `must, got TYPE`."""
+    if isinstance(raw, PlainScalar):
+        raw = plain_value(raw)
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise CharlmError(f"{must}, got {type(raw).__name__}")
+    return raw
+
+
 # A config is a few dozen lines: a file far larger is a mistake, which would fill the memory
 CONFIG_LIMIT = 1 << 20
 

@@ -1,9 +1,11 @@
 """`CharlmError`, which the CLI turns into one `error: what, where, what to do` line and exit
-code 2, the helpers that put an exception or a count into a message, and `warn`."""
+code 2, helpers that put an exception, a count, a value or a near name in a message, `warn`."""
 
+import difflib
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 # What a terminal acts on instead of showing: C0 controls (newline, ESC, ...), DEL, C1 controls
 # and the Unicode line and paragraph separators.
@@ -36,6 +38,21 @@ def first_line(e: BaseException) -> str:
     """`Type: first line of the message` of a library's exception, for one `warning:` line."""
     lines = str(e).strip().splitlines()
     return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """repr(value), cut to about `limit` characters: an error line stays one line."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def suggest(name: str, valid: Iterable[str]) -> str:
+    """The end of an unknown name's message: the nearest valid name, else all of them."""
+    valid = list(valid)
+    close = difflib.get_close_matches(str(name), valid, n=1, cutoff=0.5)
+    if close:
+        return f", did you mean '{close[0]}'?"
+    return f"; valid names are: {', '.join(valid)}"
 
 
 def characters(n: int) -> str:

@@ -42,7 +42,7 @@ def dead_temps(path: Path, tag: str = "tmp") -> list[Path]:
     """The temporaries of `temp_beside(path, tag)` whose process no longer runs (and this one's:
     a dead process's whose PID it reuses), sorted."""
     return [tmp for tmp in _temps(path, tag)
-            if int(pid := tmp.name.rsplit("-", 1)[1]) == os.getpid() or not _running(int(pid))]
+            if int(pid := tmp.name.rsplit("-", 1)[1]) == os.getpid() or not alive(int(pid))]
 
 
 def _temps(path: Path, tag: str) -> list[Path]:
@@ -69,7 +69,8 @@ def _temp_of(name: str) -> str | None:
     return match and match.group(1)
 
 
-def _running(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs (a dead one's temporaries are litter, its trials orphans)."""
     try:
         os.kill(pid, 0)
     except (ProcessLookupError, OverflowError):  # none; a PID out of range

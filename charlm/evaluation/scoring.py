@@ -171,9 +171,8 @@ def score_text(model: GPT, vocab: Vocab, text: str, min_context: int | None = No
     """`score_stream` of `text` in the normal form of the model's data, a slice at a time."""
     text = vocab.normalized(text)
     with _bar(len(text), "char", progress) as bar:
-        chunks = (narrow_code_points(text[i:i + CHUNK_BYTES]) for i in range(0, len(text),
-                                                                             CHUNK_BYTES))
-        return score_stream(model, vocab, _shown(chunks, bar), min_context, unknown)
+        chunks = map(narrow_code_points, _slices(text, bar))
+        return score_stream(model, vocab, chunks, min_context, unknown)
 
 
 def score_file(model: GPT, vocab: Vocab, path: Path, min_context: int | None = None,
@@ -227,7 +226,7 @@ def score_ids(model: GPT, ids: np.ndarray, min_context: int | None = None,
     """Score the ids of a dataset's split (a memmap), a chunk at a time."""
     min_context = window_context(model, min_context)
     with _bar(len(ids), "id", progress) as bar:
-        chunks = _shown((ids[i:i + CHUNK_BYTES] for i in range(0, len(ids), CHUNK_BYTES)), bar)
+        chunks = _slices(ids, bar)
         total, count = score_windows(model, stream_windows(chunks, model.cfg.block_size,
                                                            min_context))
     if count == 0:
@@ -241,10 +240,11 @@ def _bar(total: int | None, unit: str, progress: bool) -> tqdm:
                 disable=None if progress else True)
 
 
-def _shown(chunks: Iterable[Any], bar: tqdm) -> Iterator[Any]:
-    for chunk in chunks:
-        bar.update(len(chunk))
-        yield chunk
+def _slices(seq: Any, bar: tqdm) -> Iterator[Any]:
+    """`seq` (a text, an array) a CHUNK_BYTES slice at a time, each counted on `bar`."""
+    for i in range(0, len(seq), CHUNK_BYTES):
+        bar.update(min(CHUNK_BYTES, len(seq) - i))
+        yield seq[i:i + CHUNK_BYTES]
 
 
 def _score(total: float, count: int, skipped: int) -> Score:

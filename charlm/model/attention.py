@@ -149,10 +149,10 @@ class SelfAttention(nn.Module):
         return maybe_dropout(self.proj(y), self.dropout, self.training)
 
 
-def unit_rms(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    """x (..., D) scaled to a root mean square of 1 over D, in float32 (QK-norm)."""
+def unit_rms(x: torch.Tensor) -> torch.Tensor:
+    """x (..., D) scaled to a root mean square of 1 over D, in float32 (QK-norm, `RMSNorm`)."""
     xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)).type_as(x)
+    return (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + 1e-5)).type_as(x)
 
 
 class CrossAttention(nn.Module):

@@ -37,7 +37,7 @@ class EncoderOutput:
         self.values = values
         self.key_mask = key_mask(mask)  # (B, 1, 1, S), built once rather than per step
 
-    def cross(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def cross(self, layer: int) -> gpt.Cross:
         """Decoder block `layer`'s (k, v, mask), as `Block.forward` takes it."""
         return self.keys[layer], self.values[layer], self.key_mask
 
@@ -84,6 +84,7 @@ class EncoderDecoder(nn.Module):
         gpt.init_head(self.head, cfg)
 
     new_cache = gpt.GPT.new_cache  # the decoder's self-attention (the source's: `EncoderOutput`)
+    embed = gpt.GPT.embed  # the target's (model.bigram is refused for encoder_decoder)
 
     def encode(self, src: torch.Tensor) -> EncoderOutput:
         """src (B, S), padded with source_pad at the end -> its `EncoderOutput`."""
@@ -101,19 +102,10 @@ class EncoderDecoder(nn.Module):
     def forward(self, src: torch.Tensor | None, tgt_in: torch.Tensor,
                 targets: torch.Tensor | None = None, cache: KVCache | None = None,
                 memory: EncoderOutput | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """`GPT.forward` of tgt_in (B, T) (bos, then the target) over src, or its `memory`."""
-        if memory is None:
-            memory = self.encode(src)
-        T = tgt_in.size(1)
-        pos = gpt.positions(cache, T, self.cfg.block_size, tgt_in.device)
-        x = gpt.embed(self.wte, getattr(self, "wpe", None), self.cfg, tgt_in, pos)
-        x = maybe_dropout(x, self.cfg.dropout, self.training)  # (B, T, C)
-        rope = gpt.rope_tables(self.cfg, pos)
-        for i, block in enumerate(self.blocks):  # causal: padding after a target is never seen
-            x = block(x, cache, i, rope, None, memory.cross(i))
-        if cache is not None:
-            cache.pos += T
-        return gpt.logits_and_loss(self, x, targets)
+        """`GPT.forward` of tgt_in (B, T) (bos, then the target) over src, or its `memory`;
+        causal, so the padding after a target is never seen."""
+        memory = self.encode(src) if memory is None else memory
+        return gpt.GPT.forward(self, tgt_in, targets, cache, memory.cross)
 
     def component_counts(self, n_layer: int | None = None,
                          n_encoder_layer: int | None = None) -> dict[str, int]:

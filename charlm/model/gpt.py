@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -32,13 +33,12 @@ def sinusoidal_table(pos: torch.Tensor, dim: int) -> torch.Tensor:
 class RMSNorm(nn.Module):
     """x / rms(x) * weight (Zhang & Sennrich 2019): LayerNorm without centring, never a bias."""
 
-    def __init__(self, dim: int, eps: float = 1e-5):
+    def __init__(self, dim: int):
         super().__init__()
-        self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return attention.unit_rms(x, self.eps) * self.weight  # the mean of squares in float32
+        return attention.unit_rms(x) * self.weight  # the mean of squares in float32
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
@@ -71,6 +71,9 @@ class MLP(nn.Module):
         return maybe_dropout(self.proj(h), self.dropout, self.training)
 
 
+Cross = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # `CrossAttention`'s k, v and mask
+
+
 class Block(nn.Module):
     """Pre-norm (GPT-2): x + attn(ln_1(x)), then x + mlp(ln_2(x)); post-norm (Vaswani et al.):
     ln_1(x + attn(x)), then ln_2(x + mlp(x)). causal=False: the encoder's block; cross=True
@@ -90,8 +93,7 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, cache: KVCache | None, layer: int,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                 mask: torch.Tensor | None = None,
-                cross: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-                ) -> torch.Tensor:
+                cross: Cross | None = None) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C); mask: the encoder's; cross: `CrossAttention`'s k, v, mask."""
         if self.post_norm:
             x = self.ln_1(x + self.attn(x, cache, layer, rope, mask))
@@ -204,34 +206,31 @@ class GPT(nn.Module):
         return x + self.bigram(prev * V + idx)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx (B, T) -> logits (B, T, V) and, with targets (B, T), the mean cross-entropy. With
-        a cache the tokens follow the cached ones, and cache.pos advances by T."""
+                cache: KVCache | None = None, cross: Callable[[int], Cross] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx (B, T) -> logits (B, T, V) and, with targets (B, T), the float32 mean
+        cross-entropy over targets not -1 (padding), label-smoothed in training only, so val
+        losses stay comparable across runs. With a cache the tokens follow the cached ones, and
+        cache.pos advances by T; `cross(layer)`: the encoder-decoder's cross-attention inputs."""
         T = idx.size(1)
         pos = positions(cache, T, self.cfg.block_size, idx.device)
         x = maybe_dropout(self.embed(idx, pos, cache), self.cfg.dropout, self.training)
         rope = rope_tables(self.cfg, pos)
         for i, block in enumerate(self.blocks):
-            x = block(x, cache, i, rope)
+            x = block(x, cache, i, rope, None, None if cross is None else cross(i))
         if cache is not None:
             cache.pos += T
-        return logits_and_loss(self, x, targets)
-
-
-def logits_and_loss(model: nn.Module, x: torch.Tensor, targets: torch.Tensor | None
-                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """x (B, T, C) -> logits (B, T, V) and the float32 mean cross-entropy over targets not -1
-    (padding), label-smoothed in training only, so val losses stay comparable across runs."""
-    logits = model.head(model.ln_f(x))  # (B, T, V)
-    cap = model.cfg.logit_softcap
-    if cap > 0:  # in float32: tanh saturates early in bf16
-        logits = (cap * torch.tanh(logits.float() / cap)).to(logits.dtype)
-    loss = None
-    if targets is not None:
-        smoothing = model.cfg.label_smoothing if model.training else 0.0
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(),
-                               targets.reshape(-1), ignore_index=-1, label_smoothing=smoothing)
-    return logits, loss
+        logits = self.head(self.ln_f(x))  # (B, T, V)
+        cap = self.cfg.logit_softcap
+        if cap > 0:  # in float32: tanh saturates early in bf16
+            logits = (cap * torch.tanh(logits.float() / cap)).to(logits.dtype)
+        loss = None
+        if targets is not None:
+            smoothing = self.cfg.label_smoothing if self.training else 0.0
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(),
+                                   targets.reshape(-1), ignore_index=-1,
+                                   label_smoothing=smoothing)
+        return logits, loss
 
 
 def count_components(model: nn.Module, groups: dict[str, tuple[str, ...]],

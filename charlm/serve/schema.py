@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from charlm.config.sampling import MAX_TEMPERATURE
-from charlm.config.values import suggest
+from charlm.core.errors import suggest
 from charlm.serve.request import MAX_LOGPROBS, Params
 
 MAX_STOPS = 4  # stop strings per request, as OpenAI allows

@@ -23,11 +23,11 @@ from tqdm import tqdm
 from charlm.config.loading import save_config
 from charlm.config.schema import RunConfig
 from charlm.core.errors import CharlmError, first_line
+from charlm.core.files import alive
 from charlm.tune.report import trial_line
-from charlm.tune.space import OBJECTIVES
-from charlm.tune.study import StudyConfig, make_pruner, make_sampler, make_storage
-from charlm.tune.trial import Outcome, Stop, ended, run_trial, stop_signals
-from charlm.tune.workers import alive, cuda_slots, database_lock, in_use, repeated, saved
+from charlm.tune.space import OBJECTIVES, lookup
+from charlm.tune.study import StudyConfig, database_lock, make_pruner, make_sampler, make_storage
+from charlm.tune.trial import Outcome, Stop, ended, in_use, repeated, run_trial, saved, stop_signals
 
 BY_TOKENS = ("model.block_size", "train.batch_size", "train.grad_accum")  # change tokens a step
 
@@ -275,3 +275,20 @@ class Tuner:
                               f"{self.study_cfg.out} --resume` once the cause is fixed"
                               ) from self.error
         return self.stop.signum
+
+
+def cuda_slots(base: dict[str, Any], workers: int) -> list[str]:
+    """The GPU of each worker slot, when trials run on CUDA GPUs (one each); else []."""
+    device = lookup(base, "train.device")
+    if workers < 2 or device not in ("auto", "cuda"):
+        return []
+    import torch  # only for several workers on CUDA: the tuner's own process never pays it
+
+    if not torch.cuda.is_available():
+        return []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    if len(gpus) < workers:
+        raise CharlmError(f"--workers {workers} runs one trial per GPU, and this machine has "
+                          f"{len(gpus)}; give --workers {len(gpus)} or fewer")
+    return gpus[:workers]

@@ -15,10 +15,9 @@ from typing import Any
 
 from charlm.config.loading import apply_overrides
 from charlm.config.schema import RunConfig
-from charlm.config.values import as_mapping, shown, suggest
-from charlm.config.yaml_files import load_text, read_yaml_file, untext
+from charlm.config.yaml_files import as_mapping, load_text, read_yaml_file, untext
 from charlm.core.durations import duration_seconds
-from charlm.core.errors import CharlmError
+from charlm.core.errors import CharlmError, shown, suggest
 
 # Study settings a search file may hold, with their defaults (None: unset).
 SETTINGS: dict[str, Any] = {

@@ -1,13 +1,14 @@
 """What a `charlm tune` study is (`StudyConfig`, kept in OUT/tune.yaml for --resume), and the
-Optuna storage, sampler and pruner made from it. OUT also holds `study.journal` (the default
-storage), the prepared `dataset/`, a run dir per trial (`trial-0007/`), and at the end
-`best.yaml`, `trials.txt` and the plots.
-"""
+Optuna storage (with a database's named lock), sampler and pruner made from it. OUT also holds
+`study.journal` (the default storage), the prepared `dataset/`, a run dir per trial
+(`trial-0007/`), and at the end `best.yaml`, `trials.txt` and the plots."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,6 @@ from charlm.core.errors import CharlmError, one_line
 from charlm.core.files import make_writable_dir, write_text_atomic
 from charlm.data.datasets import prepared_data, prepared_dir
 from charlm.tune.space import Search, add, check_space, lookup
-from charlm.tune.workers import database_lock
 
 STUDY_FILE, JOURNAL = "tune.yaml", "study.journal"
 RESUMABLE = ("--trials", "--timeout", "--workers")  # what --resume may change
@@ -103,6 +103,33 @@ def prepare_data(cfg: RunConfig, search: Search, out: Path) -> str:
     print(f"preparing {cfg.data.shown} once for every trial ...", file=sys.stderr)
     prepared_data(cfg, out / "dataset")
     return str((out / "dataset").resolve())
+
+
+# A database's named lock, held by one session at a time: (take it, waiting; give it back).
+# MySQL's GET_LOCK waits a year: MariaDB takes no lock (NULL) for its "forever", -1.
+MYSQL_LOCK = ("SELECT GET_LOCK('charlm_tune', 31536000)", "SELECT RELEASE_LOCK('charlm_tune')")
+DATABASE_LOCKS = {
+    "postgresql": ("SELECT pg_advisory_lock(4242)", "SELECT pg_advisory_unlock(4242)"),
+    "mysql": MYSQL_LOCK, "mariadb": MYSQL_LOCK,
+}
+
+
+@contextlib.contextmanager
+def database_lock(engine: Any) -> Iterator[None]:
+    """Hold the database's named lock (DATABASE_LOCKS) on a connection of its own, so that one
+    tuner at a time, on any machine, does what it guards; no engine or no such lock: nothing."""
+    sql = None if engine is None else DATABASE_LOCKS.get(engine.dialect.name)
+    if sql is None:
+        yield
+        return
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        conn.execute(text(sql[0]))
+        try:
+            yield
+        finally:
+            conn.execute(text(sql[1]))
 
 
 def make_storage(study_cfg: StudyConfig) -> Any:

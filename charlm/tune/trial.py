@@ -1,5 +1,6 @@
 """One trial of `charlm tune`: a child `charlm train` in its own run dir (one per seed when
-trials repeat), followed through its metrics.jsonl, and what its ending means (`Outcome`).
+trials repeat), followed through its metrics.jsonl, what its ending means (`Outcome`), and
+whether its run dir has saved or is in use.
 
 A child runs in its own session, so a Ctrl-C reaches the tuner alone, which sends each child one
 SIGTERM: it saves last.pt and exits 143. On Linux the kernel sends it that SIGTERM too when the
@@ -9,6 +10,7 @@ tuner dies (`charlm.core.parent_death`), so a `kill -9` of the tuner leaves no t
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import signal
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from charlm.config.schema import RunConfig
+from charlm.core.files import locked
 from charlm.core.parent_death import PR_SET_PDEATHSIG, PRCTL
 
 POLL_S = 0.2  # how often the tuner looks at a running trial
@@ -242,3 +246,27 @@ def last_error(log: Path, tail: int = 8192) -> str | None:
     lines = [line.strip() for line in lines if line.strip()]
     errors = [line for line in lines if line.startswith("error:")]
     return (errors or lines or [None])[-1]
+
+
+def repeated(cfg: RunConfig, repeats: int) -> list[RunConfig]:
+    """A trial's runs: its config alone, or `repeats` copies with train.seed, seed + 1, ...,
+    each in a `seed-N` dir of the trial's run dir."""
+    if repeats == 1:
+        return [cfg]
+    runs = []
+    for seed in range(cfg.train.seed, cfg.train.seed + repeats):
+        run = copy.deepcopy(cfg)
+        run.train.seed, run.train.out_dir = seed, str(Path(cfg.train.out_dir) / f"seed-{seed}")
+        runs.append(run)
+    return runs
+
+
+def saved(run_dir: Path) -> bool:
+    """Whether a trial's run dir holds a last.pt to resume from (one of its seeds' will do)."""
+    return (run_dir / "last.pt").is_file() or any(run_dir.glob("seed-*/last.pt"))
+
+
+def in_use(run_dir: Path) -> bool:
+    """Whether a `charlm train` holds the lock on a trial's run dir, or on one of its seeds' (the
+    flock of `charlm.training.run_dir.run_lock`, which goes with its process)."""
+    return any(locked(path) for path in (run_dir, *run_dir.glob("seed-*")))

@@ -375,8 +375,7 @@ def test_the_tuner_holds_the_databases_lock_for_other_machines(tmp_path: Path,
     from sqlalchemy import text
 
     from charlm.tune.runner import Tuner
-    from charlm.tune.study import StudyConfig
-    from charlm.tune.workers import DATABASE_LOCKS
+    from charlm.tune.study import DATABASE_LOCKS, StudyConfig
 
     with fresh_database(database_url(name)) as url:
         plan = StudyConfig(tmp_path, load_config(TINY).to_dict(),

@@ -6,7 +6,7 @@ from typing import Literal
 import pytest
 
 from charlm.config.loading import load_config
-from charlm.config.values import coerce, shown
+from charlm.config.values import coerce
 from charlm.config.yaml_files import (
     PlainScalar,
     dump_yaml,
@@ -90,12 +90,6 @@ def test_coerce_names_the_key_where_and_what_it_expected(value, tp, message):
     with pytest.raises(CharlmError) as e:
         coerce(value, tp, "model.n_layer", "c.yaml")
     assert str(e.value) == message
-
-
-def test_shown_cuts_a_long_value_to_one_short_line():
-    assert shown("abc") == "'abc'"
-    assert shown("x" * 200) == "'" + "x" * 79 + "... (202 characters)"
-    assert shown(list(range(3)), limit=5) == "[0, 1, 2]"[:5] + "... (9 characters)"
 
 
 def test_dump_yaml_and_load_text_give_back_the_data():

@@ -1,9 +1,9 @@
-"""charlm.core.errors: the one-line forms of a library's exception, and counts of characters in
-a message."""
+"""charlm.core.errors: the one-line forms of a library's exception, and counts of characters and
+values cut short in a message."""
 
 import pytest
 
-from charlm.core.errors import CharlmError, characters, first_line, one_line, printable
+from charlm.core.errors import CharlmError, characters, first_line, one_line, printable, shown
 
 
 def test_first_line_is_the_type_and_the_first_line_of_the_message():
@@ -50,3 +50,9 @@ def test_a_warning_is_one_line_with_its_control_characters_escaped(capsys):
     warn("the prepared dataset data/a\nb\x1b[2J has its own split")
     assert capsys.readouterr().err == (
         "warning: the prepared dataset data/a\\nb\\x1b[2J has its own split\n")
+
+
+def test_shown_cuts_a_long_value_to_one_short_line():
+    assert shown("abc") == "'abc'"
+    assert shown("x" * 200) == "'" + "x" * 79 + "... (202 characters)"
+    assert shown(list(range(3)), limit=5) == "[0, 1, 2]"[:5] + "... (9 characters)"

@@ -1,5 +1,6 @@
 """charlm.tune.runner: values reported at the tokens seen, no prune at the final eval, a
-worker's error that stops the study, and a killed tuner's trial that still trains."""
+worker's error that stops the study, a killed tuner's trial that still trains, and one GPU per
+worker."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from charlm.config.loading import load_config
 from charlm.core.errors import CharlmError
@@ -141,3 +143,23 @@ def test_a_resumed_trial_whose_run_ended_on_its_own_takes_its_result(
     tuner.run_one(tuner.study.ask(), 0)
     (trial,) = tuner.study.get_trials()
     assert (trial.state.name, trial.value, trial.user_attrs["step"]) == ("COMPLETE", 2.4, 60)
+
+
+def test_each_worker_gets_a_gpu_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    from charlm.tune.runner import cuda_slots
+
+    base = load_config(TINY, ["train.device=cuda"]).to_dict()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cuda_slots(base, 2) == []  # no GPU: the trials share the CPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert cuda_slots(base, 1) == []  # one worker: its trial takes the device as configured
+    assert cuda_slots(base, 2) == ["0", "1"]
+    assert cuda_slots(load_config(TINY, ["train.device=cpu"]).to_dict(), 2) == []
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    assert cuda_slots(base, 2) == ["4", "6"]
+    with pytest.raises(CharlmError) as e:
+        cuda_slots(base, 3)
+    assert str(e.value) == ("--workers 3 runs one trial per GPU, and this machine has 2; give "
+                            "--workers 2 or fewer")

@@ -1,5 +1,6 @@
 """charlm.tune.trial: the Follower of a trial's metrics.jsonl, the parent-death SIGTERM of its
-`charlm train`, and the stop signals of a study."""
+`charlm train`, the stop signals of a study, a trial's seeded runs, whether it saved, and whether
+its run dir is in use."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from charlm.tune.trial import Follower, Stop, stop_signals
-from tests.helpers import write
+from charlm.config.loading import load_config
+from charlm.tune.trial import Follower, Stop, in_use, repeated, saved, stop_signals
+from tests.helpers import TINY, write
 
 
 def test_follower_reads_each_line_once_and_again_after_a_cut_back(tmp_path: Path) -> None:
@@ -74,3 +76,35 @@ def test_the_stop_records_the_first_signal(signum: int, capfd) -> None:
         os.kill(os.getpid(), signal.SIGINT if signum == signal.SIGTERM else signal.SIGTERM)
     assert stop.signum == signum
     capfd.readouterr()
+
+
+def test_a_repeated_trial_runs_each_seed_in_its_own_dir(tmp_path: Path) -> None:
+    cfg = load_config(TINY, [f"train.out_dir={tmp_path / 'trial-0003'}", "train.seed=7"])
+    assert repeated(cfg, 1) == [cfg]
+    runs = repeated(cfg, 3)
+    assert [(r.train.seed, r.train.out_dir) for r in runs] == [
+        (seed, str(tmp_path / "trial-0003" / f"seed-{seed}")) for seed in (7, 8, 9)]
+    assert cfg.train.seed == 7 and cfg.train.out_dir == str(tmp_path / "trial-0003")
+    assert all(r.model == cfg.model and r.optim == cfg.optim for r in runs)
+
+
+def test_a_trial_has_saved_when_it_or_one_of_its_seeds_has_a_last_pt(tmp_path: Path) -> None:
+    assert not saved(tmp_path)
+    (tmp_path / "seed-8").mkdir()
+    (tmp_path / "seed-8" / "best.pt").write_bytes(b"x")
+    assert not saved(tmp_path)
+    (tmp_path / "seed-8" / "last.pt").write_bytes(b"x")
+    assert saved(tmp_path)
+
+
+def test_a_run_dir_is_in_use_while_a_run_holds_its_lock_or_a_seeds(tmp_path: Path) -> None:
+    from charlm.training.run_dir import run_lock
+
+    trial = tmp_path / "trial-0002"
+    assert not in_use(trial)  # not made yet
+    (trial / "seed-8").mkdir(parents=True)
+    for run in (trial, trial / "seed-8"):
+        (run / "last.pt").write_bytes(b"x")  # run_lock removes only the dirs it made empty
+        with run_lock(run):
+            assert in_use(trial)
+        assert not in_use(trial)
