@@ -76,9 +76,8 @@ def load(path: str | Path, device: str = "auto", dtype: str = "float32",
 
 
 def sample(lm: LM, prompt: str | None = None, **options: Any) -> list:
-    """Generate samples (`generation.text.Sample`: text, prompt, tokens, seconds, stopped);
-    options are those of `SampleConfig` (temperature, top_k, top_p, min_p, repetition_penalty,
-    beams, stop, num_samples, max_new_tokens, seed, ...)."""
+    """Generate samples (`generation.text.Sample`: text, prompt, tokens, seconds, stopped); options
+    are `SampleConfig`'s (temperature, top_k, top_p, beams, stop, num_samples, seed, ...)."""
     return _sample(lm, prompt, SampleConfig.from_options(options))
 
 

@@ -250,7 +250,6 @@ def gpt2_weights(state: dict[str, torch.Tensor], m: ModelConfig) -> dict[str, to
     }
     for i in range(m.n_layer):
         src, dst = f"blocks.{i}.", f"transformer.h.{i}."
-        # GPT-2's Conv1D keeps weights as (in, out): the transpose of nn.Linear's (out, in).
         pairs = {"attn.c_attn": ("attn.qkv", 3 * m.n_embd), "attn.c_proj": ("attn.proj", m.n_embd),
                  "mlp.c_fc": ("mlp.fc", m.ff_width), "mlp.c_proj": ("mlp.proj", m.n_embd)}
         for hf_name, (name, out_features) in pairs.items():

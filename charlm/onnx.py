@@ -1,7 +1,6 @@
 """A GPT exported by `charlm export --format onnx`, run by ONNX Runtime with numpy alone (no
 torch, no other part of charlm): `OnnxLM(path).generate(prompt, ...)`. It decodes as `charlm
-sample` does, but samples from numpy's generator: a seed repeats its text here, not torch's.
-"""
+sample` does, but samples from numpy's generator: a seed repeats its text here, not torch's."""
 
 from __future__ import annotations
 

@@ -33,8 +33,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class LazyGroup(typer.core.TyperGroup):
-    """The commands, each the function of its name in `charlm.cli.<name>` (`eval_` for eval),
-    loaded when it is asked for."""
+    """Each command the function of its name in `charlm.cli.<name>` (`eval_` for eval)."""
 
     def list_commands(self, ctx: typer.Context) -> list[str]:
         return list(COMMANDS)
@@ -79,8 +78,7 @@ def error_message(e: CharlmError | OSError) -> str:
 
 
 def report(line: str) -> None:
-    """Print an error line on stderr, its control characters escaped, once per machine under
-    torchrun (`reports_errors`), not once per process."""
+    """An error line on stderr, control characters escaped, once per machine under torchrun."""
     if reports_errors():
         print(printable(line), file=sys.stderr)
 
@@ -118,7 +116,6 @@ def out_of_memory_line(e: BaseException, command: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the app: bad input ends with one `error:` line and exit code 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
     # A closed stdout (`>&-`) goes to /dev/null, and one that cannot encode every character (a
     # Latin-1 terminal) writes the others as escapes, as stderr does, not a traceback.

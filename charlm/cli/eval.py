@@ -111,8 +111,7 @@ def run_dataset(lm: Any, target: Path, split: str) -> Any:
 
 def eval_pairs_file(lm: Any, path: Path, unknown: str, json_out: bool,
                     beams: int | None) -> None:
-    """`charlm eval` of an encoder-decoder on a file of pairs, every reference of a source
-    counted."""
+    """`charlm eval` of an encoder-decoder on a file of pairs, every source's references counted."""
     from charlm.data.pairs import read_pairs
     from charlm.evaluation.pairs import rate_name, score_pairs
 

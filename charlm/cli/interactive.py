@@ -27,8 +27,7 @@ HISTORY_LINES = 1000
 SETTABLE = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
             "repetition_window", "max_new_tokens", "seed")
 
-# What cannot go with --interactive, and why.
-CONFLICTS = {
+CONFLICTS = {  # what cannot go with --interactive, and why
     "--prompt": "it reads each prompt from the terminal",
     "--prompt-file": "it reads each prompt from the terminal",
     "--source": "it continues prompts with a GPT",
@@ -43,7 +42,6 @@ Generate = Callable[[str, SampleConfig, Callable[[], bool]], None]
 
 
 def refuse_conflicts(given: Iterable[str]) -> None:
-    """Refuse the first option the user set (`given`) that --interactive cannot take."""
     for option in given:
         if option in CONFLICTS:
             raise CharlmError(f"--interactive cannot go with {option}: {CONFLICTS[option]}; "
@@ -56,7 +54,6 @@ def shown(value: object) -> str:
 
 
 def help_text(opts: SampleConfig) -> str:
-    """What /help prints."""
     width = max(map(len, SETTABLE)) + 8
     lines = ["Type a prompt and Enter: the model continues it. A line that starts with / is a "
              "command (start a prompt with // to begin it with /):"]
@@ -71,8 +68,7 @@ def help_text(opts: SampleConfig) -> str:
 
 
 def run_command(line: str, opts: SampleConfig, start: SampleConfig) -> tuple[SampleConfig, str]:
-    """One `/command` line applied to `opts` (`start`: what /reset goes back to): the options
-    after it and what to print. A bad command or value is a CharlmError."""
+    """A `/command` applied to `opts` (`start`: what /reset restores): the new options, a reply."""
     name, _, value = line.removeprefix("/").strip().partition(" ")
     name, value = name.replace("-", "_"), value.strip()
     if name in ("help", "reset") and value:
@@ -123,8 +119,7 @@ def read_line(ctrl_c: CtrlC, prompt: str, read: Callable[[str], str]) -> str | N
 
 def prompt_loop(generate: Generate, opts: SampleConfig, read: Callable[[str], str] = input,
                 history: Path | None = None) -> None:
-    """Read lines until the end of input, each a `/command` or a prompt for `generate`; a bad
-    one is an `error:` line on stderr, and the loop goes on."""
+    """Each line a `/command` or a prompt for `generate`; a bad one is an `error:` line."""
     start, ctrl_c = opts, CtrlC()
     # a person at a terminal: a prompt, and input() edits lines with readline (it does only
     # when both are terminals); fed from a file, the output is the samples alone

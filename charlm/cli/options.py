@@ -46,8 +46,7 @@ SAMPLE_DEFAULTS = SampleConfig()
 
 
 def sample_option(name: str) -> typer.models.OptionInfo:
-    """The option of SampleConfig's field `name`, with its flag and help (`--no-cache` is
-    `use_cache`'s opposite)."""
+    """SampleConfig's field `name` as an option (`--no-cache` is `use_cache`'s opposite)."""
     meta = SAMPLE_FIELDS[name].metadata
     flag = meta["flag"]
     off = (flag or "").startswith("--no-")

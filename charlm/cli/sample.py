@@ -117,8 +117,7 @@ def sample(
 
 def sample_interactively(target: Path, device: str, dtype: str, step: int | None,
                          opts: SampleConfig, stream: bool, given: dict[str, bool]) -> None:
-    """`charlm sample --interactive`: refuse the options it cannot take (`given`: whether each
-    was set) before loading, then continue each prompt typed."""
+    """`charlm sample --interactive`, the options it cannot take refused before loading."""
     from charlm.api import load
     from charlm.cli.interactive import prompt_loop, refuse_conflicts
 
@@ -229,8 +228,7 @@ def read_sources(source: str | None, source_file: Path | None, arch: str) -> lis
 
 def print_translations(model: EncoderDecoder, vocab: PairVocab, sources: Sequence[str],
                        opts: SampleConfig, json_out: bool) -> None:
-    """A line per output of each source (--num-samples or n-best), or a JSON object per source,
-    each printed as soon as it is decoded."""
+    """A line per output of each source, or a JSON object per source, printed once decoded."""
     from charlm.generation.seq2seq import translate
 
     out = sys.stdout

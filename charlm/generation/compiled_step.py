@@ -57,7 +57,6 @@ class CompiledStep:
                     cache.k[0].device)
 
     def seek(self, pos: int | Sequence[int]) -> None:
-        """Continue at position pos, or with per_row at each row's own."""
         self.static.pos.copy_(torch.as_tensor(pos))
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:

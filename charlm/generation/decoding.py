@@ -3,8 +3,7 @@ search over a `Decoder` (`search_beams`, which seq2seq shares).
 
 Past the context window a full cache is re-prefilled once from its most recent `block_size // 2`
 ids: memory stays bounded, each id costs O(1) forwards amortised. The uncached path crops to
-the last `block_size` ids at every step (nanoGPT's): the two agree up to the first full window.
-"""
+the last `block_size` ids at every step (nanoGPT's): the two agree up to the first full window."""
 
 from __future__ import annotations
 
@@ -123,9 +122,8 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int,
              opts: SampleConfig | None = None,
              generator: torch.Generator | None = None,
              mask: Utf8Mask | None = None) -> Iterator[torch.Tensor]:
-    """Yield max_new_tokens tensors of ids (B,), one per step, continuing prompt (B, T0)
-    (cropped to its last block_size ids); no forward is spent on a step never asked for. A
-    byte model's `mask` keeps each row valid UTF-8."""
+    """Yield max_new_tokens tensors of ids (B,), one per step, continuing prompt (B, T0); no
+    forward is spent on a step never asked for. A byte model's `mask` keeps rows valid UTF-8."""
     opts = opts or SampleConfig()
     model.eval()
     B = prompt.size(0)
@@ -146,8 +144,7 @@ def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int,
 def beam_search(model: GPT, prompt: torch.Tensor, max_new_tokens: int, beams: int,
                 stops: Sequence[list[int]] = (), use_cache: bool = True, compile: bool = False,
                 mask: Utf8Mask | None = None) -> list[int]:
-    """The best continuation of prompt (1, T0); a beam ends at any of `stops` (id lists). A
-    byte model's `mask` (a row a beam) keeps every beam valid UTF-8."""
+    """The best continuation of prompt (1, T0); a beam ends at any of `stops` (id lists)."""
     model.eval()
     decoder = CachedDecoder(model, beams, compile) if use_cache else UncachedDecoder(model, beams)
     ends = (lambda seq: any(seq[-len(s):] == s for s in stops)) if stops else None
@@ -190,7 +187,6 @@ def search_beams(decoder: Decoder, start: torch.Tensor, max_steps: int, beams: i
             if len(keep) == beams:
                 break
         if len(finished) >= beams or not keep:
-            # the live beams are cut short here: they count only if nothing finished
             break
         keep += [(*keep[0][:2], float("-inf"))] * (beams - len(keep))  # pad with dead beams
         rows, ids, kept = zip(*keep, strict=True)

@@ -1,7 +1,6 @@
-"""`Sampler`: the per-row sampling state `generate`, `sample_text`, `translate_ids` and the
-serving engine share (options as per-row tensors, recent ids, UTF-8 state, generator), drawn in
-one batched step with one host sync (nano-vllm's). A row draws one uniform number a step from
-its own generator, so a seed gives the same ids alone or in a crowd."""
+"""`Sampler`: the per-row sampling state every decoder and the serving engine share, drawn in one
+batched step with one host sync (nano-vllm's). A row draws one uniform number a step from its own
+generator, so a seed gives the same ids alone or in a crowd."""
 
 from __future__ import annotations
 
@@ -56,7 +55,6 @@ class Sampler:
         self.keep(index[:-1])
 
     def keep(self, index: list[int]) -> None:
-        """Keep the rows `index`, in that order."""
         at = torch.tensor(index, dtype=torch.long, device=self.device)
         self.recent, self.slot = self.recent[at], self.slot[at]
         if self.mask is not None:

@@ -154,7 +154,6 @@ class Translation:
 
 def encode_sources(model: EncoderDecoder, vocab: PairVocab, sources: Sequence[str],
                    unknown: str = "error") -> list[list[int]]:
-    """Each source's ids; an empty or too long one is an error naming it."""
     block = model.cfg.block_size
     encoded = []
     for i, text in enumerate(sources, 1):
@@ -182,7 +181,6 @@ def translate(model: EncoderDecoder, vocab: PairVocab, sources: Sequence[str],
         raise SettingError(Setting("num_samples"), f" {K} asks for the {K} best of ",
                            Setting("beams"), f" {opts.beams}; give at most {opts.beams}, "
                            "or more beams")
-    # beams decode one source at a time
     require_cache_memory(model, opts, 1 if opts.beams is not None else min(BATCH, len(encoded)))
     for first in range(0, len(sources), BATCH):
         chunk = encoded[first:first + BATCH]

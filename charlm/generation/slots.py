@@ -1,5 +1,4 @@
-"""`SlotDecoder`: the rows of one KV cache as sequences each at its own position (continuous
-batching)."""
+"""`SlotDecoder`: one KV cache's rows as sequences at their own positions (continuous batching)."""
 
 from __future__ import annotations
 
@@ -11,12 +10,11 @@ from charlm.model.gpt import GPT
 
 
 class SlotDecoder:
-    """`slots` rows of a KV cache, each at its own position (`pos`, on the host). A sequence joins
-    by a prefill of its row alone and leaves by moving the last live row into its place; each
-    keeps the past-window rule, so its greedy ids are `generate`'s for its prompt alone (up to a
-    batched product's rounding). A step decodes the live rows 0..n-1 over their longest context;
-    with `compile` and more than half the slots live, one `CompiledStep` graph over every slot
-    instead (static shapes: below half, its idle rows would cost more than eager steps)."""
+    """A sequence joins by a prefill of its row alone and leaves by moving the last live row into
+    its place; each keeps the past-window rule, so its greedy ids are `generate`'s for its prompt
+    alone (up to a batched product's rounding). A step decodes the live rows 0..n-1 over their
+    longest context; with `compile` and over half the slots live, one `CompiledStep` graph over
+    every slot (static shapes: below half, its idle rows would cost more than eager steps)."""
 
     def __init__(self, model: GPT, slots: int, compile: bool = False):
         self.model = model

@@ -22,10 +22,9 @@ from charlm.runtime.device import require_memory
 
 
 class StopMatcher:
-    """One sample's text, held back while it may be the start of a stop string: `feed` returns
-    what is safe to show, `done` is set once the text ends with a stop (cut off unless
-    `include_stop`). Each stop keeps how much of it the text ends with (Knuth-Morris-Pratt),
-    so a character costs about one step a stop string, however long they are."""
+    """One sample's text, held back while it may start a stop string: `feed` returns what is safe
+    to show, `done` is set once the text ends with one (cut off unless `include_stop`). KMP: each
+    stop keeps how much of it the text ends with, so a character costs about one step a stop."""
 
     def __init__(self, stops: Sequence[str], include_stop: bool):
         # longest first: of stops that end together ("ab" and "b") the longest is cut
@@ -122,7 +121,6 @@ def require_cache_memory(model: GPT | EncoderDecoder, opts: SampleConfig,
     weight = model.wte.weight
     encdec = model.cfg.arch == "encoder_decoder"
     vocab = model.target_vocab_size if encdec else model.vocab_size
-    # the caches are kept in attention's dtype
     need = sampling_bytes(model.cfg, vocab, value * sources, attention_dtype(weight).itemsize)
     head = f"{{setting}} {value:,}" if value > 1 else "one output"
     if sources > 1:

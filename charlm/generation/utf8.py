@@ -1,9 +1,8 @@
 """`Utf8Mask`: a byte model draws only bytes that keep its text valid UTF-8 (RFC 3629).
 
 A small automaton reads UTF-8: `NEXT[state, byte]` is the state after the byte, -1 where it
-cannot come next (state 0: a lead byte or ASCII; the narrowed continuations after E0, ED, F0
-and F4 rule out overlong forms, surrogates and code points past U+10FFFF). A mask restricts it
-to a vocabulary's bytes and is applied to a batch of logits by one gather."""
+cannot come next (state 0: a lead byte or ASCII). A mask restricts it to a vocabulary's bytes and
+is applied to a batch of logits by one gather."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ STATES = 8
 
 
 def _transitions() -> np.ndarray:
-    """NEXT (STATES, 256): the state after each byte, -1 where it is not allowed."""
     nxt = np.full((STATES, 256), -1, dtype=np.int64)
     cont = slice(0x80, 0xC0)
     nxt[0, 0x00:0x80] = 0  # ASCII: a whole character
@@ -78,5 +76,4 @@ class Utf8Mask:
 
 
 def utf8_mask(vocab: Vocab, rows: int, device: torch.device | str) -> Utf8Mask | None:
-    """A byte vocabulary's mask; None for characters."""
     return Utf8Mask(vocab, rows, device) if vocab.units == "byte" else None

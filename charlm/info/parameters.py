@@ -111,8 +111,7 @@ def _totals(rows: list[dict], all_layers: int, tied: bool, head: int,
 def parameter_table(model: GPT | EncoderDecoder, n_layer: int | None = None,
                     n_encoder_layer: int | None = None) -> dict[str, Any]:
     """Parameters per component: embeddings, one layer of each stack (times its depth, which
-    may exceed the model's, as in `param_counts`), final norms, head, and the totals with the
-    head tied and untied; a RuntimeError if they do not add up to the model's own count."""
+    may exceed the model's, as in `param_counts`), final norms, head, totals tied and untied."""
     if isinstance(model, EncoderDecoder):
         return _encoder_decoder_table(model, n_layer, n_encoder_layer)
     V, C = model.vocab_size, model.cfg.n_embd

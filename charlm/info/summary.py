@@ -130,7 +130,6 @@ def _flops_lines(f: dict[str, int]) -> list[str]:
 
 
 def render_text(info: dict[str, Any]) -> str:
-    """The human-readable form of `describe`'s `info`."""
     if "vocab_size" in info:
         lines = [f"vocab size: {info['vocab_size']}"]
     else:

@@ -103,16 +103,14 @@ def create_app(engine: Engine, settings: Settings) -> FastAPI:
 
 
 def shutdown(app: FastAPI, grace_s: float) -> None:
-    """Refuse new requests (503) and end those in flight within grace_s (finish_reason
-    "shutdown"). Blocks: call it off the event loop."""
+    """Refuse new requests (503), end those in flight within grace_s; blocks: off the loop."""
     app.state.closing = True
     app.state.engine.close(grace_s)
 
 
 async def respond(request: Request, style: responses.Style, jobs: list[tuple[str, Params]],
                   body: schema.Sampling, prompt_param: str, echo: bool = False) -> Response:
-    """Admit the request (429 past --max-concurrent) and answer it whole or as a stream; a
-    client that goes away cancels what it asked for."""
+    """Admit the request (429 past --max-concurrent) and answer it whole or as a stream."""
     state = request.app.state
     if state.closing:
         raise ApiError(503, "the server is shutting down; retry on another one",

@@ -1,7 +1,7 @@
-"""The serving engine: one thread steps every active request together (continuous batching,
-nano-vllm's scheduler). A request is prefilled alone, joins the batch at once as a row of one
-`Sampler` and a `Row`, and leaves when it ends, is cancelled or the engine closes. It decodes a
-copy of the model laid out for decoding; an encoder-decoder's serves one request at a time."""
+"""The serving engine (nano-vllm's scheduler): a request is prefilled alone, joins the batch at
+once as a row of one `Sampler` and a `Row`, and leaves when it ends, is cancelled or the engine
+closes. It decodes a copy of the model laid out for decoding; an encoder-decoder's serves one
+request at a time."""
 
 from __future__ import annotations
 
@@ -35,12 +35,10 @@ KV_BUDGET = 1 << 30  # bytes of keys and values that `charlm serve`'s default sl
 
 
 def slots_within(model: GPT | EncoderDecoder, budget: int, most: int) -> int:
-    """The most slots, from one up to `most`, whose KV caches fit in `budget` bytes."""
     return max(1, min(most, budget // slot_bytes(model)))
 
 
 def slot_bytes(model: GPT | EncoderDecoder) -> int:
-    """One slot's KV cache, in the dtype attention computes in."""
     return cache_bytes(model.cfg, 1, attention_dtype(model.wte.weight).itemsize)
 
 
@@ -77,8 +75,7 @@ class Engine:
         lay_out_for_decoding(self.model, self.layout.split_parts, self.layout.column_major)
         self.vocab = vocab
         self.encdec = model.cfg.arch == "encoder_decoder"
-        # the most logprobs a request may ask for (0: the chosen characters' only; None: none
-        # at all), which the page asks /v1/models for
+        # most logprobs a request may ask for, on /v1/models (0: the chosen's only; None: none)
         self.max_logprobs = None if self.encdec else 0 if vocab.units == "byte" else MAX_LOGPROBS
         self.slots = 1 if self.encdec else slots  # an encoder-decoder: one request at a time
         self.device = self.model.wte.weight.device
@@ -101,7 +98,6 @@ class Engine:
                 self.decoder.build()
 
     def start(self) -> None:
-        """`build`, then `run` on a thread of its own."""
         self.build()
         self.thread = threading.Thread(target=self.run, name="charlm-engine", daemon=True)
         self.thread.start()
@@ -150,8 +146,7 @@ class Engine:
                          self.characters)
 
     def close(self, grace_s: float = 5.0) -> None:
-        """Stop accepting; what is in flight or queued ends with finish_reason "shutdown", and
-        the loop is waited for up to grace_s."""
+        """Stop accepting; end what is in flight or queued ("shutdown"), waiting up to grace_s."""
         with self.cond:
             self.closing = True
             self.cond.notify()

@@ -17,8 +17,7 @@ PER_CHARACTER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0
 
 
 class Metrics:
-    """The server's metrics: the app's own counters and histograms, and the registry's collector
-    of what the engine reports (`Engine.stats()`), read once per scrape."""
+    """The app's counters and histograms, and a collector of `Engine.stats()`, read per scrape."""
 
     def __init__(self, engine: Engine):
         self.engine = engine

@@ -18,7 +18,6 @@ from charlm.generation.text import StopMatcher
 
 LOGPROB_FLOOR = -9999.0
 REPETITION_WINDOW = SampleConfig().repetition_window  # as `charlm sample`'s default
-
 MAX_LOGPROBS = 5  # alternatives per character, as OpenAI's completions allow
 
 
@@ -37,7 +36,6 @@ class Params:
     logprobs: int | None = None  # 0..MAX_LOGPROBS: the chosen character's logprob and top-N
 
     def sampling(self) -> SampleConfig:
-        """These options as a `SampleConfig` (a CharlmError where they fail its checks)."""
         return SampleConfig(max_new_tokens=self.max_tokens, temperature=self.temperature,
                             top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
                             repetition_penalty=self.repetition_penalty, stop=self.stop)
@@ -144,7 +142,6 @@ class Row:
         return Event(text, rounded(logprob), table)
 
     def done(self) -> str | None:
-        """The finish reason once it has ended, else None."""
         if self.matcher.done:
             return "stop"
         if self.count >= self.params.max_tokens:

@@ -1,6 +1,5 @@
-"""The engine's events on their way to an HTTP answer: `Mailbox` hands them to the event loop,
-`Completions` merges one HTTP request's into one queue, and the OpenAI bodies built from them,
-whole or as stream chunks, with each endpoint's logprobs."""
+"""The engine's events on their way to an HTTP answer (`Mailbox`, `Completions`) and the OpenAI
+bodies built from them, whole or as stream chunks, with each endpoint's logprobs."""
 
 from __future__ import annotations
 
@@ -101,15 +100,12 @@ class Completions:
                 request.cancel()
 
 
-
 def sse(body: dict[str, Any]) -> str:
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
 @dataclass
 class Choice:
-    """One completion as its events arrive."""
-
     index: int
     echo: str = ""
     text: str = ""
@@ -167,7 +163,6 @@ class CompletionStyle(Style):
                 "top_logprobs": [e.top for e in events], "text_offset": offsets[:-1]}
 
     def opening(self, c: Choice) -> dict | None:
-        """A stream's first chunk of a choice, before its events; None for none."""
         if not c.echo:
             return None
         return {"index": c.index, "text": c.echo, "logprobs": None, "finish_reason": None}

@@ -30,8 +30,7 @@ class Limits:
     concurrent: int = 64  # completions in flight; a request beyond them gets 429
 
 
-# OpenAI's fields charlm has no use for, taken at their neutral values only (LangChain sends
-# them): each field's neutral value, and what a request that asks for another is told
+# OpenAI's fields charlm has no use for (LangChain sends them) -> (the one value served, refusal)
 NO_PENALTY = ("only 0 is served (charlm has no such penalty); use repetition_penalty, or leave "
               "it out")
 NEUTRAL = {
@@ -150,8 +149,6 @@ class Sampling(BaseModel):
 
 
 class CompletionRequest(Sampling):
-    """POST /v1/completions."""
-
     prompt: str | list[str]
     echo: bool = False  # the choice's text starts with its prompt
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
@@ -182,19 +179,13 @@ class Message(BaseModel):
 
 
 class ChatRequest(Sampling):
-    """POST /v1/chat/completions."""
-
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=0)  # OpenAI's newer max_tokens
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
     def prompt(self) -> str:
-        """The conversation as the model reads it, ending where the assistant's reply starts:
-
-            System: You are terse.
-            User: Hello
-            Assistant: """
+        """The conversation as the model reads it: a "Role: text" line each, then "Assistant: "."""
         turns = "".join(f"{ROLES[m.role]}: {m.content}\n" for m in self.messages)
         return f"{turns}{ROLES['assistant']}: "
 

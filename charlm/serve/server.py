@@ -1,7 +1,6 @@
-"""Running the app under uvicorn: the socket charlm binds (a port in use is one error line),
-bounds on what one client may hold of its connections (uvicorn waits for a request as long as
-its client likes), and a graceful stop on SIGTERM or SIGINT (`app.shutdown`) that exits 0; a
-second Ctrl-C quits."""
+"""Running the app under uvicorn: the socket charlm binds (a port in use is one error line), bounds
+on what one client may hold of its connections (uvicorn waits for a request as long as its client
+likes), and a graceful stop on SIGTERM or SIGINT that exits 0; a second Ctrl-C quits."""
 
 from __future__ import annotations
 

@@ -26,7 +26,6 @@ def shown_params(params: dict[str, Any]) -> str:
 
 
 def trial_line(number: int, outcome: Outcome, params: dict[str, Any]) -> str:
-    """One line for the user when a trial ends."""
     value = "" if outcome.value is None else f" {outcome.value:.4f}"
     step = "" if outcome.step is None else f" at step {outcome.step}"
     why = f" ({outcome.error})" if outcome.error and outcome.state != "complete" else ""
@@ -59,8 +58,7 @@ def sort_key(trial: Any, maximize: bool) -> tuple[int, float]:
 
 
 def table(study: Any) -> str:
-    """The study's trials sorted by the objective, with their state, value, step, wall time and
-    searched values."""
+    """The study's trials, a row each, sorted by the objective (`sort_key`)."""
     maximize = study.direction.name == "MAXIMIZE"
     trials = sorted(study.get_trials(deepcopy=False), key=lambda t: sort_key(t, maximize))
     rows = [("trial", "state", "value", "step", "time", "values")]

@@ -73,8 +73,7 @@ class Tuner:
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
-        """Held while counting trials and asking for one; a database study also takes the
-        database's named lock, for workers on other machines."""
+        """The file lock, and a database study's named lock for workers on other machines."""
         with open(self.study_cfg.out / ".tune.lock", "w") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             with database_lock(getattr(self.storage, "engine", None)):
@@ -87,9 +86,8 @@ class Tuner:
                    for t in self.study.get_trials(deepcopy=False))
 
     def recover(self) -> None:
-        """Before running: a trial left RUNNING by a tuner of this machine that is gone (killed)
-        is interrupted, once its `charlm train` has ended; every interrupted trial is queued
-        again, to resume from its last.pt."""
+        """Before running: a RUNNING trial of a killed tuner of this machine is interrupted once
+        its `charlm train` has ended; every interrupted trial is queued again."""
         if not self.wait_for_orphans():
             return
         with self.lock():
@@ -109,7 +107,6 @@ class Tuner:
                     self.study.enqueue_trial(t.params, user_attrs=again)
 
     def orphaned(self, trial: Any) -> bool:
-        """Whether a trial's worker was a tuner on this machine that is gone."""
         host, _, pid = str(trial.user_attrs.get("worker", "")).rpartition(":")
         return host == self.host and pid.isdigit() and not alive(int(pid))
 
@@ -148,7 +145,6 @@ class Tuner:
                   "waiting)"}, 1.0)
 
     def next_trial(self) -> Any:
-        """The next trial to run, or None when the budget is spent or the study is stopping."""
         with self.lock():
             over = self.timeout is not None and time.monotonic() - self.start > self.timeout
             if self.stop.requested.is_set() or over or self.counted() >= self.trials:
@@ -202,10 +198,9 @@ class Tuner:
         return [*cmd, str(run_dir / "trial.yaml"), *(["--overwrite"] if resumed else [])], run_dir
 
     def reporter(self, trial: Any, last_step: int | None = None) -> Any:
-        """Report each eval's objective at its step (or its tokens seen, in steps of the base
-        config, when the search changes the tokens of a step); True: prune it. The eval at
-        `last_step` (the trial's train.max_iters) is its final one: reported, never pruned, so
-        a trial that has trained to its end is complete."""
+        """Report each eval's objective at its step (or its tokens seen, in base-config steps,
+        when the search changes a step's tokens); True: prune it. The eval at `last_step` (its
+        train.max_iters) is never pruned, so a trial that trained to its end is complete."""
         reported: set[int] = set()
         train = self.study_cfg.base["train"]
         tokens_per_eval = (train["batch_size"] * train["grad_accum"]
@@ -241,8 +236,6 @@ class Tuner:
                 self.bar.update()
 
     def env(self, slot: int) -> dict[str, str]:
-        """A trial's environment: with several workers, its GPU; with several workers or
-        repeats, each run's share of the cores."""
         env = dict(os.environ)
         if self.workers > 1 and self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = self.gpus[slot]

@@ -1,7 +1,6 @@
 """A search space for `charlm tune` (its file format: docs/tune.md): dotted config keys and
 their distributions, and the study's settings (the keys without a dot, which `charlm tune`'s
-options override), read from search files and `--search KEY=SPEC`, and checked against the
-config loader before any trial starts."""
+options override), read from search files and `--search KEY=SPEC`."""
 
 from __future__ import annotations
 
@@ -39,8 +38,7 @@ MAX_CORNERS = 4096  # combinations of range ends and choices checked up front
 
 @dataclass(frozen=True)
 class Param:
-    """One searched key: a float or int range, a list of choices, or a value derived from
-    another key (`of` x `times`)."""
+    """One searched key: a range, choices, or a value derived from another key (`of` x `times`)."""
 
     key: str
     kind: str  # float | int | categorical | derived
@@ -103,8 +101,7 @@ class Search:
         return [p for p in self.params.values() if p.kind != "derived"]
 
     def values(self, sampled: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
-        """The config values of a trial: its sampled ones and those derived from them (an int
-        field's derived value rounded)."""
+        """A trial's config values: its sampled ones and those derived (an int field's rounded)."""
         out = dict(sampled)
         for p in self.params.values():
             if p.kind == "derived":

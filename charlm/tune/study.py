@@ -1,7 +1,6 @@
 """What a `charlm tune` study is (`StudyConfig`, kept in OUT/tune.yaml for --resume), and the
 Optuna storage (with a database's named lock), sampler and pruner made from it. OUT also holds
-`study.journal` (the default storage), the prepared `dataset/`, a run dir per trial
-(`trial-0007/`), and at the end `best.yaml`, `trials.txt` and the plots."""
+`study.journal` (the default storage), the prepared `dataset/` and a run dir per trial."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ RESUMABLE = ("--trials", "--timeout", "--workers")  # what --resume may change
 
 @dataclass
 class StudyConfig:
-    """A study: its base config (resolved), its search, where it is stored, and the data its
-    trials train on (prepared once)."""
+    """A study, as OUT/tune.yaml keeps it: `base` is resolved, `data` prepared once."""
 
     out: Path
     base: dict[str, Any]
@@ -61,7 +59,6 @@ class StudyConfig:
             raise CharlmError(f"{path} is damaged ({one_line(e)}); start a new study") from None
 
     def trial_base(self, run_dir: Path) -> dict[str, Any]:
-        """The base config of one trial: the study's data, the trial's run dir."""
         base = copy.deepcopy(self.base)
         base["data"]["path"], base["train"]["out_dir"] = self.data, str(run_dir)
         return base
@@ -69,7 +66,6 @@ class StudyConfig:
 
 def new_study(cfg: RunConfig, search: Search, out: Path, storage: str | None,
               study_name: str | None) -> StudyConfig:
-    """A new study: the space checked against the config, the data prepared once."""
     base = cfg.to_dict()
     check_space(search, base, "the search")
     objective = search.setting("objective")
@@ -116,8 +112,7 @@ DATABASE_LOCKS = {
 
 @contextlib.contextmanager
 def database_lock(engine: Any) -> Iterator[None]:
-    """Hold the database's named lock (DATABASE_LOCKS) on a connection of its own, so that one
-    tuner at a time, on any machine, does what it guards; no engine or no such lock: nothing."""
+    """Hold the database's named lock on a connection of its own; no engine or lock: nothing."""
     sql = None if engine is None else DATABASE_LOCKS.get(engine.dialect.name)
     if sql is None:
         yield
@@ -156,7 +151,6 @@ def make_storage(study_cfg: StudyConfig) -> Any:
 
 
 def hidden(url: str) -> str:
-    """A database URL with its password hidden."""
     try:
         from sqlalchemy.engine import make_url
 
@@ -166,9 +160,8 @@ def hidden(url: str) -> str:
 
 
 class EndlessGrid(optuna.samplers.GridSampler):
-    """GridSampler without its `Study.stop` at the grid's end, which raises in an ask-and-tell
-    study (before the last trial is recorded); the tuner ends at --trials, by default the grid's
-    size."""
+    """GridSampler without its `Study.stop` at the grid's end, which raises in an ask-and-tell study
+    (before the last trial is recorded); the tuner ends at --trials, by default the grid's size."""
 
     def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
         pass

@@ -3,9 +3,7 @@ trials repeat), followed through its metrics.jsonl, what its ending means (`Outc
 whether its run dir has saved or is in use.
 
 A child runs in its own session, so a Ctrl-C reaches the tuner alone, which sends each child one
-SIGTERM: it saves last.pt and exits 143. On Linux the kernel sends it that SIGTERM too when the
-tuner dies (`charlm.core.parent_death`), so a `kill -9` of the tuner leaves no trial training on.
-"""
+SIGTERM: it saves last.pt and exits 143. On Linux the tuner's death sends it too (`die_with`)."""
 
 from __future__ import annotations
 
@@ -108,9 +106,8 @@ class Follower:
 
 def run_trial(runs: list[tuple[list[str], Path]], env: dict[str, str], objective_key: str,
               report: Callable[[dict[str, Any]], bool], stop: Stop) -> Outcome:
-    """Run a trial's `charlm train`s (command, run dir) at once, to their end. `report` gets
-    each step's eval once every child has logged it, with the mean of their objectives, and
-    says whether to prune."""
+    """Run a trial's `charlm train`s (command, run dir) at once, to their end; `report` gets
+    each eval `merge` gives and says whether to prune."""
     start = time.monotonic()
     children = [Child.start(cmd, run_dir, env) for cmd, run_dir in runs]
     sent: str | None = None  # why the children were sent their SIGTERM: pruned / interrupted
@@ -249,8 +246,7 @@ def last_error(log: Path, tail: int = 8192) -> str | None:
 
 
 def repeated(cfg: RunConfig, repeats: int) -> list[RunConfig]:
-    """A trial's runs: its config alone, or `repeats` copies with train.seed, seed + 1, ...,
-    each in a `seed-N` dir of the trial's run dir."""
+    """A trial's runs: its config alone, or `repeats` seeds of it, each in a `seed-N` dir."""
     if repeats == 1:
         return [cfg]
     runs = []
@@ -262,7 +258,6 @@ def repeated(cfg: RunConfig, repeats: int) -> list[RunConfig]:
 
 
 def saved(run_dir: Path) -> bool:
-    """Whether a trial's run dir holds a last.pt to resume from (one of its seeds' will do)."""
     return (run_dir / "last.pt").is_file() or any(run_dir.glob("seed-*/last.pt"))
 
 
