@@ -11,15 +11,13 @@ from typing import Any
 from charlm.config.values import coerce, setting
 from charlm.core.errors import CharlmError, Setting, SettingError, suggest
 
-# Past this every character of a trained model is about as likely as any other: a larger
-# temperature is a slip (1e46 made the float32 factor 0), never a setting.
+# Past this every character is about as likely; larger is a slip (1e46 made the float32 factor 0)
 MAX_TEMPERATURE = 100.0
 
 
 @dataclass
 class SampleConfig:
-    """Logits processors apply in this order: repetition penalty, temperature, top-k, top-p,
-    min-p."""
+    """Logits processors apply in order: repetition penalty, temperature, top-k, top-p, min-p."""
 
     max_new_tokens: int = setting(500, "Characters to generate per sample.")
     num_samples: int = setting(1, "Samples, generated as one batch (for pairs with --beams: "

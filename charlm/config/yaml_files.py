@@ -136,8 +136,7 @@ _PLAIN: tuple[tuple[re.Pattern[str], typing.Callable[[str], Any]], ...] = (
 
 
 def plain_value(text: str) -> Any:
-    """A plain scalar's text as YAML 1.2 reads it: null, a bool, an integer, a float or the
-    text itself."""
+    """A plain scalar's text as YAML 1.2 reads it: null, a bool, an int, a float or the text."""
     for pattern, read in _PLAIN:
         if pattern.fullmatch(text):
             return read(text)
@@ -145,8 +144,7 @@ def plain_value(text: str) -> Any:
 
 
 def too_large(text: str) -> bool:
-    """Whether `text` is a number beyond the largest float (`1e999`), which YAML reads as
-    infinity."""
+    """Whether `text` is a number past the largest float (`1e999`, which YAML reads as inf)."""
     value = plain_value(text)
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
             and abs(value) > sys.float_info.max and not _INF_NAN.fullmatch(text))
@@ -164,8 +162,7 @@ def untext(value: Any) -> Any:
 
 
 def as_mapping(raw: Any, must: str) -> dict[str, Any]:
-    """`raw` as a dict (empty for nothing, as an empty YAML file is), else the error
-    `must, got TYPE`."""
+    """`raw` as a dict ({} for nothing: an empty YAML file), else the error `must, got TYPE`."""
     if isinstance(raw, PlainScalar):
         raw = plain_value(raw)
     if raw is None:

@@ -1,7 +1,6 @@
-"""Files written under a temporary name beside their target and moved into place with
-`os.replace`, so readers see the old file or the new one, never a mix; files read whole only
-when regular and bounded (a FIFO would block, /dev/zero fill the memory); and the lock on a
-directory a process writes, so that two never write into one."""
+"""Files written beside their target under a temporary name, then `os.replace`d: readers see the
+old file or the new, never a mix; files read whole only when regular and bounded (a FIFO would
+block, /dev/zero fill the memory); and the lock on a directory, so two never write into one."""
 
 from __future__ import annotations
 
@@ -214,9 +213,8 @@ def open_regular(path: Path, what: str, limit: int | None = None) -> BinaryIO:
 
 
 def missing(path: Path, what: str, absent: str | None = None) -> CharlmError:
-    """The error for `what` at `path`, which cannot be opened: not found (`absent`, if given),
-    or what stands in the way (a symlink loop, a link to nothing, a directory it may not
-    search), which `Path.exists()` reports as not found too."""
+    """The error for `what` at `path`, which cannot be opened: not found (`absent`, if given), or
+    what `Path.exists()` calls not found too (a link loop, a dangling link, an unsearchable dir)."""
     try:
         os.stat(path)
     except OSError as e:

@@ -1,3 +1,2 @@
-"""Data: the vocabularies, text and paired-text preparation into dataset dirs (chunked reading,
-hashing on a second thread), loading those dirs, and the batch samplers training draws from.
-May import: core, config."""
+"""Data: the vocabularies, text and paired text prepared into dataset dirs and loaded back, and
+the batch samplers training draws from. May import: core, config."""

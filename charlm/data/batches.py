@@ -1,8 +1,7 @@
 """The batch samplers training draws from, each with its own seeded `torch.Generator` (the one
-module of data/ that imports torch): `BatchSampler`, random windows of a text split, and for the
-encoder-decoder the length-bucketed `PairBatchSampler` and `collate`, which pads and shifts
-(source, target) ids into tensors. `rows` keeps a slice of each batch: every DDP rank, seeded
-alike, draws the same global batch and keeps its own shard."""
+module of data/ that imports torch): `BatchSampler` for text, and for the encoder-decoder
+`PairBatchSampler` and `collate`, which pads and shifts (source, target) ids into tensors. `rows`
+keeps a slice of each batch: every DDP rank, seeded alike, draws the same global batch."""
 
 from __future__ import annotations
 
@@ -90,8 +89,7 @@ class PairBatchSampler(Seeded):
 
 
 class BatchSampler(Seeded):
-    """Random (x, y) windows of one split, all rows of a batch gathered by one vectorised index
-    into the memmap."""
+    """Random (x, y) windows of one split, a batch gathered by one vectorised memmap index."""
 
     def __init__(self, data: np.ndarray, block_size: int, batch_size: int,
                  device: torch.device, seed: int, name: str = "train",
@@ -107,22 +105,19 @@ class BatchSampler(Seeded):
         self.tokens = 0  # target tokens drawn (of whole batches, every rank's rows), for the log
 
     def batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """x, y of shape (B, T) as int64 on the device (B: the rows kept); y is x shifted left
-        by one."""
+        """x, y (B, T) int64 on the device (B: the rows kept), y being x shifted left by one."""
         starts = torch.randint(len(self.data) - self.block_size, (self.batch_size,),
                                generator=self.generator)[self.rows]
         self.tokens += self.batch_size * self.block_size
         index = (starts[:, None] + self._arange).numpy()  # (B, T+1)
         windows = self.to_device(torch.from_numpy(self.data[index].astype(np.int64)))
-        # contiguous: the strides of a slice of windows are not those of the (B, T) batch that
-        # train.compile builds its graph for, and would make it compile a second graph
+        # contiguous: a slice's strides would make train.compile build a second graph
         return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
 
 
 def require_window(data: np.ndarray, block_size: int, split: str,
                    source: str | Path | None = None, prepared: bool = False) -> None:
-    """A split must hold one window of block_size + 1 ids (of `source`, a dataset dir if
-    `prepared`)."""
+    """A split must hold a window of block_size + 1 ids (`prepared`: `source` is a dataset dir)."""
     if len(data) < block_size + 1:
         of = f" of {source}" if source is not None else ""
         # a prepared dataset dir has its split fixed: data.val_fraction does not apply to it

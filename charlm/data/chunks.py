@@ -118,8 +118,7 @@ def code_point_chunks(f: BinaryIO, name: str, bar: tqdm | None = None,
 
 
 def narrow_code_points(text: str) -> bytes | np.ndarray:
-    """The code points of `text`: as bytes when all are below 256 (encoding such a text as
-    Latin-1 is a copy), else a uint32 array."""
+    """The code points of `text`: bytes if all are below 256 (as Latin-1, a copy), else uint32."""
     try:
         return text.encode("latin-1")
     except UnicodeEncodeError:  # raised at the first character above U+00FF
@@ -173,8 +172,7 @@ def check_input_file(path: Path) -> None:
 
 
 def read_text(path: Path, what: str = "text file", limit: int | None = None) -> str:
-    """A whole text file (`-`: stdin), a regular one of at most `limit` bytes if given, named
-    `what` in errors."""
+    """A whole regular text file (`-`: stdin) of at most `limit` bytes, named `what` in errors."""
     if str(path) == "-":
         stdin = sys.stdin.buffer
         source = stdin if limit is None else io.BytesIO(read_capped(stdin, limit, "stdin"))

@@ -1,8 +1,7 @@
 """The data a run uses (`prepared_data`): a dataset dir as is, or its text or pairs prepared into
 a cache dir, reused while the sources and the settings are unchanged; torch-free, so `charlm
-tune` prepares it once for all its trials. And the character-level benchmarks enwik8 and text8
-(the first 10^8 bytes of an English Wikipedia dump, raw and cleaned; the unzipped files are not
-shipped), checked to be the files the papers used and split as they split them."""
+tune` prepares it once for all its trials. And the benchmarks enwik8 and text8 (the first 10^8
+bytes of a Wikipedia dump, raw and cleaned; not shipped), checked and split as the papers did."""
 
 from __future__ import annotations
 
@@ -112,8 +111,7 @@ def same_sources(meta: dict[str, Any], sources: Sequence[Source], val_fraction: 
 def pairs_for(data: DataConfig, block_size: int, cache_dir: Path,
               check: Callable[[PairVocab], None] | None = None,
               base: PairVocab | None = None) -> PairDataset:
-    """`dataset_for` of a pairs file: reused while its sha256, every setting of `pair_settings`
-    and the `base` are unchanged."""
+    """`dataset_for` of a pairs file, reused while its sha256, `pair_settings` and `base` hold."""
     path = Path(data.path)
     if path.is_dir():
         dataset = load_pairs(path)
@@ -220,8 +218,7 @@ def check_data_kind(cfg: RunConfig, pairs: bool) -> None:
 def prepared_data(cfg: RunConfig, cache_dir: Path,
                   check: Callable[[Any], None] | None = None,
                   base: Vocab | PairVocab | None = None) -> Dataset | PairDataset:
-    """The run's data. `check` sees the data's vocabulary state before a cache is rebuilt;
-    `base`: a fine-tuned model's vocabulary, whose ids the data keeps."""
+    """The run's data; `check` (of the vocabulary's state) and `base` as `dataset_for`'s."""
     pairs = cfg.data.pairs
     if (path := prepared_dir(cfg.data)) is not None:
         with contextlib.suppress(OSError, ValueError, AttributeError):  # the loader says why

@@ -81,7 +81,6 @@ class PairVocab:
     def target_index(self) -> dict[str, int]:
         return {u: i for i, u in enumerate(self.target)}
 
-    # the id layout of the class docstring
     source_size = property(lambda self: len(self.source) + 1)
     src_pad = property(lambda self: len(self.source))
     target_size = property(lambda self: len(self.target) + 3)
@@ -91,8 +90,7 @@ class PairVocab:
 
     def encode_source(self, text: str, unknown: str = "error",
                       where: str = "the source") -> list[int]:
-        """Ids of `text`; characters outside the vocabulary are an error, or dropped with
-        unknown='skip'."""
+        """Ids of `text`; characters outside the vocabulary: an error, or dropped (`skip`)."""
         check_unknown_policy(unknown)
         index = self._source_index
         bad = [(i, c) for i, c in enumerate(text) if c not in index]
@@ -190,8 +188,7 @@ def references(split: PairSplit, vocab: PairVocab) -> list[tuple[str, list[str]]
 
 
 def pair_limits(data: DataConfig, block_size: int) -> tuple[int, int]:
-    """The longest source (characters) and target (units): a target needs one position more
-    than its units in the decoder (its begin id)."""
+    """The longest source (characters) and target (units; its begin id takes a position)."""
     return data.max_source_len or block_size, data.max_target_len or block_size - 1
 
 
@@ -235,9 +232,8 @@ def _problem(source: str, found: bool, target: str, data: DataConfig,
 
 def read_pairs(path: Path, data: DataConfig, block_size: int
                ) -> tuple[list[tuple[str, str]], int]:
-    """The (source, target) pairs of a file in order, and how many bad lines were skipped. Each
-    line splits at the first `data.separator`; space-unit targets are normalised to single
-    spaces; whitespace-only lines are ignored, a bad line is an error naming it."""
+    """The (source, target) pairs of a file in order, and the bad lines skipped. Each line splits at
+    the first `data.separator`; space-unit targets get single spaces; blank lines are ignored."""
     limits = pair_limits(data, block_size)
     pairs, skipped = [], 0
     for number, line in enumerate(read_text(path).split("\n"), 1):

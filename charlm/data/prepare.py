@@ -142,9 +142,8 @@ def changed_while_read(path: str) -> CharlmError:
 
 
 def train_counts(stats: Sequence[SourceStats], val_fraction: float, split: str) -> list[int]:
-    """How many characters of each source go to the train split, the rest to validation. A split
-    that leaves either side empty is refused; one of whole files that holds out less than half
-    or more than twice the val fraction of the text is warned about."""
+    """How many characters of each source go to the train split, the rest to validation: refused
+    if either side is empty, warned about for whole files as data.split's help says."""
     if split == "files":
         if len(stats) < 2:
             raise CharlmError("data.split files holds out whole files, but there is only one "
@@ -174,9 +173,8 @@ def train_counts(stats: Sequence[SourceStats], val_fraction: float, split: str) 
 
 def prepare(inputs: Sequence[str | Path], out: str | Path, val_fraction: float = 0.1,
             progress: bool = True, options: TextOptions = TextOptions()) -> dict[str, Any]:
-    """Encode text files (folders, globs, compressed files, `-`) into a dataset dir; returns its
-    meta.json. The validation split is the last `val_fraction` of each input, as nanoGPT's, or
-    with options.split "files" whole files chosen by a hash of their path."""
+    """Encode text files (folders, globs, compressed files, `-`) into a dataset dir; its meta.json.
+    Validation: the last `val_fraction` of each input (nanoGPT's), or whole files (`split`)."""
     with listed(inputs, options.include, options.exclude) as sources:
         return prepare_sources(sources, out, val_fraction, progress, options)
 

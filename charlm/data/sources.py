@@ -62,8 +62,7 @@ def expand_glob(spec: str) -> tuple[str, list[tuple[str, bool]]]:
 
 
 def _match(pattern: list[str], segments: list[str], partial: bool) -> bool:
-    """Whether the path `segments` matches `pattern`; `partial`: whether a path below the
-    folder `segments` may."""
+    """Whether the path `segments` matches `pattern` (`partial`: whether a path below it may)."""
     if not segments:
         return partial or all(p == "**" for p in pattern)
     if not pattern:
@@ -77,7 +76,6 @@ def _match(pattern: list[str], segments: list[str], partial: bool) -> bool:
     return fnmatch.fnmatchcase(segments[0], first) and _match(rest, segments[1:], partial)
 
 
-# each codec's reader of a binary file object
 CODECS: dict[str, Callable[[Any], BinaryIO]] = {
     ".gz": lambda f: gzip.GzipFile(fileobj=f, mode="rb"), ".bz2": bz2.BZ2File,
     ".xz": lzma.LZMAFile}
@@ -240,8 +238,7 @@ def _filtered(files: list[Source], spec: str, include: Sequence[str],
 
 
 def matches(key: str, pattern: str) -> bool:
-    """Whether `key` matches an --include or --exclude `pattern`: as a path for a pattern with a
-    `/`, else by the file's name."""
+    """Whether `key` matches an --include / --exclude `pattern`: with a `/` by path, else name."""
     return fnmatch.fnmatchcase(key if "/" in pattern else key.rsplit("/", 1)[-1], pattern)
 
 

@@ -106,9 +106,8 @@ class Vocab:
         self.normalize = normalize  # the Unicode normal form of its texts, None: as written
         self.index = {c: i for i, c in enumerate(chars)}
         self.dtype = id_dtype(len(chars))
-        # Code point -> id lookup table for vectorised encoding. The id len(chars) marks a
-        # character outside the vocabulary, so the table is uint8 up to 255 characters; then its
-        # first 256 entries also serve `bytes.translate` for code points given as bytes.
+        # Code point -> id table; the id len(chars) marks a character outside the vocabulary, so
+        # up to 255 characters it is uint8, and its first 256 entries serve `bytes.translate`.
         self._code_points = code_points("".join(chars))
         self._table = np.full(MAX_CODE_POINT, len(chars), dtype=id_dtype(len(chars) + 1))
         self._table[self._code_points] = np.arange(len(chars))
@@ -147,8 +146,7 @@ class Vocab:
         return TextStream(self.chars, self.units)
 
     def extended(self, chars: Sequence[str]) -> Vocab:
-        """This vocabulary, then the characters of `chars` it lacks in code point order: every
-        character keeps its id."""
+        """This vocabulary, then the new characters of `chars` in code point order (ids kept)."""
         return Vocab(self.chars + sorted(set(chars) - set(self.chars)), self.units,
                      self.normalize)
 

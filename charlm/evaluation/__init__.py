@@ -1,3 +1,2 @@
-"""Evaluation: bits per character of a text (windows that score each character once), and
-exact match, WER and CER / PER of an encoder-decoder's outputs against references.
-May import: core, config, data, model, runtime, generation."""
+"""Evaluation: a text's bits per character, and an encoder-decoder's exact match, WER and CER /
+PER against references. May import: core, config, data, model, runtime, generation."""

@@ -113,8 +113,7 @@ def score_windows(model: GPT, windows: Iterable[tuple[np.ndarray, int]],
         if not rows:
             return
         ids = torch.from_numpy(np.stack([r for r, _ in rows])).to(device)  # (B, n + 1)
-        # summed on the CPU in float64 (MPS has no float64), one copy a batch rather than a
-        # wait for the device per row
+        # summed on the CPU in float64 (MPS has none): one copy a batch, not a device wait a row
         logp = torch.log_softmax(model(ids[:, :-1])[0].float(), dim=-1)  # (B, n, V)
         nll = -logp.gather(-1, ids[:, 1:, None])[..., 0].cpu()  # (B, n)
         for row, (_, offset) in enumerate(rows):
@@ -152,8 +151,7 @@ def window_context(model: GPT, min_context: int | None) -> int:
 
 def score_stream(model: GPT, vocab: Vocab, chunks: Iterable[bytes | np.ndarray],
                  min_context: int | None = None, unknown: str = "error") -> Score:
-    """Score the text whose code points come in `chunks`; characters outside the vocabulary
-    are an error, or with unknown='skip' dropped and counted."""
+    """Score the text of code points `chunks`; unknown characters: an error, or (`skip`) dropped."""
     check_unknown_policy(unknown)
     min_context = window_context(model, min_context)
     tally = Unknown()

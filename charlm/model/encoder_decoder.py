@@ -1,9 +1,7 @@
 """The encoder-decoder Transformer (Vaswani et al. 2017) over paired text, built of
 `charlm.model.gpt`'s `Block`s: an encoder stack (causal=False) over the source, a decoder stack
 (cross=True) over its output. `encode` runs once per source; `charlm.generation.seq2seq`
-decodes. Target ids are `PairVocab`'s: units, then pad, bos and eos
-(`charlm.data.pairs.target_specials`).
-"""
+decodes. Target ids are `PairVocab`'s (`charlm.data.pairs.target_specials`)."""
 
 from __future__ import annotations
 
@@ -77,8 +75,7 @@ class EncoderDecoder(nn.Module):
         if cfg.tie_weights:
             self.head.weight = self.wte.weight
         self.apply(gpt.init_weights)
-        # GPT-2's residual scaling, per stack: an encoder block adds two sublayers into the
-        # stream, a decoder block three (self-attention, cross-attention, MLP).
+        # per stack: an encoder block adds 2 sublayers to the stream, a decoder block 3 (+ cross)
         gpt.scale_residual_projections(self.encoder, 2 * cfg.encoder_layers, cfg.zero_init)
         gpt.scale_residual_projections(self.blocks, 3 * cfg.n_layer, cfg.zero_init)
         gpt.init_head(self.head, cfg)

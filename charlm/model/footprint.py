@@ -49,8 +49,7 @@ def training_bytes(cfg: ModelConfig, vocab_size: int, rows: int, dtype: torch.dt
 
 def forward_bytes(cfg: ModelConfig, vocab_size: int, rows: int, seq_len: int | None = None
                   ) -> int:
-    """The float32 peak of a forward without gradients over `rows` x seq_len: one layer's
-    temporaries and the logits three times over."""
+    """A no-grad forward's float32 peak over `rows` x seq_len: a layer's temporaries, logits x3."""
     T = cfg.block_size if seq_len is None else seq_len
     per_position = 4 * cfg.ff_width + 3 * vocab_size + 8 * cfg.n_embd + cfg.n_head * T
     return 4 * rows * T * per_position

@@ -1,7 +1,6 @@
 """The decoder-only GPT and its `Block`, which covers `ModelConfig`'s architecture family
 (position encoding, LayerNorm or RMSNorm, pre- or post-norm, GELU, ReLU or SwiGLU; GPT-2's by
-default) and is also the encoder-decoder's encoder and decoder block.
-"""
+default) and is also the encoder-decoder's encoder and decoder block."""
 
 from __future__ import annotations
 
@@ -178,8 +177,7 @@ class GPT(nn.Module):
         if cfg.bigram:  # row prev * V + cur; prev = V: the first position, with none before it
             self.bigram = Embedding((vocab_size + 1) * vocab_size, cfg.n_embd)
         self.apply(init_weights)
-        # an attention and an MLP per block
-        scale_residual_projections(self, 2 * cfg.n_layer, cfg.zero_init)
+        scale_residual_projections(self, 2 * cfg.n_layer, cfg.zero_init)  # attention, MLP
         init_head(self.head, cfg)
         if cfg.bigram:
             nn.init.zeros_(self.bigram.weight)  # learned from nothing, as it is added

@@ -8,8 +8,7 @@ takes the cores the others leave free at the start, and never changes mid-run: r
 on it in the last bits.
 
 Dtype: bf16 on a GPU that has it natively (else float16 with a GradScaler); on a CPU, bf16
-where hardware multiplies it and a product measures at least BF16_GAIN times float32's speed.
-"""
+where hardware multiplies it and a product measures at least BF16_GAIN times float32's speed."""
 
 from __future__ import annotations
 
@@ -111,8 +110,7 @@ def best_time(f: Callable[[], object]) -> float:
 
 
 def pick_threads(setting: int | str, device: torch.device, machine: Machine) -> tuple[int, str]:
-    """`train.threads`: a number, else OMP_NUM_THREADS, else on the CPU the cores other
-    processes leave free, at least one."""
+    """`train.threads`: a number, else OMP_NUM_THREADS, else on the CPU the cores left free."""
     if isinstance(setting, int):
         return setting, "train.threads"
     omp = os.environ.get("OMP_NUM_THREADS", "")

@@ -1,8 +1,7 @@
 """Checkpoints: atomic `save` and safe `load` (tensors and plain containers only), with a format
 version. A run saves and `restore`s one map of stateful objects (torchtitan's checkpointer), so
-what is saved and what is restored cannot drift apart. The checkpoints a run keeps by step
-(`train.keep_checkpoints`, `--step`) are the files of exactly `step_path`'s names in
-checkpoints/, written with each `last.pt`: anything else there is the user's and stays."""
+what is saved and what is restored cannot drift apart. Checkpoints by step (`--step`) are the
+files of `step_path`'s names in checkpoints/, written with `last.pt`; other files are the user's."""
 
 from __future__ import annotations
 
@@ -32,15 +31,13 @@ _STEP_NAME = r"step-([0-9]{6}|[1-9][0-9]{6,})\.pt"  # as `step_path` pads it: no
 
 
 def save(state: dict[str, Any], path: Path, run_dir: Path | None = None) -> None:
-    """Write `state` to `path` atomically: it is always the old or the new complete file.
-    `run_dir`: the run's, if not `path`'s folder (for what a failed write says)."""
+    """Write `state` to `path` atomically; `run_dir`: the run's, for a failed write's error."""
     path = Path(path)
     try:
         write_atomic(path, lambda f: torch.save({"format": FORMAT, "version": VERSION, **state},
                                                 f))
     except BaseException as e:
-        # torch's zip writer reports a write that failed (a full disk) as a RuntimeError raised
-        # while handling the OSError, which is the reason to report.
+        # torch's zip writer raises a failed write (a full disk) as a RuntimeError over the OSError
         error = e.__context__ if isinstance(e, RuntimeError) else e
         if isinstance(error, OSError):  # a full disk, a vanished or read-only run dir
             raise run_write_error(f"checkpoint {path}", error, run_dir or path.parent,
@@ -63,8 +60,7 @@ class Entry:
 
 
 def load_scaler(scaler: torch.amp.GradScaler, state: dict[str, Any]) -> None:
-    """`{}` was saved without loss scaling (float32, bf16): a float16 resume starts afresh, as
-    torch refuses to load it."""
+    """torch refuses `{}`, saved without loss scaling (fp32, bf16): a fp16 resume starts afresh."""
     if state != {}:
         scaler.load_state_dict(state)
 
@@ -100,8 +96,7 @@ def restore(state: dict[str, Any], objects: Mapping[str, Stateful], path: Path) 
 
 
 def resolve(path: str | Path, step: int | None = None) -> Path:
-    """A checkpoint file, or the best (else last) checkpoint of a run dir; with `step`, the run
-    dir's checkpoint of that step (`train.keep_checkpoints`)."""
+    """A checkpoint file, or a run dir's best.pt (else last.pt) or, with `step`, that step's."""
     path = Path(path)
     if not path.exists():
         raise missing(path, "checkpoint", f"no such run dir or checkpoint: {path}")
@@ -119,14 +114,12 @@ def resolve(path: str | Path, step: int | None = None) -> Path:
 
 
 def step_path(run_dir: Path, step: int) -> Path:
-    """Where the run in `run_dir` keeps its checkpoint of `step` (zero-padded to 6 digits, so
-    the names sort by step up to a million)."""
+    """The run's checkpoint of `step`, padded to 6 digits: names sort by step up to a million."""
     return Path(run_dir) / STEPS_DIR / f"step-{step:06d}.pt"
 
 
 def saved_steps(run_dir: Path) -> list[int]:
-    """The steps whose checkpoints the run keeps, in order: regular files named exactly as
-    `step_path` names them."""
+    """The steps of the run's checkpoints, in order: regular files named exactly as `step_path`."""
     folder = Path(run_dir) / STEPS_DIR
     if not folder.is_dir():
         return []
@@ -193,9 +186,8 @@ def load(path: str | Path) -> dict[str, Any]:
 
 
 def check_records(f: BinaryIO, path: Path) -> None:
-    """Raise `damaged` unless every record of the checkpoint (a zip) matches the CRC-32 that
-    torch.save stored: torch.load checks none, so a flipped bit would load without a word.
-    torch.save never compresses: a compressed record is refused before it could inflate."""
+    """Refuse a compressed record before it can inflate, and raise `damaged` unless each record
+    matches the CRC-32 torch.save stored: torch.load checks none, a flipped bit loads silently."""
     with zipfile.ZipFile(f) as archive:
         packed = [i.filename for i in archive.infolist() if i.compress_type != zipfile.ZIP_STORED]
         if packed:
@@ -226,8 +218,7 @@ def check_config(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def saved_section(state: dict[str, Any], name: str) -> dict[str, Any]:
-    """Section `name` of the checkpoint's config; {} where it or the config is not a mapping
-    (read before the restore, which reports what is damaged)."""
+    """Section `name` of the checkpoint's config, or {} (read before the restore reports damage)."""
     cfg = state.get("config")
     section = cfg.get(name) if isinstance(cfg, dict) else None
     return section if isinstance(section, dict) else {}
@@ -249,8 +240,7 @@ def check_train_state(state: dict[str, Any]) -> None:
 
 def load_model(path: str | Path, device: str | torch.device = "cpu",
                ) -> tuple[torch.nn.Module, Vocab | PairVocab, RunConfig, dict[str, Any]]:
-    """(model in eval mode, vocab, config, checkpoint state) from a run dir or checkpoint: a
-    GPT with its `Vocab`, or an `EncoderDecoder` with its `PairVocab`."""
+    """(model in eval mode, vocab, config, checkpoint state) of a run dir or checkpoint."""
     ckpt_path = resolve(path)
     state = load(ckpt_path)  # onto the CPU, where the model is built; then moved as a whole
     try:

@@ -15,9 +15,8 @@ from charlm.training.tasks import Task, TextTask
 
 
 def eval_batches_per_forward(cfg: RunConfig, task: Task, device: torch.device, rows: int) -> int:
-    """How many eval batches (of this rank's `rows`) `evaluate` stacks in one forward: on CUDA as
-    many as fit in a quarter of the free memory, as launch-bound forwards are slow; 1 on the CPU
-    and MPS, where larger batches are no faster, and for pairs, whose batches differ in shape."""
+    """Eval batches of `rows` stacked in a forward: on CUDA as many as fit in a quarter of the free
+    memory (launch-bound forwards are slow); 1 on CPU and MPS (no faster) and for pairs (shapes)."""
     if device.type != "cuda" or not isinstance(task, TextTask):
         return 1
     free, _ = torch.cuda.mem_get_info(device)
@@ -39,9 +38,8 @@ def evaluate(model: torch.nn.Module, task: Task, device: torch.device, dtype: to
              dist: Dist = Dist(), batches_per_forward: int = 1,
              stop: Callable[[], bool] | None = None) -> dict[str, float]:
     """Mean loss (nats per character, or per target unit for pairs) over `eval_iters` batches
-    of each split, `batches_per_forward` of them stacked in one forward. The batches come from
-    a generator seeded afresh each time, so every eval scores the same windows and the training
-    RNG is left alone. Under DDP each rank scores its rows and the means are averaged."""
+    of each split, `batches_per_forward` stacked in one forward, from a generator seeded afresh
+    (the training RNG is left alone). Under DDP each rank scores its rows, the means averaged."""
     was_training = model.training
     model.eval()
     try:

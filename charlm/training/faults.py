@@ -40,13 +40,12 @@ ABORT_GRACE_S = 2.0  # how long a second signal may wait for the main thread to 
 
 
 class StopSignals:
-    """While active (in the main thread only), the first SIGINT / SIGTERM only sets `signum`,
-    so the loop can finish its step and save; a second one raises `Aborted` at once.
-    `announce=False` keeps the first quiet (the DDP ranks but 0); `saved`: whether last.pt holds
-    a save. A thread reads the wakeup fd the C handler writes, to announce the first signal at
-    once and to end the process when a long native call keeps the main thread from taking a
-    second within ABORT_GRACE_S. The parent-death signal (a `charlm tune` trial's SIGTERM, which
-    may come once per thread of the dying tuner) only ever asks to stop."""
+    """While active (in the main thread only), the first SIGINT / SIGTERM only sets `signum`;
+    a second raises `Aborted`. `announce=False` keeps the first quiet (the DDP ranks but 0);
+    `saved`: whether last.pt holds a save. A thread reads the wakeup fd the C handler writes, to
+    announce the first signal at once and end the process when a long native call keeps the main
+    thread from a second for ABORT_GRACE_S. The parent-death signal (a `charlm tune` trial's
+    SIGTERM, maybe once per thread of the dying tuner) only asks to stop."""
 
     def __init__(self, announce: bool = True, saved: bool = False) -> None:
         self.signum: int | None = None
@@ -130,8 +129,7 @@ class BadSteps:
         return {"skipped_steps": int(self.total), "bad_streak": int(self.streak)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        # absent from checkpoints written before the counters existed: 0
-        self.total.fill_(state.get("skipped_steps", 0))
+        self.total.fill_(state.get("skipped_steps", 0))  # 0: older checkpoints lack them
         self.streak.fill_(state.get("bad_streak", 0))
         self.tripped_at.zero_()
         self.reported = int(state.get("skipped_steps", 0))
@@ -140,8 +138,7 @@ class BadSteps:
         bad = (~ok).long()
         self.streak = (self.streak + 1) * bad
         self.total += bad
-        # >=: a run resumed with a lower limit than its checkpoint's streak stops at its next
-        # bad step, instead of counting past the limit for good
+        # >=: a run resumed with a limit below its saved streak stops at its next bad step
         first = (self.streak >= limit) & (self.tripped_at == 0)
         self.tripped_at = torch.where(first, step, self.tripped_at)
 

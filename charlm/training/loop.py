@@ -1,7 +1,6 @@
-"""Training: `train(cfg)` and its loop (set the learning rate, `train_step`, then maybe log,
-evaluate and save, as the `Schedule` says), and what rank 0 records at those steps. Under
-torchrun every rank runs this loop, and every value that decides what it does next is agreed on
-by all ranks (docs/distributed.md)."""
+"""`train(cfg)` and its loop (set the learning rate, `train_step`, then maybe log, evaluate and
+save, as the `Schedule` says), and what rank 0 records then. Under torchrun every rank runs the
+loop, on values all ranks agree on (docs/distributed.md)."""
 
 from __future__ import annotations
 
@@ -38,10 +37,9 @@ LN2 = math.log(2)
 def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False,
           progress: bool | None = None, now: Callable[[], float] = time.perf_counter,
           parent: Parent | None = None, size: Collection[str] | None = None) -> TrainState:
-    """Train (or resume) the run of `cfg` in `cfg.train.out_dir`; under torchrun, this rank's
-    part. `now`: the clock the run's time is read from (a test's); `parent`: the model a fresh
-    fine-tune starts from; `size`: the keys the user set, when a fresh run's model is to be
-    sized to its train.max_time (None: the config's model)."""
+    """Train (or resume) the run of `cfg` in `cfg.train.out_dir` (under torchrun, this rank's
+    part). `now`: the run's clock (a test's); `parent`: the model a fresh fine-tune starts from;
+    `size`: the keys the user set, to size a fresh run's model to train.max_time (None: as is)."""
     with (distributed(resolve_device(cfg.train.device)) as (dist, device),
           run_lock(Path(cfg.train.out_dir), dist.is_main)):
         return _train(cfg, dist, device, resume, overwrite, progress, now, parent, size)
@@ -64,8 +62,7 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
                           "another rank measured bf16 slower")
     cfg = with_keys(cfg, {"train.threads": profile.threads, "train.dtype": profile.dtype})
     seed_everything(cfg.train.seed)
-    # Every rank loads the same last.pt, onto the CPU: torch sets RNG states only from CPU
-    # tensors, and the model's and the optimizer's load_state_dict move theirs to the device.
+    # Every rank loads the same last.pt onto the CPU (`RNGState`); load_state_dict moves the rest.
     ckpt = checkpoint.load(run_dir / "last.pt") if resume else None
     if ckpt is not None:
         require_steps_left(cfg, ckpt, run_dir / "last.pt")
@@ -103,8 +100,7 @@ def _train(cfg: RunConfig, dist: Dist, device: torch.device, resume: bool, overw
 
 def _loop(run: Run, files: RunFiles, stop: StopSignals, clock: Clock, schedule: Schedule,
           saved_step: int | None) -> dict[str, float] | None:
-    """Train to the schedule's last step; the losses of the latest eval. `files`: opened after
-    the first step, if not before; `saved_step`: the step of the last.pt on disk, if any."""
+    """Train to the schedule's last step: the latest eval's losses. `saved_step`: last.pt's step."""
     cfg, state, dist = run.cfg, run.state, run.dist
     final: dict[str, float] | None = None
     run.model.train()
@@ -138,7 +134,6 @@ def _loop(run: Run, files: RunFiles, stop: StopSignals, clock: Clock, schedule: 
             continue  # the only steps that wait for the device are those below
         if last and cfg.train.max_time is not None:
             state.budget_steps = state.step  # saved with it: a resume has nothing left to do
-        # waits for the device; stops the run after max_bad_steps in a row
         if new := state.bad.check(cfg.train.max_bad_steps, run.run_dir / "last.pt", saved_step):
             log.message(f"step {state.step}: skipped {new} update(s) with a non-finite loss or "
                         f"gradient norm ({state.bad.reported} so far)")
@@ -158,9 +153,8 @@ def record(run: Run, log: MetricsLogger, stop: StopSignals, clock: Clock,
            event: dict[str, Any] | None, lr: float, eval_now: bool, save_now: bool,
            ) -> dict[str, float] | None:
     """The log event, eval and checkpoints of the step just done (rank 0 writes), paused out
-    of the training time. Returns the eval's losses (None: no eval). An eval a stop signal cuts
-    short (one process checks between batches; ranks cannot) leaves `eval_due` set and saves
-    last.pt, for a resume to run it; the eval's sample is cut short too."""
+    of the training time; the eval's losses (None: no eval). An eval a stop signal cuts short
+    (one process checks between batches; ranks cannot) sets `eval_due` and saves last.pt."""
     state, dist = run.state, run.dist
     t_pause = clock.now()
     losses, improved = None, False
@@ -174,8 +168,7 @@ def record(run: Run, log: MetricsLogger, stop: StopSignals, clock: Clock,
         except EvalStopped:
             save_now = True
         state.eval_due = losses is None
-    # Rank 0 alone writes: should that fail (a full disk), the others hear it and end
-    # quietly, instead of in their next collective with a traceback.
+    # Rank 0 alone writes; should that fail (a full disk), `main_first` ends the others quietly.
     t_write = clock.now()
     with dist.main_first():
         if dist.is_main:
@@ -224,8 +217,7 @@ def save(run: Run, clock: Clock, best: bool, last: bool) -> None:
 
 def log_eval(run: Run, log: MetricsLogger, losses: dict[str, float], lr: float,
              improved: bool, stop: Callable[[], bool]) -> None:
-    """An eval's event, its line for the user and, if asked, a sample, cut short once stop()
-    says so (a stop signal ends the run within seconds)."""
+    """An eval's event, its line and, if asked, a sample, cut short once stop() says so."""
     state = run.state
     try:
         metrics, note, sample = run.task.eval_report(run.weights, stop)

@@ -29,8 +29,7 @@ TB_TAGS = {
 
 
 def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"train": {"lr": 1}} -> {"train.lr": 1}; values TensorBoard's hparams cannot hold (None,
-    lists) become their text."""
+    """{"train": {"lr": 1}} -> {"train.lr": 1}, values hparams cannot hold (None, lists) as text."""
     flat: dict[str, Any] = {}
     for key, value in config.items():
         if isinstance(value, dict):
@@ -42,8 +41,7 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def cut_back(path: Path, step: int) -> None:
-    """Drop the events of metrics.jsonl past `step` (a resume logs them again) and any line a
-    crash left half-written, rewriting the file atomically."""
+    """Drop metrics.jsonl's events past `step` (a resume logs them again) and half-written lines."""
     if not path.is_file():
         return
     kept = []
@@ -129,15 +127,13 @@ class MetricsLogger:
         return rate + ("" if self.deadline is None else f", {self.left()} left")
 
     def sample(self, text: str, step: int) -> None:
-        """A generated sample as TensorBoard text, indented four spaces (markdown's code block)
-        so its line breaks and spaces show as generated."""
+        """A sample as TensorBoard text, indented as a markdown code block: shown as generated."""
         if self.enabled:
             self.tb.add_text("sample", "".join(f"    {line}\n" for line in text.split("\n")),
                              step)
 
     def hparams(self, config: dict[str, Any], metrics: dict[str, float], step: int) -> None:
-        """The run's flattened config with its final metrics, for TensorBoard's HParams tab
-        (run_name ".": in this run's own directory, not a timestamped sub-run)."""
+        """Flattened config and final metrics for HParams; run_name ".": no timestamped sub-run."""
         if self.enabled:
             self.tb.add_hparams(flatten(config), metrics, run_name=".", global_step=step)
 

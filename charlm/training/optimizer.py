@@ -1,7 +1,6 @@
-"""The optimizer and its update: torch's AdamW (`optim.name: adamw`), or torch's Muon for the
-blocks' weight matrices with AdamW for the rest (`muon`); `train_step`, one update over the
-micro-batches, which a non-finite step skips without the host waiting for the device where the
-fused AdamW kernel runs (`step_if`); and the weight average updated after each (`WeightAverage`)."""
+"""The optimizer (torch's AdamW, or for `optim.name: muon` torch's Muon for the blocks' weight
+matrices and AdamW for the rest), `train_step`, one update, which a non-finite step skips (on the
+device, where the fused AdamW runs: `step_if`), and the weight average (`WeightAverage`)."""
 
 from __future__ import annotations
 
@@ -62,8 +61,7 @@ Optimizer = torch.optim.Optimizer | MuonWithAdamW
 def make_optimizer(model: torch.nn.Module, optim: OptimConfig) -> Optimizer:
     """The run's optimizer; each param group keeps its peak lr as "peak_lr", for `set_lr`. AdamW
     decays >= 2-D parameters only (decayed group first); with `optim.embedding_weight_decay`,
-    the tables and head in a group of their own after the matrices. It is fused where torch has
-    the kernel (see `step_if`), else foreach."""
+    the tables and head in a group of their own after the matrices. Fused: see `step_if`."""
     # the weight matrices inside the blocks: what Muon trains (not embeddings, head, norms, biases)
     matrices = [p for module in model.modules() if isinstance(module, Block)
                 for p in module.parameters() if p.dim() == 2 and p.requires_grad]
@@ -118,10 +116,8 @@ def _check_fits(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) ->
 
 
 def load_state(optimizer: Optimizer, state_dict: dict[str, Any]) -> None:
-    """Load a checkpoint's moments and step counts into an optimizer of `make_optimizer`, keeping
-    its settings: a resume may change the betas, decays and peak lrs, or need foreach where the
-    checkpoint says fused. ValueError when the state is not this model's, CharlmError when it is
-    the other `optim.name`'s."""
+    """Load a checkpoint's moments and step counts, keeping the optimizer's settings (a resume may
+    change betas, decays and peak lrs, or need foreach, not fused). ValueError: not this model's."""
     saved_name = "muon" if "muon" in state_dict else "adamw"
     name = "muon" if isinstance(optimizer, MuonWithAdamW) else "adamw"
     if saved_name != name:

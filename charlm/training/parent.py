@@ -38,10 +38,9 @@ class Parent:
 
 def parent_config(cfg: RunConfig, given: Collection[str], parent: Parent,
                   data_given: Collection[str] = ()) -> RunConfig:
-    """`cfg` with the parent's architecture, a GPT's units and normal form (its vocabulary's) and
-    the parent named in train.init_from and train.init_from_sha256. `given`, `data_given`: the
-    model and data keys the user set; one that differs from the parent's is an error, but for
-    `FREE_KEYS`, as is a parent among the files of the run dir (--overwrite would delete it)."""
+    """`cfg` with the parent's architecture, a GPT's units and normal form, and the parent named in
+    train.init_from(_sha256). `given`, `data_given`: the model and data keys the user set; one that
+    differs from the parent's (but `FREE_KEYS`) is an error, as is a parent in the run's files."""
     run_dir = Path(cfg.train.out_dir)
     if any(parent.weights.resolve().is_relative_to(run_dir.resolve() / name) for name in RUN_FILES):
         raise CharlmError(f"--init-from {parent.weights} is in the run dir {run_dir}, whose run "

@@ -68,9 +68,8 @@ def _conflict(setting: str, saved: object, ckpt_path: Path, why: str,
 
 
 def with_edits(run_dir: Path, saved: dict[str, Any], ckpt_path: Path) -> dict[str, Any]:
-    """The checkpoint's config `saved` with the keys the user changed in RUN/config.yaml since
-    it was written (said on stderr): an edit counts as --set would, so the architecture stays
-    locked. train.out_dir is not read from it: the run dir is where it is."""
+    """The checkpoint's config `saved` with the user's edits of RUN/config.yaml (said on stderr),
+    each as --set: the architecture stays locked; train.out_dir is not read (the run is there)."""
     raw = copy.deepcopy(saved)
     path = run_dir / "config.yaml"
     if not path.is_file():  # removed, or not a regular file: the checkpoint's config is the run's
@@ -115,8 +114,7 @@ def require_steps_left(cfg: RunConfig, ckpt: dict[str, Any], path: Path) -> None
 
 def require_same_budget(cfg: RunConfig, ckpt: dict[str, Any], iters_set: bool) -> None:
     """A run its time budget ended has decayed its learning rate to the end: refuse another
-    train.max_time, or a train.max_iters the user set (`iters_set`), neither of which would
-    apply. Malformed parts of `ckpt` are the restore's to report."""
+    train.max_time or a train.max_iters the user set (`iters_set`); restore reports a bad `ckpt`."""
     saved, ts = checkpoint.saved_section(ckpt, "train"), ckpt.get("train_state")
     max_time, saved_time = cfg.train.max_time, saved.get("max_time")
     # an older version's planned steps, ahead of the checkpoint's step, are no end

@@ -109,8 +109,7 @@ def start_run(run_dir: Path, cfg: RunConfig) -> None:
 
 
 def run_lock(run_dir: Path, enabled: bool = True) -> contextlib.AbstractContextManager[None]:
-    """Hold the lock on the run dir (`locked_dir`) for the whole run, so a second `charlm train`
-    or a `charlm prepare` into it is refused instead of interleaving its files with this one's."""
+    """The run dir's `locked_dir` for the run: a second train or a prepare into it is refused."""
     if not enabled:
         return contextlib.nullcontext()
     return locked_dir(run_dir, f"{run_dir} is in use by another `charlm train`; wait for it to "

@@ -1,6 +1,5 @@
-"""A training run's objects: `TrainState`, the `Run` that `build_run` makes once, the same for a
-fresh and a resumed run (a resume then loads `Run.stateful` from `last.pt`), and its files
-(`RunFiles`), opened once the run has started."""
+"""A training run's objects: `TrainState`, the `Run` that `build_run` makes alike for a fresh and
+a resumed run (which then loads `Run.stateful` from `last.pt`), and its files (`RunFiles`)."""
 
 from __future__ import annotations
 
@@ -248,8 +247,7 @@ def build_run(cfg: RunConfig, dist: Dist, device: torch.device, dtype: torch.dty
 
 
 def wrap_model(run: Run) -> None:
-    """Compile the model (if asked) and wrap it in DDP (if distributed) for training; pick the
-    model and batch grouping for evals."""
+    """Compile (if asked) and DDP-wrap (if distributed) the model; pick how evals run."""
     tc, dist = run.cfg.train, run.dist
     rows = tc.batch_size // dist.world_size  # this rank's micro-batch
     compiled: torch.nn.Module = run.model

@@ -85,8 +85,7 @@ class Clock:
 
     def pause(self, since: float, eval_s: float | None = None, save_s: float | None = None
               ) -> None:
-        """Count the time from `since` to now as paused; `eval_s`, `save_s`: the costs
-        `final_s` counts on."""
+        """Count the time from `since` to now as paused; `eval_s`, `save_s`: `final_s`'s costs."""
         now = self.now()
         self.t_log += now - since
         self.t_step = now if self.t_step is None else self.t_step + now - since
@@ -96,6 +95,5 @@ class Clock:
             self.save_s = save_s
 
     def final_s(self) -> float:
-        """Seconds of an evaluation with its writes at the latest step's pace (an evaluation
-        is as much slower as the steps are)."""
+        """Seconds of an eval and its writes at the latest step's pace (evals slow as steps do)."""
         return self.step_s * self.eval_steps + self.save_s

@@ -179,8 +179,7 @@ def measure_rate(task: Task, device: torch.device, dtype: torch.dtype) -> float:
 def size_model(cfg: RunConfig, given: Collection[str], task: Task, dist: Dist,
                device: torch.device, dtype: torch.dtype) -> RunConfig:
     """`cfg` with the model `pick` chooses for its train.max_time, but the keys in `given` (the
-    user's); rank 0 says each rung's speed as it is timed, then the pick. Every rank times the
-    rungs and takes the slowest rank's rate, so that all pick alike."""
+    user's). Every rank times the rungs and takes the slowest rank's rate, so all pick alike."""
     assert cfg.train.max_time is not None
     room = task.room()
 

@@ -112,8 +112,7 @@ class PairsTask:
         return src, tgt, tgt
 
     def train_tokens(self) -> int:
-        """The ids of the training split's sources and targets (with its begin id), as
-        `random_batch` counts them."""
+        """The training split's source and target ids (and begin ids), as `random_batch` counts."""
         train = self.data.train
         return len(train.src) + len(train.tgt) + len(train)
 
@@ -185,9 +184,8 @@ def check_weights(stored: Mapping[str, Any]) -> None:
 
 def check_stored_shapes(cfg: RunConfig, vocab: Vocab | PairVocab,
                         stored: Mapping[str, torch.Tensor]) -> None:
-    """Raise ValueError unless the stored tensors are weights (`check_weights`) and the config's
-    model has their shapes: the block counts against the stored names, then every shape on the
-    meta device, so a config that claims a million layers allocates nothing."""
+    """Raise ValueError unless the stored weights pass `check_weights` and fit the config's model:
+    block counts by name, then each shape on the meta device (a million layers allocate nothing)."""
     check_weights(stored)
     m = cfg.model
     stacks = {"model.n_layer": ("blocks", m.n_layer)}
