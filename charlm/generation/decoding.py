@@ -187,6 +187,7 @@ def search_beams(decoder: Decoder, start: torch.Tensor, max_steps: int, beams: i
             if len(keep) == beams:
                 break
         if len(finished) >= beams or not keep:
+            # the live beams are cut short here: they count only if nothing finished
             break
         keep += [(*keep[0][:2], float("-inf"))] * (beams - len(keep))  # pad with dead beams
         rows, ids, kept = zip(*keep, strict=True)
