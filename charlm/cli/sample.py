@@ -10,7 +10,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, TextIO
 
 import typer
 
@@ -155,8 +155,6 @@ def print_samples(model: GPT, vocab: Vocab, text: str, opts: SampleConfig, strea
 
     out = sys.stdout
     live = stream and not json_out and opts.beams is None
-    # a UTF encoding writes every character; another gets them as JSON's escapes
-    ascii_only = not codecs.lookup(getattr(out, "encoding", None) or "utf-8").name.startswith("utf")
 
     def show(i: int, piece: str) -> None:
         if live and i == 0:
@@ -169,9 +167,8 @@ def print_samples(model: GPT, vocab: Vocab, text: str, opts: SampleConfig, strea
     samples = sample_text(model, vocab, text, opts, show, stop)
     for i, s in enumerate(samples):
         if json_out:
-            out.write(json.dumps({"text": s.text, "prompt": s.prompt, "tokens": s.tokens,
-                                  "seconds": round(s.seconds, 4), "stopped": s.stopped},
-                                 ensure_ascii=ascii_only) + "\n")
+            out.write(json_line({"text": s.text, "prompt": s.prompt, "tokens": s.tokens,
+                                 "seconds": round(s.seconds, 4), "stopped": s.stopped}, out))
             continue
         if i > 0:
             out.write("\n" + "-" * 40 + "\n")
@@ -180,6 +177,13 @@ def print_samples(model: GPT, vocab: Vocab, text: str, opts: SampleConfig, strea
     if not json_out:
         out.write("\n")
     out.flush()
+
+
+def json_line(obj: dict, out: TextIO) -> str:
+    """`obj` as a line of JSON for `out`: a UTF encoding writes every character, another gets
+    them as JSON's escapes (its own backslash escapes would not be JSON)."""
+    utf = codecs.lookup(getattr(out, "encoding", None) or "utf-8").name.startswith("utf")
+    return json.dumps(obj, ensure_ascii=not utf) + "\n"
 
 
 def read_input(option: str, what: str, text: str | None, file: Path | None,
@@ -234,7 +238,7 @@ def print_translations(model: EncoderDecoder, vocab: PairVocab, sources: Sequenc
     out = sys.stdout
     for t in translate(model, vocab, sources, opts):
         if json_out:
-            out.write(json.dumps(t.as_dict(), ensure_ascii=False) + "\n")
+            out.write(json_line(t.as_dict(), out))
         else:
             out.write("".join(text + "\n" for text, _ in t.outputs))
         out.flush()

@@ -73,6 +73,29 @@ def test_sample_to_a_stdout_that_cannot_encode_the_text(non_ascii_model, monkeyp
     assert (sample["prompt"], sample["text"]) == ("é😀", text)
 
 
+def test_translations_as_json_on_a_stdout_that_cannot_encode_them(monkeypatch):
+    """--json on an ASCII stdout: an encoder-decoder's lines stay JSON (its own escapes), not
+    the stream's backslash escapes, which no JSON reader takes."""
+    import charlm.generation.seq2seq as seq2seq
+    from charlm.cli.sample import print_translations
+    from charlm.config.sampling import SampleConfig
+
+    answer = {"source": "café", "outputs": [{"text": "k æ f é 😀"}]}
+
+    class Translation:
+        outputs = [("k æ f é 😀", 0.0)]
+
+        def as_dict(self) -> dict:
+            return answer
+
+    monkeypatch.setattr(seq2seq, "translate", lambda *args: [Translation()])
+    out = io.TextIOWrapper(io.BytesIO(), encoding="ascii", errors="backslashreplace")
+    monkeypatch.setattr(sys, "stdout", out)
+    print_translations(None, None, ["café"], SampleConfig(), json_out=True)
+    out.flush()
+    assert json.loads(out.buffer.getvalue().decode("ascii")) == answer
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 @pytest.mark.parametrize("command", ["sample", "eval"])
 def test_sample_and_eval_without_cuda_name_their_own_option(fails, tmp_path, corpus, command):
