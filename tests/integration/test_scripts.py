@@ -30,6 +30,22 @@ def float32_cpu(monkeypatch):
                         lambda dtype: (1e12, 64))
 
 
+def test_a_subcommand_imports_only_its_own_module():
+    """--tree runs this checkout's harness on an older charlm: a subcommand that imported every
+    other subcommand's module would fail on any name one of them imports and that tree lacks.
+    A process of its own: importing benchlib again here would leave two copies of its modules."""
+    code = ("import json, sys; sys.path.insert(0, 'scripts'); import bench; "
+            "names = [b.name for b in bench.benches(['prepare', '--mb', '1'])]; "
+            "print(json.dumps([names, sorted(sys.modules), bench.NAMES, "
+            "[b.name for b in bench.benches(['--help'])]]))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, check=True)
+    names, loaded, all_names, listed = json.loads(done.stdout)
+    assert names == ["prepare"] and "benchlib.prepare" in loaded
+    assert not {f"benchlib.{name}" for name in all_names if name != "prepare"} & set(loaded)
+    assert listed == all_names
+
+
 def test_bench_train_reports_consistent_figures(monkeypatch, capsys, corpus, float32_cpu):
     """Each round's figures follow from one another as documented: tokens/s from ms a step and
     the tokens a step, MFU from tokens/s, FLOPs per token and the peak."""

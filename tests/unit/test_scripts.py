@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -239,18 +238,6 @@ def test_bench_train_probe_grows_until_a_matmul_takes_a_fifth_of_a_second(monkey
     monkeypatch.setattr(peak_module, "matmul_seconds", lambda a, b: a.shape[0] ** 3 * unit_s)
     peak, size = peak_module.cpu_peak(torch.float32)
     assert size == n and peak == pytest.approx(2 / unit_s)
-
-
-def test_a_subcommand_imports_only_its_own_module(monkeypatch):
-    """--tree runs this checkout's harness on an older charlm: a subcommand that imported every
-    other subcommand's module would fail on any name one of them imports and that tree lacks."""
-    for name in [m for m in sys.modules if m == "bench" or m.startswith("benchlib.")]:
-        monkeypatch.delitem(sys.modules, name)
-    bench = import_script("bench", monkeypatch)
-    assert [b.name for b in bench.benches(["prepare", "--mb", "1"])] == ["prepare"]
-    others = {f"benchlib.{name}" for name in bench.NAMES if name != "prepare"}
-    assert "benchlib.prepare" in sys.modules and not others & set(sys.modules)
-    assert [b.name for b in bench.benches(["--help"])] == bench.NAMES
 
 
 def test_variants_name_model_changes_or_overrides(monkeypatch):
