@@ -63,9 +63,9 @@ GPT_STYLE = {"pos_encoding": "rope", "activation": "relu2", "logit_softcap": 15.
 GPT_RECIPE = {"optim.weight_decay": 0.5, "optim.embedding_weight_decay": 0.0,
               "optim.ema": 0.99}
 PAIR_STYLE = {"arch": "encoder_decoder", "pos_encoding": "sinusoidal",  # the G2P preset's
-              "label_smoothing": 0.1}
+              "label_smoothing": 0.1, "activation": "relu2", "logit_softcap": 15.0}
 PAIR_RECIPE = {"optim.weight_decay": 0.01, "optim.warmup_iters": 300,  # the G2P preset's too
-               "train.eval_interval": 1000, "train.eval_iters": 10}
+               "optim.ema": 0.99, "train.eval_interval": 1000, "train.eval_iters": 10}
 LADDER = (  # the two smallest are the CPU presets' shapes
     Rung(2, 96, 4, 64, 16, 3e-3),
     Rung(2, 128, 4, 64, 16, 4.5e-3),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import yaml
 
 from charlm.cli.train import sized_keys, train_config
 from charlm.config.schema import ModelConfig
@@ -20,7 +21,7 @@ from charlm.training.sizing import (
     pick,
 )
 from charlm.training.tasks import task_for
-from tests.helpers import TINY, pairs_config, reversal_pairs, write_pairs
+from tests.helpers import ROOT, TINY, pairs_config, reversal_pairs, write_pairs
 
 VOCAB = 65
 SHAKESPEARE_TRAIN = 1_003_854  # tiny-shakespeare's training split, in characters
@@ -158,13 +159,22 @@ def test_pairs_are_sized_on_the_encoder_decoder_ladder_with_the_block_they_need(
     assert keys == {"model.n_layer": r.n_layer, "model.n_embd": r.n_embd,
                     "model.n_head": r.n_head, "model.block_size": 34,
                     "model.pos_encoding": "sinusoidal", "model.label_smoothing": 0.1,
+                    "model.activation": "relu2", "model.logit_softcap": 15.0,
                     "model.dropout": chosen.dropout, "optim.lr": r.lr,
                     "optim.min_lr": r.lr / 10, "train.batch_size": 128,
-                    "optim.weight_decay": 0.01, "optim.warmup_iters": 300,
+                    "optim.weight_decay": 0.01, "optim.warmup_iters": 300, "optim.ema": 0.99,
                     "train.eval_interval": 1000, "train.eval_iters": 10}
     assert f"{r.n_layer} + {r.n_layer} x {r.n_embd} (encoder + decoder layers x width), " \
         "block 34, " in chosen.line(1800)
     assert "epochs of the training pairs" in chosen.line(1800)
+
+
+def test_the_pair_ladders_second_rung_is_the_g2p_preset():
+    """The sized encoder-decoder trains the G2P preset's recipe: a lever taken into one is
+    taken into the other."""
+    preset = yaml.safe_load((ROOT / "configs" / "g2p_cmudict.yaml").read_text())
+    keys = sizing.rung_keys(PAIR_LADDER[1], preset["model"]["block_size"])
+    assert keys == {k: preset[k.split(".")[0]][k.split(".")[1]] for k in keys}
 
 
 def test_a_pairs_task_measures_its_data_for_the_rule(tmp_path):
